@@ -1,0 +1,37 @@
+"""rt's engine core: vLLM-V1 scheduling over a paged KV cache with prefix caching.
+
+Pure Python standard library: no clock, no I/O, no torch. The simulator and the real engine
+both drive this same core.
+"""
+
+from runtime.block_pool import BlockPool, FreeBlockQueue, KVCacheBlock
+from runtime.config import CacheConfig, SchedulerConfig
+from runtime.kv_cache_manager import KVCacheManager
+from runtime.outputs import (
+    CachedRequestData,
+    NewRequestData,
+    PrefixCacheStats,
+    SchedulerOutput,
+    WaitReason,
+)
+from runtime.request import Request, RequestStatus, SamplingParams, finish_reason
+from runtime.scheduler import Scheduler
+
+__all__ = [
+    "BlockPool",
+    "CacheConfig",
+    "CachedRequestData",
+    "FreeBlockQueue",
+    "KVCacheBlock",
+    "KVCacheManager",
+    "NewRequestData",
+    "PrefixCacheStats",
+    "Request",
+    "RequestStatus",
+    "SamplingParams",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerOutput",
+    "WaitReason",
+    "finish_reason",
+]

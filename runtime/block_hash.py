@@ -1,0 +1,83 @@
+"""Chained SHA-256 hashes of full KV blocks, the keys of the prefix cache.
+
+    hash_i = SHA-256(hash_{i-1} || len(block_i) || token ids of block i || extra keys of block i)
+
+with hash_{-1} = NONE_HASH. Chaining makes a block's hash identify its whole prefix, so a lookup
+can stop at the first miss. Extra keys separate caches that must not share KV: a LoRA adapter
+tags every block with ("lora", name, path); a cache salt tags the first block only with
+("cache_salt", salt), which chaining propagates. Keys are tagged tuples so that a salt equal to
+an adapter name cannot collide with it. Only full blocks are hashed.
+
+The byte layout is rt's own (fixed-width token ids instead of vLLM's pickle), so hashes are
+stable across processes and runs but not equal to vLLM's; the sharing structure is the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runtime.request import BlockHasher, Request
+
+BlockHash = bytes  # 32 bytes
+
+NONE_HASH: BlockHash = hashlib.sha256(b"rt-none-hash").digest()
+
+ExtraKeys = tuple[tuple[str, ...], ...]
+
+
+def hash_block_tokens(
+    parent: BlockHash, token_ids: Sequence[int], extra_keys: ExtraKeys | None = None
+) -> BlockHash:
+    """Hash one full block given its parent's hash, its tokens and its extra keys."""
+    h = hashlib.sha256(parent)
+    h.update(len(token_ids).to_bytes(4, "little"))
+    h.update(array("q", token_ids).tobytes())
+    if extra_keys:
+        h.update(repr(extra_keys).encode())
+    return h.digest()
+
+
+def block_extra_keys(
+    block_index: int,
+    lora_name: str | None,
+    lora_path: str | None,
+    cache_salt: str | None,
+) -> ExtraKeys | None:
+    """Extra keys of block `block_index`, in vLLM's order: LoRA, then cache salt."""
+    keys: list[tuple[str, ...]] = []
+    if lora_name is not None:
+        keys.append(("lora", lora_name, lora_path or ""))
+    if cache_salt is not None and block_index == 0:
+        keys.append(("cache_salt", cache_salt))
+    return tuple(keys) if keys else None
+
+
+def make_block_hasher(block_size: int) -> BlockHasher:
+    """A hasher returning the hashes of a request's full blocks that are not yet hashed.
+
+    Called when a request is added and after every appended token; it does nothing until a
+    new block is full, so a decode step costs one comparison.
+    """
+
+    def new_block_hashes(request: Request) -> list[BlockHash]:
+        start = len(request.block_hashes) * block_size
+        if start + block_size > request.num_tokens:
+            return []
+        tokens = request.all_token_ids
+        parent = request.block_hashes[-1] if request.block_hashes else NONE_HASH
+        hashes: list[BlockHash] = []
+        while start + block_size <= len(tokens):
+            index = start // block_size
+            extra = block_extra_keys(
+                index, request.lora_name, request.lora_path, request.cache_salt
+            )
+            parent = hash_block_tokens(parent, tokens[start : start + block_size], extra)
+            hashes.append(parent)
+            start += block_size
+        return hashes
+
+    return new_block_hashes

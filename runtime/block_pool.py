@@ -1,0 +1,205 @@
+"""The pool of KV blocks: free queue, reference counts and the prefix-cache hash map.
+
+Block 0 is the null block: taken at start-up, never freed, cached or counted. Every other block
+is either in use (`ref_cnt > 0`, in one or more block tables) or free (`ref_cnt == 0`, in the
+free queue). A free block may still carry a block hash: its KV stays reusable until the block
+reaches the head of the free queue and an allocation pops it (lazy eviction).
+
+Free-queue order (head = next to allocate): unhashed blocks freed most recently, then
+never-used blocks in id order, then hashed blocks in LRU order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from runtime.block_hash import BlockHash
+
+
+class KVCacheBlock:
+    """One block of `block_size` token slots. `prev`/`next` link it into the free queue."""
+
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev", "next")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.block_hash: BlockHash | None = None  # set while registered in the prefix cache
+        self.prev: KVCacheBlock | None = None
+        self.next: KVCacheBlock | None = None
+
+    def __repr__(self) -> str:
+        cached = ", cached" if self.block_hash is not None else ""
+        return f"KVCacheBlock({self.block_id}, ref_cnt={self.ref_cnt}{cached})"
+
+
+class FreeBlockQueue:
+    """Doubly linked list of free blocks; O(1) pop from the head, push at either end, and
+    removal from the middle (a cache hit takes a free block out of the queue)."""
+
+    def __init__(self, blocks: Iterable[KVCacheBlock]) -> None:
+        self._head = KVCacheBlock(-1)  # sentinels: real blocks lie strictly between them
+        self._tail = KVCacheBlock(-1)
+        self._head.next, self._tail.prev = self._tail, self._head
+        self.num_free_blocks = 0
+        self.append_n(blocks)
+
+    def popleft(self) -> KVCacheBlock:
+        block = self._head.next
+        if block is self._tail or block is None:
+            raise ValueError("no free block to pop")
+        self.remove(block)
+        return block
+
+    def remove(self, block: KVCacheBlock) -> None:
+        prev, nxt = block.prev, block.next
+        assert prev is not None and nxt is not None, f"{block} is not in the free queue"
+        prev.next, nxt.prev = nxt, prev
+        block.prev = block.next = None
+        self.num_free_blocks -= 1
+
+    def append_n(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Push blocks at the tail, in the given order."""
+        for block in blocks:
+            last = self._tail.prev
+            assert last is not None
+            block.prev, block.next = last, self._tail
+            last.next = self._tail.prev = block
+            self.num_free_blocks += 1
+
+    def prepend_n(self, blocks: list[KVCacheBlock]) -> None:
+        """Push blocks at the head so that `blocks[0]` becomes the new head."""
+        for block in reversed(blocks):
+            first = self._head.next
+            assert first is not None
+            block.prev, block.next = self._head, first
+            first.prev = self._head.next = block
+            self.num_free_blocks += 1
+
+    def __iter__(self) -> Iterator[KVCacheBlock]:
+        block = self._head.next
+        while block is not None and block is not self._tail:
+            yield block
+            block = block.next
+
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        return list(self)
+
+
+class BlockPool:
+    """Owns every block, the free queue and the map from block hash to cached blocks.
+
+    The map allows several blocks under one hash (the same prefix computed twice before either
+    was cached); a lookup returns the first one inserted that is still cached.
+    """
+
+    def __init__(self, num_blocks: int, enable_caching: bool) -> None:
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.free_block_queue = FreeBlockQueue(self.blocks)
+        self.null_block = self.free_block_queue.popleft()  # block 0
+        self.cached_blocks: dict[BlockHash, dict[int, KVCacheBlock]] = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Free blocks, counting cached blocks nobody references."""
+        return self.free_block_queue.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        """Fraction of usable blocks in use, 0..1 (the null block excluded)."""
+        return 1.0 - self.num_free_blocks / (self.num_blocks - 1)
+
+    def free_block_ids(self) -> list[int]:
+        """Ids in the free queue, head (next to be allocated or evicted) first."""
+        return [block.block_id for block in self.free_block_queue]
+
+    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
+        entry = self.cached_blocks.get(block_hash)
+        return next(iter(entry.values())) if entry else None
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Pop blocks from the head of the free queue, evicting any cached hash they carry."""
+        if num_blocks > self.num_free_blocks:
+            raise ValueError(f"cannot get {num_blocks} free blocks from the pool")
+        blocks = []
+        for _ in range(num_blocks):
+            block = self.free_block_queue.popleft()
+            if block.block_hash is not None:
+                self._evict(block)
+            block.ref_cnt = 1
+            blocks.append(block)
+        return blocks
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take a reference on cache hits; a free hit leaves the free queue (never evicted)."""
+        for block in blocks:
+            if block.ref_cnt == 0 and block is not self.null_block:
+                self.free_block_queue.remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference from each block; blocks reaching 0 join the free queue.
+
+        Unhashed blocks go to the head (reused first), hashed blocks to the tail (evicted
+        last), each group in the given order. Callers pass a block table reversed, so a
+        request's longest-prefix block is the first of its blocks to be evicted.
+        """
+        unhashed: list[KVCacheBlock] = []
+        hashed: list[KVCacheBlock] = []
+        for block in ordered_blocks:
+            if block is self.null_block:
+                continue
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                (unhashed if block.block_hash is None else hashed).append(block)
+        self.free_block_queue.prepend_n(unhashed)
+        self.free_block_queue.append_n(hashed)
+
+    def cache_block(self, block: KVCacheBlock, block_hash: BlockHash) -> None:
+        """Register a full block under its hash. A block is never re-hashed."""
+        if block.block_hash is not None or block is self.null_block:
+            return
+        block.block_hash = block_hash
+        self.cached_blocks.setdefault(block_hash, {})[block.block_id] = block
+
+    def _evict(self, block: KVCacheBlock) -> None:
+        block_hash = block.block_hash
+        assert block_hash is not None
+        entry = self.cached_blocks[block_hash]
+        del entry[block.block_id]
+        if not entry:
+            del self.cached_blocks[block_hash]
+        block.block_hash = None
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash; only possible when no block is in use."""
+        if self.num_free_blocks != self.num_blocks - 1:
+            return False
+        self.cached_blocks.clear()
+        for block in self.blocks:
+            block.block_hash = None
+        return True
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the pool's bookkeeping is inconsistent. O(num_blocks)."""
+        null = self.null_block
+        assert null.block_id == 0 and null.prev is None and null.block_hash is None, null
+        queued = list(self.free_block_queue)
+        assert len(queued) == self.num_free_blocks, (len(queued), self.num_free_blocks)
+        queued_ids = {block.block_id for block in queued}
+        assert len(queued_ids) == len(queued), "a block is queued twice"
+        assert 0 not in queued_ids, "the null block is in the free queue"
+        for block in self.blocks[1:]:
+            assert block.ref_cnt >= 0, block
+            assert (block.ref_cnt == 0) == (block.block_id in queued_ids), block
+            if block.block_hash is not None:
+                entry = self.cached_blocks.get(block.block_hash, {})
+                assert entry.get(block.block_id) is block, f"{block} missing from the hash map"
+        for block_hash, entry in self.cached_blocks.items():
+            assert entry, "empty hash-map entry"
+            for block in entry.values():
+                assert block.block_hash == block_hash, f"{block} filed under another hash"
+        in_use = sum(1 for block in self.blocks[1:] if block.ref_cnt > 0)
+        assert in_use + self.num_free_blocks == self.num_blocks - 1

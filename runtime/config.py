@@ -1,0 +1,102 @@
+"""Frozen, validated configuration of the scheduler and the paged KV cache.
+
+Field names and defaults follow vLLM's V1 `SchedulerConfig` and `CacheConfig` (vLLM 0.33).
+Every check raises `ValueError` naming the field and its value; nothing is mutated after
+construction. Variants come from `dataclasses.replace`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Policy = Literal["fcfs", "priority"]
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheConfig:
+    """The paged KV pool.
+
+    Attributes:
+        block_size: tokens per KV block.
+        num_blocks: blocks in the pool, including block 0, the null block, which is never
+            allocated; `num_blocks - 1` blocks are usable.
+        enable_prefix_caching: reuse full blocks across requests by chained block hash.
+    """
+
+    block_size: int = 16
+    num_blocks: int
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}")
+        _require(
+            self.num_blocks >= 2,
+            f"num_blocks must be >= 2 (block 0 is the null block), got {self.num_blocks}",
+        )
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """Blocks a request can hold: all but the null block."""
+        return self.num_blocks - 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerConfig:
+    """The step scheduler (vLLM V1 semantics).
+
+    Attributes:
+        max_num_batched_tokens: per-step token budget, shared by prefill chunks and decodes.
+        max_num_seqs: cap on RUNNING requests; admission stops at it.
+        max_model_len: longest sequence (prompt + output tokens) a request may reach.
+        long_prefill_token_threshold: per-request cap on tokens scheduled in one step (0 = off);
+            ignored while only one request is running or waiting.
+        long_prefill_token_threshold_adaptive: raise the cap to
+            `max_num_batched_tokens // (running + waiting)` when that is larger.
+        enable_chunked_prefill: a prompt may be split over several steps. When off, a waiting
+            request whose remaining prompt exceeds the budget stops admission.
+        policy: "fcfs", or "priority" (lower `priority` first, then earlier arrival).
+        watermark: fraction of all blocks kept free when admitting while others run.
+        scheduler_reserve_full_isl: admit a waiting request only if its whole current sequence
+            fits in the free blocks, not only its first chunk.
+    """
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 128
+    max_model_len: int = 8192
+    long_prefill_token_threshold: int = 0
+    long_prefill_token_threshold_adaptive: bool = False
+    enable_chunked_prefill: bool = True
+    policy: Policy = "fcfs"
+    watermark: float = 0.0
+    scheduler_reserve_full_isl: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+            value = getattr(self, name)
+            _require(value >= 1, f"{name} must be >= 1, got {value}")
+        _require(
+            self.max_num_batched_tokens >= self.max_num_seqs,
+            f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+            f"max_num_seqs ({self.max_num_seqs})",
+        )
+        _require(
+            self.enable_chunked_prefill or self.max_num_batched_tokens >= self.max_model_len,
+            f"with chunked prefill off, max_num_batched_tokens ({self.max_num_batched_tokens}) "
+            f"must be >= max_model_len ({self.max_model_len})",
+        )
+        _require(
+            0 <= self.long_prefill_token_threshold <= self.max_model_len,
+            f"long_prefill_token_threshold must be in [0, max_model_len={self.max_model_len}], "
+            f"got {self.long_prefill_token_threshold}",
+        )
+        _require(
+            self.policy in ("fcfs", "priority"),
+            f"policy must be 'fcfs' or 'priority', got {self.policy!r}",
+        )
+        _require(0.0 <= self.watermark < 1.0, f"watermark must be in [0, 1), got {self.watermark}")

@@ -1,0 +1,137 @@
+"""Per-request block tables on top of the block pool: prefix lookup, allocation, freeing.
+
+One full-attention KV group (vLLM's core case). A request's block table is append-only while
+it holds blocks: block `i` holds the KV of tokens `[i * block_size, (i + 1) * block_size)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from runtime.block_pool import BlockPool, KVCacheBlock
+from runtime.config import CacheConfig
+from runtime.request import Request, RequestStatus
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    """Allocates KV blocks to requests and registers full blocks in the prefix cache."""
+
+    def __init__(self, cache_config: CacheConfig, max_model_len: int, watermark: float) -> None:
+        self.block_size = cache_config.block_size
+        self.enable_caching = cache_config.enable_prefix_caching
+        self.max_model_len = max_model_len
+        self.block_pool = BlockPool(cache_config.num_blocks, self.enable_caching)
+        # Blocks kept free when admitting a waiting request while others run.
+        self.watermark_blocks = int(watermark * cache_config.num_blocks)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # Leading blocks of each table already registered in the prefix cache.
+        self.num_cached_block: dict[str, int] = {}
+
+    @property
+    def usage(self) -> float:
+        """KV usage, 0..1; cached blocks nobody references count as free."""
+        return self.block_pool.usage
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [block.block_id for block in self.req_to_blocks.get(request_id, ())]
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """Longest cached prefix of the request, in whole blocks, and its length in tokens.
+
+        At most `num_tokens - 1` tokens can hit: the last token must run through the model to
+        produce logits, so a block-aligned prompt recomputes its whole last block. No side
+        effects: references are taken by `allocate_slots`.
+        """
+        if not self.enable_caching:
+            return [], 0
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[KVCacheBlock] = []
+        for block_hash in request.block_hashes[:max_hit_blocks]:
+            block = self.block_pool.get_cached_block(block_hash)
+            if block is None:  # chained hashes: every later block misses too
+                break
+            hits.append(block)
+        return hits, len(hits) * self.block_size
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: Sequence[KVCacheBlock] = (),
+        full_sequence_must_fit: bool = False,
+        has_scheduled_reqs: bool = True,
+    ) -> list[KVCacheBlock] | None:
+        """Make room for `num_new_tokens` more tokens after the computed ones (plus the cache
+        hits `new_computed_blocks`, covering `num_new_computed_tokens` tokens).
+
+        Returns the newly popped blocks, or None when they do not fit; then nothing changed.
+        Free cache hits count against the free blocks, since touching consumes them.
+        """
+        table = self.req_to_blocks.get(request.request_id, [])
+        num_held = len(table) + len(new_computed_blocks)
+        num_free_hits = sum(1 for block in new_computed_blocks if block.ref_cnt == 0)
+        free = self.block_pool.num_free_blocks
+        if has_scheduled_reqs and request.status != RequestStatus.RUNNING:
+            free -= self.watermark_blocks
+        if full_sequence_must_fit:
+            full = min(request.num_tokens, self.max_model_len)
+            if max(cdiv(full, self.block_size) - num_held, 0) + num_free_hits > free:
+                return None
+        total_computed = min(request.num_computed_tokens + num_new_computed_tokens,
+                             self.max_model_len)
+        num_slots = min(total_computed + num_new_tokens, self.max_model_len)
+        num_needed = cdiv(num_slots, self.block_size) - num_held
+        if max(num_needed, 0) + num_free_hits > free:
+            return None
+
+        if not table:
+            self.req_to_blocks[request.request_id] = table
+        if new_computed_blocks:
+            self.block_pool.touch(new_computed_blocks)
+            table.extend(new_computed_blocks)
+            self.num_cached_block[request.request_id] = len(table)
+        new_blocks = self.block_pool.get_new_blocks(num_needed) if num_needed > 0 else []
+        table.extend(new_blocks)
+        if self.enable_caching:
+            self._cache_full_blocks(request, table, min(num_slots, request.num_tokens))
+        return new_blocks
+
+    def _cache_full_blocks(
+        self, request: Request, table: list[KVCacheBlock], num_tokens: int
+    ) -> None:
+        """Register the blocks that `num_tokens` computed tokens fill, before the model runs,
+        so a request admitted later in the same step can already hit them."""
+        num_full = min(num_tokens // self.block_size, len(request.block_hashes))
+        start = self.num_cached_block.get(request.request_id, 0)
+        if num_full <= start:
+            return
+        hashes = request.block_hashes
+        for i in range(start, num_full):
+            self.block_pool.cache_block(table[i], hashes[i])
+        self.num_cached_block[request.request_id] = num_full
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, tail first (see `BlockPool.free_blocks`)."""
+        table = self.req_to_blocks.pop(request.request_id, [])
+        self.num_cached_block.pop(request.request_id, None)
+        self.block_pool.free_blocks(reversed(table))
+
+    def reset_prefix_cache(self) -> bool:
+        return self.block_pool.reset_prefix_cache()
+
+    def check_invariants(self) -> None:
+        """Pool invariants, plus: every reference count equals the tables holding the block."""
+        self.block_pool.check_invariants()
+        holders = [0] * self.block_pool.num_blocks
+        for req_id, table in self.req_to_blocks.items():
+            assert len({b.block_id for b in table}) == len(table), f"{req_id}: duplicate block"
+            assert self.num_cached_block.get(req_id, 0) <= len(table), req_id
+            for block in table:
+                holders[block.block_id] += 1
+        for block in self.block_pool.blocks[1:]:
+            assert block.ref_cnt == holders[block.block_id], (block, holders[block.block_id])

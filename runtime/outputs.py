@@ -1,0 +1,103 @@
+"""Boundary objects between the scheduler and its drivers (executor, simulator, metrics)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class WaitReason(enum.Enum):
+    """Why the head of the waiting queue was not admitted in a step.
+
+    Requests behind the head wait for the same reason: admission never skips past the head.
+    """
+
+    TOKEN_BUDGET = "token_budget"  # the step's token budget was spent (or, with chunked
+    #                                prefill off, the head's prompt does not fit in what is left)
+    MAX_NUM_SEQS = "max_num_seqs"  # max_num_seqs requests are already running
+    KV_CAPACITY = "kv_capacity"  # the head's blocks do not fit in the free KV blocks
+    PREEMPTED_THIS_STEP = "preempted_this_step"  # a preemption in this step skips admission
+
+
+@dataclass(frozen=True, slots=True)
+class NewRequestData:
+    """A request admitted this step (new, or resumed after preemption): the executor gets its
+    whole block table. `num_computed_tokens` is the prefix-cache hit, in tokens. A resumed
+    request recomputes prompt and earlier outputs: `prefill_token_ids` holds them all."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    block_ids: list[int]
+    num_computed_tokens: int
+    prefill_token_ids: list[int] | None = None
+
+
+@dataclass(slots=True)
+class CachedRequestData:
+    """Running requests scheduled again this step, as parallel lists.
+
+    `new_block_ids[i]` extends the executor's block table of `req_ids[i]`;
+    `num_computed_tokens[i]` is the value before this step's tokens.
+    """
+
+    req_ids: list[str] = field(default_factory=list)
+    new_block_ids: list[list[int]] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """What one `schedule()` decided.
+
+    Attributes:
+        num_scheduled_tokens: tokens per request this step; running requests first (in
+            admission order), then the newly admitted ones.
+        total_num_scheduled_tokens: their sum, at most `max_num_batched_tokens`.
+        scheduled_new_reqs: admitted this step, resumed requests included.
+        scheduled_resumed_req_ids: the admitted requests that were PREEMPTED before.
+        scheduled_cached_reqs: running requests scheduled again.
+        preempted_req_ids: preempted in this step (their blocks are already freed).
+        finished_req_ids: finished (stopped, aborted, ignored) since the previous schedule.
+        num_waiting: requests left in the waiting queue after this step's admissions.
+        wait_reason: why the waiting queue's head was not admitted; None if nothing waits.
+    """
+
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_resumed_req_ids: list[str]
+    scheduled_cached_reqs: CachedRequestData
+    preempted_req_ids: list[str]
+    finished_req_ids: list[str]
+    num_waiting: int
+    wait_reason: WaitReason | None
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    """Cumulative prefix-cache counters, recorded when a request is admitted.
+
+    `queries` counts the request's whole current length in tokens; `hits` the cached tokens.
+    Re-admissions after a preemption are counted apart, as vLLM does.
+    """
+
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+
+    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
+        if preempted:
+            self.preempted_requests += 1
+            self.preempted_queries += num_tokens
+            self.preempted_hits += num_hits
+        else:
+            self.requests += 1
+            self.queries += num_tokens
+            self.hits += num_hits
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0

@@ -1,0 +1,166 @@
+"""A request's token bookkeeping: status, prompt and output tokens, computed tokens, hashes.
+
+The scheduler owns every mutation after `add_request`; drivers only read.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """The stopping rules the engine core enforces (token choice itself is the executor's).
+
+    Attributes:
+        max_tokens: output tokens after which the request is length-capped.
+        min_tokens: outputs before which the sampler must not produce EOS or stop tokens.
+            Like vLLM 0.33, the core still stops on one if it is produced anyway.
+        ignore_eos: never stop on `eos_token_id`.
+        eos_token_id: the end-of-sequence token, if the model has one.
+        stop_token_ids: further tokens that stop the request (reported as `stop_reason`).
+    """
+
+    max_tokens: int
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    eos_token_id: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
+            )
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+
+    @property
+    def effective_eos_token_id(self) -> int | None:
+        """The EOS id the stop check uses: None under `ignore_eos`."""
+        return None if self.ignore_eos else self.eos_token_id
+
+
+class RequestStatus(enum.IntEnum):
+    """Lifecycle states, ordered as in vLLM so that `is_finished` is `status > PREEMPTED`."""
+
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+    FINISHED_IGNORED = enum.auto()
+
+    @staticmethod
+    def is_finished(status: RequestStatus) -> bool:
+        """True for the FINISHED_* states (as vLLM: `RequestStatus.is_finished(status)`)."""
+        return status > RequestStatus.PREEMPTED
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_IGNORED: "length",
+}
+
+
+def finish_reason(status: RequestStatus) -> str | None:
+    """OpenAI/vLLM finish reason ("stop", "length", "abort") of a finished status."""
+    return _FINISH_REASONS.get(status)
+
+
+BlockHasher = Callable[["Request"], list[bytes]]
+"""Returns the hashes of the request's full blocks not yet in `request.block_hashes`."""
+
+
+class Request:
+    """One generation request inside the engine core.
+
+    Token layout: `all_token_ids = prompt_token_ids + output_token_ids`; `num_tokens` is its
+    length. `num_computed_tokens` counts the leading tokens whose KV is (or, once the current
+    step has run, will be) in the cache; the scheduler advances it when it schedules.
+    `block_hashes[i]` is the chained hash of full block i of `all_token_ids`, kept up to date
+    on every append when prefix caching is on.
+    """
+
+    __slots__ = (
+        "request_id", "prompt_token_ids", "sampling_params", "arrival_time", "priority",
+        "cache_salt", "lora_name", "lora_path", "status", "stop_reason", "num_computed_tokens",
+        "num_preemptions", "num_cached_tokens", "block_hashes", "_all_token_ids",
+        "_output_token_ids", "_block_hasher", "max_tokens", "num_prompt_tokens",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling_params: SamplingParams,
+        arrival_time: float = 0.0,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+        lora_path: str | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.arrival_time = arrival_time  # seconds, on the driver's clock
+        self.priority = priority
+        self.cache_salt = cache_salt
+        self.lora_name = lora_name
+        self.lora_path = lora_path
+        self.max_tokens = sampling_params.max_tokens
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.status = RequestStatus.WAITING
+        # Token id for a stop token, or a readable text (e.g. why a request was ignored).
+        self.stop_reason: int | str | None = None
+        self.num_computed_tokens = 0
+        self.num_preemptions = 0
+        # Prefix-cache hit tokens at the first admission; None until admitted.
+        self.num_cached_tokens: int | None = None
+        self.block_hashes: list[bytes] = []
+        self._all_token_ids = list(self.prompt_token_ids)
+        self._output_token_ids: list[int] = []
+        self._block_hasher: BlockHasher | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens})"
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self._output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self._all_token_ids
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self._output_token_ids
+
+    def is_finished(self) -> bool:
+        return self.status > RequestStatus.PREEMPTED
+
+    def set_block_hasher(self, hasher: BlockHasher) -> None:
+        """Attach the hasher and hash the prompt's full blocks."""
+        self._block_hasher = hasher
+        self.block_hashes.extend(hasher(self))
+
+    def append_output_token(self, token_id: int) -> None:
+        """Append one sampled token and hash any block it completes."""
+        self._output_token_ids.append(token_id)
+        self._all_token_ids.append(token_id)
+        if self._block_hasher is not None:
+            self.block_hashes.extend(self._block_hasher(self))
