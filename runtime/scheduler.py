@@ -61,6 +61,10 @@ class Scheduler:
             cache_config, scheduler_config.max_model_len, scheduler_config.watermark
         )
         self.block_size = cache_config.block_size
+        # Tokens whose KV the whole pool can hold. A request that reaches one more token than
+        # this stops (FINISHED_LENGTH_CAPPED) like one reaching max_model_len: its next step
+        # could never be allocated, even alone, and vLLM would livelock on it.
+        self.pool_capacity_tokens = cache_config.num_usable_blocks * cache_config.block_size
         self._block_hasher = (
             make_block_hasher(cache_config.block_size)
             if cache_config.enable_prefix_caching else None
@@ -98,13 +102,10 @@ class Scheduler:
         if prompt_len >= self.max_model_len:
             return (f"prompt of {prompt_len} tokens leaves no room for output within "
                     f"max_model_len={self.max_model_len}")
-        # The KV of the last sampled token is never computed.
-        longest = min(prompt_len + request.max_tokens, self.max_model_len) - 1
-        needed = cdiv(longest, self.block_size)
-        usable = self.cache_config.num_usable_blocks
-        if needed > usable:
-            return (f"needs {needed} KV blocks of {self.block_size} tokens at its longest "
-                    f"({longest} tokens) but the pool has {usable}")
+        if prompt_len > self.pool_capacity_tokens:
+            return (f"prompt of {prompt_len} tokens needs "
+                    f"{cdiv(prompt_len, self.block_size)} KV blocks of {self.block_size} "
+                    f"tokens but the pool has {self.cache_config.num_usable_blocks}")
         return None
 
     def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> None:
@@ -366,6 +367,9 @@ class Scheduler:
             return RequestStatus.FINISHED_STOPPED
         if (request.num_tokens >= self.max_model_len
                 or request.num_output_tokens >= request.max_tokens):
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        if request.num_tokens > self.pool_capacity_tokens:
+            request.stop_reason = "kv_pool_capacity"
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
