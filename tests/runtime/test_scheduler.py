@@ -1,0 +1,358 @@
+"""Scheduler semantics from the spec (sections 4-7, 10) with exact per-step token counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime import RequestStatus, WaitReason
+from tests.runtime.helpers import free_ids, make_request, make_scheduler, step, tables
+
+
+def ids(requests: object) -> list[str]:
+    return [r.request_id for r in requests]  # type: ignore[attr-defined]
+
+
+# ---- budget, chunking, thresholds, max_num_seqs -------------------------------------------
+
+
+def test_running_requests_are_served_first_in_admission_order() -> None:
+    s = make_scheduler(max_num_batched_tokens=8, num_blocks=30)
+    s.add_request(make_request("A", 12, 4))  # admitted first, still mid-prefill in step 2
+    st = step(s)
+    assert st.tokens == {"A": 8}
+    s.add_request(make_request("B", 3, 4))
+    st = step(s)
+    assert list(st.tokens.items()) == [("A", 4), ("B", 3)]
+    assert s.requests["A"].num_computed_tokens == 12
+    assert s.requests["B"].num_computed_tokens == 3
+
+
+@pytest.mark.parametrize(
+    ("chunked", "expected"),
+    [
+        # Off: B's 10 tokens exceed the 6 left, and admission stops; C is not tried.
+        (False, [{"A": 10}, {"A": 1, "B": 10, "C": 3}]),
+        # On: B gets a 6-token chunk; the budget is spent, C waits.
+        (True, [{"A": 10, "B": 6}, {"A": 1, "B": 4, "C": 3}]),
+    ],
+)
+def test_chunked_prefill_on_and_off(chunked: bool, expected: list[dict[str, int]]) -> None:
+    s = make_scheduler(max_num_batched_tokens=16, max_model_len=16, num_blocks=30,
+                       enable_chunked_prefill=chunked)
+    for req_id, n in (("A", 10), ("B", 10), ("C", 3)):
+        s.add_request(make_request(req_id, n, 4))
+    first = step(s)
+    assert first.tokens == expected[0]
+    assert first.output.wait_reason is WaitReason.TOKEN_BUDGET
+    assert step(s).tokens == expected[1]
+
+
+def test_long_prefill_threshold_is_ignored_for_a_lone_request() -> None:
+    s = make_scheduler(long_prefill_token_threshold=4)
+    s.add_request(make_request("A", 10, 2))
+    assert step(s).tokens == {"A": 10}
+
+
+def test_long_prefill_threshold_caps_running_and_waiting_requests() -> None:
+    s = make_scheduler(long_prefill_token_threshold=4)
+    s.add_request(make_request("A", 10, 2))
+    s.add_request(make_request("B", 10, 2))
+    assert [step(s).tokens for _ in range(3)] == [
+        {"A": 4, "B": 4}, {"A": 4, "B": 4}, {"A": 2, "B": 2}]
+
+
+def test_adaptive_long_prefill_threshold_floor() -> None:
+    s = make_scheduler(max_num_batched_tokens=16, long_prefill_token_threshold=2,
+                       long_prefill_token_threshold_adaptive=True)
+    s.add_request(make_request("A", 10, 2))
+    s.add_request(make_request("B", 10, 2))
+    # Cap = max(2, 16 // 2 requests) = 8.
+    assert [step(s).tokens for _ in range(2)] == [{"A": 8, "B": 8}, {"A": 2, "B": 2}]
+
+
+def test_max_num_seqs_stops_admission() -> None:
+    s = make_scheduler(max_num_seqs=2)
+    for req_id in "ABC":
+        s.add_request(make_request(req_id, 3, 2))
+    st = step(s)
+    assert st.tokens == {"A": 3, "B": 3}
+    assert st.output.wait_reason is WaitReason.MAX_NUM_SEQS
+    assert st.output.num_waiting == 1
+    st = step(s)
+    assert st.tokens == {"A": 1, "B": 1} and st.finished == ["A", "B"]
+    st = step(s)
+    assert st.tokens == {"C": 3} and st.output.wait_reason is None
+
+
+# ---- KV admission gates ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reserve_full", "tokens", "reason"),
+    [
+        (True, {"A": 1}, WaitReason.KV_CAPACITY),  # B's 12 tokens need 3 blocks, 2 are free
+        (False, {"A": 1, "B": 7}, None),  # only the 7-token chunk's 2 blocks must fit
+    ],
+)
+def test_full_sequence_admission_gate(
+    reserve_full: bool, tokens: dict[str, int], reason: WaitReason | None
+) -> None:
+    s = make_scheduler(num_blocks=5, max_num_batched_tokens=8,
+                       scheduler_reserve_full_isl=reserve_full)
+    s.add_request(make_request("A", 7, 2))
+    assert step(s).tokens == {"A": 7}  # A holds [1, 2]
+    s.add_request(make_request("B", 12, 2))
+    st = step(s)
+    assert st.tokens == tokens and st.output.wait_reason is reason
+
+
+@pytest.mark.parametrize(("watermark", "admitted"), [(0.0, True), (0.25, False)])
+def test_watermark_applies_only_while_another_request_runs(
+    watermark: float, admitted: bool
+) -> None:
+    s = make_scheduler(num_blocks=8, max_num_batched_tokens=16, watermark=watermark)
+    s.add_request(make_request("A", 12, 2))
+    assert step(s).tokens == {"A": 12}  # nothing ran: no watermark for A
+    s.add_request(make_request("B", 12, 2))
+    st = step(s)  # A takes a 4th block; 3 free; B needs 3 (+ 2 watermark blocks)
+    assert ("B" in st.tokens) is admitted
+    assert st.finished == ["A"]
+    if not admitted:
+        assert st.output.wait_reason is WaitReason.KV_CAPACITY
+        assert step(s).tokens == {"B": 12}  # alone now: the watermark no longer applies
+
+
+# ---- preemption ----------------------------------------------------------------------------
+
+
+def test_fcfs_preempts_newest_first_and_requeues_in_order() -> None:
+    s = make_scheduler(num_blocks=4)  # 3 usable blocks
+    for req_id in "ABC":
+        s.add_request(make_request(req_id, 4, 3))
+    assert step(s).new == [("A", [1], 0), ("B", [2], 0), ("C", [3], 0)]
+    st = step(s)
+    # A needs a second block: C is preempted, then B (the tail) preempts itself.
+    assert st.tokens == {"A": 1}
+    assert st.output.preempted_req_ids == ["C", "B"]
+    assert ids(s.waiting) == ["B", "C"]
+    assert tables(s) == {"A": [1, 3]}
+    assert free_ids(s) == [2]
+    assert [s.requests[r].num_preemptions for r in "ABC"] == [0, 1, 1]
+    assert s.requests["B"].num_computed_tokens == 0
+    assert s.requests["B"].output_token_ids == [1000]  # outputs are kept
+    st = step(s)
+    # B (5 tokens) hits its cached block 2 but needs a second block: 2 against 1 free.
+    assert st.tokens == {"A": 1} and st.output.wait_reason is WaitReason.KV_CAPACITY
+
+
+def test_no_admission_in_a_step_that_preempted() -> None:
+    s = make_scheduler(num_blocks=4)
+    s.add_request(make_request("A", 4, 3))
+    s.add_request(make_request("B", 4, 3))
+    step(s)
+    s.add_request(make_request("W", 3, 3))
+    st = step(s)
+    assert st.tokens == {"A": 1}  # A took block 3; B preempted itself and freed block 2
+    assert st.output.preempted_req_ids == ["B"]
+    assert free_ids(s) == [2]  # W would fit in it, but admission is skipped this step
+    assert st.output.wait_reason is WaitReason.PREEMPTED_THIS_STEP
+    assert ids(s.waiting) == ["B", "W"]
+
+
+def test_priority_victim_scheduled_earlier_in_the_step_is_undone() -> None:
+    s = make_scheduler(num_blocks=5, policy="priority")  # 4 usable blocks
+    s.add_request(make_request("L", 5, 10, priority=1, arrival_time=0.0))
+    assert step(s).new == [("L", [1, 2], 0)]
+    s.add_request(make_request("H", 8, 10, priority=0, arrival_time=1.0))
+    assert step(s).tokens == {"L": 1, "H": 8}
+    st = step(s)
+    # L (first in running) decodes within its blocks; then H needs a third block. The victim
+    # is L, the worst priority: its token is given back and its blocks freed (partial block 2
+    # to the head, cached block 1 to the tail), and H takes block 2.
+    assert st.tokens == {"H": 1}
+    assert st.output.total_num_scheduled_tokens == 1
+    assert st.output.scheduled_cached_reqs.req_ids == ["H"]
+    assert st.output.scheduled_cached_reqs.new_block_ids == [[2]]
+    assert st.output.preempted_req_ids == ["L"]
+    assert tables(s) == {"H": [3, 4, 2]}
+    assert free_ids(s) == [1]
+    assert s.requests["L"].num_computed_tokens == 0
+
+
+def test_priority_request_that_preempts_itself_lets_later_ones_run() -> None:
+    s = make_scheduler(num_blocks=4, policy="priority")  # 3 usable blocks
+    s.add_request(make_request("L", 3, 10, priority=1, arrival_time=0.0))
+    step(s)
+    s.add_request(make_request("H", 7, 10, priority=0, arrival_time=1.0))
+    assert step(s).tokens == {"L": 1, "H": 7}  # L [1], H [2, 3]
+    st = step(s)
+    # L needs a second block; the worst running request is L itself. Under priority the loop
+    # continues (spec, vLLM 0.33), so H still decodes.
+    assert st.tokens == {"H": 1}
+    assert st.output.preempted_req_ids == ["L"]
+
+
+def test_priority_waiting_queue_orders_by_priority_then_arrival() -> None:
+    s = make_scheduler(policy="priority", max_num_seqs=1)
+    s.add_request(make_request("run", 2, 1, priority=0, arrival_time=0.0))
+    step(s)  # "run" finishes at once; next admissions are one per step
+    s.add_request(make_request("late-0", 2, 1, priority=0, arrival_time=5.0))
+    s.add_request(make_request("p1", 2, 1, priority=1, arrival_time=1.0))
+    s.add_request(make_request("early-0", 2, 1, priority=0, arrival_time=2.0))
+    assert ids(s.waiting) == ["early-0", "late-0", "p1"]
+    assert [list(step(s).tokens) for _ in range(3)] == [["early-0"], ["late-0"], ["p1"]]
+
+
+# ---- update_from_output: stop checks -----------------------------------------------------
+
+
+def run_one(tokens: list[int], **kwargs: object) -> tuple[RequestStatus, int | str | None, list]:
+    s = make_scheduler()
+    request = make_request("A", 3, **kwargs)  # type: ignore[arg-type]
+    s.add_request(request)
+    plan = {"A": tokens}
+    while s.has_unfinished_requests():
+        step(s, plan=plan)
+    return request.status, request.stop_reason, request.output_token_ids
+
+
+def test_eos_stops_unless_ignored() -> None:
+    assert run_one([7, 2, 9], max_tokens=5, ignore_eos=False) == (
+        RequestStatus.FINISHED_STOPPED, None, [7, 2])
+    status, _, out = run_one([7, 2, 9], max_tokens=3, ignore_eos=True)
+    assert status == RequestStatus.FINISHED_LENGTH_CAPPED and out == [7, 2, 9]
+
+
+def test_stop_token_sets_stop_reason() -> None:
+    assert run_one([7, 8, 9], max_tokens=5, stop_token_ids=(8,)) == (
+        RequestStatus.FINISHED_STOPPED, 8, [7, 8])
+
+
+def test_eos_is_checked_before_the_length_cap_and_min_tokens_does_not_mask_it() -> None:
+    assert run_one([7, 2], max_tokens=2, ignore_eos=False, min_tokens=2) == (
+        RequestStatus.FINISHED_STOPPED, None, [7, 2])
+
+
+def test_max_model_len_caps_the_sequence() -> None:
+    s = make_scheduler(max_model_len=8)
+    s.add_request(make_request("A", 5, 100))
+    steps = [step(s) for _ in range(3)]
+    assert steps[-1].finished == ["A"]
+    assert s.requests["A"].num_tokens == 8
+    assert s.requests["A"].status == RequestStatus.FINISHED_LENGTH_CAPPED
+
+
+def test_tokens_after_a_stop_are_dropped_and_uncomputed() -> None:
+    s = make_scheduler()
+    s.add_request(make_request("A", 3, 5, ignore_eos=False))
+    out = s.schedule()
+    finished = s.update_from_output(out, {"A": [7, 2, 9, 9]})
+    assert ids(finished) == ["A"]
+    assert s.requests["A"].output_token_ids == [7, 2]
+    assert s.requests["A"].num_computed_tokens == 1  # 3 scheduled, 2 trailing tokens dropped
+    s.check_invariants()
+
+
+# ---- aborts, reset, ignored requests, bad input ------------------------------------------
+
+
+def test_abort_running_and_waiting_requests() -> None:
+    s = make_scheduler(max_num_seqs=1)
+    s.add_request(make_request("A", 6, 5))
+    s.add_request(make_request("B", 6, 5))
+    step(s)
+    s.finish_requests(["A", "B", "unknown"], RequestStatus.FINISHED_ABORTED)
+    s.check_invariants()
+    assert free_ids(s) == list(range(2, 20)) + [1]  # A's partial block 2 to the head
+    assert not s.has_unfinished_requests()
+    assert s.requests["B"].status == RequestStatus.FINISHED_ABORTED
+    s.add_request(make_request("C", 2, 1))
+    assert step(s).output.finished_req_ids == ["A", "B"]
+    s.finish_requests("C", RequestStatus.FINISHED_ABORTED)  # already finished: ignored
+    assert s.requests["C"].status == RequestStatus.FINISHED_LENGTH_CAPPED
+
+
+def test_tokens_for_a_request_aborted_during_its_step_are_ignored() -> None:
+    s = make_scheduler()
+    s.add_request(make_request("A", 3, 5))
+    out = s.schedule()
+    s.finish_requests("A", RequestStatus.FINISHED_ABORTED)
+    assert s.update_from_output(out, {"A": [7]}) == []
+    assert s.requests["A"].output_token_ids == []
+    s.check_invariants()
+
+
+def test_reset_prefix_cache() -> None:
+    s = make_scheduler()
+    s.add_request(make_request("A", 9, 3))
+    step(s)
+    assert s.reset_prefix_cache() is False  # A holds blocks
+    assert s.reset_prefix_cache(reset_running_requests=True) is True
+    assert ids(s.waiting) == ["A"] and s.requests["A"].status == RequestStatus.PREEMPTED
+    st = step(s)
+    assert st.output.preempted_req_ids == ["A"]
+    # No hit although blocks 1 and 2 still hold A's prefix: the cache was dropped. The free
+    # queue kept its order: A's partial block 3 at the head, its cached blocks at the tail.
+    assert st.new == [("A", [3, 4, 5], 0)]
+
+
+def test_request_that_can_never_fit_is_ignored_without_blocking_the_queue() -> None:
+    s = make_scheduler(num_blocks=5, max_model_len=32)  # 4 blocks = 16 tokens
+    s.add_request(make_request("huge", 17, 1))
+    s.add_request(make_request("long", 32, 1))
+    s.add_request(make_request("empty", [], 1))
+    s.add_request(make_request("ok", 4, 1))
+    for req_id in ("huge", "long", "empty"):
+        request = s.requests[req_id]
+        assert request.status == RequestStatus.FINISHED_IGNORED
+        assert isinstance(request.stop_reason, str)
+    assert "pool has 4" in str(s.requests["huge"].stop_reason)
+    assert "max_model_len=32" in str(s.requests["long"].stop_reason)
+    st = step(s)
+    assert st.tokens == {"ok": 4}
+    assert st.output.finished_req_ids == ["huge", "long", "empty"]
+
+
+def test_lone_request_outgrowing_the_pool_is_length_capped_not_livelocked() -> None:
+    s = make_scheduler(num_blocks=3, max_model_len=64)  # 2 blocks = 8 tokens of KV
+    s.add_request(make_request("A", 6, 50))
+    steps = [step(s) for _ in range(3)]
+    assert steps[-1].finished == ["A"]
+    assert s.requests["A"].num_tokens == 9  # the 9th token's KV would need a 3rd block
+    assert s.requests["A"].status == RequestStatus.FINISHED_LENGTH_CAPPED
+    assert s.requests["A"].stop_reason == "kv_pool_capacity"
+
+
+def test_duplicate_request_id_is_refused() -> None:
+    s = make_scheduler()
+    s.add_request(make_request("A", 3, 1))
+    with pytest.raises(ValueError, match="'A' was already added"):
+        s.add_request(make_request("A", 3, 1))
+
+
+def test_release_forgets_finished_requests_only() -> None:
+    s = make_scheduler()
+    s.add_request(make_request("A", 3, 1))
+    s.add_request(make_request("B", 3, 5))
+    step(s)
+    s.release(["A", "B"])
+    assert set(s.requests) == {"B"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_num_seqs": 0}, "max_num_seqs must be >= 1, got 0"),
+        ({"max_num_batched_tokens": 4, "max_num_seqs": 8}, "max_num_batched_tokens (4)"),
+        ({"enable_chunked_prefill": False, "max_model_len": 128}, "with chunked prefill off"),
+        ({"long_prefill_token_threshold": 100}, "long_prefill_token_threshold must be in"),
+        ({"policy": "lifo"}, "policy must be 'fcfs' or 'priority', got 'lifo'"),
+        ({"watermark": 1.5}, "watermark must be in [0, 1), got 1.5"),
+        ({"num_blocks": 1}, "num_blocks must be >= 2"),
+        ({"block_size": 0}, "block_size must be >= 1, got 0"),
+    ],
+)
+def test_config_errors_name_the_field_and_value(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        make_scheduler(**kwargs)
+    assert message in str(info.value)
