@@ -6,12 +6,18 @@ User errors (bad flags, bad files) become one line on stderr and exit code 2, ne
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Annotated, NoReturn
 
 import typer
+
+import workloads
+from workloads.report import clip_notes, load_notes, render_stats
 
 app = typer.Typer(
     name="rt",
@@ -42,6 +48,125 @@ def _write_json(data: object, out: Path | None) -> None:
 
 # ---- rt trace ... (workloads) --------------------------------------------------------------
 # (trace commands are defined below this line)
+
+_Format = Annotated[str | None, typer.Option(
+    "--format", help=f"Input format, one of {', '.join(workloads.FORMATS)} (default: detect).")]
+_Model = Annotated[str | None, typer.Option(
+    "--model", help="Keep only rows of this model (BurstGPT 'Model', e.g. GPT-4).")]
+_HashBlock = Annotated[int | None, typer.Option(
+    "--hash-block-size", help="Tokens per hash id (default: Mooncake 512, Bailian 16).")]
+_Rate = Annotated[float, typer.Option(
+    "--request-rate", help="Requests/s of the vLLM arrival process; inf = all at t = 0.")]
+_Burst = Annotated[float, typer.Option(
+    "--burstiness", help="Gamma shape of the gaps (1 = Poisson, <1 burstier, inf = constant).")]
+_Seed = Annotated[int, typer.Option("--seed", help="Seed of every random draw (as vLLM).")]
+_Start = Annotated[float | None, typer.Option(
+    "--start", help="Window start, s from the trace start (arrivals re-timed to 0).")]
+_Duration = Annotated[float | None, typer.Option("--duration", help="Window length in s.")]
+_FirstN = Annotated[int | None, typer.Option("--first-n", help="Keep the first N requests.")]
+_TimeScale = Annotated[float | None, typer.Option(
+    "--time-scale", help="Multiply arrival times by this factor (2 = half the rate).")]
+_TargetRate = Annotated[float | None, typer.Option(
+    "--target-rate", help="Rescale arrival times to this mean rate (req/s).")]
+_MaxLen = Annotated[int | None, typer.Option(
+    "--max-model-len", help="Clip outputs to fit this context (tokens); drop prompts that "
+    "do not fit. Counted and reported.")]
+
+
+@contextlib.contextmanager
+def _user_errors() -> Iterator[None]:
+    """Turn a workloads.TraceError (or an unwritable output) into one line and exit 2."""
+    try:
+        yield
+    except workloads.TraceError as err:
+        fail(str(err))
+    except OSError as err:
+        fail(f"{err.filename}: {err.strerror}")
+
+
+def _note(lines: list[str]) -> None:
+    for line in lines:
+        typer.echo(f"rt: note: {line}", err=True)
+
+
+def _load_transformed(
+    file: Path, fmt: str | None, model: str | None, hash_block: int | None,
+    arrivals: workloads.ArrivalProcess, spec: workloads.TransformSpec,
+) -> tuple[workloads.Trace, str]:
+    """Load, report what loading dropped, transform, report clipping; returns the format."""
+    result = workloads.load_trace(file, fmt, model=model, arrivals=arrivals,
+                                  hash_block_size=hash_block)
+    _note(load_notes(result.report, model))
+    trace, clip = workloads.apply_transforms(result.trace, spec)
+    _note(clip_notes(clip, spec.max_model_len))
+    return trace, result.report.format
+
+
+@trace_app.command("inspect")
+def trace_inspect(
+    file: Path,
+    fmt: _Format = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    keep_failed: Annotated[bool, typer.Option(
+        "--keep-failed", help="Statistics over every row, failed rows included.")] = False,
+    block_size: Annotated[int, typer.Option(
+        "--block-size", help="Prefix-cache block (tokens) for prompts without hash ids.")] = 16,
+    model: _Model = None, hash_block_size: _HashBlock = None,
+    request_rate: _Rate = math.inf, burstiness: _Burst = 1.0, seed: _Seed = 0,
+    start: _Start = None, duration: _Duration = None, first_n: _FirstN = None,
+    time_scale: _TimeScale = None, target_rate: _TargetRate = None, max_model_len: _MaxLen = None,
+) -> None:
+    """Print a trace's statistics: rows, span, rates, burstiness, lengths, prefix reuse."""
+    with _user_errors():
+        spec = workloads.TransformSpec(start, duration, first_n, time_scale, target_rate,
+                                       max_model_len)
+        if keep_failed:
+            stats, kind = _all_rows_stats(file, fmt, hash_block_size, model, spec)
+        else:
+            arrivals = workloads.ArrivalProcess(request_rate, burstiness, seed)
+            trace, kind = _load_transformed(file, fmt, model, hash_block_size, arrivals, spec)
+            stats = workloads.trace_stats(trace, block_size)
+    if as_json:
+        sys.stdout.write(json.dumps({"file": str(file), "format": kind, **stats.to_dict()},
+                                    indent=2) + "\n")
+    else:
+        typer.echo("\n".join(render_stats(stats, f"{file} ({kind})")))
+
+
+def _all_rows_stats(
+    file: Path, fmt: str | None, hash_block: int | None, model: str | None,
+    spec: workloads.TransformSpec,
+) -> tuple[workloads.TraceStats, str]:
+    if model is not None or spec != workloads.TransformSpec():
+        raise workloads.TraceError("--keep-failed reads the file as is: it takes no --model "
+                                   "and no transforms", column="--keep-failed", value=True)
+    rows = workloads.read_rows(file, fmt, hash_block_size=hash_block)
+    return workloads.rows_stats(rows), f"{rows.format}, all rows"
+
+
+@trace_app.command("convert")
+def trace_convert(
+    src: Path, dst: Path,
+    fmt: _Format = None,
+    to: Annotated[str, typer.Option(
+        "--to", help="Output format: rt (rt JSONL, lossless) or vidur (CSV, times and "
+        "lengths only).")] = "rt",
+    model: _Model = None, hash_block_size: _HashBlock = None,
+    request_rate: _Rate = math.inf, burstiness: _Burst = 1.0, seed: _Seed = 0,
+    start: _Start = None, duration: _Duration = None, first_n: _FirstN = None,
+    time_scale: _TimeScale = None, target_rate: _TargetRate = None, max_model_len: _MaxLen = None,
+) -> None:
+    """Convert a trace file (any supported format) to rt JSONL or Vidur CSV."""
+    with _user_errors():
+        if to not in ("rt", "vidur"):
+            raise workloads.TraceError("must be rt or vidur", column="--to", value=to)
+        spec = workloads.TransformSpec(start, duration, first_n, time_scale, target_rate,
+                                       max_model_len)
+        arrivals = workloads.ArrivalProcess(request_rate, burstiness, seed)
+        trace, _ = _load_transformed(src, fmt, model, hash_block_size, arrivals, spec)
+        writer = workloads.write_rt_jsonl if to == "rt" else workloads.write_vidur_csv
+        writer(trace, dst)
+    typer.echo(f"wrote {len(trace)} requests to {dst} ({to})")
 
 
 # ---- rt bench ... ---------------------------------------------------------------------------
