@@ -169,7 +169,103 @@ def trace_convert(
     typer.echo(f"wrote {len(trace)} requests to {dst} ({to})")
 
 
+_DATASETS = ("random", "prefix_repetition", "multi_turn", "resample")
+
+
+@trace_app.command("gen")
+def trace_gen(
+    output: Annotated[Path, typer.Option("-o", "--output", help="rt JSONL file to write.")],
+    dataset_name: Annotated[str, typer.Option(
+        "--dataset-name", help=f"One of {', '.join(_DATASETS)}.")] = "random",
+    num_prompts: Annotated[int, typer.Option("--num-prompts", help="Requests.")] = 1000,
+    request_rate: _Rate = math.inf, burstiness: _Burst = 1.0, seed: _Seed = 0,
+    input_len: Annotated[int, typer.Option("--random-input-len")] = 1024,
+    output_len: Annotated[int, typer.Option("--random-output-len")] = 128,
+    range_ratio: Annotated[float, typer.Option(
+        "--random-range-ratio", help="Lengths uniform in [L(1-r), L(1+r)], 0 <= r < 1.")] = 0.0,
+    prefix_len: Annotated[int, typer.Option(
+        "--random-prefix-len", help="Shared prefix tokens before every prompt.")] = 0,
+    rep_prefix: Annotated[int, typer.Option("--prefix-repetition-prefix-len")] = 256,
+    rep_suffix: Annotated[int, typer.Option("--prefix-repetition-suffix-len")] = 256,
+    rep_num: Annotated[int, typer.Option("--prefix-repetition-num-prefixes")] = 10,
+    rep_output: Annotated[int, typer.Option("--prefix-repetition-output-len")] = 128,
+    turns: Annotated[int, typer.Option("--multi-turn-num-turns")] = 4,
+    turn_gap: Annotated[float, typer.Option(
+        "--multi-turn-gap-s", help="Seconds between a conversation's turns.")] = 10.0,
+    dataset_path: Annotated[Path | None, typer.Option(
+        "--dataset-path", help="Trace whose lengths 'resample' draws from.")] = None,
+    fmt: _Format = None, max_model_len: _MaxLen = None,
+) -> None:
+    """Generate a synthetic trace with `vllm bench serve` flags (same seed, same arrivals)."""
+    with _user_errors():
+        arrivals = workloads.ArrivalProcess(request_rate, burstiness, seed)
+        lengths = workloads.RandomLengths(input_len, output_len, range_ratio, prefix_len)
+        if dataset_name == "random":
+            trace = workloads.random_trace(num_prompts, lengths, arrivals)
+        elif dataset_name == "prefix_repetition":
+            spec = workloads.PrefixRepetition(rep_prefix, rep_suffix, rep_num, rep_output)
+            trace = workloads.prefix_repetition_trace(num_prompts, spec, arrivals)
+        elif dataset_name == "multi_turn":
+            conv = workloads.MultiTurn(turns, turn_gap, lengths)
+            trace = workloads.multi_turn_trace(num_prompts, conv, arrivals)
+        elif dataset_name == "resample":
+            trace = workloads.resample_trace(_resample_source(dataset_path, fmt), num_prompts,
+                                             arrivals)
+        else:
+            raise workloads.TraceError(f"must be one of {', '.join(_DATASETS)}",
+                                       column="--dataset-name", value=dataset_name)
+        trace, clip = workloads.apply_transforms(
+            trace, workloads.TransformSpec(max_model_len=max_model_len))
+        _note(clip_notes(clip, max_model_len))
+        workloads.write_rt_jsonl(trace, output)
+    typer.echo(f"wrote {len(trace)} requests to {output} ({dataset_name})")
+
+
+def _resample_source(path: Path | None, fmt: str | None) -> workloads.Trace:
+    if path is None:
+        raise workloads.TraceError("resample needs a trace to draw lengths from",
+                                   column="--dataset-path")
+    result = workloads.load_trace(path, fmt)
+    _note(load_notes(result.report, None))
+    return result.trace
+
+
+# ---- rt simulate -----------------------------------------------------------------------------
+
+
+@app.command()
+def simulate() -> None:
+    """Run the engine core on its built-in scenario and print each step's decisions."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from sim.core_demo import run_seed_example
+
+    table = Table(title="rt core: seed example (budget 6 tokens, block size 4)")
+    for column in ("step", "scheduled tokens", "finished", "free blocks", "waiting", "why"):
+        table.add_column(column)
+    for row in run_seed_example():
+        tokens = ", ".join(f"{r}:{n}" for r, n in row.num_scheduled_tokens.items())
+        table.add_row(str(row.step), tokens, ",".join(row.finished), str(row.free_blocks),
+                      str(row.waiting), row.wait_reason or "")
+    Console().print(table)
+
+
 # ---- rt bench ... ---------------------------------------------------------------------------
+
+
+@bench_app.command("scheduler")
+def bench_scheduler(
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic prompts.")] = 0,
+    quick: Annotated[bool, typer.Option(help="Fewer steps (a smoke run).")] = False,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Also write the JSON here.")]
+    = None,
+) -> None:
+    """Microseconds per step of schedule() + update_from_output(): 64/256/1024 running
+    decodes with prefix caching, and a mixed chunked-prefill workload."""
+    from sim.benchmarks import bench_scheduler as run
+
+    _write_json(run(seed=seed, quick=quick), out)
 
 
 def main() -> None:

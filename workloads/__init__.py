@@ -24,6 +24,15 @@ from workloads.stats import (
     rows_stats,
     trace_stats,
 )
+from workloads.synthetic import (
+    MultiTurn,
+    PrefixRepetition,
+    RandomLengths,
+    multi_turn_trace,
+    prefix_repetition_trace,
+    random_trace,
+    resample_trace,
+)
 from workloads.tokens import (
     RESERVED_TOKEN_IDS,
     output_token_ids,
@@ -44,10 +53,11 @@ from workloads.transforms import (
 
 __all__ = [
     "FORMATS", "RESERVED_TOKEN_IDS", "ArrivalProcess", "ClipReport", "LengthStats",
-    "LoadReport", "LoadResult", "PrefixReuse", "RawRows", "Request", "Span", "TimeStats",
-    "Trace", "TraceColumns", "TraceError", "TraceStats", "TransformSpec", "apply_transforms",
-    "clip_to_max_model_len", "detect_format", "first_n", "load_trace", "output_token_ids",
-    "prefix_reuse", "prompt_token_ids", "read_rows", "read_rt_jsonl", "rows_stats",
-    "scale_time", "stream_token_ids", "time_window", "to_mean_rate", "trace_stats",
-    "vllm_arrival_times", "write_rt_jsonl", "write_vidur_csv",
+    "LoadReport", "LoadResult", "MultiTurn", "PrefixRepetition", "PrefixReuse", "RandomLengths",
+    "RawRows", "Request", "Span", "TimeStats", "Trace", "TraceColumns", "TraceError",
+    "TraceStats", "TransformSpec", "apply_transforms", "clip_to_max_model_len", "detect_format",
+    "first_n", "load_trace", "multi_turn_trace", "output_token_ids", "prefix_repetition_trace",
+    "prefix_reuse", "prompt_token_ids", "random_trace", "read_rows", "read_rt_jsonl",
+    "resample_trace", "rows_stats", "scale_time", "stream_token_ids", "time_window",
+    "to_mean_rate", "trace_stats", "vllm_arrival_times", "write_rt_jsonl", "write_vidur_csv",
 ]
