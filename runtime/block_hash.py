@@ -59,8 +59,7 @@ def block_extra_keys(
 def make_block_hasher(block_size: int) -> BlockHasher:
     """A hasher returning the hashes of a request's full blocks that are not yet hashed.
 
-    Called when a request is added and after every appended token; it does nothing until a
-    new block is full, so a decode step costs one comparison.
+    Called when a request is added and whenever an appended token completes a block.
     """
 
     def new_block_hashes(request: Request) -> list[BlockHash]:

@@ -72,7 +72,17 @@ class KVCacheManager:
         Returns the newly popped blocks, or None when they do not fit; then nothing changed.
         Free cache hits count against the free blocks, since touching consumes them.
         """
-        table = self.req_to_blocks.get(request.request_id, [])
+        table = self.req_to_blocks.get(request.request_id)
+        if table is not None and not new_computed_blocks and not full_sequence_must_fit:
+            # Fast path, most decodes: the slots are already allocated.
+            num_slots = request.num_computed_tokens + num_new_tokens
+            if num_slots <= len(table) * self.block_size:
+                if (self.enable_caching and num_slots // self.block_size
+                        > self.num_cached_block.get(request.request_id, 0)):
+                    self._cache_full_blocks(request, table, min(num_slots, request.num_tokens))
+                return []
+        if table is None:
+            table = []
         num_held = len(table) + len(new_computed_blocks)
         num_free_hits = sum(1 for block in new_computed_blocks if block.ref_cnt == 0)
         free = self.block_pool.num_free_blocks
@@ -89,8 +99,7 @@ class KVCacheManager:
         if max(num_needed, 0) + num_free_hits > free:
             return None
 
-        if not table:
-            self.req_to_blocks[request.request_id] = table
+        self.req_to_blocks.setdefault(request.request_id, table)
         if new_computed_blocks:
             self.block_pool.touch(new_computed_blocks)
             table.extend(new_computed_blocks)

@@ -91,8 +91,8 @@ class Request:
     __slots__ = (
         "request_id", "prompt_token_ids", "sampling_params", "arrival_time", "priority",
         "cache_salt", "lora_name", "lora_path", "status", "stop_reason", "num_computed_tokens",
-        "num_preemptions", "num_cached_tokens", "block_hashes", "_all_token_ids",
-        "_output_token_ids", "_block_hasher", "max_tokens", "num_prompt_tokens",
+        "num_preemptions", "num_cached_tokens", "block_hashes", "_all_token_ids", "_block_hasher", "_hash_block_size", "max_tokens",
+        "num_prompt_tokens", "num_tokens", "eos_token_id", "stop_token_ids",
     )
 
     def __init__(
@@ -115,7 +115,10 @@ class Request:
         self.lora_name = lora_name
         self.lora_path = lora_path
         self.max_tokens = sampling_params.max_tokens
+        self.eos_token_id = sampling_params.effective_eos_token_id  # None under ignore_eos
+        self.stop_token_ids = sampling_params.stop_token_ids
         self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.num_tokens = self.num_prompt_tokens  # prompt + outputs
         self.status = RequestStatus.WAITING
         # Token id for a stop token, or a readable text (e.g. why a request was ignored).
         self.stop_reason: int | str | None = None
@@ -125,8 +128,8 @@ class Request:
         self.num_cached_tokens: int | None = None
         self.block_hashes: list[bytes] = []
         self._all_token_ids = list(self.prompt_token_ids)
-        self._output_token_ids: list[int] = []
         self._block_hasher: BlockHasher | None = None
+        self._hash_block_size = 0  # 0 = not hashing
 
     def __repr__(self) -> str:
         return (
@@ -135,12 +138,8 @@ class Request:
         )
 
     @property
-    def num_tokens(self) -> int:
-        return len(self._all_token_ids)
-
-    @property
     def num_output_tokens(self) -> int:
-        return len(self._output_token_ids)
+        return self.num_tokens - self.num_prompt_tokens
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -148,19 +147,21 @@ class Request:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self._output_token_ids
+        """The sampled tokens so far (a copy)."""
+        return self._all_token_ids[self.num_prompt_tokens :]
 
     def is_finished(self) -> bool:
         return self.status > RequestStatus.PREEMPTED
 
-    def set_block_hasher(self, hasher: BlockHasher) -> None:
+    def set_block_hasher(self, hasher: BlockHasher, block_size: int) -> None:
         """Attach the hasher and hash the prompt's full blocks."""
         self._block_hasher = hasher
+        self._hash_block_size = block_size
         self.block_hashes.extend(hasher(self))
 
     def append_output_token(self, token_id: int) -> None:
-        """Append one sampled token and hash any block it completes."""
-        self._output_token_ids.append(token_id)
+        """Append one sampled token and hash the block it completes, if any."""
         self._all_token_ids.append(token_id)
-        if self._block_hasher is not None:
-            self.block_hashes.extend(self._block_hasher(self))
+        self.num_tokens += 1
+        if self._hash_block_size and self.num_tokens % self._hash_block_size == 0:
+            self.block_hashes.extend(self._block_hasher(self))  # type: ignore[misc]

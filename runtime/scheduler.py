@@ -31,11 +31,34 @@ class _Step:
     token_budget: int
     long_prefill_cap: int  # 0 = no per-request cap this step
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
-    # Running requests scheduled again: req_id -> (new block ids, computed tokens before).
-    cached: dict[str, tuple[list[int], int]] = field(default_factory=dict)
+    cached: CachedRequestData = field(default_factory=CachedRequestData)
     new_reqs: list[NewRequestData] = field(default_factory=list)
     resumed_req_ids: list[str] = field(default_factory=list)
     preempted_req_ids: list[str] = field(default_factory=list)
+
+    def schedule_running(
+        self, request: Request, num_new: int, new_blocks: list[KVCacheBlock]
+    ) -> None:
+        """Give `num_new` tokens to a running request; advance its computed tokens."""
+        req_id = request.request_id
+        self.num_scheduled_tokens[req_id] = num_new
+        self.token_budget -= num_new
+        cached = self.cached
+        cached.req_ids.append(req_id)
+        cached.new_block_ids.append([b.block_id for b in new_blocks] if new_blocks else [])
+        cached.num_computed_tokens.append(request.num_computed_tokens)
+        request.num_computed_tokens += num_new
+
+    def unschedule_running(self, req_id: str) -> None:
+        """Take back a running request's tokens (a priority victim scheduled earlier)."""
+        num_new = self.num_scheduled_tokens.pop(req_id, None)
+        if num_new is None:
+            return
+        self.token_budget += num_new
+        cached = self.cached
+        index = cached.req_ids.index(req_id)
+        for column in (cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
+            del column[index]
 
 
 class Scheduler:
@@ -92,7 +115,7 @@ class Scheduler:
             self.finished_req_ids.append(request.request_id)
             return
         if self._block_hasher is not None:
-            request.set_block_hasher(self._block_hasher)
+            request.set_block_hasher(self._block_hasher, self.block_size)
         self.waiting.add(request)
 
     def _why_never_fits(self, request: Request) -> str | None:
@@ -181,36 +204,45 @@ class Scheduler:
     def _schedule_running(self, step: _Step) -> None:
         """Phase 1: running requests in admission order, preempting when KV runs out."""
         running = self.running
-        priority = self.scheduler_config.policy == "priority"
+        allocate = self.kv_cache_manager.allocate_slots
+        cap = step.long_prefill_cap
+        max_model_len = self.max_model_len
         i = 0
         while i < len(running) and step.token_budget > 0:
             request = running[i]
-            num_new = request.num_tokens - request.num_computed_tokens
-            if 0 < step.long_prefill_cap < num_new:
-                num_new = step.long_prefill_cap
-            num_new = min(num_new, step.token_budget,
-                          self.max_model_len - request.num_computed_tokens - 1)
+            computed = request.num_computed_tokens
+            num_new = request.num_tokens - computed
+            if 0 < cap < num_new:
+                num_new = cap
+            num_new = min(num_new, step.token_budget, max_model_len - computed - 1)
             if num_new <= 0:
                 i += 1
                 continue
-            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new)
-            while new_blocks is None:
-                victim, victim_index = self._preempt_victim(step)
-                if victim_index < i:
-                    i -= 1
-                if victim is request:
+            new_blocks = allocate(request, num_new)
+            if new_blocks is None:
+                new_blocks, i = self._preempt_until_fits(request, num_new, step, i)
+                if new_blocks is None:  # `request` preempted itself
+                    if self.scheduler_config.policy == "priority":
+                        continue  # later (better-priority) requests may still fit
                     break
-                new_blocks = self.kv_cache_manager.allocate_slots(request, num_new)
-            if new_blocks is None:  # `request` preempted itself
-                if priority:
-                    continue  # later (better-priority) requests may still fit
-                break
-            step.num_scheduled_tokens[request.request_id] = num_new
-            step.cached[request.request_id] = (
-                [block.block_id for block in new_blocks], request.num_computed_tokens)
-            step.token_budget -= num_new
-            request.num_computed_tokens += num_new
+            step.schedule_running(request, num_new, new_blocks)
             i += 1
+
+    def _preempt_until_fits(
+        self, request: Request, num_new: int, step: _Step, i: int
+    ) -> tuple[list[KVCacheBlock] | None, int]:
+        """Preempt victims until `request` (at index `i` of `running`) gets its slots, or
+        is the victim itself. Returns the new blocks (None if it was preempted) and its
+        index after the removals."""
+        while True:
+            victim, victim_index = self._preempt_victim(step)
+            if victim_index < i:
+                i -= 1
+            if victim is request:
+                return None, i
+            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new)
+            if new_blocks is not None:
+                return new_blocks, i
 
     def _preempt_victim(self, step: _Step) -> tuple[Request, int]:
         """Preempt one running request; return it and the index it had in `running`.
@@ -226,10 +258,7 @@ class Scheduler:
         else:
             index = len(running) - 1
             victim = running.pop()
-        undone = step.num_scheduled_tokens.pop(victim.request_id, None)
-        if undone is not None:
-            step.token_budget += undone
-            del step.cached[victim.request_id]
+        step.unschedule_running(victim.request_id)
         self._preempt(victim)
         step.preempted_req_ids.append(victim.request_id)
         return victim, index
@@ -299,18 +328,13 @@ class Scheduler:
     def _make_output(
         self, step: _Step, total: int, wait_reason: WaitReason | None
     ) -> SchedulerOutput:
-        cached = CachedRequestData()
-        for req_id, (new_block_ids, num_computed) in step.cached.items():
-            cached.req_ids.append(req_id)
-            cached.new_block_ids.append(new_block_ids)
-            cached.num_computed_tokens.append(num_computed)
         preempted = self._preempted_outside_step + step.preempted_req_ids
         output = SchedulerOutput(
             num_scheduled_tokens=step.num_scheduled_tokens,
             total_num_scheduled_tokens=total,
             scheduled_new_reqs=step.new_reqs,
             scheduled_resumed_req_ids=step.resumed_req_ids,
-            scheduled_cached_reqs=cached,
+            scheduled_cached_reqs=step.cached,
             preempted_req_ids=preempted,
             finished_req_ids=self.finished_req_ids,
             num_waiting=len(self.waiting),
@@ -336,7 +360,13 @@ class Scheduler:
             request = requests.get(req_id)
             if request is None or request.status > RequestStatus.PREEMPTED:
                 continue  # aborted while its step ran
-            if self._append_tokens(request, tokens):
+            if len(tokens) == 1:  # the usual case: one sampled token
+                request.append_output_token(tokens[0])
+                status = self._check_stop(request, tokens[0])
+                if status is not None:
+                    request.status = status
+                    finished.append(request)
+            elif self._append_tokens(request, tokens):
                 finished.append(request)
         if finished:
             done = {request.request_id for request in finished}
@@ -359,14 +389,13 @@ class Scheduler:
     def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
         """vLLM 0.33's order: EOS, stop tokens, length. `min_tokens` comes after them, so it
         only matters to the sampler, which must not produce EOS or stop tokens before it."""
-        params = request.sampling_params
-        if token == params.effective_eos_token_id:
+        if token == request.eos_token_id:
             return RequestStatus.FINISHED_STOPPED
-        if token in params.stop_token_ids:
+        if request.stop_token_ids and token in request.stop_token_ids:
             request.stop_reason = token
             return RequestStatus.FINISHED_STOPPED
         if (request.num_tokens >= self.max_model_len
-                or request.num_output_tokens >= request.max_tokens):
+                or request.num_tokens - request.num_prompt_tokens >= request.max_tokens):
             return RequestStatus.FINISHED_LENGTH_CAPPED
         if request.num_tokens > self.pool_capacity_tokens:
             request.stop_reason = "kv_pool_capacity"

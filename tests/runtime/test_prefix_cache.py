@@ -12,7 +12,7 @@ P = list(range(100, 164))  # a pool of distinct prompt tokens
 
 def hashes_of(tokens: list[int], block_size: int = 4, **kwargs: object) -> list[bytes]:
     request = make_request("x", tokens, **kwargs)
-    request.set_block_hasher(make_block_hasher(block_size))
+    request.set_block_hasher(make_block_hasher(block_size), block_size)
     return request.block_hashes
 
 
@@ -27,7 +27,7 @@ def test_hashes_are_chained_over_full_blocks_only() -> None:
 
 def test_hashes_grow_as_output_tokens_fill_blocks() -> None:
     request = make_request("x", P[:7])
-    request.set_block_hasher(make_block_hasher(4))
+    request.set_block_hasher(make_block_hasher(4), 4)
     assert len(request.block_hashes) == 1
     request.append_output_token(5)
     assert request.block_hashes == hashes_of(P[:7] + [5])

@@ -1,0 +1,139 @@
+"""Benchmarks of the engine core, reported as JSON-ready dicts (`rt bench ...`).
+
+Only the core's own work is timed: `schedule()` plus `update_from_output()`; building the
+sampled-token dict (the executor's job) is left out. Times are microseconds, both wall-clock
+(`perf_counter`) and this thread's CPU time (`thread_time`), which other processes on a
+shared machine disturb less; medians over steps.
+"""
+
+from __future__ import annotations
+
+import platform
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+from runtime import CacheConfig, Request, SamplingParams, Scheduler, SchedulerConfig
+
+EOS_FREE_TOKEN = 1000  # any id; requests run with ignore_eos
+
+
+
+def _timed_step(s: Scheduler) -> tuple[float, float, int]:
+    """One step; returns (core wall seconds, core CPU seconds, scheduled requests)."""
+    c0 = time.thread_time()
+    t0 = time.perf_counter()
+    output = s.schedule()
+    t1 = time.perf_counter()
+    c1 = time.thread_time()
+    requests = s.requests
+    sampled = {
+        req_id: [EOS_FREE_TOKEN]
+        for req_id in output.num_scheduled_tokens
+        if requests[req_id].num_computed_tokens >= requests[req_id].num_tokens
+    }
+    c2 = time.thread_time()
+    t2 = time.perf_counter()
+    s.update_from_output(output, sampled)
+    t3 = time.perf_counter()
+    c3 = time.thread_time()
+    return (t1 - t0) + (t3 - t2), (c1 - c0) + (c3 - c2), len(output.num_scheduled_tokens)
+
+
+def _prompt(rng: random.Random, length: int) -> list[int]:
+    return [rng.randrange(10, 32_000) for _ in range(length)]
+
+
+def bench_decode(num_running: int, num_steps: int, seed: int) -> dict[str, float]:
+    """`num_running` requests in steady decode, prefix caching on, prompts 100-300 tokens
+    (so block boundaries are crossed at staggered steps)."""
+    rng = random.Random(seed)
+    block_size = 16
+    max_len = 300 + num_steps + 64
+    s = Scheduler(
+        SchedulerConfig(max_num_batched_tokens=max(8192, num_running),
+                        max_num_seqs=num_running, max_model_len=max_len),
+        CacheConfig(block_size=block_size,
+                    num_blocks=num_running * (max_len // block_size + 2) + 1,
+                    enable_prefix_caching=True),
+    )
+    for i in range(num_running):
+        params = SamplingParams(max_tokens=num_steps + 64, ignore_eos=True)
+        s.add_request(Request(f"r{i}", _prompt(rng, rng.randint(100, 300)), params))
+    while len(s.waiting) or any(r.num_computed_tokens < r.num_prompt_tokens
+                                for r in s.running):
+        _timed_step(s)  # prefill, not measured
+    wall, cpu = [], []
+    for _ in range(num_steps):
+        wall_s, cpu_s, scheduled = _timed_step(s)
+        assert scheduled == num_running
+        wall.append(wall_s)
+        cpu.append(cpu_s)
+    wall_us, cpu_us = statistics.median(wall) * 1e6, statistics.median(cpu) * 1e6
+    return {
+        "num_running": num_running,
+        "steps": num_steps,
+        "us_per_step_median": round(wall_us, 2),
+        "cpu_us_per_step_median": round(cpu_us, 2),
+        "us_per_request_step": round(wall_us / num_running, 3),
+        "cpu_us_per_request_step": round(cpu_us / num_running, 3),
+    }
+
+
+def bench_mixed(num_requests: int, seed: int) -> dict[str, float]:
+    """Chunked prefill mixed with decodes: a request arrives every other step (prompts
+    200-2000 tokens, outputs 20-200), budget 2048 tokens, 256 sequences at most."""
+    rng = random.Random(seed)
+    s = Scheduler(
+        SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=256, max_model_len=4096),
+        CacheConfig(block_size=16, num_blocks=4096, enable_prefix_caching=True),
+    )
+    shared = _prompt(rng, 512)  # a system prompt some requests share
+    wall, cpu, scheduled, added, steps = 0.0, 0.0, 0, 0, 0
+    while added < num_requests or s.has_unfinished_requests():
+        if added < num_requests and steps % 2 == 0:
+            prefix = shared if rng.random() < 0.5 else []
+            prompt = prefix + _prompt(rng, rng.randint(200, 1500))
+            params = SamplingParams(max_tokens=rng.randint(20, 200), ignore_eos=True)
+            s.add_request(Request(f"r{added}", prompt, params))
+            added += 1
+        wall_s, cpu_s, n = _timed_step(s)
+        s.release([r for r in list(s.requests) if s.requests[r].is_finished()])
+        wall += wall_s
+        cpu += cpu_s
+        scheduled += n
+        steps += 1
+    return {
+        "requests": num_requests,
+        "steps": steps,
+        "us_per_step_mean": round(wall / steps * 1e6, 2),
+        "cpu_us_per_step_mean": round(cpu / steps * 1e6, 2),
+        "us_per_request_step": round(wall / scheduled * 1e6, 3),
+        "cpu_us_per_request_step": round(cpu / scheduled * 1e6, 3),
+        "mean_scheduled_requests": round(scheduled / steps, 1),
+        "prefix_cache_hit_rate": round(s.prefix_cache_stats.hit_rate, 4),
+    }
+
+
+def bench_scheduler(seed: int = 0, quick: bool = False) -> dict[str, object]:
+    """The `rt bench scheduler` report. Goal: <= 2 us per scheduled request per step at 256
+    running decodes."""
+    decode_steps = 50 if quick else 400
+    decode = [bench_decode(n, decode_steps, seed) for n in (64, 256, 1024)]
+    mixed = bench_mixed(100 if quick else 1000, seed)
+    at_256 = next(d for d in decode if d["num_running"] == 256)
+    best_256 = min(at_256["us_per_request_step"], at_256["cpu_us_per_request_step"])
+    return {
+        "benchmark": "scheduler",
+        "python": sys.version.split()[0],
+        "machine": platform.machine(),
+        "seed": seed,
+        "decode": decode,
+        "mixed_chunked_prefill": mixed,
+        "goal_us_per_request_step_at_256": 2.0,
+        "us_per_request_step_at_256": at_256["us_per_request_step"],
+        "cpu_us_per_request_step_at_256": at_256["cpu_us_per_request_step"],
+        "meets_goal": best_256 <= 2.0,
+    }
