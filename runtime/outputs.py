@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -26,7 +27,7 @@ class NewRequestData:
     request recomputes prompt and earlier outputs: `prefill_token_ids` holds them all."""
 
     req_id: str
-    prompt_token_ids: list[int]
+    prompt_token_ids: Sequence[int]
     block_ids: list[int]
     num_computed_tokens: int
     prefill_token_ids: list[int] | None = None

@@ -91,8 +91,9 @@ class Request:
     __slots__ = (
         "request_id", "prompt_token_ids", "sampling_params", "arrival_time", "priority",
         "cache_salt", "lora_name", "lora_path", "status", "stop_reason", "num_computed_tokens",
-        "num_preemptions", "num_cached_tokens", "block_hashes", "_all_token_ids", "_block_hasher", "_hash_block_size", "max_tokens",
-        "num_prompt_tokens", "num_tokens", "eos_token_id", "stop_token_ids",
+        "num_preemptions", "num_cached_tokens", "block_hashes", "_all_token_ids",
+        "_block_hasher", "_hash_block_size", "max_tokens", "num_prompt_tokens", "num_tokens",
+        "eos_token_id", "stop_token_ids",
     )
 
     def __init__(
@@ -107,7 +108,7 @@ class Request:
         lora_path: str | None = None,
     ) -> None:
         self.request_id = request_id
-        self.prompt_token_ids = list(prompt_token_ids)
+        self.prompt_token_ids = prompt_token_ids  # the caller's sequence, not copied
         self.sampling_params = sampling_params
         self.arrival_time = arrival_time  # seconds, on the driver's clock
         self.priority = priority
@@ -117,7 +118,7 @@ class Request:
         self.max_tokens = sampling_params.max_tokens
         self.eos_token_id = sampling_params.effective_eos_token_id  # None under ignore_eos
         self.stop_token_ids = sampling_params.stop_token_ids
-        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
         self.num_tokens = self.num_prompt_tokens  # prompt + outputs
         self.status = RequestStatus.WAITING
         # Token id for a stop token, or a readable text (e.g. why a request was ignored).
@@ -127,7 +128,7 @@ class Request:
         # Prefix-cache hit tokens at the first admission; None until admitted.
         self.num_cached_tokens: int | None = None
         self.block_hashes: list[bytes] = []
-        self._all_token_ids = list(self.prompt_token_ids)
+        self._all_token_ids = list(prompt_token_ids)
         self._block_hasher: BlockHasher | None = None
         self._hash_block_size = 0  # 0 = not hashing
 
