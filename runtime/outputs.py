@@ -20,6 +20,21 @@ class WaitReason(enum.Enum):
     PREEMPTED_THIS_STEP = "preempted_this_step"  # a preemption in this step skips admission
 
 
+class ReqIdList(list[str]):
+    """Request ids in event order. vLLM exposes these fields as sets, so a ReqIdList also
+    compares equal to a set (or frozenset) holding the same ids."""
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (set, frozenset)):
+            return len(self) == len(other) and set(self) == other
+        return list.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = None
+
+
 @dataclass(frozen=True, slots=True)
 class NewRequestData:
     """A request admitted this step (new, or resumed after preemption): the executor gets its
@@ -66,10 +81,10 @@ class SchedulerOutput:
     num_scheduled_tokens: dict[str, int]
     total_num_scheduled_tokens: int
     scheduled_new_reqs: list[NewRequestData]
-    scheduled_resumed_req_ids: list[str]
+    scheduled_resumed_req_ids: ReqIdList
     scheduled_cached_reqs: CachedRequestData
-    preempted_req_ids: list[str]
-    finished_req_ids: list[str]
+    preempted_req_ids: ReqIdList
+    finished_req_ids: ReqIdList
     num_waiting: int
     wait_reason: WaitReason | None
 

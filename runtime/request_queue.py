@@ -29,6 +29,8 @@ class RequestQueue(Protocol):
         """Requests in the order they would be admitted."""
         ...
 
+    def __getitem__(self, index: int) -> Request: ...
+
 
 class FCFSQueue:
     def __init__(self) -> None:
@@ -54,6 +56,9 @@ class FCFSQueue:
 
     def __iter__(self) -> Iterator[Request]:
         return iter(self._queue)
+
+    def __getitem__(self, index: int) -> Request:
+        return self._queue[index]
 
 
 class PriorityQueue:
@@ -83,7 +88,13 @@ class PriorityQueue:
         return len(self._heap)
 
     def __iter__(self) -> Iterator[Request]:
-        return iter([entry[3] for entry in sorted(self._heap, key=lambda e: e[:3])])
+        return iter(self._sorted())
+
+    def __getitem__(self, index: int) -> Request:
+        return self._sorted()[index]
+
+    def _sorted(self) -> list[Request]:
+        return [entry[3] for entry in sorted(self._heap, key=lambda e: e[:3])]
 
 
 def make_request_queue(policy: str) -> RequestQueue:

@@ -17,6 +17,7 @@ from runtime.outputs import (
     CachedRequestData,
     NewRequestData,
     PrefixCacheStats,
+    ReqIdList,
     SchedulerOutput,
     WaitReason,
 )
@@ -333,10 +334,10 @@ class Scheduler:
             num_scheduled_tokens=step.num_scheduled_tokens,
             total_num_scheduled_tokens=total,
             scheduled_new_reqs=step.new_reqs,
-            scheduled_resumed_req_ids=step.resumed_req_ids,
+            scheduled_resumed_req_ids=ReqIdList(step.resumed_req_ids),
             scheduled_cached_reqs=step.cached,
-            preempted_req_ids=preempted,
-            finished_req_ids=self.finished_req_ids,
+            preempted_req_ids=ReqIdList(preempted),
+            finished_req_ids=ReqIdList(self.finished_req_ids),
             num_waiting=len(self.waiting),
             wait_reason=wait_reason,
         )

@@ -356,3 +356,15 @@ def test_config_errors_name_the_field_and_value(kwargs: dict, message: str) -> N
     with pytest.raises(ValueError) as info:
         make_scheduler(**kwargs)
     assert message in str(info.value)
+
+
+def test_id_fields_are_ordered_lists_that_also_compare_as_sets() -> None:
+    s = make_scheduler(num_blocks=4)
+    for req_id in "ABC":
+        s.add_request(make_request(req_id, 4, 3))
+    step(s)
+    out = step(s).output
+    assert out.preempted_req_ids == ["C", "B"]
+    assert out.preempted_req_ids == {"B", "C"}
+    assert out.preempted_req_ids != ["B", "C"] and out.preempted_req_ids != {"B"}
+    assert s.waiting[0].request_id == "B"
