@@ -368,3 +368,33 @@ def test_id_fields_are_ordered_lists_that_also_compare_as_sets() -> None:
     assert out.preempted_req_ids == {"B", "C"}
     assert out.preempted_req_ids != ["B", "C"] and out.preempted_req_ids != {"B"}
     assert s.waiting[0].request_id == "B"
+
+
+def test_decode_takes_a_new_block_exactly_when_computed_tokens_hit_a_multiple() -> None:
+    s = make_scheduler()
+    s.add_request(make_request("A", 4, 8))
+    assert step(s).new == [("A", [1], 0)]
+    new_blocks, computed_before = [], []
+    for _ in range(5):
+        cached = step(s).output.scheduled_cached_reqs
+        new_blocks += cached.new_block_ids
+        computed_before += cached.num_computed_tokens
+    assert computed_before == [4, 5, 6, 7, 8]
+    assert new_blocks == [[2], [], [], [], [3]]
+
+
+def test_num_computed_tokens_lifecycle() -> None:
+    s = make_scheduler(max_num_batched_tokens=8, num_blocks=8)
+    s.add_request(make_request("A", list(range(100, 112)), 6))
+    request = s.requests["A"]
+    assert request.num_computed_tokens == 0
+    out = s.schedule()
+    assert out.scheduled_new_reqs[0].num_computed_tokens == 0
+    assert request.num_computed_tokens == 8  # advanced at schedule time, before execution
+    s.update_from_output(out, {})  # a non-final chunk samples nothing
+    step(s)
+    assert (request.num_computed_tokens, request.num_tokens) == (12, 13)  # steady decode: +1
+    s.add_request(make_request("B", list(range(100, 112)), 2))  # same prompt: hits 2 blocks
+    st = step(s)
+    assert st.new == [("B", [1, 2, 5], 8)]  # admitted at its hit, then advanced by 4
+    assert s.requests["B"].num_computed_tokens == 12
