@@ -102,7 +102,7 @@ def read_csv_text(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
     frame.attrs["path"] = str(path)
     for name in required:
         if name not in frame.columns:
-            raise _missing_column(name, list(frame.columns), path)
+            raise missing_column(name, list(frame.columns), path)
     if frame.empty:
         raise TraceError("no data rows after the header", path=str(path), line=2)
     return frame
@@ -147,7 +147,8 @@ def _lines(frame: pd.DataFrame) -> np.ndarray:
     return np.arange(len(frame), dtype=np.int64) + _FIRST_DATA_LINE
 
 
-def _missing_column(name: str, header: list[str], path: Path) -> TraceError:
+def missing_column(name: str, header: list[str], path: Path) -> TraceError:
+    """The error for a required column absent from `header`, with a close-match hint."""
     close = difflib.get_close_matches(name, header, n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return TraceError(f"missing column (header has {', '.join(map(repr, header))}){hint}",

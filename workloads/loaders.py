@@ -21,6 +21,7 @@ from workloads.csv_formats import (
     BURSTGPT_COLUMNS,
     LENGTH_COLUMNS,
     VIDUR_COLUMNS,
+    missing_column,
     parse_azure,
     parse_burstgpt,
     parse_lengths,
@@ -97,11 +98,14 @@ def detect_format(path: Path) -> str:
     first = _first_line(path)
     if first.lstrip().startswith("{"):
         return _detect_jsonl(first, path)
-    header = next(csv.reader([first]))
-    names = {name.strip() for name in header}
+    header = [name.strip() for name in next(csv.reader([first]))]
     for fmt, columns in _CSV_SIGNATURES:
-        if set(columns) <= names:
+        if set(columns) <= set(header):
             return fmt
+    fmt, columns = max(_CSV_SIGNATURES, key=lambda sig: len(set(sig[1]) & set(header)))
+    if set(columns) & set(header):  # a near miss: name the missing column of the best fit
+        missing = next(c for c in columns if c not in header)
+        raise missing_column(missing, header, path)
     raise TraceError("unrecognised trace header; pass --format (one of "
                      f"{', '.join(FORMATS)})", path=str(path), line=1, value=first.strip())
 

@@ -13,7 +13,7 @@ import pytest
 from workloads import load_trace, read_rows, rows_stats, trace_stats
 from workloads.stats import TraceStats
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "traces"
+from .helpers import FIXTURES
 
 
 def _stats(name: str, **kwargs: object) -> TraceStats:

@@ -1,0 +1,125 @@
+"""Bad trace files raise one TraceError naming file, line, column and value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from workloads import TraceError, detect_format, load_trace
+
+from .helpers import FIXTURES, write
+
+AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+ROW0 = "2023-11-16 18:15:46.6805900,374,44\n"
+ROW1 = "2023-11-16 18:15:50.9951690,396,109\n"
+MOON = '{"timestamp": %s, "input_length": %s, "output_length": %s, "hash_ids": %s}\n'
+
+CASES = {
+    "misnamed column": (AZURE.replace("ContextTokens", "Context Tokens") + ROW0, None,
+                        1, "ContextTokens", None, "did you mean 'Context Tokens'"),
+    "non-numeric": (AZURE + ROW0 + ROW1.replace("396", "abc"), None,
+                    3, "ContextTokens", "abc", "not a finite number"),
+    "negative": (AZURE + ROW0 + ROW1.replace("109", "-4"), None,
+                 3, "GeneratedTokens", "-4", ">= 0"),
+    "NaN": (AZURE + ROW0.replace("374", "NaN"), None, 2, "ContextTokens", "NaN", "finite"),
+    "fraction": (AZURE + ROW0.replace("374", "37.5"), None, 2, "ContextTokens", "37.5",
+                 "integers"),
+    "empty cell": (AZURE + ROW0 + "2023-11-16 18:15:50.9951690,,109\n", None,
+                   3, "ContextTokens", "", "finite"),
+    "bad datetime": (AZURE + ROW0.replace("2023-11-16", "16/11/2023"), None,
+                     2, "TIMESTAMP", "16/11/2023 18:15:46.6805900", "date-time"),
+    "unsorted": (AZURE + ROW1 + ROW0, None, 3, "TIMESTAMP", "2023-11-16 18:15:46.6805900",
+                 "sorted"),
+    "ragged row": (AZURE + ROW0 + "2023-11-16 18:15:50.9951690,396,109,7\n", None,
+                   3, None, None, "4 fields"),
+    "blank line": (AZURE + ROW0 + "\n" + ROW1, None, 3, "TIMESTAMP", "", "date-time"),
+    "header only": (AZURE, None, 2, None, None, "no data rows"),
+    "empty file": ("", None, 1, None, None, "empty file"),
+    "unknown header": ("a,b,c\n1,2,3\n", None, 1, None, "a,b,c", "unrecognised"),
+    "wrong format": (AZURE + ROW0, "mooncake", 1, None, AZURE.strip(), "invalid JSON"),
+    "csv as vidur": (AZURE + ROW0, "vidur", 1, "arrived_at", None, "missing column"),
+    "mooncake missing key": ('{"timestamp": 0, "input_length": 5, "hash_ids": [1]}\n',
+                             "mooncake", 1, "output_length", None, "missing key"),
+    "mooncake negative time": (MOON % ("-3", 5, 1, "[1]"), None, 1, "timestamp", -3, ">= 0"),
+    "mooncake too many ids": (MOON % (0, 5, 1, "[0]") + MOON % (7, 513, 1, "[0, 1, 2]"), None,
+                              2, "hash_ids", 3, "exceed"),
+    "mooncake bad id": (MOON % (0, 5, 1, '[0, "x"]'), None, 1, "hash_ids", "x", "integers"),
+    "mooncake unsorted": (MOON % (9, 5, 1, "[0]") + MOON % (7, 5, 1, "[0]"), None,
+                          2, "timestamp", 7.0, "sorted"),
+    "mooncake float length": (MOON % (0, 5.5, 1, "[0]"), None, 1, "input_length", 5.5,
+                              "integer"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_file_is_located(tmp_path: Path, case: str) -> None:
+    text, fmt, line, column, value, fragment = CASES[case]
+    suffix = ".jsonl" if text.startswith("{") else ".csv"
+    path = write(tmp_path / f"bad{suffix}", text)
+    with pytest.raises(TraceError) as info:
+        load_trace(path, fmt)
+    err = info.value
+    assert (err.path, err.line, err.column) == (str(path), line, column)
+    if value is not None:
+        assert err.value == value
+    assert fragment in str(err)
+    assert "\n" not in str(err)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="cannot open"):
+        load_trace(tmp_path / "nope.csv")
+
+
+def test_binary_file(tmp_path: Path) -> None:
+    path = tmp_path / "blob.csv"
+    path.write_bytes(b"\xff\xfe\x00\x81garbage\n")
+    with pytest.raises(TraceError, match="UTF-8") as info:
+        load_trace(path)
+    assert info.value.path == str(path)
+
+
+def test_unknown_model_lists_the_models() -> None:
+    with pytest.raises(TraceError, match="ChatGPT, GPT-4") as info:
+        load_trace(FIXTURES / "burstgpt_head.csv", model="GPT-5")
+    assert (info.value.column, info.value.value) == ("--model", "GPT-5")
+
+
+def test_model_filter_needs_a_model_column() -> None:
+    with pytest.raises(TraceError) as info:
+        load_trace(FIXTURES / "azure_code_2023_first1000.csv", model="GPT-4")
+    assert info.value.column == "--model"
+
+
+@pytest.mark.parametrize(("name", "fmt"), [
+    ("azure_conv_2023_head.csv", "azure"), ("burstgpt_head.csv", "burstgpt"),
+    ("burstgpt3_head.csv", "burstgpt"), ("mooncake_synthetic_first200.jsonl", "mooncake"),
+    ("sharegpt_lengths_first1000.csv", "lengths"),
+])
+def test_detection(name: str, fmt: str) -> None:
+    assert detect_format(FIXTURES / name) == fmt
+
+
+def test_vidur_and_bailian_formats(tmp_path: Path) -> None:
+    vidur = write(tmp_path / "v.csv", "arrived_at,num_prefill_tokens,num_decode_tokens,x\n"
+                  "0.5,10,2,a\n1.25,20,3,b\n")
+    trace = load_trace(vidur).trace
+    assert [(r.arrival_s, r.prompt_len, r.output_len) for r in trace] == [(0.0, 10, 2),
+                                                                         (0.75, 20, 3)]
+    rows = [
+        '{"chat_id": 10, "parent_chat_id": -1, "timestamp": 1.5, "input_length": 20, '
+        '"output_length": 4, "type": "text", "turn": 1, "hash_ids": [1, 2]}',
+        '{"chat_id": 11, "parent_chat_id": -1, "timestamp": 2.0, "input_length": 5, '
+        '"output_length": 2, "type": "text", "turn": 1, "hash_ids": [3]}',
+        '{"chat_id": 12, "parent_chat_id": 10, "timestamp": 4.0, "input_length": 60, '
+        '"output_length": 4, "type": "text", "turn": 2, "hash_ids": [1, 2, 4]}',
+    ]
+    bailian = write(tmp_path / "b.jsonl", "\n".join(rows) + "\n")
+    result = load_trace(bailian)
+    assert result.report.format == "bailian"
+    got = [(r.request_id, r.session_id, r.arrival_s, r.hash_block_size, r.hash_covered_len)
+           for r in result.trace]
+    assert got == [("10", "10", 0.0, 16, 20), ("11", "11", 0.5, 16, 5),
+                   ("12", "10", 2.5, 16, 48)]
+    assert result.report.uncovered_hash_rows == 1  # 60 tokens need 4 blocks of 16, 3 given

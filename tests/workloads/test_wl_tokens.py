@@ -1,0 +1,115 @@
+"""Deterministic token ids: reserved range, sharing exactly where the trace says, pinned values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workloads import (
+    RESERVED_TOKEN_IDS,
+    Request,
+    Span,
+    TraceError,
+    load_trace,
+    output_token_ids,
+    prompt_token_ids,
+    stream_token_ids,
+)
+
+from .helpers import FIXTURES
+
+VOCAB = 32000
+
+
+def test_pinned_stream_values() -> None:
+    # a change here changes every simulated and replayed prompt: bump the rt-trace version
+    assert stream_token_ids("u:0", 8, 32000, 0) == [7089, 5863, 6265, 10096, 24570, 28785,
+                                                     15128, 30292]
+    assert stream_token_ids("h:0", 4, 128256, 1) == [47555, 41381, 22557, 10118]
+
+
+@given(st.text(min_size=1, max_size=12), st.integers(1, 300), st.integers(1, 300),
+       st.integers(11, 10**6), st.integers(0, 2**32))
+@settings(max_examples=60, deadline=None)
+def test_streams_are_prefix_consistent_and_in_range(key: str, a: int, b: int, vocab: int,
+                                                    seed: int) -> None:
+    longer = stream_token_ids(key, max(a, b), vocab, seed)
+    assert stream_token_ids(key, min(a, b), vocab, seed) == longer[:min(a, b)]
+    assert all(RESERVED_TOKEN_IDS <= t < vocab for t in longer)
+
+
+def test_reserved_ids_never_appear_even_in_a_tiny_vocab() -> None:
+    tokens = stream_token_ids("u:x", 5000, 12, 0)
+    assert set(tokens) == {10, 11}
+
+
+def test_seed_and_key_change_tokens() -> None:
+    base = stream_token_ids("u:1", 64, VOCAB, 0)
+    assert base == stream_token_ids("u:1", 64, VOCAB, 0)
+    assert base != stream_token_ids("u:1", 64, VOCAB, 1)
+    assert base != stream_token_ids("u:2", 64, VOCAB, 0)
+
+
+def test_unstructured_prompts_are_unique_per_request() -> None:
+    a, b = Request("a", 0.0, 100, 5), Request("b", 0.0, 100, 5)
+    ta, tb = prompt_token_ids(a, VOCAB, 0), prompt_token_ids(b, VOCAB, 0)
+    assert len(ta) == 100 and ta != tb
+    assert sum(x == y for x, y in zip(ta, tb, strict=True)) < 5  # chance agreements only
+
+
+def test_equal_hash_ids_give_equal_blocks_and_a_16_token_cache_sees_the_sharing() -> None:
+    a = Request("a", 0.0, 1000, 1, hash_ids=(7, 8), hash_block_size=512)
+    b = Request("b", 0.0, 1300, 1, hash_ids=(7, 9, 10), hash_block_size=512)
+    ta, tb = prompt_token_ids(a, VOCAB, 3), prompt_token_ids(b, VOCAB, 3)
+    assert (len(ta), len(tb)) == (1000, 1300)
+    assert ta[:512] == tb[:512]
+    blocks_a = [tuple(ta[i:i + 16]) for i in range(0, 992, 16)]
+    blocks_b = [tuple(tb[i:i + 16]) for i in range(0, 1296, 16)]
+    shared = sum(1 for x, y in zip(blocks_a, blocks_b, strict=False) if x == y)
+    assert shared == 32  # exactly the 512 / 16 blocks of hash id 7
+    # the partial last block of `a` (hash id 8, 488 tokens) is a prefix of block 8's tokens
+    assert ta[512:] == stream_token_ids("h:8", 488, VOCAB, 3)
+
+
+def test_uncovered_tail_is_request_unique() -> None:
+    a = Request("a", 0.0, 600, 1, hash_ids=(1,), hash_block_size=512)
+    b = Request("b", 0.0, 600, 1, hash_ids=(1,), hash_block_size=512)
+    ta, tb = prompt_token_ids(a, VOCAB, 0), prompt_token_ids(b, VOCAB, 0)
+    assert ta[:512] == tb[:512] and ta[512:] != tb[512:]
+    assert ta[512:] == stream_token_ids("u:a", 88, VOCAB, 0)
+
+
+def test_segments_concatenate_streams() -> None:
+    req = Request("r", 0.0, 30, 4, segments=(Span("p:sys", 10), Span("u:r", 20)))
+    assert prompt_token_ids(req, VOCAB, 0) == \
+        stream_token_ids("p:sys", 10, VOCAB, 0) + stream_token_ids("u:r", 20, VOCAB, 0)
+    assert output_token_ids(req, VOCAB, 0) == stream_token_ids("o:r", 4, VOCAB, 0)
+
+
+def test_explicit_token_ids_are_returned_as_given() -> None:
+    req = Request("r", 0.0, 3, 1, prompt_token_ids=(1, 2, 3))
+    assert prompt_token_ids(req, VOCAB, 0) == [1, 2, 3]
+
+
+def test_mooncake_fixture_prompts_have_their_lengths_and_shared_first_block() -> None:
+    trace = load_trace(FIXTURES / "mooncake_conversation_first300.jsonl").trace
+    firsts = set()
+    for req in trace.requests[:20]:
+        tokens = prompt_token_ids(req, VOCAB, 0)
+        assert len(tokens) == req.prompt_len
+        firsts.add(tuple(tokens[:512]))
+    assert len(firsts) == 1  # every request starts with hash id 0
+
+
+def test_vocab_must_leave_room_above_reserved_ids() -> None:
+    with pytest.raises(TraceError) as info:
+        prompt_token_ids(Request("r", 0.0, 3, 1), 10, 0)
+    assert info.value.column == "vocab_size"
+
+
+def test_materialising_a_long_prompt_is_vectorised() -> None:
+    req = Request("r", 0.0, 131072, 1, hash_ids=tuple(range(256)), hash_block_size=512)
+    tokens = np.asarray(prompt_token_ids(req, 151936, 0))
+    assert tokens.shape == (131072,) and tokens.min() >= RESERVED_TOKEN_IDS
