@@ -85,6 +85,7 @@ def rows_to_trace(rows: RawRows, name: str | None, *, model: str | None = None,
     as `vllm bench serve --request-rate inf`); it is ignored for files with timestamps.
     """
     keep = _model_mask(rows, model)
+    of_model = int(keep.sum())
     failed = keep & (rows.output_len == 0)
     empty = keep & (rows.output_len > 0) & (rows.prompt_len == 0)
     keep &= ~failed & ~empty
@@ -95,7 +96,7 @@ def rows_to_trace(rows: RawRows, name: str | None, *, model: str | None = None,
                     r.hash_covered_len < r.prompt_len)
     report = LoadReport(
         format=rows.format, rows_read=len(rows), dropped_failed=int(failed.sum()),
-        dropped_empty_prompt=int(empty.sum()), dropped_model=int(len(rows) - _count(rows, model)),
+        dropped_empty_prompt=int(empty.sum()), dropped_model=len(rows) - of_model,
         uncovered_hash_rows=uncovered, synthetic_arrivals=rows.arrival_s is None,
         models=dict(Counter(rows.model)) if rows.model is not None else {})
     return Trace(tuple(requests), name=name), report
@@ -113,10 +114,6 @@ def _model_mask(rows: RawRows, model: str | None) -> np.ndarray:
         raise TraceError(f"no row has this model (models in the file: {known})",
                          column="--model", value=model)
     return mask
-
-
-def _count(rows: RawRows, model: str | None) -> int:
-    return len(rows) if model is None else int(_model_mask(rows, model).sum())
 
 
 def _arrivals(rows: RawRows, index: np.ndarray, process: ArrivalProcess | None) -> np.ndarray:

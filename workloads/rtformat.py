@@ -118,6 +118,9 @@ def _parse_header(numbered_line: tuple[int, str]) -> dict[str, Any]:
     if obj.get("version") != FORMAT_VERSION:
         raise TraceError(f"unsupported rt-trace version (this rt reads {FORMAT_VERSION})",
                          line=number, column="version", value=obj.get("version"))
+    if obj.get("name") is not None and not isinstance(obj["name"], str):
+        raise TraceError("must be a string or null", line=number, column="name",
+                         value=obj["name"])
     count = obj.get("requests")
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise TraceError("must be a request count >= 0", line=number, column="requests",

@@ -82,8 +82,8 @@ class Request:
         if not isinstance(self.request_id, str) or not self.request_id:
             raise TraceError("request id must be a non-empty string", column="request_id",
                              value=self.request_id)
-        if not isinstance(self.arrival_s, float | int) or not math.isfinite(self.arrival_s) \
-                or self.arrival_s < 0:
+        if isinstance(self.arrival_s, bool) or not isinstance(self.arrival_s, float | int) \
+                or not math.isfinite(self.arrival_s) or self.arrival_s < 0:
             raise TraceError("arrival time must be a finite number >= 0 seconds",
                              column="arrival_s", value=self.arrival_s)
         object.__setattr__(self, "arrival_s", float(self.arrival_s))
