@@ -120,11 +120,12 @@ def _relative_seconds(frame: pd.DataFrame, name: str) -> np.ndarray:
     values = _numeric(frame, name)
     _first_bad(frame, name, values < 0, "timestamps must be >= 0")
     _check_sorted(frame, name, values)
-    return values - values[0]
+    relative: np.ndarray = values - values[0]
+    return relative
 
 
 def _numeric(frame: pd.DataFrame, name: str) -> np.ndarray:
-    values = pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=np.float64)
+    values: np.ndarray = pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=np.float64)
     _first_bad(frame, name, ~np.isfinite(values), "not a finite number")
     return values
 

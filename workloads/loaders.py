@@ -40,8 +40,9 @@ from workloads.rtformat import FORMAT_NAME, read_rt_jsonl
 from workloads.trace import Trace
 
 FORMATS = ("rt", "azure", "burstgpt", "mooncake", "bailian", "vidur", "lengths")
-_CSV_SIGNATURES = (("azure", AZURE_COLUMNS), ("burstgpt", BURSTGPT_COLUMNS),
-                   ("vidur", VIDUR_COLUMNS), ("lengths", LENGTH_COLUMNS))
+_CSV_SIGNATURES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("azure", AZURE_COLUMNS), ("burstgpt", BURSTGPT_COLUMNS), ("vidur", VIDUR_COLUMNS),
+    ("lengths", LENGTH_COLUMNS))
 _T = TypeVar("_T")
 _SNIFF_LINES = 50  # non-empty line search limit when detecting
 

@@ -118,7 +118,8 @@ def _model_mask(rows: RawRows, model: str | None) -> np.ndarray:
 
 def _arrivals(rows: RawRows, index: np.ndarray, process: ArrivalProcess | None) -> np.ndarray:
     if rows.arrival_s is not None:
-        return rows.arrival_s[index]
+        picked: np.ndarray = rows.arrival_s[index]
+        return picked
     return (process or ArrivalProcess()).arrival_times(len(index))
 
 

@@ -178,7 +178,7 @@ def _conversation(conv: int, start: float, spec: MultiTurn, user: np.ndarray,
                   out: np.ndarray) -> list[Request]:
     system = spec.lengths.prefix_len
     segments: list[Span] = [Span(RANDOM_PREFIX_KEY, system)] if system else []
-    requests = []
+    requests: list[Request] = []
     for turn, (user_len, out_len) in enumerate(zip(user.tolist(), out.tolist(), strict=True)):
         rid = f"{conv}-{turn}"
         if turn:

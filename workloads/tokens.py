@@ -58,7 +58,8 @@ def prompt_token_ids(req: Request, vocab_size: int, seed: int) -> list[int]:
     """The request's prompt as `req.prompt_len` token ids in [10, vocab_size)."""
     if req.prompt_token_ids is not None:
         return list(req.prompt_token_ids)
-    return _concat_streams(prompt_pieces(req), vocab_size, seed).tolist()
+    tokens: list[int] = _concat_streams(prompt_pieces(req), vocab_size, seed).tolist()
+    return tokens
 
 
 def output_token_ids(req: Request, vocab_size: int, seed: int) -> list[int]:
@@ -68,7 +69,8 @@ def output_token_ids(req: Request, vocab_size: int, seed: int) -> list[int]:
 
 def stream_token_ids(key: str, length: int, vocab_size: int, seed: int) -> list[int]:
     """The first `length` tokens of the stream named `key` (see the module docstring)."""
-    return _concat_streams([(key, length)], vocab_size, seed).tolist()
+    tokens: list[int] = _concat_streams([(key, length)], vocab_size, seed).tolist()
+    return tokens
 
 
 def prompt_pieces(req: Request) -> list[tuple[str, int]]:
@@ -110,14 +112,16 @@ def _concat_streams(pieces: Sequence[tuple[str, int]], vocab_size: int, seed: in
     positions = np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
     counters = np.repeat(bases, lengths) + (positions.astype(np.uint64) + np.uint64(1)) * _GOLDEN
     span = np.uint64(vocab_size - RESERVED_TOKEN_IDS)
-    return (_splitmix64(counters) % span).astype(np.int64) + RESERVED_TOKEN_IDS
+    ids: np.ndarray = (_splitmix64(counters) % span).astype(np.int64) + RESERVED_TOKEN_IDS
+    return ids
 
 
 def _splitmix64(z: np.ndarray) -> np.ndarray:
     """SplitMix64 finaliser on a uint64 array (wrapping arithmetic)."""
     z = (z ^ (z >> np.uint64(30))) * _MIX1
     z = (z ^ (z >> np.uint64(27))) * _MIX2
-    return z ^ (z >> np.uint64(31))
+    mixed: np.ndarray = z ^ (z >> np.uint64(31))
+    return mixed
 
 
 def _stream_base(key: str, seed: int) -> int:
