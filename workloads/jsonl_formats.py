@@ -160,6 +160,6 @@ def _load(text: str) -> dict[str, Any]:
 def open_text(path: Path) -> TextIO:
     """Open a text file for reading (UTF-8); a missing file raises TraceError."""
     try:
-        return path.open("r", encoding="utf-8")
+        return path.open("r", encoding="utf-8-sig")  # tolerate a byte-order mark
     except OSError as exc:
         raise TraceError(f"cannot open ({exc.strerror})", path=str(path)) from None

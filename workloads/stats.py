@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from workloads.errors import TraceError
 from workloads.rows import RawRows
 from workloads.tokens import prompt_pieces
 from workloads.trace import Request, Trace
@@ -126,6 +127,9 @@ def time_stats(arrival_s: np.ndarray) -> TimeStats | None:
 
 def prefix_reuse(trace: Trace, block_size: int = DEFAULT_BLOCK_SIZE) -> PrefixReuse | None:
     """Ideal prefix-cache reuse of the trace, or None if no prompt has any structure."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise TraceError("must be an integer >= 1 token", column="--block-size",
+                         value=block_size)
     if not any(_has_structure(req) for req in trace):
         return None
     blocks, sizes = [], []

@@ -123,3 +123,10 @@ def test_vidur_and_bailian_formats(tmp_path: Path) -> None:
     assert got == [("10", "10", 0.0, 16, 20), ("11", "11", 0.5, 16, 5),
                    ("12", "10", 2.5, 16, 48)]
     assert result.report.uncovered_hash_rows == 1  # 60 tokens need 4 blocks of 16, 3 given
+
+
+def test_byte_order_mark_is_tolerated(tmp_path: Path) -> None:
+    path = tmp_path / "bom.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + (AZURE + ROW0 + ROW1).encode())
+    trace = load_trace(path).trace
+    assert [(r.arrival_s, r.prompt_len) for r in trace] == [(0.0, 374), (4.314579, 396)]

@@ -140,6 +140,8 @@ def test_bad_file_is_one_line_exit_2(tmp_path: Path) -> None:
     ["inspect", "{fx}/azure_conv_2023_head.csv", "--start", "99999"],
     ["inspect", "{fx}/azure_conv_2023_head.csv", "--time-scale", "-1"],
     ["inspect", "{tmp}/missing.csv"],
+    ["inspect", "{fx}/mooncake_synthetic_first200.jsonl", "--block-size", "0"],
+    ["inspect", "{fx}/mooncake_synthetic_first200.jsonl", "--hash-block-size", "0"],
     ["convert", "{fx}/azure_conv_2023_head.csv", "{tmp}/x.out", "--to", "parquet"],
     ["gen", "-o", "{tmp}/g.jsonl", "--random-range-ratio", "1.0"],
     ["gen", "-o", "{tmp}/g.jsonl", "--request-rate", "0"],
