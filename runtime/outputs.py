@@ -69,7 +69,8 @@ class SchedulerOutput:
         num_scheduled_tokens: tokens per request this step; running requests first (in
             admission order), then the newly admitted ones.
         total_num_scheduled_tokens: their sum, at most `max_num_batched_tokens`.
-        scheduled_new_reqs: admitted this step, resumed requests included.
+        scheduled_new_reqs: admitted this step: new requests, then resumed ones (each group
+            in admission order, as vLLM's V2 model runner lists them).
         scheduled_resumed_req_ids: the admitted requests that were PREEMPTED before.
         scheduled_cached_reqs: running requests scheduled again.
         preempted_req_ids: preempted in this step (their blocks are already freed).

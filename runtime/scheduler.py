@@ -34,7 +34,7 @@ class _Step:
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     cached: CachedRequestData = field(default_factory=CachedRequestData)
     new_reqs: list[NewRequestData] = field(default_factory=list)
-    resumed_req_ids: list[str] = field(default_factory=list)
+    resumed_reqs: list[NewRequestData] = field(default_factory=list)
     preempted_req_ids: list[str] = field(default_factory=list)
 
     def schedule_running(
@@ -313,15 +313,13 @@ class Scheduler:
         request.num_computed_tokens = num_hit
         self.running.append(request)
         req_id = request.request_id
-        step.new_reqs.append(NewRequestData(
+        (step.resumed_reqs if resumed else step.new_reqs).append(NewRequestData(
             req_id=req_id,
             prompt_token_ids=request.prompt_token_ids,
             block_ids=self.get_block_ids(req_id),
             num_computed_tokens=num_hit,
             prefill_token_ids=list(request.all_token_ids) if resumed else None,
         ))
-        if resumed:
-            step.resumed_req_ids.append(req_id)
         step.num_scheduled_tokens[req_id] = num_new
         step.token_budget -= num_new
         request.num_computed_tokens += num_new
@@ -333,8 +331,8 @@ class Scheduler:
         output = SchedulerOutput(
             num_scheduled_tokens=step.num_scheduled_tokens,
             total_num_scheduled_tokens=total,
-            scheduled_new_reqs=step.new_reqs,
-            scheduled_resumed_req_ids=ReqIdList(step.resumed_req_ids),
+            scheduled_new_reqs=step.new_reqs + step.resumed_reqs,
+            scheduled_resumed_req_ids=ReqIdList(r.req_id for r in step.resumed_reqs),
             scheduled_cached_reqs=step.cached,
             preempted_req_ids=ReqIdList(preempted),
             finished_req_ids=ReqIdList(self.finished_req_ids),

@@ -398,3 +398,16 @@ def test_num_computed_tokens_lifecycle() -> None:
     st = step(s)
     assert st.new == [("B", [1, 2, 5], 8)]  # admitted at its hit, then advanced by 4
     assert s.requests["B"].num_computed_tokens == 12
+
+
+def test_resumed_requests_are_listed_after_new_ones() -> None:
+    s = make_scheduler(num_blocks=4, max_num_batched_tokens=16)
+    s.add_request(make_request("A", 4, 2))
+    s.add_request(make_request("B", 4, 3))
+    step(s)
+    assert step(s).output.preempted_req_ids == ["B"]  # A took the last block
+    s.add_request(make_request("N", 2, 2))
+    st = step(s)  # A finishes; B (resumed, at the queue's head) and N are admitted
+    assert list(st.tokens) == ["B", "N"]
+    assert [n.req_id for n in st.output.scheduled_new_reqs] == ["N", "B"]
+    assert st.output.scheduled_resumed_req_ids == ["B"]
