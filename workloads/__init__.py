@@ -39,7 +39,7 @@ from workloads.tokens import (
     prompt_token_ids,
     stream_token_ids,
 )
-from workloads.trace import Request, Span, Trace, TraceColumns
+from workloads.trace import Span, Trace, TraceColumns, TraceRequest
 from workloads.transforms import (
     ClipReport,
     TransformSpec,
@@ -54,7 +54,7 @@ from workloads.transforms import (
 __all__ = [
     "FORMATS", "RESERVED_TOKEN_IDS", "ArrivalProcess", "ClipReport", "LengthStats",
     "LoadReport", "LoadResult", "MultiTurn", "PrefixRepetition", "PrefixReuse", "RandomLengths",
-    "RawRows", "Request", "Span", "TimeStats", "Trace", "TraceColumns", "TraceError",
+    "RawRows", "TraceRequest", "Span", "TimeStats", "Trace", "TraceColumns", "TraceError",
     "TraceStats", "TransformSpec", "apply_transforms", "clip_to_max_model_len", "detect_format",
     "first_n", "load_trace", "multi_turn_trace", "output_token_ids", "prefix_repetition_trace",
     "prefix_reuse", "prompt_token_ids", "random_trace", "read_rows", "read_rt_jsonl",

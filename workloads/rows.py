@@ -2,7 +2,7 @@
 
 Parsers (`workloads.csv_formats`, `workloads.jsonl_formats`) turn a file into `RawRows` once,
 with every value checked and every row's source line kept; `rows_to_trace` then drops failed
-rows, applies the model filter and builds `Request` objects. Statistics over *all* rows
+rows, applies the model filter and builds `TraceRequest` objects. Statistics over *all* rows
 (`rt trace inspect --keep-failed`) read `RawRows` directly.
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 
 from workloads.arrivals import ArrivalProcess
 from workloads.errors import TraceError
-from workloads.trace import Request, Trace
+from workloads.trace import Trace, TraceRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +123,9 @@ def _arrivals(rows: RawRows, index: np.ndarray, process: ArrivalProcess | None) 
     return (process or ArrivalProcess()).arrival_times(len(index))
 
 
-def _request(rows: RawRows, i: int, arrival_s: float) -> Request:
+def _request(rows: RawRows, i: int, arrival_s: float) -> TraceRequest:
     try:
-        return Request(
+        return TraceRequest(
             request_id=rows.request_id[i] if rows.request_id is not None else str(i),
             arrival_s=arrival_s,
             prompt_len=int(rows.prompt_len[i]),

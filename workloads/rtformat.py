@@ -7,7 +7,7 @@ Line 1 is the header, every further line one request, in arrival order:
     {"id": "1", "arrival_s": 4.3145789, "prompt_len": 396, "output_len": 109,
      "session_id": "c7", "segments": [["p:shared", 64], ["u:1", 332]]}
 
-Request keys (units: seconds, tokens):
+TraceRequest keys (units: seconds, tokens):
 
 | key | type | meaning |
 |---|---|---|
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from workloads.errors import TraceError
-from workloads.trace import Request, Span, Trace, check_order
+from workloads.trace import Span, Trace, TraceRequest, check_order
 
 FORMAT_NAME = "rt-trace"
 FORMAT_VERSION = 1
@@ -60,7 +60,7 @@ def dump_lines(trace: Trace) -> Iterator[str]:
         yield json.dumps(request_to_dict(req), separators=(", ", ": "))
 
 
-def request_to_dict(req: Request) -> dict[str, Any]:
+def request_to_dict(req: TraceRequest) -> dict[str, Any]:
     """The JSON object of one request (optional keys only when present)."""
     obj: dict[str, Any] = {"id": req.request_id, "arrival_s": req.arrival_s,
                            "prompt_len": req.prompt_len, "output_len": req.output_len}
@@ -128,7 +128,7 @@ def _parse_header(numbered_line: tuple[int, str]) -> dict[str, Any]:
     return obj
 
 
-def _parse_request(text: str, number: int) -> Request:
+def _parse_request(text: str, number: int) -> TraceRequest:
     obj = _load_object(text, number)
     for key in obj:
         if key not in _REQUIRED and key not in _OPTIONAL:
@@ -142,8 +142,8 @@ def _parse_request(text: str, number: int) -> Request:
         raise err.at(None, number) from None
 
 
-def _build_request(obj: dict[str, Any]) -> Request:
-    return Request(
+def _build_request(obj: dict[str, Any]) -> TraceRequest:
+    return TraceRequest(
         request_id=obj["id"],
         arrival_s=obj["arrival_s"],
         prompt_len=obj["prompt_len"],

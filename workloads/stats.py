@@ -29,7 +29,7 @@ import numpy as np
 from workloads.errors import TraceError
 from workloads.rows import RawRows
 from workloads.tokens import prompt_pieces
-from workloads.trace import Request, Trace
+from workloads.trace import Trace, TraceRequest
 
 DEFAULT_BLOCK_SIZE = 16  # tokens per prefix-cache block for prompts without hash ids
 
@@ -151,12 +151,12 @@ def _stats(arrival_s: np.ndarray | None, prompt_len: np.ndarray, output_len: np.
                       prefix=prefix)
 
 
-def _has_structure(req: Request) -> bool:
+def _has_structure(req: TraceRequest) -> bool:
     return req.hash_ids is not None or req.segments is not None or \
         req.prompt_token_ids is not None
 
 
-def _request_blocks(req: Request, block_size: int) -> list[Any]:
+def _request_blocks(req: TraceRequest, block_size: int) -> list[Any]:
     if req.hash_ids is not None:
         return [("h", hid) for hid in req.hash_ids]
     if req.prompt_token_ids is not None:

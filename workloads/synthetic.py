@@ -37,7 +37,7 @@ import numpy as np
 
 from workloads.arrivals import ArrivalProcess
 from workloads.errors import TraceError
-from workloads.trace import UNIQUE_PREFIX, Request, Span, Trace
+from workloads.trace import UNIQUE_PREFIX, Span, Trace, TraceRequest
 
 RANDOM_PREFIX_KEY = "p:random-prefix"  # stream of the shared --random-prefix-len tokens
 
@@ -151,7 +151,7 @@ def multi_turn_trace(num_prompts: int, spec: MultiTurn, arrivals: ArrivalProcess
     conversations = -(-num_prompts // spec.num_turns)
     user, out = spec.lengths.sample(np.random.default_rng(arrivals.seed), num_prompts)
     starts = arrivals.arrival_times(conversations)
-    requests: list[Request] = []
+    requests: list[TraceRequest] = []
     for conv in range(conversations):
         first = conv * spec.num_turns
         turns = min(spec.num_turns, num_prompts - first)
@@ -169,16 +169,16 @@ def resample_trace(source: Trace, num_prompts: int, arrivals: ArrivalProcess) ->
     cols = source.columns()
     pick = np.random.default_rng(arrivals.seed).integers(0, len(source), size=num_prompts)
     times = arrivals.arrival_times(num_prompts)
-    requests = [Request(str(i), float(times[i]), int(cols.prompt_len[j]),
+    requests = [TraceRequest(str(i), float(times[i]), int(cols.prompt_len[j]),
                         int(cols.output_len[j])) for i, j in enumerate(pick)]
     return Trace(tuple(requests), name=f"resample:{source.name}")
 
 
 def _conversation(conv: int, start: float, spec: MultiTurn, user: np.ndarray,
-                  out: np.ndarray) -> list[Request]:
+                  out: np.ndarray) -> list[TraceRequest]:
     system = spec.lengths.prefix_len
     segments: list[Span] = [Span(RANDOM_PREFIX_KEY, system)] if system else []
-    requests: list[Request] = []
+    requests: list[TraceRequest] = []
     for turn, (user_len, out_len) in enumerate(zip(user.tolist(), out.tolist(), strict=True)):
         rid = f"{conv}-{turn}"
         if turn:
@@ -186,21 +186,21 @@ def _conversation(conv: int, start: float, spec: MultiTurn, user: np.ndarray,
             segments.append(Span(previous.output_key, previous.output_len))
         if user_len:
             segments.append(Span(UNIQUE_PREFIX + rid, user_len))
-        requests.append(Request(rid, start + turn * spec.turn_gap_s,
+        requests.append(TraceRequest(rid, start + turn * spec.turn_gap_s,
                                 sum(s.length for s in segments), out_len,
                                 segments=tuple(segments), session_id=str(conv)))
     return requests
 
 
 def _prefixed(rid: str, arrival_s: float, prefix_key: str, prefix_len: int, own_len: int,
-              output_len: int) -> Request:
+              output_len: int) -> TraceRequest:
     """A request of `prefix_len` shared tokens then `own_len` unique ones."""
     if prefix_len == 0:
-        return Request(rid, arrival_s, own_len, output_len)
+        return TraceRequest(rid, arrival_s, own_len, output_len)
     spans = [Span(prefix_key, prefix_len)]
     if own_len:
         spans.append(Span(UNIQUE_PREFIX + rid, own_len))
-    return Request(rid, arrival_s, prefix_len + own_len, output_len, segments=tuple(spans))
+    return TraceRequest(rid, arrival_s, prefix_len + own_len, output_len, segments=tuple(spans))
 
 
 def _at_least(value: int, minimum: int, option: str) -> None:

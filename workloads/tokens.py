@@ -44,7 +44,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from workloads.errors import TraceError
-from workloads.trace import Request
+from workloads.trace import TraceRequest
 
 RESERVED_TOKEN_IDS = 10  # ids 0..9 are never produced (special tokens such as EOS = 2)
 HASH_BLOCK_PREFIX = "h:"  # stream key of the token block named by a hash id: "h:<id>"
@@ -54,7 +54,7 @@ _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 
 
-def prompt_token_ids(req: Request, vocab_size: int, seed: int) -> list[int]:
+def prompt_token_ids(req: TraceRequest, vocab_size: int, seed: int) -> list[int]:
     """The request's prompt as `req.prompt_len` token ids in [10, vocab_size)."""
     if req.prompt_token_ids is not None:
         return list(req.prompt_token_ids)
@@ -62,7 +62,7 @@ def prompt_token_ids(req: Request, vocab_size: int, seed: int) -> list[int]:
     return tokens
 
 
-def output_token_ids(req: Request, vocab_size: int, seed: int) -> list[int]:
+def output_token_ids(req: TraceRequest, vocab_size: int, seed: int) -> list[int]:
     """The request's `req.output_len` output token ids: stream `o:<request_id>`."""
     return stream_token_ids(req.output_key, req.output_len, vocab_size, seed)
 
@@ -73,7 +73,7 @@ def stream_token_ids(key: str, length: int, vocab_size: int, seed: int) -> list[
     return tokens
 
 
-def prompt_pieces(req: Request) -> list[tuple[str, int]]:
+def prompt_pieces(req: TraceRequest) -> list[tuple[str, int]]:
     """The prompt as (stream key, token count) pieces, each read from its stream's start.
 
     Explicit token ids have no stream form; they raise TraceError.
@@ -88,7 +88,7 @@ def prompt_pieces(req: Request) -> list[tuple[str, int]]:
     return [(req.unique_key, req.prompt_len)]
 
 
-def _hash_pieces(req: Request, hash_ids: Sequence[int], block: int) -> list[tuple[str, int]]:
+def _hash_pieces(req: TraceRequest, hash_ids: Sequence[int], block: int) -> list[tuple[str, int]]:
     pieces = []
     for index, hid in enumerate(hash_ids):
         pieces.append((f"{HASH_BLOCK_PREFIX}{hid}", min(block, req.prompt_len - index * block)))

@@ -1,6 +1,6 @@
 """The trace model: an ordered tuple of requests, each described by lengths and structure.
 
-A `Request` never stores its materialised tokens unless the source gave explicit token ids:
+A `TraceRequest` never stores its materialised tokens unless the source gave explicit token ids:
 it stores lengths (tokens) and, optionally, the *structure* of its prompt, from which
 `workloads.tokens.prompt_token_ids` derives the tokens on demand. The structure is one of:
 
@@ -48,7 +48,7 @@ class Span:
 
 
 @dataclass(frozen=True, slots=True)
-class Request:
+class TraceRequest:
     """One request of a trace.
 
     Attributes:
@@ -147,7 +147,7 @@ class Trace:
     `name` is free text describing the source (e.g. a file name), or None.
     """
 
-    requests: tuple[Request, ...]
+    requests: tuple[TraceRequest, ...]
     name: str | None = None
     _ids: frozenset[str] = field(init=False, repr=False, compare=False)
 
@@ -162,10 +162,10 @@ class Trace:
     def __len__(self) -> int:
         return len(self.requests)
 
-    def __iter__(self) -> Iterator[Request]:
+    def __iter__(self) -> Iterator[TraceRequest]:
         return iter(self.requests)
 
-    def __getitem__(self, index: int) -> Request:
+    def __getitem__(self, index: int) -> TraceRequest:
         return self.requests[index]
 
     def __contains__(self, request_id: object) -> bool:
@@ -180,7 +180,7 @@ class Trace:
             output_len=np.fromiter((r.output_len for r in self.requests), np.int64, n),
         )
 
-    def replace_requests(self, requests: Sequence[Request]) -> Trace:
+    def replace_requests(self, requests: Sequence[TraceRequest]) -> Trace:
         """A trace with the same name and the given requests."""
         return Trace(tuple(requests), name=self.name)
 
@@ -211,7 +211,7 @@ def _check_hash_ids(ids: tuple[int, ...], block_size: int, prompt_len: int) -> N
         _check_count(hid, "hash_ids", minimum=0)
 
 
-def check_order(requests: Sequence[Request]) -> tuple[int, TraceError] | None:
+def check_order(requests: Sequence[TraceRequest]) -> tuple[int, TraceError] | None:
     """The first request (index, error) breaking arrival order or id uniqueness, or None."""
     previous = 0.0
     seen: set[str] = set()

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from workloads.errors import TraceError
-from workloads.trace import Request, Trace
+from workloads.trace import Trace, TraceRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +112,7 @@ def clip_to_max_model_len(trace: Trace, max_model_len: int) -> tuple[Trace, Clip
     counted in the report, never silent.
     """
     _positive(max_model_len, "--max-model-len")
-    kept: list[Request] = []
+    kept: list[TraceRequest] = []
     clipped = dropped = 0
     for req in trace:
         room = max_model_len - req.prompt_len
@@ -129,7 +129,7 @@ def clip_to_max_model_len(trace: Trace, max_model_len: int) -> tuple[Trace, Clip
     return trace.replace_requests(kept), ClipReport(clipped, dropped)
 
 
-def _at(req: Request, arrival_s: float) -> Request:
+def _at(req: TraceRequest, arrival_s: float) -> TraceRequest:
     return dataclasses.replace(req, arrival_s=max(arrival_s, 0.0))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from workloads import Request, Trace
+from workloads import Trace, TraceRequest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "traces"
 
@@ -17,5 +17,5 @@ def write(path: Path, text: str) -> Path:
 
 def simple_trace(arrivals: list[float], prompt_len: int = 10, output_len: int = 5) -> Trace:
     """Requests "0", "1", ... with the given arrival times (s) and fixed lengths (tokens)."""
-    return Trace(tuple(Request(str(i), t, prompt_len, output_len)
+    return Trace(tuple(TraceRequest(str(i), t, prompt_len, output_len)
                        for i, t in enumerate(arrivals)), name="simple")

@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workloads import Request, Span, Trace, TraceError, load_trace, read_rt_jsonl, write_rt_jsonl
+from workloads import (
+    Span,
+    Trace,
+    TraceError,
+    TraceRequest,
+    load_trace,
+    read_rt_jsonl,
+    write_rt_jsonl,
+)
 from workloads.rtformat import dump_lines, parse_rt_lines
 
 from .helpers import FIXTURES, write
@@ -17,7 +25,7 @@ HEADER = '{"format": "rt-trace", "version": 1, "name": "t", "requests": %d}\n'
 
 
 @st.composite
-def requests(draw: st.DrawFn, index: int) -> Request:
+def requests(draw: st.DrawFn, index: int) -> TraceRequest:
     prompt_len = draw(st.integers(1, 300))
     kind = draw(st.sampled_from(["plain", "tokens", "hash", "segments"]))
     extra: dict[str, object] = {}
@@ -35,7 +43,7 @@ def requests(draw: st.DrawFn, index: int) -> Request:
         cut = draw(st.integers(0, prompt_len - 1))
         spans = [Span("p:shared", cut)] if cut else []
         extra["segments"] = (*spans, Span(f"u:{index}", prompt_len - cut))
-    return Request(
+    return TraceRequest(
         request_id=f"r{index}", arrival_s=draw(st.floats(0, 1e6, allow_nan=False)),
         prompt_len=prompt_len, output_len=draw(st.integers(1, 5000)),
         session_id=draw(st.none() | st.text(max_size=8)),
@@ -65,7 +73,7 @@ def test_real_trace_round_trips_through_a_file(tmp_path: Path) -> None:
 
 
 def test_written_form_is_documented_json(tmp_path: Path) -> None:
-    trace = Trace((Request("a", 1.5, 3, 2, segments=(Span("p:x", 1), Span("u:a", 2)),
+    trace = Trace((TraceRequest("a", 1.5, 3, 2, segments=(Span("p:x", 1), Span("u:a", 2)),
                            session_id="s", priority=1),), name="n")
     write_rt_jsonl(trace, tmp_path / "t.jsonl")
     assert (tmp_path / "t.jsonl").read_text() == (

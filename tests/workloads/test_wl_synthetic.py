@@ -12,8 +12,8 @@ from workloads import (
     MultiTurn,
     PrefixRepetition,
     RandomLengths,
-    Request,
     TraceError,
+    TraceRequest,
     multi_turn_trace,
     output_token_ids,
     prefix_repetition_trace,
@@ -108,7 +108,8 @@ def test_multi_turn_starts_follow_the_arrival_process() -> None:
 
 def test_resample_draws_joint_pairs_from_the_source() -> None:
     source = simple_trace([0.0, 1.0, 2.0]).replace_requests(
-        [Request("a", 0.0, 10, 1), Request("b", 1.0, 20, 2), Request("c", 2.0, 30, 3)])
+        [TraceRequest("a", 0.0, 10, 1), TraceRequest("b", 1.0, 20, 2),
+         TraceRequest("c", 2.0, 30, 3)])
     trace = resample_trace(source, 50, ArrivalProcess(10.0, 1.0, 4))
     pick = np.random.default_rng(4).integers(0, 3, size=50)
     assert [r.prompt_len for r in trace] == [(10, 20, 30)[i] for i in pick]

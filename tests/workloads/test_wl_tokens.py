@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from workloads import (
     RESERVED_TOKEN_IDS,
-    Request,
     Span,
     TraceError,
+    TraceRequest,
     load_trace,
     output_token_ids,
     prompt_token_ids,
@@ -53,15 +53,15 @@ def test_seed_and_key_change_tokens() -> None:
 
 
 def test_unstructured_prompts_are_unique_per_request() -> None:
-    a, b = Request("a", 0.0, 100, 5), Request("b", 0.0, 100, 5)
+    a, b = TraceRequest("a", 0.0, 100, 5), TraceRequest("b", 0.0, 100, 5)
     ta, tb = prompt_token_ids(a, VOCAB, 0), prompt_token_ids(b, VOCAB, 0)
     assert len(ta) == 100 and ta != tb
     assert sum(x == y for x, y in zip(ta, tb, strict=True)) < 5  # chance agreements only
 
 
 def test_equal_hash_ids_give_equal_blocks_and_a_16_token_cache_sees_the_sharing() -> None:
-    a = Request("a", 0.0, 1000, 1, hash_ids=(7, 8), hash_block_size=512)
-    b = Request("b", 0.0, 1300, 1, hash_ids=(7, 9, 10), hash_block_size=512)
+    a = TraceRequest("a", 0.0, 1000, 1, hash_ids=(7, 8), hash_block_size=512)
+    b = TraceRequest("b", 0.0, 1300, 1, hash_ids=(7, 9, 10), hash_block_size=512)
     ta, tb = prompt_token_ids(a, VOCAB, 3), prompt_token_ids(b, VOCAB, 3)
     assert (len(ta), len(tb)) == (1000, 1300)
     assert ta[:512] == tb[:512]
@@ -74,22 +74,22 @@ def test_equal_hash_ids_give_equal_blocks_and_a_16_token_cache_sees_the_sharing(
 
 
 def test_uncovered_tail_is_request_unique() -> None:
-    a = Request("a", 0.0, 600, 1, hash_ids=(1,), hash_block_size=512)
-    b = Request("b", 0.0, 600, 1, hash_ids=(1,), hash_block_size=512)
+    a = TraceRequest("a", 0.0, 600, 1, hash_ids=(1,), hash_block_size=512)
+    b = TraceRequest("b", 0.0, 600, 1, hash_ids=(1,), hash_block_size=512)
     ta, tb = prompt_token_ids(a, VOCAB, 0), prompt_token_ids(b, VOCAB, 0)
     assert ta[:512] == tb[:512] and ta[512:] != tb[512:]
     assert ta[512:] == stream_token_ids("u:a", 88, VOCAB, 0)
 
 
 def test_segments_concatenate_streams() -> None:
-    req = Request("r", 0.0, 30, 4, segments=(Span("p:sys", 10), Span("u:r", 20)))
+    req = TraceRequest("r", 0.0, 30, 4, segments=(Span("p:sys", 10), Span("u:r", 20)))
     assert prompt_token_ids(req, VOCAB, 0) == \
         stream_token_ids("p:sys", 10, VOCAB, 0) + stream_token_ids("u:r", 20, VOCAB, 0)
     assert output_token_ids(req, VOCAB, 0) == stream_token_ids("o:r", 4, VOCAB, 0)
 
 
 def test_explicit_token_ids_are_returned_as_given() -> None:
-    req = Request("r", 0.0, 3, 1, prompt_token_ids=(1, 2, 3))
+    req = TraceRequest("r", 0.0, 3, 1, prompt_token_ids=(1, 2, 3))
     assert prompt_token_ids(req, VOCAB, 0) == [1, 2, 3]
 
 
@@ -105,11 +105,11 @@ def test_mooncake_fixture_prompts_have_their_lengths_and_shared_first_block() ->
 
 def test_vocab_must_leave_room_above_reserved_ids() -> None:
     with pytest.raises(TraceError) as info:
-        prompt_token_ids(Request("r", 0.0, 3, 1), 10, 0)
+        prompt_token_ids(TraceRequest("r", 0.0, 3, 1), 10, 0)
     assert info.value.column == "vocab_size"
 
 
 def test_materialising_a_long_prompt_is_vectorised() -> None:
-    req = Request("r", 0.0, 131072, 1, hash_ids=tuple(range(256)), hash_block_size=512)
+    req = TraceRequest("r", 0.0, 131072, 1, hash_ids=tuple(range(256)), hash_block_size=512)
     tokens = np.asarray(prompt_token_ids(req, 151936, 0))
     assert tokens.shape == (131072,) and tokens.min() >= RESERVED_TOKEN_IDS

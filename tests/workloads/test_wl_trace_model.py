@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workloads import Request, Span, Trace, TraceError, trace_stats
+from workloads import Span, Trace, TraceError, TraceRequest, trace_stats
 
 from .helpers import simple_trace
 
@@ -24,7 +24,7 @@ def test_request_rejects(kwargs: dict[str, object], column: str) -> None:
     base: dict[str, object] = {"request_id": "r", "arrival_s": 0.0, "prompt_len": 3,
                                "output_len": 1}
     with pytest.raises(TraceError) as info:
-        Request(**{**base, **kwargs})  # type: ignore[arg-type]
+        TraceRequest(**{**base, **kwargs})  # type: ignore[arg-type]
     assert info.value.column == column
 
 
@@ -32,7 +32,7 @@ def test_trace_rejects_unsorted_and_duplicate_ids() -> None:
     with pytest.raises(TraceError, match="sorted"):
         simple_trace([1.0, 0.5])
     with pytest.raises(TraceError, match="unique") as info:
-        Trace((Request("a", 0.0, 1, 1), Request("a", 1.0, 1, 1)))
+        Trace((TraceRequest("a", 0.0, 1, 1), TraceRequest("a", 1.0, 1, 1)))
     assert info.value.value == "a"
 
 
@@ -46,9 +46,9 @@ def test_columns_and_membership() -> None:
 
 def test_prefix_reuse_on_explicit_tokens_counts_full_chained_blocks() -> None:
     shared = tuple(range(100, 132))  # two 16-token blocks
-    reqs = (Request("a", 0.0, 40, 1, prompt_token_ids=shared + tuple(range(8))),
-            Request("b", 1.0, 48, 1, prompt_token_ids=shared + tuple(range(200, 216))),
-            Request("c", 2.0, 32, 1, prompt_token_ids=tuple(range(200, 216)) + shared[:16]))
+    reqs = (TraceRequest("a", 0.0, 40, 1, prompt_token_ids=shared + tuple(range(8))),
+            TraceRequest("b", 1.0, 48, 1, prompt_token_ids=shared + tuple(range(200, 216))),
+            TraceRequest("c", 2.0, 32, 1, prompt_token_ids=tuple(range(200, 216)) + shared[:16]))
     prefix = trace_stats(Trace(reqs), block_size=16).prefix
     assert prefix is not None
     # refs: a 2, b 3, c 2; hits: b's 2 leading blocks only (c's second block has another parent)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from workloads import (
-    Request,
     TraceError,
+    TraceRequest,
     TransformSpec,
     apply_transforms,
     clip_to_max_model_len,
@@ -56,9 +56,9 @@ def test_target_rate_needs_a_span() -> None:
 
 
 def test_clip_counts_clipped_and_dropped_and_keeps_structure() -> None:
-    reqs = [Request("a", 0.0, 10, 5), Request("b", 1.0, 14, 5),
-            Request("c", 2.0, 16, 5, hash_ids=(3,), hash_block_size=16),
-            Request("d", 3.0, 15, 5, hash_ids=(4,), hash_block_size=16)]
+    reqs = [TraceRequest("a", 0.0, 10, 5), TraceRequest("b", 1.0, 14, 5),
+            TraceRequest("c", 2.0, 16, 5, hash_ids=(3,), hash_block_size=16),
+            TraceRequest("d", 3.0, 15, 5, hash_ids=(4,), hash_block_size=16)]
     trace, report = clip_to_max_model_len(simple_trace([]).replace_requests(reqs), 16)
     assert [(r.request_id, r.prompt_len, r.output_len) for r in trace] == [
         ("a", 10, 5), ("b", 14, 2), ("d", 15, 1)]
