@@ -4,6 +4,7 @@ Pure Python standard library: no clock, no I/O, no torch. The simulator and the 
 both drive this same core.
 """
 
+from runtime.batch import BatchFeatures, batch_features
 from runtime.block_pool import BlockPool, FreeBlockQueue, KVCacheBlock
 from runtime.config import CacheConfig, SchedulerConfig
 from runtime.kv_cache_manager import KVCacheManager
@@ -18,6 +19,7 @@ from runtime.request import Request, RequestStatus, SamplingParams, finish_reaso
 from runtime.scheduler import Scheduler
 
 __all__ = [
+    "BatchFeatures",
     "BlockPool",
     "CacheConfig",
     "CachedRequestData",
@@ -33,5 +35,6 @@ __all__ = [
     "SchedulerConfig",
     "SchedulerOutput",
     "WaitReason",
+    "batch_features",
     "finish_reason",
 ]
