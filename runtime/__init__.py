@@ -7,6 +7,7 @@ both drive this same core.
 from runtime.batch import BatchFeatures, batch_features
 from runtime.block_pool import BlockPool, FreeBlockQueue, KVCacheBlock
 from runtime.config import CacheConfig, SchedulerConfig
+from runtime.engine import EngineCore, ScheduledStep
 from runtime.kv_cache_manager import KVCacheManager
 from runtime.outputs import (
     CachedRequestData,
@@ -15,6 +16,7 @@ from runtime.outputs import (
     SchedulerOutput,
     WaitReason,
 )
+from runtime.records import Recorder, RequestRecord, StepRecord
 from runtime.request import Request, RequestStatus, SamplingParams, finish_reason
 from runtime.scheduler import Scheduler
 
@@ -23,17 +25,22 @@ __all__ = [
     "BlockPool",
     "CacheConfig",
     "CachedRequestData",
+    "EngineCore",
     "FreeBlockQueue",
     "KVCacheBlock",
     "KVCacheManager",
     "NewRequestData",
     "PrefixCacheStats",
+    "Recorder",
     "Request",
+    "RequestRecord",
     "RequestStatus",
     "SamplingParams",
+    "ScheduledStep",
     "Scheduler",
     "SchedulerConfig",
     "SchedulerOutput",
+    "StepRecord",
     "WaitReason",
     "batch_features",
     "finish_reason",

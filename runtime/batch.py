@@ -58,26 +58,37 @@ class BatchFeatures:
 def batch_features(output: SchedulerOutput, requests: Mapping[str, Request]) -> BatchFeatures:
     """Features of a step. Call it between `schedule()` and `update_from_output()`, while
     each request's `num_tokens` is still what it was scheduled against."""
+    return describe_batch(output, requests)[0]
+
+
+def describe_batch(
+    output: SchedulerOutput, requests: Mapping[str, Request]
+) -> tuple[BatchFeatures, dict[str, str]]:
+    """Features of a step, and each scheduled request's kind of work: "decode", "prefill",
+    or "preempted" (a prefill-type step of a request that was preempted before, i.e. a
+    recompute). Same calling rule as `batch_features`."""
     computed_before: dict[str, int] = {
         new.req_id: new.num_computed_tokens for new in output.scheduled_new_reqs
     }
     cached = output.scheduled_cached_reqs
     computed_before.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+    kinds: dict[str, str] = {}
     prefill_tokens = decode_tokens = prefill_seqs = 0
     prefill_pairs = prefill_kv = decode_kv = 0
     for req_id, q in output.num_scheduled_tokens.items():
         c = computed_before[req_id]
         request = requests[req_id]
-        is_decode = q == 1 and c + 1 == request.num_tokens > request.num_prompt_tokens
-        if is_decode:
+        if q == 1 and c + 1 == request.num_tokens > request.num_prompt_tokens:
+            kinds[req_id] = "decode"
             decode_tokens += 1
             decode_kv += c + 1
         else:
+            kinds[req_id] = "preempted" if request.num_preemptions else "prefill"
             prefill_tokens += q
             prefill_seqs += 1
             prefill_pairs += q * c + q * (q + 1) // 2
             prefill_kv += c + q
-    return BatchFeatures(
+    features = BatchFeatures(
         num_prefill_tokens=prefill_tokens,
         num_decode_tokens=decode_tokens,
         num_seqs=len(output.num_scheduled_tokens),
@@ -86,3 +97,4 @@ def batch_features(output: SchedulerOutput, requests: Mapping[str, Request]) -> 
         prefill_kv_tokens=prefill_kv,
         decode_kv_tokens=decode_kv,
     )
+    return features, kinds

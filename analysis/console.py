@@ -1,0 +1,76 @@
+"""Console blocks: vLLM's "Serving Benchmark Result" (exact format), then rt's own block."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from analysis.metrics import BenchmarkMetrics, attribution
+
+WIDTH = 50
+_SECTIONS = {
+    "ttft": ("Time to First Token", "TTFT"),
+    "tpot": ("Time per Output Token (excl. 1st token)", "TPOT"),
+    "itl": ("Inter-token Latency", "ITL"),
+    "e2el": ("End-to-end Latency", "E2EL"),
+}
+
+
+def _line(label: str, value: object, fmt: str = "") -> str:
+    return f"{label:<40} {value:<10{fmt}}"
+
+
+def _pct_label(p: float) -> str:
+    return str(int(p)) if float(p).is_integer() else str(p)
+
+
+def benchmark_block(m: BenchmarkMetrics, metrics: Sequence[str] = ("ttft", "tpot", "itl",
+                    "e2el"), percentiles: Sequence[float] = (99,)) -> str:
+    """The block `vllm bench serve` prints, line for line."""
+    lines = [
+        "{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=WIDTH, c="="),
+        _line("Successful requests:", m.completed),
+        _line("Failed requests:", m.failed),
+        _line("Benchmark duration (s):", m.duration_s, ".2f"),
+        _line("Total input tokens:", m.total_input_tokens),
+        _line("Total generated tokens:", m.total_output_tokens),
+        _line("Request throughput (req/s):", m.request_throughput, ".2f"),
+        _line("Output token throughput (tok/s):", m.output_throughput, ".2f"),
+        _line("Peak output token throughput (tok/s):", m.max_output_tokens_per_s, ".2f"),
+        _line("Peak concurrent requests:", m.max_concurrent_requests, ".2f"),
+        _line("Total token throughput (tok/s):", m.total_token_throughput, ".2f"),
+    ]
+    for name in metrics:
+        title, short = _SECTIONS[name]
+        stats = m.stats[name]
+        lines.append("{s:{c}^{n}}".format(s=title, n=WIDTH, c="-"))
+        lines.append(_line(f"Mean {short} (ms):", stats["mean"], ".2f"))
+        lines.append(_line(f"Median {short} (ms):", stats["median"], ".2f"))
+        for p in percentiles:
+            key = f"p{_pct_label(p)}"
+            lines.append(_line(f"P{_pct_label(p)} {short} (ms):", stats[key], ".2f"))
+    lines.append("=" * WIDTH)
+    return "\n".join(lines)
+
+
+def rt_block(requests: pd.DataFrame, steps: pd.DataFrame, prefix_hit_rate: float) -> str:
+    """rt's answer to "what were requests waiting for?", plus cache and KV figures."""
+    parts = attribution(requests)
+    lines = ["{s:{c}^{n}}".format(s=" rt: where the time went ", n=WIDTH, c="="),
+             f"{'part':<30}{'mean ms':>10}{'p99 ms':>10}{'share':>8}"]
+    for row in parts.itertuples():
+        lines.append(f"{row.part:<30}{row.mean_ms:>10.2f}{row.p99_ms:>10.2f}"
+                     f"{row.share * 100:>7.1f}%")
+    preempted = requests["num_preemptions"]
+    lines += [
+        "-" * WIDTH,
+        _line("Preemptions:", int(preempted.sum())),
+        _line("Requests preempted:", int((preempted > 0).sum())),
+        _line("Prefix cache hit rate (%):", prefix_hit_rate * 100, ".2f"),
+        _line("Mean KV cache usage (%):",
+              float(steps["kv_usage"].mean()) * 100 if len(steps) else 0.0, ".2f"),
+        _line("Engine steps:", len(steps)),
+        "=" * WIDTH,
+    ]
+    return "\n".join(lines)

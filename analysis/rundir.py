@@ -1,0 +1,66 @@
+"""The run directory, the one format both drivers' results are written in and read from.
+
+    <run>/requests.parquet   one row per request (runtime.records.RequestRecord's columns)
+    <run>/steps.parquet      one row per engine step (runtime.records.StepRecord's columns)
+    <run>/run.json           every config value, the seed, rt's version, the trace digest
+
+Writing is deterministic: the same rows give byte-identical parquet files.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+REQUESTS_FILE = "requests.parquet"
+STEPS_FILE = "steps.parquet"
+RUN_FILE = "run.json"
+
+
+@dataclass(frozen=True)
+class Run:
+    """A loaded run directory."""
+
+    path: Path
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    info: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.info.get("name") or self.path.name)
+
+
+def write_run(path: Path, requests: Sequence[dict[str, Any]], steps: Sequence[dict[str, Any]],
+              info: dict[str, Any]) -> None:
+    """Write the three files (creating the directory)."""
+    path.mkdir(parents=True, exist_ok=True)
+    _write_table(path / REQUESTS_FILE, requests)
+    _write_table(path / STEPS_FILE, steps)
+    (path / RUN_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+
+
+def _write_table(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    table = pa.Table.from_pylist(list(rows)) if rows else pa.table({})
+    pq.write_table(table, path, compression="zstd")
+
+
+def load_run(path: Path) -> Run:
+    """Read a run directory; a missing or malformed one raises ValueError naming the file."""
+    for name in (REQUESTS_FILE, STEPS_FILE, RUN_FILE):
+        if not (path / name).is_file():
+            raise ValueError(f"{path}: not a run directory ({name} is missing)")
+    try:
+        info = json.loads((path / RUN_FILE).read_text())
+        requests = pq.read_table(path / REQUESTS_FILE).to_pandas()
+        steps = pq.read_table(path / STEPS_FILE).to_pandas()
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise ValueError(f"{path}: unreadable run directory: {exc}") from exc
+    return Run(path, requests, steps, info)

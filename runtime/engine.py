@@ -1,0 +1,85 @@
+"""The engine-core step loop, without a clock or a model: both drivers run it.
+
+    while core.has_work():
+        step = core.begin_step(now)            # take in new requests, schedule()
+        sampled = <execute step.output>        # simulator: cost model; engine: the model
+        core.end_step(step, sampled, end, duration_s)   # update_from_output(), records
+
+Requests handed over by the API server wait in an input queue and enter the scheduler at
+the next step boundary, as in vLLM's engine core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from runtime.batch import BatchFeatures, describe_batch
+from runtime.outputs import SchedulerOutput
+from runtime.records import Recorder
+from runtime.request import Request
+from runtime.scheduler import Scheduler
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledStep:
+    """One step between `begin_step` and `end_step`."""
+
+    output: SchedulerOutput
+    features: BatchFeatures
+    kinds: dict[str, str]  # scheduled request id -> "prefill", "decode" or "preempted"
+    start_s: float
+
+
+class EngineCore:
+    """Owns the scheduler and the recorder; the driver owns time and execution."""
+
+    def __init__(self, scheduler: Scheduler, recorder: Recorder | None = None) -> None:
+        self.scheduler = scheduler
+        self.recorder = recorder if recorder is not None else Recorder()
+        self._inbox: list[Request] = []
+
+    def submit(self, request: Request, now: float) -> None:
+        """A tokenized request handed over by the API server at `now`."""
+        self.recorder.queued(request.request_id, now)
+        self._inbox.append(request)
+
+    def has_work(self) -> bool:
+        return bool(self._inbox) or self.scheduler.has_unfinished_requests()
+
+    def begin_step(self, now: float) -> ScheduledStep:
+        """Take in the input queue, then `schedule()`."""
+        scheduler = self.scheduler
+        taken_in, self._inbox = self._inbox, []
+        for request in taken_in:
+            scheduler.add_request(request)
+        output = scheduler.schedule()
+        requests = scheduler.requests
+        admitted = [requests[new.req_id] for new in output.scheduled_new_reqs]
+        preempted = [requests[req_id] for req_id in output.preempted_req_ids]
+        self.recorder.step_started(now, taken_in, admitted, preempted)
+        for request in taken_in:
+            if request.is_finished():  # ignored: it can never be served
+                self.recorder.ignored(request)
+                scheduler.release([request.request_id])
+        features, kinds = describe_batch(output, requests)
+        return ScheduledStep(output, features, kinds, now)
+
+    def end_step(self, step: ScheduledStep, sampled: Mapping[str, Sequence[int]],
+                 end: float, duration_s: float) -> list[Request]:
+        """`update_from_output()` with the sampled tokens; record the step. Returns the
+        requests that finished (already recorded and released from the scheduler)."""
+        scheduler = self.scheduler
+        finished = scheduler.update_from_output(step.output, sampled)
+        output = step.output
+        self.recorder.step_finished(
+            end, duration_s, step.features, step.kinds,
+            [req_id for req_id in sampled if req_id in output.num_scheduled_tokens],
+            finished,
+            (scheduler.kv_cache_manager.usage, len(scheduler.running), len(scheduler.waiting),
+             len(output.preempted_req_ids), output.wait_reason),
+        )
+        if finished:
+            scheduler.release([request.request_id for request in finished])
+        return finished
+

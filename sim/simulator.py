@@ -1,0 +1,167 @@
+"""The discrete-event simulator: a trace through the real engine core on a simulated clock.
+
+Two SimPy processes, as in a serving runtime's pipeline:
+
+    api_server   requests arrive at their trace times and are tokenized by one FIFO server
+                 (a cost per request + per prompt token), so a burst of long prompts queues
+                 here. A single FIFO server's hand-over times follow Lindley's recursion,
+                 h_i = max(h_{i-1}, arrival_i) + cost_i, so the process just sleeps until
+                 each hand-over; requests handed over at the same instant enter together.
+    engine       the engine-core loop (`runtime.EngineCore`): schedule(), wait the cost
+                 model's step time, deliver synthetic tokens, update_from_output(); when
+                 there is nothing to do it sleeps until the API server wakes it (no spinning)
+
+Tokens are the trace's deterministic ids (`workloads.prompt_token_ids` / `output_token_ids`),
+so the prefix cache sees exactly the trace's sharing; every request runs with `ignore_eos`
+and `max_tokens` = its trace output length.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import simpy
+
+from runtime import (
+    CacheConfig,
+    EngineCore,
+    Request,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+)
+from runtime.records import RequestRecord, StepRecord
+from sim.cost_model import ApiServerCost, CostModel
+from workloads import Trace, TraceRequest, output_token_ids, prompt_token_ids
+
+Progress = Callable[[int, int], None]  # (requests finished, requests in the trace)
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Everything a simulation run depends on besides the trace and the cost model.
+
+    Attributes:
+        scheduler, cache: the engine core's configuration.
+        api_server: tokenization cost of the API-server stage.
+        vocab_size: token ids are drawn from [10, vocab_size).
+        seed: seed of the synthetic token ids.
+        check_invariants: run `Scheduler.check_invariants()` after every step (slow).
+    """
+
+    scheduler: SchedulerConfig
+    cache: CacheConfig
+    api_server: ApiServerCost = field(default_factory=ApiServerCost)
+    vocab_size: int = 32_000
+    seed: int = 0
+    check_invariants: bool = False
+
+    def __post_init__(self) -> None:
+        if self.vocab_size <= 10:
+            raise ValueError(f"vocab_size must be > 10, got {self.vocab_size}")
+
+
+@dataclass(slots=True)
+class SimResult:
+    """Records of one run, plus what the run cost in wall-clock time."""
+
+    requests: list[RequestRecord]
+    steps: list[StepRecord]
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    wall_s: float
+
+
+class _Simulation:
+    def __init__(self, trace: Trace, config: SimConfig, cost_model: CostModel,
+                 progress: Progress | None) -> None:
+        self.trace = trace
+        self.config = config
+        self.cost_model = cost_model
+        self.progress = progress
+        self.env = simpy.Environment()
+        self.core = EngineCore(Scheduler(config.scheduler, config.cache))
+        self.outputs: dict[str, list[int]] = {}  # request id -> its trace output tokens
+        self.wake = self.env.event()
+
+    def run(self) -> None:
+        self.env.process(self.api_server())
+        self.env.process(self.engine())
+        self.env.run()
+
+    def api_server(self) -> Iterator[simpy.Event]:
+        cost = self.config.api_server
+        recorder = self.core.recorder
+        free_at = 0.0  # when the server finishes its current request
+        for req in self.trace:
+            recorder.arrived(req.request_id, req.arrival_s, req.prompt_len, req.output_len)
+            free_at = max(free_at, req.arrival_s) + cost.time(req.prompt_len)
+            if free_at > self.env.now:
+                yield self.env.timeout(free_at - self.env.now)
+            self.core.submit(self.make_request(req), self.env.now)
+            if not self.wake.triggered:
+                self.wake.succeed()
+
+    def make_request(self, req: TraceRequest) -> Request:
+        cfg = self.config
+        self.outputs[req.request_id] = output_token_ids(req, cfg.vocab_size, cfg.seed)
+        return Request(
+            req.request_id,
+            prompt_token_ids(req, cfg.vocab_size, cfg.seed),
+            SamplingParams(max_tokens=req.output_len, ignore_eos=True),
+            arrival_time=req.arrival_s,
+            priority=req.priority,
+            cache_salt=req.cache_salt,
+        )
+
+    def engine(self) -> Iterator[simpy.Event]:
+        core, env = self.core, self.env
+        done = 0
+        while True:
+            if not core.has_work():
+                self.wake = env.event()
+                yield self.wake
+            step = core.begin_step(env.now)
+            duration = self.cost_model.step_time(step.features)
+            if duration > 0:
+                yield env.timeout(duration)
+            finished = core.end_step(step, self.sample(step.output.num_scheduled_tokens),
+                                     env.now, duration)
+            for request in finished:
+                del self.outputs[request.request_id]
+            if self.config.check_invariants:
+                core.scheduler.check_invariants()
+            if self.progress is not None and finished:
+                done += len(finished)
+                self.progress(done, len(self.trace))
+
+    def sample(self, scheduled: dict[str, int]) -> dict[str, list[int]]:
+        """Each request that completes its sequence this step gets its next trace token."""
+        requests = self.core.scheduler.requests
+        sampled = {}
+        for req_id in scheduled:
+            request = requests[req_id]
+            if request.num_computed_tokens >= request.num_tokens:
+                sampled[req_id] = [self.outputs[req_id][request.num_output_tokens]]
+        return sampled
+
+
+def simulate(trace: Trace, config: SimConfig, cost_model: CostModel,
+             progress: Progress | None = None) -> SimResult:
+    """Run the trace to completion; every request ends finished (or ignored)."""
+    started = time.perf_counter()
+    sim = _Simulation(trace, config, cost_model, progress)
+    sim.run()
+    recorder = sim.core.recorder
+    assert not recorder.live, f"{len(recorder.live)} requests never finished"
+    stats = sim.core.scheduler.prefix_cache_stats
+    order = {req.request_id: i for i, req in enumerate(trace)}
+    return SimResult(
+        requests=sorted(recorder.finished, key=lambda r: order[r.request_id]),
+        steps=recorder.steps,
+        prefix_cache_queries=stats.queries,
+        prefix_cache_hits=stats.hits,
+        wall_s=time.perf_counter() - started,
+    )
