@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from workloads.arrivals import ArrivalProcess, vllm_arrival_times
 from workloads.csv_formats import write_vidur_csv
+from workloads.defaults import DEFAULT_TRACE_PATH, default_trace
 from workloads.errors import TraceError
 from workloads.loaders import FORMATS, LoadResult, detect_format, load_trace, read_rows
 from workloads.rows import LoadReport, RawRows
-from workloads.rtformat import read_rt_jsonl, write_rt_jsonl
+from workloads.rtformat import read_rt_jsonl, trace_digest, write_rt_jsonl
 from workloads.stats import (
     LengthStats,
     PrefixReuse,
@@ -52,6 +53,9 @@ from workloads.transforms import (
 )
 
 __all__ = [
+    "DEFAULT_TRACE_PATH",
+    "default_trace",
+    "trace_digest",
     "FORMATS", "RESERVED_TOKEN_IDS", "ArrivalProcess", "ClipReport", "LengthStats",
     "LoadReport", "LoadResult", "MultiTurn", "PrefixRepetition", "PrefixReuse", "RandomLengths",
     "RawRows", "TraceRequest", "Span", "TimeStats", "Trace", "TraceColumns", "TraceError",

@@ -28,6 +28,7 @@ never silently misread; `version` must be 1.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -58,6 +59,15 @@ def dump_lines(trace: Trace) -> Iterator[str]:
     yield json.dumps(header)
     for req in trace:
         yield json.dumps(request_to_dict(req), separators=(", ", ": "))
+
+
+def trace_digest(trace: Trace) -> str:
+    """SHA-256 (hex) of the trace's rt JSONL form: equal digests, equal traces."""
+    digest = hashlib.sha256()
+    for line in dump_lines(trace):
+        digest.update(line.encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
 
 
 def request_to_dict(req: TraceRequest) -> dict[str, Any]:
