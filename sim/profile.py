@@ -1,0 +1,193 @@
+"""The JSON profile a calibration run writes and `ProfileCostModel` reads.
+
+    {"format": "rt-profile", "version": 1,
+     "device": "H200-SXM-141GB", "model": "Llama-3.1-8B", "dtype": "bfloat16",
+     "versions": {"vllm": "...", "torch": "..."}, "date": "2026-05-01T12:00:00Z",
+     "coefficients": {"constant_s": ..., "per_prefill_token_s": ..., "per_decode_token_s": ...,
+                      "per_seq_s": ..., "per_prefill_attention_pair_s": ...,
+                      "per_decode_kv_token_s": ...},
+     "api_server": {"per_request_s": ..., "per_prompt_token_s": ...},
+     "fit": {...}}                       # optional, free-form (residuals, sample counts)
+
+Every coefficient is seconds per unit and must be a finite number >= 0. A bad file gives a
+ValueError of one line naming the file, the field and the value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from sim.cost_model import ApiServerCost, ProfileCoefficients, ProfileCostModel
+
+PROFILE_FORMAT = "rt-profile"
+PROFILE_VERSION = 1
+_TOP_LEVEL = (
+    "format",
+    "version",
+    "device",
+    "model",
+    "dtype",
+    "versions",
+    "date",
+    "coefficients",
+    "api_server",
+    "fit",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """A fitted profile: where it was measured and its coefficients.
+
+    Attributes:
+        device: the GPU it was measured on.
+        model: the model it was measured with.
+        dtype: weight and KV dtype, e.g. "bfloat16".
+        versions: software versions (e.g. vllm, torch, rt), name -> version string.
+        date: when it was fitted, ISO 8601.
+        coefficients: the step-time coefficients, seconds per unit.
+        api_server: the API-server cost, seconds.
+        fit: optional free-form fit diagnostics (JSON-ready).
+    """
+
+    device: str
+    model: str
+    dtype: str
+    versions: dict[str, str]
+    date: str
+    coefficients: ProfileCoefficients
+    api_server: ApiServerCost = field(default_factory=ApiServerCost)
+    fit: dict[str, Any] | None = None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The profile as the JSON object `write_profile` writes."""
+        data: dict[str, Any] = {
+            "format": PROFILE_FORMAT,
+            "version": PROFILE_VERSION,
+            "device": self.device,
+            "model": self.model,
+            "dtype": self.dtype,
+            "versions": dict(self.versions),
+            "date": self.date,
+            "coefficients": asdict(self.coefficients),
+            "api_server": asdict(self.api_server),
+        }
+        if self.fit is not None:
+            data["fit"] = self.fit
+        return data
+
+    def cost_model(self) -> ProfileCostModel:
+        """A `ProfileCostModel` over these coefficients, carrying the profile's metadata."""
+        metadata = {
+            "device": self.device,
+            "model": self.model,
+            "dtype": self.dtype,
+            "versions": dict(self.versions),
+            "date": self.date,
+        }
+        return ProfileCostModel(self.coefficients, metadata)
+
+
+class _Reader:
+    """Validates one decoded profile, naming `source` and the field in every error."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, message: str) -> ValueError:
+        return ValueError(f"{self.source}: {message}")
+
+    def as_object(self, value: object, name: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(f"field {name!r} must be a JSON object, got {value!r}")
+        return value
+
+    def get(self, data: dict[str, Any], key: str, prefix: str = "") -> object:
+        if key not in data:
+            raise self.fail(f"missing field {prefix + key!r}")
+        return data[key]
+
+    def string(self, data: dict[str, Any], key: str, prefix: str = "") -> str:
+        value = self.get(data, key, prefix)
+        if not isinstance(value, str) or not value:
+            raise self.fail(f"field {prefix + key!r} must be a non-empty string, got {value!r}")
+        return value
+
+    def seconds(self, data: dict[str, Any], key: str, prefix: str) -> float:
+        value = self.get(data, key, prefix)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(f"field {prefix + key!r} must be a number, got {value!r}")
+        if not math.isfinite(value) or value < 0:
+            raise self.fail(f"field {prefix + key!r} must be a finite number >= 0, got {value!r}")
+        return float(value)
+
+    def no_unknown(self, data: dict[str, Any], known: tuple[str, ...], prefix: str = "") -> None:
+        for key in data:
+            if key not in known:
+                raise self.fail(f"unknown field {prefix + key!r}")
+
+    def section(self, data: dict[str, Any], name: str, known: tuple[str, ...]) -> dict[str, float]:
+        section = self.as_object(self.get(data, name), name)
+        self.no_unknown(section, known, f"{name}.")
+        return {key: self.seconds(section, key, f"{name}.") for key in known}
+
+    def profile(self, data: object) -> Profile:
+        top = self.as_object(data, "(top level)")
+        self.no_unknown(top, _TOP_LEVEL)
+        if (fmt := self.get(top, "format")) != PROFILE_FORMAT:
+            raise self.fail(f"field 'format' must be {PROFILE_FORMAT!r}, got {fmt!r}")
+        version = self.get(top, "version")
+        if isinstance(version, bool) or version != PROFILE_VERSION:
+            raise self.fail(f"field 'version' must be {PROFILE_VERSION}, got {version!r}")
+        versions = self.as_object(self.get(top, "versions"), "versions")
+        for name, value in versions.items():
+            if not isinstance(value, str):
+                raise self.fail(f"field 'versions.{name}' must be a string, got {value!r}")
+        fit = top.get("fit")
+        if fit is not None:
+            fit = self.as_object(fit, "fit")
+        coefficient_names = tuple(f.name for f in fields(ProfileCoefficients))
+        api_names = tuple(f.name for f in fields(ApiServerCost))
+        return Profile(
+            device=self.string(top, "device"),
+            model=self.string(top, "model"),
+            dtype=self.string(top, "dtype"),
+            versions=dict(versions),
+            date=self.string(top, "date"),
+            coefficients=ProfileCoefficients(
+                **self.section(top, "coefficients", coefficient_names)
+            ),
+            api_server=ApiServerCost(**self.section(top, "api_server", api_names)),
+            fit=fit,
+        )
+
+
+def profile_from_json_dict(data: object, source: str = "<profile>") -> Profile:
+    """A `Profile` from a decoded JSON object; ValueError naming `source` and the field."""
+    return _Reader(source).profile(data)
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read and validate a profile file; ValueError (one line: file, field, value)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such profile file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read ({exc})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    return profile_from_json_dict(data, str(path))
+
+
+def write_profile(profile: Profile, path: str | Path) -> None:
+    """Write `profile` as indented JSON with a trailing newline."""
+    text = json.dumps(profile.to_json_dict(), indent=2, allow_nan=False)
+    Path(path).write_text(text + "\n", encoding="utf-8")

@@ -1,0 +1,120 @@
+"""The rt-profile JSON file: round trip and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.batch import BatchFeatures
+from sim.cost_model import ApiServerCost, ProfileCoefficients
+from sim.profile import Profile, load_profile, profile_from_json_dict, write_profile
+
+PROFILE = Profile(
+    device="H200-SXM-141GB",
+    model="Llama-3.1-8B",
+    dtype="bfloat16",
+    versions={"vllm": "0.19.1", "torch": "2.13.0"},
+    date="2026-05-01T12:00:00Z",
+    coefficients=ProfileCoefficients(
+        constant_s=2.0e-3,
+        per_prefill_token_s=6.0e-5,
+        per_decode_token_s=2.0e-5,
+        per_seq_s=3.0e-6,
+        per_prefill_attention_pair_s=1.0e-9,
+        per_decode_kv_token_s=2.0e-8,
+    ),
+    api_server=ApiServerCost(per_request_s=4e-4, per_prompt_token_s=1.5e-6),
+    fit={"samples": 1200, "r2": 0.998},
+)
+
+
+def valid_json() -> dict[str, Any]:
+    return PROFILE.to_json_dict()
+
+
+@pytest.mark.parametrize("fit", [PROFILE.fit, None])
+def test_round_trip(tmp_path: Path, fit: dict[str, Any] | None) -> None:
+    profile = Profile(**{**{f: getattr(PROFILE, f) for f in PROFILE.__slots__}, "fit": fit})
+    path = tmp_path / "p.json"
+    write_profile(profile, path)
+    assert load_profile(path) == profile
+    text = path.read_text()
+    assert text.endswith("}\n")
+    data = json.loads(text)
+    assert (data["format"], data["version"]) == ("rt-profile", 1)
+    assert ("fit" in data) == (fit is not None)
+
+
+def test_the_loaded_profile_drives_the_cost_model(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(valid_json()))
+    model = load_profile(path).cost_model()
+    features = BatchFeatures(num_decode_tokens=4, num_seqs=4, decode_kv_tokens=400)
+    assert model.step_time(features) == 2.0e-3 + 2.0e-5 * 4 + 3.0e-6 * 4 + 2.0e-8 * 400
+    assert model.describe()["device"] == "H200-SXM-141GB"
+    assert model.describe()["versions"] == {"vllm": "0.19.1", "torch": "2.13.0"}
+
+
+def edited(path: tuple[str, ...], value: object) -> dict[str, Any]:
+    data = valid_json()
+    target = data
+    for key in path[:-1]:
+        target = target[key]
+    if value is KeyError:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return data
+
+
+BAD: list[tuple[dict[str, Any] | list[int], str]] = [
+    (edited(("coefficients", "per_seq_s"), -2e-6), "'coefficients.per_seq_s'"),
+    (edited(("coefficients", "constant_s"), KeyError), "missing field 'coefficients.constant_s'"),
+    (edited(("coefficients", "per_decode_token_s"), "fast"), "got 'fast'"),
+    (edited(("coefficients", "per_decode_token_s"), True), "got True"),
+    (edited(("coefficients", "per_decode_kv_token"), 1.0), "unknown field"),
+    (edited(("api_server", "per_request_s"), -1), "'api_server.per_request_s'"),
+    (edited(("api_server",), KeyError), "missing field 'api_server'"),
+    (edited(("format",), "vidur"), "field 'format' must be 'rt-profile', got 'vidur'"),
+    (edited(("version",), 2), "field 'version' must be 1, got 2"),
+    (edited(("device",), ""), "field 'device' must be a non-empty string"),
+    (edited(("versions",), {"vllm": 19}), "field 'versions.vllm' must be a string, got 19"),
+    (edited(("fit",), [1, 2]), "field 'fit' must be a JSON object"),
+    (edited(("coefficients",), 3), "field 'coefficients' must be a JSON object, got 3"),
+    ([1, 2], "must be a JSON object"),
+]
+
+
+@pytest.mark.parametrize(("data", "message"), BAD)
+def test_bad_profile_gives_one_line_naming_file_field_and_value(
+    tmp_path: Path, data: object, message: str
+) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError) as info:
+        load_profile(path)
+    text = str(info.value)
+    assert "\n" not in text
+    assert text.startswith(f"{path}: ")
+    assert message in text
+
+
+def test_negative_value_is_shown() -> None:
+    with pytest.raises(ValueError, match=r"^x.json: field 'coefficients.per_seq_s' .* got -2e-06$"):
+        profile_from_json_dict(edited(("coefficients", "per_seq_s"), -2e-6), "x.json")
+
+
+def test_unreadable_files(tmp_path: Path) -> None:
+    path = tmp_path / "broken.json"
+    path.write_text('{"format": "rt-profile",')
+    with pytest.raises(ValueError, match=r"broken.json: not valid JSON \(") as info:
+        load_profile(path)
+    assert "\n" not in str(info.value)
+    path.write_text('{"coefficients": {"constant_s": NaN}}')
+    with pytest.raises(ValueError, match="broken.json: "):
+        load_profile(path)
+    with pytest.raises(ValueError, match="missing.json: no such profile file"):
+        load_profile(tmp_path / "missing.json")
