@@ -200,25 +200,33 @@ def trace_gen(
     with _user_errors():
         arrivals = workloads.ArrivalProcess(request_rate, burstiness, seed)
         lengths = workloads.RandomLengths(input_len, output_len, range_ratio, prefix_len)
-        if dataset_name == "random":
-            trace = workloads.random_trace(num_prompts, lengths, arrivals)
-        elif dataset_name == "prefix_repetition":
-            spec = workloads.PrefixRepetition(rep_prefix, rep_suffix, rep_num, rep_output)
-            trace = workloads.prefix_repetition_trace(num_prompts, spec, arrivals)
-        elif dataset_name == "multi_turn":
-            conv = workloads.MultiTurn(turns, turn_gap, lengths)
-            trace = workloads.multi_turn_trace(num_prompts, conv, arrivals)
-        elif dataset_name == "resample":
-            trace = workloads.resample_trace(_resample_source(dataset_path, fmt), num_prompts,
-                                             arrivals)
-        else:
-            raise workloads.TraceError(f"must be one of {', '.join(_DATASETS)}",
-                                       column="--dataset-name", value=dataset_name)
+        trace = _synthetic_trace(
+            dataset_name, num_prompts, arrivals, lengths,
+            workloads.PrefixRepetition(rep_prefix, rep_suffix, rep_num, rep_output),
+            workloads.MultiTurn(turns, turn_gap, lengths), dataset_path, fmt)
         trace, clip = workloads.apply_transforms(
             trace, workloads.TransformSpec(max_model_len=max_model_len))
         _note(clip_notes(clip, max_model_len))
         workloads.write_rt_jsonl(trace, output)
     typer.echo(f"wrote {len(trace)} requests to {output} ({dataset_name})")
+
+
+def _synthetic_trace(
+    dataset_name: str, num_prompts: int, arrivals: workloads.ArrivalProcess,
+    lengths: workloads.RandomLengths, repetition: workloads.PrefixRepetition,
+    conversation: workloads.MultiTurn, dataset_path: Path | None, fmt: str | None,
+) -> workloads.Trace:
+    if dataset_name == "random":
+        return workloads.random_trace(num_prompts, lengths, arrivals)
+    if dataset_name == "prefix_repetition":
+        return workloads.prefix_repetition_trace(num_prompts, repetition, arrivals)
+    if dataset_name == "multi_turn":
+        return workloads.multi_turn_trace(num_prompts, conversation, arrivals)
+    if dataset_name == "resample":
+        return workloads.resample_trace(_resample_source(dataset_path, fmt), num_prompts,
+                                        arrivals)
+    raise workloads.TraceError(f"must be one of {', '.join(_DATASETS)}",
+                               column="--dataset-name", value=dataset_name)
 
 
 def _resample_source(path: Path | None, fmt: str | None) -> workloads.Trace:
@@ -233,22 +241,192 @@ def _resample_source(path: Path | None, fmt: str | None) -> workloads.Trace:
 # ---- rt simulate -----------------------------------------------------------------------------
 
 
+_Engine = "Engine (vLLM flags)"
+_Work = "Workload"
+
+
 @app.command()
-def simulate() -> None:
-    """Run the engine core on its built-in scenario and print each step's decisions."""
+def simulate(
+    trace_file: Annotated[Path | None, typer.Option(
+        "--trace", help="Trace file (any `rt trace` format). Default: the embedded excerpt "
+        "of the Azure conversation trace (first 10 min), unless --dataset-name is given.",
+        rich_help_panel=_Work)] = None,
+    fmt: _Format = None,
+    dataset_name: Annotated[str | None, typer.Option(
+        "--dataset-name", help=f"Synthetic workload instead of a trace: {', '.join(_DATASETS)}.",
+        rich_help_panel=_Work)] = None,
+    num_prompts: Annotated[int, typer.Option("--num-prompts", rich_help_panel=_Work)] = 1000,
+    request_rate: _Rate = math.inf, burstiness: _Burst = 1.0,
+    input_len: Annotated[int, typer.Option("--random-input-len", rich_help_panel=_Work)] = 1024,
+    output_len: Annotated[int, typer.Option("--random-output-len", rich_help_panel=_Work)] = 128,
+    range_ratio: Annotated[float, typer.Option("--random-range-ratio",
+                                               rich_help_panel=_Work)] = 0.0,
+    prefix_len: Annotated[int, typer.Option("--random-prefix-len", rich_help_panel=_Work)] = 0,
+    start: _Start = None, duration: _Duration = None, first_n: _FirstN = None,
+    time_scale: _TimeScale = None, target_rate: _TargetRate = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(
+        "--max-num-batched-tokens", help="Token budget per step (default: vLLM's for the GPU).",
+        rich_help_panel=_Engine)] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(
+        "--max-num-seqs", help="Running requests at most (default: vLLM's for the GPU).",
+        rich_help_panel=_Engine)] = None,
+    max_model_len: Annotated[int | None, typer.Option(
+        "--max-model-len", help="Default: the model's max_position_embeddings.",
+        rich_help_panel=_Engine)] = None,
+    block_size: Annotated[int, typer.Option("--block-size", rich_help_panel=_Engine)] = 16,
+    prefix_caching: Annotated[bool, typer.Option(
+        "--enable-prefix-caching/--no-enable-prefix-caching", rich_help_panel=_Engine)] = True,
+    chunked_prefill: Annotated[bool, typer.Option(
+        "--enable-chunked-prefill/--no-enable-chunked-prefill", rich_help_panel=_Engine)] = True,
+    long_prefill: Annotated[int, typer.Option(
+        "--long-prefill-token-threshold", rich_help_panel=_Engine)] = 0,
+    policy: Annotated[str, typer.Option(
+        "--policy", help="fcfs or priority.", rich_help_panel=_Engine)] = "fcfs",
+    num_gpu_blocks: Annotated[int | None, typer.Option(
+        "--num-gpu-blocks-override", help="KV blocks (default: sized from GPU memory).",
+        rich_help_panel=_Engine)] = None,
+    memory_utilization: Annotated[float, typer.Option(
+        "--gpu-memory-utilization", rich_help_panel=_Engine)] = 0.92,
+    tensor_parallel: Annotated[int, typer.Option(
+        "--tensor-parallel-size", "-tp", rich_help_panel=_Engine)] = 1,
+    model: Annotated[str, typer.Option(
+        "--model", help="Preset (llama-3.1-8b, llama-3.1-70b, qwen2.5-7b, mistral-7b, ...) or "
+        "a local HF model directory / config.json.")] = "llama-3.1-8b",
+    gpu: Annotated[str, typer.Option(
+        "--gpu", help="a100-80gb, h100-sxm, h200, b200 or l40s.")] = "h200",
+    profile: Annotated[str | None, typer.Option(
+        "--profile", help="Calibrated cost-model profile (JSON); default: the roofline.")]
+    = None,
+    seed: _Seed = 0,
+    result_dir: Annotated[Path | None, typer.Option(
+        "--result-dir", help="Run directory to write (default: results/simulate-<time>).")]
+    = None,
+    metric_percentiles: Annotated[str, typer.Option(
+        "--metric-percentiles", help="Comma-separated percentiles, e.g. 50,90,99.")] = "99",
+    check_invariants: Annotated[bool, typer.Option(
+        "--check-invariants", help="Check the KV pool after every step (slow).")] = False,
+) -> None:
+    """Simulate a trace through the vLLM-V1 core on a simulated clock (no GPU).
+
+    Prints vLLM's start-up lines and "Serving Benchmark Result" block, then where the time
+    went. TPOT = (E2EL - TTFT) / (output tokens - 1), vLLM's definition (guidellm calls
+    this ITL); ITL = every gap between consecutive tokens.
+    """
+    from sim.engine_args import EngineArgs, build_setup
+
+    with _user_errors():
+        percentiles = _parse_percentiles(metric_percentiles)
+        if trace_file is not None or dataset_name is None:
+            source = trace_file or workloads.DEFAULT_TRACE_PATH
+            result = workloads.load_trace(source, fmt)
+            _note(load_notes(result.report, None))
+            trace = result.trace
+        else:
+            arrivals = workloads.ArrivalProcess(request_rate, burstiness, seed)
+            lengths = workloads.RandomLengths(input_len, output_len, range_ratio, prefix_len)
+            trace = _synthetic_trace(
+                dataset_name, num_prompts, arrivals, lengths, workloads.PrefixRepetition(),
+                workloads.MultiTurn(lengths=lengths), None, fmt)
+        trace, _ = workloads.apply_transforms(trace, workloads.TransformSpec(
+            start_s=start, duration_s=duration, first_n=first_n, time_scale=time_scale,
+            target_rate=target_rate))
+        args = EngineArgs(
+            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len, block_size=block_size,
+            enable_prefix_caching=prefix_caching, enable_chunked_prefill=chunked_prefill,
+            long_prefill_token_threshold=long_prefill, policy=policy,
+            num_gpu_blocks_override=num_gpu_blocks, gpu_memory_utilization=memory_utilization,
+            tensor_parallel_size=tensor_parallel)
+        try:
+            setup = build_setup(args, model, gpu, profile, seed, check_invariants)
+        except ValueError as err:
+            fail(str(err))
+        _run_simulation(trace, setup, result_dir, percentiles)
+
+
+def _parse_percentiles(text: str) -> list[float]:
+    try:
+        values = [float(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        fail(f"--metric-percentiles: not a comma-separated list of numbers: {text!r}")
+    if not values or any(not 0 < p < 100 for p in values):
+        fail(f"--metric-percentiles: each must be in (0, 100), got {text!r}")
+    return values
+
+
+def _run_simulation(trace: workloads.Trace, setup: object, result_dir: Path | None,
+                    percentiles: list[float]) -> None:
+    import datetime
+
+    from analysis.console import benchmark_block, rt_block
+    from analysis.metrics import benchmark_metrics
+    from analysis.rundir import load_run, write_run
+    from sim.engine_args import SimSetup
+    from sim.simulator import simulate
+
+    assert isinstance(setup, SimSetup)
+    for line in setup.startup_lines:
+        typer.echo(line, err=True)
+    with _progress(len(trace)) as progress:
+        result = simulate(trace, setup.config, setup.cost_model, progress)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = result_dir or Path("results") / f"simulate-{stamp}"
+    info = {
+        "kind": "simulate", "rt_version": _version(), "name": path.name,
+        "trace": {"name": trace.name, "requests": len(trace),
+                  "digest": workloads.trace_digest(trace)},
+        "wall_s": round(result.wall_s, 3),
+        "prefix_cache": {"queries": result.prefix_cache_queries,
+                         "hits": result.prefix_cache_hits},
+        **setup.describe(),
+    }
+    write_run(path, [r.to_row() for r in result.requests], [s.to_row() for s in result.steps],
+              info)
+    run = load_run(path)
+    hit_rate = result.prefix_cache_hits / max(result.prefix_cache_queries, 1)
+    typer.echo(benchmark_block(benchmark_metrics(run.requests, percentiles),
+                               percentiles=percentiles))
+    typer.echo(rt_block(run.requests, run.steps, hit_rate))
+    typer.echo(f"rt: wrote {path} ({len(trace)} requests, {len(result.steps)} steps, "
+               f"{result.wall_s:.2f} s wall)", err=True)
+
+
+@contextlib.contextmanager
+def _progress(total: int) -> Iterator[object]:
+    """A rich progress bar on stderr, shown only once a run has taken a second."""
+    import time
+
     from rich.console import Console
-    from rich.table import Table
+    from rich.progress import Progress
 
-    from sim.core_demo import run_seed_example
+    started = time.perf_counter()
+    bar: Progress | None = None
+    task = 0
 
-    table = Table(title="rt core: seed example (budget 6 tokens, block size 4)")
-    for column in ("step", "scheduled tokens", "finished", "free blocks", "waiting", "why"):
-        table.add_column(column)
-    for row in run_seed_example():
-        tokens = ", ".join(f"{r}:{n}" for r, n in row.num_scheduled_tokens.items())
-        table.add_row(str(row.step), tokens, ",".join(row.finished), str(row.free_blocks),
-                      str(row.waiting), row.wait_reason or "")
-    Console().print(table)
+    def update(done: int, _total: int) -> None:
+        nonlocal bar, task
+        if bar is None:
+            if time.perf_counter() - started < 1.0:
+                return
+            bar = Progress(console=Console(stderr=True), transient=True)
+            bar.start()
+            task = bar.add_task("simulating", total=total)
+        bar.update(task, completed=done)
+
+    try:
+        yield update
+    finally:
+        if bar is not None:
+            bar.stop()
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rt")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 # ---- rt bench ... ---------------------------------------------------------------------------

@@ -202,7 +202,9 @@ class Recorder:
     def _stop_running(self, live: _Live, end: float) -> None:
         """Close a running interval: unscheduled running time counts as token budget."""
         assert live.running_since is not None, live.record.request_id
-        live.record.queue_token_budget_s += (end - live.running_since) - live.scheduled_time
+        unscheduled = (end - live.running_since) - live.scheduled_time
+        if unscheduled > 1e-12:  # below that it is float rounding of equal sums
+            live.record.queue_token_budget_s += unscheduled
         live.running_since = None
 
     def step_finished(

@@ -13,7 +13,6 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
 
 from runtime import CacheConfig, Request, SamplingParams, Scheduler, SchedulerConfig
 

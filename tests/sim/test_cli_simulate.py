@@ -1,0 +1,88 @@
+"""`rt simulate` end to end through the CLI: output blocks, run directory, determinism, and
+one-line errors for bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from analysis.rundir import load_run
+from cli import app
+from workloads import ArrivalProcess, RandomLengths, random_trace, write_rt_jsonl
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def small_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("trace") / "small.jsonl"
+    trace = random_trace(40, RandomLengths(input_len=300, output_len=40, range_ratio=0.5),
+                         ArrivalProcess(request_rate=20.0, burstiness=1.0, seed=3))
+    write_rt_jsonl(trace, path)
+    return path
+
+
+def simulate(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, ["simulate", *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_simulate_prints_both_blocks_and_writes_a_run_directory(
+    small_trace: Path, tmp_path: Path
+) -> None:
+    code, out, err = simulate("--trace", str(small_trace), "--result-dir", str(tmp_path / "r"),
+                              "--metric-percentiles", "50,90,99")
+    assert code == 0, err
+    assert "============ Serving Benchmark Result ============" in out
+    assert "Successful requests:                     40" in out
+    assert "P90 TTFT (ms):" in out and "P99 E2EL (ms):" in out
+    assert "rt: where the time went" in out
+    assert "GPU KV cache size: 918,864 tokens" in err
+    assert "Maximum concurrency for 131,072 tokens per request: 7.01x" in err
+    run = load_run(tmp_path / "r")
+    assert len(run.requests) == 40 and len(run.steps) > 0
+    assert run.info["scheduler_config"]["max_num_batched_tokens"] == 8192
+    assert run.info["cache_config"]["num_blocks"] == 57429
+    assert run.info["trace"]["requests"] == 40
+
+
+def test_same_inputs_give_byte_identical_requests_parquet(small_trace: Path,
+                                                          tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        code, _, err = simulate("--trace", str(small_trace), "--result-dir", str(tmp_path / name),
+                                "--num-gpu-blocks-override", "200", "--max-num-seqs", "8")
+        assert code == 0, err
+    first = (tmp_path / "a" / "requests.parquet").read_bytes()
+    assert first == (tmp_path / "b" / "requests.parquet").read_bytes()
+    assert (tmp_path / "a" / "steps.parquet").read_bytes() == \
+        (tmp_path / "b" / "steps.parquet").read_bytes()
+
+
+def test_synthetic_workload_flags(tmp_path: Path) -> None:
+    code, out, err = simulate("--dataset-name", "random", "--num-prompts", "20",
+                              "--request-rate", "5", "--random-input-len", "100",
+                              "--random-output-len", "10", "--result-dir", str(tmp_path / "s"))
+    assert code == 0, err
+    assert "Total generated tokens:                  200" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gpu", "v100"], "unknown GPU 'v100'"),
+        (["--max-num-seqs", "0"], "max_num_seqs must be >= 1, got 0"),
+        (["--policy", "lifo"], "policy must be 'fcfs' or 'priority', got 'lifo'"),
+        (["--trace", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
+        (["--metric-percentiles", "abc"], "--metric-percentiles"),
+        (["--model", "/nonexistent/model"], "/nonexistent/model"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str,
+                                          tmp_path: Path) -> None:
+    code, out, err = simulate(*args, "--result-dir", str(tmp_path / "x"))
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rt: error: ") and message in lines[0]
+    assert not (tmp_path / "x").exists()
