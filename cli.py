@@ -380,14 +380,13 @@ def _run_simulation(trace: workloads.Trace, setup: object, result_dir: Path | No
                          "hits": result.prefix_cache_hits},
         **setup.describe(),
     }
-    write_run(path, [r.to_row() for r in result.requests], [s.to_row() for s in result.steps],
-              info)
+    write_run(path, [r.to_row() for r in result.requests], result.step_columns, info)
     run = load_run(path)
     hit_rate = result.prefix_cache_hits / max(result.prefix_cache_queries, 1)
     typer.echo(benchmark_block(benchmark_metrics(run.requests, percentiles),
                                percentiles=percentiles))
     typer.echo(rt_block(run.requests, run.steps, hit_rate))
-    typer.echo(f"rt: wrote {path} ({len(trace)} requests, {len(result.steps)} steps, "
+    typer.echo(f"rt: wrote {path} ({len(trace)} requests, {result.num_steps} steps, "
                f"{result.wall_s:.2f} s wall)", err=True)
 
 

@@ -10,7 +10,7 @@ Writing is deterministic: the same rows give byte-identical parquet files.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,17 +38,23 @@ class Run:
         return str(self.info.get("name") or self.path.name)
 
 
-def write_run(path: Path, requests: Sequence[dict[str, Any]], steps: Sequence[dict[str, Any]],
-              info: dict[str, Any]) -> None:
-    """Write the three files (creating the directory)."""
+Rows = Sequence[dict[str, Any]] | Mapping[str, Sequence[Any]]  # row dicts, or columns
+
+
+def write_run(path: Path, requests: Rows, steps: Rows, info: dict[str, Any]) -> None:
+    """Write the three files (creating the directory). Tables come as a list of row dicts
+    or as a mapping of column name to values."""
     path.mkdir(parents=True, exist_ok=True)
     _write_table(path / REQUESTS_FILE, requests)
     _write_table(path / STEPS_FILE, steps)
     (path / RUN_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
 
 
-def _write_table(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    table = pa.Table.from_pylist(list(rows)) if rows else pa.table({})
+def _write_table(path: Path, rows: Rows) -> None:
+    if isinstance(rows, Mapping):
+        table = pa.table({name: list(values) for name, values in rows.items()})
+    else:
+        table = pa.Table.from_pylist(list(rows)) if rows else pa.table({})
     pq.write_table(table, path, compression="zstd")
 
 

@@ -16,7 +16,8 @@ from runtime.outputs import (
     SchedulerOutput,
     WaitReason,
 )
-from runtime.records import Recorder, RequestRecord, StepRecord
+from runtime.recorder import Recorder
+from runtime.records import RequestRecord, StepRecord
 from runtime.request import Request, RequestStatus, SamplingParams, finish_reason
 from runtime.scheduler import Scheduler
 

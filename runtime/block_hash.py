@@ -33,12 +33,8 @@ def hash_block_tokens(
     parent: BlockHash, token_ids: Sequence[int], extra_keys: ExtraKeys | None = None
 ) -> BlockHash:
     """Hash one full block given its parent's hash, its tokens and its extra keys."""
-    h = hashlib.sha256(parent)
-    h.update(len(token_ids).to_bytes(4, "little"))
-    h.update(array("q", token_ids).tobytes())
-    if extra_keys:
-        h.update(repr(extra_keys).encode())
-    return h.digest()
+    packed = len(token_ids).to_bytes(4, "little") + array("q", token_ids).tobytes()
+    return _hash_packed(parent, packed, extra_keys)
 
 
 def block_extra_keys(
@@ -59,24 +55,40 @@ def block_extra_keys(
 def make_block_hasher(block_size: int) -> BlockHasher:
     """A hasher returning the hashes of a request's full blocks that are not yet hashed.
 
-    Called when a request is added and whenever an appended token completes a block.
+    Called when a request is added and whenever appended tokens complete a block. The
+    tokens of all new blocks are packed once; each block then costs one SHA-256 call.
     """
+    length_prefix = block_size.to_bytes(4, "little")
+    block_bytes = 8 * block_size
 
     def new_block_hashes(request: Request) -> list[BlockHash]:
-        start = len(request.block_hashes) * block_size
-        if start + block_size > request.num_tokens:
+        first = len(request.block_hashes)
+        last = request.num_tokens // block_size  # blocks [first, last) are new
+        if last <= first:
             return []
-        tokens = request.all_token_ids
+        packed = array("q", request.all_token_ids[first * block_size : last * block_size])
+        data = packed.tobytes()
+        plain = request.lora_name is None and request.cache_salt is None
         parent = request.block_hashes[-1] if request.block_hashes else NONE_HASH
         hashes: list[BlockHash] = []
-        while start + block_size <= len(tokens):
-            index = start // block_size
-            extra = block_extra_keys(
-                index, request.lora_name, request.lora_path, request.cache_salt
-            )
-            parent = hash_block_tokens(parent, tokens[start : start + block_size], extra)
+        for index in range(first, last):
+            offset = (index - first) * block_bytes
+            chunk = data[offset : offset + block_bytes]
+            if plain:
+                parent = hashlib.sha256(parent + length_prefix + chunk).digest()
+            else:
+                extra = block_extra_keys(index, request.lora_name, request.lora_path,
+                                         request.cache_salt)
+                parent = _hash_packed(parent, length_prefix + chunk, extra)
             hashes.append(parent)
-            start += block_size
         return hashes
 
     return new_block_hashes
+
+
+def _hash_packed(parent: BlockHash, packed: bytes, extra_keys: ExtraKeys | None) -> BlockHash:
+    h = hashlib.sha256(parent)
+    h.update(packed)
+    if extra_keys:
+        h.update(repr(extra_keys).encode())
+    return h.digest()

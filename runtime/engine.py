@@ -11,12 +11,19 @@ the next step boundary, as in vLLM's engine core.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from runtime.batch import BatchFeatures, describe_batch
+from runtime.decode_run import (
+    all_decoding,
+    decode_run_limit,
+    plain_decode_wait_reason,
+    run_decode_steps,
+    steps_before_token_stop,
+)
 from runtime.outputs import SchedulerOutput
-from runtime.records import Recorder
+from runtime.recorder import Recorder
 from runtime.request import Request
 from runtime.scheduler import Scheduler
 
@@ -83,3 +90,55 @@ class EngineCore:
             scheduler.release([request.request_id for request in finished])
         return finished
 
+    def fast_forward(
+        self,
+        clock: float,
+        horizon: float,
+        step_time: Callable[[BatchFeatures], float],
+        upcoming: Callable[[Request, int], Sequence[int]],
+    ) -> float | None:
+        """Run plain decode steps back to back from `clock`, each starting before `horizon`
+        (the next hand-over), with durations from `step_time`; `upcoming(request, n)` gives
+        a request's next n sampled tokens. Records are those of running the steps one by
+        one. Returns the end of the last step, or None when the next step is not plain.
+        """
+        scheduler = self.scheduler
+        if self._inbox or clock >= horizon or not all_decoding(scheduler):
+            return None
+        limit = decode_run_limit(scheduler)
+        ends, durations, features = self._decode_times(clock, horizon, step_time, limit)
+        tokens = {r.request_id: upcoming(r, len(ends)) for r in scheduler.running}
+        num_steps = steps_before_token_stop(scheduler, tokens, len(ends))
+        if num_steps == 0:
+            return None
+        del ends[num_steps:], durations[num_steps:], features[num_steps:]
+        free_after = run_decode_steps(scheduler, num_steps, tokens)
+        usable = scheduler.cache_config.num_usable_blocks
+        _, reason = plain_decode_wait_reason(scheduler)
+        self.recorder.decode_steps(
+            ends, durations, features, [r.request_id for r in scheduler.running],
+            [1.0 - free / usable for free in free_after], len(scheduler.waiting), reason)
+        return ends[-1]
+
+    def _decode_times(
+        self, clock: float, horizon: float, step_time: Callable[[BatchFeatures], float],
+        limit: int,
+    ) -> tuple[list[float], list[float], list[BatchFeatures]]:
+        """End times, durations and features of up to `limit` decode steps from `clock`,
+        each starting before `horizon`; ends are start + duration, as when stepping."""
+        running = self.scheduler.running
+        num_running = len(running)
+        kv_tokens = sum(r.num_computed_tokens + 1 for r in running)
+        ends: list[float] = []
+        durations: list[float] = []
+        features: list[BatchFeatures] = []
+        start = clock
+        while len(ends) < limit and start < horizon:
+            feats = BatchFeatures(num_decode_tokens=num_running, num_seqs=num_running,
+                                  decode_kv_tokens=kv_tokens + len(ends) * num_running)
+            duration = step_time(feats)
+            start += duration
+            ends.append(start)
+            durations.append(duration)
+            features.append(feats)
+        return ends, durations, features

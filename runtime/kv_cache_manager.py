@@ -79,7 +79,7 @@ class KVCacheManager:
             if num_slots <= len(table) * self.block_size:
                 if (self.enable_caching and num_slots // self.block_size
                         > self.num_cached_block.get(request.request_id, 0)):
-                    self._cache_full_blocks(request, table, min(num_slots, request.num_tokens))
+                    self.cache_full_blocks(request, table, min(num_slots, request.num_tokens))
                 return []
         if table is None:
             table = []
@@ -107,10 +107,10 @@ class KVCacheManager:
         new_blocks = self.block_pool.get_new_blocks(num_needed) if num_needed > 0 else []
         table.extend(new_blocks)
         if self.enable_caching:
-            self._cache_full_blocks(request, table, min(num_slots, request.num_tokens))
+            self.cache_full_blocks(request, table, min(num_slots, request.num_tokens))
         return new_blocks
 
-    def _cache_full_blocks(
+    def cache_full_blocks(
         self, request: Request, table: list[KVCacheBlock], num_tokens: int
     ) -> None:
         """Register the blocks that `num_tokens` computed tokens fill, before the model runs,

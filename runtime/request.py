@@ -160,6 +160,13 @@ class Request:
         self._hash_block_size = block_size
         self.block_hashes.extend(hasher(self))
 
+    def extend_output_tokens(self, token_ids: Sequence[int]) -> None:
+        """Append several sampled tokens at once and hash the blocks they complete."""
+        self._all_token_ids.extend(token_ids)
+        self.num_tokens += len(token_ids)
+        if self._hash_block_size:
+            self.block_hashes.extend(self._block_hasher(self))  # type: ignore[misc]
+
     def append_output_token(self, token_id: int) -> None:
         """Append one sampled token and hash the block it completes, if any."""
         self._all_token_ids.append(token_id)

@@ -18,6 +18,7 @@ and `max_tokens` = its trace output length.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from runtime import (
     Scheduler,
     SchedulerConfig,
 )
-from runtime.records import RequestRecord, StepRecord
+from runtime.records import RequestRecord, StepRecord, steps_from_columns
 from sim.cost_model import ApiServerCost, CostModel
 from workloads import Trace, TraceRequest, output_token_ids, prompt_token_ids
 
@@ -49,6 +50,8 @@ class SimConfig:
         vocab_size: token ids are drawn from [10, vocab_size).
         seed: seed of the synthetic token ids.
         check_invariants: run `Scheduler.check_invariants()` after every step (slow).
+        fast_forward: advance runs of plain decode steps together (`runtime.decode_run`);
+            the records are identical either way, only faster.
     """
 
     scheduler: SchedulerConfig
@@ -57,6 +60,7 @@ class SimConfig:
     vocab_size: int = 32_000
     seed: int = 0
     check_invariants: bool = False
+    fast_forward: bool = True
 
     def __post_init__(self) -> None:
         if self.vocab_size <= 10:
@@ -65,13 +69,24 @@ class SimConfig:
 
 @dataclass(slots=True)
 class SimResult:
-    """Records of one run, plus what the run cost in wall-clock time."""
+    """Records of one run, plus what the run cost in wall-clock time.
+
+    `step_columns` holds the steps column-wise (StepRecord's fields); `steps` builds the
+    records one by one (slow on long runs)."""
 
     requests: list[RequestRecord]
-    steps: list[StepRecord]
+    step_columns: dict[str, list[object]]
     prefix_cache_queries: int
     prefix_cache_hits: int
     wall_s: float
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.step_columns["step"])
+
+    @property
+    def steps(self) -> list[StepRecord]:
+        return steps_from_columns(self.step_columns)
 
 
 class _Simulation:
@@ -81,26 +96,37 @@ class _Simulation:
         self.config = config
         self.cost_model = cost_model
         self.progress = progress
+        self.done = 0  # finished requests, for the progress callback
         self.env = simpy.Environment()
         self.core = EngineCore(Scheduler(config.scheduler, config.cache))
         self.outputs: dict[str, list[int]] = {}  # request id -> its trace output tokens
         self.wake = self.env.event()
+        self.handovers = self._handover_times()
+        self.next_handover = self.handovers[0] if self.handovers else math.inf
 
     def run(self) -> None:
         self.env.process(self.api_server())
         self.env.process(self.engine())
         self.env.run()
 
-    def api_server(self) -> Iterator[simpy.Event]:
+    def _handover_times(self) -> list[float]:
+        """When the single FIFO API server hands each request over (Lindley's recursion)."""
         cost = self.config.api_server
-        recorder = self.core.recorder
-        free_at = 0.0  # when the server finishes its current request
+        times, free_at = [], 0.0
         for req in self.trace:
-            recorder.arrived(req.request_id, req.arrival_s, req.prompt_len, req.output_len)
             free_at = max(free_at, req.arrival_s) + cost.time(req.prompt_len)
-            if free_at > self.env.now:
-                yield self.env.timeout(free_at - self.env.now)
-            self.core.submit(self.make_request(req), self.env.now)
+            times.append(free_at)
+        return times
+
+    def api_server(self) -> Iterator[simpy.Event]:
+        recorder = self.core.recorder
+        handovers = self.handovers
+        for i, req in enumerate(self.trace):
+            recorder.arrived(req.request_id, req.arrival_s, req.prompt_len, req.output_len)
+            if handovers[i] > self.env.now:
+                yield self.env.timeout(handovers[i] - self.env.now)
+            self.core.submit(self.make_request(req), handovers[i])
+            self.next_handover = handovers[i + 1] if i + 1 < len(handovers) else math.inf
             if not self.wake.triggered:
                 self.wake.succeed()
 
@@ -117,25 +143,50 @@ class _Simulation:
         )
 
     def engine(self) -> Iterator[simpy.Event]:
+        """The engine-core loop. `clock` is the engine's own time: step ends are computed as
+        start + duration, so stepping one by one and fast-forwarding give the same floats."""
         core, env = self.core, self.env
-        done = 0
+        clock = 0.0
         while True:
             if not core.has_work():
                 self.wake = env.event()
                 yield self.wake
-            step = core.begin_step(env.now)
-            duration = self.cost_model.step_time(step.features)
-            if duration > 0:
-                yield env.timeout(duration)
-            finished = core.end_step(step, self.sample(step.output.num_scheduled_tokens),
-                                     env.now, duration)
-            for request in finished:
-                del self.outputs[request.request_id]
-            if self.config.check_invariants:
-                core.scheduler.check_invariants()
-            if self.progress is not None and finished:
-                done += len(finished)
-                self.progress(done, len(self.trace))
+                clock = env.now
+            end = self.fast_forward(clock) if self.config.fast_forward else None
+            if end is None:
+                end = self.one_step(clock)
+            if end > env.now:
+                yield env.timeout(end - env.now)
+            clock = end
+
+    def fast_forward(self, clock: float) -> float | None:
+        outputs = self.outputs
+
+        def upcoming(request: Request, count: int) -> list[int]:
+            start = request.num_output_tokens
+            return outputs[request.request_id][start : start + count]
+
+        end = self.core.fast_forward(clock, self.next_handover, self.cost_model.step_time,
+                                     upcoming)
+        if end is not None and self.config.check_invariants:
+            self.core.scheduler.check_invariants()
+        return end
+
+    def one_step(self, clock: float) -> float:
+        core = self.core
+        step = core.begin_step(clock)
+        duration = self.cost_model.step_time(step.features)
+        end = clock + duration
+        finished = core.end_step(step, self.sample(step.output.num_scheduled_tokens), end,
+                                 duration)
+        for request in finished:
+            del self.outputs[request.request_id]
+        if self.config.check_invariants:
+            core.scheduler.check_invariants()
+        if self.progress is not None and finished:
+            self.done += len(finished)
+            self.progress(self.done, len(self.trace))
+        return end
 
     def sample(self, scheduled: dict[str, int]) -> dict[str, list[int]]:
         """Each request that completes its sequence this step gets its next trace token."""
@@ -160,7 +211,7 @@ def simulate(trace: Trace, config: SimConfig, cost_model: CostModel,
     order = {req.request_id: i for i, req in enumerate(trace)}
     return SimResult(
         requests=sorted(recorder.finished, key=lambda r: order[r.request_id]),
-        steps=recorder.steps,
+        step_columns=recorder.step_columns,
         prefix_cache_queries=stats.queries,
         prefix_cache_hits=stats.hits,
         wall_s=time.perf_counter() - started,

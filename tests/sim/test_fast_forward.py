@@ -1,0 +1,117 @@
+"""Fast-forwarding runs of plain decode steps gives exactly the records of stepping one by
+one: same step rows, same request rows, same floats."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime import CacheConfig, SchedulerConfig
+from runtime.decode_run import decode_run_limit, run_decode_steps, steps_before_token_stop
+from sim.cost_model import ApiServerCost, RooflineCostModel
+from sim.hardware import resolve_gpu
+from sim.model_config import resolve_model
+from sim.simulator import SimConfig, simulate
+from tests.runtime.helpers import make_request, make_scheduler, step
+from workloads import (
+    ArrivalProcess,
+    MultiTurn,
+    PrefixRepetition,
+    RandomLengths,
+    Trace,
+    multi_turn_trace,
+    prefix_repetition_trace,
+    random_trace,
+)
+
+COST = RooflineCostModel(resolve_model("llama-3.1-8b"), resolve_gpu("h200"))
+
+
+def traces() -> dict[str, Trace]:
+    arrivals = ArrivalProcess(request_rate=40.0, burstiness=0.5, seed=7)
+    return {
+        "random": random_trace(120, RandomLengths(200, 60, range_ratio=0.9), arrivals),
+        "prefix": prefix_repetition_trace(
+            80, PrefixRepetition(prefix_len=96, suffix_len=40, num_prefixes=3, output_len=50),
+            arrivals),
+        "multi_turn": multi_turn_trace(
+            30, MultiTurn(num_turns=3, turn_gap_s=0.05, lengths=RandomLengths(64, 24)),
+            arrivals),
+    }
+
+
+@pytest.mark.parametrize("name", ["random", "prefix", "multi_turn"])
+@pytest.mark.parametrize(("num_blocks", "max_num_seqs", "policy"),
+                         [(4000, 16, "fcfs"), (60, 8, "fcfs"), (90, 4, "priority")])
+def test_fast_forward_records_equal_one_by_one(name: str, num_blocks: int,
+                                               max_num_seqs: int, policy: str) -> None:
+    trace = traces()[name]
+    results = []
+    for fast in (False, True):
+        config = SimConfig(
+            scheduler=SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=max_num_seqs,
+                                      max_model_len=4096, policy=policy),  # type: ignore[arg-type]
+            cache=CacheConfig(block_size=16, num_blocks=num_blocks),
+            api_server=ApiServerCost(), fast_forward=fast, check_invariants=True)
+        results.append(simulate(trace, config, COST))
+    slow, fast_result = results
+    assert [s.to_row() for s in fast_result.steps] == [s.to_row() for s in slow.steps]
+    assert [r.to_row() for r in fast_result.requests] == [r.to_row() for r in slow.requests]
+    assert fast_result.prefix_cache_hits == slow.prefix_cache_hits
+
+
+def test_run_decode_steps_leaves_the_scheduler_as_one_by_one_steps() -> None:
+    def scenario() -> tuple[object, dict[str, list[int]]]:
+        s = make_scheduler(block_size=4, num_blocks=40, max_num_batched_tokens=64)
+        for i, prompt_len in enumerate((5, 7, 8, 12)):
+            s.add_request(make_request(f"r{i}", list(range(100, 100 + prompt_len)), 30))
+        step(s)  # prefill: every request now decodes
+        plan = {r.request_id: [500 + 10 * k + j for j in range(40)]
+                for k, r in enumerate(s.running)}
+        return s, plan
+
+    slow, plan = scenario()
+    fast, _ = scenario()
+    upcoming = {r.request_id: plan[r.request_id][r.num_output_tokens:] for r in fast.running}
+    limit = decode_run_limit(fast)
+    assert limit == 28  # 30 outputs, 1 sampled already: the 29th token stops them
+    assert steps_before_token_stop(fast, upcoming, limit) == 28
+    run_decode_steps(fast, 12, upcoming)
+    for _ in range(12):
+        step(slow, plan=plan)
+    fast.check_invariants()
+    for a, b in zip(slow.running, fast.running, strict=True):
+        assert (a.request_id, a.num_computed_tokens, a.output_token_ids, a.block_hashes) == \
+            (b.request_id, b.num_computed_tokens, b.output_token_ids, b.block_hashes)
+        assert slow.get_block_ids(a.request_id) == fast.get_block_ids(b.request_id)
+    pool_a, pool_b = slow.kv_cache_manager.block_pool, fast.kv_cache_manager.block_pool
+    assert pool_a.free_block_ids() == pool_b.free_block_ids()
+    assert {h: list(e) for h, e in pool_a.cached_blocks.items()} == \
+        {h: list(e) for h, e in pool_b.cached_blocks.items()}
+
+
+def test_decode_run_stops_before_a_preemption_would_be_needed() -> None:
+    s = make_scheduler(block_size=4, num_blocks=5, max_num_batched_tokens=64)  # 4 blocks
+    s.add_request(make_request("a", 4, 20))
+    s.add_request(make_request("b", 4, 20))
+    step(s)  # a: [1], b: [2]; both need a new block now, then every 4 steps
+    assert decode_run_limit(s) == 4  # steps 0 and 4 need 2 blocks each: 2 free
+
+
+def test_no_decode_run_with_an_admissible_waiting_request() -> None:
+    s = make_scheduler(max_num_seqs=4)
+    s.add_request(make_request("a", 4, 20))
+    step(s)
+    s.add_request(make_request("w", 4, 20))
+    assert decode_run_limit(s) == 0
+
+
+def test_decode_run_stops_before_an_eos_token() -> None:
+    s = make_scheduler()
+    s.add_request(make_request("a", 4, 20, ignore_eos=False, eos_token_id=2))
+    s.add_request(make_request("b", 4, 20, stop_token_ids=(7,)))
+    step(s)
+    assert decode_run_limit(s) == 18
+    tokens = {"a": [600, 601, 2, 603], "b": [600] * 10}
+    assert steps_before_token_stop(s, tokens, 18) == 2  # a samples EOS in the third step
+    tokens = {"a": [600] * 10, "b": [600, 7]}
+    assert steps_before_token_stop(s, tokens, 18) == 1
