@@ -445,6 +445,32 @@ def bench_scheduler(
     _write_json(run(seed=seed, quick=quick), out)
 
 
+@bench_app.command("sim")
+def bench_sim(
+    traces: Annotated[list[Path] | None, typer.Option(
+        "--trace", help="Trace to simulate (repeatable). Default: the embedded excerpt.")]
+    = None,
+    model: Annotated[str, typer.Option("--model")] = "llama-3.1-8b",
+    gpu: Annotated[str, typer.Option("--gpu")] = "h200",
+    baseline: Annotated[bool, typer.Option(
+        "--baseline/--no-baseline", help="Also time one-by-one stepping (slower).")] = True,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Also write the JSON here.")]
+    = None,
+) -> None:
+    """Simulated requests per wall-clock second, fast-forwarding vs stepping one by one."""
+    from sim.benchmarks import bench_sim as run
+
+    with _user_errors():
+        loaded = {str(path): workloads.load_trace(path).trace for path in traces or []}
+        if not loaded:
+            loaded = {"embedded azure_conv first 10 min": workloads.default_trace()}
+        try:
+            report = run(loaded, model, gpu, baseline)
+        except ValueError as err:
+            fail(str(err))
+    _write_json(report, out)
+
+
 def main() -> None:
     app()
 

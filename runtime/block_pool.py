@@ -51,6 +51,21 @@ class FreeBlockQueue:
         self.remove(block)
         return block
 
+    def popleft_n(self, count: int) -> list[KVCacheBlock]:
+        """Pop `count` blocks from the head at once (the caller checked there are enough)."""
+        blocks = []
+        block = self._head.next
+        for _ in range(count):
+            assert block is not None and block is not self._tail, "free queue exhausted"
+            blocks.append(block)
+            following = block.next
+            block.prev = block.next = None
+            block = following
+        assert block is not None
+        self._head.next, block.prev = block, self._head
+        self.num_free_blocks -= count
+        return blocks
+
     def remove(self, block: KVCacheBlock) -> None:
         prev, nxt = block.prev, block.next
         assert prev is not None and nxt is not None, f"{block} is not in the free queue"
@@ -123,13 +138,11 @@ class BlockPool:
         """Pop blocks from the head of the free queue, evicting any cached hash they carry."""
         if num_blocks > self.num_free_blocks:
             raise ValueError(f"cannot get {num_blocks} free blocks from the pool")
-        blocks = []
-        for _ in range(num_blocks):
-            block = self.free_block_queue.popleft()
+        blocks = self.free_block_queue.popleft_n(num_blocks)
+        for block in blocks:
             if block.block_hash is not None:
                 self._evict(block)
             block.ref_cnt = 1
-            blocks.append(block)
         return blocks
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -162,7 +175,11 @@ class BlockPool:
         if block.block_hash is not None or block is self.null_block:
             return
         block.block_hash = block_hash
-        self.cached_blocks.setdefault(block_hash, {})[block.block_id] = block
+        entry = self.cached_blocks.get(block_hash)
+        if entry is None:
+            self.cached_blocks[block_hash] = {block.block_id: block}
+        else:
+            entry[block.block_id] = block
 
     def _evict(self, block: KVCacheBlock) -> None:
         block_hash = block.block_hash
