@@ -86,3 +86,23 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str,
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("rt: error: ") and message in lines[0]
     assert not (tmp_path / "x").exists()
+
+
+def test_profile_cost_model_and_its_api_server_costs(small_trace: Path, tmp_path: Path) -> None:
+    from sim.cost_model import ApiServerCost, ProfileCoefficients
+    from sim.profile import Profile, write_profile
+
+    profile = Profile(
+        device="test", model="llama-3.1-8b", dtype="bfloat16", versions={}, date="2026-11-30",
+        coefficients=ProfileCoefficients(
+            constant_s=0.01, per_prefill_token_s=0.0, per_decode_token_s=0.0, per_seq_s=0.0,
+            per_prefill_attention_pair_s=0.0, per_decode_kv_token_s=0.0),
+        api_server=ApiServerCost(per_request_s=0.002, per_prompt_token_s=0.0))
+    write_profile(profile, tmp_path / "p.json")
+    code, _, err = simulate("--trace", str(small_trace), "--profile", str(tmp_path / "p.json"),
+                            "--result-dir", str(tmp_path / "r"))
+    assert code == 0, err
+    run = load_run(tmp_path / "r")
+    assert set(run.steps["duration_s"]) == {0.01}  # every step costs the constant
+    assert (run.requests["api_server_s"] >= 0.002 - 1e-12).all()
+    assert run.info["cost_model"]["kind"] == "profile"
