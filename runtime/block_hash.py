@@ -66,8 +66,8 @@ def make_block_hasher(block_size: int) -> BlockHasher:
         last = request.num_tokens // block_size  # blocks [first, last) are new
         if last <= first:
             return []
-        packed = array("q", request.all_token_ids[first * block_size : last * block_size])
-        data = packed.tobytes()
+        tokens = request.all_token_ids[first * block_size : last * block_size]
+        data = (tokens if isinstance(tokens, array) else array("q", tokens)).tobytes()
         plain = request.lora_name is None and request.cache_salt is None
         parent = request.block_hashes[-1] if request.block_hashes else NONE_HASH
         hashes: list[BlockHash] = []

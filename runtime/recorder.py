@@ -15,6 +15,7 @@ operations in the same order, so they give identical records.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from runtime.batch import BatchFeatures
@@ -251,7 +252,7 @@ class Recorder:
         count = len(ends)
         decode_kv = [feats.decode_kv_tokens for feats in features]
         num_seqs = features[0].num_seqs
-        columns = (
+        columns: tuple[Sequence[object], ...] = (
             range(self.num_steps, self.num_steps + count), starts, ends, durations,
             [0] * count, [num_seqs] * count, [num_seqs] * count, [0] * count, [0] * count,
             [0] * count, decode_kv, decode_kv, kv_usages, [len(request_ids)] * count,

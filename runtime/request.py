@@ -6,6 +6,7 @@ The scheduler owns every mutation after `add_request`; drivers only read.
 from __future__ import annotations
 
 import enum
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -128,7 +129,8 @@ class Request:
         # Prefix-cache hit tokens at the first admission; None until admitted.
         self.num_cached_tokens: int | None = None
         self.block_hashes: list[bytes] = []
-        self._all_token_ids = list(prompt_token_ids)
+        # 8 bytes per token: a simulator holds thousands of long prompts in its queues.
+        self._all_token_ids = array("q", prompt_token_ids)
         self._block_hasher: BlockHasher | None = None
         self._hash_block_size = 0  # 0 = not hashing
 
@@ -143,13 +145,14 @@ class Request:
         return self.num_tokens - self.num_prompt_tokens
 
     @property
-    def all_token_ids(self) -> list[int]:
+    def all_token_ids(self) -> Sequence[int]:
+        """Prompt and output tokens (a read-only view: do not modify)."""
         return self._all_token_ids
 
     @property
     def output_token_ids(self) -> list[int]:
         """The sampled tokens so far (a copy)."""
-        return self._all_token_ids[self.num_prompt_tokens :]
+        return self._all_token_ids[self.num_prompt_tokens :].tolist()
 
     def is_finished(self) -> bool:
         return self.status > RequestStatus.PREEMPTED

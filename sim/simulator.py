@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import time
+from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -135,7 +136,7 @@ class _Simulation:
         self.outputs[req.request_id] = output_token_ids(req, cfg.vocab_size, cfg.seed)
         return Request(
             req.request_id,
-            prompt_token_ids(req, cfg.vocab_size, cfg.seed),
+            array("q", prompt_token_ids(req, cfg.vocab_size, cfg.seed)),  # 8 bytes per token
             SamplingParams(max_tokens=req.output_len, ignore_eos=True),
             arrival_time=req.arrival_s,
             priority=req.priority,
