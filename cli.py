@@ -255,6 +255,9 @@ def simulate(
     dataset_name: Annotated[str | None, typer.Option(
         "--dataset-name", help=f"Synthetic workload instead of a trace: {', '.join(_DATASETS)}.",
         rich_help_panel=_Work)] = None,
+    dataset_path: Annotated[Path | None, typer.Option(
+        "--dataset-path", help="Trace whose lengths 'resample' draws from.",
+        rich_help_panel=_Work)] = None,
     num_prompts: Annotated[int, typer.Option("--num-prompts", rich_help_panel=_Work)] = 1000,
     request_rate: _Rate = math.inf, burstiness: _Burst = 1.0,
     input_len: Annotated[int, typer.Option("--random-input-len", rich_help_panel=_Work)] = 1024,
@@ -316,20 +319,24 @@ def simulate(
 
     with _user_errors():
         percentiles = _parse_percentiles(metric_percentiles)
-        if trace_file is not None or dataset_name is None:
-            source = trace_file or workloads.DEFAULT_TRACE_PATH
-            result = workloads.load_trace(source, fmt)
+        if trace_file is not None and dataset_name is not None:
+            fail("give either --trace or --dataset-name, not both")
+        arrivals = workloads.ArrivalProcess(request_rate, burstiness, seed)
+        if dataset_name is None:  # a trace file; its arrival flags serve length-only files
+            result = workloads.load_trace(trace_file or workloads.DEFAULT_TRACE_PATH, fmt,
+                                          arrivals=arrivals)
             _note(load_notes(result.report, None))
             trace = result.trace
         else:
-            arrivals = workloads.ArrivalProcess(request_rate, burstiness, seed)
             lengths = workloads.RandomLengths(input_len, output_len, range_ratio, prefix_len)
             trace = _synthetic_trace(
                 dataset_name, num_prompts, arrivals, lengths, workloads.PrefixRepetition(),
-                workloads.MultiTurn(lengths=lengths), None, fmt)
+                workloads.MultiTurn(lengths=lengths), dataset_path, fmt)
         trace, _ = workloads.apply_transforms(trace, workloads.TransformSpec(
             start_s=start, duration_s=duration, first_n=first_n, time_scale=time_scale,
             target_rate=target_rate))
+        if len(trace) == 0:
+            fail(f"the workload has no requests to simulate ({trace.name or 'trace'})")
         args = EngineArgs(
             max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
             max_model_len=max_model_len, block_size=block_size,
@@ -341,7 +348,8 @@ def simulate(
             setup = build_setup(args, model, gpu, profile, seed, check_invariants)
         except ValueError as err:
             fail(str(err))
-        _run_simulation(trace, setup, result_dir, percentiles)
+        configured_rate = request_rate if dataset_name is not None else None
+        _run_simulation(trace, setup, result_dir, percentiles, configured_rate)
 
 
 def _parse_percentiles(text: str) -> list[float]:
@@ -355,7 +363,7 @@ def _parse_percentiles(text: str) -> list[float]:
 
 
 def _run_simulation(trace: workloads.Trace, setup: object, result_dir: Path | None,
-                    percentiles: list[float]) -> None:
+                    percentiles: list[float], request_rate: float | None) -> None:
     import datetime
 
     from analysis.console import benchmark_block, rt_block
@@ -384,7 +392,7 @@ def _run_simulation(trace: workloads.Trace, setup: object, result_dir: Path | No
     run = load_run(path)
     hit_rate = result.prefix_cache_hits / max(result.prefix_cache_queries, 1)
     typer.echo(benchmark_block(benchmark_metrics(run.requests, percentiles),
-                               percentiles=percentiles))
+                               percentiles=percentiles, request_rate=request_rate))
     typer.echo(rt_block(run.requests, run.steps, hit_rate))
     typer.echo(f"rt: wrote {path} ({len(trace)} requests, {result.num_steps} steps, "
                f"{result.wall_s:.2f} s wall)", err=True)

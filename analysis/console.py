@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import pandas as pd
@@ -26,12 +27,18 @@ def _pct_label(p: float) -> str:
 
 
 def benchmark_block(m: BenchmarkMetrics, metrics: Sequence[str] = ("ttft", "tpot", "itl",
-                    "e2el"), percentiles: Sequence[float] = (99,)) -> str:
-    """The block `vllm bench serve` prints, line for line."""
+                    "e2el"), percentiles: Sequence[float] = (99,),
+                    request_rate: float | None = None) -> str:
+    """The block `vllm bench serve` prints, line for line. `request_rate`: the configured
+    rate of a synthetic workload (printed only when finite, as vLLM does)."""
     lines = [
         "{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=WIDTH, c="="),
         _line("Successful requests:", m.completed),
         _line("Failed requests:", m.failed),
+    ]
+    if request_rate is not None and math.isfinite(request_rate):
+        lines.append(_line("Request rate configured (RPS):", request_rate, ".2f"))
+    lines += [
         _line("Benchmark duration (s):", m.duration_s, ".2f"),
         _line("Total input tokens:", m.total_input_tokens),
         _line("Total generated tokens:", m.total_output_tokens),

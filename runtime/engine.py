@@ -54,21 +54,25 @@ class EngineCore:
     def has_work(self) -> bool:
         return bool(self._inbox) or self.scheduler.has_unfinished_requests()
 
-    def begin_step(self, now: float) -> ScheduledStep:
-        """Take in the input queue, then `schedule()`."""
+    def begin_step(self, now: float) -> ScheduledStep | None:
+        """Take in the input queue, then `schedule()`. None when, after taking in, nothing
+        is left to run (every new request was refused): an idle engine does not step."""
         scheduler = self.scheduler
         taken_in, self._inbox = self._inbox, []
         for request in taken_in:
             scheduler.add_request(request)
-        output = scheduler.schedule()
-        requests = scheduler.requests
-        admitted = [requests[new.req_id] for new in output.scheduled_new_reqs]
-        preempted = [requests[req_id] for req_id in output.preempted_req_ids]
-        self.recorder.step_started(now, taken_in, admitted, preempted)
+        self.recorder.take_in(now, taken_in)
         for request in taken_in:
             if request.is_finished():  # ignored: it can never be served
                 self.recorder.ignored(request)
                 scheduler.release([request.request_id])
+        if not scheduler.has_unfinished_requests():
+            return None
+        output = scheduler.schedule()
+        requests = scheduler.requests
+        admitted = [requests[new.req_id] for new in output.scheduled_new_reqs]
+        preempted = [requests[req_id] for req_id in output.preempted_req_ids]
+        self.recorder.step_started(now, admitted, preempted)
         features, kinds = describe_batch(output, requests)
         return ScheduledStep(output, features, kinds, now)
 

@@ -102,13 +102,21 @@ class Recorder:
 
     # ---- stepped steps ---------------------------------------------------------------------
 
-    def step_started(self, now: float, taken_in: list[Request], admitted: list[Request],
+    def _step_start(self, now: float) -> float:
+        """t_k of a step begun at `now`: the previous step's end while the engine is busy."""
+        return self._last_end if self._last_end is not None else now
+
+    def take_in(self, now: float, taken_in: list[Request]) -> None:
+        """The engine core added these requests to the scheduler at a step boundary."""
+        t = self._step_start(now)
+        for request in taken_in:
+            self._take_in(self.live[request.request_id], t, request.is_finished())
+
+    def step_started(self, now: float, admitted: list[Request],
                      preempted: list[Request]) -> float:
         """Open step k, begun at `now`; returns its interval start t_k."""
-        t = self._last_end if self._last_end is not None else now
+        t = self._step_start(now)
         self._interval_start = t
-        for request in taken_in:
-            self._take_in(self.live[request.request_id], t)
         for request in preempted:
             live = self.live[request.request_id]
             self._close_run(live, self._span_total)
@@ -117,14 +125,14 @@ class Recorder:
             self._admit(self.live[request.request_id], request, t)
         return t
 
-    def _take_in(self, live: _Live, t: float) -> None:
+    def _take_in(self, live: _Live, t: float, ignored: bool) -> None:
         record = live.record
         queued = record.queued_s if record.queued_s is not None else t
         entry = max(t, queued)
         record.engine_queued_s = entry
         record.step_boundary_s = entry - queued
         live.wait_snapshot = list(self._queue_totals)
-        if entry > t:
+        if entry > t and not ignored:
             self._credits.append((live, entry - t))
 
     def _admit(self, live: _Live, request: Request, t: float) -> None:
@@ -289,14 +297,15 @@ class Recorder:
         record.output_len = request.num_output_tokens
         record.num_preemptions = request.num_preemptions
         if request.status == RequestStatus.FINISHED_ABORTED:
-            self._settle_abort(record, end)
+            self._settle_abort(record, end, was_running=live.kind is not None)
         self.finished.append(record)
 
-    def _settle_abort(self, record: RequestRecord, end: float) -> None:
+    def _settle_abort(self, record: RequestRecord, end: float, was_running: bool) -> None:
         """An abort between step boundaries leaves a partial step unaccounted for: give it
-        to the cause the request was waiting for, so the parts still sum to E2E."""
+        to what the request was waiting for (a running one: its next scheduled step, i.e.
+        token budget), so the parts still sum to E2E."""
         remainder = (end - record.arrival_s) - sum(getattr(record, c) for c in PART_COLUMNS)
         if remainder:
-            column = (QUEUE_COLUMNS[self._last_reason] if self._last_reason is not None
-                      else "queue_token_budget_s")
+            column = ("queue_token_budget_s" if was_running or self._last_reason is None
+                      else QUEUE_COLUMNS[self._last_reason])
             _add(record, column, remainder)

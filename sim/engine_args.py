@@ -96,6 +96,10 @@ def build_setup(args: EngineArgs, model: str, gpu: str, profile: str | None = No
     max_model_len = args.max_model_len
     if max_model_len is None:
         max_model_len = model_spec.max_position_embeddings
+    elif max_model_len > model_spec.max_position_embeddings:
+        raise ValueError(  # vLLM refuses this too
+            f"max_model_len={max_model_len} is longer than {model_spec.name}'s "
+            f"max_position_embeddings={model_spec.max_position_embeddings}")
     if not args.enable_chunked_prefill and args.max_num_batched_tokens is None:
         batched = max(batched, max_model_len)  # vLLM's default without chunked prefill
     scheduler = SchedulerConfig(

@@ -174,8 +174,11 @@ class _Simulation:
         return end
 
     def one_step(self, clock: float) -> float:
+        """Run one step from `clock`; returns its end (`clock` if there was nothing to run)."""
         core = self.core
         step = core.begin_step(clock)
+        if step is None:
+            return clock
         duration = self.cost_model.step_time(step.features)
         end = clock + duration
         finished = core.end_step(step, self.sample(step.output.num_scheduled_tokens), end,

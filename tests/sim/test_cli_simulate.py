@@ -106,3 +106,43 @@ def test_profile_cost_model_and_its_api_server_costs(small_trace: Path, tmp_path
     assert set(run.steps["duration_s"]) == {0.01}  # every step costs the constant
     assert (run.requests["api_server_s"] >= 0.002 - 1e-12).all()
     assert run.info["cost_model"]["kind"] == "profile"
+
+
+def test_empty_workload_is_a_one_line_error(tmp_path: Path) -> None:
+    failed_only = tmp_path / "burstgpt.csv"  # BurstGPT drops failed rows: nothing is left
+    failed_only.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,"
+                           "Log Type\n5,ChatGPT,100,0,100,Conversation log\n")
+    code, _, err = simulate("--trace", str(failed_only), "--result-dir", str(tmp_path / "r"))
+    assert code == 2
+    errors = [line for line in err.strip().splitlines() if line.startswith("rt: error: ")]
+    assert len(errors) == 1 and "no requests" in errors[0]
+    assert not (tmp_path / "r").exists()
+
+
+def test_trace_without_timestamps_takes_its_arrivals_from_the_rate_flags(tmp_path: Path) -> None:
+    lengths = tmp_path / "lengths.csv"
+    lengths.write_text("num_prefill_tokens,num_decode_tokens\n10,5\n20,5\n30,5\n40,5\n")
+    code, _, err = simulate("--trace", str(lengths), "--format", "lengths",
+                            "--request-rate", "2", "--seed", "1",
+                            "--result-dir", str(tmp_path / "r"))
+    assert code == 0, err
+    arrivals = load_run(tmp_path / "r").requests["arrival_s"].tolist()
+    assert arrivals[-1] == pytest.approx(2.0)  # vLLM rescales the last arrival to N / rate
+
+
+def test_resample_needs_its_dataset_path_and_excludes_trace(small_trace: Path,
+                                                            tmp_path: Path) -> None:
+    code, out, err = simulate("--dataset-name", "resample", "--dataset-path", str(small_trace),
+                              "--num-prompts", "7", "--request-rate", "5",
+                              "--result-dir", str(tmp_path / "r"))
+    assert code == 0, err
+    assert "Successful requests:                     7" in out
+    assert "Request rate configured (RPS):           5.00" in out
+    code, _, err = simulate("--dataset-name", "random", "--trace", str(small_trace),
+                            "--result-dir", str(tmp_path / "x"))
+    assert code == 2 and "either --trace or --dataset-name" in err
+
+
+def test_max_model_len_beyond_the_model_is_refused(tmp_path: Path) -> None:
+    code, _, err = simulate("--max-model-len", "200000", "--result-dir", str(tmp_path / "r"))
+    assert code == 2 and "max_position_embeddings=131072" in err

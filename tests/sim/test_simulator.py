@@ -152,3 +152,9 @@ def test_parts_sum_to_e2e_for_every_request(t: Trace, num_blocks: int, max_num_s
         assert all(getattr(r, c) >= -1e-9 for c in PART_COLUMNS), r
         if r.status != "FINISHED_IGNORED":
             assert len(r.token_times_s) == r.output_len
+
+
+def test_an_engine_whose_requests_are_all_refused_takes_no_steps() -> None:
+    result = run(trace(("a", 0.0, 300, 2), ("b", 1.0, 300, 2)), num_blocks=10)
+    assert [r.status for r in result.requests] == ["FINISHED_IGNORED"] * 2
+    assert result.num_steps == 0
