@@ -436,6 +436,14 @@ def _version() -> str:
         return "unknown"
 
 
+# ---- rt report / compare / sweep (analysis) ---------------------------------------------------
+# (analysis commands are defined below this line)
+
+
+# ---- rt replay (backends) -----------------------------------------------------------------------
+# (replay commands are defined below this line)
+
+
 # ---- rt bench ... ---------------------------------------------------------------------------
 
 
@@ -477,6 +485,10 @@ def bench_sim(
         except ValueError as err:
             fail(str(err))
     _write_json(report, out)
+
+
+# ---- rt bench gpu (backends) --------------------------------------------------------------------
+# (the GPU benchmark command is defined below this line)
 
 
 def main() -> None:
