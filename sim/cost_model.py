@@ -422,25 +422,6 @@ def kv_cache_sizing(
     )
 
 
-def kv_cache_capacity(
-    model: ModelSpec,
-    gpu: GpuSpec,
-    tensor_parallel_size: int = 1,
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    activation_reserve_bytes: int = DEFAULT_ACTIVATION_RESERVE_BYTES,
-) -> int:
-    """num_gpu_blocks of `kv_cache_sizing`."""
-    return kv_cache_sizing(
-        model,
-        gpu,
-        tensor_parallel_size,
-        gpu_memory_utilization,
-        block_size,
-        activation_reserve_bytes,
-    ).num_gpu_blocks
-
-
 def startup_lines(num_gpu_blocks: int, block_size: int, max_model_len: int) -> list[str]:
     """vLLM's two start-up lines, character for character (vllm/v1/core/kv_cache_utils.py,
     `_report_kv_cache_config`): the pool in tokens (num_blocks · block_size) and the number

@@ -8,7 +8,6 @@ import pytest
 
 from sim.cost_model import (
     DEFAULT_ACTIVATION_RESERVE_BYTES,
-    kv_cache_capacity,
     kv_cache_sizing,
     startup_lines,
 )
@@ -33,7 +32,7 @@ def test_llama_8b_on_h200_by_hand() -> None:
     assert sizing.kv_cache_bytes == kv_bytes
     assert sizing.num_gpu_blocks == blocks == 57_429
     assert sizing.num_tokens == 918_864
-    assert kv_cache_capacity(LLAMA_8B, H200) == blocks
+    assert kv_cache_sizing(LLAMA_8B, H200).num_gpu_blocks == blocks
 
 
 def test_startup_lines_for_llama_8b_on_h200() -> None:
@@ -84,7 +83,7 @@ def test_weights_that_do_not_fit_are_reported() -> None:
     assert "\n" not in text
     for part in ("Llama-3.1-70B", "H200", "tensor_parallel_size=1", "141,107,412,992 B"):
         assert part in text
-    assert kv_cache_capacity(LLAMA_70B, H200, tensor_parallel_size=2) > 0
+    assert kv_cache_sizing(LLAMA_70B, H200, tensor_parallel_size=2).num_gpu_blocks > 0
 
 
 def test_bad_arguments() -> None:
