@@ -1,0 +1,157 @@
+"""From vLLM-style engine flags and a local model directory to a ready real engine: the
+scheduler and cache configs, the loaded model, the KV cache and the runner."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from backends.attention import select_ops
+from backends.kv_cache import GIB, KVCache, KVCacheSpec, KVPoolSize, size_pool
+from backends.model import ModelShape, PagedModel, load_model
+from backends.model_runner import ModelRunner
+from runtime import CacheConfig, SchedulerConfig
+
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+
+
+@dataclass(frozen=True, slots=True)
+class RealEngineArgs:
+    """`vllm serve`-style flags of the real engine. None means "as vLLM would choose"."""
+
+    model_dir: Path
+    device: str = "cpu"
+    dtype: str = "auto"
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+    max_model_len: int | None = None
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    policy: str = "fcfs"
+    num_gpu_blocks_override: int | None = None
+    kv_cache_memory: int | None = None
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    seed: int = 0
+    use_triton: bool | None = None  # None: Triton on CUDA when available
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"--device must be cpu or cuda, got {self.device!r}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
+            raise ValueError(f"--kv-cache-memory must be > 0 bytes, got {self.kv_cache_memory}")
+
+
+@dataclass(slots=True)
+class RealSetup:
+    """Everything `replay` needs, plus what it was derived from (for run.json)."""
+
+    args: RealEngineArgs
+    scheduler: SchedulerConfig
+    cache: CacheConfig
+    runner: ModelRunner
+    shape: ModelShape
+    pool: KVPoolSize
+    attention: str
+    dtype: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def model(self) -> PagedModel:
+        return self.runner.model
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready: every config value the run used."""
+        args = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self.args).items()}
+        return {
+            "engine_args": args,
+            "scheduler_config": asdict(self.scheduler),
+            "cache_config": asdict(self.cache),
+            "seed": self.args.seed,
+            "vocab_size": self.shape.vocab_size,
+            "model": {**asdict(self.shape), "dir": str(self.args.model_dir)},
+            "device": _device_name(self.runner.device),
+            "dtype": self.dtype,
+            "attention": self.attention,
+            "kv_cache_sizing": asdict(self.pool),
+            **self.extra,
+        }
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "cpu"
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    return torch.device(name)
+
+
+def batch_limits(args: RealEngineArgs, device: torch.device) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs): the flags, else vLLM's defaults by device
+    memory (16384/1024 from 160 GiB, 8192/1024 from 70 GiB, else 2048/256; CPU 2048/256)."""
+    batched, seqs = 2048, 256
+    if device.type == "cuda":
+        memory = torch.cuda.get_device_properties(device).total_memory
+        if memory >= 160 * GIB:
+            batched, seqs = 16384, 1024
+        elif memory >= 70 * GIB:
+            batched, seqs = 8192, 1024
+    seqs = args.max_num_seqs if args.max_num_seqs is not None else seqs
+    if args.max_num_batched_tokens is not None:
+        return args.max_num_batched_tokens, seqs
+    return max(batched, seqs), seqs
+
+
+def _scheduler_config(args: RealEngineArgs, shape: ModelShape,
+                      device: torch.device) -> SchedulerConfig:
+    max_model_len = args.max_model_len or shape.max_position_embeddings
+    if max_model_len > shape.max_position_embeddings:
+        raise ValueError(f"--max-model-len {max_model_len} is longer than the model's "
+                         f"max_position_embeddings={shape.max_position_embeddings}")
+    batched, seqs = batch_limits(args, device)
+    if not args.enable_chunked_prefill and args.max_num_batched_tokens is None:
+        batched = max(batched, max_model_len)
+    return SchedulerConfig(
+        max_num_batched_tokens=batched, max_num_seqs=seqs, max_model_len=max_model_len,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        policy=args.policy,  # type: ignore[arg-type]
+    )
+
+
+def activation_reserve(shape: ModelShape, max_num_batched_tokens: int,
+                       dtype: torch.dtype) -> int:
+    """Bytes kept free for a step's activations on a GPU: ~16 hidden-sized and 4
+    MLP-sized rows per batched token (fp32 upcasts included), at least 1 GiB."""
+    element = torch.empty((), dtype=dtype).element_size()
+    per_token = (16 * shape.hidden_size + 4 * 4 * shape.hidden_size) * max(element, 4)
+    return max(GIB, max_num_batched_tokens * per_token)
+
+
+def build_engine(args: RealEngineArgs) -> RealSetup:
+    """Load the model, size and allocate the KV pool, build the runner. ValueError (one
+    line) on any bad input: model directory, flags, a pool too small for one block."""
+    device = resolve_device(args.device)
+    ops = select_ops(device, args.use_triton)
+    model = load_model(Path(args.model_dir), args.dtype, device, ops)
+    shape = model.shape
+    scheduler = _scheduler_config(args, shape, device)
+    spec = KVCacheSpec(shape.num_layers, shape.num_kv_heads, shape.head_dim, args.block_size,
+                       model.dtype)
+    pool = size_pool(spec, device, args.num_gpu_blocks_override, args.kv_cache_memory,
+                     args.gpu_memory_utilization,
+                     activation_reserve(shape, scheduler.max_num_batched_tokens, model.dtype))
+    cache = CacheConfig(block_size=args.block_size, num_blocks=pool.num_blocks,
+                        enable_prefix_caching=args.enable_prefix_caching)
+    kv_cache = KVCache(spec, pool.num_blocks, device)
+    runner = ModelRunner(model, kv_cache, seed=args.seed)
+    dtype_name = str(model.dtype).removeprefix("torch.")
+    return RealSetup(args, scheduler, cache, runner, shape, pool, ops.kind, dtype_name)

@@ -1,0 +1,68 @@
+"""A tiny random-weight Llama, built with transformers and saved once to a local directory.
+
+Nothing is downloaded: the weights come from a fixed seed, so every machine builds the same
+model. It is the default model of `rt replay` and the model of the engine tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_TINY_DIR = Path.home() / ".cache" / "rt" / "tiny-llama"
+_DONE_MARK = "rt-tiny-llama.done"  # written last: a directory with it is complete
+
+
+@dataclass(frozen=True, slots=True)
+class TinyLlamaSpec:
+    """Shape of the tiny model (defaults: 2 layers, hidden 64, 4 heads, 2 KV heads, vocab 512).
+
+    `initializer_range` is larger than Llama's 0.02 so that logits are peaked: greedy argmax
+    then has clear margins and engine-vs-transformers comparisons are robust to rounding.
+    """
+
+    num_layers: int = 2
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    vocab_size: int = 512
+    max_position_embeddings: int = 512
+    initializer_range: float = 0.2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "intermediate_size", "num_heads",
+                     "num_kv_heads", "max_position_embeddings"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.vocab_size <= 10:
+            raise ValueError(f"vocab_size must be > 10, got {self.vocab_size}")
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError("hidden_size must divide by num_heads, num_heads by num_kv_heads")
+
+
+def build_tiny_llama(path: Path | None = None, spec: TinyLlamaSpec | None = None) -> Path:
+    """Create (once) and return the directory of the tiny Llama: config.json +
+    model.safetensors, fp32. An existing complete directory is reused as is."""
+    path = Path(path) if path is not None else DEFAULT_TINY_DIR
+    if (path / _DONE_MARK).is_file():
+        return path
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    spec = spec or TinyLlamaSpec()
+    config = LlamaConfig(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size, num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        initializer_range=spec.initializer_range, bos_token_id=1, eos_token_id=2,
+        pad_token_id=0, tie_word_embeddings=False,
+    )
+    torch.manual_seed(spec.seed)
+    model = LlamaForCausalLM(config).to(torch.float32)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    (path / _DONE_MARK).write_text("complete\n")
+    return path
