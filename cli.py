@@ -12,7 +12,7 @@ import math
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
@@ -442,6 +442,187 @@ def _version() -> str:
 
 # ---- rt replay (backends) -----------------------------------------------------------------------
 # (replay commands are defined below this line)
+
+if TYPE_CHECKING:
+    from backends.engine_setup import RealSetup
+    from backends.replay import ReplayResult, Tokenizer
+
+_Real = "Real engine"
+_DEFAULT_REPLAY = {"num_prompts": 32, "input_len": 96, "output_len": 24, "rate": 8.0}
+
+
+@app.command()
+def replay(
+    trace_file: Annotated[Path | None, typer.Argument(
+        help="Trace file (any `rt trace` format). Default: a small synthetic trace "
+        f"({_DEFAULT_REPLAY['num_prompts']} random requests at {_DEFAULT_REPLAY['rate']:g} "
+        "req/s).", show_default=False)] = None,
+    model: Annotated[Path | None, typer.Option(
+        "--model", help="Local Hugging Face model directory (Llama, Mistral, Qwen2, Qwen3). "
+        "Default: a tiny random Llama, built once in ~/.cache/rt/tiny-llama.",
+        rich_help_panel=_Real)] = None,
+    fmt: _Format = None,
+    request_rate: _Rate = math.inf, burstiness: _Burst = 1.0,
+    first_n: _FirstN = None, time_scale: _TimeScale = None,
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda.",
+                                        rich_help_panel=_Real)] = "cpu",
+    dtype: Annotated[str, typer.Option(
+        "--dtype", help="auto, float32, float16 or bfloat16 (auto: fp32 on the CPU, the "
+        "checkpoint's half type on CUDA).", rich_help_panel=_Real)] = "auto",
+    kv_cache_memory: Annotated[int | None, typer.Option(
+        "--kv-cache-memory", help="KV pool size in bytes (default: free GPU memory at "
+        "--gpu-memory-utilization; 256 MiB on the CPU).", rich_help_panel=_Real)] = None,
+    memory_utilization: Annotated[float, typer.Option(
+        "--gpu-memory-utilization", rich_help_panel=_Real)] = 0.9,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(
+        "--max-num-batched-tokens", rich_help_panel=_Engine)] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(
+        "--max-num-seqs", rich_help_panel=_Engine)] = None,
+    max_model_len: Annotated[int | None, typer.Option(
+        "--max-model-len", help="Default: the model's max_position_embeddings.",
+        rich_help_panel=_Engine)] = None,
+    block_size: Annotated[int, typer.Option("--block-size", rich_help_panel=_Engine)] = 16,
+    prefix_caching: Annotated[bool, typer.Option(
+        "--enable-prefix-caching/--no-enable-prefix-caching", rich_help_panel=_Engine)] = True,
+    chunked_prefill: Annotated[bool, typer.Option(
+        "--enable-chunked-prefill/--no-enable-chunked-prefill", rich_help_panel=_Engine)] = True,
+    long_prefill: Annotated[int, typer.Option(
+        "--long-prefill-token-threshold", rich_help_panel=_Engine)] = 0,
+    policy: Annotated[str, typer.Option("--policy", rich_help_panel=_Engine)] = "fcfs",
+    num_gpu_blocks: Annotated[int | None, typer.Option(
+        "--num-gpu-blocks-override", help="KV blocks (overrides every other sizing).",
+        rich_help_panel=_Engine)] = None,
+    seed: _Seed = 0,
+    result_dir: Annotated[Path | None, typer.Option(
+        "--result-dir", help="Run directory to write (default: results/replay-<time>).")]
+    = None,
+    metric_percentiles: Annotated[str, typer.Option(
+        "--metric-percentiles", help="Comma-separated percentiles, e.g. 50,90,99.")] = "99",
+    check_invariants: Annotated[bool, typer.Option(
+        "--check-invariants", help="Check the KV pool after every step (slow).")] = False,
+) -> None:
+    """Replay a trace in real time through the vLLM-V1 core and a real model (CPU or GPU).
+
+    Requests are released at their arrival times on the wall clock; the output blocks and
+    the run directory are those of `rt simulate`. With no arguments: a tiny random Llama and
+    a small synthetic trace on the CPU. Ctrl-C writes the records so far.
+    """
+    with _user_errors():
+        percentiles = _parse_percentiles(metric_percentiles)
+        trace = _replay_trace(trace_file, fmt, request_rate, burstiness, seed, first_n,
+                              time_scale)
+        setup, tokenizer = _replay_setup(
+            model, device=device, dtype=dtype, kv_cache_memory=kv_cache_memory,
+            gpu_memory_utilization=memory_utilization,
+            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len, block_size=block_size,
+            enable_prefix_caching=prefix_caching, enable_chunked_prefill=chunked_prefill,
+            long_prefill_token_threshold=long_prefill, policy=policy,
+            num_gpu_blocks_override=num_gpu_blocks, seed=seed)
+        _check_replay_lengths(trace, setup.scheduler.max_model_len)
+        _run_replay(trace, setup, tokenizer, result_dir, percentiles, check_invariants)
+
+
+def _replay_trace(file: Path | None, fmt: str | None, rate: float, burstiness: float,
+                  seed: int, first_n: int | None, time_scale: float | None
+                  ) -> workloads.Trace:
+    """The trace file (arrival flags serve length-only files), or the default synthetic
+    trace; then --first-n and --time-scale."""
+    arrivals = workloads.ArrivalProcess(rate, burstiness, seed)
+    if file is None:
+        spec = _DEFAULT_REPLAY
+        trace = workloads.random_trace(
+            int(spec["num_prompts"]),
+            workloads.RandomLengths(int(spec["input_len"]), int(spec["output_len"]), 0.5),
+            workloads.ArrivalProcess(spec["rate"], 1.0, seed))
+    else:
+        result = workloads.load_trace(file, fmt, arrivals=arrivals)
+        _note(load_notes(result.report, None))
+        trace = result.trace
+    trace, _ = workloads.apply_transforms(trace, workloads.TransformSpec(
+        first_n=first_n, time_scale=time_scale))
+    if len(trace) == 0:
+        fail(f"the workload has no requests to replay ({trace.name or 'trace'})")
+    return trace
+
+
+def _replay_setup(model: Path | None, **flags: object) -> tuple[RealSetup, Tokenizer | None]:
+    """Build the real engine (and the model's tokenizer, if it has one); one line on error."""
+    from transformers.utils import logging as hf_logging
+
+    from backends.engine_setup import RealEngineArgs, build_engine, load_tokenizer
+    from backends.tiny_model import build_tiny_llama
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        model_dir = model if model is not None else build_tiny_llama()
+        args = RealEngineArgs(model_dir=model_dir, **flags)  # type: ignore[arg-type]
+        return build_engine(args), load_tokenizer(model_dir)
+    except ValueError as err:
+        fail(str(err))
+
+
+def _check_replay_lengths(trace: workloads.Trace, max_model_len: int) -> None:
+    for req in trace:
+        if req.prompt_len + req.output_len > max_model_len:
+            fail(f"request {req.request_id}: {req.prompt_len} prompt + {req.output_len} output "
+                 f"tokens exceed max_model_len={max_model_len} (clip the trace with "
+                 "`rt trace convert --max-model-len`)")
+
+
+def _run_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
+                result_dir: Path | None, percentiles: list[float],
+                check_invariants: bool) -> None:
+    import datetime
+
+    from backends.replay import ReplayConfig
+    from backends.replay import replay as run_replay
+    from sim.cost_model import startup_lines
+
+    cache, sched = setup.cache, setup.scheduler
+    for line in startup_lines(cache.num_blocks, cache.block_size, sched.max_model_len):
+        typer.echo(line, err=True)
+    _note([f"model {setup.args.model_dir} ({setup.shape.model_type}) on {setup.args.device}, "
+           f"{setup.dtype}, attention: {setup.attention}"])
+    config = ReplayConfig(sched, cache, setup.shape.vocab_size, setup.args.seed,
+                          check_invariants)
+    with _progress(len(trace)) as progress:
+        result = run_replay(trace, config, setup.runner, tokenizer, progress)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = result_dir or Path("results") / f"replay-{stamp}"
+    info = {
+        "kind": "replay", "rt_version": _version(), "name": path.name,
+        "trace": {"name": trace.name, "requests": len(trace),
+                  "digest": workloads.trace_digest(trace)},
+        "wall_s": round(result.wall_s, 3), "interrupted": result.interrupted,
+        "tokenizer": tokenizer is not None,
+        "prefix_cache": {"queries": result.prefix_cache_queries,
+                         "hits": result.prefix_cache_hits},
+        **setup.describe(),
+    }
+    _report_run(path, result, info, percentiles, len(trace))
+    if result.interrupted:
+        typer.echo("rt: interrupted: records of the requests so far were written", err=True)
+        raise typer.Exit(code=130)
+
+
+def _report_run(path: Path, result: ReplayResult, info: dict[str, object],
+                percentiles: list[float], num_requests: int) -> None:
+    """Write the run directory and print vLLM's block and rt's block (as `rt simulate`)."""
+    from analysis.console import benchmark_block, rt_block
+    from analysis.metrics import benchmark_metrics
+    from analysis.rundir import load_run, write_run
+
+    write_run(path, [r.to_row() for r in result.requests], result.step_columns, info)
+    run = load_run(path)
+    hit_rate = result.prefix_cache_hits / max(result.prefix_cache_queries, 1)
+    if len(run.requests):
+        typer.echo(benchmark_block(benchmark_metrics(run.requests, percentiles),
+                                   percentiles=percentiles, request_rate=None))
+        typer.echo(rt_block(run.requests, run.steps, hit_rate))
+    typer.echo(f"rt: wrote {path} ({num_requests} requests, {result.num_steps} steps, "
+               f"{result.wall_s:.2f} s wall)", err=True)
 
 
 # ---- rt bench ... ---------------------------------------------------------------------------

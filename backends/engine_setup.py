@@ -155,3 +155,19 @@ def build_engine(args: RealEngineArgs) -> RealSetup:
     runner = ModelRunner(model, kv_cache, seed=args.seed)
     dtype_name = str(model.dtype).removeprefix("torch.")
     return RealSetup(args, scheduler, cache, runner, shape, pool, ops.kind, dtype_name)
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+
+
+def load_tokenizer(model_dir: Path) -> Any | None:
+    """The model directory's own tokenizer, or None when it has none (the tiny model)."""
+    if not any((Path(model_dir) / name).is_file() for name in _TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"--model {model_dir}: cannot load its tokenizer: {first}") from err

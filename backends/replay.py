@@ -1,0 +1,240 @@
+"""The real-time replay driver: a trace through `runtime.EngineCore` and the real model.
+
+Two stages, as in a serving runtime:
+
+    API server  a thread that releases each trace request at its arrival time on the wall
+                clock and tokenizes it (one FIFO server: a burst queues here), then hands it
+                to the engine with the hand-over time.
+    engine      the engine-core loop of `sim/simulator.py` on the wall clock: take in the
+                handed-over requests, `begin_step`, execute on the model (step time measured:
+                CUDA events / perf_counter), `end_step`. When idle it blocks on the API
+                server's queue until the next hand-over (no spinning).
+
+Tokens are the trace's deterministic ids (`workloads.prompt_token_ids`), so the prefix cache
+sees the same sharing as in the simulator. With a tokenizer, the API server encodes the
+prompt's text (decoded from those ids before the clock starts) for its real cost; the engine
+still gets the trace's ids, so lengths and sharing match the trace exactly. Every request
+runs with `ignore_eos` and `max_tokens` = its trace output length. Times are seconds from
+the start of the replay.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from backends.model_runner import ModelRunner
+from runtime import (
+    CacheConfig,
+    EngineCore,
+    Request,
+    RequestStatus,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+)
+from runtime.records import RequestRecord, StepRecord, steps_from_columns
+from workloads import Trace, TraceRequest, prompt_token_ids
+
+Progress = Callable[[int, int], None]  # (requests finished, requests in the trace)
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str) -> Sequence[int]: ...
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayConfig:
+    """Everything a replay depends on besides the trace, the engine configs and the runner.
+
+    Attributes:
+        scheduler, cache: the engine core's configuration (the cache's num_blocks is the
+            runner's KV pool).
+        vocab_size: trace token ids are drawn from [10, vocab_size).
+        seed: seed of the trace's token ids.
+        check_invariants: `Scheduler.check_invariants()` after every step (slow).
+    """
+
+    scheduler: SchedulerConfig
+    cache: CacheConfig
+    vocab_size: int
+    seed: int = 0
+    check_invariants: bool = False
+
+    def __post_init__(self) -> None:
+        if self.vocab_size <= 10:
+            raise ValueError(f"vocab_size must be > 10, got {self.vocab_size}")
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    """Records of one replay (the simulator's `SimResult` fields), plus whether it was cut
+    short by Ctrl-C (then the unfinished requests are recorded as aborted, the requests not
+    yet handed over are left out)."""
+
+    requests: list[RequestRecord]
+    step_columns: dict[str, list[object]]
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    wall_s: float
+    interrupted: bool = False
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.step_columns["step"])
+
+    @property
+    def steps(self) -> list[StepRecord]:
+        return steps_from_columns(self.step_columns)
+
+
+@dataclass(frozen=True, slots=True)
+class _HandOver:
+    trace_request: TraceRequest
+    request: Request
+    handover_s: float
+
+
+_DONE = None  # the API server's last message
+
+
+class _ApiServer(threading.Thread):
+    """Releases requests at their arrival times, tokenizes them, queues the hand-overs."""
+
+    def __init__(self, trace: Trace, config: ReplayConfig, tokenizer: Tokenizer | None,
+                 now: Callable[[], float]) -> None:
+        super().__init__(name="rt-api-server", daemon=True)
+        self.trace = trace
+        self.config = config
+        self.tokenizer = tokenizer
+        self.now = now
+        self.handovers: queue.Queue[_HandOver | None] = queue.Queue()
+        self.stop = threading.Event()
+        self.texts = self._texts() if tokenizer is not None else {}
+
+    def _texts(self) -> dict[str, str]:
+        """Each prompt as text, made before the clock starts (detokenizing is not timed)."""
+        assert self.tokenizer is not None
+        return {req.request_id: self.tokenizer.decode(self._token_ids(req))
+                for req in self.trace}
+
+    def _token_ids(self, req: TraceRequest) -> list[int]:
+        return prompt_token_ids(req, self.config.vocab_size, self.config.seed)
+
+    def run(self) -> None:
+        for req in self.trace:
+            if self.stop.wait(max(0.0, req.arrival_s - self.now())):
+                return
+            token_ids = self._token_ids(req)
+            if self.tokenizer is not None:
+                self.tokenizer.encode(self.texts[req.request_id])  # the real tokenizer cost
+            request = Request(
+                req.request_id, array("q", token_ids),
+                SamplingParams(max_tokens=req.output_len, ignore_eos=True),
+                arrival_time=req.arrival_s, priority=req.priority, cache_salt=req.cache_salt)
+            self.handovers.put(_HandOver(req, request, self.now()))
+        self.handovers.put(_DONE)
+
+
+class _Replay:
+    def __init__(self, trace: Trace, config: ReplayConfig, runner: ModelRunner,
+                 tokenizer: Tokenizer | None, progress: Progress | None) -> None:
+        self.trace = trace
+        self.config = config
+        self.runner = runner
+        self.progress = progress
+        self.core = EngineCore(Scheduler(config.scheduler, config.cache))
+        self.api = _ApiServer(trace, config, tokenizer, self.now)
+        self.api_done = False
+        self.done = 0
+        self.started = time.perf_counter()
+
+    def now(self) -> float:
+        """Seconds since the replay started (wall clock)."""
+        return time.perf_counter() - self.started
+
+    def run(self) -> None:
+        self.started = time.perf_counter()
+        self.api.start()
+        try:
+            while not self.api_done or self.core.has_work():
+                self.take_handovers(block=not self.core.has_work())
+                if self.core.has_work():
+                    self.one_step()
+        finally:
+            self.api.stop.set()
+
+    def take_handovers(self, block: bool) -> None:
+        """Move every queued hand-over into the engine; when `block`, first wait for one."""
+        while not self.api_done:
+            try:
+                item = self.api.handovers.get(block=block)
+            except queue.Empty:
+                return
+            block = False
+            if item is _DONE:
+                self.api_done = True
+                return
+            req = item.trace_request
+            self.core.recorder.arrived(req.request_id, req.arrival_s, req.prompt_len,
+                                       req.output_len)
+            self.core.submit(item.request, item.handover_s)
+
+    def one_step(self) -> None:
+        core = self.core
+        step = core.begin_step(self.now())
+        if step is None:  # every new request was refused: nothing to run
+            return
+        result = self.runner.execute(step.output)
+        finished = core.end_step(step, result.sampled, self.now(), result.duration_s)
+        if self.config.check_invariants:
+            core.scheduler.check_invariants()
+        if finished and self.progress is not None:
+            self.done += len(finished)
+            self.progress(self.done, len(self.trace))
+
+    def abort_all(self) -> None:
+        """Ctrl-C: record every request the engine holds as aborted now."""
+        self.api.stop.set()
+        scheduler = self.core.scheduler
+        unfinished = [r for r in scheduler.requests.values() if not r.is_finished()]
+        scheduler.finish_requests([r.request_id for r in unfinished],
+                                  RequestStatus.FINISHED_ABORTED)
+        now = self.now()
+        for request in unfinished:
+            self.core.recorder.aborted(request, now)
+        scheduler.release([r.request_id for r in unfinished])
+
+
+def replay(trace: Trace, config: ReplayConfig, runner: ModelRunner,
+           tokenizer: Tokenizer | None = None, progress: Progress | None = None
+           ) -> ReplayResult:
+    """Replay the trace in real time to completion (or Ctrl-C: records so far, unfinished
+    requests aborted)."""
+    run = _Replay(trace, config, runner, tokenizer, progress)
+    interrupted = False
+    try:
+        run.run()
+    except KeyboardInterrupt:
+        interrupted = True
+        run.abort_all()
+    wall_s = run.now()
+    recorder = run.core.recorder
+    assert interrupted or not recorder.live, f"{len(recorder.live)} requests never finished"
+    stats = run.core.scheduler.prefix_cache_stats
+    order = {req.request_id: i for i, req in enumerate(trace)}
+    return ReplayResult(
+        requests=sorted(recorder.finished, key=lambda r: order[r.request_id]),
+        step_columns=recorder.step_columns,
+        prefix_cache_queries=stats.queries,
+        prefix_cache_hits=stats.hits,
+        wall_s=wall_s,
+        interrupted=interrupted,
+    )
