@@ -439,6 +439,155 @@ def _version() -> str:
 # ---- rt report / compare / sweep (analysis) ---------------------------------------------------
 # (analysis commands are defined below this line)
 
+_PctMetrics = Annotated[str, typer.Option(
+    "--percentile-metrics", help="Metrics to report percentiles of: ttft,tpot,itl,e2el "
+    "(vLLM's; e2el keys appear in the JSON only when selected).")]
+_MetricPcts = Annotated[str, typer.Option(
+    "--metric-percentiles", help="Comma-separated percentiles, e.g. 50,90,99,99.9.")]
+_Goodput = Annotated[list[str] | None, typer.Option(
+    "--goodput", help="SLOs in ms, KEY:MS with KEY ttft, tpot or e2el (repeat, or comma-"
+    "separate): a request is good if it meets every one. Adds request_goodput.")]
+
+
+@contextlib.contextmanager
+def _analysis_errors() -> Iterator[None]:
+    """Bad runs or options (ValueError from analysis) become one line and exit 2."""
+    try:
+        yield
+    except ValueError as err:
+        fail(str(err))
+    except OSError as err:
+        fail(f"{err.filename}: {err.strerror}")
+
+
+def _report_options(percentile_metrics: str, metric_percentiles: str,
+                    goodput: list[str] | None) -> object:
+    from analysis.metrics import parse_goodput, parse_metric_percentiles, parse_percentile_metrics
+    from analysis.report import ReportOptions
+
+    return ReportOptions(parse_percentile_metrics(percentile_metrics),
+                         parse_metric_percentiles(metric_percentiles),
+                         parse_goodput(goodput or []))
+
+
+def _load_checked(path: Path) -> object:
+    from analysis.report import check_run
+    from analysis.rundir import load_run
+
+    run = load_run(path)
+    check_run(run)
+    return run
+
+
+def _save_figures(figures: dict[str, object], directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for stem, figure in figures.items():
+        figure.savefig(directory / f"{stem}.png", dpi=90)  # type: ignore[attr-defined]
+    typer.echo(f"rt: wrote {', '.join(f'{s}.png' for s in figures)} to {directory}", err=True)
+
+
+@app.command("report")
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory (rt simulate / rt replay).")],
+    save_result: Annotated[bool, typer.Option(
+        "--save-result", help="Write the result JSON (vLLM's keys) to RUN/result.json or "
+        "--result-filename.")] = False,
+    result_filename: Annotated[Path | None, typer.Option(
+        "--result-filename", help="JSON file to write (implies --save-result).")] = None,
+    save_detailed: Annotated[bool, typer.Option(
+        "--save-detailed", help="Add vLLM's per-request arrays to the JSON and write the "
+        "per-request attribution next to it (.attribution.csv).")] = False,
+    percentile_metrics: _PctMetrics = "ttft,tpot,itl",
+    metric_percentiles: _MetricPcts = "99",
+    goodput: _Goodput = None,
+    plot_dir: Annotated[Path | None, typer.Option(
+        "--plot-dir", help="Where the PNGs go (default: RUN/plots).")] = None,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Draw the PNGs.")] = True,
+) -> None:
+    """Report one run with vLLM's metrics, where the time went (all requests and the slowest
+    1%/10% by TTFT and E2E), and plots: percentile curves, CDFs, attribution, timeline.
+
+    TPOT = (E2EL - TTFT) / (output tokens - 1), vLLM's (guidellm calls it ITL); ITL = every
+    gap between consecutive tokens, pooled.
+    """
+    from analysis.attribution import (
+        attribution_buckets,
+        attribution_summary,
+        render_summary,
+        request_attribution,
+    )
+    from analysis.console import benchmark_block, rt_block
+    from analysis.metrics import benchmark_metrics, prefix_cache_hit_rate
+    from analysis.plots import report_figures
+    from analysis.report import ReportOptions, detailed, result_dict
+
+    with _analysis_errors():
+        options = _report_options(percentile_metrics, metric_percentiles, goodput)
+        assert isinstance(options, ReportOptions)
+        run = _load_checked(run_dir)
+        result = result_dict(run, options)  # type: ignore[arg-type]
+        reqs, steps = run.requests, run.steps  # type: ignore[attr-defined]
+        typer.echo(benchmark_block(
+            benchmark_metrics(reqs, options.percentiles), options.percentile_metrics,
+            options.percentiles, goodput=result["request_goodput"]))
+        typer.echo(rt_block(reqs, steps, prefix_cache_hit_rate(reqs, run.info)))  # type: ignore[attr-defined]
+        typer.echo(render_summary(attribution_summary(reqs)))
+        if save_result or result_filename is not None:
+            out = result_filename or run_dir / "result.json"
+            if save_detailed:
+                result.update(detailed(run))  # type: ignore[arg-type]
+                request_attribution(reqs).to_csv(out.with_suffix(".attribution.csv"),
+                                                 index=False)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=2) + "\n")
+            typer.echo(f"rt: wrote {out}", err=True)
+        if plots:
+            _save_figures(report_figures(reqs, steps, run.name,  # type: ignore[attr-defined]
+                                         attribution_buckets(reqs, "ttft"),
+                                         attribution_buckets(reqs, "e2el")),
+                          plot_dir or run_dir / "plots")
+
+
+@app.command("compare")
+def compare(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories (two or more).")],
+    percentile_metrics: _PctMetrics = "ttft,tpot,itl,e2el",
+    metric_percentiles: _MetricPcts = "50,90,99",
+    goodput: _Goodput = None,
+    csv: Annotated[Path | None, typer.Option("--csv", help="Also write the table here.")]
+    = None,
+    plot_dir: Annotated[Path | None, typer.Option(
+        "--plot-dir", help="Where the overlaid curves go (default: results/compare-<time>).")]
+    = None,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots")] = True,
+) -> None:
+    """Compare runs of one workload side by side: rows = metrics, columns = runs, and a
+    ratio column against the first run; overlaid percentile curves and CDFs whose legend
+    names what differs (budget, model, sim vs real...)."""
+    import datetime
+
+    from analysis.compare import check_compatible, compare_table, render_table, run_labels
+    from analysis.plots import cdfs, latency_values, percentile_curves
+    from analysis.report import result_dict
+
+    with _analysis_errors():
+        if len(run_dirs) < 2:
+            raise ValueError("compare needs two or more run directories")
+        options = _report_options(percentile_metrics, metric_percentiles, goodput)
+        runs = [_load_checked(path) for path in run_dirs]
+        check_compatible(runs)  # type: ignore[arg-type]
+        labels = run_labels(runs)  # type: ignore[arg-type]
+        table = compare_table([result_dict(r, options) for r in runs], labels)  # type: ignore[arg-type]
+        typer.echo(render_table(table))
+        if csv is not None:
+            table.to_csv(csv)
+        if plots:
+            series = {label: latency_values(r.requests)  # type: ignore[attr-defined]
+                      for label, r in zip(labels, runs, strict=True)}
+            stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+            _save_figures({"percentiles": percentile_curves(series), "cdf": cdfs(series)},
+                          plot_dir or Path("results") / f"compare-{stamp}")
+
 
 # ---- rt replay (backends) -----------------------------------------------------------------------
 # (replay commands are defined below this line)
@@ -670,6 +819,25 @@ def bench_sim(
 
 # ---- rt bench gpu (backends) --------------------------------------------------------------------
 # (the GPU benchmark command is defined below this line)
+
+
+@bench_app.command("gpu")
+def bench_gpu(
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Also write the JSON here.")]
+    = None,
+) -> None:
+    """Kernel correctness in bf16, decode attention bandwidth and prefill TFLOP/s against a
+    copy and a matmul measured in the same run (a CUDA device; under 10 minutes)."""
+    try:
+        from backends.gpu_bench import GpuUnavailable, run_gpu_bench
+    except ImportError as err:
+        fail(f"rt bench gpu needs the real extra (torch, triton): {err}")
+    with _user_errors():
+        try:
+            report = run_gpu_bench(out, log=lambda line: typer.echo(f"rt: {line}", err=True))
+        except GpuUnavailable as err:
+            fail(str(err))
+    _write_json(report, None)
 
 
 def main() -> None:

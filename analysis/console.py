@@ -28,9 +28,10 @@ def _pct_label(p: float) -> str:
 
 def benchmark_block(m: BenchmarkMetrics, metrics: Sequence[str] = ("ttft", "tpot", "itl",
                     "e2el"), percentiles: Sequence[float] = (99,),
-                    request_rate: float | None = None) -> str:
+                    request_rate: float | None = None, goodput: float | None = None) -> str:
     """The block `vllm bench serve` prints, line for line. `request_rate`: the configured
-    rate of a synthetic workload (printed only when finite, as vLLM does)."""
+    rate of a synthetic workload (printed only when finite, as vLLM does); `goodput`: the
+    request goodput (printed only when given, as with vLLM's --goodput)."""
     lines = [
         "{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=WIDTH, c="="),
         _line("Successful requests:", m.completed),
@@ -43,6 +44,10 @@ def benchmark_block(m: BenchmarkMetrics, metrics: Sequence[str] = ("ttft", "tpot
         _line("Total input tokens:", m.total_input_tokens),
         _line("Total generated tokens:", m.total_output_tokens),
         _line("Request throughput (req/s):", m.request_throughput, ".2f"),
+    ]
+    if goodput is not None:
+        lines.append(_line("Request goodput (req/s):", goodput, ".2f"))
+    lines += [
         _line("Output token throughput (tok/s):", m.output_throughput, ".2f"),
         _line("Peak output token throughput (tok/s):", m.max_output_tokens_per_s, ".2f"),
         _line("Peak concurrent requests:", m.max_concurrent_requests, ".2f"),

@@ -148,3 +148,127 @@ def attribution(requests: pd.DataFrame, percentiles: Sequence[float] = (99,)) ->
                     for p in percentiles})
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+# ---- vLLM bench options: --percentile-metrics, --metric-percentiles, --goodput -------------
+
+DEFAULT_PERCENTILE_METRICS = ("ttft", "tpot", "itl")  # vLLM's default selection
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # vLLM's --goodput keys (DistServe)
+
+
+def parse_percentile_metrics(text: str) -> list[str]:
+    """`--percentile-metrics ttft,tpot,itl,e2el`; ValueError naming an unknown metric."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in METRICS]
+    if unknown or not names:
+        raise ValueError(f"--percentile-metrics: unknown metric {', '.join(unknown) or text!r} "
+                         f"(choose from {', '.join(METRICS)})")
+    return names
+
+
+def parse_metric_percentiles(text: str) -> list[float]:
+    """`--metric-percentiles 50,90,99.9`: each in (0, 100)."""
+    try:
+        values = [float(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise ValueError(f"--metric-percentiles: not a comma-separated list of numbers: "
+                         f"{text!r}") from None
+    if not values or any(not 0 < p < 100 for p in values):
+        raise ValueError(f"--metric-percentiles: each must be in (0, 100), got {text!r}")
+    return values
+
+
+def parse_goodput(items: Sequence[str]) -> dict[str, float]:
+    """vLLM's `--goodput ttft:200 tpot:50 e2el:2000` (ms); items may also be comma- or
+    space-separated in one string. ValueError on an unknown key or a bad value."""
+    slos: dict[str, float] = {}
+    for item in (part for text in items for part in text.replace(",", " ").split()):
+        key, sep, value = item.partition(":")
+        if not sep or key not in GOODPUT_METRICS:
+            raise ValueError(f"--goodput: expected KEY:MS with KEY one of "
+                             f"{', '.join(GOODPUT_METRICS)}, got {item!r}")
+        try:
+            slos[key] = float(value)
+        except ValueError:
+            raise ValueError(f"--goodput: {item!r}: {value!r} is not a number") from None
+        if slos[key] < 0:
+            raise ValueError(f"--goodput: {item!r}: the SLO must be >= 0")
+    return slos
+
+
+def goodput_mask(requests: pd.DataFrame, slos: dict[str, float]) -> pd.Series:
+    """Per completed request: meets every SLO (value <= SLO ms). As vLLM, a request with one
+    output token has TPOT 0 here."""
+    lat = per_request_latencies(requests)
+    good = pd.Series(True, index=lat.index)
+    for key, slo_ms in slos.items():
+        values = lat[key].fillna(0.0) if key == "tpot" else lat[key]
+        good &= values <= slo_ms
+    return good
+
+
+def request_goodput(requests: pd.DataFrame, slos: dict[str, float],
+                    duration_s: float) -> float:
+    """Good requests per second of the run's duration (vLLM's `request_goodput`)."""
+    return float(goodput_mask(requests, slos).sum()) / duration_s
+
+
+# ---- vLLM's per-request phase times (vllm:request_*_time_seconds) --------------------------
+
+PHASES = {
+    "request_queue_time": "Queue time (first scheduled - queued)",
+    "request_prefill_time": "Prefill time (first token - first scheduled)",
+    "request_decode_time": "Decode time (last token - first token)",
+    "request_inference_time": "Inference time (last token - first scheduled)",
+}
+
+
+def phase_times(requests: pd.DataFrame) -> pd.DataFrame:
+    """Per completed request, in ms, as vLLM's frontend computes them (IterationStats):
+    queue = first SCHEDULED - QUEUED (engine), prefill = first token - first scheduled
+    (preemptions during prefill included), decode = last token - first token,
+    inference = last token - first scheduled."""
+    done = completed_requests(requests)
+    last = done["token_times_s"].map(lambda t: float(t[-1]) if len(t) else np.nan)
+    last = last.fillna(done["finish_s"])
+    return pd.DataFrame({
+        "request_id": done["request_id"],
+        "request_queue_time": (done["first_scheduled_s"] - done["engine_queued_s"]) * 1e3,
+        "request_prefill_time": (done["first_token_s"] - done["first_scheduled_s"]) * 1e3,
+        "request_decode_time": (last - done["first_token_s"]) * 1e3,
+        "request_inference_time": (last - done["first_scheduled_s"]) * 1e3,
+    })
+
+
+# ---- cache and KV figures ---------------------------------------------------------------
+
+
+def prefix_cache_hit_rate(requests: pd.DataFrame, info: dict[str, object]) -> float:
+    """Hit tokens / queried tokens: the run's scheduler counters when run.json has them
+    (vLLM's prefix_cache_{hits,queries}), else cached / prompt tokens of all requests."""
+    counters = info.get("prefix_cache")
+    if isinstance(counters, dict) and counters.get("queries"):
+        return float(counters["hits"]) / float(counters["queries"])
+    prompt = float(requests["prompt_len"].sum()) if len(requests) else 0.0
+    return float(requests["cached_tokens"].sum()) / prompt if prompt else 0.0
+
+
+def kv_usage_over_time(steps: pd.DataFrame, bin_s: float = 1.0) -> pd.DataFrame:
+    """Per `bin_s` window of step ends: mean and max KV usage (0-1), mean running and waiting
+    requests, scheduled tokens (prefill, decode) and steps. Empty windows are left out."""
+    if steps.empty:
+        return pd.DataFrame(columns=["time_s", "kv_usage_mean", "kv_usage_max", "running",
+                                     "waiting", "prefill_tokens", "decode_tokens", "steps"])
+    window = np.floor(steps["end_s"].to_numpy() / bin_s).astype(np.int64)
+    grouped = steps.groupby(window)
+    out = pd.DataFrame({
+        "kv_usage_mean": grouped["kv_usage"].mean(),
+        "kv_usage_max": grouped["kv_usage"].max(),
+        "running": grouped["num_running"].mean(),
+        "waiting": grouped["num_waiting"].mean(),
+        "prefill_tokens": grouped["num_prefill_tokens"].sum(),
+        "decode_tokens": grouped["num_decode_tokens"].sum(),
+        "steps": grouped["step"].count(),
+    })
+    out.insert(0, "time_s", out.index.to_numpy() * bin_s)
+    return out.reset_index(drop=True)

@@ -1,0 +1,161 @@
+"""`rt report`: one run's result as `vllm bench serve --save-result` writes it, plus rt's keys.
+
+The JSON keeps vLLM's names and order (`date`, ..., `duration`, `completed`, `failed`, ...,
+`request_goodput`, ..., then `mean_{m}_ms`, `median_{m}_ms`, `std_{m}_ms`, `p{P}_{m}_ms` for each
+selected metric `m`; `e2el` only when selected, as in vLLM). rt's additions follow:
+`{mean,median,std,p{P}}_request_{queue,prefill,decode,inference}_time_ms` (vLLM's
+`vllm:request_*_time_seconds` definitions), preemptions, prefix-cache and KV figures.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.metrics import (
+    DEFAULT_PERCENTILE_METRICS,
+    PHASES,
+    _pkey,
+    benchmark_metrics,
+    phase_times,
+    prefix_cache_hit_rate,
+    request_goodput,
+    summarize,
+)
+from analysis.rundir import Run
+
+REQUEST_COLUMNS = (
+    "request_id", "arrival_s", "prompt_len", "engine_queued_s", "first_scheduled_s",
+    "first_token_s", "finish_s", "status", "output_len", "cached_tokens", "num_preemptions",
+    "token_times_s", "api_server_s", "step_boundary_s", "queue_token_budget_s",
+    "queue_max_num_seqs_s", "queue_kv_capacity_s", "queue_preempted_step_s", "preempted_s",
+    "prefill_s", "decode_s",
+)
+STEP_COLUMNS = ("step", "start_s", "end_s", "num_prefill_tokens", "num_decode_tokens",
+                "kv_usage", "num_running", "num_waiting")
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """vLLM's `--percentile-metrics`, `--metric-percentiles` and `--goodput` (ms)."""
+
+    percentile_metrics: Sequence[str] = DEFAULT_PERCENTILE_METRICS
+    percentiles: Sequence[float] = (99.0,)
+    goodput: dict[str, float] = field(default_factory=dict)
+
+
+def check_run(run: Run) -> None:
+    """ValueError (one line, naming the directory) for a run that cannot be analysed: no
+    requests, or a half-written table missing columns."""
+    if run.requests.empty:
+        raise ValueError(f"{run.path}: the run has no requests")
+    missing = [c for c in REQUEST_COLUMNS if c not in run.requests.columns]
+    if missing:
+        raise ValueError(f"{run.path}: requests.parquet lacks columns {', '.join(missing)} "
+                         "(half-written or not an rt run)")
+    if not run.steps.empty:
+        missing = [c for c in STEP_COLUMNS if c not in run.steps.columns]
+        if missing:
+            raise ValueError(f"{run.path}: steps.parquet lacks columns {', '.join(missing)}")
+
+
+def metric_keys(name: str, stats: dict[str, float]) -> dict[str, float]:
+    """vLLM's keys for one metric: mean_{m}_ms, median_{m}_ms, std_{m}_ms, p{P}_{m}_ms."""
+    out = {f"{stat}_{name}_ms": value for stat, value in stats.items()
+           if stat in ("mean", "median", "std")}
+    out.update({f"{stat}_{name}_ms": value for stat, value in stats.items()
+                if stat.startswith("p")})
+    return out
+
+
+def measured_rate(requests: pd.DataFrame) -> float:
+    """Requests per second of the arrivals (N / arrival span; inf if all arrive at once)."""
+    span = float(requests["arrival_s"].max() - requests["arrival_s"].min())
+    return len(requests) / span if span > 0 else math.inf
+
+
+def _rate_value(rate: float) -> float | str:
+    return "inf" if math.isinf(rate) else rate  # vLLM writes the string "inf"
+
+
+def result_dict(run: Run, options: ReportOptions | None = None) -> dict[str, Any]:
+    """The report of one run, vLLM keys first (see the module docstring)."""
+    options = options or ReportOptions()
+    requests, info = run.requests, run.info
+    m = benchmark_metrics(requests, options.percentiles)
+    configured = info.get("request_rate")
+    rate = float(configured) if configured is not None else measured_rate(requests)
+    model = info.get("model") if isinstance(info.get("model"), dict) else {}
+    result: dict[str, Any] = {
+        "date": info.get("date") or datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
+        "endpoint_type": info.get("kind", "rt"),
+        "backend": info.get("backend", "rt-" + str(info.get("kind", "run"))),
+        "label": run.name,
+        "model_id": model.get("name") if model else info.get("model"),
+        "tokenizer_id": model.get("name") if model else info.get("model"),
+        "num_prompts": len(requests),
+        "request_rate": _rate_value(rate),
+        "burstiness": info.get("burstiness", 1.0),
+        "max_concurrency": info.get("max_concurrency"),
+        "duration": m.duration_s,
+        "completed": m.completed,
+        "failed": m.failed,
+        "total_input_tokens": m.total_input_tokens,
+        "total_output_tokens": m.total_output_tokens,
+        "request_throughput": m.request_throughput,
+        "request_goodput": (request_goodput(requests, options.goodput, m.duration_s)
+                            if options.goodput else None),
+        "output_throughput": m.output_throughput,
+        "total_token_throughput": m.total_token_throughput,
+        "max_output_tokens_per_s": m.max_output_tokens_per_s,
+        "max_concurrent_requests": m.max_concurrent_requests,
+    }
+    for name in options.percentile_metrics:
+        result.update(metric_keys(name, m.stats[name]))
+    result.update(_rt_keys(run, options))
+    return result
+
+
+def _rt_keys(run: Run, options: ReportOptions) -> dict[str, Any]:
+    requests, steps = run.requests, run.steps
+    phases = phase_times(requests)
+    out: dict[str, Any] = {}
+    for name in PHASES:
+        stats = summarize(phases[name].to_numpy(dtype=np.float64), options.percentiles)
+        out.update(metric_keys(name, stats))
+    kv = steps["kv_usage"].to_numpy(dtype=np.float64) if len(steps) else np.zeros(1)
+    out.update({
+        "num_preemptions": int(requests["num_preemptions"].sum()),
+        "num_preempted_requests": int((requests["num_preemptions"] > 0).sum()),
+        "prefix_cache_hit_rate": prefix_cache_hit_rate(requests, run.info),
+        "mean_kv_cache_usage": float(kv.mean()),
+        "max_kv_cache_usage": float(kv.max()),
+        "num_engine_steps": len(steps),
+        "measured_request_rate": _rate_value(measured_rate(requests)),
+        "goodput_config": dict(options.goodput) or None,
+        "percentile_metrics": ",".join(options.percentile_metrics),
+        "metric_percentiles": ",".join(_pkey(p)[1:] for p in options.percentiles),
+    })
+    return out
+
+
+def detailed(run: Run) -> dict[str, Any]:
+    """`--save-detailed`'s per-request arrays, as vLLM names them (seconds)."""
+    from analysis.metrics import completed_requests
+
+    done = completed_requests(run.requests)
+    return {
+        "input_lens": done["prompt_len"].astype(int).tolist(),
+        "output_lens": done["output_len"].astype(int).tolist(),
+        "ttfts": (done["first_token_s"] - done["arrival_s"]).tolist(),
+        "itls": [np.diff(np.asarray(t, dtype=np.float64)).tolist()
+                 for t in done["token_times_s"]],
+        "start_times": done["arrival_s"].tolist(),
+        "errors": ["" for _ in range(len(done))],
+    }
