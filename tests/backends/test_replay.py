@@ -156,3 +156,24 @@ def test_kv_pool_from_memory_bytes(tiny_dir: Path) -> None:
     assert setup.pool.num_blocks == 128 and setup.cache.num_blocks == 128
     assert setup.runner.kv_cache.key_caches[0].shape == (128, 16, 2, 16)
     assert setup.runner.kv_cache.key_caches[0].dtype == torch.float32
+
+
+def test_ctrl_c_keeps_the_records_so_far(tiny_dir: Path, small_trace: Trace) -> None:
+    setup = build_engine(RealEngineArgs(model_dir=tiny_dir, max_num_seqs=4))
+    execute, calls = setup.runner.execute, [0]
+
+    def interrupted_after_20_steps(output):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        if calls[0] > 20:
+            raise KeyboardInterrupt
+        return execute(output)
+
+    setup.runner.execute = interrupted_after_20_steps  # type: ignore[method-assign]
+    config = ReplayConfig(setup.scheduler, setup.cache, setup.shape.vocab_size)
+    result = replay(small_trace, config, setup.runner)
+    assert result.interrupted and result.num_steps == 20
+    statuses = {r.status for r in result.requests}
+    assert "FINISHED_ABORTED" in statuses and 0 < len(result.requests) <= len(small_trace)
+    for record in result.requests:
+        e2e = record.finish_s - record.arrival_s  # type: ignore[operator]
+        assert sum(getattr(record, c) for c in PART_COLUMNS) == pytest.approx(e2e, abs=1e-9)
