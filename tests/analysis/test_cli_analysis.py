@@ -1,0 +1,124 @@
+"""`rt report` and `rt compare` through the CLI: the JSON keys, tables, plots, and one-line
+errors with exit code 2 for bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from analysis.rundir import load_run, write_run
+from cli import app
+
+runner = CliRunner()
+
+VLLM_HEAD = ["date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id",
+             "num_prompts", "request_rate", "burstiness", "max_concurrency", "duration",
+             "completed", "failed", "total_input_tokens", "total_output_tokens",
+             "request_throughput", "request_goodput", "output_throughput",
+             "total_token_throughput", "max_output_tokens_per_s", "max_concurrent_requests"]
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_report_json_has_vllms_keys_in_order(hand_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    code, stdout, err = invoke("report", str(hand_run), "--result-filename", str(out),
+                               "--no-plots")
+    assert code == 0, err
+    assert "============ Serving Benchmark Result ============" in stdout
+    assert "slowest 1% by TTFT" in stdout
+    result = json.loads(out.read_text())
+    assert list(result)[:len(VLLM_HEAD)] == VLLM_HEAD
+    metric_keys = [k for k in result if k.endswith(("_ttft_ms", "_tpot_ms", "_itl_ms",
+                                                     "_e2el_ms"))]
+    assert metric_keys == [f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl")
+                           for s in ("mean", "median", "std", "p99")]  # no e2el by default
+    assert result["request_goodput"] is None
+    assert (result["completed"], result["failed"]) == (3, 1)
+    assert result["mean_tpot_ms"] == pytest.approx(47.5)
+    assert "mean_request_queue_time_ms" in result
+
+
+def test_report_selected_metrics_percentiles_and_goodput(hand_run: Path) -> None:
+    code, stdout, err = invoke(
+        "report", str(hand_run), "--save-result", "--percentile-metrics", "ttft,e2el",
+        "--metric-percentiles", "50,99.9", "--goodput", "ttft:150", "--goodput", "tpot:30",
+        "--plot-dir", str(hand_run / "p"))
+    assert code == 0, err
+    assert "Request goodput (req/s):                 0.67" in stdout
+    assert "P99.9 E2EL (ms):" in stdout
+    result = json.loads((hand_run / "result.json").read_text())
+    assert "p99.9_e2el_ms" in result and "p50_ttft_ms" in result
+    assert "mean_tpot_ms" not in result and "mean_itl_ms" not in result
+    assert result["request_goodput"] == pytest.approx(1 / 1.5)
+    assert sorted(p.name for p in (hand_run / "p").iterdir()) == [
+        "attribution.png", "cdf.png", "percentiles.png", "timeline.png"]
+
+
+def test_compare_table_and_ratio(hand_run: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(hand_run, other)
+    info = json.loads((other / "run.json").read_text())
+    info["engine_args"]["max_num_batched_tokens"] = 2048
+    info["name"] = "other"
+    (other / "run.json").write_text(json.dumps(info))
+    code, stdout, err = invoke("compare", str(hand_run), str(other), "--csv",
+                               str(tmp_path / "c.csv"), "--plot-dir", str(tmp_path / "plots"))
+    assert code == 0, err
+    header = stdout.splitlines()[0]
+    assert "max_num_batched_tokens=512" in header and "max_num_batched_tokens=2048" in header
+    assert " / " in header
+    assert "1.000x" in stdout
+    assert (tmp_path / "plots" / "percentiles.png").is_file()
+
+
+def _half_written(hand_run: Path) -> Path:
+    data = (hand_run / "requests.parquet").read_bytes()
+    (hand_run / "requests.parquet").write_bytes(data[: len(data) // 2])
+    return hand_run
+
+
+def _missing_columns(hand_run: Path) -> Path:
+    run = load_run(hand_run)
+    write_run(hand_run, run.requests.drop(columns=["first_token_s"]).to_dict("list"),
+              run.steps.to_dict("list"), run.info)
+    return hand_run
+
+
+@pytest.mark.parametrize(
+    ("make", "extra", "message"),
+    [
+        (lambda p: p / "nope", [], "not a run directory (requests.parquet is missing)"),
+        (_half_written, [], "unreadable run directory"),
+        (_missing_columns, [], "lacks columns first_token_s"),
+        (lambda p: p, ["--percentile-metrics", "ttft,ttfb"], "unknown metric 'ttfb'"),
+        (lambda p: p, ["--goodput", "itl:5"], "--goodput"),
+        (lambda p: p, ["--metric-percentiles", "100"], "--metric-percentiles"),
+    ],
+)
+def test_report_bad_input_is_one_line_exit_2(hand_run: Path, make: object, extra: list[str],
+                                             message: str) -> None:
+    path = make(hand_run)  # type: ignore[operator]
+    code, _, err = invoke("report", str(path), "--no-plots", *extra)
+    assert code == 2
+    assert err.startswith("rt: error: ") and message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_compare_refuses_runs_of_different_traces(hand_run: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(hand_run, other)
+    info = json.loads((other / "run.json").read_text())
+    info["trace"]["digest"] = "def"
+    (other / "run.json").write_text(json.dumps(info))
+    code, _, err = invoke("compare", str(hand_run), str(other), "--no-plots")
+    assert code == 2 and "incompatible runs" in err and len(err.strip().splitlines()) == 1
+    code, _, err = invoke("compare", str(hand_run), "--no-plots")
+    assert code == 2 and "two or more" in err
