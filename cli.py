@@ -821,6 +821,25 @@ def bench_sim(
 # (the GPU benchmark command is defined below this line)
 
 
+@bench_app.command("gpu")
+def bench_gpu(
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Also write the JSON here.")]
+    = None,
+) -> None:
+    """Kernel correctness in bf16, decode attention bandwidth and prefill TFLOP/s against a
+    copy and a matmul measured in the same run (a CUDA device; under 10 minutes)."""
+    try:
+        from backends.gpu_bench import GpuUnavailable, run_gpu_bench
+    except ImportError as err:
+        fail(f"rt bench gpu needs the real extra (torch, triton): {err}")
+    with _user_errors():
+        try:
+            report = run_gpu_bench(out, log=lambda line: typer.echo(f"rt: {line}", err=True))
+        except GpuUnavailable as err:
+            fail(str(err))
+    _write_json(report, None)
+
+
 def main() -> None:
     app()
 
