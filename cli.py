@@ -589,6 +589,303 @@ def compare(
                           plot_dir or Path("results") / f"compare-{stamp}")
 
 
+
+_Grid = "Sweep grid (comma-separated values)"
+_Search = "SLO search"
+_ENGINE_LISTS = {  # option -> EngineArgs field
+    "max_num_batched_tokens": int, "max_num_seqs": int, "long_prefill_token_threshold": int,
+    "num_gpu_blocks_override": int, "block_size": int,
+}
+
+
+def _int_list(option: str, text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{option}: not a comma-separated list of integers: {text!r}") from None
+
+
+def _float_list(option: str, text: str | None) -> list[float] | None:
+    if text is None:
+        return None
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{option}: not a comma-separated list of numbers: {text!r}") from None
+    if not values or any(not v > 0 for v in values):
+        raise ValueError(f"{option}: each value must be > 0, got {text!r}")
+    return values
+
+
+def _sweep_worker(job: tuple[object, object, str]) -> dict[str, object]:
+    """One sweep run (in a pool process or a Ray task): simulate, write the run directory,
+    report it from the files."""
+    from analysis.report import result_dict
+    from analysis.rundir import load_run, write_run
+    from sim.sweep import SweepPoint, simulate_point
+
+    point, options, run_dir = job
+    assert isinstance(point, SweepPoint)
+    result, setup = simulate_point(point)
+    path = Path(run_dir)
+    info = {
+        "kind": "simulate", "rt_version": _version(), "name": path.name,
+        "sweep": dict(point.labels),
+        "trace": {"name": point.trace.name, "requests": len(point.trace),
+                  "digest": workloads.trace_digest(point.trace)},
+        "wall_s": round(result.wall_s, 3),
+        "prefix_cache": {"queries": result.prefix_cache_queries,
+                         "hits": result.prefix_cache_hits},
+        **setup.describe(),
+    }
+    if "request_rate" in point.labels:
+        info["request_rate"] = point.labels["request_rate"]
+    write_run(path, [r.to_row() for r in result.requests], result.step_columns, info)
+    record = result_dict(load_run(path), options)  # type: ignore[arg-type]
+    return {**point.labels, **record, "run_dir": str(path)}
+
+
+def _sweep_traces(trace_file: Path | None, fmt: str | None, synthetic: dict[str, object] | None,
+                  window: workloads.TransformSpec, rates: list[float] | None,
+                  scales: list[float] | None) -> object:
+    """A function rate-axis value -> (labels, trace), and the axis values."""
+    base = None
+    if synthetic is None:
+        result = workloads.load_trace(trace_file or workloads.DEFAULT_TRACE_PATH, fmt)
+        _note(load_notes(result.report, None))
+        base, _ = workloads.apply_transforms(result.trace, window)
+
+    def make(key: str | None, value: float | None) -> tuple[dict[str, object], object]:
+        if synthetic is not None:
+            rate = value if key == "request_rate" else math.inf
+            arrivals = workloads.ArrivalProcess(rate, synthetic["burstiness"],  # type: ignore[arg-type]
+                                                synthetic["seed"])  # type: ignore[arg-type]
+            trace = workloads.random_trace(synthetic["num_prompts"], synthetic["lengths"],  # type: ignore[arg-type]
+                                           arrivals)
+        elif key is None:
+            trace = base
+        else:
+            spec = (workloads.TransformSpec(target_rate=value) if key == "request_rate"
+                    else workloads.TransformSpec(time_scale=value))
+            trace, _ = workloads.apply_transforms(base, spec)  # type: ignore[arg-type]
+        return ({} if key is None else {key: value}), trace
+
+    return make, base
+
+
+@app.command("sweep")
+def sweep(
+    trace_file: Annotated[Path | None, typer.Option(
+        "--trace", help="Trace file; default: the embedded Azure conversation excerpt.")] = None,
+    fmt: _Format = None,
+    dataset_name: Annotated[str | None, typer.Option(
+        "--dataset-name", help="'random' for vLLM's synthetic workload instead of a trace.")]
+    = None,
+    num_prompts: Annotated[int, typer.Option("--num-prompts")] = 1000,
+    input_len: Annotated[int, typer.Option("--random-input-len")] = 1024,
+    output_len: Annotated[int, typer.Option("--random-output-len")] = 128,
+    range_ratio: Annotated[float, typer.Option("--random-range-ratio")] = 0.0,
+    burstiness: _Burst = 1.0, seed: _Seed = 0,
+    start: _Start = None, duration: _Duration = None, first_n: _FirstN = None,
+    request_rate: Annotated[str | None, typer.Option(
+        "--request-rate", help="Rates (req/s): vLLM's arrival rate for --dataset-name, the "
+        "trace rescaled to this mean rate for a trace.", rich_help_panel=_Grid)] = None,
+    time_scale: Annotated[str | None, typer.Option(
+        "--time-scale", help="Trace arrival-time factors (0.5 = twice the rate).",
+        rich_help_panel=_Grid)] = None,
+    max_num_batched_tokens: Annotated[str | None, typer.Option(
+        "--max-num-batched-tokens", rich_help_panel=_Grid)] = None,
+    max_num_seqs: Annotated[str | None, typer.Option("--max-num-seqs",
+                                                     rich_help_panel=_Grid)] = None,
+    long_prefill: Annotated[str | None, typer.Option(
+        "--long-prefill-token-threshold", rich_help_panel=_Grid)] = None,
+    num_gpu_blocks: Annotated[str | None, typer.Option(
+        "--num-gpu-blocks-override", rich_help_panel=_Grid)] = None,
+    block_size: Annotated[str | None, typer.Option("--block-size", rich_help_panel=_Grid)]
+    = None,
+    model: Annotated[str, typer.Option("--model", rich_help_panel=_Grid)] = "llama-3.1-8b",
+    gpu: Annotated[str, typer.Option("--gpu", rich_help_panel=_Grid)] = "h200",
+    profile: Annotated[str | None, typer.Option("--profile")] = None,
+    percentile_metrics: _PctMetrics = "ttft,tpot,itl,e2el",
+    metric_percentiles: _MetricPcts = "50,90,99",
+    goodput: _Goodput = None,
+    slo: Annotated[str | None, typer.Option(
+        "--slo", help="Upper bounds on result keys, e.g. p99_ttft_ms=500,p99_itl_ms=50.",
+        rich_help_panel=_Search)] = None,
+    find_max_rate: Annotated[bool, typer.Option(
+        "--find-max-rate", help="Bisect the request rate for the highest one meeting every "
+        "--slo, per engine configuration.", rich_help_panel=_Search)] = False,
+    rate_range: Annotated[str | None, typer.Option(
+        "--rate-range", help="LO,HI req/s bracket of the search (default: the --request-rate "
+        "extremes, else 0.5x to 8x the trace's rate).", rich_help_panel=_Search)] = None,
+    rate_tolerance: Annotated[float, typer.Option(
+        "--rate-tolerance", help="Stop when (hi - lo) / hi is this small.",
+        rich_help_panel=_Search)] = 0.05,
+    executor: Annotated[str, typer.Option(
+        "--executor", help="local (process pool) or ray (Ray tasks; pip install 'rt[ray]').")]
+    = "local",
+    address: Annotated[str | None, typer.Option(
+        "--address", help="Ray cluster address (default: a local Ray instance).")] = None,
+    jobs: Annotated[int | None, typer.Option(
+        "--jobs", "-j", help="Parallel runs (default: the CPU count).")] = None,
+    result_dir: Annotated[Path | None, typer.Option(
+        "--result-dir", help="Sweep directory (default: results/sweep-<time>).")] = None,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots")] = True,
+) -> None:
+    """Simulate a grid of engine flags x request rates on one trace, in parallel; print a
+    results table and draw latency against each swept flag and against rate (knee marked).
+
+    With --slo and --find-max-rate: bisect the rate for the highest one meeting every SLO."""
+    import datetime
+    import itertools
+
+    from analysis.report import ReportOptions
+    from analysis.sweep import parse_slo, slo_needs
+    from sim.engine_args import EngineArgs
+
+    with _analysis_errors(), _user_errors():
+        options = _report_options(percentile_metrics, metric_percentiles, goodput)
+        assert isinstance(options, ReportOptions)
+        slos = parse_slo(slo) if slo is not None else None
+        if slos:
+            need_m, need_p = slo_needs(slos)
+            options = ReportOptions(
+                list(dict.fromkeys([*options.percentile_metrics, *need_m])),
+                sorted(set(options.percentiles) | set(need_p)), options.goodput)
+        if find_max_rate and not slos:
+            raise ValueError("--find-max-rate needs --slo")
+        if executor not in ("local", "ray"):
+            raise ValueError(f"--executor must be local or ray, got {executor!r}")
+        rates = _float_list("--request-rate", request_rate)
+        scales = _float_list("--time-scale", time_scale)
+        if rates and scales:
+            raise ValueError("give --request-rate or --time-scale, not both")
+        synthetic = None
+        if dataset_name is not None:
+            if dataset_name != "random" or trace_file is not None or scales:
+                raise ValueError("sweep's synthetic workload is --dataset-name random, "
+                                 "without --trace or --time-scale")
+            synthetic = {"num_prompts": num_prompts, "burstiness": burstiness, "seed": seed,
+                         "lengths": workloads.RandomLengths(input_len, output_len,
+                                                            range_ratio)}
+        lists = {name: _int_list("--" + name.replace("_", "-"), text) for name, text in (
+            ("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs),
+            ("long_prefill_token_threshold", long_prefill),
+            ("num_gpu_blocks_override", num_gpu_blocks), ("block_size", block_size))}
+        flags = {name: values for name, values in lists.items() if values}
+        models, gpus = model.split(","), gpu.split(",")
+        make, base = _sweep_traces(trace_file, fmt, synthetic, workloads.TransformSpec(
+            start_s=start, duration_s=duration, first_n=first_n), rates, scales)
+        configs = []
+        for combo in itertools.product(*flags.values(), models, gpus):
+            named = dict(zip(flags, combo[:len(flags)], strict=True))
+            labels = dict(named)
+            if len(models) > 1:
+                labels["model"] = combo[-2]
+            if len(gpus) > 1:
+                labels["gpu"] = combo[-1]
+            configs.append((labels, EngineArgs(**named), combo[-2], combo[-1]))
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        root = result_dir or Path("results") / f"sweep-{stamp}"
+        counter = itertools.count()
+
+        def job(config: tuple, key: str | None, value: float | None) -> tuple:
+            from sim.sweep import SweepPoint
+
+            labels, args, model_name, gpu_name = config
+            rate_labels, trace = make(key, value)
+            point = SweepPoint(trace, args, model_name, gpu_name, profile, seed,
+                               {**labels, **rate_labels})
+            name = "_".join(f"{''.join(w[0] for w in k.split('_'))}{v:g}"
+                            if isinstance(v, int | float) else f"{k}-{v}"
+                            for k, v in point.labels.items()) or "run"
+            return point, options, str(root / f"{next(counter):03d}-{name}")
+
+        def run(jobs_: list[tuple]) -> list[dict[str, object]]:
+            from sim.sweep import run_all
+
+            with _progress(len(jobs_)) as progress:
+                return run_all(_sweep_worker, jobs_, executor, jobs, address, progress)
+
+        if find_max_rate:
+            records = _find_max_rate(configs, job, run, slos, rate_range, rates, base,
+                                     rate_tolerance)
+        else:
+            key = "request_rate" if rates else "time_scale" if scales else None
+            axis = rates or scales or [None]
+            records = run([job(c, key, v) for c in configs for v in axis])
+        _sweep_output(records, root, slos, plots)
+
+
+def _find_max_rate(configs: list, job: object, run: object, slos: object,
+                   rate_range: str | None, rates: list[float] | None, base: object,
+                   tolerance: float) -> list[dict[str, object]]:
+    from analysis.sweep import RateSearch, meets_slo
+
+    bracket = _float_list("--rate-range", rate_range)
+    if bracket is None and rates and len(rates) >= 2:
+        bracket = [min(rates), max(rates)]
+    if bracket is None and base is not None:
+        arrivals = [r.arrival_s for r in base]  # type: ignore[attr-defined]
+        trace_rate = len(arrivals) / max(arrivals[-1] - arrivals[0], 1e-9)
+        bracket = [round(trace_rate * 0.5, 4), round(trace_rate * 8, 4)]
+    if bracket is None or len(bracket) != 2 or bracket[0] >= bracket[1]:
+        raise ValueError("--find-max-rate needs a bracket: --rate-range LO,HI (LO < HI)")
+    searches = [RateSearch(bracket[0], bracket[1], tolerance) for _ in configs]
+    records: list[dict[str, object]] = []
+    while True:
+        batch = [(i, r) for i, s in enumerate(searches) for r in s.next_rates()]
+        if not batch:
+            break
+        results = run([job(configs[i], "request_rate", r) for i, r in batch])  # type: ignore[operator]
+        for (i, rate), record in zip(batch, results, strict=True):
+            searches[i].record(rate, meets_slo(record, slos))  # type: ignore[arg-type]
+            records.append(record)
+    for (labels, *_), search in zip(configs, searches, strict=True):
+        name = ", ".join(f"{k}={v}" for k, v in labels.items()) or "config"
+        answer = {"found": f"{search.best:g} req/s",
+                  "at least hi": f">= {search.hi:g} req/s (the top of the range passed)",
+                  "below range": f"< {search.lo:g} req/s (the bottom of the range failed)"}
+        typer.echo(f"max rate meeting the SLOs, {name}: {answer[search.status]} "
+                   f"({search.runs} runs, bisection)")
+    return records
+
+
+def _sweep_output(records: list[dict[str, object]], root: Path, slos: object,
+                  plots: bool) -> None:
+    from analysis.plots import latency_vs_flag, latency_vs_rate
+    from analysis.sweep import render, results_table
+
+    point_keys = [k for k in records[0] if k in _ENGINE_LISTS or k in (
+        "model", "gpu", "time_scale")]
+    if "request_rate" not in point_keys:
+        point_keys.append("request_rate")
+    table = results_table(records, point_keys, slos)  # type: ignore[arg-type]
+    table["run_dir"] = [Path(str(r["run_dir"])).name for r in records]
+    typer.echo(render(table))
+    root.mkdir(parents=True, exist_ok=True)
+    table.to_csv(root / "sweep.csv", index=False)
+    (root / "sweep.json").write_text(json.dumps(records, indent=2, default=str) + "\n")
+    if not plots:
+        return
+    full = __import__("pandas").DataFrame(records)
+    figures = {}
+    varying = [k for k in point_keys if k != "request_rate" and full[k].nunique() > 1]
+    rate_key = "time_scale" if "time_scale" in point_keys else "request_rate"
+    for flag in varying:
+        if flag in _ENGINE_LISTS:
+            series = rate_key if full[rate_key].nunique() > 1 else None
+            figures[f"latency_vs_{flag}"] = latency_vs_flag(full, flag, series)
+    if full["request_rate"].nunique() >= 3:
+        full["config"] = [", ".join(f"{k}={r[k]}" for k in varying if k != rate_key) or "run"
+                          for r in records]
+        full["request_rate"] = full["request_rate"].astype(float)
+        figures["latency_vs_rate"] = latency_vs_rate(full)
+    _save_figures(figures, root)
+
+
 # ---- rt replay (backends) -----------------------------------------------------------------------
 # (replay commands are defined below this line)
 

@@ -205,6 +205,9 @@ def latency_vs_flag(table: pd.DataFrame, flag: str, series_column: str | None = 
                     ax.plot(rows[flag], rows[column], style, color=f"C{i % 10}", marker="o",
                             label=f"{prefix}{stat}")
         ax.set_xscale("log", base=2)
+        ticks = sorted(table[flag].unique())
+        ax.set_xticks(ticks, [f"{v:g}" for v in ticks])
+        ax.minorticks_off()
         ax.set_yscale("log")
         ax.set_xlabel(flag)
         ax.set_ylabel("ms (log)")
