@@ -13,7 +13,7 @@ import pandas as pd
 
 from analysis.metrics import METRICS
 
-_SLO_KEY = re.compile(r"^(mean|median|std|p(\d+(?:\.\d+)?))_([a-z_]+)_ms$")
+_SLO_KEY = re.compile(r"^(mean|median|std|p(\d+(?:\.\d+)?))_([a-z0-9_]+)_ms$")
 _SLO_METRICS = (*METRICS, "request_queue_time", "request_prefill_time",
                 "request_decode_time", "request_inference_time")
 

@@ -1,0 +1,99 @@
+"""rt sweep: the SLO language, the rate bisection, the knee, and identical results from the
+local process pool and Ray."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from analysis.plots import knee_index
+from analysis.sweep import RateSearch, meets_slo, parse_slo
+from cli import app
+
+runner = CliRunner()
+SMALL = ["sweep", "--dataset-name", "random", "--num-prompts", "24", "--random-input-len",
+         "300", "--random-output-len", "12", "--random-range-ratio", "0.5",
+         "--request-rate", "30", "--max-num-batched-tokens", "256,2048", "--max-num-seqs",
+         "64", "--jobs", "2"]
+
+
+def test_parse_slo() -> None:
+    assert parse_slo("p99_ttft_ms=500,p99.9_itl_ms=50,mean_e2el_ms=2000") == {
+        "p99_ttft_ms": 500.0, "p99.9_itl_ms": 50.0, "mean_e2el_ms": 2000.0}
+    for bad in ("p99_ttfb_ms=5", "p99_ttft=5", "p99_ttft_ms:5", "p100_ttft_ms=5", ""):
+        with pytest.raises(ValueError, match="--slo"):
+            parse_slo(bad)
+    assert meets_slo({"failed": 0, "p99_ttft_ms": 500.0}, {"p99_ttft_ms": 500})
+    assert not meets_slo({"failed": 1, "p99_ttft_ms": 1.0}, {"p99_ttft_ms": 500})
+
+
+def _search(threshold: float, lo: float = 1.0, hi: float = 100.0) -> RateSearch:
+    search = RateSearch(lo, hi, tolerance=0.02)
+    while rates := search.next_rates():
+        for rate in rates:
+            search.record(rate, rate <= threshold)
+    return search
+
+
+def test_bisection_finds_the_highest_passing_rate() -> None:
+    search = _search(37.0)
+    assert search.status == "found"
+    assert search.best is not None and 37.0 * 0.98 <= search.best <= 37.0
+    assert search.runs == 2 + 8  # both ends, then geometric halving to 2 %
+    assert _search(500.0).status == "at least hi" and _search(500.0).runs == 2
+    assert _search(0.5).status == "below range" and _search(0.5).best is None
+
+
+def test_knee_of_a_rising_curve() -> None:
+    assert knee_index([1, 2, 4, 8, 16], [10, 10.5, 11, 14, 80]) == 3
+    assert knee_index([1, 2], [1, 2]) is None
+
+
+def _sweep(tmp_path: Path, name: str, *extra: str) -> list[dict[str, object]]:
+    result = runner.invoke(app, [*SMALL, "--result-dir", str(tmp_path / name), "--no-plots",
+                                 *extra])
+    assert result.exit_code == 0, result.stderr
+    records = json.loads((tmp_path / name / "sweep.json").read_text())
+    return [{k: v for k, v in r.items() if k not in ("date", "run_dir")} for r in records]
+
+
+@pytest.fixture(scope="module")
+def local_records(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object]]:
+    return _sweep(tmp_path_factory.mktemp("sweep"), "local")
+
+
+def test_sweep_table_shows_the_budget_trade_off(local_records: list[dict[str, object]]
+                                                ) -> None:
+    small, large = local_records
+    assert (small["max_num_batched_tokens"], large["max_num_batched_tokens"]) == (256, 2048)
+    assert small["completed"] == large["completed"] == 24
+    assert large["mean_ttft_ms"] < small["mean_ttft_ms"]  # type: ignore[operator]
+    assert large["p99_itl_ms"] > small["p99_itl_ms"]  # type: ignore[operator]
+
+
+def test_sweep_on_ray_gives_identical_results(local_records: list[dict[str, object]],
+                                              tmp_path: Path) -> None:
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'rt[ray]')")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        assert _sweep(tmp_path, "ray", "--executor", "ray") == local_records
+    finally:
+        ray.shutdown()
+
+
+def test_sweep_plots_and_bad_input(tmp_path: Path) -> None:
+    result = runner.invoke(app, [*SMALL, "--max-num-batched-tokens", "512,1024",
+                                 "--result-dir", str(tmp_path / "p"), "--jobs", "1"])
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "p" / "latency_vs_max_num_batched_tokens.png").is_file()
+    for extra, message in ((["--slo", "p99_ttfb_ms=5"], "--slo"),
+                           (["--find-max-rate"], "--find-max-rate needs --slo"),
+                           (["--percentile-metrics", "foo"], "unknown metric"),
+                           (["--executor", "dask"], "--executor"),
+                           (["--max-num-batched-tokens", "x"], "--max-num-batched-tokens")):
+        result = runner.invoke(app, [*SMALL, *extra, "--result-dir", str(tmp_path / "e")])
+        assert result.exit_code == 2, (extra, result.stderr)
+        assert result.stderr.startswith("rt: error: ") and message in result.stderr
