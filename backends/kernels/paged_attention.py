@@ -22,7 +22,8 @@ In this file you will find:
   * `_attention_kernel`: one program per (query block, KV head[, KV segment]). A query block
     holds BLOCK_Q tokens of one sequence times the GROUP query heads that share the KV head,
     stacked as the BLOCK_M rows of `tl.dot` (row r = token r // GROUP, head r % GROUP), so K/V
-    are read once per group and even a decode (one token) fills M >= 16 rows. It walks the
+    are read once per group and a decode (one token) still feeds `tl.dot` M >= 16 rows
+    (padding rows masked). It walks the
     keys in tiles of TILE_N positions, gathering each position's physical block from the block
     table (int64 addresses), with an fp32 online softmax in log2 units. Prefill chunks and
     decodes share it: key k is visible to a row at position p iff k <= p < seq_len.
@@ -35,6 +36,8 @@ In this file you will find:
 The grid is an upper bound computed from shapes only (num_tokens // BLOCK_Q + num_seqs query
 blocks, as in vLLM's unified kernel), so the host never reads query lengths from the device;
 a program finds its sequence by binary search over query_start_loc and exits if it has no rows.
+Off CUDA the kernels only run under TRITON_INTERPRET=1 (tests); there bf16 dots are computed in
+fp32 (the interpreter's bf16 `tl.dot` is wrong). The CPU engine path should call the reference.
 """
 
 from __future__ import annotations
