@@ -1122,16 +1122,34 @@ def bench_sim(
 def bench_gpu(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Also write the JSON here.")]
     = None,
+    engine: Annotated[bool, typer.Option(
+        "--engine/--no-engine", help="Engine output tokens/s against transformers' generate "
+        "with static batching (goal >= 5x).")] = True,
+    engine_model: Annotated[str, typer.Option(
+        help="1b or 3b (Llama-3.2 shape, random bf16 weights built once under ~/.cache/rt), "
+        "tiny, or a local model directory.")] = "1b",
+    engine_requests: Annotated[int, typer.Option(min=1)] = 64,
+    engine_prompt_len: Annotated[int, typer.Option(min=1, help="Mean prompt tokens.")] = 512,
+    engine_output_len: Annotated[int, typer.Option(min=1, help="New tokens each.")] = 128,
+    hf_batch_size: Annotated[int | None, typer.Option(
+        min=1, help="transformers' static batch size [default: as many as rt runs at once]")]
+    = None,
 ) -> None:
     """Kernel correctness in bf16, decode attention bandwidth and prefill TFLOP/s against a
-    copy and a matmul measured in the same run (a CUDA device; under 10 minutes)."""
+    copy and a matmul measured in the same run, and engine tokens/s against transformers
+    (a CUDA device; under 10 minutes)."""
     try:
+        from backends.engine_bench import EnginePlan, engine_throughput_section
         from backends.gpu_bench import GpuUnavailable, run_gpu_bench
     except ImportError as err:
         fail(f"rt bench gpu needs the real extra (torch, triton): {err}")
     with _user_errors():
+        plan = EnginePlan(num_requests=engine_requests, prompt_len=engine_prompt_len,
+                          output_len=engine_output_len, hf_batch_size=hf_batch_size)
+        engine_bench = engine_throughput_section(engine_model, plan) if engine else None
         try:
-            report = run_gpu_bench(out, log=lambda line: typer.echo(f"rt: {line}", err=True))
+            report = run_gpu_bench(out, engine_throughput=engine_bench,
+                                   log=lambda line: typer.echo(f"rt: {line}", err=True))
         except GpuUnavailable as err:
             fail(str(err))
     _write_json(report, None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 DEFAULT_TINY_DIR = Path.home() / ".cache" / "rt" / "tiny-llama"
 _DONE_MARK = "rt-tiny-llama.done"  # written last: a directory with it is complete
@@ -64,5 +65,51 @@ def build_tiny_llama(path: Path | None = None, spec: TinyLlamaSpec | None = None
     model = LlamaForCausalLM(config).to(torch.float32)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
+    (path / _DONE_MARK).write_text("complete\n")
+    return path
+
+
+# %%
+# Realistically sized random-weight Llamas (the engine benchmark on a GPU)
+
+DEFAULT_MODELS_DIR = Path.home() / ".cache" / "rt"
+
+# Llama-3.2-1B's shape (rope scaling left out: RoPE cost is the same).
+LLAMA_3_2_1B: dict[str, Any] = {
+    "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
+    "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "head_dim": 64, "max_position_embeddings": 8192, "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
+    "bos_token_id": 128000, "eos_token_id": 128001, "pad_token_id": 128004,
+}
+# Llama-3.2-3B's shape.
+LLAMA_3_2_3B: dict[str, Any] = {
+    **LLAMA_3_2_1B, "hidden_size": 3072, "num_hidden_layers": 28,
+    "num_attention_heads": 24, "head_dim": 128,
+}
+
+
+def build_random_llama(path: Path, config_overrides: dict[str, Any], seed: int = 0,
+                       dtype: str = "bfloat16", init_device: str | None = None) -> Path:
+    """Create (once) and return a random-weight Llama directory (config.json +
+    model.safetensors in `dtype`) of the shape `config_overrides` gives (LlamaConfig
+    keyword arguments). Weights are initialised on `init_device` (default: CUDA when
+    available, which takes seconds for a 1B model) from `seed`; nothing is downloaded.
+    An existing complete directory is reused as is."""
+    path = Path(path)
+    if (path / _DONE_MARK).is_file():
+        return path
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    device = init_device or ("cuda" if torch.cuda.is_available() else "cpu")
+    config = LlamaConfig(**config_overrides)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = LlamaForCausalLM(config)
+    model.to(getattr(torch, dtype))
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    del model
     (path / _DONE_MARK).write_text("complete\n")
     return path
