@@ -1071,6 +1071,10 @@ def _report_run(path: Path, result: ReplayResult, info: dict[str, object],
                f"{result.wall_s:.2f} s wall)", err=True)
 
 
+# ---- rt calibrate / fidelity -----------------------------------------------------------------
+# (calibration commands are defined below this line)
+
+
 # ---- rt bench ... ---------------------------------------------------------------------------
 
 
