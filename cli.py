@@ -243,6 +243,32 @@ def _resample_source(path: Path | None, fmt: str | None) -> workloads.Trace:
 
 _Engine = "Engine (vLLM flags)"
 _Work = "Workload"
+# Engine flags shared by `rt simulate` and `rt replay`, by their vLLM names.
+_MaxBatched = Annotated[int | None, typer.Option(
+    "--max-num-batched-tokens", help="Token budget per step (default: vLLM's for the device).",
+    rich_help_panel=_Engine)]
+_MaxSeqs = Annotated[int | None, typer.Option(
+    "--max-num-seqs", help="Running requests at most (default: vLLM's for the device).",
+    rich_help_panel=_Engine)]
+_EngineMaxLen = Annotated[int | None, typer.Option(
+    "--max-model-len", help="Default: the model's max_position_embeddings.",
+    rich_help_panel=_Engine)]
+_BlockSize = Annotated[int, typer.Option("--block-size", rich_help_panel=_Engine)]
+_PrefixCaching = Annotated[bool, typer.Option(
+    "--enable-prefix-caching/--no-enable-prefix-caching", rich_help_panel=_Engine)]
+_ChunkedPrefill = Annotated[bool, typer.Option(
+    "--enable-chunked-prefill/--no-enable-chunked-prefill", rich_help_panel=_Engine)]
+_LongPrefill = Annotated[int, typer.Option(
+    "--long-prefill-token-threshold", rich_help_panel=_Engine)]
+_Policy = Annotated[str, typer.Option("--policy", help="fcfs or priority.",
+                                      rich_help_panel=_Engine)]
+_NumBlocks = Annotated[int | None, typer.Option(
+    "--num-gpu-blocks-override", help="KV blocks (overrides every other sizing).",
+    rich_help_panel=_Engine)]
+_Percentiles = Annotated[str, typer.Option(
+    "--metric-percentiles", help="Comma-separated percentiles, e.g. 50,90,99.")]
+_CheckInvariants = Annotated[bool, typer.Option(
+    "--check-invariants", help="Check the KV pool after every step (slow).")]
 
 
 @app.command()
@@ -267,27 +293,12 @@ def simulate(
     prefix_len: Annotated[int, typer.Option("--random-prefix-len", rich_help_panel=_Work)] = 0,
     start: _Start = None, duration: _Duration = None, first_n: _FirstN = None,
     time_scale: _TimeScale = None, target_rate: _TargetRate = None,
-    max_num_batched_tokens: Annotated[int | None, typer.Option(
-        "--max-num-batched-tokens", help="Token budget per step (default: vLLM's for the GPU).",
-        rich_help_panel=_Engine)] = None,
-    max_num_seqs: Annotated[int | None, typer.Option(
-        "--max-num-seqs", help="Running requests at most (default: vLLM's for the GPU).",
-        rich_help_panel=_Engine)] = None,
-    max_model_len: Annotated[int | None, typer.Option(
-        "--max-model-len", help="Default: the model's max_position_embeddings.",
-        rich_help_panel=_Engine)] = None,
-    block_size: Annotated[int, typer.Option("--block-size", rich_help_panel=_Engine)] = 16,
-    prefix_caching: Annotated[bool, typer.Option(
-        "--enable-prefix-caching/--no-enable-prefix-caching", rich_help_panel=_Engine)] = True,
-    chunked_prefill: Annotated[bool, typer.Option(
-        "--enable-chunked-prefill/--no-enable-chunked-prefill", rich_help_panel=_Engine)] = True,
-    long_prefill: Annotated[int, typer.Option(
-        "--long-prefill-token-threshold", rich_help_panel=_Engine)] = 0,
-    policy: Annotated[str, typer.Option(
-        "--policy", help="fcfs or priority.", rich_help_panel=_Engine)] = "fcfs",
-    num_gpu_blocks: Annotated[int | None, typer.Option(
-        "--num-gpu-blocks-override", help="KV blocks (default: sized from GPU memory).",
-        rich_help_panel=_Engine)] = None,
+    max_num_batched_tokens: _MaxBatched = None, max_num_seqs: _MaxSeqs = None,
+    max_model_len: _EngineMaxLen = None, block_size: _BlockSize = 16,
+    prefix_caching: _PrefixCaching = True, chunked_prefill: _ChunkedPrefill = True,
+    long_prefill: _LongPrefill = 0,
+    policy: _Policy = "fcfs",
+    num_gpu_blocks: _NumBlocks = None,
     memory_utilization: Annotated[float, typer.Option(
         "--gpu-memory-utilization", rich_help_panel=_Engine)] = 0.92,
     tensor_parallel: Annotated[int, typer.Option(
@@ -304,10 +315,8 @@ def simulate(
     result_dir: Annotated[Path | None, typer.Option(
         "--result-dir", help="Run directory to write (default: results/simulate-<time>).")]
     = None,
-    metric_percentiles: Annotated[str, typer.Option(
-        "--metric-percentiles", help="Comma-separated percentiles, e.g. 50,90,99.")] = "99",
-    check_invariants: Annotated[bool, typer.Option(
-        "--check-invariants", help="Check the KV pool after every step (slow).")] = False,
+    metric_percentiles: _Percentiles = "99",
+    check_invariants: _CheckInvariants = False,
 ) -> None:
     """Simulate a trace through the vLLM-V1 core on a simulated clock (no GPU).
 
@@ -920,32 +929,18 @@ def replay(
         "--gpu-memory-utilization; 256 MiB on the CPU).", rich_help_panel=_Real)] = None,
     memory_utilization: Annotated[float, typer.Option(
         "--gpu-memory-utilization", rich_help_panel=_Real)] = 0.9,
-    max_num_batched_tokens: Annotated[int | None, typer.Option(
-        "--max-num-batched-tokens", rich_help_panel=_Engine)] = None,
-    max_num_seqs: Annotated[int | None, typer.Option(
-        "--max-num-seqs", rich_help_panel=_Engine)] = None,
-    max_model_len: Annotated[int | None, typer.Option(
-        "--max-model-len", help="Default: the model's max_position_embeddings.",
-        rich_help_panel=_Engine)] = None,
-    block_size: Annotated[int, typer.Option("--block-size", rich_help_panel=_Engine)] = 16,
-    prefix_caching: Annotated[bool, typer.Option(
-        "--enable-prefix-caching/--no-enable-prefix-caching", rich_help_panel=_Engine)] = True,
-    chunked_prefill: Annotated[bool, typer.Option(
-        "--enable-chunked-prefill/--no-enable-chunked-prefill", rich_help_panel=_Engine)] = True,
-    long_prefill: Annotated[int, typer.Option(
-        "--long-prefill-token-threshold", rich_help_panel=_Engine)] = 0,
-    policy: Annotated[str, typer.Option("--policy", rich_help_panel=_Engine)] = "fcfs",
-    num_gpu_blocks: Annotated[int | None, typer.Option(
-        "--num-gpu-blocks-override", help="KV blocks (overrides every other sizing).",
-        rich_help_panel=_Engine)] = None,
+    max_num_batched_tokens: _MaxBatched = None, max_num_seqs: _MaxSeqs = None,
+    max_model_len: _EngineMaxLen = None, block_size: _BlockSize = 16,
+    prefix_caching: _PrefixCaching = True, chunked_prefill: _ChunkedPrefill = True,
+    long_prefill: _LongPrefill = 0,
+    policy: _Policy = "fcfs",
+    num_gpu_blocks: _NumBlocks = None,
     seed: _Seed = 0,
     result_dir: Annotated[Path | None, typer.Option(
         "--result-dir", help="Run directory to write (default: results/replay-<time>).")]
     = None,
-    metric_percentiles: Annotated[str, typer.Option(
-        "--metric-percentiles", help="Comma-separated percentiles, e.g. 50,90,99.")] = "99",
-    check_invariants: Annotated[bool, typer.Option(
-        "--check-invariants", help="Check the KV pool after every step (slow).")] = False,
+    metric_percentiles: _Percentiles = "99",
+    check_invariants: _CheckInvariants = False,
 ) -> None:
     """Replay a trace in real time through the vLLM-V1 core and a real model (CPU or GPU).
 
