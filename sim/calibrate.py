@@ -1,0 +1,247 @@
+"""Fit the `profile` cost model to measured step times: non-negative least squares.
+
+The model (`sim.cost_model.ProfileCoefficients`) is linear in six step features,
+
+    step time = c0 + c1·prefill tokens + c2·decode tokens + c3·seqs
+              + c4·prefill attention pairs + c5·decode KV tokens,
+
+with every coefficient >= 0. Training data come either from `rt calibrate`'s measurement grid
+(`backends.calibrate`) or from the `steps.parquet` of an earlier `rt replay`
+(`steps_training_data`). The fit minimises squared *relative* errors by default (rows scaled
+by 1 / measured time), so short decode steps weigh as much as long prefills, and reports
+fit quality (MAPE, worst case) on held-out samples. Times are seconds throughout.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+
+from runtime.batch import BatchFeatures
+from sim.cost_model import ApiServerCost, ProfileCoefficients, ProfileCostModel
+from sim.profile import Profile
+
+# Coefficient name -> the BatchFeatures attribute it multiplies (None: the constant).
+FEATURE_OF: dict[str, str | None] = {
+    "constant_s": None,
+    "per_prefill_token_s": "num_prefill_tokens",
+    "per_decode_token_s": "num_decode_tokens",
+    "per_seq_s": "num_seqs",
+    "per_prefill_attention_pair_s": "prefill_attention_pairs",
+    "per_decode_kv_token_s": "decode_kv_tokens",
+}
+COEFFICIENT_NAMES = tuple(f.name for f in fields(ProfileCoefficients))
+STEP_TARGETS = ("wall", "execute")  # what a replay's step time is taken to be
+
+
+def design_matrix(features: Sequence[BatchFeatures]) -> np.ndarray:
+    """[n, 6] float64: one row per step, columns in `ProfileCoefficients` field order."""
+    rows = [[1.0 if FEATURE_OF[name] is None else float(getattr(f, FEATURE_OF[name] or ""))
+             for name in COEFFICIENT_NAMES] for f in features]
+    return np.asarray(rows, dtype=np.float64).reshape(len(rows), len(COEFFICIENT_NAMES))
+
+
+def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarray:
+    """argmin ||a x - b||₂ subject to x >= 0 (Lawson & Hanson 1974, active set).
+
+    Columns are scaled to unit norm internally (the features span ~10 orders of magnitude);
+    all-zero columns get coefficient 0."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    n = a.shape[1]
+    norms = np.linalg.norm(a, axis=0)
+    live = norms > 0
+    scaled = np.where(live, a / np.where(live, norms, 1.0), 0.0)
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    max_iter = max_iter or 30 * n
+    tol = 1e-12 * max(1.0, float(np.linalg.norm(b)))
+    for _ in range(max_iter):
+        w = scaled.T @ (b - scaled @ x)
+        candidates = ~passive & live & (w > tol)
+        if not candidates.any():
+            break
+        passive[np.argmax(np.where(candidates, w, -np.inf))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(scaled[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            bad = passive & (z <= 0)
+            alpha = np.min(x[bad] / (x[bad] - z[bad]))
+            x = x + alpha * (z - x)
+            passive &= x > 1e-15
+            x[~passive] = 0.0
+    return np.where(live, x / np.where(live, norms, 1.0), 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class FitQuality:
+    """Prediction errors of a coefficient set on a sample set.
+
+    Attributes:
+        samples: number of steps evaluated.
+        mape: mean |predicted - measured| / measured, a fraction (0.05 = 5%).
+        p90_ape: 90th percentile of that absolute relative error, a fraction.
+        worst_ape: its maximum, a fraction.
+        bias: Σ predicted / Σ measured - 1 (the error on total busy time), a fraction.
+        rmse_s: root mean squared error, seconds.
+    """
+
+    samples: int
+    mape: float
+    p90_ape: float
+    worst_ape: float
+    bias: float
+    rmse_s: float
+
+    def __post_init__(self) -> None:
+        if self.samples < 0:
+            raise ValueError(f"FitQuality.samples must be >= 0, got {self.samples}")
+
+
+def predict(coefficients: ProfileCoefficients, features: Sequence[BatchFeatures]) -> np.ndarray:
+    """Predicted step times in seconds (0 for empty steps), as `ProfileCostModel` gives."""
+    model = ProfileCostModel(coefficients)
+    return np.asarray([model.step_time(f) for f in features], dtype=np.float64)
+
+
+def evaluate(coefficients: ProfileCoefficients, features: Sequence[BatchFeatures],
+             seconds: Sequence[float]) -> FitQuality:
+    """How well `coefficients` predict the measured `seconds` of these steps."""
+    measured = np.asarray(seconds, dtype=np.float64)
+    if len(measured) == 0:
+        nan = math.nan
+        return FitQuality(0, nan, nan, nan, nan, nan)
+    predicted = predict(coefficients, features)
+    ape = np.abs(predicted - measured) / measured
+    return FitQuality(
+        samples=len(measured),
+        mape=float(ape.mean()),
+        p90_ape=float(np.percentile(ape, 90)),
+        worst_ape=float(ape.max()),
+        bias=float(predicted.sum() / measured.sum() - 1.0),
+        rmse_s=float(np.sqrt(np.mean((predicted - measured) ** 2))),
+    )
+
+
+def fit_coefficients(features: Sequence[BatchFeatures], seconds: Sequence[float],
+                     relative: bool = True) -> ProfileCoefficients:
+    """Non-negative least squares of the six coefficients; `relative` minimises squared
+    relative errors (rows weighted by 1 / measured seconds), else squared errors in seconds.
+    ValueError on no samples or a non-positive time."""
+    measured = np.asarray(seconds, dtype=np.float64)
+    if len(measured) == 0:
+        raise ValueError("no step measurements to fit")
+    if len(measured) != len(features):
+        raise ValueError(f"{len(features)} feature rows but {len(measured)} times")
+    if not np.all(np.isfinite(measured)) or np.any(measured <= 0):
+        raise ValueError("every measured step time must be a positive finite number of seconds")
+    a = design_matrix(features)
+    weights = 1.0 / measured if relative else np.ones_like(measured)
+    x = nnls(a * weights[:, None], measured * weights)
+    return ProfileCoefficients(**{name: float(max(v, 0.0))
+                                  for name, v in zip(COEFFICIENT_NAMES, x, strict=True)})
+
+
+def holdout_mask(n: int, every: int = 5, offset: int = 2) -> np.ndarray:
+    """Boolean [n]: True for held-out samples, every `every`-th from `offset` (deterministic,
+    spread over a grid listed in design order). No sample is held out when n < 2·every."""
+    if every < 2:
+        raise ValueError(f"holdout every must be >= 2, got {every}")
+    mask = np.zeros(n, dtype=bool)
+    if n >= 2 * every:
+        mask[offset % every::every] = True
+    return mask
+
+
+@dataclass(frozen=True, slots=True)
+class FitResult:
+    """Coefficients fitted on every sample, and the quality of a fit that did not see the
+    held-out samples, on those samples (`held_out`) and on its own (`train`)."""
+
+    coefficients: ProfileCoefficients
+    train: FitQuality
+    held_out: FitQuality
+    all_samples: FitQuality
+    relative: bool
+
+    def describe(self) -> dict[str, object]:
+        """JSON-ready: the profile's "fit" section."""
+        return {"objective": "relative" if self.relative else "absolute",
+                "train": _finite(asdict(self.train)), "held_out": _finite(asdict(self.held_out)),
+                "all_samples": _finite(asdict(self.all_samples))}
+
+
+def _finite(data: dict[str, float]) -> dict[str, float | None]:
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in data.items()}
+
+
+def fit_with_holdout(features: Sequence[BatchFeatures], seconds: Sequence[float],
+                     relative: bool = True, holdout_every: int = 5) -> FitResult:
+    """Fit on the samples not held out, score on the held-out ones, then refit on all."""
+    features = list(features)
+    measured = np.asarray(seconds, dtype=np.float64)
+    held = holdout_mask(len(measured), holdout_every)
+    train_f = [f for f, h in zip(features, held, strict=True) if not h]
+    test_f = [f for f, h in zip(features, held, strict=True) if h]
+    partial = fit_coefficients(train_f, measured[~held], relative)
+    final = fit_coefficients(features, measured, relative)
+    return FitResult(final, evaluate(partial, train_f, measured[~held]),
+                     evaluate(partial, test_f, measured[held]),
+                     evaluate(final, features, measured), relative)
+
+
+def steps_training_data(columns: Mapping[str, Sequence[object]], target: str = "wall"
+                        ) -> tuple[list[BatchFeatures], list[float]]:
+    """Features and step times from a replay's steps.parquet columns (StepRecord's names).
+
+    `target` "wall": end_s - start_s, the step's share of the wall clock (the engine is
+    back-to-back when busy, so this includes scheduling and bookkeeping: what the simulator
+    must reproduce); "execute": duration_s, the model execution the runner measured. Steps
+    with no tokens or a non-positive time are skipped."""
+    if target not in STEP_TARGETS:
+        raise ValueError(f"target must be one of {', '.join(STEP_TARGETS)}, got {target!r}")
+    names = [f.name for f in fields(BatchFeatures)]
+    needed = [*names, "start_s", "end_s", "duration_s"]
+    missing = [name for name in needed if name not in columns]
+    if missing:
+        raise ValueError(f"steps table lacks column(s) {', '.join(missing)}")
+    features: list[BatchFeatures] = []
+    seconds: list[float] = []
+    for i in range(len(columns["end_s"])):
+        feats = BatchFeatures(**{name: int(columns[name][i]) for name in names})  # type: ignore[call-overload]
+        if target == "wall":
+            time_s = float(columns["end_s"][i]) - float(columns["start_s"][i])  # type: ignore[arg-type]
+        else:
+            time_s = float(columns["duration_s"][i])  # type: ignore[arg-type]
+        if feats.num_tokens > 0 and time_s > 0 and math.isfinite(time_s):
+            features.append(feats)
+            seconds.append(time_s)
+    return features, seconds
+
+
+def fit_api_server(prompt_lens: Sequence[int], seconds: Sequence[float]) -> ApiServerCost:
+    """Per-request and per-prompt-token API-server cost (seconds) from timed requests: least
+    squares of seconds = a + b·prompt_len, each clipped to >= 0."""
+    lens = np.asarray(prompt_lens, dtype=np.float64)
+    times = np.asarray(seconds, dtype=np.float64)
+    if len(lens) < 2 or len(set(lens.tolist())) < 2:
+        raise ValueError("the API-server fit needs timings at two or more prompt lengths")
+    a = np.stack([np.ones_like(lens), lens], axis=1)
+    per_request, per_token = nnls(a, times)
+    return ApiServerCost(per_request_s=float(per_request), per_prompt_token_s=float(per_token))
+
+
+def make_profile(fit: FitResult, *, device: str, model: str, dtype: str,
+                 versions: Mapping[str, str], date: str, api_server: ApiServerCost,
+                 extra: Mapping[str, object] | None = None) -> Profile:
+    """A `Profile` carrying the fitted coefficients and the fit diagnostics."""
+    return Profile(device=device, model=model, dtype=dtype, versions=dict(versions), date=date,
+                   coefficients=fit.coefficients, api_server=api_server,
+                   fit={**fit.describe(), **dict(extra or {})})
