@@ -1069,6 +1069,320 @@ def _report_run(path: Path, result: ReplayResult, info: dict[str, object],
 # ---- rt calibrate / fidelity -----------------------------------------------------------------
 # (calibration commands are defined below this line)
 
+_Cal = "Calibration"
+_ModelDir = Annotated[Path | None, typer.Option(
+    "--model", help="Local Hugging Face model directory. Default: the tiny random Llama.",
+    rich_help_panel=_Real)]
+_Device = Annotated[str, typer.Option("--device", help="cpu or cuda (cuda: untested).",
+                                      rich_help_panel=_Real)]
+_Dtype = Annotated[str, typer.Option("--dtype", help="auto, float32, float16 or bfloat16.",
+                                     rich_help_panel=_Real)]
+_Quick = Annotated[bool, typer.Option(
+    "--quick", help="A small grid with few repeats (seconds; for tests).", rich_help_panel=_Cal)]
+_TimeLimit = Annotated[float | None, typer.Option(
+    "--time-limit", help="Seconds of grid at most (default: 300; --quick 30).",
+    rich_help_panel=_Cal)]
+
+
+@contextlib.contextmanager
+def _bar(label: str) -> Iterator[object]:
+    """A rich progress bar on stderr labelled `label`; yields update(done, total)."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
+
+
+def _calibrate_setup(setup: RealSetup, tokenizer: Tokenizer | None, quick: bool,
+                     time_limit: float | None, extra_steps: list[Path]) -> object:
+    """Run the grid on `setup`, time the API server, fit; returns the `Profile`."""
+    import dataclasses
+    import datetime
+    import platform
+
+    import torch
+
+    from backends.calibrate import QUICK_GRID, GridSpec, run_grid, time_api_server
+    from sim.calibrate import fit_api_server, fit_with_holdout, make_profile
+
+    spec = QUICK_GRID if quick else GridSpec()
+    if time_limit is not None:
+        spec = dataclasses.replace(spec, time_limit_s=time_limit)
+    with _bar("calibrating") as progress:
+        grid = run_grid(setup.scheduler, setup.cache, setup.runner, setup.shape.vocab_size,
+                        spec, setup.args.seed, progress)  # type: ignore[arg-type]
+    if len(grid) < 7:
+        fail(f"only {len(grid)} grid points fit the engine's limits; raise --max-model-len "
+             "or --max-num-batched-tokens")
+    features = [m.features for m in grid]
+    seconds = [m.wall_s for m in grid]
+    for path in extra_steps:
+        more_f, more_s = _steps_data(path, "wall")
+        features += more_f
+        seconds += more_s
+    fit = fit_with_holdout(features, seconds)
+    lens = (16, 128, 512, 2048) if not quick else (16, 256)
+    api = time_api_server(setup.shape.vocab_size, tokenizer, lens, 5 if quick else 15)
+    overhead = [m.host_overhead_s / m.wall_s for m in grid]
+    describe = setup.describe()
+    return make_profile(
+        fit, device=str(describe["device"]) if setup.args.device == "cuda"
+        else f"cpu ({platform.processor() or platform.machine()}, "
+             f"{torch.get_num_threads()} threads)",
+        model=f"{Path(setup.args.model_dir).name} ({setup.shape.model_type})",
+        dtype=setup.dtype, date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        versions={"rt": _version(), "torch": torch.__version__,
+                  "python": platform.python_version()},
+        api_server=fit_api_server(api.prompt_lens, api.seconds),
+        extra={"target": "wall", "grid_points": len(grid),
+               "replay_steps": len(seconds) - len(grid),
+               "grid": [{"kind": m.kind, **dataclasses.asdict(m.features),
+                         "wall_s": m.wall_s, "execute_s": m.execute_s} for m in grid],
+               "host_overhead_fraction_median": sorted(overhead)[len(overhead) // 2],
+               "api_server_timing": {"method": api.method, "prompt_lens": list(api.prompt_lens),
+                                     "seconds": list(api.seconds)}})
+
+
+def _steps_data(path: Path, target: str) -> tuple[list, list]:
+    """Training data from a replay's steps.parquet (or its run directory)."""
+    import pyarrow.parquet as pq
+
+    from sim.calibrate import steps_training_data
+
+    file = path / "steps.parquet" if path.is_dir() else path
+    try:
+        columns = pq.read_table(file).to_pydict()
+        return steps_training_data(columns, target)
+    except (OSError, ValueError) as err:
+        fail(f"--from-steps {file}: {err}")
+
+
+def _profile_from_steps(paths: list[Path], target: str) -> object:
+    """A profile fitted on replay steps only; metadata from the first run's run.json."""
+    import datetime
+
+    from sim.calibrate import fit_with_holdout, make_profile
+    from sim.cost_model import ApiServerCost
+
+    features: list = []
+    seconds: list = []
+    for path in paths:
+        more_f, more_s = _steps_data(path, target)
+        features += more_f
+        seconds += more_s
+    if len(seconds) < 7:
+        fail(f"--from-steps: {len(seconds)} usable steps, at least 7 are needed")
+    run_json = (paths[0] if paths[0].is_dir() else paths[0].parent) / "run.json"
+    info = json.loads(run_json.read_text()) if run_json.is_file() else {}
+    model = info.get("model", {}) if isinstance(info.get("model"), dict) else {}
+    return make_profile(
+        fit_with_holdout(features, seconds), device=str(info.get("device") or "unknown"),
+        model=str(model.get("dir") or "unknown"), dtype=str(info.get("dtype") or "unknown"),
+        versions={"rt": _version()},
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        api_server=ApiServerCost(),
+        extra={"target": target, "replay_steps": len(seconds), "grid_points": 0,
+               "sources": [str(p) for p in paths]})
+
+
+def _print_fit(profile: object) -> None:
+    import dataclasses
+
+    from sim.profile import Profile
+
+    assert isinstance(profile, Profile)
+    fit = profile.fit or {}
+    for name in ("held_out", "all_samples"):
+        q = fit.get(name) or {}
+        if q.get("samples"):
+            typer.echo(f"fit on {name.replace('_', ' ')}: {q['samples']} steps, MAPE "
+                       f"{q['mape']:.1%}, p90 {q['p90_ape']:.1%}, worst {q['worst_ape']:.1%}, "
+                       f"total-time bias {q['bias']:+.1%}", err=True)
+    for key, value in dataclasses.asdict(profile.coefficients).items():
+        typer.echo(f"  {key:<30} {value:.4g} s", err=True)
+
+
+@app.command("calibrate")
+def calibrate(
+    output: Annotated[Path, typer.Option("-o", "--output", help="Profile JSON to write.")],
+    model: _ModelDir = None, device: _Device = "cpu", dtype: _Dtype = "auto",
+    quick: _Quick = False, time_limit: _TimeLimit = None,
+    from_steps: Annotated[list[Path] | None, typer.Option(
+        "--from-steps", help="steps.parquet (or run directory) of an earlier `rt replay`: "
+        "training data. Alone: fit on these steps only; with --model: added to the grid.",
+        rich_help_panel=_Cal)] = None,
+    target: Annotated[str, typer.Option(
+        "--target", help="Step time to fit from --from-steps alone: wall (end - start, what "
+        "the simulator must reproduce) or execute (the runner's measurement).",
+        rich_help_panel=_Cal)] = "wall",
+    max_num_batched_tokens: _MaxBatched = None, max_num_seqs: _MaxSeqs = None,
+    max_model_len: _EngineMaxLen = None, num_gpu_blocks: _NumBlocks = None,
+    seed: _Seed = 0,
+) -> None:
+    """Fit the simulator's `profile` cost model to the real backend: a designed grid of
+    prefill, decode and mixed batches (warm-up, repeats, medians), the API-server costs, a
+    non-negative least-squares fit of the six coefficients, its held-out error. Writes a
+    profile for `rt simulate --profile`."""
+    from sim.profile import write_profile
+
+    if from_steps and model is None:
+        profile = _profile_from_steps(from_steps, target)
+    else:
+        setup, tokenizer = _replay_setup(
+            model, device=device, dtype=dtype, max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+            num_gpu_blocks_override=num_gpu_blocks, seed=seed)
+        profile = _calibrate_setup(setup, tokenizer, quick, time_limit, from_steps or [])
+    _print_fit(profile)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    write_profile(profile, output)  # type: ignore[arg-type]
+    typer.echo(f"rt: wrote {output}", err=True)
+
+
+@app.command("fidelity")
+def fidelity(
+    trace_file: Annotated[Path, typer.Argument(help="Trace file (any `rt trace` format).")],
+    model: _ModelDir = None, device: _Device = "cpu", dtype: _Dtype = "auto",
+    profile: Annotated[Path | None, typer.Option(
+        "--profile", help="Profile JSON (default: calibrate first, on the same engine).")]
+    = None,
+    max_error: Annotated[float | None, typer.Option(
+        "--max-error", help="Exit 1 when |error| of p50/p90 TTFT or ITL exceeds this "
+        "fraction (0.05 = 5%).")] = None,
+    quick: _Quick = False, time_limit: _TimeLimit = None,
+    fmt: _Format = None, first_n: _FirstN = None, time_scale: _TimeScale = None,
+    max_num_batched_tokens: _MaxBatched = None, max_num_seqs: _MaxSeqs = None,
+    max_model_len: _EngineMaxLen = None, block_size: _BlockSize = 16,
+    prefix_caching: _PrefixCaching = True, chunked_prefill: _ChunkedPrefill = True,
+    long_prefill: _LongPrefill = 0, policy: _Policy = "fcfs", num_gpu_blocks: _NumBlocks = None,
+    seed: _Seed = 0,
+    result_dir: Annotated[Path | None, typer.Option(
+        "--result-dir", help="Where real/, sim/, profile.json, fidelity.json and the plots "
+        "go (default: results/fidelity-<time>).")] = None,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots")] = True,
+) -> None:
+    """Replay TRACE on the real backend and simulate it with the profile under the same
+    engine flags and KV pool (blocks), then report the simulator's error: per metric (mean,
+    p50, p90, p99 of TTFT, ITL, TPOT, E2E; throughput), per step, per request (TTFT)."""
+    import datetime
+
+    from sim.profile import load_profile, write_profile
+
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    root = result_dir or Path("results") / f"fidelity-{stamp}"
+    with _user_errors():
+        trace = _replay_trace(trace_file, fmt, math.inf, 1.0, seed, first_n, time_scale)
+        setup, tokenizer = _replay_setup(
+            model, device=device, dtype=dtype, max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs, max_model_len=max_model_len, block_size=block_size,
+            enable_prefix_caching=prefix_caching, enable_chunked_prefill=chunked_prefill,
+            long_prefill_token_threshold=long_prefill, policy=policy,
+            num_gpu_blocks_override=num_gpu_blocks, seed=seed)
+        _check_replay_lengths(trace, setup.scheduler.max_model_len)
+        root.mkdir(parents=True, exist_ok=True)
+        if profile is None:
+            profile = root / "profile.json"
+            fitted = _calibrate_setup(setup, tokenizer, quick, time_limit, [])
+            _print_fit(fitted)
+            write_profile(fitted, profile)  # type: ignore[arg-type]
+        try:
+            loaded = load_profile(profile)
+        except ValueError as err:
+            fail(str(err))
+        real_dir = _fidelity_replay(trace, setup, tokenizer, root / "real")
+        sim_dir = _fidelity_simulate(trace, setup, profile, root / "sim")
+    _fidelity_report(real_dir, sim_dir, loaded, root, plots, max_error)
+
+
+def _fidelity_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
+                     path: Path) -> Path:
+    from analysis.rundir import write_run
+    from backends.replay import ReplayConfig
+    from backends.replay import replay as run_replay
+
+    config = ReplayConfig(setup.scheduler, setup.cache, setup.shape.vocab_size, setup.args.seed)
+    with _bar("replaying (real)") as progress:
+        result = run_replay(trace, config, setup.runner, tokenizer, progress)  # type: ignore[arg-type]
+    if result.interrupted:
+        raise typer.Exit(code=130)
+    info = {"kind": "replay", "rt_version": _version(), "name": "real",
+            "trace": {"name": trace.name, "requests": len(trace),
+                      "digest": workloads.trace_digest(trace)},
+            "wall_s": round(result.wall_s, 3), "tokenizer": tokenizer is not None,
+            "prefix_cache": {"queries": result.prefix_cache_queries,
+                             "hits": result.prefix_cache_hits}, **setup.describe()}
+    write_run(path, [r.to_row() for r in result.requests], result.step_columns, info)
+    typer.echo(f"rt: replayed {len(trace)} requests, {result.num_steps} steps, "
+               f"{result.wall_s:.2f} s wall -> {path}", err=True)
+    return path
+
+
+def _fidelity_simulate(trace: workloads.Trace, setup: RealSetup, profile: Path,
+                       path: Path) -> Path:
+    """The same trace in the simulator, with the real engine's resolved flags and pool."""
+    from analysis.rundir import write_run
+    from sim.engine_args import EngineArgs, build_setup
+    from sim.simulator import simulate as run_simulation
+
+    sched, cache, args = setup.scheduler, setup.cache, setup.args
+    sim_args = EngineArgs(
+        max_num_batched_tokens=sched.max_num_batched_tokens, max_num_seqs=sched.max_num_seqs,
+        max_model_len=sched.max_model_len, block_size=cache.block_size,
+        enable_prefix_caching=cache.enable_prefix_caching,
+        enable_chunked_prefill=sched.enable_chunked_prefill,
+        long_prefill_token_threshold=sched.long_prefill_token_threshold, policy=sched.policy,
+        num_gpu_blocks_override=cache.num_blocks)
+    try:
+        sim = build_setup(sim_args, str(args.model_dir), "h200", str(profile), args.seed)
+    except ValueError as err:
+        fail(str(err))
+    result = run_simulation(trace, sim.config, sim.cost_model)
+    info = {"kind": "simulate", "rt_version": _version(), "name": "sim",
+            "trace": {"name": trace.name, "requests": len(trace),
+                      "digest": workloads.trace_digest(trace)},
+            "wall_s": round(result.wall_s, 3),
+            "prefix_cache": {"queries": result.prefix_cache_queries,
+                             "hits": result.prefix_cache_hits}, **sim.describe()}
+    write_run(path, [r.to_row() for r in result.requests], result.step_columns, info)
+    return path
+
+
+def _fidelity_report(real_dir: Path, sim_dir: Path, profile: object, root: Path, plots: bool,
+                     max_error: float | None) -> None:
+    from analysis.fidelity import fidelity_report, gate, render
+    from analysis.plots import cdfs, latency_values, percentile_curves
+    from runtime.batch import BatchFeatures
+    from sim.calibrate import predict
+
+    with _analysis_errors():
+        real, sim = _load_checked(real_dir), _load_checked(sim_dir)
+        steps = real.steps  # type: ignore[attr-defined]
+        names = list(BatchFeatures.__dataclass_fields__)
+        features = [BatchFeatures(**{n: int(row[n]) for n in names})
+                    for row in steps[names].to_dict("records")]
+        measured = (steps["end_s"] - steps["start_s"]).to_numpy()
+        predicted = predict(profile.coefficients, features)  # type: ignore[attr-defined]
+        report = fidelity_report(real, sim, measured, predicted)  # type: ignore[arg-type]
+        typer.echo(render(report))
+        (root / "fidelity.json").write_text(json.dumps(report.to_json_dict(), indent=2) + "\n")
+        if plots:
+            series = {"real": latency_values(real.requests),  # type: ignore[attr-defined]
+                      "sim": latency_values(sim.requests)}  # type: ignore[attr-defined]
+            _save_figures({"percentiles": percentile_curves(series), "cdf": cdfs(series)},
+                          root / "plots")
+        typer.echo(f"rt: wrote {root}/fidelity.json", err=True)
+        violations = gate(report, max_error) if max_error is not None else []
+    for line in violations:
+        typer.echo(f"rt: fidelity: {line}", err=True)
+    if violations:
+        raise typer.Exit(code=1)
+
 
 # ---- rt bench ... ---------------------------------------------------------------------------
 

@@ -1,0 +1,151 @@
+"""`rt fidelity`: how far a simulated run is from a real run of the same trace.
+
+Three views, each a relative error (sim - real) / real, a fraction (0.05 = 5%), unless named
+otherwise:
+
+* per metric: mean, p50, p90 and p99 of TTFT, ITL, TPOT and E2E latency (vLLM's definitions,
+  `analysis.metrics`), and the throughputs;
+* per step: the cost model's predicted time of each *real* step (computed by the caller, who
+  owns the cost model) against its measured wall time (end_s - start_s);
+* per request: TTFT of the same request in both runs (signed and absolute, ms and relative).
+
+`gate` names the errors above a tolerance (the goal metrics: p50/p90 of TTFT and ITL).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.metrics import per_request_latencies
+from analysis.report import ReportOptions, result_dict
+from analysis.rundir import Run
+
+METRICS = ("ttft", "itl", "tpot", "e2el")
+STATS = ("mean", "p50", "p90", "p99")
+THROUGHPUTS = ("request_throughput", "output_throughput", "total_token_throughput")
+GATE_KEYS = ("p50_ttft_ms", "p90_ttft_ms", "p50_itl_ms", "p90_itl_ms")
+
+
+def _relative(sim: float, real: float) -> float:
+    return (sim - real) / real if real else math.nan
+
+
+def metric_errors(real: Run, sim: Run) -> pd.DataFrame:
+    """Rows: `{stat}_{metric}_ms` for every stat and metric, then the throughputs; columns
+    real, sim (ms, or per second for throughputs) and error (relative, signed)."""
+    options = ReportOptions(METRICS, (50.0, 90.0, 99.0))
+    a, b = result_dict(real, options), result_dict(sim, options)
+    keys = [f"{stat}_{metric}_ms" for metric in METRICS for stat in STATS] + list(THROUGHPUTS)
+    rows = {key: (float(a[key]), float(b[key]), _relative(float(b[key]), float(a[key])))
+            for key in keys}
+    table = pd.DataFrame.from_dict(rows, orient="index", columns=["real", "sim", "error"])
+    table.index.name = "metric"
+    return table
+
+
+def _percentiles(values: np.ndarray, qs: Sequence[float]) -> dict[str, float]:
+    if values.size == 0:
+        return {f"p{q:g}": math.nan for q in qs}
+    return {f"p{q:g}": float(np.percentile(values, q)) for q in qs}
+
+
+def step_errors(measured_s: Sequence[float], predicted_s: Sequence[float]) -> dict[str, float]:
+    """Per-step prediction error over steps with a positive measured time: mean and
+    percentiles of |pred - meas| / meas, the signed median, and the bias on the total
+    (Σ pred / Σ meas - 1). Fractions; `steps` is the count."""
+    meas = np.asarray(measured_s, dtype=np.float64)
+    pred = np.asarray(predicted_s, dtype=np.float64)
+    if meas.shape != pred.shape:
+        raise ValueError(f"{meas.size} measured step times but {pred.size} predictions")
+    keep = meas > 0
+    meas, pred = meas[keep], pred[keep]
+    rel = (pred - meas) / meas if meas.size else np.empty(0)
+    out: dict[str, float] = {"steps": float(meas.size),
+                             "mape": float(np.abs(rel).mean()) if rel.size else math.nan,
+                             "median_signed": float(np.median(rel)) if rel.size else math.nan}
+    out.update({f"{k}_ape": v for k, v in _percentiles(np.abs(rel), (50, 90, 99)).items()})
+    out["worst_ape"] = float(np.abs(rel).max()) if rel.size else math.nan
+    out["bias_total"] = float(pred.sum() / meas.sum() - 1.0) if meas.size else math.nan
+    return out
+
+
+def ttft_errors(real: pd.DataFrame, sim: pd.DataFrame) -> dict[str, float]:
+    """Per-request TTFT error of the requests completed in both runs: the signed error in ms
+    (p10, p50, p90, mean), the absolute error in ms (p50, p90, p99) and the absolute relative
+    error (p50, p90). `requests` is the count."""
+    a = per_request_latencies(real)[["request_id", "ttft"]]
+    b = per_request_latencies(sim)[["request_id", "ttft"]]
+    both = a.merge(b, on="request_id", suffixes=("_real", "_sim"))
+    diff = (both["ttft_sim"] - both["ttft_real"]).to_numpy(dtype=np.float64)
+    rel = np.abs(diff) / both["ttft_real"].to_numpy(dtype=np.float64)
+    out: dict[str, float] = {"requests": float(len(both)),
+                             "mean_signed_ms": float(diff.mean()) if diff.size else math.nan}
+    out.update({f"{k}_signed_ms": v for k, v in _percentiles(diff, (10, 50, 90)).items()})
+    out.update({f"{k}_abs_ms": v for k, v in _percentiles(np.abs(diff), (50, 90, 99)).items()})
+    out.update({f"{k}_abs_rel": v for k, v in _percentiles(rel, (50, 90)).items()})
+    return out
+
+
+@dataclass(frozen=True)
+class FidelityReport:
+    """The three views of one real/sim pair."""
+
+    metrics: pd.DataFrame  # metric_errors
+    steps: dict[str, float]  # step_errors
+    ttft: dict[str, float]  # ttft_errors
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """JSON-ready (NaN as null)."""
+        def clean(v: float) -> float | None:
+            return None if isinstance(v, float) and not math.isfinite(v) else v
+
+        metrics = {key: {col: clean(float(val)) for col, val in row.items()}
+                   for key, row in self.metrics.iterrows()}
+        return {"metrics": metrics, "steps": {k: clean(v) for k, v in self.steps.items()},
+                "ttft_per_request": {k: clean(v) for k, v in self.ttft.items()}}
+
+
+def fidelity_report(real: Run, sim: Run, measured_step_s: Sequence[float],
+                    predicted_step_s: Sequence[float]) -> FidelityReport:
+    """All three views; the step times are the real run's (measured, and as predicted)."""
+    return FidelityReport(metric_errors(real, sim), step_errors(measured_step_s,
+                                                                predicted_step_s),
+                          ttft_errors(real.requests, sim.requests))
+
+
+def gate(report: FidelityReport, max_error: float,
+         keys: Sequence[str] = GATE_KEYS) -> list[str]:
+    """One line per gated metric whose |error| exceeds `max_error` (a fraction)."""
+    if not max_error >= 0:
+        raise ValueError(f"--max-error must be >= 0, got {max_error}")
+    out = []
+    for key in keys:
+        error = float(report.metrics.loc[key, "error"])
+        if not abs(error) <= max_error:  # NaN fails too
+            out.append(f"{key}: error {error:+.1%} exceeds {max_error:.1%}")
+    return out
+
+
+def render(report: FidelityReport) -> str:
+    """Fixed-width text: the metric table, then the step and per-request lines."""
+    lines = [f"{'metric':<28}{'real':>12}{'sim':>12}{'error':>10}"]
+    for key, row in report.metrics.iterrows():
+        lines.append(f"{str(key):<28}{row['real']:>12.3f}{row['sim']:>12.3f}"
+                     f"{row['error']:>+10.1%}")
+    s, t = report.steps, report.ttft
+    lines.append(f"per-step time prediction ({s['steps']:.0f} real steps): MAPE "
+                 f"{s['mape']:.1%}, p50 {s['p50_ape']:.1%}, p90 {s['p90_ape']:.1%}, p99 "
+                 f"{s['p99_ape']:.1%}, worst {s['worst_ape']:.1%}, signed median "
+                 f"{s['median_signed']:+.1%}, total busy time {s['bias_total']:+.1%}")
+    lines.append(f"per-request TTFT error ({t['requests']:.0f} requests): signed p10/p50/p90 "
+                 f"{t['p10_signed_ms']:+.2f}/{t['p50_signed_ms']:+.2f}/"
+                 f"{t['p90_signed_ms']:+.2f} ms, |error| p50/p90/p99 {t['p50_abs_ms']:.2f}/"
+                 f"{t['p90_abs_ms']:.2f}/{t['p99_abs_ms']:.2f} ms, relative p50/p90 "
+                 f"{t['p50_abs_rel']:.1%}/{t['p90_abs_rel']:.1%}")
+    return "\n".join(lines)
