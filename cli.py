@@ -899,10 +899,12 @@ def _sweep_output(records: list[dict[str, object]], root: Path, slos: object,
 # (replay commands are defined below this line)
 
 if TYPE_CHECKING:
+    from backends.endpoint_replay import EndpointConfig, EndpointInfo
     from backends.engine_setup import RealSetup
     from backends.replay import ReplayResult, Tokenizer
 
 _Real = "Real engine"
+_Endpoint = "OpenAI-compatible endpoint (--endpoint)"
 _DEFAULT_REPLAY = {"num_prompts": 32, "input_len": 96, "output_len": 24, "rate": 8.0}
 
 
@@ -914,7 +916,8 @@ def replay(
         "req/s).", show_default=False)] = None,
     model: Annotated[Path | None, typer.Option(
         "--model", help="Local Hugging Face model directory (Llama, Mistral, Qwen2, Qwen3). "
-        "Default: a tiny random Llama, built once in ~/.cache/rt/tiny-llama.",
+        "Default: a tiny random Llama, built once in ~/.cache/rt/tiny-llama. With "
+        "--endpoint: the model name to send (as --served-model-name).",
         rich_help_panel=_Real)] = None,
     fmt: _Format = None,
     request_rate: _Rate = math.inf, burstiness: _Burst = 1.0,
@@ -941,8 +944,28 @@ def replay(
     = None,
     metric_percentiles: _Percentiles = "99",
     check_invariants: _CheckInvariants = False,
+    endpoint: Annotated[str | None, typer.Option(
+        "--endpoint", help="Replay against this OpenAI-compatible server instead "
+        "(http://HOST:PORT, its /v1 or its /v1/completions URL); the engine flags are then "
+        "unused.", rich_help_panel=_Endpoint)] = None,
+    served_model_name: Annotated[str | None, typer.Option(
+        "--served-model-name", help="Model name of the request body (default: --model, else "
+        "the first of GET /v1/models).", rich_help_panel=_Endpoint)] = None,
+    api_key: Annotated[str | None, typer.Option(
+        "--api-key", envvar="OPENAI_API_KEY", help="Bearer token for the endpoint.",
+        show_default=False, rich_help_panel=_Endpoint)] = None,
+    max_concurrency: Annotated[int | None, typer.Option(
+        "--max-concurrency", help="Requests in flight at most (client-side, as vLLM bench).",
+        rich_help_panel=_Endpoint)] = None,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", help="Seconds one request may take in all; then it counts as failed.",
+        rich_help_panel=_Endpoint)] = 600.0,
+    vocab_size: Annotated[int, typer.Option(
+        "--vocab-size", help="Prompt token ids are drawn from [10, N): at most the served "
+        "model's vocabulary.", rich_help_panel=_Endpoint)] = 32000,
 ) -> None:
-    """Replay a trace in real time through the vLLM-V1 core and a real model (CPU or GPU).
+    """Replay a trace in real time through the vLLM-V1 core and a real model (CPU or GPU),
+    or, with --endpoint, against any OpenAI-compatible server (client-side timing).
 
     Requests are released at their arrival times on the wall clock; the output blocks and
     the run directory are those of `rt simulate`. With no arguments: a tiny random Llama and
@@ -952,6 +975,14 @@ def replay(
         percentiles = _parse_percentiles(metric_percentiles)
         trace = _replay_trace(trace_file, fmt, request_rate, burstiness, seed, first_n,
                               time_scale)
+        if endpoint is not None:
+            name = served_model_name or (str(model) if model is not None else None)
+            config, info = _endpoint_setup(endpoint, name, api_key, max_concurrency, timeout,
+                                           vocab_size, seed)
+            if info.max_model_len is not None:
+                _check_replay_lengths(trace, info.max_model_len)
+            _run_endpoint(trace, config, info, result_dir, percentiles)
+            return
         setup, tokenizer = _replay_setup(
             model, device=device, dtype=dtype, kv_cache_memory=kv_cache_memory,
             gpu_memory_utilization=memory_utilization,
@@ -1046,6 +1077,61 @@ def _run_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer |
     if result.interrupted:
         typer.echo("rt: interrupted: records of the requests so far were written", err=True)
         raise typer.Exit(code=130)
+
+
+def _endpoint_setup(url: str, model: str | None, api_key: str | None,
+                    max_concurrency: int | None, timeout: float, vocab_size: int, seed: int
+                    ) -> tuple[EndpointConfig, EndpointInfo]:
+    """The endpoint's config and what `GET /v1/models` says; one line on error."""
+    try:
+        from backends.endpoint_replay import EndpointConfig, EndpointError, probe
+    except ImportError as err:
+        fail(f"--endpoint needs {err.name}: pip install 'rt[serve]'")
+    try:
+        config = EndpointConfig(url, model, api_key, max_concurrency, timeout, vocab_size, seed)
+        return config, probe(config)
+    except EndpointError as err:
+        fail(str(err))
+
+
+def _run_endpoint(trace: workloads.Trace, config: EndpointConfig, info: EndpointInfo,
+                  result_dir: Path | None, percentiles: list[float]) -> None:
+    """Replay against the endpoint, write the run directory, print vLLM's block; failed
+    requests are counted (exit 0, as vLLM bench) unless every request failed (exit 1)."""
+    import datetime
+
+    from analysis.console import benchmark_block
+    from analysis.metrics import benchmark_metrics
+    from analysis.rundir import load_run, write_run
+    from backends.endpoint_replay import replay_endpoint, run_info
+
+    _note([f"endpoint {info.completions_url}, model {info.model}, client-side timing"])
+    with _progress(len(trace)) as progress:
+        result = replay_endpoint(trace, config, info, progress)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = result_dir or Path("results") / f"endpoint-{stamp}"
+    meta = {"kind": "endpoint", "rt_version": _version(), "name": path.name,
+            "trace": {"name": trace.name, "requests": len(trace),
+                      "digest": workloads.trace_digest(trace)},
+            **run_info(result, config, info)}
+    write_run(path, [r.to_row() for r in result.requests], {}, meta)
+    run = load_run(path)
+    failed, sent = result.num_failed, len(result.requests)
+    if sent > failed:
+        typer.echo(benchmark_block(benchmark_metrics(run.requests, percentiles),
+                                   percentiles=percentiles, request_rate=None))
+    if failed:
+        first = next(iter(result.errors.items()), ("", ""))
+        _note([f"{failed} of {sent} requests failed (first: {first[0]}: {first[1]}); "
+               f"messages in {path / 'run.json'}"])
+    typer.echo(f"rt: wrote {path} ({sent} requests, client-side timing, "
+               f"{result.wall_s:.2f} s wall)", err=True)
+    if result.interrupted:
+        typer.echo("rt: interrupted: records of the requests so far were written", err=True)
+        raise typer.Exit(code=130)
+    if sent and failed == sent:
+        typer.echo(f"rt: every request failed ({first[1]})", err=True)
+        raise typer.Exit(code=1)
 
 
 def _report_run(path: Path, result: ReplayResult, info: dict[str, object],
@@ -1163,8 +1249,10 @@ def _steps_data(path: Path, target: str) -> tuple[list, list]:
         fail(f"--from-steps {file}: {err}")
 
 
-def _profile_from_steps(paths: list[Path], target: str) -> object:
-    """A profile fitted on replay steps only; metadata from the first run's run.json."""
+def _profile_from_steps(paths: list[Path], target: str, api_server: object = None) -> object:
+    """A profile fitted on replay steps only (squared errors in seconds, so the total busy
+    time is unbiased); metadata from the first run's run.json; the API-server cost as given,
+    else the default."""
     import datetime
 
     from sim.calibrate import fit_with_holdout, make_profile
@@ -1182,11 +1270,12 @@ def _profile_from_steps(paths: list[Path], target: str) -> object:
     info = json.loads(run_json.read_text()) if run_json.is_file() else {}
     model = info.get("model", {}) if isinstance(info.get("model"), dict) else {}
     return make_profile(
-        fit_with_holdout(features, seconds), device=str(info.get("device") or "unknown"),
+        fit_with_holdout(features, seconds, relative=False),
+        device=str(info.get("device") or "unknown"),
         model=str(model.get("dir") or "unknown"), dtype=str(info.get("dtype") or "unknown"),
         versions={"rt": _version()},
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        api_server=ApiServerCost(),
+        api_server=api_server or ApiServerCost(),  # type: ignore[arg-type]
         extra={"target": target, "replay_steps": len(seconds), "grid_points": 0,
                "sources": [str(p) for p in paths]})
 
@@ -1256,6 +1345,10 @@ def fidelity(
         "--max-error", help="Exit 1 when |error| of p50/p90 TTFT or ITL exceeds this "
         "fraction (0.05 = 5%).")] = None,
     quick: _Quick = False, time_limit: _TimeLimit = None,
+    fit_on_replay: Annotated[bool, typer.Option(
+        "--fit-on-replay", help="No grid: fit the profile on the replay's own steps "
+        "(in-sample; separates the simulator's structural error from calibration drift).",
+        rich_help_panel=_Cal)] = False,
     fmt: _Format = None, first_n: _FirstN = None, time_scale: _TimeScale = None,
     max_num_batched_tokens: _MaxBatched = None, max_num_seqs: _MaxSeqs = None,
     max_model_len: _EngineMaxLen = None, block_size: _BlockSize = 16,
@@ -1286,18 +1379,32 @@ def fidelity(
             num_gpu_blocks_override=num_gpu_blocks, seed=seed)
         _check_replay_lengths(trace, setup.scheduler.max_model_len)
         root.mkdir(parents=True, exist_ok=True)
-        if profile is None:
+        if profile is None and not fit_on_replay:
             profile = root / "profile.json"
             fitted = _calibrate_setup(setup, tokenizer, quick, time_limit, [])
             _print_fit(fitted)
             write_profile(fitted, profile)  # type: ignore[arg-type]
+        real_dir = _fidelity_replay(trace, setup, tokenizer, root / "real")
+        if fit_on_replay:
+            profile = root / "profile.json"
+            fitted = _profile_from_steps([real_dir], "wall", _api_cost(setup, tokenizer))
+            _print_fit(fitted)
+            write_profile(fitted, profile)  # type: ignore[arg-type]
+        assert profile is not None
         try:
             loaded = load_profile(profile)
         except ValueError as err:
             fail(str(err))
-        real_dir = _fidelity_replay(trace, setup, tokenizer, root / "real")
         sim_dir = _fidelity_simulate(trace, setup, profile, root / "sim")
     _fidelity_report(real_dir, sim_dir, loaded, root, plots, max_error)
+
+
+def _api_cost(setup: RealSetup, tokenizer: Tokenizer | None) -> object:
+    from backends.calibrate import time_api_server
+    from sim.calibrate import fit_api_server
+
+    api = time_api_server(setup.shape.vocab_size, tokenizer, (16, 256, 1024), 7)
+    return fit_api_server(api.prompt_lens, api.seconds)
 
 
 def _fidelity_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
