@@ -94,7 +94,7 @@ class Request:
         "cache_salt", "lora_name", "lora_path", "status", "stop_reason", "num_computed_tokens",
         "num_preemptions", "num_cached_tokens", "block_hashes", "_all_token_ids",
         "_block_hasher", "_hash_block_size", "max_tokens", "num_prompt_tokens", "num_tokens",
-        "eos_token_id", "stop_token_ids",
+        "eos_token_id", "stop_token_ids", "stop_length",
     )
 
     def __init__(
@@ -121,6 +121,9 @@ class Request:
         self.stop_token_ids = sampling_params.stop_token_ids
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_tokens = self.num_prompt_tokens  # prompt + outputs
+        # The shortest length at which a length rule could stop it (the scheduler tightens
+        # it with max_model_len and the pool's capacity); a cheap pre-check per token.
+        self.stop_length = self.num_prompt_tokens + self.max_tokens
         self.status = RequestStatus.WAITING
         # Token id for a stop token, or a readable text (e.g. why a request was ignored).
         self.stop_reason: int | str | None = None

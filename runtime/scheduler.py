@@ -117,6 +117,8 @@ class Scheduler:
             return
         if self._block_hasher is not None:
             request.set_block_hasher(self._block_hasher, self.block_size)
+        request.stop_length = min(request.stop_length, self.max_model_len,
+                                  self.pool_capacity_tokens + 1)
         self.waiting.add(request)
 
     def _why_never_fits(self, request: Request) -> str | None:
@@ -359,9 +361,13 @@ class Scheduler:
             request = requests.get(req_id)
             if request is None or request.status > RequestStatus.PREEMPTED:
                 continue  # aborted while its step ran
-            if len(tokens) == 1:  # the usual case: one sampled token
-                request.append_output_token(tokens[0])
-                status = self._check_stop(request, tokens[0])
+            if len(tokens) == 1:  # the usual case: one sampled token, and no stop
+                token = tokens[0]
+                request.append_output_token(token)
+                if (token != request.eos_token_id and not request.stop_token_ids
+                        and request.num_tokens < request.stop_length):
+                    continue
+                status = self._check_stop(request, token)
                 if status is not None:
                     request.status = status
                     finished.append(request)
