@@ -49,16 +49,14 @@ def decode_run_limit(s: Scheduler) -> int:
     plain, _ = plain_decode_wait_reason(s)
     if not plain or not all_decoding(s):
         return 0
-    limit = min(_steps_before_length_stop(s, request) for request in s.running)
+    limit = min(_steps_before_length_stop(request) for request in s.running)
     return _steps_with_free_blocks(s, limit)
 
 
-def _steps_before_length_stop(s: Scheduler, request: Request) -> int:
-    # The stop_in-th token appended from now stops the request; the steps before are safe.
-    stop_in = min(request.max_tokens - request.num_output_tokens,
-                  s.max_model_len - request.num_tokens,
-                  s.pool_capacity_tokens + 1 - request.num_tokens)
-    return stop_in - 1
+def _steps_before_length_stop(request: Request) -> int:
+    # Appending the (stop_length - num_tokens)-th token from now stops the request by length;
+    # the steps before it are safe.
+    return request.stop_length - request.num_tokens - 1
 
 
 def steps_before_token_stop(s: Scheduler, tokens: Mapping[str, Sequence[int]],
