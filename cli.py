@@ -1152,6 +1152,113 @@ def _report_run(path: Path, result: ReplayResult, info: dict[str, object],
                f"{result.wall_s:.2f} s wall)", err=True)
 
 
+# ---- rt serve (backends; --simulate: sim) ------------------------------------------------------
+# (serve commands are defined below this line)
+
+_Serve = "Server"
+
+
+@app.command()
+def serve(
+    model: Annotated[str | None, typer.Option(
+        "--model", "--sim-model", help="Local Hugging Face model directory (default: the tiny "
+        "random Llama on the CPU); with --simulate, the simulated model (preset or config, "
+        "default llama-3.1-8b).", rich_help_panel=_Serve)] = None,
+    simulate_: Annotated[bool, typer.Option(
+        "--simulate", help="Execution times from the cost model on the wall clock, synthetic "
+        "tokens (no model, no GPU).", rich_help_panel=_Serve)] = False,
+    gpu: Annotated[str, typer.Option("--gpu", help="--simulate: the simulated GPU.",
+                                     rich_help_panel=_Serve)] = "h200",
+    profile: Annotated[str | None, typer.Option(
+        "--profile", help="--simulate: calibrated cost-model profile (JSON).",
+        rich_help_panel=_Serve)] = None,
+    host: Annotated[str, typer.Option("--host", rich_help_panel=_Serve)] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", rich_help_panel=_Serve)] = 8000,
+    served_model_name: Annotated[str | None, typer.Option(
+        "--served-model-name", help="The name clients pass as `model`.",
+        rich_help_panel=_Serve)] = None,
+    max_queued: Annotated[int | None, typer.Option(
+        "--max-num-queued-requests", help="Answer 503 when this many requests await their "
+        "first token.", rich_help_panel=_Serve)] = None,
+    shutdown_timeout: Annotated[float, typer.Option(
+        "--shutdown-timeout", help="On SIGTERM, seconds in-flight requests may finish before "
+        "they are aborted.", rich_help_panel=_Serve)] = 10.0,
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda.",
+                                        rich_help_panel=_Real)] = "cpu",
+    dtype: Annotated[str, typer.Option("--dtype", rich_help_panel=_Real)] = "auto",
+    kv_cache_memory: Annotated[int | None, typer.Option(
+        "--kv-cache-memory", help="KV pool size in bytes.", rich_help_panel=_Real)] = None,
+    memory_utilization: Annotated[float, typer.Option(
+        "--gpu-memory-utilization", rich_help_panel=_Real)] = 0.9,
+    max_num_batched_tokens: _MaxBatched = None, max_num_seqs: _MaxSeqs = None,
+    max_model_len: _EngineMaxLen = None, block_size: _BlockSize = 16,
+    prefix_caching: _PrefixCaching = True, chunked_prefill: _ChunkedPrefill = True,
+    long_prefill: _LongPrefill = 0,
+    policy: _Policy = "fcfs",
+    num_gpu_blocks: _NumBlocks = None,
+    seed: _Seed = 0,
+    log_level: Annotated[str, typer.Option("--uvicorn-log-level",
+                                           rich_help_panel=_Serve)] = "warning",
+) -> None:
+    """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /tokenize,
+    /health, /metrics) from an engine-core process: a real model, or with --simulate the
+    cost model on the wall clock. SIGTERM/Ctrl-C drains, then exits."""
+    from backends.api_server import ServeConfig, run_server
+
+    if max_queued is not None and max_queued < 1:
+        fail(f"--max-num-queued-requests must be >= 1, got {max_queued}")
+    engine = dict(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                  max_model_len=max_model_len, block_size=block_size,
+                  enable_prefix_caching=prefix_caching,
+                  enable_chunked_prefill=chunked_prefill,
+                  long_prefill_token_threshold=long_prefill, policy=policy,
+                  num_gpu_blocks_override=num_gpu_blocks)
+    with _user_errors():
+        if simulate_:
+            factory, kwargs, name, tokenizer_dir = _serve_simulated(model, gpu, profile, seed,
+                                                                    engine)
+        else:
+            factory, kwargs, name, tokenizer_dir = _serve_real(
+                model, seed, engine, device=device, dtype=dtype,
+                kv_cache_memory=kv_cache_memory, gpu_memory_utilization=memory_utilization)
+    config = ServeConfig(served_model_name or name, factory, kwargs, tokenizer_dir, max_queued)
+    typer.echo(f"rt: serving {config.model_name} on http://{host}:{port}/v1", err=True)
+    try:
+        run_server(config, host, port, shutdown_timeout, log_level)
+    except RuntimeError as err:
+        fail(str(err))
+    typer.echo("rt: server stopped", err=True)
+
+
+def _serve_simulated(model: str | None, gpu: str, profile: str | None, seed: int,
+                     engine: dict[str, object]) -> tuple[object, dict, str, None]:
+    """The wall-clock simulator's executor factory (validated here, built in the engine)."""
+    from sim.engine_args import EngineArgs, build_setup
+    from sim.live_executor import build_live_executor
+
+    args = EngineArgs(**engine)  # type: ignore[arg-type]
+    sim_model = model or "llama-3.1-8b"
+    build_setup(args, sim_model, gpu, profile, seed)  # one-line errors before the fork
+    kwargs = {"engine_args": args, "model": sim_model, "gpu": gpu, "profile": profile,
+              "seed": seed}
+    return build_live_executor, kwargs, Path(sim_model).name, None
+
+
+def _serve_real(model: str | None, seed: int, engine: dict[str, object],
+                **real: object) -> tuple[object, dict, str, Path]:
+    """The real executor's factory; the model is loaded in the engine process."""
+    from backends.engine_process import build_real_executor
+    from backends.engine_setup import RealEngineArgs
+    from backends.tiny_model import build_tiny_llama
+
+    model_dir = Path(model) if model is not None else build_tiny_llama()
+    if not (model_dir / "config.json").is_file():
+        fail(f"--model {model_dir}: not a model directory (no config.json)")
+    args = RealEngineArgs(model_dir=model_dir, seed=seed, **engine, **real)  # type: ignore[arg-type]
+    name = "tiny-llama" if model is None else model_dir.name
+    return build_real_executor, {"args": args}, name, model_dir
+
+
 # ---- rt calibrate / fidelity -----------------------------------------------------------------
 # (calibration commands are defined below this line)
 

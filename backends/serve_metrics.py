@@ -1,0 +1,203 @@
+"""Prometheus metrics of `rt serve`, by vLLM's names, types, labels and buckets.
+
+Source of the conventions: vLLM's `v1/metrics/loggers.py` (PrometheusStatLogger) and
+`v1/metrics/buckets.py`. Labels are `model_name` and `engine` ("0": one engine core);
+`admission_rejections` has `model_name` and `reason`. prometheus-client adds `_total` to
+counters and `_bucket`/`_sum`/`_count` to histograms. Times are seconds.
+
+Where the values come from: gauges from the engine's scheduler stats after every step or
+abort; TTFT and E2E from the API server's clock (arrival = the request reached the handler);
+ITL and the phase times from the engine's step timestamps (one ITL sample per output).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+                           40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+               7.5, 10.0, 20.0, 40.0, 80.0)
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+N_BUCKETS = (1, 2, 5, 10, 20)
+PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+
+
+def buckets_1_2_5(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to and including `max_value` (vLLM's build_1_2_5_buckets)."""
+    buckets, exponent = [], 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10 ** exponent
+            if value > max_value:
+                return buckets
+            buckets.append(value)
+        exponent += 1
+
+
+class ServeMetrics:
+    """The registry and its metrics; the API server calls the `on_*` methods."""
+
+    def __init__(self, model_name: str, max_model_len: int, num_gpu_blocks: int,
+                 block_size: int, prefix_caching: bool) -> None:
+        self.registry = CollectorRegistry()
+        self.labels = {"model_name": model_name, "engine": "0"}
+        self.model_name = model_name
+        self._prefix = (0, 0)  # cumulative (queries, hits) seen so far
+        sizes = buckets_1_2_5(max_model_len)
+        self._gauges()
+        self._counters()
+        self._histograms(sizes)
+        info = Gauge("vllm:cache_config_info", "Information of the KV cache configuration.",
+                     ["engine", "num_gpu_blocks", "block_size", "enable_prefix_caching"],
+                     registry=self.registry)
+        info.labels("0", str(num_gpu_blocks), str(block_size), str(prefix_caching)).set(1)
+
+    def _gauge(self, name: str, doc: str) -> Gauge:
+        return Gauge(name, doc, list(self.labels), registry=self.registry).labels(**self.labels)
+
+    def _counter(self, name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+        return Counter(name, doc, [*self.labels, *extra], registry=self.registry)
+
+    def _histogram(self, name: str, doc: str, buckets: tuple | list) -> Histogram:
+        return Histogram(name, doc, list(self.labels), buckets=buckets,
+                         registry=self.registry).labels(**self.labels)
+
+    def _gauges(self) -> None:
+        self.running = self._gauge("vllm:num_requests_running",
+                                   "Number of requests in model execution batches.")
+        self.waiting = self._gauge("vllm:num_requests_waiting",
+                                   "Number of requests waiting to be processed.")
+        by_reason = Gauge("vllm:num_requests_waiting_by_reason",
+                          "Waiting requests by reason.", [*self.labels, "reason"],
+                          registry=self.registry)
+        self.waiting_capacity = by_reason.labels(**self.labels, reason="capacity")
+        by_reason.labels(**self.labels, reason="deferred").set(0)
+        self.kv_usage = self._gauge("vllm:kv_cache_usage_perc",
+                                    "KV-cache usage. 1 means 100 percent usage.")
+
+    def _counters(self) -> None:
+        lab = self.labels
+        self.prefix_queries = self._counter(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of "
+            "queried tokens.").labels(**lab)
+        self.prefix_hits = self._counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached "
+            "tokens.").labels(**lab)
+        self.preemptions = self._counter("vllm:num_preemptions",
+                                         "Cumulative number of preemption from the engine."
+                                         ).labels(**lab)
+        self.prompt_tokens = self._counter("vllm:prompt_tokens",
+                                           "Number of prefill tokens processed.").labels(**lab)
+        by_source = self._counter("vllm:prompt_tokens_by_source",
+                                  "Prompt tokens by source.", ("source",))
+        self.prompt_computed = by_source.labels(**lab, source="local_compute")
+        self.prompt_cache_hit = by_source.labels(**lab, source="local_cache_hit")
+        by_source.labels(**lab, source="external_kv_transfer")
+        self.prompt_cached = self._counter("vllm:prompt_tokens_cached",
+                                           "Cached prompt tokens.").labels(**lab)
+        self.generation_tokens = self._counter(
+            "vllm:generation_tokens", "Number of generation tokens processed.").labels(**lab)
+        self.success = self._counter("vllm:request_success",
+                                     "Count of successfully processed requests.",
+                                     ("finished_reason",))
+        for reason in ("stop", "length", "abort"):
+            self.success.labels(**lab, finished_reason=reason)
+        self.rejections = Counter("vllm:admission_rejections",
+                                  "Requests rejected at admission (HTTP 503).",
+                                  ["model_name", "reason"], registry=self.registry)
+
+    def _histograms(self, sizes: list[int]) -> None:
+        h = self._histogram
+        self.ttft = h("vllm:time_to_first_token_seconds", "Histogram of time to first token "
+                      "in seconds.", TTFT_BUCKETS)
+        self.itl = h("vllm:inter_token_latency_seconds", "Histogram of inter-token latency "
+                     "in seconds.", ITL_BUCKETS)
+        self.tpot = h("vllm:request_time_per_output_token_seconds", "Histogram of "
+                      "time_per_output_token_seconds per request.", ITL_BUCKETS)
+        self.e2e = h("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency "
+                     "in seconds.", REQUEST_LATENCY_BUCKETS)
+        self.queue = h("vllm:request_queue_time_seconds", "Histogram of time spent in "
+                       "WAITING phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.inference = h("vllm:request_inference_time_seconds", "Histogram of time spent "
+                           "in RUNNING phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.prefill = h("vllm:request_prefill_time_seconds", "Histogram of time spent in "
+                         "PREFILL phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.decode = h("vllm:request_decode_time_seconds", "Histogram of time spent in "
+                        "DECODE phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.prompt_len = h("vllm:request_prompt_tokens", "Number of prefill tokens "
+                            "processed.", sizes)
+        self.gen_len = h("vllm:request_generation_tokens", "Number of generation tokens "
+                         "processed.", sizes)
+        self.max_gen_len = h("vllm:request_max_num_generation_tokens", "Histogram of maximum "
+                             "number of requested generation tokens.", sizes)
+        self.max_tokens = h("vllm:request_params_max_tokens", "Histogram of the max_tokens "
+                            "request parameter.", sizes)
+        self.kv_computed = h("vllm:request_prefill_kv_computed_tokens", "Histogram of new KV "
+                             "tokens computed during prefill (excluding cached tokens).", sizes)
+        self.iteration = h("vllm:iteration_tokens_total", "Histogram of number of tokens per "
+                           "engine_step.", ITERATION_TOKENS_BUCKETS)
+        self.params_n = h("vllm:request_params_n", "Histogram of the n request parameter.",
+                          N_BUCKETS)
+        self.num_preemptions = h("vllm:request_num_preemptions", "Number of preemptions per "
+                                 "request.", PREEMPTION_BUCKETS)
+
+    # ---- events ------------------------------------------------------------------------
+
+    def on_rejected(self, reason: str = "max_num_queued_reqs") -> None:
+        self.rejections.labels(model_name=self.model_name, reason=reason).inc()
+
+    def on_stats(self, running: int, waiting: int, kv_usage: float, prefix_queries: int,
+                 prefix_hits: int, preemptions: int) -> None:
+        """Scheduler stats after a step; prefix counters are cumulative."""
+        self.running.set(running)
+        self.waiting.set(waiting)
+        self.waiting_capacity.set(waiting)
+        self.kv_usage.set(kv_usage)
+        queries, hits = self._prefix
+        if prefix_queries > queries:
+            self.prefix_queries.inc(prefix_queries - queries)
+        if prefix_hits > hits:
+            self.prefix_hits.inc(prefix_hits - hits)
+        self._prefix = (max(queries, prefix_queries), max(hits, prefix_hits))
+        if preemptions:
+            self.preemptions.inc(preemptions)
+
+    def on_first_output(self, prompt_len: int, cached: int, ttft_s: float) -> None:
+        self.prompt_tokens.inc(prompt_len)
+        self.prompt_computed.inc(prompt_len - cached)
+        self.prompt_cache_hit.inc(cached)
+        self.prompt_cached.inc(cached)
+        self.ttft.observe(ttft_s)
+
+    def on_tokens(self, count: int, itl_s: float | None) -> None:
+        self.generation_tokens.inc(count)
+        if itl_s is not None:
+            self.itl.observe(itl_s)
+
+    def on_iteration(self, tokens: int) -> None:
+        if tokens:
+            self.iteration.observe(tokens)
+
+    def on_finished(self, reason: str, *, prompt_len: int, output_len: int, max_tokens: int,
+                    cached: int, e2e_s: float, queue_s: float | None, prefill_s: float | None,
+                    decode_s: float | None, inference_s: float | None,
+                    num_preemptions: int) -> None:
+        """A finished request (any reason); phase times None when it never reached them."""
+        self.success.labels(**self.labels, finished_reason=reason).inc()
+        self.e2e.observe(e2e_s)
+        for hist, value in ((self.queue, queue_s), (self.prefill, prefill_s),
+                            (self.decode, decode_s), (self.inference, inference_s)):
+            if value is not None:
+                hist.observe(max(value, 0.0))
+        if output_len > 1 and decode_s is not None:
+            self.tpot.observe(decode_s / (output_len - 1))
+        self.prompt_len.observe(prompt_len)
+        self.gen_len.observe(output_len)
+        self.max_gen_len.observe(output_len)
+        self.max_tokens.observe(max_tokens)
+        self.kv_computed.observe(prompt_len - cached)
+        self.params_n.observe(1)
+        self.num_preemptions.observe(num_preemptions)
