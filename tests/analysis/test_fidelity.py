@@ -1,0 +1,50 @@
+"""analysis.fidelity: per-step, per-request and gated errors on hand-made runs."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from analysis.fidelity import FidelityReport, gate, render, step_errors, ttft_errors
+
+
+def _requests(ttfts_s: list[float]) -> pd.DataFrame:
+    return pd.DataFrame({
+        "request_id": [f"r{i}" for i in range(len(ttfts_s))],
+        "arrival_s": [0.0] * len(ttfts_s), "first_token_s": ttfts_s,
+        "finish_s": [t + 0.1 for t in ttfts_s], "output_len": [3] * len(ttfts_s),
+        "status": ["FINISHED_LENGTH_CAPPED"] * len(ttfts_s),
+        "token_times_s": [[t, t + 0.05, t + 0.1] for t in ttfts_s]})
+
+
+def test_step_errors() -> None:
+    out = step_errors([0.01, 0.02, 0.0], [0.011, 0.018, 0.5])  # the 0 s step is skipped
+    assert out["steps"] == 2
+    assert out["mape"] == pytest.approx(0.1)
+    assert out["bias_total"] == pytest.approx(0.029 / 0.03 - 1)
+    with pytest.raises(ValueError):
+        step_errors([0.01], [0.01, 0.02])
+
+
+def test_ttft_errors_matches_requests_by_id() -> None:
+    real = _requests([0.010, 0.020, 0.040])
+    sim = _requests([0.011, 0.020, 0.030]).iloc[::-1]  # order does not matter
+    out = ttft_errors(real, sim)
+    assert out["requests"] == 3
+    assert out["p50_signed_ms"] == pytest.approx(0.0)
+    assert out["p90_abs_ms"] == pytest.approx(8.2)
+
+
+def test_gate_and_render() -> None:
+    metrics = pd.DataFrame({"real": [10.0, 20.0, 5.0, 8.0], "sim": [10.4, 23.0, 5.0, 8.0],
+                            "error": [0.04, 0.15, 0.0, math.nan]},
+                           index=["p50_ttft_ms", "p90_ttft_ms", "p50_itl_ms", "p90_itl_ms"])
+    report = FidelityReport(metrics, step_errors([0.01], [0.01]),
+                            ttft_errors(_requests([0.01]), _requests([0.01])))
+    violations = gate(report, 0.05)
+    assert [v.split(":")[0] for v in violations] == ["p90_ttft_ms", "p90_itl_ms"]
+    assert gate(report, 0.2) == ["p90_itl_ms: error +nan% exceeds 20.0%"]
+    assert "p90_ttft_ms" in render(report)
+    assert report.to_json_dict()["metrics"]["p90_itl_ms"]["error"] is None

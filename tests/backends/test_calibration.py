@@ -1,0 +1,100 @@
+"""backends.calibrate and the `rt calibrate` / `rt fidelity` commands on the tiny Llama
+(CPU). The fidelity tolerance is wide: CI machines are small and noisy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import workloads
+from backends.calibrate import GridSpec, run_grid, time_api_server
+from backends.engine_setup import RealEngineArgs, build_engine
+from backends.tiny_model import build_tiny_llama
+from cli import app
+from sim.profile import load_profile
+
+TINY_GRID = GridSpec(prefill_chunks=(16, 48), cached_contexts=(0, 32), decode_batches=(1, 3),
+                     decode_contexts=(20,), mixed=((2, 20, 16),), warmup=1, repeats=2,
+                     time_limit_s=20.0)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+def test_grid_measures_designed_batches(tiny_dir: Path) -> None:
+    setup = build_engine(RealEngineArgs(model_dir=tiny_dir, max_num_batched_tokens=64,
+                                        max_num_seqs=8))
+    grid = run_grid(setup.scheduler, setup.cache, setup.runner, setup.shape.vocab_size,
+                    TINY_GRID)
+    kinds = [m.kind for m in grid]
+    assert kinds == ["prefill"] * 4 + ["decode"] * 2 + ["mixed"]
+    cached = grid[3].features  # q = 48 on c = 32 cached tokens (a prefix-cache hit)
+    assert (cached.num_prefill_tokens, cached.prefill_kv_tokens) == (48, 80)
+    assert cached.prefill_attention_pairs == 48 * 32 + 48 * 49 // 2
+    assert grid[5].features.num_decode_tokens == grid[5].features.num_seqs == 3
+    mixed = grid[6].features
+    assert (mixed.num_decode_tokens, mixed.num_prefill_tokens) == (2, 16)
+    assert all(m.wall_s >= m.execute_s > 0 and m.repeats == 2 for m in grid)
+    assert len(setup.runner.states) <= 4  # finished requests are dropped (but the last step's)
+
+
+def test_grid_skips_points_beyond_the_budget(tiny_dir: Path) -> None:
+    setup = build_engine(RealEngineArgs(model_dir=tiny_dir, max_num_batched_tokens=32,
+                                        max_num_seqs=8))
+    grid = run_grid(setup.scheduler, setup.cache, setup.runner, setup.shape.vocab_size,
+                    TINY_GRID)
+    assert all(m.features.num_tokens <= 32 for m in grid)
+
+
+def test_api_server_timing() -> None:
+    timing = time_api_server(512, None, (16, 256), 3)
+    assert timing.method == "token ids" and len(timing.seconds) == 2
+    assert all(s > 0 for s in timing.seconds)
+
+
+cli_runner = CliRunner()
+
+
+def _invoke(*args: str) -> tuple[int, str, str]:
+    result = cli_runner.invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_calibrate_and_fidelity_cli(tiny_dir: Path, tmp_path: Path) -> None:
+    code, _, err = _invoke("calibrate", "--model", str(tiny_dir), "--quick",
+                           "--max-num-batched-tokens", "256", "-o", str(tmp_path / "p.json"))
+    assert code == 0, err
+    profile = load_profile(tmp_path / "p.json")
+    assert profile.model.startswith("tiny-llama") and profile.dtype == "float32"
+    assert profile.fit is not None and profile.fit["grid_points"] >= 7
+    assert "held out" in err
+
+    trace = workloads.random_trace(40, workloads.RandomLengths(48, 8, 0.5),
+                                   workloads.ArrivalProcess(40.0, 1.0, 0))
+    trace_path = tmp_path / "t.jsonl"
+    workloads.write_rt_jsonl(trace, trace_path)
+    out_dir = tmp_path / "fid"
+    args = ("fidelity", str(trace_path), "--model", str(tiny_dir), "--profile",
+            str(tmp_path / "p.json"), "--max-num-batched-tokens", "256", "--no-plots",
+            "--result-dir", str(out_dir))
+    code, out, err = _invoke(*args, "--max-error", "20")  # 2000%: a noisy 2-core machine
+    assert code == 0, err
+    assert "p90_ttft_ms" in out and "per-step time prediction" in out
+    report = json.loads((out_dir / "fidelity.json").read_text())
+    assert report["ttft_per_request"]["requests"] == 40
+    real = json.loads((out_dir / "real" / "run.json").read_text())
+    sim = json.loads((out_dir / "sim" / "run.json").read_text())
+    assert real["cache_config"]["num_blocks"] == sim["cache_config"]["num_blocks"]
+    assert real["scheduler_config"] == sim["scheduler_config"]
+    code, _, err = _invoke(*args, "--max-error", "0")
+    assert code == 1 and "exceeds" in err
+
+    code, _, err = _invoke("calibrate", "--from-steps", str(out_dir / "real"), "-o",
+                           str(tmp_path / "s.json"))
+    assert code == 0, err
+    assert load_profile(tmp_path / "s.json").fit["replay_steps"] > 7  # type: ignore[index]

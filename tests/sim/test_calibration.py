@@ -1,0 +1,112 @@
+"""sim.calibrate: NNLS, the profile fit, held-out quality, training data from replay steps."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runtime.batch import BatchFeatures
+from sim.calibrate import (
+    evaluate,
+    fit_api_server,
+    fit_coefficients,
+    fit_with_holdout,
+    holdout_mask,
+    make_profile,
+    nnls,
+    predict,
+    steps_training_data,
+)
+from sim.cost_model import ApiServerCost, ProfileCoefficients
+from sim.profile import load_profile, write_profile
+
+TRUE = ProfileCoefficients(constant_s=1e-3, per_prefill_token_s=2e-5, per_decode_token_s=0.0,
+                           per_seq_s=3e-4, per_prefill_attention_pair_s=1e-8,
+                           per_decode_kv_token_s=2e-7)
+
+
+def _grid() -> list[BatchFeatures]:
+    out = []
+    for q in (16, 64, 256):
+        for c in (0, 128):
+            out.append(BatchFeatures(num_prefill_tokens=q, num_seqs=1, num_prefill_seqs=1,
+                                     prefill_attention_pairs=q * c + q * (q + 1) // 2,
+                                     prefill_kv_tokens=c + q))
+    for b in (1, 4, 16):
+        for ctx in (32, 300):
+            out.append(BatchFeatures(num_decode_tokens=b, num_seqs=b, decode_kv_tokens=b * ctx))
+    return out
+
+
+def test_nnls_recovers_non_negative_solution() -> None:
+    rng = np.random.default_rng(0)
+    a = rng.random((40, 5)) * np.array([1, 1e3, 1e-3, 1e6, 1])  # badly scaled columns
+    x = np.array([1.0, 0.0, 2.0, 1e-6, 0.5])
+    assert np.allclose(nnls(a, a @ x), x, rtol=1e-6, atol=1e-12)
+    # an unconstrained solution with a negative entry is clipped to the boundary
+    b = a @ np.array([1.0, -1e-3, 0.0, 0.0, 0.0])
+    assert (nnls(a, b) >= 0).all()
+
+
+def test_fit_recovers_exact_coefficients() -> None:
+    feats = _grid()
+    seconds = predict(TRUE, feats)
+    for relative in (True, False):
+        fitted = fit_coefficients(feats, seconds, relative)
+        assert np.allclose(predict(fitted, feats), seconds, rtol=1e-6)
+        quality = evaluate(fitted, feats, seconds)
+        assert quality.mape < 1e-6 and quality.worst_ape < 1e-6 and abs(quality.bias) < 1e-6
+
+
+def test_fit_with_holdout_reports_held_out_quality() -> None:
+    feats = _grid()
+    rng = np.random.default_rng(1)
+    seconds = predict(TRUE, feats) * rng.uniform(0.95, 1.05, len(feats))
+    result = fit_with_holdout(feats, seconds, holdout_every=4)
+    assert result.held_out.samples == holdout_mask(len(feats), 4).sum() > 0
+    assert result.train.samples + result.held_out.samples == len(feats)
+    assert result.held_out.mape < 0.15
+    assert result.describe()["objective"] == "relative"
+
+
+def test_fit_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="no step"):
+        fit_coefficients([], [])
+    with pytest.raises(ValueError, match="positive"):
+        fit_coefficients(_grid()[:2], [1e-3, 0.0])
+
+
+def test_steps_training_data_targets() -> None:
+    columns = {f.name: [] for f in dataclasses.fields(BatchFeatures)}
+    columns.update(start_s=[], end_s=[], duration_s=[])
+    for i, feats in enumerate([*_grid()[:3], BatchFeatures()]):
+        for key, value in dataclasses.asdict(feats).items():
+            columns[key].append(value)
+        columns["start_s"].append(float(i))
+        columns["end_s"].append(i + 0.01)
+        columns["duration_s"].append(0.008)
+    feats, wall = steps_training_data(columns, "wall")
+    assert len(feats) == 3 and np.allclose(wall, 0.01)  # the empty step is skipped
+    assert np.allclose(steps_training_data(columns, "execute")[1], 0.008)
+    with pytest.raises(ValueError, match="target"):
+        steps_training_data(columns, "other")
+    with pytest.raises(ValueError, match="lacks"):
+        steps_training_data({"end_s": []})
+
+
+def test_api_server_fit_and_profile_round_trip(tmp_path: Path) -> None:
+    api = fit_api_server([16, 128, 512], [1e-4 + 1e-7 * n for n in (16, 128, 512)])
+    assert api.per_request_s == pytest.approx(1e-4)
+    assert api.per_prompt_token_s == pytest.approx(1e-7)
+    feats = _grid()
+    profile = make_profile(fit_with_holdout(feats, predict(TRUE, feats)), device="cpu",
+                           model="tiny", dtype="float32", versions={"torch": "x"},
+                           date="2026-01-01T00:00:00+00:00", api_server=ApiServerCost(),
+                           extra={"grid_points": len(feats)})
+    write_profile(profile, tmp_path / "p.json")
+    loaded = load_profile(tmp_path / "p.json")
+    assert loaded.coefficients == profile.coefficients
+    assert loaded.fit is not None and loaded.fit["grid_points"] == len(feats)
