@@ -377,3 +377,28 @@ def test_replay_against_rt_serve_gives_the_trace_token_counts(
     assert list(run.requests["output_len"]) == [req.output_len for req in trace]
     assert set(run.requests["status"]) == {"FINISHED_LENGTH_CAPPED"}
     assert all(len(t) >= 1 for t in run.requests["token_times_s"])
+
+
+def test_ctrl_c_writes_the_records_so_far_and_exits_130(
+        fake_server: FakeServer, trace: Trace, tmp_path: Path) -> None:
+    fake_server.state.hang_first_s = 30.0  # r0 is still in flight at the interrupt
+    trace_file = tmp_path / "trace.jsonl"
+    write_rt_jsonl(trace, trace_file)
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "replay", str(trace_file), "--endpoint", fake_server.url,
+         "--result-dir", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 60
+    while fake_server.state.seen < len(trace):  # every request sent: r0 hangs
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert "rt: interrupted" in stderr
+    run = load_run(out)
+    assert run.info["interrupted"] is True and run.info["errors"] == {"r0": "interrupted"}
+    assert (run.requests["status"] == "FINISHED_ABORTED").sum() == 1
