@@ -639,7 +639,8 @@ def build_app(config: ServeConfig) -> FastAPI:
     async def health() -> Response:
         if server.engine.dead:
             return EngineDeadError().response()
-        return Response(status_code=200)
+        pid = server.info.pid if server.info is not None else 0
+        return Response(status_code=200, headers={"x-engine-pid": str(pid)})
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -666,6 +667,28 @@ def build_app(config: ServeConfig) -> FastAPI:
     return app
 
 
+def _quiet_server_class() -> type:
+    import uvicorn
+
+    class QuietServer(uvicorn.Server):
+        """uvicorn re-raises a captured SIGTERM after its graceful shutdown (the process then
+        dies of the signal); rt serve exits 0 after a clean drain instead."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            import signal
+
+            handled = (signal.SIGINT, signal.SIGTERM)
+            original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+            try:
+                yield
+            finally:
+                for sig, handler in original.items():
+                    signal.signal(sig, handler)
+
+    return QuietServer
+
+
 def run_server(config: ServeConfig, host: str, port: int, shutdown_timeout_s: float = 10.0,
                log_level: str = "warning") -> None:
     """Serve until SIGINT/SIGTERM: then stop accepting, let streams in flight finish for up
@@ -673,10 +696,11 @@ def run_server(config: ServeConfig, host: str, port: int, shutdown_timeout_s: fl
     engine process and return."""
     import uvicorn
 
+    _Server = _quiet_server_class()
     uv_config = uvicorn.Config(build_app(config), host=host, port=port, log_level=log_level,
                                timeout_graceful_shutdown=max(int(shutdown_timeout_s), 1),
                                access_log=False)
-    server = uvicorn.Server(uv_config)
+    server = _Server(uv_config)
     server.run()
     if not server.started:
         raise RuntimeError("the server did not start (see the messages above)")
