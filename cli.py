@@ -1641,6 +1641,65 @@ def bench_sim(
     _write_json(report, out)
 
 
+@bench_app.command("serve")
+def bench_serve(
+    concurrency: Annotated[int, typer.Option(
+        "--concurrency", min=1, help="Streams in flight at most (client-side).")] = 200,
+    num_prompts: Annotated[int | None, typer.Option(
+        "--num-prompts", min=1, help="Requests (default: --concurrency).")] = None,
+    request_rate: _Rate = math.inf,
+    input_len: Annotated[int, typer.Option("--random-input-len", min=1)] = 256,
+    output_len: Annotated[int, typer.Option("--random-output-len", min=1)] = 128,
+    model: Annotated[str, typer.Option("--model")] = "llama-3.1-8b",
+    gpu: Annotated[str, typer.Option("--gpu")] = "h200",
+    profile: Annotated[str | None, typer.Option("--profile")] = None,
+    max_num_seqs: _MaxSeqs = None,
+    max_model_len: _EngineMaxLen = 4096,
+    seed: _Seed = 0,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", help="Seconds one request may take at most.")] = 300.0,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Also write the JSON here.")]
+    = None,
+) -> None:
+    """Load-test `rt serve --simulate` on a free loopback port (bounded; the server is always
+    stopped): replay random requests through the `rt replay --endpoint` client, simulate the
+    same arrivals with `rt simulate`'s core, and report errors, throughput and the latency
+    the server path adds (server minus simulated, ms). Exit 1 on any error."""
+    from backends.serve_load import LoadConfig, compare, run_load, sent_arrivals
+    from sim.engine_args import EngineArgs, build_setup
+    from sim.simulator import simulate as run_simulate
+
+    with _user_errors():
+        lengths = workloads.RandomLengths(input_len, output_len)
+        trace = workloads.random_trace(num_prompts or concurrency, lengths,
+                                       workloads.ArrivalProcess(request_rate, 1.0, seed))
+        args = EngineArgs(max_num_seqs=max_num_seqs, max_model_len=max_model_len)
+        try:
+            setup = build_setup(args, model, gpu, profile, seed)
+        except ValueError as err:
+            fail(str(err))
+    command = [sys.executable, "-m", "cli", "serve", "--simulate", "--sim-model", model,
+               "--gpu", gpu, "--seed", str(seed), "--max-model-len", str(max_model_len)]
+    command += ["--profile", profile] if profile else []
+    command += ["--max-num-seqs", str(max_num_seqs)] if max_num_seqs else []
+    config = LoadConfig(tuple(command), concurrency, setup.config.vocab_size, seed,
+                        request_timeout_s=timeout)
+    try:
+        load = run_load(trace, config)
+    except RuntimeError as err:
+        fail(str(err))
+    simulated = run_simulate(sent_arrivals(trace, load.endpoint.requests), setup.config,
+                             setup.cost_model)
+    report = {"command": "rt bench serve", "concurrency": concurrency,
+              "random_input_len": input_len, "random_output_len": output_len,
+              "request_rate": request_rate if math.isfinite(request_rate) else "inf",
+              "model": model, "gpu": gpu,
+              **compare(trace, load, simulated.requests)}
+    _write_json(report, out)
+    if report["errors"] or report["token_count_mismatches"]:
+        raise typer.Exit(code=1)
+
+
 # ---- rt bench gpu (backends) --------------------------------------------------------------------
 # (the GPU benchmark command is defined below this line)
 

@@ -5,6 +5,7 @@ disconnects, errors, /metrics, SIGTERM and a dead engine. Servers run as subproc
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -315,3 +316,27 @@ def test_dead_engine_answers_500_not_a_hang() -> None:
         assert after.json()["error"]["type"] == "EngineDeadError"
     finally:
         server.stop()
+
+
+def test_bench_serve_32_streams_hold_without_errors(tmp_path: Path) -> None:
+    """`rt bench serve` (the CI size of the 200-stream load test): no error, every stream's
+    token count, throughput and the added latency reported; its server is stopped."""
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", "bench", "serve", "--concurrency", "32",
+         "--random-input-len", "64", "--random-output-len", "32", "--out", str(out)],
+        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+        timeout=180, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["errors"] == 0 and report["sent"] == 32
+    assert report["token_count_mismatches"] == 0
+    assert report["server_exit_code"] == 0
+    assert report["server_counters"]["vllm:generation_tokens_total"] == 32 * 32
+    for side in ("server_path", "simulated"):
+        assert report[side]["completed"] == 32
+        assert report[side]["output_tokens_per_s"] > 0
+    for metric in ("ttft_ms", "itl_ms", "e2el_ms"):
+        assert set(report["added_latency_ms"][metric]) == {"mean", "p50", "p99"}
+    # The simulated engine runs on the wall clock: the server path cannot be faster.
+    assert report["server_path"]["e2el_ms"]["p50"] >= report["simulated"]["e2el_ms"]["p50"]
