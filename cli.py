@@ -525,7 +525,7 @@ def report(
         render_summary,
         request_attribution,
     )
-    from analysis.console import benchmark_block, rt_block
+    from analysis.console import benchmark_block, is_client_timed, rt_block
     from analysis.metrics import benchmark_metrics, prefix_cache_hit_rate
     from analysis.plots import report_figures
     from analysis.report import ReportOptions, detailed, result_dict
@@ -539,8 +539,11 @@ def report(
         typer.echo(benchmark_block(
             benchmark_metrics(reqs, options.percentiles), options.percentile_metrics,
             options.percentiles, goodput=result["request_goodput"]))
-        typer.echo(rt_block(reqs, steps, prefix_cache_hit_rate(reqs, run.info)))  # type: ignore[attr-defined]
-        typer.echo(render_summary(attribution_summary(reqs)))
+        client = is_client_timed(run.info)  # type: ignore[attr-defined]
+        typer.echo(rt_block(reqs, steps, prefix_cache_hit_rate(reqs, run.info),  # type: ignore[attr-defined]
+                            client_timing=client))
+        if not client:
+            typer.echo(render_summary(attribution_summary(reqs)))
         if save_result or result_filename is not None:
             out = result_filename or run_dir / "result.json"
             if save_detailed:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import pandas as pd
 
@@ -69,6 +70,8 @@ def run_labels(runs: Sequence[Run], max_keys: int = 2) -> list[str]:
     engine_args and scheduler_config both record it)."""
     if len(runs) < 2:
         return [run.name for run in runs]
+    if _mixed_timing(runs):
+        return _dedup([kind_label(run.info) for run in runs], runs)
     chosen: list[str] = []
     for key in differing_keys([run.info for run in runs]):
         leaf = key.rsplit(".", 1)[-1]
@@ -82,9 +85,31 @@ def run_labels(runs: Sequence[Run], max_keys: int = 2) -> list[str]:
     for run in runs:
         flat = flatten(run.info)
         labels.append(", ".join(f"{k.rsplit('.', 1)[-1]}={flat.get(k)}" for k in chosen))
+    return _dedup(labels, runs)
+
+
+def _dedup(labels: list[str], runs: Sequence[Run]) -> list[str]:
     if len(set(labels)) < len(labels):
-        labels = [f"{label} ({run.name})" for label, run in zip(labels, runs, strict=True)]
+        return [f"{label} ({run.name})" for label, run in zip(labels, runs, strict=True)]
     return labels
+
+
+def _mixed_timing(runs: Sequence[Run]) -> bool:
+    """Some runs are client-timed endpoint runs and some are not, or kinds differ with an
+    endpoint run among them: their engine flags are not comparable (None on one side)."""
+    kinds = {str(run.info.get("kind")) for run in runs}
+    return "endpoint" in kinds and len(kinds) > 1
+
+
+def kind_label(info: dict[str, Any]) -> str:
+    """'endpoint HOST:PORT' for an endpoint run, else the run's kind (simulate, replay)."""
+    kind = str(info.get("kind") or "run")
+    endpoint = info.get("endpoint")
+    url = endpoint.get("url") if isinstance(endpoint, dict) else None
+    if kind != "endpoint" or not isinstance(url, str):
+        return kind
+    host = urlsplit(url).netloc or url
+    return f"endpoint {host}"
 
 
 COMPARE_KEYS_HEAD = ("completed", "failed", "duration", "request_throughput",

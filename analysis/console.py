@@ -66,11 +66,35 @@ def benchmark_block(m: BenchmarkMetrics, metrics: Sequence[str] = ("ttft", "tpot
     return "\n".join(lines)
 
 
-def rt_block(requests: pd.DataFrame, steps: pd.DataFrame, prefix_hit_rate: float) -> str:
-    """rt's answer to "what were requests waiting for?", plus cache and KV figures."""
+CLIENT_TIMING_NOTE = ("engine-side attribution is not available for client-timed runs "
+                      "(timing: client)")
+
+
+def is_client_timed(info: dict[str, object]) -> bool:
+    """A run measured from the client (`rt replay --endpoint`): no engine-side times."""
+    return info.get("timing") == "client"
+
+
+def _rt_title() -> str:
+    return "{s:{c}^{n}}".format(s=" rt: where the time went ", n=WIDTH, c="=")
+
+
+def client_rt_block(prefix_hit_rate: float) -> str:
+    """rt's block for a client-timed run: a one-line note instead of NaN rows; the prefix
+    cache hit rate comes from the server's reported cached tokens."""
+    return "\n".join([_rt_title(), CLIENT_TIMING_NOTE, "-" * WIDTH,
+                      _line("Prefix cache hit rate (%):", prefix_hit_rate * 100, ".2f"),
+                      "=" * WIDTH])
+
+
+def rt_block(requests: pd.DataFrame, steps: pd.DataFrame, prefix_hit_rate: float,
+             client_timing: bool = False) -> str:
+    """rt's answer to "what were requests waiting for?", plus cache and KV figures
+    (`client_timing`: the short block of `client_rt_block`)."""
+    if client_timing:
+        return client_rt_block(prefix_hit_rate)
     parts = attribution(requests)
-    lines = ["{s:{c}^{n}}".format(s=" rt: where the time went ", n=WIDTH, c="="),
-             f"{'part':<30}{'mean ms':>10}{'p99 ms':>10}{'share':>8}"]
+    lines = [_rt_title(), f"{'part':<30}{'mean ms':>10}{'p99 ms':>10}{'share':>8}"]
     for row in parts.itertuples():
         lines.append(f"{row.part:<30}{row.mean_ms:>10.2f}{row.p99_ms:>10.2f}"
                      f"{row.share * 100:>7.1f}%")
