@@ -43,11 +43,11 @@ from backends.engine_process import (
     EngineRequest,
     ExecutorFactory,
     RequestOutput,
-    RequestSampling,
     decode,
     encode,
     run_engine_process,
 )
+from backends.sampling_options import SamplingOptions
 from backends.serve_metrics import ServeMetrics
 from backends.text import ByteTokenizer, IncrementalDecoder, TextCodec
 from runtime import SamplingParams
@@ -216,7 +216,7 @@ class Parsed:
 
     prompt_ids: list[int]
     params: SamplingParams
-    sampling: RequestSampling
+    sampling: SamplingOptions
     stream: bool
     include_usage: bool
     continuous_usage: bool
@@ -334,7 +334,7 @@ class RequestParser:
 
     @staticmethod
     def _sampling(body: dict[str, Any], min_tokens: int,
-                  stops: tuple[int, ...]) -> RequestSampling:
+                  stops: tuple[int, ...]) -> SamplingOptions:
         temperature = float(_get(body, "temperature", (int, float), 1.0))
         top_p = float(_get(body, "top_p", (int, float), 1.0))
         top_k = _get(body, "top_k", (int,), 0)
@@ -345,7 +345,7 @@ class RequestParser:
             raise ApiError(400, f"top_p must be in (0, 1], got {top_p}", "top_p")
         if top_k < 0 and top_k != -1:
             raise ApiError(400, f"top_k must be -1, 0 or positive, got {top_k}", "top_k")
-        return RequestSampling(temperature, top_p, max(top_k, 0), seed, min_tokens, stops)
+        return SamplingOptions(temperature, top_p, max(top_k, 0), seed, min_tokens, stops)
 
 
 # ---- responses -------------------------------------------------------------------------------

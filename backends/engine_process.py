@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import zmq
 
+from backends.sampling_options import SamplingOptions
 from runtime import (
     CacheConfig,
     EngineCore,
@@ -49,28 +50,13 @@ _TRIM_EVERY_STEPS = 2048  # drop the recorder's records this often (a server run
 
 
 @dataclass(frozen=True, slots=True)
-class RequestSampling:
-    """How the executor chooses a request's tokens (temperature 0 = greedy).
-
-    `stop_token_ids` holds EOS (unless ignored) and the stop tokens: the sampler must not
-    produce them before `min_tokens` outputs."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    min_tokens: int = 0
-    stop_token_ids: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
 class EngineRequest:
     """A tokenized request handed to the engine core. `arrival_s`: monotonic seconds."""
 
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
-    sampling: RequestSampling
+    sampling: SamplingOptions
     arrival_s: float
 
 
@@ -141,7 +127,7 @@ class Executor(Protocol):
     """Runs steps. `execute` returns the sampled tokens ({request id: [token]}, for the
     requests whose sequence completes in the step) and the step's duration in seconds."""
 
-    def register(self, req_id: str, sampling: RequestSampling) -> None: ...
+    def register(self, req_id: str, sampling: SamplingOptions) -> None: ...
 
     def execute(self, step: ScheduledStep) -> tuple[Mapping[str, Sequence[int]], float]: ...
 
@@ -167,13 +153,8 @@ class RunnerExecutor:
     def __init__(self, runner: Any) -> None:
         self.runner = runner
 
-    def register(self, req_id: str, sampling: RequestSampling) -> None:
-        from backends.model_runner import SamplingOptions
-
-        self.runner.register(req_id, SamplingOptions(
-            temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-            seed=sampling.seed, min_tokens=sampling.min_tokens,
-            stop_token_ids=sampling.stop_token_ids))
+    def register(self, req_id: str, sampling: SamplingOptions) -> None:
+        self.runner.register(req_id, sampling)
 
     def execute(self, step: ScheduledStep) -> tuple[Mapping[str, Sequence[int]], float]:
         result = self.runner.execute(step.output)

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from backends.model_runner import ModelRunner, SamplingOptions
+from backends.model_runner import ModelRunner
+from backends.sampling_options import SamplingOptions
 from runtime import Request, SamplingParams, Scheduler
 
 

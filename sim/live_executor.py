@@ -43,7 +43,7 @@ class LiveSimExecutor:
         self.num_tokens: dict[str, int] = {}  # tokens the request's sequence holds
 
     def register(self, req_id: str, sampling: Any) -> None:
-        """`sampling` has `seed` and `stop_token_ids` (the engine's RequestSampling)."""
+        """`sampling` has `seed` and `stop_token_ids` (backends' SamplingOptions)."""
         seed = sampling.seed if sampling.seed is not None else \
             zlib.crc32(req_id.encode()) ^ self.seed
         self.rngs[req_id] = random.Random(seed)

@@ -11,7 +11,8 @@ import torch
 from backends.attention import REFERENCE_OPS
 from backends.kv_cache import KVCache, KVCacheSpec
 from backends.model import load_model
-from backends.model_runner import ModelRunner, SamplingOptions, _RequestState
+from backends.model_runner import ModelRunner, _RequestState
+from backends.sampling_options import SamplingOptions
 from backends.tiny_model import build_tiny_llama
 
 
