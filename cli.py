@@ -1459,6 +1459,11 @@ def fidelity(
         "--fit-on-replay", help="No grid: fit the profile on the replay's own steps "
         "(in-sample; separates the simulator's structural error from calibration drift).",
         rich_help_panel=_Cal)] = False,
+    calibrate_on: Annotated[str, typer.Option(
+        "--calibrate-on", help="Without --profile: 'grid' (the designed grid of batches) or "
+        "'replay' (a separate calibration replay of a trace resampled from TRACE: other "
+        "requests and arrivals, the same lengths and mean rate; out of sample).",
+        rich_help_panel=_Cal)] = "grid",
     fmt: _Format = None, first_n: _FirstN = None, time_scale: _TimeScale = None,
     max_num_batched_tokens: _MaxBatched = None, max_num_seqs: _MaxSeqs = None,
     max_model_len: _EngineMaxLen = None, block_size: _BlockSize = 16,
@@ -1488,10 +1493,18 @@ def fidelity(
             long_prefill_token_threshold=long_prefill, policy=policy,
             num_gpu_blocks_override=num_gpu_blocks, seed=seed)
         _check_replay_lengths(trace, setup.scheduler.max_model_len)
+        if calibrate_on not in ("grid", "replay"):
+            fail(f"--calibrate-on must be grid or replay, got {calibrate_on!r}")
         root.mkdir(parents=True, exist_ok=True)
         if profile is None and not fit_on_replay:
             profile = root / "profile.json"
-            fitted = _calibrate_setup(setup, tokenizer, quick, time_limit, [])
+            if calibrate_on == "replay":
+                calibration = _fidelity_replay(_calibration_trace(trace, seed), setup,
+                                               tokenizer, root / "calibration")
+                fitted = _profile_from_steps([calibration], "wall",
+                                             _api_cost(setup, tokenizer))
+            else:
+                fitted = _calibrate_setup(setup, tokenizer, quick, time_limit, [])
             _print_fit(fitted)
             write_profile(fitted, profile)  # type: ignore[arg-type]
         real_dir = _fidelity_replay(trace, setup, tokenizer, root / "real")
@@ -1507,6 +1520,15 @@ def fidelity(
             fail(str(err))
         sim_dir = _fidelity_simulate(trace, setup, profile, root / "sim")
     _fidelity_report(real_dir, sim_dir, loaded, root, plots, max_error)
+
+
+def _calibration_trace(trace: workloads.Trace, seed: int) -> workloads.Trace:
+    """Other requests like TRACE's: lengths resampled from it, Poisson arrivals at its mean
+    rate, another seed (so a profile fitted on its replay is tested out of sample)."""
+    span = trace[-1].arrival_s - trace[0].arrival_s if len(trace) > 1 else 0.0
+    rate = len(trace) / span if span > 0 else math.inf
+    arrivals = workloads.ArrivalProcess(rate, 1.0, seed + 1)
+    return workloads.resample_trace(trace, len(trace), arrivals)
 
 
 def _api_cost(setup: RealSetup, tokenizer: Tokenizer | None) -> object:

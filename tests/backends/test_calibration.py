@@ -98,3 +98,25 @@ def test_calibrate_and_fidelity_cli(tiny_dir: Path, tmp_path: Path) -> None:
                            str(tmp_path / "s.json"))
     assert code == 0, err
     assert load_profile(tmp_path / "s.json").fit["replay_steps"] > 7  # type: ignore[index]
+
+
+def test_fidelity_calibrates_on_a_separate_replay(tiny_dir: Path, tmp_path: Path) -> None:
+    trace = workloads.random_trace(30, workloads.RandomLengths(48, 8, 0.5),
+                                   workloads.ArrivalProcess(40.0, 1.0, 0))
+    trace_path = tmp_path / "t.jsonl"
+    workloads.write_rt_jsonl(trace, trace_path)
+    out_dir = tmp_path / "fid"
+    code, out, err = _invoke("fidelity", str(trace_path), "--model", str(tiny_dir),
+                             "--calibrate-on", "replay", "--max-num-batched-tokens", "256",
+                             "--no-plots", "--result-dir", str(out_dir))
+    assert code == 0, err
+    calibration = json.loads((out_dir / "calibration" / "run.json").read_text())
+    real = json.loads((out_dir / "real" / "run.json").read_text())
+    # Out of sample: other requests (another trace) on the same engine configuration.
+    assert calibration["trace"]["digest"] != real["trace"]["digest"]
+    assert calibration["trace"]["requests"] == 30
+    assert load_profile(out_dir / "profile.json").fit["replay_steps"] > 7  # type: ignore[index]
+    assert "p50_itl_ms" in out
+    code, _, err = _invoke("fidelity", str(trace_path), "--model", str(tiny_dir),
+                           "--calibrate-on", "nowhere", "--result-dir", str(tmp_path / "x"))
+    assert code == 2 and "--calibrate-on must be grid or replay" in err
