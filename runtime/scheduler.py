@@ -250,12 +250,16 @@ class Scheduler:
     def _preempt_victim(self, step: _Step) -> tuple[Request, int]:
         """Preempt one running request; return it and the index it had in `running`.
 
-        FCFS takes the newest; priority the worst (highest priority value, latest arrival),
-        undoing any tokens it was given earlier in this step.
+        FCFS takes the newest; priority the worst (highest priority value, latest arrival,
+        largest id), undoing any tokens it was given earlier in this step.
         """
         running = self.running
         if self.scheduler_config.policy == "priority":
-            victim = max(running, key=lambda r: (r.priority, r.arrival_time))
+            # vLLM's key is (priority, arrival_time); ties then fall to running-list order
+            # and two tied requests can preempt each other forever. rt breaks ties by
+            # request id, the waiting queue's own total order, so the best running request
+            # is never a victim of another and always progresses.
+            victim = max(running, key=lambda r: (r.priority, r.arrival_time, r.request_id))
             index = running.index(victim)
             del running[index]
         else:

@@ -411,3 +411,21 @@ def test_resumed_requests_are_listed_after_new_ones() -> None:
     assert list(st.tokens) == ["B", "N"]
     assert [n.req_id for n in st.output.scheduled_new_reqs] == ["N", "B"]
     assert st.output.scheduled_resumed_req_ids == ["B"]
+
+
+def test_tied_priority_requests_do_not_preempt_each_other_forever() -> None:
+    # Found by the property test: equal priority and arrival time, a pool too small for both
+    # at full length, first chunks admitted without the full-sequence gate. With vLLM's
+    # victim key the two preempt each other forever; rt's tie-break by id lets r0 finish.
+    s = make_scheduler(block_size=2, num_blocks=8, enable_prefix_caching=False,
+                       max_num_batched_tokens=11, max_num_seqs=2, max_model_len=11,
+                       enable_chunked_prefill=False, long_prefill_token_threshold=3,
+                       policy="priority", scheduler_reserve_full_isl=False)
+    for req_id, max_tokens in (("r0", 10), ("r1", 1), ("r2", 10)):
+        s.add_request(make_request(req_id, 1, max_tokens, arrival_time=0.0))
+    steps = 0
+    while s.has_unfinished_requests():
+        step(s)
+        steps += 1
+        assert steps < 200, "livelock"
+    assert [s.requests[r].num_output_tokens for r in ("r0", "r1", "r2")] == [10, 1, 10]
