@@ -14,6 +14,7 @@ from backends.kv_cache import GIB, KVCache, KVCacheSpec, KVPoolSize, size_pool
 from backends.model import ModelShape, PagedModel, load_model
 from backends.model_runner import ModelRunner
 from runtime import CacheConfig, SchedulerConfig
+from runtime.config import resolve_scheduler_config
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 
@@ -94,37 +95,18 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def batch_limits(args: RealEngineArgs, device: torch.device) -> tuple[int, int]:
-    """(max_num_batched_tokens, max_num_seqs): the flags, else vLLM's defaults by device
-    memory (16384/1024 from 160 GiB, 8192/1024 from 70 GiB, else 2048/256; CPU 2048/256)."""
-    batched, seqs = 2048, 256
-    if device.type == "cuda":
-        memory = torch.cuda.get_device_properties(device).total_memory
-        if memory >= 160 * GIB:
-            batched, seqs = 16384, 1024
-        elif memory >= 70 * GIB:
-            batched, seqs = 8192, 1024
-    seqs = args.max_num_seqs if args.max_num_seqs is not None else seqs
-    if args.max_num_batched_tokens is not None:
-        return args.max_num_batched_tokens, seqs
-    return max(batched, seqs), seqs
-
-
 def _scheduler_config(args: RealEngineArgs, shape: ModelShape,
                       device: torch.device) -> SchedulerConfig:
-    max_model_len = args.max_model_len or shape.max_position_embeddings
-    if max_model_len > shape.max_position_embeddings:
-        raise ValueError(f"--max-model-len {max_model_len} is longer than the model's "
-                         f"max_position_embeddings={shape.max_position_embeddings}")
-    batched, seqs = batch_limits(args, device)
-    if not args.enable_chunked_prefill and args.max_num_batched_tokens is None:
-        batched = max(batched, max_model_len)
-    return SchedulerConfig(
-        max_num_batched_tokens=batched, max_num_seqs=seqs, max_model_len=max_model_len,
+    memory = name = None
+    if device.type == "cuda":
+        properties = torch.cuda.get_device_properties(device)
+        memory, name = properties.total_memory, properties.name
+    return resolve_scheduler_config(
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len, model_max_len=shape.max_position_embeddings,
+        model_name=str(args.model_dir), device_memory_bytes=memory, device_name=name or "",
         long_prefill_token_threshold=args.long_prefill_token_threshold,
-        enable_chunked_prefill=args.enable_chunked_prefill,
-        policy=args.policy,  # type: ignore[arg-type]
-    )
+        enable_chunked_prefill=args.enable_chunked_prefill, policy=args.policy)
 
 
 def activation_reserve(shape: ModelShape, max_num_batched_tokens: int,

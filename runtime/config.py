@@ -100,3 +100,54 @@ class SchedulerConfig:
             f"policy must be 'fcfs' or 'priority', got {self.policy!r}",
         )
         _require(0.0 <= self.watermark < 1.0, f"watermark must be in [0, 1), got {self.watermark}")
+
+
+_GIB = 2**30
+
+
+def default_batch_limits(device_memory_bytes: int | None, device_name: str = "") -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) that `vllm serve` picks for a device (vLLM's
+    `EngineArgs.get_batch_defaults`, API-server column): 16384 / 1024 from 160 GiB of device
+    memory, 8192 / 1024 from 70 GiB except A100s, else (and on the CPU: None) 2048 / 256."""
+    if device_memory_bytes is not None and device_memory_bytes >= 160 * _GIB:
+        return 16384, 1024
+    if (device_memory_bytes is not None and device_memory_bytes >= 70 * _GIB
+            and "a100" not in device_name.lower()):
+        return 8192, 1024
+    return 2048, 256
+
+
+def resolve_scheduler_config(
+    *,
+    max_num_batched_tokens: int | None,
+    max_num_seqs: int | None,
+    max_model_len: int | None,
+    model_max_len: int,
+    model_name: str,
+    device_memory_bytes: int | None,
+    device_name: str = "",
+    long_prefill_token_threshold: int = 0,
+    enable_chunked_prefill: bool = True,
+    policy: str = "fcfs",
+) -> SchedulerConfig:
+    """A `SchedulerConfig` from `vllm serve`-style flags, None meaning "as vLLM chooses":
+    batch limits by device, max_model_len = the model's context (longer is refused, as
+    vLLM does), and without chunked prefill a budget of at least max_model_len."""
+    default_batched, default_seqs = default_batch_limits(device_memory_bytes, device_name)
+    seqs = default_seqs if max_num_seqs is None else max_num_seqs
+    if max_model_len is None:
+        max_model_len = model_max_len
+    elif max_model_len > model_max_len:
+        raise ValueError(f"max_model_len={max_model_len} is longer than the model's "
+                         f"max_position_embeddings={model_max_len} ({model_name})")
+    batched = max_num_batched_tokens
+    if batched is None:
+        batched = max(default_batched, seqs)
+        if not enable_chunked_prefill:
+            batched = max(batched, max_model_len)
+    return SchedulerConfig(
+        max_num_batched_tokens=batched, max_num_seqs=seqs, max_model_len=max_model_len,
+        long_prefill_token_threshold=long_prefill_token_threshold,
+        enable_chunked_prefill=enable_chunked_prefill,
+        policy=policy,  # type: ignore[arg-type]
+    )

@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime import CacheConfig, SchedulerConfig
+from runtime import CacheConfig
+from runtime.config import resolve_scheduler_config
 from sim.cost_model import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     CostModel,
@@ -16,7 +17,7 @@ from sim.cost_model import (
     kv_cache_sizing,
     startup_lines,
 )
-from sim.hardware import GIB, GpuSpec, resolve_gpu
+from sim.hardware import GpuSpec, resolve_gpu
 from sim.model_config import ModelSpec, resolve_model
 from sim.profile import load_profile
 from sim.simulator import SimConfig
@@ -74,40 +75,18 @@ class SimSetup:
         }
 
 
-def default_batch_limits(gpu: GpuSpec) -> tuple[int, int]:
-    """(max_num_batched_tokens, max_num_seqs) that `vllm serve` picks for a GPU
-    (vLLM's `EngineArgs.get_batch_defaults`, OpenAI API server column): 16384 / 1024 from
-    160 GiB of memory, 8192 / 1024 from 70 GiB except A100s, else 2048 / 256."""
-    memory = gpu.total_memory_bytes
-    if memory >= 160 * GIB:
-        return 16384, 1024
-    if memory >= 70 * GIB and "a100" not in gpu.name.lower():
-        return 8192, 1024
-    return 2048, 256
-
-
 def build_setup(args: EngineArgs, model: str, gpu: str, profile: str | None = None,
                 seed: int = 0, check_invariants: bool = False) -> SimSetup:
     """Resolve model and GPU, size the KV pool, pick the cost model. ValueError (one line,
     naming the value) on any bad input."""
     model_spec = resolve_model(model)
     gpu_spec = resolve_gpu(gpu)
-    batched, seqs = _batch_limits(args, gpu_spec)
-    max_model_len = args.max_model_len
-    if max_model_len is None:
-        max_model_len = model_spec.max_position_embeddings
-    elif max_model_len > model_spec.max_position_embeddings:
-        raise ValueError(  # vLLM refuses this too
-            f"max_model_len={max_model_len} is longer than {model_spec.name}'s "
-            f"max_position_embeddings={model_spec.max_position_embeddings}")
-    if not args.enable_chunked_prefill and args.max_num_batched_tokens is None:
-        batched = max(batched, max_model_len)  # vLLM's default without chunked prefill
-    scheduler = SchedulerConfig(
-        max_num_batched_tokens=batched, max_num_seqs=seqs, max_model_len=max_model_len,
-        long_prefill_token_threshold=args.long_prefill_token_threshold,
-        enable_chunked_prefill=args.enable_chunked_prefill,
-        policy=args.policy,  # type: ignore[arg-type]
-    )
+    scheduler = resolve_scheduler_config(
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len, model_max_len=model_spec.max_position_embeddings,
+        model_name=model_spec.name, device_memory_bytes=gpu_spec.total_memory_bytes,
+        device_name=gpu_spec.name, long_prefill_token_threshold=args.long_prefill_token_threshold,
+        enable_chunked_prefill=args.enable_chunked_prefill, policy=args.policy)
     sizing = None
     num_blocks = args.num_gpu_blocks_override
     if num_blocks is None:
@@ -128,12 +107,3 @@ def build_setup(args: EngineArgs, model: str, gpu: str, profile: str | None = No
                            vocab_size=model_spec.vocab_size, seed=seed,
                            check_invariants=check_invariants)
     return SimSetup(config, cost_model, model_spec, gpu_spec, sizing, args, profile)
-
-
-def _batch_limits(args: EngineArgs, gpu: GpuSpec) -> tuple[int, int]:
-    default_batched, default_seqs = default_batch_limits(gpu)
-    seqs = default_seqs if args.max_num_seqs is None else args.max_num_seqs
-    batched = args.max_num_batched_tokens
-    if batched is None:
-        batched = max(default_batched, seqs)
-    return batched, seqs
