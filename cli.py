@@ -75,10 +75,11 @@ _MaxLen = Annotated[int | None, typer.Option(
 
 @contextlib.contextmanager
 def _user_errors() -> Iterator[None]:
-    """Turn a workloads.TraceError (or an unwritable output) into one line and exit 2."""
+    """Bad input (a ValueError from the libraries, workloads.TraceError included: they name
+    the field and value) or an unreadable/unwritable file: one line, exit 2."""
     try:
         yield
-    except workloads.TraceError as err:
+    except ValueError as err:
         fail(str(err))
     except OSError as err:
         fail(f"{err.filename}: {err.strerror}")
@@ -353,10 +354,7 @@ def simulate(
             long_prefill_token_threshold=long_prefill, policy=policy,
             num_gpu_blocks_override=num_gpu_blocks, gpu_memory_utilization=memory_utilization,
             tensor_parallel_size=tensor_parallel)
-        try:
-            setup = build_setup(args, model, gpu, profile, seed, check_invariants)
-        except ValueError as err:
-            fail(str(err))
+        setup = build_setup(args, model, gpu, profile, seed, check_invariants)
         configured_rate = request_rate if dataset_name is not None else None
         _run_simulation(trace, setup, result_dir, percentiles, configured_rate)
 
@@ -458,17 +456,6 @@ _Goodput = Annotated[list[str] | None, typer.Option(
     "separate): a request is good if it meets every one. Adds request_goodput.")]
 
 
-@contextlib.contextmanager
-def _analysis_errors() -> Iterator[None]:
-    """Bad runs or options (ValueError from analysis) become one line and exit 2."""
-    try:
-        yield
-    except ValueError as err:
-        fail(str(err))
-    except OSError as err:
-        fail(f"{err.filename}: {err.strerror}")
-
-
 def _report_options(percentile_metrics: str, metric_percentiles: str,
                     goodput: list[str] | None) -> object:
     from analysis.metrics import parse_goodput, parse_metric_percentiles, parse_percentile_metrics
@@ -530,7 +517,7 @@ def report(
     from analysis.plots import report_figures
     from analysis.report import ReportOptions, detailed, result_dict
 
-    with _analysis_errors():
+    with _user_errors():
         options = _report_options(percentile_metrics, metric_percentiles, goodput)
         assert isinstance(options, ReportOptions)
         run = _load_checked(run_dir)
@@ -582,7 +569,7 @@ def compare(
     from analysis.plots import cdfs, latency_values, percentile_curves
     from analysis.report import result_dict
 
-    with _analysis_errors():
+    with _user_errors():
         if len(run_dirs) < 2:
             raise ValueError("compare needs two or more run directories")
         options = _report_options(percentile_metrics, metric_percentiles, goodput)
@@ -757,7 +744,7 @@ def sweep(
     from analysis.sweep import parse_slo, slo_needs
     from sim.engine_args import EngineArgs
 
-    with _analysis_errors(), _user_errors():
+    with _user_errors(), _user_errors():
         options = _report_options(percentile_metrics, metric_percentiles, goodput)
         assert isinstance(options, ReportOptions)
         slos = parse_slo(slo) if slo is not None else None
@@ -1514,10 +1501,7 @@ def fidelity(
             _print_fit(fitted)
             write_profile(fitted, profile)  # type: ignore[arg-type]
         assert profile is not None
-        try:
-            loaded = load_profile(profile)
-        except ValueError as err:
-            fail(str(err))
+        loaded = load_profile(profile)
         sim_dir = _fidelity_simulate(trace, setup, profile, root / "sim")
     _fidelity_report(real_dir, sim_dir, loaded, root, plots, max_error)
 
@@ -1599,7 +1583,7 @@ def _fidelity_report(real_dir: Path, sim_dir: Path, profile: object, root: Path,
     from runtime.batch import BatchFeatures
     from sim.calibrate import predict
 
-    with _analysis_errors():
+    with _user_errors():
         real, sim = _load_checked(real_dir), _load_checked(sim_dir)
         steps = real.steps  # type: ignore[attr-defined]
         names = list(BatchFeatures.__dataclass_fields__)
@@ -1659,10 +1643,7 @@ def bench_sim(
         loaded = {str(path): workloads.load_trace(path).trace for path in traces or []}
         if not loaded:
             loaded = {"embedded azure_conv first 10 min": workloads.default_trace()}
-        try:
-            report = run(loaded, model, gpu, baseline)
-        except ValueError as err:
-            fail(str(err))
+        report = run(loaded, model, gpu, baseline)
     _write_json(report, out)
 
 
@@ -1699,10 +1680,7 @@ def bench_serve(
         trace = workloads.random_trace(num_prompts or concurrency, lengths,
                                        workloads.ArrivalProcess(request_rate, 1.0, seed))
         args = EngineArgs(max_num_seqs=max_num_seqs, max_model_len=max_model_len)
-        try:
-            setup = build_setup(args, model, gpu, profile, seed)
-        except ValueError as err:
-            fail(str(err))
+        setup = build_setup(args, model, gpu, profile, seed)
     command = [sys.executable, "-m", "cli", "serve", "--simulate", "--sim-model", model,
                "--gpu", gpu, "--seed", str(seed), "--max-model-len", str(max_model_len)]
     command += ["--profile", profile] if profile else []
