@@ -102,7 +102,14 @@ class _HandOver:
     handover_s: float
 
 
-_DONE = None  # the API server's last message
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """The API server's last message when it raised: the engine re-raises `error`."""
+
+    error: BaseException
+
+
+_DONE = None  # the API server's last message after the trace's last request
 
 
 class _ApiServer(threading.Thread):
@@ -115,7 +122,7 @@ class _ApiServer(threading.Thread):
         self.config = config
         self.tokenizer = tokenizer
         self.now = now
-        self.handovers: queue.Queue[_HandOver | None] = queue.Queue()
+        self.handovers: queue.Queue[_HandOver | _Failed | None] = queue.Queue()
         self.stop = threading.Event()
         self.texts = self._texts() if tokenizer is not None else {}
 
@@ -129,6 +136,12 @@ class _ApiServer(threading.Thread):
         return prompt_token_ids(req, self.config.vocab_size, self.config.seed)
 
     def run(self) -> None:
+        try:
+            self._release_all()
+        except BaseException as err:  # the engine must not wait forever for a dead thread
+            self.handovers.put(_Failed(err))
+
+    def _release_all(self) -> None:
         for req in self.trace:
             if self.stop.wait(max(0.0, req.arrival_s - self.now())):
                 return
@@ -179,6 +192,8 @@ class _Replay:
             except queue.Empty:
                 return
             block = False
+            if isinstance(item, _Failed):
+                raise item.error
             if item is _DONE:
                 self.api_done = True
                 return
