@@ -1451,6 +1451,10 @@ def fidelity(
         "'replay' (a separate calibration replay of a trace resampled from TRACE: other "
         "requests and arrivals, the same lengths and mean rate; out of sample).",
         rich_help_panel=_Cal)] = "grid",
+    noise_floor: Annotated[bool, typer.Option(
+        "--noise-floor", help="Replay TRACE a second time and report how far the two real "
+        "runs are from each other next to the simulator's error (the 'noise' column).")]
+    = False,
     fmt: _Format = None, first_n: _FirstN = None, time_scale: _TimeScale = None,
     max_num_batched_tokens: _MaxBatched = None, max_num_seqs: _MaxSeqs = None,
     max_model_len: _EngineMaxLen = None, block_size: _BlockSize = 16,
@@ -1495,6 +1499,8 @@ def fidelity(
             _print_fit(fitted)
             write_profile(fitted, profile)  # type: ignore[arg-type]
         real_dir = _fidelity_replay(trace, setup, tokenizer, root / "real")
+        again_dir = (_fidelity_replay(trace, setup, tokenizer, root / "real-again")
+                     if noise_floor else None)
         if fit_on_replay:
             profile = root / "profile.json"
             fitted = _profile_from_steps([real_dir], "wall", _api_cost(setup, tokenizer))
@@ -1503,7 +1509,7 @@ def fidelity(
         assert profile is not None
         loaded = load_profile(profile)
         sim_dir = _fidelity_simulate(trace, setup, profile, root / "sim")
-    _fidelity_report(real_dir, sim_dir, loaded, root, plots, max_error)
+    _fidelity_report(real_dir, sim_dir, loaded, root, plots, max_error, again_dir)
 
 
 def _calibration_trace(trace: workloads.Trace, seed: int) -> workloads.Trace:
@@ -1577,7 +1583,7 @@ def _fidelity_simulate(trace: workloads.Trace, setup: RealSetup, profile: Path,
 
 
 def _fidelity_report(real_dir: Path, sim_dir: Path, profile: object, root: Path, plots: bool,
-                     max_error: float | None) -> None:
+                     max_error: float | None, again_dir: Path | None = None) -> None:
     from analysis.fidelity import fidelity_report, gate, render
     from analysis.plots import cdfs, latency_values, percentile_curves
     from runtime.batch import BatchFeatures
@@ -1585,18 +1591,21 @@ def _fidelity_report(real_dir: Path, sim_dir: Path, profile: object, root: Path,
 
     with _user_errors():
         real, sim = _load_checked(real_dir), _load_checked(sim_dir)
+        again = _load_checked(again_dir) if again_dir is not None else None
         steps = real.steps  # type: ignore[attr-defined]
         names = list(BatchFeatures.__dataclass_fields__)
         features = [BatchFeatures(**{n: int(row[n]) for n in names})
                     for row in steps[names].to_dict("records")]
         measured = (steps["end_s"] - steps["start_s"]).to_numpy()
         predicted = predict(profile.coefficients, features)  # type: ignore[attr-defined]
-        report = fidelity_report(real, sim, measured, predicted)  # type: ignore[arg-type]
+        report = fidelity_report(real, sim, measured, predicted, again)  # type: ignore[arg-type]
         typer.echo(render(report))
         (root / "fidelity.json").write_text(json.dumps(report.to_json_dict(), indent=2) + "\n")
         if plots:
             series = {"real": latency_values(real.requests),  # type: ignore[attr-defined]
                       "sim": latency_values(sim.requests)}  # type: ignore[attr-defined]
+            if again is not None:
+                series["real again"] = latency_values(again.requests)  # type: ignore[attr-defined]
             _save_figures({"percentiles": percentile_curves(series), "cdf": cdfs(series)},
                           root / "plots")
         typer.echo(f"rt: wrote {root}/fidelity.json", err=True)

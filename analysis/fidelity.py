@@ -9,6 +9,10 @@ otherwise:
   owns the cost model) against its measured wall time (end_s - start_s);
 * per request: TTFT of the same request in both runs (signed and absolute, ms and relative).
 
+With a second real run of the same trace (`real_again`), the same metric and per-request
+views of real-again vs real are the *noise floor*: how far the real system is from itself,
+the least error any simulator could be judged to.
+
 `gate` names the errors above a tolerance (the goal metrics: p50/p90 of TTFT and ITL).
 """
 
@@ -36,9 +40,10 @@ def _relative(sim: float, real: float) -> float:
     return (sim - real) / real if real else math.nan
 
 
-def metric_errors(real: Run, sim: Run) -> pd.DataFrame:
+def metric_errors(real: Run, sim: Run, real_again: Run | None = None) -> pd.DataFrame:
     """Rows: `{stat}_{metric}_ms` for every stat and metric, then the throughputs; columns
-    real, sim (ms, or per second for throughputs) and error (relative, signed)."""
+    real, sim (ms, or per second for throughputs) and error (relative, signed); with
+    `real_again`, also `noise`: its relative difference from `real`."""
     options = ReportOptions(METRICS, (50.0, 90.0, 99.0))
     a, b = result_dict(real, options), result_dict(sim, options)
     keys = [f"{stat}_{metric}_ms" for metric in METRICS for stat in STATS] + list(THROUGHPUTS)
@@ -46,6 +51,9 @@ def metric_errors(real: Run, sim: Run) -> pd.DataFrame:
             for key in keys}
     table = pd.DataFrame.from_dict(rows, orient="index", columns=["real", "sim", "error"])
     table.index.name = "metric"
+    if real_again is not None:
+        c = result_dict(real_again, options)
+        table["noise"] = [_relative(float(c[key]), float(a[key])) for key in keys]
     return table
 
 
@@ -94,11 +102,14 @@ def ttft_errors(real: pd.DataFrame, sim: pd.DataFrame) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class FidelityReport:
-    """The three views of one real/sim pair."""
+    """The three views of one real/sim pair; `ttft_noise` is the per-request view of a
+    second real run against the first (None without one; then `metrics` has no `noise`
+    column)."""
 
     metrics: pd.DataFrame  # metric_errors
     steps: dict[str, float]  # step_errors
     ttft: dict[str, float]  # ttft_errors
+    ttft_noise: dict[str, float] | None = None  # ttft_errors(real, real_again)
 
     def to_json_dict(self) -> dict[str, Any]:
         """JSON-ready (NaN as null)."""
@@ -107,45 +118,67 @@ class FidelityReport:
 
         metrics = {key: {col: clean(float(val)) for col, val in row.items()}
                    for key, row in self.metrics.iterrows()}
-        return {"metrics": metrics, "steps": {k: clean(v) for k, v in self.steps.items()},
-                "ttft_per_request": {k: clean(v) for k, v in self.ttft.items()}}
+        out = {"metrics": metrics, "steps": {k: clean(v) for k, v in self.steps.items()},
+               "ttft_per_request": {k: clean(v) for k, v in self.ttft.items()}}
+        if self.ttft_noise is not None:
+            out["ttft_per_request_noise"] = {k: clean(v) for k, v in self.ttft_noise.items()}
+        return out
 
 
 def fidelity_report(real: Run, sim: Run, measured_step_s: Sequence[float],
-                    predicted_step_s: Sequence[float]) -> FidelityReport:
-    """All three views; the step times are the real run's (measured, and as predicted)."""
-    return FidelityReport(metric_errors(real, sim), step_errors(measured_step_s,
-                                                                predicted_step_s),
-                          ttft_errors(real.requests, sim.requests))
+                    predicted_step_s: Sequence[float],
+                    real_again: Run | None = None) -> FidelityReport:
+    """All three views; the step times are the real run's (measured, and as predicted).
+    With `real_again` (a second real run of the same trace), the noise floor too."""
+    noise = None if real_again is None else ttft_errors(real.requests, real_again.requests)
+    return FidelityReport(metric_errors(real, sim, real_again),
+                          step_errors(measured_step_s, predicted_step_s),
+                          ttft_errors(real.requests, sim.requests), noise)
 
 
 def gate(report: FidelityReport, max_error: float,
          keys: Sequence[str] = GATE_KEYS) -> list[str]:
-    """One line per gated metric whose |error| exceeds `max_error` (a fraction)."""
+    """One line per gated metric whose |error| exceeds `max_error` (a fraction); the line
+    gives the noise floor too when the report has one."""
     if not max_error >= 0:
         raise ValueError(f"--max-error must be >= 0, got {max_error}")
     out = []
     for key in keys:
-        error = float(report.metrics.loc[key, "error"])
+        row = report.metrics.loc[key]
+        error = float(row["error"])
         if not abs(error) <= max_error:  # NaN fails too
-            out.append(f"{key}: error {error:+.1%} exceeds {max_error:.1%}")
+            noise = f" (noise {float(row['noise']):+.1%})" if "noise" in row.index else ""
+            out.append(f"{key}: error {error:+.1%} exceeds {max_error:.1%}{noise}")
     return out
 
 
+def _ttft_line(label: str, t: dict[str, float]) -> str:
+    return (f"{label} ({t['requests']:.0f} requests): signed p10/p50/p90 "
+            f"{t['p10_signed_ms']:+.2f}/{t['p50_signed_ms']:+.2f}/"
+            f"{t['p90_signed_ms']:+.2f} ms, |error| p50/p90/p99 {t['p50_abs_ms']:.2f}/"
+            f"{t['p90_abs_ms']:.2f}/{t['p99_abs_ms']:.2f} ms, relative p50/p90 "
+            f"{t['p50_abs_rel']:.1%}/{t['p90_abs_rel']:.1%}")
+
+
 def render(report: FidelityReport) -> str:
-    """Fixed-width text: the metric table, then the step and per-request lines."""
-    lines = [f"{'metric':<28}{'real':>12}{'sim':>12}{'error':>10}"]
+    """Fixed-width text: the metric table (with the noise column when there is one), then
+    the step and per-request lines."""
+    noise = "noise" in report.metrics.columns
+    lines = [f"{'metric':<28}{'real':>12}{'sim':>12}{'error':>10}"
+             + (f"{'noise':>10}" if noise else "")]
     for key, row in report.metrics.iterrows():
         lines.append(f"{str(key):<28}{row['real']:>12.3f}{row['sim']:>12.3f}"
-                     f"{row['error']:>+10.1%}")
-    s, t = report.steps, report.ttft
+                     f"{row['error']:>+10.1%}" + (f"{row['noise']:>+10.1%}" if noise else ""))
+    s = report.steps
     lines.append(f"per-step time prediction ({s['steps']:.0f} real steps): MAPE "
                  f"{s['mape']:.1%}, p50 {s['p50_ape']:.1%}, p90 {s['p90_ape']:.1%}, p99 "
                  f"{s['p99_ape']:.1%}, worst {s['worst_ape']:.1%}, signed median "
                  f"{s['median_signed']:+.1%}, total busy time {s['bias_total']:+.1%}")
-    lines.append(f"per-request TTFT error ({t['requests']:.0f} requests): signed p10/p50/p90 "
-                 f"{t['p10_signed_ms']:+.2f}/{t['p50_signed_ms']:+.2f}/"
-                 f"{t['p90_signed_ms']:+.2f} ms, |error| p50/p90/p99 {t['p50_abs_ms']:.2f}/"
-                 f"{t['p90_abs_ms']:.2f}/{t['p99_abs_ms']:.2f} ms, relative p50/p90 "
-                 f"{t['p50_abs_rel']:.1%}/{t['p90_abs_rel']:.1%}")
+    lines.append(_ttft_line("per-request TTFT error", report.ttft))
+    if report.ttft_noise is not None:
+        lines.append(_ttft_line("per-request TTFT noise (real again vs real)",
+                                report.ttft_noise))
+    if noise:
+        lines.append("noise: a second real replay of the trace against the first; an error "
+                     "within it is as close as this machine can tell")
     return "\n".join(lines)

@@ -48,3 +48,18 @@ def test_gate_and_render() -> None:
     assert gate(report, 0.2) == ["p90_itl_ms: error +nan% exceeds 20.0%"]
     assert "p90_ttft_ms" in render(report)
     assert report.to_json_dict()["metrics"]["p90_itl_ms"]["error"] is None
+
+
+def test_noise_floor_column_and_lines() -> None:
+    metrics = pd.DataFrame({"real": [10.0, 20.0], "sim": [11.0, 20.0], "error": [0.1, 0.0],
+                            "noise": [0.08, -0.02]}, index=["p50_ttft_ms", "p90_ttft_ms"])
+    noise = ttft_errors(_requests([0.010, 0.020]), _requests([0.012, 0.020]))
+    report = FidelityReport(metrics, step_errors([0.01], [0.01]),
+                            ttft_errors(_requests([0.01]), _requests([0.01])), noise)
+    assert gate(report, 0.05, ("p50_ttft_ms", "p90_ttft_ms")) == [
+        "p50_ttft_ms: error +10.0% exceeds 5.0% (noise +8.0%)"]
+    text = render(report)
+    assert text.splitlines()[0].split() == ["metric", "real", "sim", "error", "noise"]
+    assert "+8.0%" in text.splitlines()[1]
+    assert "per-request TTFT noise (real again vs real) (2 requests)" in text
+    assert report.to_json_dict()["ttft_per_request_noise"]["p90_abs_ms"] == pytest.approx(1.8)

@@ -108,10 +108,16 @@ def test_fidelity_calibrates_on_a_separate_replay(tiny_dir: Path, tmp_path: Path
     out_dir = tmp_path / "fid"
     code, out, err = _invoke("fidelity", str(trace_path), "--model", str(tiny_dir),
                              "--calibrate-on", "replay", "--max-num-batched-tokens", "256",
-                             "--no-plots", "--result-dir", str(out_dir))
+                             "--noise-floor", "--no-plots", "--result-dir", str(out_dir))
     assert code == 0, err
     calibration = json.loads((out_dir / "calibration" / "run.json").read_text())
     real = json.loads((out_dir / "real" / "run.json").read_text())
+    again = json.loads((out_dir / "real-again" / "run.json").read_text())
+    assert again["trace"]["digest"] == real["trace"]["digest"]  # the same trace, replayed twice
+    assert out.splitlines()[0].split() == ["metric", "real", "sim", "error", "noise"]
+    report = json.loads((out_dir / "fidelity.json").read_text())
+    assert report["ttft_per_request_noise"]["requests"] == 30
+    assert "noise" in report["metrics"]["p50_ttft_ms"]
     # Out of sample: other requests (another trace) on the same engine configuration.
     assert calibration["trace"]["digest"] != real["trace"]["digest"]
     assert calibration["trace"]["requests"] == 30
