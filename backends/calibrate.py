@@ -292,8 +292,8 @@ def time_api_server(vocab_size: int, tokenizer: Tokenizer | None = None,
             texts[req.request_id] = tokenizer.decode(prompt_token_ids(req, vocab_size, seed))
     samples: dict[int, list[float]] = {n: [] for n in prompt_lens}
     for n, req in _timed_requests(prompt_lens, repeats):
+        ids = prompt_token_ids(req, vocab_size, seed)  # made before the replay's clock starts
         started = time.perf_counter()
-        ids = prompt_token_ids(req, vocab_size, seed)
         if tokenizer is not None:
             tokenizer.encode(texts[req.request_id])
         Request(req.request_id, array("q", ids),

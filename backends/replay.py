@@ -2,9 +2,10 @@
 
 Two stages, as in a serving runtime:
 
-    API server  a thread that releases each trace request at its arrival time on the wall
-                clock and tokenizes it (one FIFO server: a burst queues here), then hands it
-                to the engine with the hand-over time.
+    API server  a process (`backends.replay_api`, as vLLM's front end is to its engine
+                core: no shared GIL) that releases each trace request at its arrival time on
+                the wall clock and tokenizes it (one FIFO server: a burst queues here), then
+                hands its token ids to the engine with the hand-over time.
     engine      the engine-core loop of `sim/simulator.py` on the wall clock: take in the
                 handed-over requests, `begin_step`, execute on the model (step time measured:
                 CUDA events / perf_counter), `end_step`. When idle it blocks on the API
@@ -20,15 +21,13 @@ the start of the replay.
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from backends.model_runner import ModelRunner
+from backends.replay_api import ApiServerFailed, ApiServerProcess, Done, HandOver, Tokenizer
 from runtime import (
     CacheConfig,
     EngineCore,
@@ -39,15 +38,9 @@ from runtime import (
     SchedulerConfig,
 )
 from runtime.records import RequestRecord, StepRecord, steps_from_columns
-from workloads import Trace, TraceRequest, prompt_token_ids
+from workloads import Trace
 
 Progress = Callable[[int, int], None]  # (requests finished, requests in the trace)
-
-
-class Tokenizer(Protocol):
-    def encode(self, text: str) -> Sequence[int]: ...
-
-    def decode(self, token_ids: Sequence[int]) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,67 +88,6 @@ class ReplayResult:
         return steps_from_columns(self.step_columns)
 
 
-@dataclass(frozen=True, slots=True)
-class _HandOver:
-    trace_request: TraceRequest
-    request: Request
-    handover_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class _Failed:
-    """The API server's last message when it raised: the engine re-raises `error`."""
-
-    error: BaseException
-
-
-_DONE = None  # the API server's last message after the trace's last request
-
-
-class _ApiServer(threading.Thread):
-    """Releases requests at their arrival times, tokenizes them, queues the hand-overs."""
-
-    def __init__(self, trace: Trace, config: ReplayConfig, tokenizer: Tokenizer | None,
-                 now: Callable[[], float]) -> None:
-        super().__init__(name="rt-api-server", daemon=True)
-        self.trace = trace
-        self.config = config
-        self.tokenizer = tokenizer
-        self.now = now
-        self.handovers: queue.Queue[_HandOver | _Failed | None] = queue.Queue()
-        self.stop = threading.Event()
-        self.texts = self._texts() if tokenizer is not None else {}
-
-    def _texts(self) -> dict[str, str]:
-        """Each prompt as text, made before the clock starts (detokenizing is not timed)."""
-        assert self.tokenizer is not None
-        return {req.request_id: self.tokenizer.decode(self._token_ids(req))
-                for req in self.trace}
-
-    def _token_ids(self, req: TraceRequest) -> list[int]:
-        return prompt_token_ids(req, self.config.vocab_size, self.config.seed)
-
-    def run(self) -> None:
-        try:
-            self._release_all()
-        except BaseException as err:  # the engine must not wait forever for a dead thread
-            self.handovers.put(_Failed(err))
-
-    def _release_all(self) -> None:
-        for req in self.trace:
-            if self.stop.wait(max(0.0, req.arrival_s - self.now())):
-                return
-            token_ids = self._token_ids(req)
-            if self.tokenizer is not None:
-                self.tokenizer.encode(self.texts[req.request_id])  # the real tokenizer cost
-            request = Request(
-                req.request_id, array("q", token_ids),
-                SamplingParams(max_tokens=req.output_len, ignore_eos=True),
-                arrival_time=req.arrival_s, priority=req.priority, cache_salt=req.cache_salt)
-            self.handovers.put(_HandOver(req, request, self.now()))
-        self.handovers.put(_DONE)
-
-
 class _Replay:
     def __init__(self, trace: Trace, config: ReplayConfig, runner: ModelRunner,
                  tokenizer: Tokenizer | None, progress: Progress | None) -> None:
@@ -164,7 +96,8 @@ class _Replay:
         self.runner = runner
         self.progress = progress
         self.core = EngineCore(Scheduler(config.scheduler, config.cache))
-        self.api = _ApiServer(trace, config, tokenizer, self.now)
+        self.api = ApiServerProcess(trace, config.vocab_size, config.seed, tokenizer)
+        self.by_id = {req.request_id: req for req in trace}
         self.api_done = False
         self.done = 0
         self.started = time.perf_counter()
@@ -174,33 +107,41 @@ class _Replay:
         return time.perf_counter() - self.started
 
     def run(self) -> None:
-        self.started = time.perf_counter()
+        """Start the API server (its start-up is not timed), then the clock, then serve."""
         self.api.start()
         try:
+            self.started = time.perf_counter()
+            self.api.begin(self.started)
             while not self.api_done or self.core.has_work():
                 self.take_handovers(block=not self.core.has_work())
                 if self.core.has_work():
                     self.one_step()
         finally:
-            self.api.stop.set()
+            self.api.stop()
 
     def take_handovers(self, block: bool) -> None:
         """Move every queued hand-over into the engine; when `block`, first wait for one."""
         while not self.api_done:
-            try:
-                item = self.api.handovers.get(block=block)
-            except queue.Empty:
+            message = self.api.get(block)
+            if message is None:
                 return
             block = False
-            if isinstance(item, _Failed):
-                raise item.error
-            if item is _DONE:
+            if isinstance(message, ApiServerFailed):
+                raise RuntimeError(f"the replay's API server failed: {message.message}")
+            if isinstance(message, Done):
                 self.api_done = True
                 return
-            req = item.trace_request
-            self.core.recorder.arrived(req.request_id, req.arrival_s, req.prompt_len,
-                                       req.output_len)
-            self.core.submit(item.request, item.handover_s)
+            self.submit(message)
+
+    def submit(self, handover: HandOver) -> None:
+        req = self.by_id[handover.request_id]
+        self.core.recorder.arrived(req.request_id, req.arrival_s, req.prompt_len,
+                                   req.output_len)
+        request = Request(
+            req.request_id, array("q", handover.prompt_token_ids),
+            SamplingParams(max_tokens=req.output_len, ignore_eos=True),
+            arrival_time=req.arrival_s, priority=req.priority, cache_salt=req.cache_salt)
+        self.core.submit(request, handover.handover_s)
 
     def one_step(self) -> None:
         core = self.core
@@ -217,7 +158,7 @@ class _Replay:
 
     def abort_all(self) -> None:
         """Ctrl-C: record every request the engine holds as aborted now."""
-        self.api.stop.set()
+        self.api.stop()
         scheduler = self.core.scheduler
         unfinished = [r for r in scheduler.requests.values() if not r.is_finished()]
         scheduler.finish_requests([r.request_id for r in unfinished],

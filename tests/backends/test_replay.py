@@ -179,17 +179,19 @@ def test_ctrl_c_keeps_the_records_so_far(tiny_dir: Path, small_trace: Trace) -> 
         assert sum(getattr(record, c) for c in PART_COLUMNS) == pytest.approx(e2e, abs=1e-9)
 
 
+class BrokenTokenizer:
+    """Module level: pickled into the API-server process."""
+
+    def decode(self, token_ids: list[int]) -> str:
+        return " ".join(map(str, token_ids))
+
+    def encode(self, text: str) -> list[int]:
+        raise RuntimeError("tokenizer exploded")
+
+
 def test_an_api_server_failure_reaches_the_engine(tiny_dir: Path, small_trace: Trace) -> None:
-    """A tokenizer that raises kills the API server thread: the replay re-raises its error
+    """A tokenizer that raises ends the API-server process: the replay raises its error
     instead of waiting forever for the next hand-over."""
-
-    class BrokenTokenizer:
-        def decode(self, token_ids: list[int]) -> str:
-            return " ".join(map(str, token_ids))
-
-        def encode(self, text: str) -> list[int]:
-            raise RuntimeError("tokenizer exploded")
-
     setup = build_engine(RealEngineArgs(model_dir=tiny_dir, max_num_seqs=4))
     config = ReplayConfig(setup.scheduler, setup.cache, setup.shape.vocab_size)
     with pytest.raises(RuntimeError, match="tokenizer exploded"):
