@@ -1,8 +1,9 @@
-"""Attention-kernel dispatch: the Triton kernels on CUDA when they exist, the torch
-references otherwise (CPU, or before the kernels land).
+"""Attention-kernel dispatch: the Triton kernels on CUDA when they exist, the batched torch
+path otherwise (CPU, or before the kernels land).
 
 Both ops have the signatures of `backends.kernels.paged_attention` and
-`backends.kernels.reshape_and_cache` (layouts in those modules' docstrings).
+`backends.kernels.reshape_and_cache` (layouts in those modules' docstrings). The per-sequence
+torch references stay available as `REFERENCE_OPS` (tests compare against them).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from backends.kernels.paged_attention import paged_attention_ref
+from backends.kernels.paged_attention_torch import paged_attention_torch
 from backends.kernels.reshape_and_cache import reshape_and_cache_ref
 
 PagedAttention = Callable[..., torch.Tensor]
@@ -25,7 +27,7 @@ class AttentionOps:
 
     paged_attention: PagedAttention
     reshape_and_cache: ReshapeAndCache
-    kind: str  # "triton" or "torch-reference"
+    kind: str  # "triton", "torch" (batched) or "torch-reference" (per-sequence loop)
 
 
 def _triton_ops() -> AttentionOps | None:
@@ -43,17 +45,18 @@ def _triton_ops() -> AttentionOps | None:
 
 
 REFERENCE_OPS = AttentionOps(paged_attention_ref, reshape_and_cache_ref, "torch-reference")
+TORCH_OPS = AttentionOps(paged_attention_torch, reshape_and_cache_ref, "torch")
 
 
 def select_ops(device: torch.device, use_triton: bool | None = None) -> AttentionOps:
-    """Triton on CUDA when available (or when `use_triton` forces it), the references
+    """Triton on CUDA when available (or when `use_triton` forces it), the batched torch path
     otherwise. `use_triton=True` without the kernels raises ValueError."""
     want = device.type == "cuda" if use_triton is None else use_triton
     if not want:
-        return REFERENCE_OPS
+        return TORCH_OPS
     ops = _triton_ops()
     if ops is None:
         if use_triton:
             raise ValueError("the Triton kernels are not available in backends/kernels/")
-        return REFERENCE_OPS
+        return TORCH_OPS
     return ops

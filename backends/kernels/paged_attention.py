@@ -37,7 +37,8 @@ The grid is an upper bound computed from shapes only (num_tokens // BLOCK_Q + nu
 blocks, as in vLLM's unified kernel), so the host never reads query lengths from the device;
 a program finds its sequence by binary search over query_start_loc and exits if it has no rows.
 Off CUDA the kernels only run under TRITON_INTERPRET=1 (tests); there bf16 dots are computed in
-fp32 (the interpreter's bf16 `tl.dot` is wrong). The CPU engine path should call the reference.
+fp32 (the interpreter's bf16 `tl.dot` is wrong). The CPU engine path calls the batched torch
+version in `paged_attention_torch.py` instead, tested against the reference.
 """
 
 from __future__ import annotations

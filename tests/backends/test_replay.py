@@ -117,7 +117,7 @@ def test_cli_replay_writes_a_run_directory(tiny_dir: Path, small_trace: Trace,
     assert run.requests["arrival_s"].max() == pytest.approx(small_trace[-1].arrival_s * 0.5)
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     assert info["kind"] == "replay" and info["cache_config"]["num_blocks"] == 64
-    assert info["attention"] == "torch-reference" and info["trace"]["requests"] == 12
+    assert info["attention"] == "torch" and info["trace"]["requests"] == 12
 
 
 @pytest.mark.parametrize(("args", "message"), [
