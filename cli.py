@@ -1450,11 +1450,12 @@ def fidelity(
         "--calibrate-on", help="Without --profile: 'grid' (the designed grid of batches) or "
         "'replay' (a separate calibration replay of a trace resampled from TRACE: other "
         "requests and arrivals, the same lengths and mean rate; out of sample).",
-        rich_help_panel=_Cal)] = "grid",
-    noise_floor: Annotated[bool, typer.Option(
-        "--noise-floor", help="Replay TRACE a second time and report how far the two real "
-        "runs are from each other next to the simulator's error (the 'noise' column).")]
-    = False,
+        rich_help_panel=_Cal)] = "replay",
+    repeats: Annotated[int, typer.Option(
+        "--repeats", help="Real replays of TRACE (with --calibrate-on replay, as many "
+        "calibration replays, interleaved with them so the machine's drift falls on both). "
+        "With 2 or more, 'real' is their mean and 'noise' the largest deviation of one of "
+        "them from it: how far this machine is from itself.")] = 1,
     fmt: _Format = None, first_n: _FirstN = None, time_scale: _TimeScale = None,
     max_num_batched_tokens: _MaxBatched = None, max_num_seqs: _MaxSeqs = None,
     max_model_len: _EngineMaxLen = None, block_size: _BlockSize = 16,
@@ -1471,7 +1472,7 @@ def fidelity(
     p50, p90, p99 of TTFT, ITL, TPOT, E2E; throughput), per step, per request (TTFT)."""
     import datetime
 
-    from sim.profile import load_profile, write_profile
+    from sim.profile import load_profile
 
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     root = result_dir or Path("results") / f"fidelity-{stamp}"
@@ -1486,30 +1487,38 @@ def fidelity(
         _check_replay_lengths(trace, setup.scheduler.max_model_len)
         if calibrate_on not in ("grid", "replay"):
             fail(f"--calibrate-on must be grid or replay, got {calibrate_on!r}")
+        if repeats < 1:
+            fail(f"--repeats must be >= 1, got {repeats}")
         root.mkdir(parents=True, exist_ok=True)
-        if profile is None and not fit_on_replay:
-            profile = root / "profile.json"
-            if calibrate_on == "replay":
-                calibration = _fidelity_replay(_calibration_trace(trace, seed), setup,
-                                               tokenizer, root / "calibration")
-                fitted = _profile_from_steps([calibration], "wall",
-                                             _api_cost(setup, tokenizer))
-            else:
-                fitted = _calibrate_setup(setup, tokenizer, quick, time_limit, [])
-            _print_fit(fitted)
-            write_profile(fitted, profile)  # type: ignore[arg-type]
-        real_dir = _fidelity_replay(trace, setup, tokenizer, root / "real")
-        again_dir = (_fidelity_replay(trace, setup, tokenizer, root / "real-again")
-                     if noise_floor else None)
-        if fit_on_replay:
-            profile = root / "profile.json"
-            fitted = _profile_from_steps([real_dir], "wall", _api_cost(setup, tokenizer))
-            _print_fit(fitted)
-            write_profile(fitted, profile)  # type: ignore[arg-type]
+        calibrate = profile is None and not fit_on_replay
+        if calibrate and calibrate_on == "grid":
+            profile = _write_fitted(_calibrate_setup(setup, tokenizer, quick, time_limit, []),
+                                    root)
+        calibrations: list[Path] = []
+        reals: list[Path] = []
+        for i in range(repeats):
+            suffix = f"-{i + 1}" if i else ""
+            if calibrate and calibrate_on == "replay":
+                calibrations.append(_fidelity_replay(_calibration_trace(trace, seed + i),
+                                                     setup, tokenizer,
+                                                     root / f"calibration{suffix}"))
+            reals.append(_fidelity_replay(trace, setup, tokenizer, root / f"real{suffix}"))
+        if calibrations or fit_on_replay:  # fit_on_replay: in-sample, on the real runs
+            profile = _write_fitted(_profile_from_steps(
+                calibrations or reals, "wall", _api_cost(setup, tokenizer)), root)
         assert profile is not None
         loaded = load_profile(profile)
         sim_dir = _fidelity_simulate(trace, setup, profile, root / "sim")
-    _fidelity_report(real_dir, sim_dir, loaded, root, plots, max_error, again_dir)
+    _fidelity_report(reals, sim_dir, loaded, root, plots, max_error)
+
+
+def _write_fitted(profile: object, root: Path) -> Path:
+    """Print the fit's quality and write the profile as root/profile.json."""
+    from sim.profile import write_profile
+
+    _print_fit(profile)
+    write_profile(profile, root / "profile.json")  # type: ignore[arg-type]
+    return root / "profile.json"
 
 
 def _calibration_trace(trace: workloads.Trace, seed: int) -> workloads.Trace:
@@ -1582,30 +1591,30 @@ def _fidelity_simulate(trace: workloads.Trace, setup: RealSetup, profile: Path,
     return path
 
 
-def _fidelity_report(real_dir: Path, sim_dir: Path, profile: object, root: Path, plots: bool,
-                     max_error: float | None, again_dir: Path | None = None) -> None:
+def _fidelity_report(real_dirs: list[Path], sim_dir: Path, profile: object, root: Path,
+                     plots: bool, max_error: float | None) -> None:
     from analysis.fidelity import fidelity_report, gate, render
     from analysis.plots import cdfs, latency_values, percentile_curves
     from runtime.batch import BatchFeatures
     from sim.calibrate import predict
 
     with _user_errors():
-        real, sim = _load_checked(real_dir), _load_checked(sim_dir)
-        again = _load_checked(again_dir) if again_dir is not None else None
+        reals, sim = [_load_checked(path) for path in real_dirs], _load_checked(sim_dir)
+        real = reals[0]
         steps = real.steps  # type: ignore[attr-defined]
         names = list(BatchFeatures.__dataclass_fields__)
         features = [BatchFeatures(**{n: int(row[n]) for n in names})
                     for row in steps[names].to_dict("records")]
         measured = (steps["end_s"] - steps["start_s"]).to_numpy()
         predicted = predict(profile.coefficients, features)  # type: ignore[attr-defined]
-        report = fidelity_report(real, sim, measured, predicted, again)  # type: ignore[arg-type]
+        report = fidelity_report(reals, sim, measured, predicted)  # type: ignore[arg-type]
         typer.echo(render(report))
         (root / "fidelity.json").write_text(json.dumps(report.to_json_dict(), indent=2) + "\n")
         if plots:
-            series = {"real": latency_values(real.requests),  # type: ignore[attr-defined]
-                      "sim": latency_values(sim.requests)}  # type: ignore[attr-defined]
-            if again is not None:
-                series["real again"] = latency_values(again.requests)  # type: ignore[attr-defined]
+            series = {("real" if i == 0 else f"real {i + 1}"):
+                      latency_values(run.requests)  # type: ignore[attr-defined]
+                      for i, run in enumerate(reals)}
+            series["sim"] = latency_values(sim.requests)  # type: ignore[attr-defined]
             _save_figures({"percentiles": percentile_curves(series), "cdf": cdfs(series)},
                           root / "plots")
         typer.echo(f"rt: wrote {root}/fidelity.json", err=True)

@@ -9,9 +9,11 @@ otherwise:
   owns the cost model) against its measured wall time (end_s - start_s);
 * per request: TTFT of the same request in both runs (signed and absolute, ms and relative).
 
-With a second real run of the same trace (`real_again`), the same metric and per-request
-views of real-again vs real are the *noise floor*: how far the real system is from itself,
-the least error any simulator could be judged to.
+With several real runs of the same trace, `real` is the mean of their metrics (the real
+system's expectation, not one draw of it) and `noise` the largest deviation of one real run
+from that mean: how far the real system is from itself, the resolution at which this machine
+can judge any simulator. The per-step and per-request views use the first real run; the
+per-request view of the second real run against the first is reported as noise too.
 
 `gate` names the errors above a tolerance (the goal metrics: p50/p90 of TTFT and ITL).
 """
@@ -40,20 +42,26 @@ def _relative(sim: float, real: float) -> float:
     return (sim - real) / real if real else math.nan
 
 
-def metric_errors(real: Run, sim: Run, real_again: Run | None = None) -> pd.DataFrame:
+def metric_errors(reals: Sequence[Run], sim: Run) -> pd.DataFrame:
     """Rows: `{stat}_{metric}_ms` for every stat and metric, then the throughputs; columns
-    real, sim (ms, or per second for throughputs) and error (relative, signed); with
-    `real_again`, also `noise`: its relative difference from `real`."""
+    real (the mean over `reals`), sim (ms, or per second for throughputs) and error
+    (relative, signed); with two or more real runs also `noise`: max_i |real_i - real| / real
+    (unsigned)."""
+    if not reals:
+        raise ValueError("metric_errors needs at least one real run")
     options = ReportOptions(METRICS, (50.0, 90.0, 99.0))
-    a, b = result_dict(real, options), result_dict(sim, options)
     keys = [f"{stat}_{metric}_ms" for metric in METRICS for stat in STATS] + list(THROUGHPUTS)
-    rows = {key: (float(a[key]), float(b[key]), _relative(float(b[key]), float(a[key])))
-            for key in keys}
+    runs = np.array([[float(d[key]) for key in keys]
+                     for d in (result_dict(run, options) for run in reals)])  # [runs, keys]
+    real = runs.mean(axis=0)
+    b = result_dict(sim, options)
+    rows = {key: (real[i], float(b[key]), _relative(float(b[key]), real[i]))
+            for i, key in enumerate(keys)}
     table = pd.DataFrame.from_dict(rows, orient="index", columns=["real", "sim", "error"])
     table.index.name = "metric"
-    if real_again is not None:
-        c = result_dict(real_again, options)
-        table["noise"] = [_relative(float(c[key]), float(a[key])) for key in keys]
+    if len(reals) > 1:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            table["noise"] = np.abs(runs - real).max(axis=0) / real
     return table
 
 
@@ -102,14 +110,15 @@ def ttft_errors(real: pd.DataFrame, sim: pd.DataFrame) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class FidelityReport:
-    """The three views of one real/sim pair; `ttft_noise` is the per-request view of a
-    second real run against the first (None without one; then `metrics` has no `noise`
-    column)."""
+    """The three views of real runs against a simulated one; `ttft_noise` is the
+    per-request view of the second real run against the first and `real_runs` their number
+    (with one real run: None, and `metrics` has no `noise` column)."""
 
     metrics: pd.DataFrame  # metric_errors
     steps: dict[str, float]  # step_errors
     ttft: dict[str, float]  # ttft_errors
-    ttft_noise: dict[str, float] | None = None  # ttft_errors(real, real_again)
+    ttft_noise: dict[str, float] | None = None  # ttft_errors(reals[0], reals[1])
+    real_runs: int = 1
 
     def to_json_dict(self) -> dict[str, Any]:
         """JSON-ready (NaN as null)."""
@@ -118,22 +127,22 @@ class FidelityReport:
 
         metrics = {key: {col: clean(float(val)) for col, val in row.items()}
                    for key, row in self.metrics.iterrows()}
-        out = {"metrics": metrics, "steps": {k: clean(v) for k, v in self.steps.items()},
+        out = {"real_runs": self.real_runs, "metrics": metrics,
+               "steps": {k: clean(v) for k, v in self.steps.items()},
                "ttft_per_request": {k: clean(v) for k, v in self.ttft.items()}}
         if self.ttft_noise is not None:
             out["ttft_per_request_noise"] = {k: clean(v) for k, v in self.ttft_noise.items()}
         return out
 
 
-def fidelity_report(real: Run, sim: Run, measured_step_s: Sequence[float],
-                    predicted_step_s: Sequence[float],
-                    real_again: Run | None = None) -> FidelityReport:
-    """All three views; the step times are the real run's (measured, and as predicted).
-    With `real_again` (a second real run of the same trace), the noise floor too."""
-    noise = None if real_again is None else ttft_errors(real.requests, real_again.requests)
-    return FidelityReport(metric_errors(real, sim, real_again),
+def fidelity_report(reals: Sequence[Run], sim: Run, measured_step_s: Sequence[float],
+                    predicted_step_s: Sequence[float]) -> FidelityReport:
+    """All three views; the step times are the first real run's (measured, and as
+    predicted). With two or more real runs of the same trace, the noise floor too."""
+    noise = (ttft_errors(reals[0].requests, reals[1].requests) if len(reals) > 1 else None)
+    return FidelityReport(metric_errors(reals, sim),
                           step_errors(measured_step_s, predicted_step_s),
-                          ttft_errors(real.requests, sim.requests), noise)
+                          ttft_errors(reals[0].requests, sim.requests), noise, len(reals))
 
 
 def gate(report: FidelityReport, max_error: float,
@@ -147,7 +156,7 @@ def gate(report: FidelityReport, max_error: float,
         row = report.metrics.loc[key]
         error = float(row["error"])
         if not abs(error) <= max_error:  # NaN fails too
-            noise = f" (noise {float(row['noise']):+.1%})" if "noise" in row.index else ""
+            noise = f" (noise {float(row['noise']):.1%})" if "noise" in row.index else ""
             out.append(f"{key}: error {error:+.1%} exceeds {max_error:.1%}{noise}")
     return out
 
@@ -168,7 +177,7 @@ def render(report: FidelityReport) -> str:
              + (f"{'noise':>10}" if noise else "")]
     for key, row in report.metrics.iterrows():
         lines.append(f"{str(key):<28}{row['real']:>12.3f}{row['sim']:>12.3f}"
-                     f"{row['error']:>+10.1%}" + (f"{row['noise']:>+10.1%}" if noise else ""))
+                     f"{row['error']:>+10.1%}" + (f"{row['noise']:>10.1%}" if noise else ""))
     s = report.steps
     lines.append(f"per-step time prediction ({s['steps']:.0f} real steps): MAPE "
                  f"{s['mape']:.1%}, p50 {s['p50_ape']:.1%}, p90 {s['p90_ape']:.1%}, p99 "
@@ -176,9 +185,10 @@ def render(report: FidelityReport) -> str:
                  f"{s['median_signed']:+.1%}, total busy time {s['bias_total']:+.1%}")
     lines.append(_ttft_line("per-request TTFT error", report.ttft))
     if report.ttft_noise is not None:
-        lines.append(_ttft_line("per-request TTFT noise (real again vs real)",
+        lines.append(_ttft_line("per-request TTFT noise (real run 2 vs 1)",
                                 report.ttft_noise))
     if noise:
-        lines.append("noise: a second real replay of the trace against the first; an error "
-                     "within it is as close as this machine can tell")
+        lines.append(f"real: the mean of {report.real_runs} real replays of the trace; noise: "
+                     "the largest deviation of one of them from that mean (an error within "
+                     "it is as close as this machine can tell)")
     return "\n".join(lines)

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from analysis.fidelity import FidelityReport, gate, render, step_errors, ttft_errors
+from analysis.fidelity import (
+    FidelityReport,
+    gate,
+    metric_errors,
+    render,
+    step_errors,
+    ttft_errors,
+)
+from analysis.rundir import Run
+from tests.analysis.conftest import HAND_STEPS, request
 
 
 def _requests(ttfts_s: list[float]) -> pd.DataFrame:
@@ -57,9 +67,30 @@ def test_noise_floor_column_and_lines() -> None:
     report = FidelityReport(metrics, step_errors([0.01], [0.01]),
                             ttft_errors(_requests([0.01]), _requests([0.01])), noise)
     assert gate(report, 0.05, ("p50_ttft_ms", "p90_ttft_ms")) == [
-        "p50_ttft_ms: error +10.0% exceeds 5.0% (noise +8.0%)"]
+        "p50_ttft_ms: error +10.0% exceeds 5.0% (noise 8.0%)"]
     text = render(report)
     assert text.splitlines()[0].split() == ["metric", "real", "sim", "error", "noise"]
-    assert "+8.0%" in text.splitlines()[1]
-    assert "per-request TTFT noise (real again vs real) (2 requests)" in text
+    assert text.splitlines()[1].split()[-2:] == ["+10.0%", "8.0%"]
+    assert "per-request TTFT noise (real run 2 vs 1) (2 requests)" in text
     assert report.to_json_dict()["ttft_per_request_noise"]["p90_abs_ms"] == pytest.approx(1.8)
+
+
+def _run(ttfts_s: list[float]) -> Run:
+    rows = [request(f"r{i}", 0.0, [t, t + 0.05, t + 0.1], queued=0.0, scheduled=0.0)
+            for i, t in enumerate(ttfts_s)]
+    return Run(Path("r"), pd.DataFrame(rows), pd.DataFrame(HAND_STEPS), {"name": "r"})
+
+
+def test_metric_errors_against_the_mean_of_real_runs() -> None:
+    """`real` is the mean over real runs, `noise` the largest deviation of one from it."""
+    reals = [_run([0.010, 0.010, 0.010]), _run([0.014, 0.014, 0.014])]
+    table = metric_errors(reals, _run([0.013, 0.013, 0.013]))
+    row = table.loc["p50_ttft_ms"]
+    assert row["real"] == pytest.approx(12.0) and row["sim"] == pytest.approx(13.0)
+    assert row["error"] == pytest.approx(1 / 12)
+    assert row["noise"] == pytest.approx(2 / 12)
+    single = metric_errors(reals[:1], _run([0.013, 0.013, 0.013]))
+    assert "noise" not in single.columns
+    assert single.loc["p50_ttft_ms", "error"] == pytest.approx(0.3)
+    with pytest.raises(ValueError):
+        metric_errors([], reals[0])

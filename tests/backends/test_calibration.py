@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -108,16 +109,23 @@ def test_fidelity_calibrates_on_a_separate_replay(tiny_dir: Path, tmp_path: Path
     out_dir = tmp_path / "fid"
     code, out, err = _invoke("fidelity", str(trace_path), "--model", str(tiny_dir),
                              "--calibrate-on", "replay", "--max-num-batched-tokens", "256",
-                             "--noise-floor", "--no-plots", "--result-dir", str(out_dir))
+                             "--repeats", "2", "--no-plots", "--result-dir", str(out_dir))
     assert code == 0, err
     calibration = json.loads((out_dir / "calibration" / "run.json").read_text())
+    calibration_2 = json.loads((out_dir / "calibration-2" / "run.json").read_text())
     real = json.loads((out_dir / "real" / "run.json").read_text())
-    again = json.loads((out_dir / "real-again" / "run.json").read_text())
-    assert again["trace"]["digest"] == real["trace"]["digest"]  # the same trace, replayed twice
+    real_2 = json.loads((out_dir / "real-2" / "run.json").read_text())
+    assert real_2["trace"]["digest"] == real["trace"]["digest"]  # the same trace, twice
+    assert calibration_2["trace"]["digest"] != calibration["trace"]["digest"]
     assert out.splitlines()[0].split() == ["metric", "real", "sim", "error", "noise"]
     report = json.loads((out_dir / "fidelity.json").read_text())
-    assert report["ttft_per_request_noise"]["requests"] == 30
-    assert "noise" in report["metrics"]["p50_ttft_ms"]
+    assert report["real_runs"] == 2 and report["ttft_per_request_noise"]["requests"] == 30
+    assert report["metrics"]["p50_ttft_ms"]["noise"] >= 0
+    profile = load_profile(out_dir / "profile.json")
+    steps = [len(pd.read_parquet(out_dir / name / "steps.parquet"))
+             for name in ("calibration", "calibration-2")]
+    # Fitted on both calibration runs' steps (less the few without tokens).
+    assert max(steps) < profile.fit["replay_steps"] <= sum(steps)  # type: ignore[index]
     # Out of sample: other requests (another trace) on the same engine configuration.
     assert calibration["trace"]["digest"] != real["trace"]["digest"]
     assert calibration["trace"]["requests"] == 30
@@ -126,3 +134,6 @@ def test_fidelity_calibrates_on_a_separate_replay(tiny_dir: Path, tmp_path: Path
     code, _, err = _invoke("fidelity", str(trace_path), "--model", str(tiny_dir),
                            "--calibrate-on", "nowhere", "--result-dir", str(tmp_path / "x"))
     assert code == 2 and "--calibrate-on must be grid or replay" in err
+    code, _, err = _invoke("fidelity", str(trace_path), "--model", str(tiny_dir),
+                           "--repeats", "0", "--result-dir", str(tmp_path / "x"))
+    assert code == 2 and "--repeats must be >= 1, got 0" in err
