@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from backends.model_runner import ModelRunner
+from backends.replay import frozen_heap
 from runtime import (
     BatchFeatures,
     CacheConfig,
@@ -245,14 +246,15 @@ def run_grid(scheduler: SchedulerConfig, cache: CacheConfig, runner: ModelRunner
         run[points[0][0]](driver, *points[0][1], spec)  # type: ignore[operator]
     started = time.perf_counter()
     out: list[StepMeasurement] = []
-    for done, (kind, params) in enumerate(points, start=1):
-        if time.perf_counter() - started > spec.time_limit_s:
-            break
-        measured = run[kind](driver, *params, spec)  # type: ignore[operator]
-        if measured is not None:
-            out.append(measured)
-        if progress is not None:
-            progress(done, len(points))
+    with frozen_heap():  # as in a replay: no full garbage collection inside a timed step
+        for done, (kind, params) in enumerate(points, start=1):
+            if time.perf_counter() - started > spec.time_limit_s:
+                break
+            measured = run[kind](driver, *params, spec)  # type: ignore[operator]
+            if measured is not None:
+                out.append(measured)
+            if progress is not None:
+                progress(done, len(points))
     return out
 
 

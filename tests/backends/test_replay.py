@@ -196,3 +196,22 @@ def test_an_api_server_failure_reaches_the_engine(tiny_dir: Path, small_trace: T
     config = ReplayConfig(setup.scheduler, setup.cache, setup.shape.vocab_size)
     with pytest.raises(RuntimeError, match="tokenizer exploded"):
         replay(small_trace, config, setup.runner, BrokenTokenizer())
+
+
+def test_steps_run_with_the_startup_heap_frozen(tiny_dir: Path, small_trace: Trace) -> None:
+    """No full garbage collection of the model's objects inside a timed step: they are
+    frozen while the replay runs, and released after it."""
+    import gc
+
+    setup = build_engine(RealEngineArgs(model_dir=tiny_dir, max_num_seqs=4))
+    execute, frozen = setup.runner.execute, []
+
+    def watched(output):  # type: ignore[no-untyped-def]
+        frozen.append(gc.get_freeze_count())
+        return execute(output)
+
+    setup.runner.execute = watched  # type: ignore[method-assign]
+    config = ReplayConfig(setup.scheduler, setup.cache, setup.shape.vocab_size)
+    replay(small_trace, config, setup.runner)
+    assert frozen and min(frozen) > 100_000  # torch, transformers, the model
+    assert gc.get_freeze_count() == 0
