@@ -20,6 +20,7 @@ a clock every process of the machine shares.
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import signal
@@ -392,6 +393,8 @@ def run_engine_process(factory: ExecutorFactory, factory_kwargs: dict[str, Any],
         outbox.close(linger=1000)
         context.term()
         raise SystemExit(1) from None
+    gc.collect()
+    gc.freeze()  # the startup heap (torch, the model) stays out of every later collection
     outbox.send(encode(("ready", info)))
     try:
         EngineLoop(setup, inbox, outbox, parent_pid).run()
