@@ -71,6 +71,10 @@ _TargetRate = Annotated[float | None, typer.Option(
 _MaxLen = Annotated[int | None, typer.Option(
     "--max-model-len", help="Clip outputs to fit this context (tokens); drop prompts that "
     "do not fit. Counted and reported.")]
+_StepNoise = Annotated[bool, typer.Option(
+    "--step-noise", help="Scatter each step's predicted time as the profile's calibration "
+    "steps scattered around the fit (needs a profile fitted on replay steps; seeded; "
+    "raises the tails of TTFT, which waits for the step in progress).")]
 
 
 @contextlib.contextmanager
@@ -312,6 +316,7 @@ def simulate(
     profile: Annotated[str | None, typer.Option(
         "--profile", help="Calibrated cost-model profile (JSON); default: the roofline.")]
     = None,
+    step_noise: _StepNoise = False,
     seed: _Seed = 0,
     result_dir: Annotated[Path | None, typer.Option(
         "--result-dir", help="Run directory to write (default: results/simulate-<time>).")]
@@ -354,7 +359,7 @@ def simulate(
             long_prefill_token_threshold=long_prefill, policy=policy,
             num_gpu_blocks_override=num_gpu_blocks, gpu_memory_utilization=memory_utilization,
             tensor_parallel_size=tensor_parallel)
-        setup = build_setup(args, model, gpu, profile, seed, check_invariants)
+        setup = build_setup(args, model, gpu, profile, seed, check_invariants, step_noise)
         configured_rate = request_rate if dataset_name is not None else None
         _run_simulation(trace, setup, result_dir, percentiles, configured_rate)
 
@@ -1352,8 +1357,9 @@ def _profile_from_steps(paths: list[Path], target: str, api_server: object = Non
     else the default."""
     import datetime
 
-    from sim.calibrate import fit_with_holdout, make_profile
+    from sim.calibrate import fit_with_holdout, make_profile, predict
     from sim.cost_model import ApiServerCost
+    from sim.step_noise import ratio_quantiles
 
     features: list = []
     seconds: list = []
@@ -1366,8 +1372,9 @@ def _profile_from_steps(paths: list[Path], target: str, api_server: object = Non
     run_json = (paths[0] if paths[0].is_dir() else paths[0].parent) / "run.json"
     info = json.loads(run_json.read_text()) if run_json.is_file() else {}
     model = info.get("model", {}) if isinstance(info.get("model"), dict) else {}
+    fit = fit_with_holdout(features, seconds, relative=False)
     return make_profile(
-        fit_with_holdout(features, seconds, relative=False),
+        fit, step_time_quantiles=ratio_quantiles(seconds, predict(fit.coefficients, features)),
         device=str(info.get("device") or "unknown"),
         model=str(model.get("dir") or "unknown"), dtype=str(info.get("dtype") or "unknown"),
         versions={"rt": _version()},
@@ -1451,6 +1458,10 @@ def fidelity(
         "'replay' (a separate calibration replay of a trace resampled from TRACE: other "
         "requests and arrivals, the same lengths and mean rate; out of sample).",
         rich_help_panel=_Cal)] = "replay",
+    step_noise: Annotated[bool, typer.Option(
+        "--step-noise/--no-step-noise", help="Simulate with the profile's measured step-time "
+        "scatter (`rt simulate --step-noise`); ignored, with a note, for a profile without "
+        "one (the grid's).", rich_help_panel=_Cal)] = True,
     repeats: Annotated[int, typer.Option(
         "--repeats", help="Real replays of TRACE (with --calibrate-on replay, as many "
         "calibration replays, interleaved with them so the machine's drift falls on both). "
@@ -1508,7 +1519,11 @@ def fidelity(
             profile = _write_fitted(_profile_from_steps(runs, "wall", _api_cost(runs)), root)
         assert profile is not None
         loaded = load_profile(profile)
-        sim_dir = _fidelity_simulate(trace, setup, profile, root / "sim")
+        if step_noise and loaded.step_time_quantiles is None:
+            _note([f"{profile} has no step-time scatter: simulated steps take exactly the "
+                   "fitted time"])
+            step_noise = False
+        sim_dir = _fidelity_simulate(trace, setup, profile, root / "sim", step_noise)
     _fidelity_report(reals, sim_dir, loaded, root, plots, max_error)
 
 
@@ -1574,7 +1589,7 @@ def _fidelity_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokeni
 
 
 def _fidelity_simulate(trace: workloads.Trace, setup: RealSetup, profile: Path,
-                       path: Path) -> Path:
+                       path: Path, step_noise: bool) -> Path:
     """The same trace in the simulator, with the real engine's resolved flags and pool."""
     from analysis.rundir import write_run
     from sim.engine_args import EngineArgs, build_setup
@@ -1589,7 +1604,8 @@ def _fidelity_simulate(trace: workloads.Trace, setup: RealSetup, profile: Path,
         long_prefill_token_threshold=sched.long_prefill_token_threshold, policy=sched.policy,
         num_gpu_blocks_override=cache.num_blocks)
     try:
-        sim = build_setup(sim_args, str(args.model_dir), "h200", str(profile), args.seed)
+        sim = build_setup(sim_args, str(args.model_dir), "h200", str(profile), args.seed,
+                          step_noise=step_noise)
     except ValueError as err:
         fail(str(err))
     result = run_simulation(trace, sim.config, sim.cost_model)

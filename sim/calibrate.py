@@ -240,8 +240,10 @@ def fit_api_server(prompt_lens: Sequence[int], seconds: Sequence[float]) -> ApiS
 
 def make_profile(fit: FitResult, *, device: str, model: str, dtype: str,
                  versions: Mapping[str, str], date: str, api_server: ApiServerCost,
-                 extra: Mapping[str, object] | None = None) -> Profile:
+                 extra: Mapping[str, object] | None = None,
+                 step_time_quantiles: tuple[float, ...] | None = None) -> Profile:
     """A `Profile` carrying the fitted coefficients and the fit diagnostics."""
     return Profile(device=device, model=model, dtype=dtype, versions=dict(versions), date=date,
                    coefficients=fit.coefficients, api_server=api_server,
+                   step_time_quantiles=step_time_quantiles,
                    fit={**fit.describe(), **dict(extra or {})})

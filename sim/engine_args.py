@@ -21,6 +21,7 @@ from sim.hardware import GpuSpec, resolve_gpu
 from sim.model_config import ModelSpec, resolve_model
 from sim.profile import load_profile
 from sim.simulator import SimConfig
+from sim.step_noise import StepNoise
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,13 +73,16 @@ class SimSetup:
             "kv_cache_sizing": asdict(self.kv_sizing) if self.kv_sizing else None,
             "cost_model": self.cost_model.describe(),
             "profile": self.profile_path,
+            "step_noise": cfg.step_noise is not None,
         }
 
 
 def build_setup(args: EngineArgs, model: str, gpu: str, profile: str | None = None,
-                seed: int = 0, check_invariants: bool = False) -> SimSetup:
-    """Resolve model and GPU, size the KV pool, pick the cost model. ValueError (one line,
-    naming the value) on any bad input."""
+                seed: int = 0, check_invariants: bool = False,
+                step_noise: bool = False) -> SimSetup:
+    """Resolve model and GPU, size the KV pool, pick the cost model; with `step_noise`, the
+    profile's measured step-time scatter (`sim.step_noise`). ValueError (one line, naming
+    the value) on any bad input."""
     model_spec = resolve_model(model)
     gpu_spec = resolve_gpu(gpu)
     scheduler = resolve_scheduler_config(
@@ -97,13 +101,22 @@ def build_setup(args: EngineArgs, model: str, gpu: str, profile: str | None = No
                         enable_prefix_caching=args.enable_prefix_caching)
     cost_model: CostModel
     if profile is None:
+        if step_noise:
+            raise ValueError("--step-noise needs a --profile (the roofline model has no "
+                             "measured step-time scatter)")
         cost_model = RooflineCostModel(model_spec, gpu_spec, args.tensor_parallel_size)
         config = SimConfig(scheduler, cache, vocab_size=model_spec.vocab_size, seed=seed,
                            check_invariants=check_invariants)
     else:
         loaded = load_profile(Path(profile))
         cost_model = loaded.cost_model()
+        noise = None
+        if step_noise:
+            if loaded.step_time_quantiles is None:
+                raise ValueError(f"--step-noise: {profile} has no step_time_quantiles (a "
+                                 "profile fitted on replay steps has them)")
+            noise = StepNoise(loaded.step_time_quantiles, seed)
         config = SimConfig(scheduler, cache, api_server=loaded.api_server,
                            vocab_size=model_spec.vocab_size, seed=seed,
-                           check_invariants=check_invariants)
+                           check_invariants=check_invariants, step_noise=noise)
     return SimSetup(config, cost_model, model_spec, gpu_spec, sizing, args, profile)

@@ -7,6 +7,7 @@
                       "per_seq_s": ..., "per_prefill_attention_pair_s": ...,
                       "per_decode_kv_token_s": ...},
      "api_server": {"per_request_s": ..., "per_prompt_token_s": ...},
+     "step_time_quantiles": [...],       # optional: measured/predicted step-time ratios
      "fit": {...}}                       # optional, free-form (residuals, sample counts)
 
 Every coefficient is seconds per unit and must be a finite number >= 0. A bad file gives a
@@ -35,6 +36,7 @@ _TOP_LEVEL = (
     "date",
     "coefficients",
     "api_server",
+    "step_time_quantiles",
     "fit",
 )
 
@@ -51,6 +53,9 @@ class Profile:
         date: when it was fitted, ISO 8601.
         coefficients: the step-time coefficients, seconds per unit.
         api_server: the API-server cost, seconds.
+        step_time_quantiles: optional quantile function (evenly spaced probabilities 0..1)
+            of measured/predicted step times on the calibration steps, mean 1: what
+            `sim.step_noise.StepNoise` draws from (`rt simulate --step-noise`).
         fit: optional free-form fit diagnostics (JSON-ready).
     """
 
@@ -61,6 +66,7 @@ class Profile:
     date: str
     coefficients: ProfileCoefficients
     api_server: ApiServerCost = field(default_factory=ApiServerCost)
+    step_time_quantiles: tuple[float, ...] | None = None
     fit: dict[str, Any] | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
@@ -76,6 +82,8 @@ class Profile:
             "coefficients": asdict(self.coefficients),
             "api_server": asdict(self.api_server),
         }
+        if self.step_time_quantiles is not None:
+            data["step_time_quantiles"] = list(self.step_time_quantiles)
         if self.fit is not None:
             data["fit"] = self.fit
         return data
@@ -150,6 +158,9 @@ class _Reader:
         fit = top.get("fit")
         if fit is not None:
             fit = self.as_object(fit, "fit")
+        quantiles = top.get("step_time_quantiles")
+        if quantiles is not None:
+            quantiles = self.quantiles(quantiles)
         coefficient_names = tuple(f.name for f in fields(ProfileCoefficients))
         api_names = tuple(f.name for f in fields(ApiServerCost))
         return Profile(
@@ -162,8 +173,20 @@ class _Reader:
                 **self.section(top, "coefficients", coefficient_names)
             ),
             api_server=ApiServerCost(**self.section(top, "api_server", api_names)),
+            step_time_quantiles=quantiles,
             fit=fit,
         )
+
+    def quantiles(self, value: object) -> tuple[float, ...]:
+        """step_time_quantiles: >= 2 positive finite numbers, non-decreasing."""
+        ok = (isinstance(value, list) and len(value) >= 2
+              and all(isinstance(v, int | float) and not isinstance(v, bool)
+                      and math.isfinite(v) and v > 0 for v in value)
+              and all(b >= a for a, b in zip(value, value[1:], strict=False)))
+        if not ok:
+            raise self.fail("field 'step_time_quantiles' must be a list of 2 or more "
+                            f"positive numbers in non-decreasing order, got {value!r}")
+        return tuple(float(v) for v in value)  # type: ignore[union-attr]
 
 
 def profile_from_json_dict(data: object, source: str = "<profile>") -> Profile:

@@ -18,6 +18,7 @@ and `max_tokens` = its trace output length.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from array import array
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 import simpy
 
 from runtime import (
+    BatchFeatures,
     CacheConfig,
     EngineCore,
     Request,
@@ -36,6 +38,7 @@ from runtime import (
 )
 from runtime.records import RequestRecord, StepRecord, steps_from_columns
 from sim.cost_model import ApiServerCost, CostModel
+from sim.step_noise import StepNoise
 from workloads import Trace, TraceRequest, output_token_ids, prompt_token_ids
 
 Progress = Callable[[int, int], None]  # (requests finished, requests in the trace)
@@ -53,6 +56,8 @@ class SimConfig:
         check_invariants: run `Scheduler.check_invariants()` after every step (slow).
         fast_forward: advance runs of plain decode steps together (`runtime.decode_run`);
             the records are identical either way, only faster.
+        step_noise: multiply step k's predicted time by `step_noise.factor(k)` (None:
+            every step takes exactly the cost model's time).
     """
 
     scheduler: SchedulerConfig
@@ -62,6 +67,7 @@ class SimConfig:
     seed: int = 0
     check_invariants: bool = False
     fast_forward: bool = True
+    step_noise: StepNoise | None = None
 
     def __post_init__(self) -> None:
         if self.vocab_size <= 10:
@@ -167,8 +173,15 @@ class _Simulation:
             start = request.num_output_tokens
             return outputs[request.request_id][start : start + count]
 
-        end = self.core.fast_forward(clock, self.next_handover, self.cost_model.step_time,
-                                     upcoming)
+        step_time = self.cost_model.step_time
+        noise = self.config.step_noise
+        if noise is not None:  # steps are timed in index order from the next one
+            indices = itertools.count(self.core.recorder.num_steps)
+
+            def step_time(features: BatchFeatures) -> float:
+                return self.cost_model.step_time(features) * noise.factor(next(indices))
+
+        end = self.core.fast_forward(clock, self.next_handover, step_time, upcoming)
         if end is not None and self.config.check_invariants:
             self.core.scheduler.check_invariants()
         return end
@@ -180,6 +193,8 @@ class _Simulation:
         if step is None:
             return clock
         duration = self.cost_model.step_time(step.features)
+        if self.config.step_noise is not None:
+            duration *= self.config.step_noise.factor(core.recorder.num_steps)
         end = clock + duration
         finished = core.end_step(step, self.sample(step.output.num_scheduled_tokens), end,
                                  duration)

@@ -86,6 +86,7 @@ def test_calibrate_and_fidelity_cli(tiny_dir: Path, tmp_path: Path) -> None:
     code, out, err = _invoke(*args, "--max-error", "20")  # 2000%: a noisy 2-core machine
     assert code == 0, err
     assert "p90_ttft_ms" in out and "per-step time prediction" in out
+    assert "has no step-time scatter" in err  # a grid profile: deterministic steps
     report = json.loads((out_dir / "fidelity.json").read_text())
     assert report["ttft_per_request"]["requests"] == 40
     real = json.loads((out_dir / "real" / "run.json").read_text())
@@ -122,6 +123,8 @@ def test_fidelity_calibrates_on_a_separate_replay(tiny_dir: Path, tmp_path: Path
     assert report["real_runs"] == 2 and report["ttft_per_request_noise"]["requests"] == 30
     assert report["metrics"]["p50_ttft_ms"]["noise"] >= 0
     profile = load_profile(out_dir / "profile.json")
+    assert profile.step_time_quantiles is not None and len(profile.step_time_quantiles) == 101
+    assert json.loads((out_dir / "sim" / "run.json").read_text())["step_noise"] is True
     steps = [len(pd.read_parquet(out_dir / name / "steps.parquet"))
              for name in ("calibration", "calibration-2")]
     # Fitted on both calibration runs' steps (less the few without tokens).
