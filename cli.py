@@ -899,6 +899,11 @@ if TYPE_CHECKING:
     from backends.replay import ReplayResult, Tokenizer
 
 _Real = "Real engine"
+_RandomWeights = Annotated[bool, typer.Option(
+    "--random-weights", help="Read only the model's config.json and initialise its weights "
+    "at random from --seed on the device (seconds for an 8B model); --model may then also "
+    "be a preset shape: llama-3.2-1b, llama-3.2-3b or llama-3.1-8b.",
+    rich_help_panel=_Real)]
 _Endpoint = "OpenAI-compatible endpoint (--endpoint)"
 _DEFAULT_REPLAY = {"num_prompts": 32, "input_len": 96, "output_len": 24, "rate": 8.0}
 
@@ -914,6 +919,7 @@ def replay(
         "Default: a tiny random Llama, built once in ~/.cache/rt/tiny-llama. With "
         "--endpoint: the model name to send (as --served-model-name).",
         rich_help_panel=_Real)] = None,
+    random_weights: _RandomWeights = False,
     fmt: _Format = None,
     request_rate: _Rate = math.inf, burstiness: _Burst = 1.0,
     first_n: _FirstN = None, time_scale: _TimeScale = None,
@@ -985,7 +991,7 @@ def replay(
             max_model_len=max_model_len, block_size=block_size,
             enable_prefix_caching=prefix_caching, enable_chunked_prefill=chunked_prefill,
             long_prefill_token_threshold=long_prefill, policy=policy,
-            num_gpu_blocks_override=num_gpu_blocks, seed=seed)
+            num_gpu_blocks_override=num_gpu_blocks, seed=seed, random_weights=random_weights)
         _check_replay_lengths(trace, setup.scheduler.max_model_len)
         _run_replay(trace, setup, tokenizer, result_dir, percentiles, check_invariants)
 
@@ -1014,16 +1020,19 @@ def _replay_trace(file: Path | None, fmt: str | None, rate: float, burstiness: f
 
 
 def _replay_setup(model: Path | None, **flags: object) -> tuple[RealSetup, Tokenizer | None]:
-    """Build the real engine (and the model's tokenizer, if it has one); one line on error."""
+    """Build the real engine (and the model's tokenizer, if it has one); one line on error.
+    With random_weights, --model may also name a preset shape (llama-3.1-8b, ...)."""
     from transformers.utils import logging as hf_logging
 
     from backends.engine_setup import RealEngineArgs, build_engine, load_tokenizer
-    from backends.tiny_model import build_tiny_llama
+    from backends.tiny_model import build_tiny_llama, preset_config_dir
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     try:
         model_dir = model if model is not None else build_tiny_llama()
+        if flags.get("random_weights") and not model_dir.is_dir():
+            model_dir = preset_config_dir(str(model_dir))
         args = RealEngineArgs(model_dir=model_dir, **flags)  # type: ignore[arg-type]
         return build_engine(args), load_tokenizer(model_dir)
     except ValueError as err:
@@ -1404,7 +1413,8 @@ def _print_fit(profile: object) -> None:
 @app.command("calibrate")
 def calibrate(
     output: Annotated[Path, typer.Option("-o", "--output", help="Profile JSON to write.")],
-    model: _ModelDir = None, device: _Device = "cpu", dtype: _Dtype = "auto",
+    model: _ModelDir = None, random_weights: _RandomWeights = False, device: _Device = "cpu",
+    dtype: _Dtype = "auto",
     quick: _Quick = False, time_limit: _TimeLimit = None,
     from_steps: Annotated[list[Path] | None, typer.Option(
         "--from-steps", help="steps.parquet (or run directory) of an earlier `rt replay`: "
@@ -1430,7 +1440,7 @@ def calibrate(
         setup, tokenizer = _replay_setup(
             model, device=device, dtype=dtype, max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-            num_gpu_blocks_override=num_gpu_blocks, seed=seed)
+            num_gpu_blocks_override=num_gpu_blocks, seed=seed, random_weights=random_weights)
         profile = _calibrate_setup(setup, tokenizer, quick, time_limit, from_steps or [])
     _print_fit(profile)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -1441,7 +1451,8 @@ def calibrate(
 @app.command("fidelity")
 def fidelity(
     trace_file: Annotated[Path, typer.Argument(help="Trace file (any `rt trace` format).")],
-    model: _ModelDir = None, device: _Device = "cpu", dtype: _Dtype = "auto",
+    model: _ModelDir = None, random_weights: _RandomWeights = False, device: _Device = "cpu",
+    dtype: _Dtype = "auto",
     profile: Annotated[Path | None, typer.Option(
         "--profile", help="Profile JSON (default: calibrate first, on the same engine).")]
     = None,
@@ -1494,7 +1505,7 @@ def fidelity(
             max_num_seqs=max_num_seqs, max_model_len=max_model_len, block_size=block_size,
             enable_prefix_caching=prefix_caching, enable_chunked_prefill=chunked_prefill,
             long_prefill_token_threshold=long_prefill, policy=policy,
-            num_gpu_blocks_override=num_gpu_blocks, seed=seed)
+            num_gpu_blocks_override=num_gpu_blocks, seed=seed, random_weights=random_weights)
         _check_replay_lengths(trace, setup.scheduler.max_model_len)
         if calibrate_on not in ("grid", "replay"):
             fail(f"--calibrate-on must be grid or replay, got {calibrate_on!r}")

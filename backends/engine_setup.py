@@ -39,6 +39,7 @@ class RealEngineArgs:
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     seed: int = 0
     use_triton: bool | None = None  # None: Triton on CUDA when available
+    random_weights: bool = False  # read only config.json; random weights from `seed`
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
@@ -123,7 +124,8 @@ def build_engine(args: RealEngineArgs) -> RealSetup:
     line) on any bad input: model directory, flags, a pool too small for one block."""
     device = resolve_device(args.device)
     ops = select_ops(device, args.use_triton)
-    model = load_model(Path(args.model_dir), args.dtype, device, ops)
+    model = load_model(Path(args.model_dir), args.dtype, device, ops,
+                       args.seed if args.random_weights else None)
     shape = model.shape
     scheduler = _scheduler_config(args, shape, device)
     spec = KVCacheSpec(shape.num_layers, shape.num_kv_heads, shape.head_dim, args.block_size,

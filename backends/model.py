@@ -207,16 +207,23 @@ class PagedModel:
 
 
 def load_model(model_dir: Path, dtype: str, device: torch.device,
-               ops: AttentionOps) -> PagedModel:
+               ops: AttentionOps, random_weights_seed: int | None = None) -> PagedModel:
     """Load a local Llama-family model directory; ValueError (one line) for anything that
-    is not one."""
+    is not one. With `random_weights_seed`, only its config.json is read and the weights
+    are initialised at random from that seed, directly on `device` (an 8B model in seconds,
+    nothing read from disk)."""
     from transformers import AutoModelForCausalLM
 
     model_dir = Path(model_dir)
     config = load_config(model_dir)
     torch_dtype = resolve_dtype(dtype, device, getattr(config, "dtype", None))
     try:
-        hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype)
+        if random_weights_seed is not None:
+            torch.manual_seed(random_weights_seed)
+            with torch.device(device):
+                hf_model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+        else:
+            hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype)
     except (OSError, ValueError, RuntimeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"--model {model_dir}: cannot load the weights: {first}") from err

@@ -89,6 +89,36 @@ LLAMA_3_2_3B: dict[str, Any] = {
 }
 
 
+# Llama-3.1-8B's shape (shared/reference/models_and_gpus.md; rope scaling left out).
+LLAMA_3_1_8B: dict[str, Any] = {
+    "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "head_dim": 128, "max_position_embeddings": 131072, "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+    "bos_token_id": 128000, "eos_token_id": 128001, "pad_token_id": 128004,
+}
+
+# `--model NAME --random-weights`: shapes by the simulator's preset names.
+CONFIG_PRESETS: dict[str, dict[str, Any]] = {
+    "llama-3.2-1b": LLAMA_3_2_1B, "llama-3.2-3b": LLAMA_3_2_3B, "llama-3.1-8b": LLAMA_3_1_8B,
+}
+
+
+def preset_config_dir(name: str, root: Path | None = None) -> Path:
+    """A directory holding only the config.json of preset `name` (one of CONFIG_PRESETS),
+    for `--random-weights`: written once under `root` (default ~/.cache/rt/configs)."""
+    if name not in CONFIG_PRESETS:
+        raise ValueError(f"--model {name}: not a directory, and not a preset "
+                         f"({', '.join(CONFIG_PRESETS)}) for --random-weights")
+    path = (root or DEFAULT_MODELS_DIR / "configs") / name
+    if not (path / "config.json").is_file():
+        from transformers import LlamaConfig
+
+        path.mkdir(parents=True, exist_ok=True)
+        LlamaConfig(**CONFIG_PRESETS[name]).save_pretrained(path)
+    return path
+
+
 def build_random_llama(path: Path, config_overrides: dict[str, Any], seed: int = 0,
                        dtype: str = "bfloat16", init_device: str | None = None) -> Path:
     """Create (once) and return a random-weight Llama directory (config.json +

@@ -19,7 +19,7 @@ from sim.cost_model import (
 )
 from sim.hardware import GpuSpec, resolve_gpu
 from sim.model_config import ModelSpec, resolve_model
-from sim.profile import load_profile
+from sim.profile import load_profile, shipped_profile
 from sim.simulator import SimConfig
 from sim.step_noise import StepNoise
 
@@ -108,6 +108,8 @@ def build_setup(args: EngineArgs, model: str, gpu: str, profile: str | None = No
         config = SimConfig(scheduler, cache, vocab_size=model_spec.vocab_size, seed=seed,
                            check_invariants=check_invariants)
     else:
+        if profile == "calibrated":
+            profile = str(shipped_profile(gpu, model))
         loaded = load_profile(Path(profile))
         cost_model = loaded.cost_model()
         noise = None

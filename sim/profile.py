@@ -194,6 +194,21 @@ def profile_from_json_dict(data: object, source: str = "<profile>") -> Profile:
     return _Reader(source).profile(data)
 
 
+SHIPPED_PROFILES = Path(__file__).with_name("profiles")  # <gpu>--<model>.json
+
+
+def shipped_profile(gpu: str, model: str) -> Path:
+    """`--profile calibrated`: the profile rt ships for this `--gpu` and `--model` preset;
+    ValueError naming the pair and what is shipped when there is none."""
+    path = SHIPPED_PROFILES / f"{gpu.lower()}--{model.lower()}.json"
+    if not path.is_file():
+        have = sorted(p.stem.replace("--", " + ") for p in SHIPPED_PROFILES.glob("*.json"))
+        raise ValueError(f"--profile calibrated: rt ships no profile for --gpu {gpu} --model "
+                         f"{model} (shipped: {', '.join(have) or 'none yet'}); fit one with "
+                         "`rt fidelity --device cuda` or `rt calibrate` and pass its path")
+    return path
+
+
 def load_profile(path: str | Path) -> Profile:
     """Read and validate a profile file; ValueError (one line: file, field, value)."""
     path = Path(path)

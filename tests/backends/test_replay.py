@@ -215,3 +215,36 @@ def test_steps_run_with_the_startup_heap_frozen(tiny_dir: Path, small_trace: Tra
     replay(small_trace, config, setup.runner)
     assert frozen and min(frozen) > 100_000  # torch, transformers, the model
     assert gc.get_freeze_count() == 0
+
+
+def test_random_weights_from_the_config_alone(tiny_dir: Path, tmp_path: Path) -> None:
+    """--random-weights reads config.json only: seeded weights, not the checkpoint's."""
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    (config_only / "config.json").write_text((tiny_dir / "config.json").read_text())
+
+    def weights(path: Path, **flags: object) -> dict[str, torch.Tensor]:
+        setup = build_engine(RealEngineArgs(model_dir=path, **flags))  # type: ignore[arg-type]
+        return dict(setup.runner.model.hf_model.state_dict())
+
+    a = weights(config_only, random_weights=True, seed=3)
+    b = weights(config_only, random_weights=True, seed=3)
+    c = weights(config_only, random_weights=True, seed=4)
+    saved = weights(tiny_dir)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(a[name], b[name])
+    assert not torch.equal(a[name], c[name]) and not torch.equal(a[name], saved[name])
+    with pytest.raises(ValueError, match="cannot load the weights"):
+        build_engine(RealEngineArgs(model_dir=config_only))  # no checkpoint without the flag
+
+
+def test_preset_config_dirs(tmp_path: Path) -> None:
+    from backends.tiny_model import preset_config_dir
+
+    path = preset_config_dir("llama-3.1-8b", tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    assert (config["hidden_size"], config["num_hidden_layers"], config["num_key_value_heads"],
+            config["intermediate_size"], config["vocab_size"]) == (4096, 32, 8, 14336, 128256)
+    assert config["rope_parameters"]["rope_theta"] == 500000.0
+    with pytest.raises(ValueError, match="not a preset"):
+        preset_config_dir("llama-9b", tmp_path)

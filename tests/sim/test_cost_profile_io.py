@@ -118,3 +118,23 @@ def test_unreadable_files(tmp_path: Path) -> None:
         load_profile(path)
     with pytest.raises(ValueError, match="missing.json: no such profile file"):
         load_profile(tmp_path / "missing.json")
+
+
+def test_profile_calibrated_is_the_shipped_one_for_gpu_and_model(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sim.profile
+    from sim.engine_args import EngineArgs, build_setup
+
+    monkeypatch.setattr(sim.profile, "SHIPPED_PROFILES", tmp_path)
+    with pytest.raises(ValueError, match=r"no profile for --gpu h200 --model llama-3.1-8b "
+                                         r"\(shipped: none yet\)"):
+        build_setup(EngineArgs(), "llama-3.1-8b", "h200", "calibrated")
+    profile = Profile(device="H200", model="llama-3.1-8b", dtype="bfloat16",
+                      versions={"rt": "0"}, date="2026-11-30T00:00:00+00:00",
+                      coefficients=ProfileCoefficients(1e-3, 1e-6, 1e-5, 1e-5, 0.0, 1e-8))
+    write_profile(profile, tmp_path / "h200--llama-3.1-8b.json")
+    setup = build_setup(EngineArgs(), "llama-3.1-8b", "H200", "calibrated")
+    assert setup.cost_model.coefficients == profile.coefficients  # type: ignore[attr-defined]
+    assert setup.profile_path == str(tmp_path / "h200--llama-3.1-8b.json")
+    with pytest.raises(ValueError, match=r"--model qwen2.5-7b \(shipped: h200 \+ llama-3.1-8b\)"):
+        build_setup(EngineArgs(), "qwen2.5-7b", "h200", "calibrated")
