@@ -15,8 +15,9 @@ does not model. Timestamps are `time.perf_counter()` seconds, which on Linux is
 CLOCK_MONOTONIC, one clock for every process of the machine; hand-over times are seconds
 since the start the engine sends.
 
-This module imports no torch (the child process starts in ~0.3 s with `spawn`); the
-tokenizer, if any, is pickled across.
+This module imports no torch (the child starts in ~0.7 s with `spawn`, before the clock);
+the tokenizer, if any, is pickled across. As with any `spawn` child, a script that calls
+`replay()` needs the `if __name__ == "__main__":` guard.
 """
 
 from __future__ import annotations
