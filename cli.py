@@ -1491,7 +1491,11 @@ def fidelity(
 ) -> None:
     """Replay TRACE on the real backend and simulate it with the profile under the same
     engine flags and KV pool (blocks), then report the simulator's error: per metric (mean,
-    p50, p90, p99 of TTFT, ITL, TPOT, E2E; throughput), per step, per request (TTFT)."""
+    p50, p90, p99 of TTFT, ITL, TPOT, E2E; throughput), per step, per request (TTFT).
+
+    Without --profile it calibrates first, by default on replays of other requests like
+    TRACE's; with --repeats N it replays N times and reports against their mean, with the
+    real runs' own spread as the noise floor."""
     import datetime
 
     from sim.profile import load_profile
@@ -1499,6 +1503,10 @@ def fidelity(
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     root = result_dir or Path("results") / f"fidelity-{stamp}"
     with _user_errors():
+        if calibrate_on not in ("grid", "replay"):  # before loading a model
+            fail(f"--calibrate-on must be grid or replay, got {calibrate_on!r}")
+        if repeats < 1:
+            fail(f"--repeats must be >= 1, got {repeats}")
         trace = _replay_trace(trace_file, fmt, math.inf, 1.0, seed, first_n, time_scale)
         setup, tokenizer = _replay_setup(
             model, device=device, dtype=dtype, max_num_batched_tokens=max_num_batched_tokens,
@@ -1507,10 +1515,6 @@ def fidelity(
             long_prefill_token_threshold=long_prefill, policy=policy,
             num_gpu_blocks_override=num_gpu_blocks, seed=seed, random_weights=random_weights)
         _check_replay_lengths(trace, setup.scheduler.max_model_len)
-        if calibrate_on not in ("grid", "replay"):
-            fail(f"--calibrate-on must be grid or replay, got {calibrate_on!r}")
-        if repeats < 1:
-            fail(f"--repeats must be >= 1, got {repeats}")
         root.mkdir(parents=True, exist_ok=True)
         calibrate = profile is None and not fit_on_replay
         if calibrate and calibrate_on == "grid":
