@@ -172,14 +172,22 @@ class BlockPool:
 
     def cache_block(self, block: KVCacheBlock, block_hash: BlockHash) -> None:
         """Register a full block under its hash. A block is never re-hashed."""
-        if block.block_hash is not None or block is self.null_block:
-            return
-        block.block_hash = block_hash
-        entry = self.cached_blocks.get(block_hash)
-        if entry is None:
-            self.cached_blocks[block_hash] = {block.block_id: block}
-        else:
-            entry[block.block_id] = block
+        self.cache_blocks((block,), (block_hash,))
+
+    def cache_blocks(self, blocks: Iterable[KVCacheBlock],
+                     block_hashes: Iterable[BlockHash]) -> None:
+        """Register full blocks under their hashes, in order (see `cache_block`)."""
+        cached_blocks = self.cached_blocks
+        null_block = self.null_block
+        for block, block_hash in zip(blocks, block_hashes):
+            if block.block_hash is not None or block is null_block:
+                continue
+            block.block_hash = block_hash
+            entry = cached_blocks.get(block_hash)
+            if entry is None:
+                cached_blocks[block_hash] = {block.block_id: block}
+            else:
+                entry[block.block_id] = block
 
     def _evict(self, block: KVCacheBlock) -> None:
         block_hash = block.block_hash

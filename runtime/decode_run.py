@@ -78,16 +78,24 @@ def steps_before_token_stop(s: Scheduler, tokens: Mapping[str, Sequence[int]],
 
 
 def _steps_with_free_blocks(s: Scheduler, limit: int) -> int:
-    """The largest m <= limit such that m steps' new blocks fit in the free blocks."""
+    """The largest m <= limit such that m steps' new blocks fit in the free blocks.
+
+    Every request takes one new block per `block_size` steps, so whole cycles of
+    `block_size` steps are skipped while they fit; only the last cycle is walked."""
     block_size = s.block_size
     free = s.kv_cache_manager.block_pool.num_free_blocks
-    groups = _by_offset(s)
-    used = 0
-    for step in range(limit):
-        need = len(groups.get(-step % block_size, ()))
-        if used + need > free:
+    # need[k]: blocks taken in step k (mod block_size): requests with -c = k (mod block_size)
+    need = [0] * block_size
+    for request in s.running:
+        need[-request.num_computed_tokens % block_size] += 1
+    per_cycle = len(s.running)
+    cycles = min(free // per_cycle, max(limit, 0) // block_size)
+    step, used = cycles * block_size, cycles * per_cycle
+    while step < limit:
+        if used + need[step % block_size] > free:
             return step
-        used += need
+        used += need[step % block_size]
+        step += 1
     return limit
 
 

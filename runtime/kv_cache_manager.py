@@ -110,6 +110,32 @@ class KVCacheManager:
             self.cache_full_blocks(request, table, min(num_slots, request.num_tokens))
         return new_blocks
 
+    def allocate_decode_slots(
+        self, requests: Sequence[Request]
+    ) -> list[list[KVCacheBlock]] | None:
+        """`allocate_slots(request, 1)` for each request in order, each a running request
+        with one token left to compute (a decode): the same block pops and registrations,
+        in bulk. Returns each request's new blocks, or None when the free blocks do not
+        cover them all; then nothing changed (stepping one by one would preempt)."""
+        block_size = self.block_size
+        tables = [self.req_to_blocks[request.request_id] for request in requests]
+        # A decode takes a new block iff its token's slot lies past the end of its table.
+        needs_block = [request.num_computed_tokens >= len(table) * block_size
+                       for request, table in zip(requests, tables, strict=True)]
+        if sum(needs_block) > self.block_pool.num_free_blocks:
+            return None
+        num_cached_block = self.num_cached_block
+        all_new: list[list[KVCacheBlock]] = []
+        for request, table, needs in zip(requests, tables, needs_block, strict=True):
+            new_blocks = self.block_pool.get_new_blocks(1) if needs else []
+            table += new_blocks
+            all_new.append(new_blocks)
+            num_slots = request.num_computed_tokens + 1
+            if (self.enable_caching and num_slots // block_size
+                    > num_cached_block.get(request.request_id, 0)):
+                self.cache_full_blocks(request, table, min(num_slots, request.num_tokens))
+        return all_new
+
     def cache_full_blocks(
         self, request: Request, table: list[KVCacheBlock], num_tokens: int
     ) -> None:
@@ -119,9 +145,7 @@ class KVCacheManager:
         start = self.num_cached_block.get(request.request_id, 0)
         if num_full <= start:
             return
-        hashes = request.block_hashes
-        for i in range(start, num_full):
-            self.block_pool.cache_block(table[i], hashes[i])
+        self.block_pool.cache_blocks(table[start:num_full], request.block_hashes[start:num_full])
         self.num_cached_block[request.request_id] = num_full
 
     def free(self, request: Request) -> None:

@@ -50,6 +50,20 @@ class _Step:
         cached.num_computed_tokens.append(request.num_computed_tokens)
         request.num_computed_tokens += num_new
 
+    def add_decodes(self, requests: list[Request],
+                    new_blocks: list[list[KVCacheBlock]]) -> None:
+        """`schedule_running(request, 1, blocks)` for each request in order, in bulk."""
+        req_ids = [request.request_id for request in requests]
+        self.num_scheduled_tokens.update(dict.fromkeys(req_ids, 1))
+        self.token_budget -= len(requests)
+        cached = self.cached
+        cached.req_ids += req_ids
+        cached.new_block_ids += [[b.block_id for b in blocks] if blocks else []
+                                 for blocks in new_blocks]
+        cached.num_computed_tokens += [request.num_computed_tokens for request in requests]
+        for request in requests:
+            request.num_computed_tokens += 1
+
     def unschedule_running(self, req_id: str) -> None:
         """Take back a running request's tokens (a priority victim scheduled earlier)."""
         num_new = self.num_scheduled_tokens.pop(req_id, None)
@@ -206,6 +220,8 @@ class Scheduler:
 
     def _schedule_running(self, step: _Step) -> None:
         """Phase 1: running requests in admission order, preempting when KV runs out."""
+        if self._schedule_decodes(step):
+            return
         running = self.running
         allocate = self.kv_cache_manager.allocate_slots
         cap = step.long_prefill_cap
@@ -230,6 +246,24 @@ class Scheduler:
                     break
             step.schedule_running(request, num_new, new_blocks)
             i += 1
+
+    def _schedule_decodes(self, step: _Step) -> bool:
+        """Phase 1 for the common step in which every running request decodes (one token
+        left to compute, room for it under max_model_len, within the budget): the general
+        loop's decisions, made in bulk. False, with nothing done, when that is not the
+        case or the KV blocks run out (the general loop then preempts)."""
+        running = self.running
+        if not running or len(running) > step.token_budget:
+            return False
+        last_slot = self.max_model_len - 2  # the general loop's `max_model_len - c - 1 >= 1`
+        if not all(r.num_tokens - r.num_computed_tokens == 1 and r.num_computed_tokens
+                   <= last_slot for r in running):
+            return False
+        new_blocks = self.kv_cache_manager.allocate_decode_slots(running)
+        if new_blocks is None:
+            return False
+        step.add_decodes(running, new_blocks)
+        return True
 
     def _preempt_until_fits(
         self, request: Request, num_new: int, step: _Step, i: int
@@ -357,13 +391,14 @@ class Scheduler:
         """Append each request's sampled tokens (none for a non-final prefill chunk), apply
         the stop checks, and free the requests that finished. Returns those requests."""
         finished: list[Request] = []
-        requests = self.requests
+        get_tokens, get_request = sampled_token_ids.get, self.requests.get
+        preempted = RequestStatus.PREEMPTED  # statuses above it are finished
         for req_id in scheduler_output.num_scheduled_tokens:
-            tokens = sampled_token_ids.get(req_id)
+            tokens = get_tokens(req_id)
             if not tokens:
                 continue
-            request = requests.get(req_id)
-            if request is None or request.status > RequestStatus.PREEMPTED:
+            request = get_request(req_id)
+            if request is None or request.status > preempted:
                 continue  # aborted while its step ran
             if len(tokens) == 1:  # the usual case: one sampled token, and no stop
                 token = tokens[0]
