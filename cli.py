@@ -896,7 +896,8 @@ def _sweep_output(records: list[dict[str, object]], root: Path, slos: object,
 if TYPE_CHECKING:
     from backends.endpoint_replay import EndpointConfig, EndpointInfo
     from backends.engine_setup import RealSetup
-    from backends.replay import ReplayResult, Tokenizer
+    from backends.replay import ReplayResult
+    from backends.replay_api import Tokenizer
 
 _Real = "Real engine"
 _RandomWeights = Annotated[bool, typer.Option(

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from backends.model_runner import ModelRunner
 from backends.replay import frozen_heap
+from backends.replay_api import Tokenizer
 from runtime import (
     BatchFeatures,
     CacheConfig,
@@ -261,17 +262,11 @@ def run_grid(scheduler: SchedulerConfig, cache: CacheConfig, runner: ModelRunner
 # ---- API server ------------------------------------------------------------------------------
 
 
-class Tokenizer:  # the protocol of backends.replay.Tokenizer, for type hints only
-    def encode(self, text: str) -> Sequence[int]: ...
-
-    def decode(self, token_ids: Sequence[int]) -> str: ...
-
-
 @dataclass(frozen=True, slots=True)
 class ApiServerTiming:
-    """Median seconds the API-server stage spends on one request of each prompt length:
-    token ids materialised (`workloads.prompt_token_ids`), the prompt text encoded with the
-    model's tokenizer when there is one, the engine `Request` built (as `backends.replay`)."""
+    """Median seconds the API-server stage spends on one request of each prompt length: the
+    prompt text encoded with the model's tokenizer when there is one, the engine `Request`
+    built (as `backends.replay`; token ids are made before its clock starts)."""
 
     prompt_lens: tuple[int, ...]
     seconds: tuple[float, ...]

@@ -2,7 +2,8 @@
 
     API server process                      engine (the replay's main thread)
     ------------------                      ---------------------------------
-    waits for the clock's zero              starts the clock, sends it
+    token ids made                   --->   Ready()
+    waits for the clock's zero       <---   starts the clock, sends it
     at each arrival time: tokenize,  --->   HandOver(request_id, token ids, handover_s)
     ...                              --->   Done() after the last request
     on an exception                  --->   ApiServerFailed(text), then exits
@@ -34,7 +35,6 @@ from typing import Protocol
 
 from workloads import Trace, prompt_token_ids
 
-_READY = "ready"
 _START_TIMEOUT_S = 120.0  # a tokenizer's unpickling and the texts of a long trace
 
 
@@ -61,6 +61,12 @@ class ApiServerFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class Ready:
+    """The API server has made every prompt's token ids (and texts) and waits for the
+    clock's zero."""
+
+
+@dataclass(frozen=True, slots=True)
 class Done:
     """Every request of the trace has been handed over."""
 
@@ -77,7 +83,7 @@ def _serve(trace: Trace, vocab_size: int, seed: int, tokenizer: Tokenizer | None
         # Each prompt's text is made before the clock starts: detokenizing is not timed.
         texts = ({rid: tokenizer.decode(tokens) for rid, tokens in ids.items()}
                  if tokenizer is not None else {})
-        out.send(_READY)
+        out.send(Ready())
         started = _wait_for_zero(zero, stop)
         if started is None:
             return
@@ -127,7 +133,7 @@ class ApiServerProcess:
         self.process.start()
         self.outbox.close()  # the child's copy is the only writer: its exit reads as EOF
         message = self._get(_START_TIMEOUT_S)
-        if message != _READY:
+        if not isinstance(message, Ready):
             self.stop()
             raise RuntimeError(f"the API server did not start: {message}")
 
@@ -142,10 +148,10 @@ class ApiServerProcess:
         if not block:
             return self._receive() if self.inbox.poll() else None
         message = self._get(None)
-        assert not isinstance(message, str), message
+        assert not isinstance(message, Ready), "Ready comes once, before begin()"
         return message
 
-    def _get(self, timeout_s: float | None) -> Message | str:
+    def _get(self, timeout_s: float | None) -> Message | Ready:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while deadline is None or time.monotonic() < deadline:
             if self.inbox.poll(0.2):
@@ -154,7 +160,7 @@ class ApiServerProcess:
                 return self._died()
         return ApiServerFailed(f"no answer within {timeout_s:g} s")
 
-    def _receive(self) -> Message | str:
+    def _receive(self) -> Message | Ready:
         try:
             return self.inbox.recv()  # type: ignore[no-any-return]
         except EOFError:  # the child closed its end: it is gone
