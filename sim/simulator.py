@@ -173,18 +173,24 @@ class _Simulation:
             start = request.num_output_tokens
             return outputs[request.request_id][start : start + count]
 
-        step_time = self.cost_model.step_time
-        noise = self.config.step_noise
-        if noise is not None:  # steps are timed in index order from the next one
+        timed = self.cost_model.step_time  # no noise: no per-step wrapper
+        if self.config.step_noise is not None:  # steps are timed in index order
             indices = itertools.count(self.core.recorder.num_steps)
 
-            def step_time(features: BatchFeatures) -> float:
-                return self.cost_model.step_time(features) * noise.factor(next(indices))
+            def timed(features: BatchFeatures) -> float:
+                return self.step_time(features, next(indices))
 
-        end = self.core.fast_forward(clock, self.next_handover, step_time, upcoming)
+        end = self.core.fast_forward(clock, self.next_handover, timed, upcoming)
         if end is not None and self.config.check_invariants:
             self.core.scheduler.check_invariants()
         return end
+
+    def step_time(self, features: BatchFeatures, step: int) -> float:
+        """Seconds of step number `step`: the cost model's time, times the step's noise
+        factor when the run has step noise."""
+        duration = self.cost_model.step_time(features)
+        noise = self.config.step_noise
+        return duration if noise is None else duration * noise.factor(step)
 
     def one_step(self, clock: float) -> float:
         """Run one step from `clock`; returns its end (`clock` if there was nothing to run)."""
@@ -192,9 +198,7 @@ class _Simulation:
         step = core.begin_step(clock)
         if step is None:
             return clock
-        duration = self.cost_model.step_time(step.features)
-        if self.config.step_noise is not None:
-            duration *= self.config.step_noise.factor(core.recorder.num_steps)
+        duration = self.step_time(step.features, core.recorder.num_steps)
         end = clock + duration
         finished = core.end_step(step, self.sample(step.output.num_scheduled_tokens), end,
                                  duration)
