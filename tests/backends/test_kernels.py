@@ -13,9 +13,6 @@ output.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import pytest
 import torch
 
@@ -25,7 +22,9 @@ from backends.kernels.paged_attention import (
     paged_attention,
     paged_attention_ref,
 )
-from backends.kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_ref
+from backends.kernels.reshape_and_cache import reshape_and_cache
+from tests.backends import paged_batch
+from tests.backends.paged_batch import Batch
 
 # Triton's interpreter converts 1-element arrays to Python ints (loop bounds, branches).
 pytestmark = pytest.mark.filterwarnings(
@@ -43,59 +42,11 @@ DECODES = [(20, 1), (36, 1), (4, 1), (0, 1)]
 MIXED = [(20, 1), (0, 30), (16, 9), (45, 1), (33, 17)]
 
 
-@dataclass
-class Batch:
-    """Inputs of one paged_attention call (shapes in the kernel module's docstring)."""
-
-    query: torch.Tensor
-    key_cache: torch.Tensor
-    value_cache: torch.Tensor
-    block_tables: torch.Tensor
-    seq_lens: torch.Tensor
-    query_start_loc: torch.Tensor
-
-    def args(self) -> tuple[torch.Tensor, ...]:
-        return (self.query, self.key_cache, self.value_cache, self.block_tables,
-                self.seq_lens, self.query_start_loc)
-
-
-def make_batch(
-    seqs: list[tuple[int, int]],
-    num_q_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    block_size: int = 16,
-    dtype: torch.dtype = torch.float32,
-    seed: int = 0,
-    spare_blocks: int = 3,
-) -> Batch:
-    """A batch over a NaN-filled pool whose blocks are handed out in shuffled order; each
-    sequence's K/V (context + new tokens) written to its slots; block-table padding points at
-    an unwritten block."""
-    gen = torch.Generator().manual_seed(seed)
-    blocks_per_seq = [-(-(ctx + q) // block_size) for ctx, q in seqs]
-    num_blocks = sum(blocks_per_seq) + spare_blocks
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    key_cache = torch.full(shape, math.nan, dtype=dtype)
-    value_cache = torch.full(shape, math.nan, dtype=dtype)
-    order = torch.randperm(num_blocks, generator=gen)
-    table = torch.full((len(seqs), max(blocks_per_seq) + 2), int(order[-1]), dtype=torch.int32)
-    used = 0
-    for s, ((ctx, q), n) in enumerate(zip(seqs, blocks_per_seq, strict=True)):
-        table[s, :n] = order[used:used + n]
-        used += n
-        positions = torch.arange(ctx + q)
-        slots = table[s, positions // block_size].long() * block_size + positions % block_size
-        kv_shape = (ctx + q, num_kv_heads, head_dim)
-        reshape_and_cache_ref(torch.randn(kv_shape, generator=gen),
-                              torch.randn(kv_shape, generator=gen),
-                              key_cache, value_cache, slots)
-    q_lens = [q for _, q in seqs]
-    query = torch.randn(sum(q_lens), num_q_heads, head_dim, generator=gen).to(dtype)
-    starts = torch.tensor([0, *q_lens]).cumsum(0).to(torch.int32)
-    seq_lens = torch.tensor([ctx + q for ctx, q in seqs], dtype=torch.int32)
-    return Batch(*(t.to(DEVICE) for t in (query, key_cache, value_cache, table, seq_lens,
-                                          starts)))
+def make_batch(seqs: list[tuple[int, int]], num_q_heads: int, num_kv_heads: int,
+               head_dim: int, **kwargs: object) -> Batch:
+    """`tests.backends.paged_batch.make_batch` on this module's device."""
+    return paged_batch.make_batch(seqs, num_q_heads, num_kv_heads, head_dim,
+                                  device=DEVICE, **kwargs)  # type: ignore[arg-type]
 
 
 def check(batch: Batch, scale: float = 0.2, **kwargs: object) -> torch.Tensor:

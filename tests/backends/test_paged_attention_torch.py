@@ -10,7 +10,6 @@ outside [0, seq_len), or a mask applied to the wrong rows, shows in the output.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,13 +18,14 @@ import torch
 from backends.attention import TORCH_OPS, select_ops
 from backends.kernels.paged_attention import paged_attention_ref
 from backends.kernels.paged_attention_torch import paged_attention_torch
-from backends.kernels.reshape_and_cache import reshape_and_cache_ref
 from backends.kv_cache import KVCache, KVCacheSpec
 from backends.model import load_model
 from backends.model_runner import ModelRunner
 from backends.offline import generate_offline
 from backends.tiny_model import build_tiny_llama
 from runtime import CacheConfig, Scheduler, SchedulerConfig
+from tests.backends import paged_batch
+from tests.backends.paged_batch import Batch
 
 # (rtol, atol): fp32 differs only by summation order (the scale is applied to q, not to the
 # scores); fp16/bf16 outputs are both rounded from fp32 results, so one rounding step apart.
@@ -39,50 +39,11 @@ DECODES = [(20, 1), (36, 1), (4, 1), (0, 1), (70, 1)]
 MIXED = [(20, 1), (0, 30), (16, 9), (45, 1), (12, 0), (33, 17), (2, 1), (5, 0)]
 
 
-@dataclass(frozen=True)
-class Batch:
-    """Inputs of one paged-attention call (layouts in `backends.kernels.paged_attention`)."""
-
-    query: torch.Tensor
-    key_cache: torch.Tensor
-    value_cache: torch.Tensor
-    block_tables: torch.Tensor
-    seq_lens: torch.Tensor
-    query_start_loc: torch.Tensor
-
-    def args(self) -> tuple[torch.Tensor, ...]:
-        return (self.query, self.key_cache, self.value_cache, self.block_tables,
-                self.seq_lens, self.query_start_loc)
-
-
 def make_batch(seqs: list[tuple[int, int]], num_q_heads: int, num_kv_heads: int,
-               head_dim: int = 16, block_size: int = 16, dtype: torch.dtype = torch.float32,
-               poison: float = math.nan, seed: int = 0) -> Batch:
-    """A batch over a `poison`-filled pool (3 spare blocks) with shuffled block ids; each
-    sequence's K/V written to its slots; table padding = MISSING_BLOCK."""
-    gen = torch.Generator().manual_seed(seed)
-    blocks_per_seq = [-(-(ctx + q) // block_size) for ctx, q in seqs]
-    num_blocks = sum(blocks_per_seq) + 3
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    key_cache = torch.full(shape, poison, dtype=dtype)
-    value_cache = torch.full(shape, poison, dtype=dtype)
-    order = torch.randperm(num_blocks, generator=gen)
-    table = torch.full((len(seqs), max(blocks_per_seq) + 2), MISSING_BLOCK, dtype=torch.int32)
-    used = 0
-    for s, ((ctx, q), n) in enumerate(zip(seqs, blocks_per_seq, strict=True)):
-        table[s, :n] = order[used:used + n]
-        used += n
-        positions = torch.arange(ctx + q)
-        slots = table[s, positions // block_size].long() * block_size + positions % block_size
-        kv_shape = (ctx + q, num_kv_heads, head_dim)
-        reshape_and_cache_ref(torch.randn(kv_shape, generator=gen),
-                              torch.randn(kv_shape, generator=gen),
-                              key_cache, value_cache, slots)
-    q_lens = [q for _, q in seqs]
-    query = torch.randn(sum(q_lens), num_q_heads, head_dim, generator=gen).to(dtype)
-    starts = torch.tensor([0, *q_lens]).cumsum(0).to(torch.int32)
-    seq_lens = torch.tensor([ctx + q for ctx, q in seqs], dtype=torch.int32)
-    return Batch(query, key_cache, value_cache, table, seq_lens, starts)
+               **kwargs: object) -> Batch:
+    """`tests.backends.paged_batch.make_batch` with table padding = MISSING_BLOCK."""
+    return paged_batch.make_batch(seqs, num_q_heads, num_kv_heads,
+                                  padding_block=MISSING_BLOCK, **kwargs)  # type: ignore[arg-type]
 
 
 def check(batch: Batch, scale: float = 0.25) -> torch.Tensor:
