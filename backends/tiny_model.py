@@ -88,14 +88,10 @@ LLAMA_3_2_3B: dict[str, Any] = {
     "num_attention_heads": 24, "head_dim": 128,
 }
 
-
-# Llama-3.1-8B's shape (shared/reference/models_and_gpus.md; rope scaling left out).
+# Llama-3.1-8B's shape (shared/reference/models_and_gpus.md): the same family, untied.
 LLAMA_3_1_8B: dict[str, Any] = {
-    "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
-    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-    "head_dim": 128, "max_position_embeddings": 131072, "rope_theta": 500000.0,
-    "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
-    "bos_token_id": 128000, "eos_token_id": 128001, "pad_token_id": 128004,
+    **LLAMA_3_2_1B, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "head_dim": 128, "max_position_embeddings": 131072, "tie_word_embeddings": False,
 }
 
 # `--model NAME --random-weights`: shapes by the simulator's preset names.
