@@ -1572,13 +1572,7 @@ def _api_cost(runs: list[Path]) -> object:
     requests = pd.concat([pd.read_parquet(run / "requests.parquet",
                                           columns=["prompt_len", "api_server_s"])
                           for run in runs]).dropna()
-    try:
-        return fit_api_server(requests["prompt_len"].tolist(),
-                              requests["api_server_s"].tolist())
-    except ValueError:  # every prompt of one length: the mean, per request
-        from sim.cost_model import ApiServerCost
-
-        return ApiServerCost(float(requests["api_server_s"].mean()), 0.0)
+    return fit_api_server(requests["prompt_len"].tolist(), requests["api_server_s"].tolist())
 
 
 def _fidelity_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,

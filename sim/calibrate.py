@@ -228,11 +228,14 @@ def steps_training_data(columns: Mapping[str, Sequence[object]], target: str = "
 
 def fit_api_server(prompt_lens: Sequence[int], seconds: Sequence[float]) -> ApiServerCost:
     """Per-request and per-prompt-token API-server cost (seconds) from timed requests: least
-    squares of seconds = a + b·prompt_len, each clipped to >= 0."""
+    squares of seconds = a + b·prompt_len, each clipped to >= 0; with a single prompt length
+    there is no slope to fit: the mean, per request."""
     lens = np.asarray(prompt_lens, dtype=np.float64)
     times = np.asarray(seconds, dtype=np.float64)
-    if len(lens) < 2 or len(set(lens.tolist())) < 2:
-        raise ValueError("the API-server fit needs timings at two or more prompt lengths")
+    if len(lens) == 0:
+        raise ValueError("the API-server fit needs at least one timed request")
+    if len(set(lens.tolist())) < 2:
+        return ApiServerCost(per_request_s=float(times.mean()), per_prompt_token_s=0.0)
     a = np.stack([np.ones_like(lens), lens], axis=1)
     per_request, per_token = nnls(a, times)
     return ApiServerCost(per_request_s=float(per_request), per_prompt_token_s=float(per_token))
