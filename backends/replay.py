@@ -39,7 +39,7 @@ from runtime import (
     Scheduler,
     SchedulerConfig,
 )
-from runtime.records import RequestRecord, StepRecord, steps_from_columns
+from runtime.records import RunResult
 from workloads import Trace
 
 Progress = Callable[[int, int], None]  # (requests finished, requests in the trace)
@@ -82,26 +82,7 @@ class ReplayConfig:
             raise ValueError(f"vocab_size must be > 10, got {self.vocab_size}")
 
 
-@dataclass(slots=True)
-class ReplayResult:
-    """Records of one replay (the simulator's `SimResult` fields), plus whether it was cut
-    short by Ctrl-C (then the unfinished requests are recorded as aborted, the requests not
-    yet handed over are left out)."""
-
-    requests: list[RequestRecord]
-    step_columns: dict[str, list[object]]
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-    wall_s: float
-    interrupted: bool = False
-
-    @property
-    def num_steps(self) -> int:
-        return len(self.step_columns["step"])
-
-    @property
-    def steps(self) -> list[StepRecord]:
-        return steps_from_columns(self.step_columns)
+ReplayResult = RunResult  # the records of one replay (the simulator's shape)
 
 
 class _Replay:

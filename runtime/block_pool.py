@@ -179,7 +179,7 @@ class BlockPool:
         """Register full blocks under their hashes, in order (see `cache_block`)."""
         cached_blocks = self.cached_blocks
         null_block = self.null_block
-        for block, block_hash in zip(blocks, block_hashes):
+        for block, block_hash in zip(blocks, block_hashes, strict=True):
             if block.block_hash is not None or block is null_block:
                 continue
             block.block_hash = block_hash

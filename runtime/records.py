@@ -107,3 +107,27 @@ def steps_from_columns(columns: dict[str, list[object]]) -> list[StepRecord]:
     """StepRecords from step columns (one list per field, in field order)."""
     rows = zip(*(columns[name] for name in STEP_FIELDS), strict=True)
     return [StepRecord(*row) for row in rows]
+
+
+@dataclass(slots=True)
+class RunResult:
+    """What one run of either driver produced: the records, the prefix-cache counters and
+    the wall-clock seconds the run took. `step_columns` holds the steps column-wise
+    (StepRecord's fields); `steps` builds the records one by one (slow on long runs).
+    `interrupted`: a replay cut short by Ctrl-C (its unfinished requests are recorded as
+    aborted, the requests not yet handed over are left out); never for a simulation."""
+
+    requests: list[RequestRecord]
+    step_columns: dict[str, list[object]]
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    wall_s: float
+    interrupted: bool = False
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.step_columns["step"])
+
+    @property
+    def steps(self) -> list[StepRecord]:
+        return steps_from_columns(self.step_columns)

@@ -36,7 +36,7 @@ from runtime import (
     Scheduler,
     SchedulerConfig,
 )
-from runtime.records import RequestRecord, StepRecord, steps_from_columns
+from runtime.records import RunResult
 from sim.cost_model import ApiServerCost, CostModel
 from sim.step_noise import StepNoise
 from workloads import Trace, TraceRequest, output_token_ids, prompt_token_ids
@@ -74,26 +74,7 @@ class SimConfig:
             raise ValueError(f"vocab_size must be > 10, got {self.vocab_size}")
 
 
-@dataclass(slots=True)
-class SimResult:
-    """Records of one run, plus what the run cost in wall-clock time.
-
-    `step_columns` holds the steps column-wise (StepRecord's fields); `steps` builds the
-    records one by one (slow on long runs)."""
-
-    requests: list[RequestRecord]
-    step_columns: dict[str, list[object]]
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-    wall_s: float
-
-    @property
-    def num_steps(self) -> int:
-        return len(self.step_columns["step"])
-
-    @property
-    def steps(self) -> list[StepRecord]:
-        return steps_from_columns(self.step_columns)
+SimResult = RunResult  # the records of one simulation (the replay's shape)
 
 
 class _Simulation:
