@@ -14,27 +14,19 @@ from backends.kv_cache import GIB, KVCache, KVCacheSpec, KVPoolSize, size_pool
 from backends.model import ModelShape, PagedModel, load_model
 from backends.model_runner import ModelRunner
 from runtime import CacheConfig, SchedulerConfig
-from runtime.config import resolve_scheduler_config
+from runtime.config import EngineFlags, resolve_scheduler_config
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 
 
 @dataclass(frozen=True, slots=True)
-class RealEngineArgs:
-    """`vllm serve`-style flags of the real engine. None means "as vLLM would choose"."""
+class RealEngineArgs(EngineFlags):
+    """`vllm serve`-style flags of the real engine: the shared `EngineFlags`, the model and
+    where it runs."""
 
     model_dir: Path
     device: str = "cpu"
     dtype: str = "auto"
-    max_num_batched_tokens: int | None = None
-    max_num_seqs: int | None = None
-    max_model_len: int | None = None
-    block_size: int = 16
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0
-    policy: str = "fcfs"
-    num_gpu_blocks_override: int | None = None
     kv_cache_memory: int | None = None
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     seed: int = 0

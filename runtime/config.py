@@ -19,6 +19,24 @@ def _require(ok: bool, message: str) -> None:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class EngineFlags:
+    """The scheduler and KV-cache flags of `vllm serve` that the simulated and the real
+    engine both take, by their vLLM names. None means "as vLLM would choose"
+    (`resolve_scheduler_config` decides). Keyword-only, so a subclass's own required
+    fields can come first."""
+
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+    max_model_len: int | None = None
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    policy: str = "fcfs"
+    num_gpu_blocks_override: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CacheConfig:
     """The paged KV pool.
 

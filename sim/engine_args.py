@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime import CacheConfig
-from runtime.config import resolve_scheduler_config
+from runtime.config import EngineFlags, resolve_scheduler_config
 from sim.cost_model import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     CostModel,
@@ -25,18 +25,10 @@ from sim.step_noise import StepNoise
 
 
 @dataclass(frozen=True, slots=True)
-class EngineArgs:
-    """`vllm serve` engine flags, by their vLLM names. None means "as vLLM would choose"."""
+class EngineArgs(EngineFlags):
+    """`vllm serve` engine flags of the simulated engine: the shared `EngineFlags` and the
+    device-sizing ones."""
 
-    max_num_batched_tokens: int | None = None
-    max_num_seqs: int | None = None
-    max_model_len: int | None = None
-    block_size: int = 16
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0
-    policy: str = "fcfs"
-    num_gpu_blocks_override: int | None = None
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     tensor_parallel_size: int = 1
 
