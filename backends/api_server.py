@@ -33,13 +33,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from backends.engine_client import EngineClient
-from backends.engine_process import (
-    EngineInfo,
-    EngineOutputs,
-    EngineRequest,
-    ExecutorFactory,
-    RequestOutput,
-)
+from backends.engine_messages import EngineInfo, EngineOutputs, EngineRequest, RequestOutput
+from backends.engine_process import ExecutorFactory
 from backends.openai_protocol import (
     ApiError,
     EngineDeadError,

@@ -16,16 +16,15 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from backends.engine_process import (
+from backends.engine_messages import (
     EngineInfo,
     EngineOutputs,
     EngineRequest,
-    ExecutorFactory,
     RequestOutput,
     decode,
     encode,
-    run_engine_process,
 )
+from backends.engine_process import ExecutorFactory, run_engine_process
 from backends.openai_protocol import EngineDeadError
 
 _HEALTH_POLL_S = 0.2  # how often the engine process's liveness is checked

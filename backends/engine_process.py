@@ -5,11 +5,12 @@
                                                        (("ready", EngineInfo), ("failed", text),
                                                         ("outputs", EngineOutputs))
 
-The loop is `runtime.EngineCore`'s, as in `rt replay` and `rt simulate`: take in the handed-
-over requests at a step boundary, `schedule()`, execute, `update_from_output()`, send every
-request's new tokens in one message per step. When idle it blocks on its input socket. Aborts
-(a client gone) finish the request at once (`Scheduler.finish_requests(FINISHED_ABORTED)`),
-which frees its KV blocks, and a stats message reports the new usage.
+The messages are in `backends.engine_messages`. The loop is `runtime.EngineCore`'s, as in
+`rt replay` and `rt simulate`: take in the handed-over requests at a step boundary,
+`schedule()`, execute, `update_from_output()`, send every request's new tokens in one message
+per step. When idle it blocks on its input socket. Aborts (a client gone) finish the request
+at once (`Scheduler.finish_requests(FINISHED_ABORTED)`), which frees its KV blocks, and a
+stats message reports the new usage.
 
 The executor is injected as a picklable factory (a module-level function and its keyword
 arguments), called in this process: `build_real_executor` (the model, `backends`) or the
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import gc
 import os
-import pickle
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -31,13 +31,21 @@ from typing import Any, Protocol
 
 import zmq
 
+from backends.engine_messages import (
+    EngineInfo,
+    EngineOutputs,
+    EngineRequest,
+    RequestOutput,
+    SchedulerStats,
+    decode,
+    encode,
+)
 from backends.sampling_options import SamplingOptions
 from runtime import (
     CacheConfig,
     EngineCore,
     Request,
     RequestStatus,
-    SamplingParams,
     ScheduledStep,
     Scheduler,
     SchedulerConfig,
@@ -45,80 +53,6 @@ from runtime import (
 )
 
 _TRIM_EVERY_STEPS = 2048  # drop the recorder's records this often (a server runs for days)
-
-
-# ---- messages --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class EngineRequest:
-    """A tokenized request handed to the engine core. `arrival_s`: monotonic seconds."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    sampling: SamplingOptions
-    arrival_s: float
-
-
-@dataclass(slots=True)
-class RequestOutput:
-    """A request's new tokens of one step; `finish_reason` set on its last output.
-
-    The timing fields (monotonic seconds, engine clock) are filled on the last output:
-    `queued_s` (entered the engine), `scheduled_s` (first admission), `first_token_s`,
-    `last_token_s`."""
-
-    request_id: str
-    new_token_ids: list[int]
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    num_cached_tokens: int = 0
-    num_preemptions: int = 0
-    queued_s: float | None = None
-    scheduled_s: float | None = None
-    first_token_s: float | None = None
-    last_token_s: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerStats:
-    """The scheduler after a step (or an abort). Prefix-cache counters are cumulative."""
-
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float  # fraction of usable blocks in use, 0-1
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-    num_preemptions: int  # in this step
-
-
-@dataclass(frozen=True, slots=True)
-class EngineOutputs:
-    timestamp: float  # monotonic seconds when the step ended
-    outputs: list[RequestOutput]
-    stats: SchedulerStats
-
-
-@dataclass(frozen=True, slots=True)
-class EngineInfo:
-    """What the API server learns from the engine once it is up."""
-
-    scheduler: SchedulerConfig
-    cache: CacheConfig
-    vocab_size: int
-    eos_token_ids: tuple[int, ...]
-    pid: int
-    description: dict[str, Any] = field(default_factory=dict)
-
-
-def encode(message: tuple[str, Any]) -> bytes:
-    """The wire format: a pickled (kind, payload) tuple (protocol 5)."""
-    return pickle.dumps(message, protocol=5)
-
-
-def decode(data: bytes) -> tuple[str, Any]:
-    return pickle.loads(data)  # noqa: S301 - a local socket between our own processes
 
 
 # ---- executors -------------------------------------------------------------------------------

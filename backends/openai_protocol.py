@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from backends.engine_process import EngineInfo
+from backends.engine_messages import EngineInfo
 from backends.sampling_options import SamplingOptions
 from backends.text import TextCodec
 from runtime import SamplingParams
