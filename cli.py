@@ -900,6 +900,15 @@ if TYPE_CHECKING:
     from backends.replay_api import Tokenizer
 
 _Real = "Real engine"
+_Device = Annotated[str, typer.Option("--device", help="cpu or cuda.", rich_help_panel=_Real)]
+_Dtype = Annotated[str, typer.Option(
+    "--dtype", help="auto, float32, float16 or bfloat16 (auto: fp32 on the CPU, the "
+    "checkpoint's half type on CUDA).", rich_help_panel=_Real)]
+_KvCacheMemory = Annotated[int | None, typer.Option(
+    "--kv-cache-memory", help="KV pool size in bytes (default: free GPU memory at "
+    "--gpu-memory-utilization; 256 MiB on the CPU).", rich_help_panel=_Real)]
+_MemoryUtilization = Annotated[float, typer.Option(
+    "--gpu-memory-utilization", rich_help_panel=_Real)]
 _RandomWeights = Annotated[bool, typer.Option(
     "--random-weights", help="Read only the model's config.json and initialise its weights "
     "at random from --seed on the device (seconds for an 8B model); --model may then also "
@@ -924,16 +933,8 @@ def replay(
     fmt: _Format = None,
     request_rate: _Rate = math.inf, burstiness: _Burst = 1.0,
     first_n: _FirstN = None, time_scale: _TimeScale = None,
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda.",
-                                        rich_help_panel=_Real)] = "cpu",
-    dtype: Annotated[str, typer.Option(
-        "--dtype", help="auto, float32, float16 or bfloat16 (auto: fp32 on the CPU, the "
-        "checkpoint's half type on CUDA).", rich_help_panel=_Real)] = "auto",
-    kv_cache_memory: Annotated[int | None, typer.Option(
-        "--kv-cache-memory", help="KV pool size in bytes (default: free GPU memory at "
-        "--gpu-memory-utilization; 256 MiB on the CPU).", rich_help_panel=_Real)] = None,
-    memory_utilization: Annotated[float, typer.Option(
-        "--gpu-memory-utilization", rich_help_panel=_Real)] = 0.9,
+    device: _Device = "cpu", dtype: _Dtype = "auto", kv_cache_memory: _KvCacheMemory = None,
+    memory_utilization: _MemoryUtilization = 0.9,
     max_num_batched_tokens: _MaxBatched = None, max_num_seqs: _MaxSeqs = None,
     max_model_len: _EngineMaxLen = None, block_size: _BlockSize = 16,
     prefix_caching: _PrefixCaching = True, chunked_prefill: _ChunkedPrefill = True,
@@ -1188,13 +1189,8 @@ def serve(
     shutdown_timeout: Annotated[float, typer.Option(
         "--shutdown-timeout", help="On SIGTERM, seconds in-flight requests may finish before "
         "they are aborted.", rich_help_panel=_Serve)] = 10.0,
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda.",
-                                        rich_help_panel=_Real)] = "cpu",
-    dtype: Annotated[str, typer.Option("--dtype", rich_help_panel=_Real)] = "auto",
-    kv_cache_memory: Annotated[int | None, typer.Option(
-        "--kv-cache-memory", help="KV pool size in bytes.", rich_help_panel=_Real)] = None,
-    memory_utilization: Annotated[float, typer.Option(
-        "--gpu-memory-utilization", rich_help_panel=_Real)] = 0.9,
+    device: _Device = "cpu", dtype: _Dtype = "auto", kv_cache_memory: _KvCacheMemory = None,
+    memory_utilization: _MemoryUtilization = 0.9,
     max_num_batched_tokens: _MaxBatched = None, max_num_seqs: _MaxSeqs = None,
     max_model_len: _EngineMaxLen = None, block_size: _BlockSize = 16,
     prefix_caching: _PrefixCaching = True, chunked_prefill: _ChunkedPrefill = True,
@@ -1271,10 +1267,6 @@ _Cal = "Calibration"
 _ModelDir = Annotated[Path | None, typer.Option(
     "--model", help="Local Hugging Face model directory. Default: the tiny random Llama.",
     rich_help_panel=_Real)]
-_Device = Annotated[str, typer.Option("--device", help="cpu or cuda (cuda: untested).",
-                                      rich_help_panel=_Real)]
-_Dtype = Annotated[str, typer.Option("--dtype", help="auto, float32, float16 or bfloat16.",
-                                     rich_help_panel=_Real)]
 _Quick = Annotated[bool, typer.Option(
     "--quick", help="A small grid with few repeats (seconds; for tests).", rich_help_panel=_Cal)]
 _TimeLimit = Annotated[float | None, typer.Option(
