@@ -1471,6 +1471,10 @@ def fidelity(
         "calibration replays, interleaved with them so the machine's drift falls on both). "
         "With 2 or more, 'real' is their mean and 'noise' the largest deviation of one of "
         "them from it: how far this machine is from itself.")] = 1,
+    sim_runs: Annotated[int, typer.Option(
+        "--sim-runs", help="Simulations of TRACE, step-time noise drawn from seeds SEED, "
+        "SEED+1, ...; 'sim' is their mean (as 'real' is of the real runs). One run when "
+        "simulated steps are deterministic (--no-step-noise).", rich_help_panel=_Cal)] = 8,
     fmt: _Format = None, first_n: _FirstN = None, time_scale: _TimeScale = None,
     max_num_batched_tokens: _MaxBatched = None, max_num_seqs: _MaxSeqs = None,
     max_model_len: _EngineMaxLen = None, block_size: _BlockSize = 16,
@@ -1500,6 +1504,8 @@ def fidelity(
             fail(f"--calibrate-on must be grid or replay, got {calibrate_on!r}")
         if repeats < 1:
             fail(f"--repeats must be >= 1, got {repeats}")
+        if sim_runs < 1:
+            fail(f"--sim-runs must be >= 1, got {sim_runs}")
         trace = _replay_trace(trace_file, fmt, math.inf, 1.0, seed, first_n, time_scale)
         setup, tokenizer = _replay_setup(
             model, device=device, dtype=dtype, max_num_batched_tokens=max_num_batched_tokens,
@@ -1531,8 +1537,9 @@ def fidelity(
             _note([f"{profile} has no step-time scatter: simulated steps take exactly the "
                    "fitted time"])
             step_noise = False
-        sim_dir = _fidelity_simulate(trace, setup, profile, root / "sim", step_noise)
-    _fidelity_report(reals, sim_dir, loaded, root, plots, max_error)
+        sim_dirs = _fidelity_simulate(trace, setup, profile, root, step_noise,
+                                      sim_runs if step_noise else 1)
+    _fidelity_report(reals, sim_dirs, loaded, root, plots, max_error)
 
 
 def _write_fitted(profile: object, root: Path) -> Path:
@@ -1591,8 +1598,12 @@ def _fidelity_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokeni
 
 
 def _fidelity_simulate(trace: workloads.Trace, setup: RealSetup, profile: Path,
-                       path: Path, step_noise: bool) -> Path:
-    """The same trace in the simulator, with the real engine's resolved flags and pool."""
+                       root: Path, step_noise: bool, runs: int) -> list[Path]:
+    """The same trace in the simulator, with the real engine's resolved flags and pool,
+    `runs` times (step-noise seeds seed, seed + 1, ...; the token ids keep the replay's
+    seed): root/sim, root/sim-2, ..."""
+    import dataclasses
+
     from analysis.rundir import write_run
     from sim.engine_args import EngineArgs, build_setup
     from sim.simulator import simulate as run_simulation
@@ -1610,18 +1621,25 @@ def _fidelity_simulate(trace: workloads.Trace, setup: RealSetup, profile: Path,
                           step_noise=step_noise)
     except ValueError as err:
         fail(str(err))
-    result = run_simulation(trace, sim.config, sim.cost_model)
-    info = {"kind": "simulate", "rt_version": _version(), "name": "sim",
-            "trace": {"name": trace.name, "requests": len(trace),
-                      "digest": workloads.trace_digest(trace)},
-            "wall_s": round(result.wall_s, 3),
-            "prefix_cache": {"queries": result.prefix_cache_queries,
-                             "hits": result.prefix_cache_hits}, **sim.describe()}
-    write_run(path, [r.to_row() for r in result.requests], result.step_columns, info)
-    return path
+    paths = []
+    for i in range(runs):
+        noise = sim.config.step_noise
+        config = (sim.config if noise is None else dataclasses.replace(
+            sim.config, step_noise=dataclasses.replace(noise, seed=args.seed + i)))
+        result = run_simulation(trace, config, sim.cost_model)
+        info = {"kind": "simulate", "rt_version": _version(), "name": "sim",
+                "trace": {"name": trace.name, "requests": len(trace),
+                          "digest": workloads.trace_digest(trace)},
+                "wall_s": round(result.wall_s, 3),
+                "prefix_cache": {"queries": result.prefix_cache_queries,
+                                 "hits": result.prefix_cache_hits}, **sim.describe(),
+                "step_noise_seed": None if noise is None else args.seed + i}
+        paths.append(root / (f"sim-{i + 1}" if i else "sim"))
+        write_run(paths[-1], [r.to_row() for r in result.requests], result.step_columns, info)
+    return paths
 
 
-def _fidelity_report(real_dirs: list[Path], sim_dir: Path, profile: object, root: Path,
+def _fidelity_report(real_dirs: list[Path], sim_dirs: list[Path], profile: object, root: Path,
                      plots: bool, max_error: float | None) -> None:
     from analysis.fidelity import fidelity_report, gate, render
     from analysis.plots import cdfs, latency_values, percentile_curves
@@ -1629,7 +1647,8 @@ def _fidelity_report(real_dirs: list[Path], sim_dir: Path, profile: object, root
     from sim.calibrate import predict
 
     with _user_errors():
-        reals, sim = [_load_checked(path) for path in real_dirs], _load_checked(sim_dir)
+        reals = [_load_checked(path) for path in real_dirs]
+        sims = [_load_checked(path) for path in sim_dirs]
         real = reals[0]
         steps = real.steps  # type: ignore[attr-defined]
         names = list(BatchFeatures.__dataclass_fields__)
@@ -1637,14 +1656,14 @@ def _fidelity_report(real_dirs: list[Path], sim_dir: Path, profile: object, root
                     for row in steps[names].to_dict("records")]
         measured = (steps["end_s"] - steps["start_s"]).to_numpy()
         predicted = predict(profile.coefficients, features)  # type: ignore[attr-defined]
-        report = fidelity_report(reals, sim, measured, predicted)  # type: ignore[arg-type]
+        report = fidelity_report(reals, sims, measured, predicted)  # type: ignore[arg-type]
         typer.echo(render(report))
         (root / "fidelity.json").write_text(json.dumps(report.to_json_dict(), indent=2) + "\n")
         if plots:
             series = {("real" if i == 0 else f"real {i + 1}"):
                       latency_values(run.requests)  # type: ignore[attr-defined]
                       for i, run in enumerate(reals)}
-            series["sim"] = latency_values(sim.requests)  # type: ignore[attr-defined]
+            series["sim"] = latency_values(sims[0].requests)  # type: ignore[attr-defined]
             _save_figures({"percentiles": percentile_curves(series), "cdf": cdfs(series)},
                           root / "plots")
         typer.echo(f"rt: wrote {root}/fidelity.json", err=True)

@@ -12,7 +12,9 @@ otherwise:
 With several real runs of the same trace, `real` is the mean of their metrics (the real
 system's expectation, not one draw of it) and `noise` the largest deviation of one real run
 from that mean: how far the real system is from itself, the resolution at which this machine
-can judge any simulator. The per-step and per-request views use the first real run; the
+can judge any simulator. Likewise with several simulated runs (step-time noise drawn from
+different seeds): `sim` is their mean and `sim_noise` the largest deviation of one from it.
+The per-step and per-request views use the first real and the first simulated run; the
 per-request view of the second real run against the first is reported as noise too.
 
 `gate` names the errors above a tolerance (the goal metrics: p50/p90 of TTFT and ITL).
@@ -42,26 +44,37 @@ def _relative(sim: float, real: float) -> float:
     return (sim - real) / real if real else math.nan
 
 
-def metric_errors(reals: Sequence[Run], sim: Run) -> pd.DataFrame:
-    """Rows: `{stat}_{metric}_ms` for every stat and metric, then the throughputs; columns
-    real (the mean over `reals`), sim (ms, or per second for throughputs) and error
-    (relative, signed); with two or more real runs also `noise`: max_i |real_i - real| / real
-    (unsigned)."""
-    if not reals:
-        raise ValueError("metric_errors needs at least one real run")
+def _metric_table(runs: Sequence[Run], keys: Sequence[str]) -> np.ndarray:
+    """[runs, keys]: each run's value of each metric key (ms, or per second)."""
     options = ReportOptions(METRICS, (50.0, 90.0, 99.0))
+    return np.array([[float(d[key]) for key in keys]
+                     for d in (result_dict(run, options) for run in runs)])
+
+
+def _spread(runs: np.ndarray, mean: np.ndarray) -> np.ndarray:
+    """max_i |runs[i] - mean| / mean per column (unsigned, a fraction)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.abs(runs - mean).max(axis=0) / mean
+
+
+def metric_errors(reals: Sequence[Run], sims: Sequence[Run]) -> pd.DataFrame:
+    """Rows: `{stat}_{metric}_ms` for every stat and metric, then the throughputs; columns
+    real (the mean over `reals`), sim (the mean over `sims`; ms, or per second for
+    throughputs) and error (relative, signed); with two or more real runs also `noise`:
+    max_i |real_i - real| / real (unsigned); with two or more simulated runs `sim_noise`,
+    the same over them."""
+    if not reals or not sims:
+        raise ValueError("metric_errors needs at least one real and one simulated run")
     keys = [f"{stat}_{metric}_ms" for metric in METRICS for stat in STATS] + list(THROUGHPUTS)
-    runs = np.array([[float(d[key]) for key in keys]
-                     for d in (result_dict(run, options) for run in reals)])  # [runs, keys]
-    real = runs.mean(axis=0)
-    b = result_dict(sim, options)
-    rows = {key: (real[i], float(b[key]), _relative(float(b[key]), real[i]))
-            for i, key in enumerate(keys)}
+    real_runs, sim_runs = _metric_table(reals, keys), _metric_table(sims, keys)
+    real, sim = real_runs.mean(axis=0), sim_runs.mean(axis=0)
+    rows = {key: (real[i], sim[i], _relative(sim[i], real[i])) for i, key in enumerate(keys)}
     table = pd.DataFrame.from_dict(rows, orient="index", columns=["real", "sim", "error"])
     table.index.name = "metric"
     if len(reals) > 1:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            table["noise"] = np.abs(runs - real).max(axis=0) / real
+        table["noise"] = _spread(real_runs, real)
+    if len(sims) > 1:
+        table["sim_noise"] = _spread(sim_runs, sim)
     return table
 
 
@@ -110,15 +123,16 @@ def ttft_errors(real: pd.DataFrame, sim: pd.DataFrame) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class FidelityReport:
-    """The three views of real runs against a simulated one; `ttft_noise` is the
-    per-request view of the second real run against the first and `real_runs` their number
-    (with one real run: None, and `metrics` has no `noise` column)."""
+    """The three views of real runs against simulated ones; `ttft_noise` is the
+    per-request view of the second real run against the first (with one real run: None, and
+    `metrics` has no `noise` column); `real_runs` and `sim_runs` count the runs."""
 
     metrics: pd.DataFrame  # metric_errors
     steps: dict[str, float]  # step_errors
     ttft: dict[str, float]  # ttft_errors
     ttft_noise: dict[str, float] | None = None  # ttft_errors(reals[0], reals[1])
     real_runs: int = 1
+    sim_runs: int = 1
 
     def to_json_dict(self) -> dict[str, Any]:
         """JSON-ready (NaN as null)."""
@@ -127,7 +141,7 @@ class FidelityReport:
 
         metrics = {key: {col: clean(float(val)) for col, val in row.items()}
                    for key, row in self.metrics.iterrows()}
-        out = {"real_runs": self.real_runs, "metrics": metrics,
+        out = {"real_runs": self.real_runs, "sim_runs": self.sim_runs, "metrics": metrics,
                "steps": {k: clean(v) for k, v in self.steps.items()},
                "ttft_per_request": {k: clean(v) for k, v in self.ttft.items()}}
         if self.ttft_noise is not None:
@@ -135,14 +149,17 @@ class FidelityReport:
         return out
 
 
-def fidelity_report(reals: Sequence[Run], sim: Run, measured_step_s: Sequence[float],
-                    predicted_step_s: Sequence[float]) -> FidelityReport:
+def fidelity_report(reals: Sequence[Run], sims: Sequence[Run],
+                    measured_step_s: Sequence[float], predicted_step_s: Sequence[float]
+                    ) -> FidelityReport:
     """All three views; the step times are the first real run's (measured, and as
-    predicted). With two or more real runs of the same trace, the noise floor too."""
+    predicted), the per-request view the first real run against the first simulated one.
+    With two or more real runs of the same trace, the noise floor too."""
     noise = (ttft_errors(reals[0].requests, reals[1].requests) if len(reals) > 1 else None)
-    return FidelityReport(metric_errors(reals, sim),
+    return FidelityReport(metric_errors(reals, sims),
                           step_errors(measured_step_s, predicted_step_s),
-                          ttft_errors(reals[0].requests, sim.requests), noise, len(reals))
+                          ttft_errors(reals[0].requests, sims[0].requests), noise, len(reals),
+                          len(sims))
 
 
 def gate(report: FidelityReport, max_error: float,
@@ -170,14 +187,14 @@ def _ttft_line(label: str, t: dict[str, float]) -> str:
 
 
 def render(report: FidelityReport) -> str:
-    """Fixed-width text: the metric table (with the noise column when there is one), then
-    the step and per-request lines."""
-    noise = "noise" in report.metrics.columns
+    """Fixed-width text: the metric table (with the noise columns when there are several
+    runs), then the step and per-request lines."""
+    spread = [c for c in ("noise", "sim_noise") if c in report.metrics.columns]
     lines = [f"{'metric':<28}{'real':>12}{'sim':>12}{'error':>10}"
-             + (f"{'noise':>10}" if noise else "")]
+             + "".join(f"{c:>10}" for c in spread)]
     for key, row in report.metrics.iterrows():
         lines.append(f"{str(key):<28}{row['real']:>12.3f}{row['sim']:>12.3f}"
-                     f"{row['error']:>+10.1%}" + (f"{row['noise']:>10.1%}" if noise else ""))
+                     f"{row['error']:>+10.1%}" + "".join(f"{row[c]:>10.1%}" for c in spread))
     s = report.steps
     lines.append(f"per-step time prediction ({s['steps']:.0f} real steps): MAPE "
                  f"{s['mape']:.1%}, p50 {s['p50_ape']:.1%}, p90 {s['p90_ape']:.1%}, p99 "
@@ -187,8 +204,11 @@ def render(report: FidelityReport) -> str:
     if report.ttft_noise is not None:
         lines.append(_ttft_line("per-request TTFT noise (real run 2 vs 1)",
                                 report.ttft_noise))
-    if noise:
+    if "noise" in spread:
         lines.append(f"real: the mean of {report.real_runs} real replays of the trace; noise: "
                      "the largest deviation of one of them from that mean (an error within "
                      "it is as close as this machine can tell)")
+    if "sim_noise" in spread:
+        lines.append(f"sim: the mean of {report.sim_runs} simulations, step-time noise drawn "
+                     "from as many seeds; sim_noise: the largest deviation of one from it")
     return "\n".join(lines)

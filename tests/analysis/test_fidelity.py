@@ -10,6 +10,7 @@ import pytest
 
 from analysis.fidelity import (
     FidelityReport,
+    fidelity_report,
     gate,
     metric_errors,
     render,
@@ -84,13 +85,34 @@ def _run(ttfts_s: list[float]) -> Run:
 def test_metric_errors_against_the_mean_of_real_runs() -> None:
     """`real` is the mean over real runs, `noise` the largest deviation of one from it."""
     reals = [_run([0.010, 0.010, 0.010]), _run([0.014, 0.014, 0.014])]
-    table = metric_errors(reals, _run([0.013, 0.013, 0.013]))
+    table = metric_errors(reals, [_run([0.013, 0.013, 0.013])])
     row = table.loc["p50_ttft_ms"]
     assert row["real"] == pytest.approx(12.0) and row["sim"] == pytest.approx(13.0)
     assert row["error"] == pytest.approx(1 / 12)
     assert row["noise"] == pytest.approx(2 / 12)
-    single = metric_errors(reals[:1], _run([0.013, 0.013, 0.013]))
+    assert "sim_noise" not in table.columns
+    single = metric_errors(reals[:1], [_run([0.013, 0.013, 0.013])])
     assert "noise" not in single.columns
     assert single.loc["p50_ttft_ms", "error"] == pytest.approx(0.3)
     with pytest.raises(ValueError):
-        metric_errors([], reals[0])
+        metric_errors([], [reals[0]])
+    with pytest.raises(ValueError):
+        metric_errors(reals, [])
+
+
+def test_metric_errors_against_the_mean_of_simulated_runs() -> None:
+    """`sim` is the mean over simulated runs, `sim_noise` the largest deviation of one."""
+    sims = [_run([0.011, 0.011, 0.011]), _run([0.012, 0.012, 0.012]),
+            _run([0.016, 0.016, 0.016])]
+    table = metric_errors([_run([0.010, 0.010, 0.010])], sims)
+    row = table.loc["p50_ttft_ms"]
+    assert row["sim"] == pytest.approx(13.0)
+    assert row["error"] == pytest.approx(0.3)
+    assert row["sim_noise"] == pytest.approx(3 / 13)
+    assert "noise" not in table.columns
+    report = fidelity_report([_run([0.010, 0.010, 0.010])], sims, [0.01], [0.01])
+    assert report.sim_runs == 3 and report.ttft["p50_signed_ms"] == pytest.approx(1.0)
+    text = render(report)
+    assert text.splitlines()[0].split() == ["metric", "real", "sim", "error", "sim_noise"]
+    assert "sim: the mean of 3 simulations" in text
+    assert report.to_json_dict()["sim_runs"] == 3

@@ -93,6 +93,7 @@ def test_calibrate_and_fidelity_cli(tiny_dir: Path, tmp_path: Path) -> None:
     sim = json.loads((out_dir / "sim" / "run.json").read_text())
     assert real["cache_config"]["num_blocks"] == sim["cache_config"]["num_blocks"]
     assert real["scheduler_config"] == sim["scheduler_config"]
+    assert report["sim_runs"] == 1 and not (out_dir / "sim-2").exists()  # deterministic
     code, _, err = _invoke(*args, "--max-error", "0")
     assert code == 1 and "exceeds" in err
 
@@ -110,7 +111,8 @@ def test_fidelity_calibrates_on_a_separate_replay(tiny_dir: Path, tmp_path: Path
     out_dir = tmp_path / "fid"
     code, out, err = _invoke("fidelity", str(trace_path), "--model", str(tiny_dir),
                              "--calibrate-on", "replay", "--max-num-batched-tokens", "256",
-                             "--repeats", "2", "--no-plots", "--result-dir", str(out_dir))
+                             "--repeats", "2", "--sim-runs", "3", "--no-plots", "--result-dir",
+                             str(out_dir))
     assert code == 0, err
     calibration = json.loads((out_dir / "calibration" / "run.json").read_text())
     calibration_2 = json.loads((out_dir / "calibration-2" / "run.json").read_text())
@@ -118,13 +120,19 @@ def test_fidelity_calibrates_on_a_separate_replay(tiny_dir: Path, tmp_path: Path
     real_2 = json.loads((out_dir / "real-2" / "run.json").read_text())
     assert real_2["trace"]["digest"] == real["trace"]["digest"]  # the same trace, twice
     assert calibration_2["trace"]["digest"] != calibration["trace"]["digest"]
-    assert out.splitlines()[0].split() == ["metric", "real", "sim", "error", "noise"]
+    assert out.splitlines()[0].split() == ["metric", "real", "sim", "error", "noise",
+                                           "sim_noise"]
     report = json.loads((out_dir / "fidelity.json").read_text())
     assert report["real_runs"] == 2 and report["ttft_per_request_noise"]["requests"] == 30
     assert report["metrics"]["p50_ttft_ms"]["noise"] >= 0
     profile = load_profile(out_dir / "profile.json")
     assert profile.step_time_quantiles is not None and len(profile.step_time_quantiles) == 101
-    assert json.loads((out_dir / "sim" / "run.json").read_text())["step_noise"] is True
+    sims = [json.loads((out_dir / name / "run.json").read_text())
+            for name in ("sim", "sim-2", "sim-3")]
+    assert [run["step_noise"] for run in sims] == [True] * 3
+    assert [run["step_noise_seed"] for run in sims] == [0, 1, 2]
+    assert {run["seed"] for run in sims} == {0}  # the token ids stay the replay's
+    assert report["sim_runs"] == 3 and report["metrics"]["p50_ttft_ms"]["sim_noise"] > 0
     steps = [len(pd.read_parquet(out_dir / name / "steps.parquet"))
              for name in ("calibration", "calibration-2")]
     # Fitted on both calibration runs' steps (less the few without tokens).
@@ -140,3 +148,6 @@ def test_fidelity_calibrates_on_a_separate_replay(tiny_dir: Path, tmp_path: Path
     code, _, err = _invoke("fidelity", str(trace_path), "--model", str(tiny_dir),
                            "--repeats", "0", "--result-dir", str(tmp_path / "x"))
     assert code == 2 and "--repeats must be >= 1, got 0" in err
+    code, _, err = _invoke("fidelity", str(trace_path), "--model", str(tiny_dir),
+                           "--sim-runs", "0", "--result-dir", str(tmp_path / "x"))
+    assert code == 2 and "--sim-runs must be >= 1, got 0" in err
