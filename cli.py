@@ -1468,7 +1468,8 @@ def fidelity(
         "one (the grid's).", rich_help_panel=_Cal)] = True,
     repeats: Annotated[int, typer.Option(
         "--repeats", help="Real replays of TRACE (with --calibrate-on replay, as many "
-        "calibration replays, interleaved with them so the machine's drift falls on both). "
+        "calibration replays, interleaved with them in the order C R R C C R ... so a "
+        "linear drift of the machine's speed falls on both alike). "
         "With 2 or more, 'real' is their mean and 'noise' the largest deviation of one of "
         "them from it: how far this machine is from itself.")] = 1,
     sim_runs: Annotated[int, typer.Option(
@@ -1521,13 +1522,17 @@ def fidelity(
                                     root)
         calibrations: list[Path] = []
         reals: list[Path] = []
-        for i in range(repeats):
+        for i in range(repeats):  # C R, R C, C R, ...: a linear drift falls on both alike
             suffix = f"-{i + 1}" if i else ""
+            real_first = i % 2 == 1
+            if real_first:
+                reals.append(_fidelity_replay(trace, setup, tokenizer, root / f"real{suffix}"))
             if calibrate and calibrate_on == "replay":
                 calibrations.append(_fidelity_replay(_calibration_trace(trace, seed + i),
                                                      setup, tokenizer,
                                                      root / f"calibration{suffix}"))
-            reals.append(_fidelity_replay(trace, setup, tokenizer, root / f"real{suffix}"))
+            if not real_first:
+                reals.append(_fidelity_replay(trace, setup, tokenizer, root / f"real{suffix}"))
         if calibrations or fit_on_replay:  # fit_on_replay: in-sample, on the real runs
             runs = calibrations or reals
             profile = _write_fitted(_profile_from_steps(runs, "wall", _api_cost(runs)), root)

@@ -119,6 +119,9 @@ def test_fidelity_calibrates_on_a_separate_replay(tiny_dir: Path, tmp_path: Path
     real = json.loads((out_dir / "real" / "run.json").read_text())
     real_2 = json.loads((out_dir / "real-2" / "run.json").read_text())
     assert real_2["trace"]["digest"] == real["trace"]["digest"]  # the same trace, twice
+    written = sorted(["calibration", "real", "real-2", "calibration-2"],
+                     key=lambda name: (out_dir / name / "run.json").stat().st_mtime_ns)
+    assert written == ["calibration", "real", "real-2", "calibration-2"]  # C R, R C
     assert calibration_2["trace"]["digest"] != calibration["trace"]["digest"]
     assert out.splitlines()[0].split() == ["metric", "real", "sim", "error", "noise",
                                            "sim_noise"]
