@@ -98,13 +98,16 @@ class EngineCore:
         self,
         clock: float,
         horizon: float,
-        step_time: Callable[[BatchFeatures], float],
+        step_time: Callable[[BatchFeatures, float], float],
         upcoming: Callable[[Request, int], Sequence[int]],
     ) -> float | None:
         """Run plain decode steps back to back from `clock`, each starting before `horizon`
-        (the next hand-over), with durations from `step_time`; `upcoming(request, n)` gives
-        a request's next n sampled tokens. Records are those of running the steps one by
-        one. Returns the end of the last step, or None when the next step is not plain.
+        (the next hand-over); `step_time(features, start)` gives a step's duration, seconds,
+        from its features and its start (seconds: the same float as when stepping one by
+        one; called in step order, possibly for a few steps past the run's end that are then
+        not run); `upcoming(request, n)` gives a request's next n sampled tokens. Records
+        are those of running the steps one by one. Returns the end of the last step, or None
+        when the next step is not plain.
         """
         scheduler = self.scheduler
         if self._inbox or clock >= horizon or not all_decoding(scheduler):
@@ -125,8 +128,8 @@ class EngineCore:
         return ends[-1]
 
     def _decode_times(
-        self, clock: float, horizon: float, step_time: Callable[[BatchFeatures], float],
-        limit: int,
+        self, clock: float, horizon: float,
+        step_time: Callable[[BatchFeatures, float], float], limit: int,
     ) -> tuple[list[float], list[float], list[BatchFeatures]]:
         """End times, durations and features of up to `limit` decode steps from `clock`,
         each starting before `horizon`; ends are start + duration, as when stepping."""
@@ -140,7 +143,7 @@ class EngineCore:
         while len(ends) < limit and start < horizon:
             feats = BatchFeatures(num_decode_tokens=num_running, num_seqs=num_running,
                                   decode_kv_tokens=kv_tokens + len(ends) * num_running)
-            duration = step_time(feats)
+            duration = step_time(feats, start)
             start += duration
             ends.append(start)
             durations.append(duration)

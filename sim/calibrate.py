@@ -244,9 +244,14 @@ def fit_api_server(prompt_lens: Sequence[int], seconds: Sequence[float]) -> ApiS
 def make_profile(fit: FitResult, *, device: str, model: str, dtype: str,
                  versions: Mapping[str, str], date: str, api_server: ApiServerCost,
                  extra: Mapping[str, object] | None = None,
-                 step_time_quantiles: tuple[float, ...] | None = None) -> Profile:
-    """A `Profile` carrying the fitted coefficients and the fit diagnostics."""
+                 step_time_quantiles: tuple[float, ...] | None = None,
+                 step_time_drift_quantiles: tuple[float, ...] | None = None,
+                 step_time_drift_window_s: float | None = None) -> Profile:
+    """A `Profile` carrying the fitted coefficients and the fit diagnostics (and the
+    step-time scatter tables, `sim.step_noise.fit_step_noise`'s, when given)."""
     return Profile(device=device, model=model, dtype=dtype, versions=dict(versions), date=date,
                    coefficients=fit.coefficients, api_server=api_server,
                    step_time_quantiles=step_time_quantiles,
+                   step_time_drift_quantiles=step_time_drift_quantiles,
+                   step_time_drift_window_s=step_time_drift_window_s,
                    fit={**fit.describe(), **dict(extra or {})})

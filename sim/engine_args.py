@@ -73,8 +73,8 @@ def build_setup(args: EngineArgs, model: str, gpu: str, profile: str | None = No
                 seed: int = 0, check_invariants: bool = False,
                 step_noise: bool = False) -> SimSetup:
     """Resolve model and GPU, size the KV pool, pick the cost model; with `step_noise`, the
-    profile's measured step-time scatter (`sim.step_noise`). ValueError (one line, naming
-    the value) on any bad input."""
+    profile's measured step-time scatter (`sim.step_noise`), with its slow drift when the
+    profile has one. ValueError (one line, naming the value) on any bad input."""
     model_spec = resolve_model(model)
     gpu_spec = resolve_gpu(gpu)
     scheduler = resolve_scheduler_config(
@@ -109,7 +109,8 @@ def build_setup(args: EngineArgs, model: str, gpu: str, profile: str | None = No
             if loaded.step_time_quantiles is None:
                 raise ValueError(f"--step-noise: {profile} has no step_time_quantiles (a "
                                  "profile fitted on replay steps has them)")
-            noise = StepNoise(loaded.step_time_quantiles, seed)
+            noise = StepNoise(loaded.step_time_quantiles, seed,
+                              loaded.step_time_drift_quantiles, loaded.step_time_drift_window_s)
         config = SimConfig(scheduler, cache, api_server=loaded.api_server,
                            vocab_size=model_spec.vocab_size, seed=seed,
                            check_invariants=check_invariants, step_noise=noise)

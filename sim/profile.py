@@ -8,6 +8,8 @@
                       "per_decode_kv_token_s": ...},
      "api_server": {"per_request_s": ..., "per_prompt_token_s": ...},
      "step_time_quantiles": [...],       # optional: measured/predicted step-time ratios
+     "step_time_drift_quantiles": [...], # optional, with the next and step_time_quantiles:
+     "step_time_drift_window_s": 0.25,   #   the slow factor of all steps in one window
      "fit": {...}}                       # optional, free-form (residuals, sample counts)
 
 Every coefficient is seconds per unit and must be a finite number >= 0. A bad file gives a
@@ -37,6 +39,8 @@ _TOP_LEVEL = (
     "coefficients",
     "api_server",
     "step_time_quantiles",
+    "step_time_drift_quantiles",
+    "step_time_drift_window_s",
     "fit",
 )
 
@@ -55,7 +59,13 @@ class Profile:
         api_server: the API-server cost, seconds.
         step_time_quantiles: optional quantile function (evenly spaced probabilities 0..1)
             of measured/predicted step times on the calibration steps, mean 1: what
-            `sim.step_noise.StepNoise` draws from (`rt simulate --step-noise`).
+            `sim.step_noise.StepNoise` draws from (`rt simulate --step-noise`); with drift,
+            the fast (within-window) ratios' (`sim.step_noise.fit_step_noise`).
+        step_time_drift_quantiles: optional quantile function (same form, mean 1) of the
+            drift windows' speed factors: the slow factor shared by the steps of one window.
+            Set together with `step_time_drift_window_s`, and only with
+            `step_time_quantiles`.
+        step_time_drift_window_s: the drift windows' length, seconds (> 0).
         fit: optional free-form fit diagnostics (JSON-ready).
     """
 
@@ -67,7 +77,16 @@ class Profile:
     coefficients: ProfileCoefficients
     api_server: ApiServerCost = field(default_factory=ApiServerCost)
     step_time_quantiles: tuple[float, ...] | None = None
+    step_time_drift_quantiles: tuple[float, ...] | None = None
+    step_time_drift_window_s: float | None = None
     fit: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.step_time_drift_quantiles is None) != (self.step_time_drift_window_s is None):
+            raise ValueError("Profile.step_time_drift_quantiles and "
+                             "step_time_drift_window_s must be set together (both or neither)")
+        if self.step_time_drift_quantiles is not None and self.step_time_quantiles is None:
+            raise ValueError("Profile.step_time_drift_quantiles needs step_time_quantiles")
 
     def to_json_dict(self) -> dict[str, Any]:
         """The profile as the JSON object `write_profile` writes."""
@@ -84,6 +103,10 @@ class Profile:
         }
         if self.step_time_quantiles is not None:
             data["step_time_quantiles"] = list(self.step_time_quantiles)
+        if self.step_time_drift_quantiles is not None:
+            data["step_time_drift_quantiles"] = list(self.step_time_drift_quantiles)
+        if self.step_time_drift_window_s is not None:
+            data["step_time_drift_window_s"] = self.step_time_drift_window_s
         if self.fit is not None:
             data["fit"] = self.fit
         return data
@@ -160,7 +183,8 @@ class _Reader:
             fit = self.as_object(fit, "fit")
         quantiles = top.get("step_time_quantiles")
         if quantiles is not None:
-            quantiles = self.quantiles(quantiles)
+            quantiles = self.quantiles(quantiles, "step_time_quantiles")
+        drift, window = self.drift(top, quantiles is not None)
         coefficient_names = tuple(f.name for f in fields(ProfileCoefficients))
         api_names = tuple(f.name for f in fields(ApiServerCost))
         return Profile(
@@ -174,17 +198,42 @@ class _Reader:
             ),
             api_server=ApiServerCost(**self.section(top, "api_server", api_names)),
             step_time_quantiles=quantiles,
+            step_time_drift_quantiles=drift,
+            step_time_drift_window_s=window,
             fit=fit,
         )
 
-    def quantiles(self, value: object) -> tuple[float, ...]:
-        """step_time_quantiles: >= 2 positive finite numbers, non-decreasing."""
+    def drift(self, top: dict[str, Any], has_quantiles: bool
+              ) -> tuple[tuple[float, ...] | None, float | None]:
+        """step_time_drift_quantiles and step_time_drift_window_s: both or neither, only with
+        step_time_quantiles; the table as `quantiles`, the window a finite number > 0."""
+        drift = top.get("step_time_drift_quantiles")
+        window = top.get("step_time_drift_window_s")
+        if drift is None and window is None:
+            return None, None
+        if drift is None or window is None:
+            given, missing = "step_time_drift_quantiles", "step_time_drift_window_s"
+            if drift is None:
+                given, missing = missing, given
+            raise self.fail(f"field {given!r} needs field {missing!r} (both or neither)")
+        if not has_quantiles:
+            raise self.fail("field 'step_time_drift_quantiles' needs field "
+                            "'step_time_quantiles'")
+        table = self.quantiles(drift, "step_time_drift_quantiles")
+        if (isinstance(window, bool) or not isinstance(window, int | float)
+                or not math.isfinite(window) or window <= 0):
+            raise self.fail("field 'step_time_drift_window_s' must be a finite number > 0, "
+                            f"got {window!r}")
+        return table, float(window)
+
+    def quantiles(self, value: object, name: str) -> tuple[float, ...]:
+        """A quantile table (field `name`): >= 2 positive finite numbers, non-decreasing."""
         ok = (isinstance(value, list) and len(value) >= 2
               and all(isinstance(v, int | float) and not isinstance(v, bool)
                       and math.isfinite(v) and v > 0 for v in value)
               and all(b >= a for a, b in zip(value, value[1:], strict=False)))
         if not ok:
-            raise self.fail("field 'step_time_quantiles' must be a list of 2 or more "
+            raise self.fail(f"field {name!r} must be a list of 2 or more "
                             f"positive numbers in non-decreasing order, got {value!r}")
         return tuple(float(v) for v in value)  # type: ignore[union-attr]
 

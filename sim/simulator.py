@@ -56,8 +56,9 @@ class SimConfig:
         check_invariants: run `Scheduler.check_invariants()` after every step (slow).
         fast_forward: advance runs of plain decode steps together (`runtime.decode_run`);
             the records are identical either way, only faster.
-        step_noise: multiply step k's predicted time by `step_noise.factor(k)` (None:
-            every step takes exactly the cost model's time).
+        step_noise: multiply the predicted time of step k, starting at t seconds, by
+            `step_noise.factor(k, t)` (None: every step takes exactly the cost model's
+            time).
     """
 
     scheduler: SchedulerConfig
@@ -154,24 +155,28 @@ class _Simulation:
             start = request.num_output_tokens
             return outputs[request.request_id][start : start + count]
 
-        timed = self.cost_model.step_time  # no noise: no per-step wrapper
+        cost = self.cost_model.step_time
+
+        def timed(features: BatchFeatures, start_s: float) -> float:
+            return cost(features)  # no noise: the start does not matter
+
         if self.config.step_noise is not None:  # steps are timed in index order
             indices = itertools.count(self.core.recorder.num_steps)
 
-            def timed(features: BatchFeatures) -> float:
-                return self.step_time(features, next(indices))
+            def timed(features: BatchFeatures, start_s: float) -> float:
+                return self.step_time(features, next(indices), start_s)
 
         end = self.core.fast_forward(clock, self.next_handover, timed, upcoming)
         if end is not None and self.config.check_invariants:
             self.core.scheduler.check_invariants()
         return end
 
-    def step_time(self, features: BatchFeatures, step: int) -> float:
-        """Seconds of step number `step`: the cost model's time, times the step's noise
-        factor when the run has step noise."""
+    def step_time(self, features: BatchFeatures, step: int, start_s: float) -> float:
+        """Seconds of step number `step`, which starts at `start_s` (seconds): the cost
+        model's time, times the step's noise factor when the run has step noise."""
         duration = self.cost_model.step_time(features)
         noise = self.config.step_noise
-        return duration if noise is None else duration * noise.factor(step)
+        return duration if noise is None else duration * noise.factor(step, start_s)
 
     def one_step(self, clock: float) -> float:
         """Run one step from `clock`; returns its end (`clock` if there was nothing to run)."""
@@ -179,7 +184,7 @@ class _Simulation:
         step = core.begin_step(clock)
         if step is None:
             return clock
-        duration = self.step_time(step.features, core.recorder.num_steps)
+        duration = self.step_time(step.features, core.recorder.num_steps, clock)
         end = clock + duration
         finished = core.end_step(step, self.sample(step.output.num_scheduled_tokens), end,
                                  duration)

@@ -110,3 +110,13 @@ def test_api_server_fit_and_profile_round_trip(tmp_path: Path) -> None:
     loaded = load_profile(tmp_path / "p.json")
     assert loaded.coefficients == profile.coefficients
     assert loaded.fit is not None and loaded.fit["grid_points"] == len(feats)
+    assert loaded.step_time_quantiles is None and loaded.step_time_drift_quantiles is None
+    # The step-time scatter tables pass through: fast table, drift table and window.
+    noisy = make_profile(fit_with_holdout(feats, predict(TRUE, feats)), device="cpu",
+                         model="tiny", dtype="float32", versions={}, date="2026-01-01",
+                         api_server=ApiServerCost(), step_time_quantiles=(0.5, 1.5),
+                         step_time_drift_quantiles=(0.8, 1.2), step_time_drift_window_s=0.25)
+    write_profile(noisy, tmp_path / "noisy.json")
+    loaded = load_profile(tmp_path / "noisy.json")
+    assert (loaded.step_time_quantiles, loaded.step_time_drift_quantiles,
+            loaded.step_time_drift_window_s) == ((0.5, 1.5), (0.8, 1.2), 0.25)
