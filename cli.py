@@ -898,6 +898,7 @@ if TYPE_CHECKING:
     from backends.engine_setup import RealSetup
     from backends.replay import ReplayResult
     from backends.replay_api import Tokenizer
+    from sim.calibrate import StepSamples
 
 _Real = "Real engine"
 _Device = Annotated[str, typer.Option("--device", help="cpu or cuda.", rich_help_panel=_Real)]
@@ -1313,9 +1314,9 @@ def _calibrate_setup(setup: RealSetup, tokenizer: Tokenizer | None, quick: bool,
     features = [m.features for m in grid]
     seconds = [m.wall_s for m in grid]
     for path in extra_steps:
-        more_f, more_s = _steps_data(path, "wall")
-        features += more_f
-        seconds += more_s
+        samples = _steps_data(path, "wall")
+        features += samples.features
+        seconds += samples.seconds
     fit = fit_with_holdout(features, seconds)
     lens = (16, 128, 512, 2048) if not quick else (16, 256)
     api = time_api_server(setup.shape.vocab_size, tokenizer, lens, 5 if quick else 15)
@@ -1339,7 +1340,7 @@ def _calibrate_setup(setup: RealSetup, tokenizer: Tokenizer | None, quick: bool,
                                      "seconds": list(api.seconds)}})
 
 
-def _steps_data(path: Path, target: str) -> tuple[list, list]:
+def _steps_data(path: Path, target: str) -> StepSamples:
     """Training data from a replay's steps.parquet (or its run directory)."""
     import pyarrow.parquet as pq
 
@@ -1355,28 +1356,30 @@ def _steps_data(path: Path, target: str) -> tuple[list, list]:
 
 def _profile_from_steps(paths: list[Path], target: str, api_server: object = None) -> object:
     """A profile fitted on replay steps only (squared errors in seconds, so the total busy
-    time is unbiased); metadata from the first run's run.json; the API-server cost as given,
-    else the default."""
+    time is unbiased), with the step-time scatter around the fit (a per-step factor and a
+    slow drift per 0.25 s window, `sim.step_noise.fit_step_noise`); metadata from the first
+    run's run.json; the API-server cost as given, else the default."""
     import datetime
 
     from sim.calibrate import fit_with_holdout, make_profile, predict
     from sim.cost_model import ApiServerCost
-    from sim.step_noise import ratio_quantiles
+    from sim.step_noise import fit_step_noise
 
-    features: list = []
-    seconds: list = []
-    for path in paths:
-        more_f, more_s = _steps_data(path, target)
-        features += more_f
-        seconds += more_s
+    runs = [_steps_data(path, target) for path in paths]
+    features = [f for run in runs for f in run.features]
+    seconds = [t for run in runs for t in run.seconds]
     if len(seconds) < 7:
         fail(f"--from-steps: {len(seconds)} usable steps, at least 7 are needed")
     run_json = (paths[0] if paths[0].is_dir() else paths[0].parent) / "run.json"
     info = json.loads(run_json.read_text()) if run_json.is_file() else {}
     model = info.get("model", {}) if isinstance(info.get("model"), dict) else {}
     fit = fit_with_holdout(features, seconds, relative=False)
+    noise = fit_step_noise([(run.start_s, run.seconds, predict(fit.coefficients, run.features))
+                            for run in runs])
     return make_profile(
-        fit, step_time_quantiles=ratio_quantiles(seconds, predict(fit.coefficients, features)),
+        fit, step_time_quantiles=noise.quantiles,
+        step_time_drift_quantiles=noise.drift_quantiles,
+        step_time_drift_window_s=noise.drift_window_s,
         device=str(info.get("device") or "unknown"),
         model=str(model.get("dir") or "unknown"), dtype=str(info.get("dtype") or "unknown"),
         versions={"rt": _version()},

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
+from typing import NamedTuple
 
 import numpy as np
 
@@ -197,9 +198,19 @@ def fit_with_holdout(features: Sequence[BatchFeatures], seconds: Sequence[float]
                      evaluate(final, features, measured), relative)
 
 
+class StepSamples(NamedTuple):
+    """Training samples from one replay's steps, in step order: the features, the time to
+    fit (seconds) and the step's start (seconds from the replay's start)."""
+
+    features: list[BatchFeatures]
+    seconds: list[float]
+    start_s: list[float]
+
+
 def steps_training_data(columns: Mapping[str, Sequence[object]], target: str = "wall"
-                        ) -> tuple[list[BatchFeatures], list[float]]:
-    """Features and step times from a replay's steps.parquet columns (StepRecord's names).
+                        ) -> StepSamples:
+    """Features, step times and start times from a replay's steps.parquet columns
+    (StepRecord's names).
 
     `target` "wall": end_s - start_s, the step's share of the wall clock (the engine is
     back-to-back when busy, so this includes scheduling and bookkeeping: what the simulator
@@ -212,18 +223,19 @@ def steps_training_data(columns: Mapping[str, Sequence[object]], target: str = "
     missing = [name for name in needed if name not in columns]
     if missing:
         raise ValueError(f"steps table lacks column(s) {', '.join(missing)}")
-    features: list[BatchFeatures] = []
-    seconds: list[float] = []
+    samples = StepSamples([], [], [])
     for i in range(len(columns["end_s"])):
         feats = BatchFeatures(**{name: int(columns[name][i]) for name in names})  # type: ignore[call-overload]
+        start = float(columns["start_s"][i])  # type: ignore[arg-type]
         if target == "wall":
-            time_s = float(columns["end_s"][i]) - float(columns["start_s"][i])  # type: ignore[arg-type]
+            time_s = float(columns["end_s"][i]) - start  # type: ignore[arg-type]
         else:
             time_s = float(columns["duration_s"][i])  # type: ignore[arg-type]
         if feats.num_tokens > 0 and time_s > 0 and math.isfinite(time_s):
-            features.append(feats)
-            seconds.append(time_s)
-    return features, seconds
+            samples.features.append(feats)
+            samples.seconds.append(time_s)
+            samples.start_s.append(start)
+    return samples
 
 
 def fit_api_server(prompt_lens: Sequence[int], seconds: Sequence[float]) -> ApiServerCost:

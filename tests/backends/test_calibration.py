@@ -130,6 +130,10 @@ def test_fidelity_calibrates_on_a_separate_replay(tiny_dir: Path, tmp_path: Path
     assert report["metrics"]["p50_ttft_ms"]["noise"] >= 0
     profile = load_profile(out_dir / "profile.json")
     assert profile.step_time_quantiles is not None and len(profile.step_time_quantiles) == 101
+    # ~1 s of steps per calibration run: several 0.25 s windows, so a drift table too.
+    assert profile.step_time_drift_window_s == 0.25
+    assert profile.step_time_drift_quantiles is not None
+    assert len(profile.step_time_drift_quantiles) == 101
     sims = [json.loads((out_dir / name / "run.json").read_text())
             for name in ("sim", "sim-2", "sim-3")]
     assert [run["step_noise"] for run in sims] == [True] * 3

@@ -88,8 +88,9 @@ def test_steps_training_data_targets() -> None:
         columns["start_s"].append(float(i))
         columns["end_s"].append(i + 0.01)
         columns["duration_s"].append(0.008)
-    feats, wall = steps_training_data(columns, "wall")
+    feats, wall, start = steps_training_data(columns, "wall")
     assert len(feats) == 3 and np.allclose(wall, 0.01)  # the empty step is skipped
+    assert start == [0.0, 1.0, 2.0]
     assert np.allclose(steps_training_data(columns, "execute")[1], 0.008)
     with pytest.raises(ValueError, match="target"):
         steps_training_data(columns, "other")
