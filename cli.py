@@ -74,7 +74,13 @@ _MaxLen = Annotated[int | None, typer.Option(
 _StepNoise = Annotated[bool, typer.Option(
     "--step-noise", help="Scatter each step's predicted time as the profile's calibration "
     "steps scattered around the fit (needs a profile fitted on replay steps; seeded; "
-    "raises the tails of TTFT, which waits for the step in progress).")]
+    "raises the tails of TTFT, which waits for the step in progress; with the profile's "
+    "drift table, also per 0.25 s window).")]
+_StepDrift = Annotated[bool, typer.Option(
+    "--step-drift", help="Fit the step-time scatter as a per-step factor times a slow drift "
+    "per 0.25 s window (the machine's slow and fast periods) instead of i.i.d. per step. "
+    "Off by default: on this project's CPU VM it did not beat i.i.d. scatter (README).",
+    rich_help_panel="Calibration")]
 
 
 @contextlib.contextmanager
@@ -1354,16 +1360,18 @@ def _steps_data(path: Path, target: str) -> StepSamples:
         fail(f"--from-steps {file}: {err}")
 
 
-def _profile_from_steps(paths: list[Path], target: str, api_server: object = None) -> object:
+def _profile_from_steps(paths: list[Path], target: str, api_server: object = None,
+                        drift: bool = False) -> object:
     """A profile fitted on replay steps only (squared errors in seconds, so the total busy
-    time is unbiased), with the step-time scatter around the fit (a per-step factor and a
-    slow drift per 0.25 s window, `sim.step_noise.fit_step_noise`); metadata from the first
-    run's run.json; the API-server cost as given, else the default."""
+    time is unbiased), with the step-time scatter around the fit: i.i.d. per step, or with
+    `drift` a per-step factor times a slow drift per 0.25 s window
+    (`sim.step_noise.fit_step_noise`); metadata from the first run's run.json; the
+    API-server cost as given, else the default."""
     import datetime
 
     from sim.calibrate import fit_with_holdout, make_profile, predict
     from sim.cost_model import ApiServerCost
-    from sim.step_noise import fit_step_noise
+    from sim.step_noise import StepNoiseFit, fit_step_noise, ratio_quantiles
 
     runs = [_steps_data(path, target) for path in paths]
     features = [f for run in runs for f in run.features]
@@ -1374,8 +1382,11 @@ def _profile_from_steps(paths: list[Path], target: str, api_server: object = Non
     info = json.loads(run_json.read_text()) if run_json.is_file() else {}
     model = info.get("model", {}) if isinstance(info.get("model"), dict) else {}
     fit = fit_with_holdout(features, seconds, relative=False)
-    noise = fit_step_noise([(run.start_s, run.seconds, predict(fit.coefficients, run.features))
-                            for run in runs])
+    if drift:
+        noise = fit_step_noise([(run.start_s, run.seconds,
+                                 predict(fit.coefficients, run.features)) for run in runs])
+    else:
+        noise = StepNoiseFit(ratio_quantiles(seconds, predict(fit.coefficients, features)))
     return make_profile(
         fit, step_time_quantiles=noise.quantiles,
         step_time_drift_quantiles=noise.drift_quantiles,
@@ -1420,6 +1431,7 @@ def calibrate(
         "--target", help="Step time to fit from --from-steps alone: wall (end - start, what "
         "the simulator must reproduce) or execute (the runner's measurement).",
         rich_help_panel=_Cal)] = "wall",
+    step_drift: _StepDrift = False,
     max_num_batched_tokens: _MaxBatched = None, max_num_seqs: _MaxSeqs = None,
     max_model_len: _EngineMaxLen = None, num_gpu_blocks: _NumBlocks = None,
     seed: _Seed = 0,
@@ -1430,8 +1442,10 @@ def calibrate(
     profile for `rt simulate --profile`."""
     from sim.profile import write_profile
 
+    if step_drift and not (from_steps and model is None):
+        fail("--step-drift needs --from-steps alone (a grid has no step-time scatter)")
     if from_steps and model is None:
-        profile = _profile_from_steps(from_steps, target)
+        profile = _profile_from_steps(from_steps, target, drift=step_drift)
     else:
         setup, tokenizer = _replay_setup(
             model, device=device, dtype=dtype, max_num_batched_tokens=max_num_batched_tokens,
@@ -1469,6 +1483,7 @@ def fidelity(
         "--step-noise/--no-step-noise", help="Simulate with the profile's measured step-time "
         "scatter (`rt simulate --step-noise`); ignored, with a note, for a profile without "
         "one (the grid's).", rich_help_panel=_Cal)] = True,
+    step_drift: _StepDrift = False,
     repeats: Annotated[int, typer.Option(
         "--repeats", help="Real replays of TRACE (with --calibrate-on replay, as many "
         "calibration replays, interleaved with them in the order C R R C C R ... so a "
@@ -1510,6 +1525,9 @@ def fidelity(
             fail(f"--repeats must be >= 1, got {repeats}")
         if sim_runs < 1:
             fail(f"--sim-runs must be >= 1, got {sim_runs}")
+        if step_drift and (profile is not None or (calibrate_on == "grid" and not fit_on_replay)):
+            fail("--step-drift needs a profile fitted here on replays (--calibrate-on replay or "
+                 "--fit-on-replay, no --profile)")
         trace = _replay_trace(trace_file, fmt, math.inf, 1.0, seed, first_n, time_scale)
         setup, tokenizer = _replay_setup(
             model, device=device, dtype=dtype, max_num_batched_tokens=max_num_batched_tokens,
@@ -1538,7 +1556,8 @@ def fidelity(
                 reals.append(_fidelity_replay(trace, setup, tokenizer, root / f"real{suffix}"))
         if calibrations or fit_on_replay:  # fit_on_replay: in-sample, on the real runs
             runs = calibrations or reals
-            profile = _write_fitted(_profile_from_steps(runs, "wall", _api_cost(runs)), root)
+            profile = _write_fitted(_profile_from_steps(runs, "wall", _api_cost(runs),
+                                                        step_drift), root)
         assert profile is not None
         loaded = load_profile(profile)
         if step_noise and loaded.step_time_quantiles is None:

@@ -100,7 +100,24 @@ def test_calibrate_and_fidelity_cli(tiny_dir: Path, tmp_path: Path) -> None:
     code, _, err = _invoke("calibrate", "--from-steps", str(out_dir / "real"), "-o",
                            str(tmp_path / "s.json"))
     assert code == 0, err
-    assert load_profile(tmp_path / "s.json").fit["replay_steps"] > 7  # type: ignore[index]
+    plain = load_profile(tmp_path / "s.json")
+    assert plain.fit["replay_steps"] > 7  # type: ignore[index]
+    assert plain.step_time_quantiles is not None and plain.step_time_drift_quantiles is None
+    code, _, err = _invoke("calibrate", "--from-steps", str(out_dir / "real"), "--step-drift",
+                           "-o", str(tmp_path / "d.json"))
+    assert code == 0, err
+    drift = load_profile(tmp_path / "d.json")
+    # ~1 s of steps: several 0.25 s windows, so a drift table; the same coefficients.
+    assert drift.step_time_drift_window_s == 0.25
+    assert drift.step_time_drift_quantiles is not None
+    assert len(drift.step_time_drift_quantiles) == 101
+    assert drift.coefficients == plain.coefficients
+    assert drift.step_time_quantiles != plain.step_time_quantiles  # within-window scatter
+    code, _, err = _invoke("calibrate", "--model", str(tiny_dir), "--step-drift", "-o",
+                           str(tmp_path / "x.json"))
+    assert code == 2 and "--step-drift needs --from-steps alone" in err
+    code, _, err = _invoke(*args, "--step-drift")
+    assert code == 2 and "--step-drift needs a profile fitted here on replays" in err
 
 
 def test_fidelity_calibrates_on_a_separate_replay(tiny_dir: Path, tmp_path: Path) -> None:
@@ -130,10 +147,7 @@ def test_fidelity_calibrates_on_a_separate_replay(tiny_dir: Path, tmp_path: Path
     assert report["metrics"]["p50_ttft_ms"]["noise"] >= 0
     profile = load_profile(out_dir / "profile.json")
     assert profile.step_time_quantiles is not None and len(profile.step_time_quantiles) == 101
-    # ~1 s of steps per calibration run: several 0.25 s windows, so a drift table too.
-    assert profile.step_time_drift_window_s == 0.25
-    assert profile.step_time_drift_quantiles is not None
-    assert len(profile.step_time_drift_quantiles) == 101
+    assert profile.step_time_drift_quantiles is None  # i.i.d. scatter unless --step-drift
     sims = [json.loads((out_dir / name / "run.json").read_text())
             for name in ("sim", "sim-2", "sim-3")]
     assert [run["step_noise"] for run in sims] == [True] * 3
