@@ -22,7 +22,7 @@ else the time the step began. `runtime.recorder.Recorder` does the accounting.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
 from runtime.outputs import WaitReason
 
@@ -70,7 +70,15 @@ class RequestRecord:
     decode_s: float = 0.0
 
     def to_row(self) -> dict[str, object]:
-        return asdict(self)
+        """The record as a dict of its fields (what `dataclasses.asdict` gives, without its
+        per-element deep copy: 8 of 25 s of `rt simulate` on 19 k requests); the token
+        times are a copy."""
+        row = {name: getattr(self, name) for name in REQUEST_FIELDS}
+        row["token_times_s"] = list(self.token_times_s)
+        return row
+
+
+REQUEST_FIELDS = tuple(f.name for f in fields(RequestRecord))
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +105,8 @@ class StepRecord:
     wait_reason: str | None
 
     def to_row(self) -> dict[str, object]:
-        return asdict(self)
+        """The record as a dict of its (scalar) fields."""
+        return {name: getattr(self, name) for name in STEP_FIELDS}
 
 
 STEP_FIELDS = tuple(f.name for f in fields(StepRecord))
