@@ -39,7 +39,8 @@ from runtime import (
 from runtime.records import RunResult
 from sim.cost_model import ApiServerCost, CostModel
 from sim.step_noise import StepNoise
-from workloads import Trace, TraceRequest, output_token_ids, prompt_token_ids
+from workloads import Trace, TraceRequest
+from workloads.tokens import output_token_array, prompt_token_array
 
 Progress = Callable[[int, int], None]  # (requests finished, requests in the trace)
 
@@ -88,7 +89,8 @@ class _Simulation:
         self.done = 0  # finished requests, for the progress callback
         self.env = simpy.Environment()
         self.core = EngineCore(Scheduler(config.scheduler, config.cache))
-        self.outputs: dict[str, list[int]] = {}  # request id -> its trace output tokens
+        # request id -> its trace output tokens (8 bytes per token)
+        self.outputs: dict[str, array[int]] = {}
         self.wake = self.env.event()
         self.handovers = self._handover_times()
         self.next_handover = self.handovers[0] if self.handovers else math.inf
@@ -121,10 +123,10 @@ class _Simulation:
 
     def make_request(self, req: TraceRequest) -> Request:
         cfg = self.config
-        self.outputs[req.request_id] = output_token_ids(req, cfg.vocab_size, cfg.seed)
+        self.outputs[req.request_id] = output_token_array(req, cfg.vocab_size, cfg.seed)
         return Request(
             req.request_id,
-            array("q", prompt_token_ids(req, cfg.vocab_size, cfg.seed)),  # 8 bytes per token
+            prompt_token_array(req, cfg.vocab_size, cfg.seed),  # 8 bytes per token
             SamplingParams(max_tokens=req.output_len, ignore_eos=True),
             arrival_time=req.arrival_s,
             priority=req.priority,
@@ -151,7 +153,7 @@ class _Simulation:
     def fast_forward(self, clock: float) -> float | None:
         outputs = self.outputs
 
-        def upcoming(request: Request, count: int) -> list[int]:
+        def upcoming(request: Request, count: int) -> array[int]:
             start = request.num_output_tokens
             return outputs[request.request_id][start : start + count]
 

@@ -39,6 +39,7 @@ streams are prefix-consistent.
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections.abc import Sequence
 
 import numpy as np
@@ -52,6 +53,9 @@ HASH_BLOCK_PREFIX = "h:"  # stream key of the token block named by a hash id: "h
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
+_ONE_TO_N = np.arange(1, 1 << 16, dtype=np.uint64)  # 1..65535: a stream's first counters
+_ONE_TO_N.flags.writeable = False
+_ZEROS = (0,)
 
 
 def prompt_token_ids(req: TraceRequest, vocab_size: int, seed: int) -> list[int]:
@@ -59,6 +63,27 @@ def prompt_token_ids(req: TraceRequest, vocab_size: int, seed: int) -> list[int]
     if req.prompt_token_ids is not None:
         return list(req.prompt_token_ids)
     tokens: list[int] = _concat_streams(prompt_pieces(req), vocab_size, seed).tolist()
+    return tokens
+
+
+def prompt_token_array(req: TraceRequest, vocab_size: int, seed: int) -> array[int]:
+    """`prompt_token_ids` as an `array("q")` (8 bytes per token), built without a list."""
+    if req.prompt_token_ids is not None:
+        return array("q", req.prompt_token_ids)
+    return _stream_array(prompt_pieces(req), vocab_size, seed)
+
+
+def output_token_array(req: TraceRequest, vocab_size: int, seed: int) -> array[int]:
+    """`output_token_ids` as an `array("q")`, built without a list."""
+    return _stream_array([(req.output_key, req.output_len)], vocab_size, seed)
+
+
+def _stream_array(pieces: Sequence[tuple[str, int]], vocab_size: int, seed: int) -> array[int]:
+    """`_concat_streams` computed in place in an `array("q")` (no copy out of numpy)."""
+    tokens = array("q", _ZEROS) * sum(length for _, length in pieces)
+    view = np.frombuffer(tokens, dtype=np.uint64)  # writable: the array's own buffer
+    _fill_streams(view, pieces, vocab_size, seed)
+    del view  # releases the buffer export, so the array can grow again
     return tokens
 
 
@@ -100,20 +125,45 @@ def _hash_pieces(req: TraceRequest, hash_ids: Sequence[int], block: int) -> list
 
 def _concat_streams(pieces: Sequence[tuple[str, int]], vocab_size: int, seed: int) -> np.ndarray:
     """Token ids of the pieces, concatenated (int64 array)."""
+    counters = np.empty(sum(length for _, length in pieces), dtype=np.uint64)
+    _fill_streams(counters, pieces, vocab_size, seed)
+    return counters.view(np.int64)
+
+
+def _fill_streams(out: np.ndarray, pieces: Sequence[tuple[str, int]], vocab_size: int,
+                  seed: int) -> None:
+    """Write the pieces' token ids into `out` (uint64, their total length), in place."""
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) \
             or vocab_size <= RESERVED_TOKEN_IDS:
         raise TraceError(f"vocab size must be an integer > {RESERVED_TOKEN_IDS}",
                          column="vocab_size", value=vocab_size)
-    lengths = np.array([length for _, length in pieces], dtype=np.int64)
-    bases = np.array([_stream_base(key, seed) for key, _ in pieces], dtype=np.uint64)
-    total = int(lengths.sum())
-    starts = np.cumsum(lengths) - lengths
-    # position of each token inside its own stream (0-based)
-    positions = np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
-    counters = np.repeat(bases, lengths) + (positions.astype(np.uint64) + np.uint64(1)) * _GOLDEN
-    span = np.uint64(vocab_size - RESERVED_TOKEN_IDS)
-    ids: np.ndarray = (_splitmix64(counters) % span).astype(np.int64) + RESERVED_TOKEN_IDS
-    return ids
+    # counter of token j of a stream with base b: b + (j + 1) * golden (wrapping)
+    start = 0
+    for key, length in pieces:
+        if length < 0:
+            raise ValueError(f"negative piece length {length} for stream {key!r}")
+        piece = out[start : start + length]
+        ones = _ONE_TO_N[:length] if length <= _ONE_TO_N.size else \
+            np.arange(1, length + 1, dtype=np.uint64)
+        np.multiply(ones, _GOLDEN, out=piece)
+        piece += np.uint64(_stream_base(key, seed))
+        start += length
+    _splitmix64_inplace(out)
+    out %= np.uint64(vocab_size - RESERVED_TOKEN_IDS)
+    out += np.uint64(RESERVED_TOKEN_IDS)
+
+
+def _splitmix64_inplace(z: np.ndarray) -> np.ndarray:
+    """`_splitmix64` overwriting `z` (uint64), with one scratch array."""
+    scratch = np.right_shift(z, np.uint64(30))
+    z ^= scratch
+    z *= _MIX1
+    np.right_shift(z, np.uint64(27), out=scratch)
+    z ^= scratch
+    z *= _MIX2
+    np.right_shift(z, np.uint64(31), out=scratch)
+    z ^= scratch
+    return z
 
 
 def _splitmix64(z: np.ndarray) -> np.ndarray:

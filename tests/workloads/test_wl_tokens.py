@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -16,6 +18,12 @@ from workloads import (
     output_token_ids,
     prompt_token_ids,
     stream_token_ids,
+)
+from workloads.tokens import (
+    _stream_base,
+    output_token_array,
+    prompt_pieces,
+    prompt_token_array,
 )
 
 from .helpers import FIXTURES
@@ -113,3 +121,52 @@ def test_materialising_a_long_prompt_is_vectorised() -> None:
     req = TraceRequest("r", 0.0, 131072, 1, hash_ids=tuple(range(256)), hash_block_size=512)
     tokens = np.asarray(prompt_token_ids(req, 151936, 0))
     assert tokens.shape == (131072,) and tokens.min() >= RESERVED_TOKEN_IDS
+
+
+def _reference_ids(pieces: list[tuple[str, int]], vocab: int, seed: int) -> list[int]:
+    """The module docstring's formula, token by token in Python integers."""
+    mask = (1 << 64) - 1
+    out = []
+    for key, length in pieces:
+        base = _stream_base(key, seed)
+        for j in range(length):
+            z = (base + (j + 1) * 0x9E3779B97F4A7C15) & mask
+            z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+            z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+            z ^= z >> 31
+            out.append(RESERVED_TOKEN_IDS + z % (vocab - RESERVED_TOKEN_IDS))
+    return out
+
+
+@pytest.mark.parametrize("req", [
+    TraceRequest("a", 0.0, 1000, 7, hash_ids=(7, 8), hash_block_size=512),
+    TraceRequest("b", 0.0, 600, 1, hash_ids=(1,), hash_block_size=512),
+    TraceRequest("r", 0.0, 30, 4, segments=(Span("p:sys", 10), Span("u:r", 20))),
+    TraceRequest("u", 0.0, 77, 1),
+    TraceRequest("x", 0.0, 3, 2, prompt_token_ids=(1, 2, 3)),
+])
+@pytest.mark.parametrize(("vocab", "seed"), [(VOCAB, 0), (11, 5), (151936, 2**40)])
+def test_token_arrays_equal_the_lists_and_the_formula(req: TraceRequest, vocab: int,
+                                                      seed: int) -> None:
+    prompt = prompt_token_array(req, vocab, seed)
+    output = output_token_array(req, vocab, seed)
+    assert isinstance(prompt, array) and prompt.typecode == "q" and output.typecode == "q"
+    assert prompt.tolist() == prompt_token_ids(req, vocab, seed)
+    assert output.tolist() == output_token_ids(req, vocab, seed)
+    assert output.tolist() == _reference_ids([(req.output_key, req.output_len)], vocab, seed)
+    if req.prompt_token_ids is None:
+        assert prompt.tolist() == _reference_ids(prompt_pieces(req), vocab, seed)
+    prompt.append(12)  # no buffer export left behind: the array can still grow
+    output.extend([13, 14])
+
+
+def test_token_arrays_of_the_mooncake_fixture_equal_the_lists() -> None:
+    trace = load_trace(FIXTURES / "mooncake_conversation_first300.jsonl").trace
+    for req in trace.requests[:40]:
+        assert prompt_token_array(req, VOCAB, 1).tolist() == prompt_token_ids(req, VOCAB, 1)
+        assert output_token_array(req, VOCAB, 1).tolist() == output_token_ids(req, VOCAB, 1)
+
+
+def test_token_arrays_check_the_vocab() -> None:
+    with pytest.raises(TraceError):
+        prompt_token_array(TraceRequest("r", 0.0, 3, 1), 10, 0)
