@@ -100,6 +100,7 @@ class EngineCore:
         horizon: float,
         step_time: Callable[[BatchFeatures, float], float],
         upcoming: Callable[[Request, int], Sequence[int]],
+        run_times: Callable[[int, int, int], Sequence[float]] | None = None,
     ) -> float | None:
         """Run plain decode steps back to back from `clock`, each starting before `horizon`
         (the next hand-over); `step_time(features, start)` gives a step's duration, seconds,
@@ -108,37 +109,52 @@ class EngineCore:
         not run); `upcoming(request, n)` gives a request's next n sampled tokens. Records
         are those of running the steps one by one. Returns the end of the last step, or None
         when the next step is not plain.
+
+        `run_times(num_seqs, decode_kv_tokens, count)`, when given, replaces `step_time`
+        for durations that do not depend on the start: the durations of `count` decode
+        steps of `num_seqs` sequences, step k reading `decode_kv_tokens + k * num_seqs` KV
+        tokens (a cost model's bulk form of its step time; possibly asked for more steps
+        than are run).
         """
         scheduler = self.scheduler
         if self._inbox or clock >= horizon or not all_decoding(scheduler):
             return None
         limit = decode_run_limit(scheduler)
-        ends, durations, features = self._decode_times(clock, horizon, step_time, limit)
-        tokens = {r.request_id: upcoming(r, len(ends)) for r in scheduler.running}
+        if limit <= 0:
+            return None
+        running = scheduler.running
+        num_running = len(running)
+        kv_tokens = sum(r.num_computed_tokens + 1 for r in running)
+        if run_times is None:
+            ends, durations = self._decode_times(clock, horizon, step_time, limit,
+                                                 num_running, kv_tokens)
+        else:
+            ends, durations = _bulk_decode_times(clock, horizon, run_times, limit,
+                                                 num_running, kv_tokens)
+        tokens = {r.request_id: upcoming(r, len(ends)) for r in running}
         num_steps = steps_before_token_stop(scheduler, tokens, len(ends))
         if num_steps == 0:
             return None
-        del ends[num_steps:], durations[num_steps:], features[num_steps:]
+        del ends[num_steps:], durations[num_steps:]
         free_after = run_decode_steps(scheduler, num_steps, tokens)
         usable = scheduler.cache_config.num_usable_blocks
         _, reason = plain_decode_wait_reason(scheduler)
         self.recorder.decode_steps(
-            ends, durations, features, [r.request_id for r in scheduler.running],
+            ends, durations, num_running, kv_tokens,
+            [r.request_id for r in scheduler.running],
             [1.0 - free / usable for free in free_after], len(scheduler.waiting), reason)
         return ends[-1]
 
+    @staticmethod
     def _decode_times(
-        self, clock: float, horizon: float,
+        clock: float, horizon: float,
         step_time: Callable[[BatchFeatures, float], float], limit: int,
-    ) -> tuple[list[float], list[float], list[BatchFeatures]]:
-        """End times, durations and features of up to `limit` decode steps from `clock`,
-        each starting before `horizon`; ends are start + duration, as when stepping."""
-        running = self.scheduler.running
-        num_running = len(running)
-        kv_tokens = sum(r.num_computed_tokens + 1 for r in running)
+        num_running: int, kv_tokens: int,
+    ) -> tuple[list[float], list[float]]:
+        """End times and durations of up to `limit` decode steps from `clock`, each
+        starting before `horizon`; ends are start + duration, as when stepping."""
         ends: list[float] = []
         durations: list[float] = []
-        features: list[BatchFeatures] = []
         start = clock
         while len(ends) < limit and start < horizon:
             feats = BatchFeatures(num_decode_tokens=num_running, num_seqs=num_running,
@@ -147,5 +163,31 @@ class EngineCore:
             start += duration
             ends.append(start)
             durations.append(duration)
-            features.append(feats)
-        return ends, durations, features
+        return ends, durations
+
+
+_FIRST_CHUNK = 32  # decode steps timed at once by `run_times`; doubles while more are needed
+
+
+def _bulk_decode_times(
+    clock: float, horizon: float, run_times: Callable[[int, int, int], Sequence[float]],
+    limit: int, num_running: int, kv_tokens: int,
+) -> tuple[list[float], list[float]]:
+    """`EngineCore._decode_times` with durations from `run_times`, in chunks: the same
+    ends and durations."""
+    ends: list[float] = []
+    durations: list[float] = []
+    start = clock
+    chunk = _FIRST_CHUNK
+    while len(ends) < limit and start < horizon:
+        done = len(ends)
+        batch = run_times(num_running, kv_tokens + done * num_running,
+                          min(chunk, limit - done))
+        for duration in batch:
+            start += duration
+            ends.append(start)
+            if start >= horizon:
+                break
+        durations.extend(batch[:len(ends) - done])
+        chunk *= 2
+    return ends, durations

@@ -240,12 +240,14 @@ class Recorder:
 
     # ---- fast-forwarded decode runs ------------------------------------------------------
 
-    def decode_steps(self, ends: list[float], durations: list[float],
-                     features: list[BatchFeatures], request_ids: list[str],
+    def decode_steps(self, ends: list[float], durations: list[float], num_seqs: int,
+                     decode_kv_tokens: int, request_ids: list[str],
                      kv_usages: list[float], num_waiting: int,
                      wait_reason: WaitReason | None) -> None:
         """Record a run of plain decode steps (`runtime.decode_run`) in which every running
-        request decodes: the same float operations, in the same order, as stepping."""
+        request decodes: the same float operations, in the same order, as stepping. Step k
+        of the run decodes `num_seqs` sequences reading `decode_kv_tokens + k * num_seqs`
+        KV tokens."""
         assert self._last_end is not None, "a decode run follows a busy step"
         starts = [self._last_end, *ends[:-1]]
         spans = [end - start for start, end in zip(starts, ends, strict=True)]
@@ -258,8 +260,8 @@ class Recorder:
                 self._queue_totals[index] += span
         self._last_end = ends[-1]
         count = len(ends)
-        decode_kv = [feats.decode_kv_tokens for feats in features]
-        num_seqs = features[0].num_seqs
+        decode_kv = range(decode_kv_tokens, decode_kv_tokens + count * num_seqs, num_seqs) \
+            if num_seqs else [decode_kv_tokens] * count
         columns: tuple[Sequence[object], ...] = (
             range(self.num_steps, self.num_steps + count), starts, ends, durations,
             [0] * count, [num_seqs] * count, [num_seqs] * count, [0] * count, [0] * count,

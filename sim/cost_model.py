@@ -18,7 +18,7 @@ Formulas and numbers: `/work/shared/reference/models_and_gpus.md` (§3 measured 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol, runtime_checkable
 
@@ -38,6 +38,30 @@ class CostModel(Protocol):
     def describe(self) -> dict[str, Any]:
         """JSON-ready parameters, recorded in the run's run.json."""
         ...
+
+
+DecodeRunTimes = Callable[[int, int, int], list[float]]
+"""(num_seqs, decode_kv_tokens, count) -> the `step_time` of `count` plain decode steps of
+`num_seqs` sequences, step k reading `decode_kv_tokens + k * num_seqs` KV tokens."""
+
+
+def decode_run_timer(model: CostModel) -> DecodeRunTimes | None:
+    """The model's `decode_run_times` (the same floats as `step_time`, in bulk) when the
+    class that defines its `step_time` defines one; None otherwise (time each step)."""
+    cls = type(model)
+    owner = next((k for k in cls.__mro__ if "step_time" in vars(k)), None)
+    if (owner is not None and "decode_run_times" in vars(owner)
+            and "step_time" not in getattr(model, "__dict__", {})):
+        return model.decode_run_times  # type: ignore[attr-defined,no-any-return]
+    return None
+
+
+def decode_run_step_times(model: CostModel, num_seqs: int, decode_kv_tokens: int,
+                          count: int) -> list[float]:
+    """What `decode_run_times` computes, by `step_time` per step (the generic path)."""
+    return [model.step_time(BatchFeatures(num_decode_tokens=num_seqs, num_seqs=num_seqs,
+                                          decode_kv_tokens=decode_kv_tokens + k * num_seqs))
+            for k in range(count)]
 
 
 def _check_number(owner: str, field: str, value: object, *, positive: bool) -> None:
@@ -189,6 +213,29 @@ class RooflineCostModel:
         overhead = eff.step_overhead_s + eff.per_seq_overhead_s * rows
         return linear + head + prefill_attn + decode_attn + kv_write + comm + overhead
 
+    def decode_run_times(self, num_seqs: int, decode_kv_tokens: int,
+                         count: int) -> list[float]:
+        """`step_time` of `count` decode-only steps of `num_seqs` sequences, step k with
+        `decode_kv_tokens + k * num_seqs` decode KV tokens: bit for bit the same floats (the
+        same operations in the same order; only the terms that do not change are hoisted)."""
+        tokens = rows = num_seqs
+        if tokens <= 0:
+            return [0.0] * count
+        kv = self._kv_s_per_token
+        pair = self._attn_s_per_pair
+        linear = max(self._lin_s_per_token * tokens, self._lin_weights_s)
+        head = max(self._head_s_per_row * rows, self._head_weights_s)
+        prefill_attn = max(pair * 0, kv * 0)
+        kv_write = kv * tokens
+        comm = self._comm_fixed_s + self._comm_s_per_token * tokens
+        eff = self.efficiency
+        overhead = eff.step_overhead_s + eff.per_seq_overhead_s * rows
+        fixed = linear + head + prefill_attn
+        # max(pair * d, kv * d) == max(pair, kv) * d for d >= 0: rounding is monotonic
+        per_kv = max(pair, kv)
+        return [fixed + per_kv * (decode_kv_tokens + k * num_seqs) + kv_write + comm + overhead
+                for k in range(count)]
+
     def breakdown(self, features: BatchFeatures) -> dict[str, float]:
         """Seconds per term of `step_time` (same order, same sum); all 0 for no tokens."""
         tokens = features.num_tokens
@@ -283,6 +330,23 @@ class ProfileCostModel:
             + c.per_prefill_attention_pair_s * features.prefill_attention_pairs
             + c.per_decode_kv_token_s * features.decode_kv_tokens
         )
+
+    def decode_run_times(self, num_seqs: int, decode_kv_tokens: int,
+                         count: int) -> list[float]:
+        """`step_time` of `count` decode-only steps (see `RooflineCostModel`'s): the same
+        floats, with the terms that do not change computed once."""
+        if num_seqs <= 0:
+            return [0.0] * count
+        c = self.coefficients
+        fixed = (
+            c.constant_s
+            + c.per_prefill_token_s * 0
+            + c.per_decode_token_s * num_seqs
+            + c.per_seq_s * num_seqs
+            + c.per_prefill_attention_pair_s * 0
+        )
+        per_kv = c.per_decode_kv_token_s
+        return [fixed + per_kv * (decode_kv_tokens + k * num_seqs) for k in range(count)]
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready coefficients and the profile's metadata."""

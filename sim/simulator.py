@@ -37,7 +37,7 @@ from runtime import (
     SchedulerConfig,
 )
 from runtime.records import RunResult
-from sim.cost_model import ApiServerCost, CostModel
+from sim.cost_model import ApiServerCost, CostModel, decode_run_timer
 from sim.step_noise import StepNoise
 from workloads import Trace, TraceRequest
 from workloads.tokens import output_token_array, prompt_token_array
@@ -92,6 +92,8 @@ class _Simulation:
         # request id -> its trace output tokens (8 bytes per token)
         self.outputs: dict[str, array[int]] = {}
         self.wake = self.env.event()
+        # Durations of a decode run in bulk; with step noise each step is timed on its own.
+        self.run_times = decode_run_timer(cost_model) if config.step_noise is None else None
         self.handovers = self._handover_times()
         self.next_handover = self.handovers[0] if self.handovers else math.inf
 
@@ -168,7 +170,8 @@ class _Simulation:
             def timed(features: BatchFeatures, start_s: float) -> float:
                 return self.step_time(features, next(indices), start_s)
 
-        end = self.core.fast_forward(clock, self.next_handover, timed, upcoming)
+        end = self.core.fast_forward(clock, self.next_handover, timed, upcoming,
+                                     self.run_times)
         if end is not None and self.config.check_invariants:
             self.core.scheduler.check_invariants()
         return end

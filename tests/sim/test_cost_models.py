@@ -17,6 +17,8 @@ from sim.cost_model import (
     ProfileCostModel,
     RooflineCostModel,
     RooflineEfficiency,
+    decode_run_step_times,
+    decode_run_timer,
 )
 from sim.hardware import resolve_gpu
 from sim.model_config import resolve_model
@@ -254,3 +256,49 @@ def test_api_server_cost() -> None:
         cost.time(-1)
     with pytest.raises(ValueError, match=r"ApiServerCost.per_request_s .* got -1"):
         ApiServerCost(per_request_s=-1)
+
+
+# --------------------------------------------------------------------------------------------
+# Decode runs in bulk
+
+BULK_MODELS: list[CostModel] = [
+    *MONOTONE_MODELS,
+    RooflineCostModel(LLAMA_8B, resolve_gpu("b200"), efficiency=RooflineEfficiency(
+        flops_efficiency=0.005, memory_efficiency=0.97)),  # decode attention compute-bound
+    PROFILE,
+    ProfileCostModel(ProfileCoefficients(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)),
+    ProfileCostModel(ProfileCoefficients(-0.0, 1e-3, 0.0, 3.3e-7, 0.0, 1.7e-9)),
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(which=st.integers(0, len(BULK_MODELS) - 1), num_seqs=st.integers(0, 5000),
+       kv=st.integers(0, 10**9), count=st.integers(0, 70))
+def test_decode_run_times_are_step_time_bit_for_bit(which: int, num_seqs: int, kv: int,
+                                                    count: int) -> None:
+    model = BULK_MODELS[which]
+    timer = decode_run_timer(model)
+    assert timer is not None
+    got = timer(num_seqs, kv, count)
+    expected = decode_run_step_times(model, num_seqs, kv, count)
+    assert len(got) == count
+    assert [t.hex() for t in got] == [float(t).hex() for t in expected]
+
+
+def test_decode_run_timer_falls_back_without_a_bulk_form() -> None:
+    class PerStep:
+        def step_time(self, features: BatchFeatures) -> float:
+            return 1e-3 * features.decode_kv_tokens
+
+        def describe(self) -> dict[str, object]:
+            return {}
+
+    class Overriding(RooflineCostModel):  # its own step_time: the inherited bulk form is not it
+        __slots__ = ()
+
+        def step_time(self, features: BatchFeatures) -> float:
+            return 2 * super().step_time(features)
+
+    assert decode_run_timer(PerStep()) is None  # type: ignore[arg-type]
+    assert decode_run_timer(Overriding(LLAMA_8B, H200)) is None
+    assert decode_run_step_times(PerStep(), 3, 10, 3) == [1e-3 * 10, 1e-3 * 13, 1e-3 * 16]  # type: ignore[arg-type]

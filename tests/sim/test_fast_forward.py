@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from runtime import CacheConfig, SchedulerConfig
+from runtime.batch import BatchFeatures
 from runtime.decode_run import decode_run_limit, run_decode_steps, steps_before_token_stop
-from sim.cost_model import ApiServerCost, RooflineCostModel
+from sim.cost_model import ApiServerCost, RooflineCostModel, decode_run_timer
 from sim.hardware import resolve_gpu
 from sim.model_config import resolve_model
 from sim.simulator import SimConfig, simulate
@@ -115,3 +116,27 @@ def test_decode_run_stops_before_an_eos_token() -> None:
     assert steps_before_token_stop(s, tokens, 18) == 2  # a samples EOS in the third step
     tokens = {"a": [600] * 10, "b": [600, 7]}
     assert steps_before_token_stop(s, tokens, 18) == 1
+
+
+class _PerStepCost:
+    """The roofline without its bulk `decode_run_times`: decode runs are timed per step."""
+
+    def step_time(self, features: BatchFeatures) -> float:
+        return COST.step_time(features)
+
+    def describe(self) -> dict[str, object]:
+        return {}
+
+
+@pytest.mark.parametrize("name", ["random", "prefix", "multi_turn"])
+def test_bulk_decode_run_times_give_the_per_step_records(name: str) -> None:
+    trace = traces()[name]
+    config = SimConfig(
+        scheduler=SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=16,
+                                  max_model_len=4096),
+        cache=CacheConfig(block_size=16, num_blocks=4000), check_invariants=True)
+    assert decode_run_timer(COST) is not None and decode_run_timer(_PerStepCost()) is None  # type: ignore[arg-type]
+    bulk = simulate(trace, config, COST)
+    per_step = simulate(trace, config, _PerStepCost())  # type: ignore[arg-type]
+    assert [s.to_row() for s in bulk.steps] == [s.to_row() for s in per_step.steps]
+    assert [r.to_row() for r in bulk.requests] == [r.to_row() for r in per_step.requests]
