@@ -60,12 +60,19 @@ def make_block_hasher(block_size: int) -> BlockHasher:
     """
     length_prefix = block_size.to_bytes(4, "little")
     block_bytes = 8 * block_size
+    sha256 = hashlib.sha256
 
     def new_block_hashes(request: Request) -> list[BlockHash]:
-        first = len(request.block_hashes)
+        block_hashes = request.block_hashes
+        first = len(block_hashes)
         last = request.num_tokens // block_size  # blocks [first, last) are new
         if last <= first:
             return []
+        if (last == first + 1 and first and request.lora_name is None
+                and request.cache_salt is None):  # one more block of a plain request
+            tokens = request.all_token_ids[first * block_size : last * block_size]
+            data = (tokens if isinstance(tokens, array) else array("q", tokens)).tobytes()
+            return [sha256(block_hashes[-1] + length_prefix + data).digest()]
         tokens = request.all_token_ids[first * block_size : last * block_size]
         data = (tokens if isinstance(tokens, array) else array("q", tokens)).tobytes()
         plain = request.lora_name is None and request.cache_salt is None

@@ -136,14 +136,50 @@ class BlockPool:
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop blocks from the head of the free queue, evicting any cached hash they carry."""
-        if num_blocks > self.num_free_blocks:
+        queue = self.free_block_queue
+        if num_blocks > queue.num_free_blocks:
             raise ValueError(f"cannot get {num_blocks} free blocks from the pool")
-        blocks = self.free_block_queue.popleft_n(num_blocks)
-        for block in blocks:
-            if block.block_hash is not None:
-                self._evict(block)
+        # `popleft_n` and `_evict` in one walk (evicting does not touch the queue)
+        cached_blocks = self.cached_blocks
+        blocks = []
+        head = queue._head
+        block = head.next
+        for _ in range(num_blocks):
+            assert block is not None
+            blocks.append(block)
+            following = block.next
+            block.prev = block.next = None
+            block_hash = block.block_hash
+            if block_hash is not None:
+                entry = cached_blocks[block_hash]
+                del entry[block.block_id]
+                if not entry:
+                    del cached_blocks[block_hash]
+                block.block_hash = None
             block.ref_cnt = 1
+            block = following
+        assert block is not None
+        head.next, block.prev = block, head
+        queue.num_free_blocks -= num_blocks
         return blocks
+
+    def get_new_block(self) -> KVCacheBlock:
+        """`get_new_blocks(1)[0]`, without the list."""
+        queue = self.free_block_queue
+        if queue.num_free_blocks < 1:
+            raise ValueError("cannot get 1 free blocks from the pool")
+        head = queue._head
+        block = head.next
+        assert block is not None
+        following = block.next
+        assert following is not None
+        head.next, following.prev = following, head
+        block.prev = block.next = None
+        queue.num_free_blocks -= 1
+        if block.block_hash is not None:
+            self._evict(block)
+        block.ref_cnt = 1
+        return block
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take a reference on cache hits; a free hit leaves the free queue (never evicted)."""
@@ -160,15 +196,31 @@ class BlockPool:
         request's longest-prefix block is the first of its blocks to be evicted.
         """
         unhashed: list[KVCacheBlock] = []
-        hashed: list[KVCacheBlock] = []
+        queue = self.free_block_queue
+        null_block = self.null_block
+        # hashed blocks are linked in at the tail as they come (`append_n`, inlined)
+        tail = queue._tail
+        last = tail.prev
+        assert last is not None
+        num_hashed = 0
         for block in ordered_blocks:
-            if block is self.null_block:
+            if block is null_block:
                 continue
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                (unhashed if block.block_hash is None else hashed).append(block)
-        self.free_block_queue.prepend_n(unhashed)
-        self.free_block_queue.append_n(hashed)
+            ref_cnt = block.ref_cnt - 1
+            block.ref_cnt = ref_cnt
+            if ref_cnt == 0:
+                if block.block_hash is None:
+                    unhashed.append(block)
+                else:
+                    block.prev = last
+                    last.next = block
+                    last = block
+                    num_hashed += 1
+        if num_hashed:
+            last.next, tail.prev = tail, last
+            queue.num_free_blocks += num_hashed
+        if unhashed:
+            queue.prepend_n(unhashed)
 
     def cache_block(self, block: KVCacheBlock, block_hash: BlockHash) -> None:
         """Register a full block under its hash. A block is never re-hashed."""
@@ -188,6 +240,17 @@ class BlockPool:
                 cached_blocks[block_hash] = {block.block_id: block}
             else:
                 entry[block.block_id] = block
+
+    def cache_full_block(self, block: KVCacheBlock, block_hash: BlockHash) -> None:
+        """`cache_block`, without the sequences."""
+        if block.block_hash is not None or block is self.null_block:
+            return
+        block.block_hash = block_hash
+        entry = self.cached_blocks.get(block_hash)
+        if entry is None:
+            self.cached_blocks[block_hash] = {block.block_id: block}
+        else:
+            entry[block.block_id] = block
 
     def _evict(self, block: KVCacheBlock) -> None:
         block_hash = block.block_hash

@@ -132,11 +132,19 @@ def run_decode_steps(s: Scheduler, num_steps: int,
         request.extend_output_tokens(tokens[request.request_id][:num_steps])
         request.num_computed_tokens += num_steps
     free_after = []
+    get_new_block = pool.get_new_block
+    queue = pool.free_block_queue
+    caching = kv.enable_caching
+    cache_full_blocks = kv.cache_full_blocks
     for step in range(num_steps):
-        for i in groups.get(-step % block_size, ()):
-            tables[i].extend(pool.get_new_blocks(1))
-        free_after.append(pool.num_free_blocks)
-        if kv.enable_caching:
-            for i in groups.get((-step - 1) % block_size, ()):
-                kv.cache_full_blocks(running[i], tables[i], computed[i] + step + 1)
+        takers = groups.get(-step % block_size)
+        if takers is not None:
+            for i in takers:
+                tables[i].append(get_new_block())
+        free_after.append(queue.num_free_blocks)
+        if caching:
+            fillers = groups.get((-step - 1) % block_size)
+            if fillers is not None:
+                for i in fillers:
+                    cache_full_blocks(running[i], tables[i], computed[i] + step + 1)
     return free_after

@@ -141,12 +141,17 @@ class KVCacheManager:
     ) -> None:
         """Register the blocks that `num_tokens` computed tokens fill, before the model runs,
         so a request admitted later in the same step can already hit them."""
-        num_full = min(num_tokens // self.block_size, len(request.block_hashes))
-        start = self.num_cached_block.get(request.request_id, 0)
+        block_hashes = request.block_hashes
+        num_full = min(num_tokens // self.block_size, len(block_hashes))
+        req_id = request.request_id
+        start = self.num_cached_block.get(req_id, 0)
         if num_full <= start:
             return
-        self.block_pool.cache_blocks(table[start:num_full], request.block_hashes[start:num_full])
-        self.num_cached_block[request.request_id] = num_full
+        if num_full == start + 1:  # the usual case: a decode filled one block
+            self.block_pool.cache_full_block(table[start], block_hashes[start])
+        else:
+            self.block_pool.cache_blocks(table[start:num_full], block_hashes[start:num_full])
+        self.num_cached_block[req_id] = num_full
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first (see `BlockPool.free_blocks`)."""
