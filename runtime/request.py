@@ -170,7 +170,8 @@ class Request:
         """Append several sampled tokens at once and hash the blocks they complete."""
         self._all_token_ids.extend(token_ids)
         self.num_tokens += len(token_ids)
-        if self._hash_block_size:
+        if (self._hash_block_size
+                and self.num_tokens // self._hash_block_size > len(self.block_hashes)):
             self.block_hashes.extend(self._block_hasher(self))  # type: ignore[misc]
 
     def append_output_token(self, token_id: int) -> None:

@@ -40,7 +40,7 @@ from runtime.records import RunResult
 from sim.cost_model import ApiServerCost, CostModel, decode_run_timer
 from sim.step_noise import StepNoise
 from workloads import Trace, TraceRequest
-from workloads.tokens import output_token_array, prompt_token_array
+from workloads.tokens import request_token_arrays
 
 Progress = Callable[[int, int], None]  # (requests finished, requests in the trace)
 
@@ -125,10 +125,11 @@ class _Simulation:
 
     def make_request(self, req: TraceRequest) -> Request:
         cfg = self.config
-        self.outputs[req.request_id] = output_token_array(req, cfg.vocab_size, cfg.seed)
+        prompt, self.outputs[req.request_id] = request_token_arrays(req, cfg.vocab_size,
+                                                                    cfg.seed)
         return Request(
             req.request_id,
-            prompt_token_array(req, cfg.vocab_size, cfg.seed),  # 8 bytes per token
+            prompt,  # 8 bytes per token
             SamplingParams(max_tokens=req.output_len, ignore_eos=True),
             arrival_time=req.arrival_s,
             priority=req.priority,

@@ -78,6 +78,17 @@ def output_token_array(req: TraceRequest, vocab_size: int, seed: int) -> array[i
     return _stream_array([(req.output_key, req.output_len)], vocab_size, seed)
 
 
+def request_token_arrays(req: TraceRequest, vocab_size: int,
+                         seed: int) -> tuple[array[int], array[int]]:
+    """(`prompt_token_array`, `output_token_array`) of a request, computed together."""
+    if req.prompt_token_ids is not None:
+        return array("q", req.prompt_token_ids), output_token_array(req, vocab_size, seed)
+    both = _stream_array([*prompt_pieces(req), (req.output_key, req.output_len)],
+                         vocab_size, seed)
+    prompt_len = len(both) - req.output_len
+    return both[:prompt_len], both[prompt_len:]
+
+
 def _stream_array(pieces: Sequence[tuple[str, int]], vocab_size: int, seed: int) -> array[int]:
     """`_concat_streams` computed in place in an `array("q")` (no copy out of numpy)."""
     tokens = array("q", _ZEROS) * sum(length for _, length in pieces)

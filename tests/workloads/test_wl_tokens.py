@@ -24,6 +24,7 @@ from workloads.tokens import (
     output_token_array,
     prompt_pieces,
     prompt_token_array,
+    request_token_arrays,
 )
 
 from .helpers import FIXTURES
@@ -170,3 +171,17 @@ def test_token_arrays_of_the_mooncake_fixture_equal_the_lists() -> None:
 def test_token_arrays_check_the_vocab() -> None:
     with pytest.raises(TraceError):
         prompt_token_array(TraceRequest("r", 0.0, 3, 1), 10, 0)
+
+
+@pytest.mark.parametrize("req", [
+    TraceRequest("a", 0.0, 1000, 7, hash_ids=(7, 8), hash_block_size=512),
+    TraceRequest("r", 0.0, 30, 4, segments=(Span("p:sys", 10), Span("u:r", 20))),
+    TraceRequest("u", 0.0, 77, 1),
+    TraceRequest("x", 0.0, 3, 2, prompt_token_ids=(1, 2, 3)),
+])
+def test_request_token_arrays_are_the_prompt_and_output_arrays(req: TraceRequest) -> None:
+    prompt, output = request_token_arrays(req, VOCAB, 4)
+    assert prompt == prompt_token_array(req, VOCAB, 4)
+    assert output == output_token_array(req, VOCAB, 4)
+    prompt.append(11)
+    output.append(11)
