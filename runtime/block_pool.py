@@ -152,9 +152,10 @@ class BlockPool:
             block_hash = block.block_hash
             if block_hash is not None:
                 entry = cached_blocks[block_hash]
-                del entry[block.block_id]
-                if not entry:
+                if len(entry) == 1:  # only this block (it is filed under its hash)
                     del cached_blocks[block_hash]
+                else:
+                    del entry[block.block_id]
                 block.block_hash = None
             block.ref_cnt = 1
             block = following

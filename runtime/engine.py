@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from runtime.batch import BatchFeatures, describe_batch
 from runtime.decode_run import (
-    all_decoding,
     decode_run_limit,
     plain_decode_wait_reason,
     run_decode_steps,
@@ -117,9 +116,9 @@ class EngineCore:
         than are run).
         """
         scheduler = self.scheduler
-        if self._inbox or clock >= horizon or not all_decoding(scheduler):
+        if self._inbox or clock >= horizon:
             return None
-        limit = decode_run_limit(scheduler)
+        limit = decode_run_limit(scheduler)  # 0 unless every running request decodes
         if limit <= 0:
             return None
         running = scheduler.running

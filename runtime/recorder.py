@@ -251,22 +251,26 @@ class Recorder:
         assert self._last_end is not None, "a decode run follows a busy step"
         starts = [self._last_end, *ends[:-1]]
         spans = [end - start for start, end in zip(starts, ends, strict=True)]
-        first_step_total = self._span_total
+        first_step_total = total = self._span_total
         for span in spans:  # the same additions, in the same order, as stepping
-            self._span_total += span
+            total += span
+        self._span_total = total
         if wait_reason is not None:
             index = WAIT_REASONS.index(wait_reason)
+            queued = self._queue_totals[index]
             for span in spans:
-                self._queue_totals[index] += span
+                queued += span
+            self._queue_totals[index] = queued
         self._last_end = ends[-1]
         count = len(ends)
         decode_kv = range(decode_kv_tokens, decode_kv_tokens + count * num_seqs, num_seqs) \
             if num_seqs else [decode_kv_tokens] * count
+        zeros = [0] * count
+        seqs = [num_seqs] * count
         columns: tuple[Sequence[object], ...] = (
             range(self.num_steps, self.num_steps + count), starts, ends, durations,
-            [0] * count, [num_seqs] * count, [num_seqs] * count, [0] * count, [0] * count,
-            [0] * count, decode_kv, decode_kv, kv_usages, [len(request_ids)] * count,
-            [num_waiting] * count, [0] * count, [0] * count,
+            zeros, seqs, seqs, zeros, zeros, zeros, decode_kv, decode_kv, kv_usages,
+            [len(request_ids)] * count, [num_waiting] * count, zeros, zeros,
             [None if wait_reason is None else wait_reason.value] * count,
         )
         for column, values in zip(self._columns, columns, strict=True):
@@ -274,9 +278,13 @@ class Recorder:
         # One `_schedule` per request does what the steps one by one would: open (or keep)
         # a decode run at the first step, extend it to the last.
         self._span_total_before_step = first_step_total
+        live_requests = self.live
         for req_id in request_ids:
-            live = self.live[req_id]
-            self._schedule(live, "decode", self._span_total)
+            live = live_requests[req_id]
+            if live.kind == "decode" and live.run_end == first_step_total:
+                live.run_end = total  # its open decode run goes on: `_schedule`'s no-op case
+            else:
+                self._schedule(live, "decode", total)
             live.record.token_times_s.extend(ends)
         self._interval_start = self._last_end
         self._last_reason = wait_reason
