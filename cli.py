@@ -75,7 +75,7 @@ _StepNoise = Annotated[bool, typer.Option(
     "--step-noise", help="Scatter each step's predicted time as the profile's calibration "
     "steps scattered around the fit (needs a profile fitted on replay steps; seeded; "
     "raises the tails of TTFT, which waits for the step in progress; with the profile's "
-    "drift table, also per 0.25 s window).")]
+    "drift table, also per the profile's drift window).")]
 _StepDrift = Annotated[bool, typer.Option(
     "--step-drift", help="Fit the step-time scatter as a per-step factor times a slow drift "
     "per 0.25 s window (the machine's slow and fast periods) instead of i.i.d. per step. "
@@ -1385,6 +1385,9 @@ def _profile_from_steps(paths: list[Path], target: str, api_server: object = Non
     if drift:
         noise = fit_step_noise([(run.start_s, run.seconds,
                                  predict(fit.coefficients, run.features)) for run in runs])
+        if noise.drift_quantiles is None:
+            _note(["--step-drift: fewer than 2 windows of 0.25 s with 8+ steps in these "
+                   "replays; the profile has i.i.d. step-time scatter only"])
     else:
         noise = StepNoiseFit(ratio_quantiles(seconds, predict(fit.coefficients, features)))
     return make_profile(
@@ -1528,6 +1531,8 @@ def fidelity(
         if step_drift and (profile is not None or (calibrate_on == "grid" and not fit_on_replay)):
             fail("--step-drift needs a profile fitted here on replays (--calibrate-on replay or "
                  "--fit-on-replay, no --profile)")
+        if step_drift and not step_noise:
+            fail("--step-drift with --no-step-noise: the drift would be fitted and not used")
         trace = _replay_trace(trace_file, fmt, math.inf, 1.0, seed, first_n, time_scale)
         setup, tokenizer = _replay_setup(
             model, device=device, dtype=dtype, max_num_batched_tokens=max_num_batched_tokens,
@@ -1654,14 +1659,15 @@ def _fidelity_simulate(trace: workloads.Trace, setup: RealSetup, profile: Path,
         config = (sim.config if noise is None else dataclasses.replace(
             sim.config, step_noise=dataclasses.replace(noise, seed=args.seed + i)))
         result = run_simulation(trace, config, sim.cost_model)
-        info = {"kind": "simulate", "rt_version": _version(), "name": "sim",
+        name = f"sim-{i + 1}" if i else "sim"
+        info = {"kind": "simulate", "rt_version": _version(), "name": name,
                 "trace": {"name": trace.name, "requests": len(trace),
                           "digest": workloads.trace_digest(trace)},
                 "wall_s": round(result.wall_s, 3),
                 "prefix_cache": {"queries": result.prefix_cache_queries,
                                  "hits": result.prefix_cache_hits}, **sim.describe(),
                 "step_noise_seed": None if noise is None else args.seed + i}
-        paths.append(root / (f"sim-{i + 1}" if i else "sim"))
+        paths.append(root / name)
         write_run(paths[-1], [r.to_row() for r in result.requests], result.step_columns, info)
     return paths
 

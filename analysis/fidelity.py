@@ -14,8 +14,9 @@ system's expectation, not one draw of it) and `noise` the largest deviation of o
 from that mean: how far the real system is from itself, the resolution at which this machine
 can judge any simulator. Likewise with several simulated runs (step-time noise drawn from
 different seeds): `sim` is their mean and `sim_noise` the largest deviation of one from it.
-The per-step and per-request views use the first real and the first simulated run; the
-per-request view of the second real run against the first is reported as noise too.
+The per-step view is the first real run's measured steps against the profile's predictions
+of them (no simulated run involved); the per-request view is the first real run against the
+first simulated run, and the second real run against the first is reported as noise too.
 
 `gate` names the errors above a tolerance (the goal metrics: p50/p90 of TTFT and ITL).
 """

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.cost_model import ApiServerCost, ProfileCoefficients, ProfileCostModel
+from sim.step_noise import MIN_DRIFT_WINDOW_S
 
 PROFILE_FORMAT = "rt-profile"
 PROFILE_VERSION = 1
@@ -152,7 +153,7 @@ class _Reader:
         value = self.get(data, key, prefix)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.fail(f"field {prefix + key!r} must be a number, got {value!r}")
-        if not math.isfinite(value) or value < 0:
+        if _finite(value) is None or value < 0:
             raise self.fail(f"field {prefix + key!r} must be a finite number >= 0, got {value!r}")
         return float(value)
 
@@ -220,22 +221,33 @@ class _Reader:
             raise self.fail("field 'step_time_drift_quantiles' needs field "
                             "'step_time_quantiles'")
         table = self.quantiles(drift, "step_time_drift_quantiles")
-        if (isinstance(window, bool) or not isinstance(window, int | float)
-                or not math.isfinite(window) or window <= 0):
-            raise self.fail("field 'step_time_drift_window_s' must be a finite number > 0, "
-                            f"got {window!r}")
-        return table, float(window)
+        seconds = _finite(window)
+        if seconds is None or seconds < MIN_DRIFT_WINDOW_S:
+            raise self.fail("field 'step_time_drift_window_s' must be a finite number >= "
+                            f"{MIN_DRIFT_WINDOW_S:g} (seconds), got {window!r}")
+        return table, seconds
 
     def quantiles(self, value: object, name: str) -> tuple[float, ...]:
         """A quantile table (field `name`): >= 2 positive finite numbers, non-decreasing."""
         ok = (isinstance(value, list) and len(value) >= 2
-              and all(isinstance(v, int | float) and not isinstance(v, bool)
-                      and math.isfinite(v) and v > 0 for v in value)
+              and all((f := _finite(v)) is not None and f > 0 for v in value)
               and all(b >= a for a, b in zip(value, value[1:], strict=False)))
         if not ok:
             raise self.fail(f"field {name!r} must be a list of 2 or more "
                             f"positive numbers in non-decreasing order, got {value!r}")
         return tuple(float(v) for v in value)  # type: ignore[union-attr]
+
+
+def _finite(value: object) -> float | None:
+    """`value` as a float when it is a JSON number (not a bool) with a finite float value,
+    else None (an integer too large for a float is None, not an OverflowError)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def profile_from_json_dict(data: object, source: str = "<profile>") -> Profile:

@@ -136,7 +136,7 @@ def test_fidelity_calibrates_on_a_separate_replay(tiny_dir: Path, tmp_path: Path
     real = json.loads((out_dir / "real" / "run.json").read_text())
     real_2 = json.loads((out_dir / "real-2" / "run.json").read_text())
     assert real_2["trace"]["digest"] == real["trace"]["digest"]  # the same trace, twice
-    written = sorted(["calibration", "real", "real-2", "calibration-2"],
+    written = sorted(["calibration-2", "real-2", "real", "calibration"],  # not the answer
                      key=lambda name: (out_dir / name / "run.json").stat().st_mtime_ns)
     assert written == ["calibration", "real", "real-2", "calibration-2"]  # C R, R C
     assert calibration_2["trace"]["digest"] != calibration["trace"]["digest"]
@@ -152,6 +152,7 @@ def test_fidelity_calibrates_on_a_separate_replay(tiny_dir: Path, tmp_path: Path
             for name in ("sim", "sim-2", "sim-3")]
     assert [run["step_noise"] for run in sims] == [True] * 3
     assert [run["step_noise_seed"] for run in sims] == [0, 1, 2]
+    assert [run["name"] for run in sims] == ["sim", "sim-2", "sim-3"]
     assert {run["seed"] for run in sims} == {0}  # the token ids stay the replay's
     assert report["sim_runs"] == 3 and report["metrics"]["p50_ttft_ms"]["sim_noise"] > 0
     steps = [len(pd.read_parquet(out_dir / name / "steps.parquet"))
@@ -172,3 +173,7 @@ def test_fidelity_calibrates_on_a_separate_replay(tiny_dir: Path, tmp_path: Path
     code, _, err = _invoke("fidelity", str(trace_path), "--model", str(tiny_dir),
                            "--sim-runs", "0", "--result-dir", str(tmp_path / "x"))
     assert code == 2 and "--sim-runs must be >= 1, got 0" in err
+    code, _, err = _invoke("fidelity", str(trace_path), "--model", str(tiny_dir),
+                           "--step-drift", "--no-step-noise", "--result-dir", str(tmp_path / "x"))
+    assert code == 2 and "--step-drift with --no-step-noise" in err
+    assert not (tmp_path / "x").exists()  # refused before anything ran

@@ -10,6 +10,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from runtime import BatchFeatures, CacheConfig, SchedulerConfig
@@ -122,7 +123,8 @@ def test_drift_is_shared_within_a_window_and_varies_between_windows() -> None:
     ((1.0,), 0.1, "StepNoise.drift_quantiles needs >= 2"),
     ((1.0, 0.0), 0.1, "StepNoise.drift_quantiles must be finite and > 0"),
     ((2.0, 1.0), 0.1, "StepNoise.drift_quantiles must be non-decreasing"),
-    ((0.8, 1.2), 0.0, "StepNoise.drift_window_s must be finite and > 0"),
+    ((0.8, 1.2), 0.0, "StepNoise.drift_window_s must be finite and >= 1e-06 s"),
+    ((0.8, 1.2), 1e-320, "StepNoise.drift_window_s must be finite and >= 1e-06 s"),
     ((0.8, 1.2), -1.0, "StepNoise.drift_window_s"),
     ((0.8, 1.2), float("inf"), "StepNoise.drift_window_s"),
     ((0.8, 1.2), float("nan"), "StepNoise.drift_window_s"),
@@ -147,17 +149,19 @@ def _two_windows() -> tuple[list[float], list[float], list[float]]:
 
 def test_fit_step_noise_splits_drift_and_fast_scatter_by_hand() -> None:
     fit = fit_step_noise([_two_windows()], window_s=1.0, points=5, trim=0, min_steps=8)
-    # Speeds D = (2, 1), mean 1.5; quantiles at 0, .25, .5, .75, 1 of [1, 2].
-    assert fit.drift_quantiles == pytest.approx((1 / 1.5, 1.25 / 1.5, 1.0, 1.75 / 1.5,
-                                                 2 / 1.5), rel=1e-12)
+    # Speeds D = (2, 1), harmonic mean 4/3; quantiles at 0, .25, .5, .75, 1 of [1, 2].
+    assert fit.drift_quantiles == pytest.approx((0.75, 0.9375, 1.125, 1.3125, 1.5),
+                                                rel=1e-12)
     assert fit.drift_window_s == 1.0
     # Fast ratios (each window's ratios over its own speed): five each of 0.8, 0.9, 1.2 and
     # 1.3, mean 1.05; positions 0, 4.75, 9.5, 14.25, 19 of the 20 sorted values.
     assert fit.quantiles == pytest.approx(
         (0.8 / 1.05, 0.875 / 1.05, 1.0, 1.225 / 1.05, 1.3 / 1.05), rel=1e-12)
-    # The same trim as ratio_quantiles: [1, 2] clipped to [1.01, 1.99], mean 1.5.
+    # The same trim as ratio_quantiles: [1, 2] clipped to [1.01, 1.99].
     trimmed = fit_step_noise([_two_windows()], window_s=1.0, points=3, min_steps=8)
-    assert trimmed.drift_quantiles == pytest.approx((1.01 / 1.5, 1.0, 1.99 / 1.5), rel=1e-12)
+    inverse_mean = (1 / 1.01 + 1 / 1.99) / 2
+    assert trimmed.drift_quantiles == pytest.approx(
+        (1.01 * inverse_mean, 1.5 * inverse_mean, 1.99 * inverse_mean), rel=1e-12)
     assert trimmed.step_noise(7) == StepNoise(trimmed.quantiles, 7, trimmed.drift_quantiles,
                                               1.0)
 
@@ -168,7 +172,7 @@ def test_fit_step_noise_keeps_the_windows_of_runs_apart() -> None:
     fast_run = (start, [2.0] * 10, [1.0] * 10)
     slow_run = (start, [1.0] * 10, [1.0] * 10)
     fit = fit_step_noise([fast_run, slow_run], window_s=1.0, points=3, trim=0)
-    assert fit.drift_quantiles == pytest.approx((1 / 1.5, 1.0, 2 / 1.5), rel=1e-12)
+    assert fit.drift_quantiles == pytest.approx((0.75, 1.125, 1.5), rel=1e-12)
     assert fit.quantiles == (1.0, 1.0, 1.0)
 
 
@@ -303,7 +307,14 @@ def test_profile_carries_the_drift_and_build_setup_uses_it(tmp_path: Path) -> No
      "list of 2 or more positive numbers"),
     ({"step_time_drift_quantiles": [1.0]}, "field 'step_time_drift_quantiles' must be a list"),
     ({"step_time_drift_window_s": 0}, "field 'step_time_drift_window_s' must be a finite "
-     "number > 0, got 0"),
+     r"number >= 1e-06 \(seconds\), got 0"),
+    ({"step_time_drift_window_s": 1e-320}, "field 'step_time_drift_window_s' must be a finite"),
+    ({"step_time_drift_window_s": 10**400}, "field 'step_time_drift_window_s' must be a finite"),
+    ({"step_time_drift_quantiles": [1, 10**400]}, "field 'step_time_drift_quantiles' must be "
+     "a list"),
+    ({"step_time_quantiles": [1, 10**400]}, "field 'step_time_quantiles' must be a list"),
+    ({"coefficients": {"constant_s": 10**400}}, "field 'coefficients.constant_s' must be a "
+     "finite number"),
     ({"step_time_drift_window_s": -0.5}, "field 'step_time_drift_window_s' must be a finite"),
     ({"step_time_drift_window_s": "0.25"}, "field 'step_time_drift_window_s' must be a finite"),
     ({"step_time_drift_window_s": True}, "field 'step_time_drift_window_s' must be a finite"),
@@ -328,3 +339,33 @@ def test_profile_object_needs_the_drift_fields_together() -> None:
         _profile((0.5, 1.5), None, 0.25)
     with pytest.raises(ValueError, match="needs step_time_quantiles"):
         _profile(None, (0.8, 1.2), 0.25)
+
+
+def _drifting_replay(rng: np.random.Generator, windows: int, sigma: float
+                     ) -> tuple[list[float], list[float], list[float]]:
+    """Back-to-back 10 ms predicted steps on a machine whose speed D_w ~ lognormal(0, sigma)
+    changes every 0.25 s (per-step scatter on top), measured times rescaled so that
+    Σmeasured = Σpredicted, as a fit on these steps would make them."""
+    start, measured, t = [], [], 0.0
+    speeds = np.exp(rng.normal(0.0, sigma, windows))
+    while t < windows * 0.25:
+        duration = 0.01 * speeds[int(t / 0.25)] * float(np.exp(rng.normal(0.0, 0.2)))
+        start.append(t)
+        measured.append(duration)
+        t += duration
+    scale = 0.01 * len(measured) / sum(measured)
+    return start, [m * scale for m in measured], [0.01] * len(measured)
+
+
+def test_fitted_drift_keeps_simulated_busy_time_unbiased() -> None:
+    """Windows of fixed length: a slow one does less predicted work, so the work done per
+    second is E[1/D]. The drift table is scaled to harmonic mean 1; an arithmetic mean of 1
+    ran this replay's simulation ~8% fast."""
+    start, measured, predicted = _drifting_replay(np.random.default_rng(3), 2000, 0.3)
+    fit = fit_step_noise([(start, measured, predicted)], window_s=0.25, min_steps=1)
+    assert fit.drift_quantiles is not None
+    noise = fit.step_noise(seed=5)
+    clock, steps = 0.0, 20_000  # 10 ms each, predicted: 200 s of work, ~800 windows
+    for k in range(steps):
+        clock += 0.01 * noise.factor(k, clock)
+    assert clock / (steps * 0.01) == pytest.approx(1.0, abs=0.02)
