@@ -29,7 +29,7 @@ and start, not of a random stream, stepping one by one and fast-forwarding a run
 decode steps give the same durations.
 
 Measured (README, "Calibration and fidelity"): over six 8-run sets on this project's CPU VM
-the drift did not beat i.i.d. scatter (mean |error| of p50/p90 TTFT and ITL 2.1% vs 1.6%
+the drift did not beat i.i.d. scatter (mean |error| of p50/p90 TTFT and ITL 3.3% vs 1.6%
 in-sample), so profiles are fitted without it unless asked.
 """
 
