@@ -3,12 +3,25 @@ one: same step rows, same request rows, same floats."""
 
 from __future__ import annotations
 
+import math
+import random
+from collections.abc import Sequence
+
 import pytest
 
 from runtime import CacheConfig, SchedulerConfig
 from runtime.batch import BatchFeatures
 from runtime.decode_run import decode_run_limit, run_decode_steps, steps_before_token_stop
-from sim.cost_model import ApiServerCost, RooflineCostModel, decode_run_timer
+from runtime.engine import EngineCore, _bulk_decode_times
+from sim.cost_model import (
+    ApiServerCost,
+    CostModel,
+    DecodeRunTimes,
+    ProfileCoefficients,
+    ProfileCostModel,
+    RooflineCostModel,
+    decode_run_timer,
+)
 from sim.hardware import resolve_gpu
 from sim.model_config import resolve_model
 from sim.simulator import SimConfig, simulate
@@ -140,3 +153,63 @@ def test_bulk_decode_run_times_give_the_per_step_records(name: str) -> None:
     per_step = simulate(trace, config, _PerStepCost())  # type: ignore[arg-type]
     assert [s.to_row() for s in bulk.steps] == [s.to_row() for s in per_step.steps]
     assert [r.to_row() for r in bulk.requests] == [r.to_row() for r in per_step.requests]
+
+
+BULK_COSTS: list[CostModel] = [
+    COST,
+    RooflineCostModel(resolve_model("llama-3.1-70b"), resolve_gpu("h100-sxm"),
+                      tensor_parallel_size=8),
+    ProfileCostModel(ProfileCoefficients(
+        constant_s=2.1e-3, per_prefill_token_s=7.5e-5, per_decode_token_s=3.0e-5,
+        per_seq_s=4.0e-6, per_prefill_attention_pair_s=1.2e-9, per_decode_kv_token_s=2.5e-8)),
+]
+
+
+def test_bulk_decode_times_equal_per_step_ones_across_chunks() -> None:
+    """`_bulk_decode_times` (chunks of 32, doubling) gives `_decode_times`'s ends and
+    durations exactly, for runs spanning several chunks and horizons cutting any of them."""
+    rng = random.Random(20261130)
+    max_calls = 0
+    many_chunks = 0
+    for case in range(400):
+        model = BULK_COSTS[case % len(BULK_COSTS)]
+        timer = decode_run_timer(model)
+        assert timer is not None
+        calls: list[int] = []
+
+        def run_times(num_seqs: int, kv: int, count: int, timer: DecodeRunTimes = timer,
+                      calls: list[int] = calls) -> Sequence[float]:
+            calls.append(count)
+            return timer(num_seqs, kv, count)
+
+        def step_time(features: BatchFeatures, start: float,
+                      model: CostModel = model) -> float:
+            return model.step_time(features)
+
+        clock = rng.choice([0.0, rng.uniform(0.0, 5e3)])
+        limit = rng.randint(1, 700)
+        num_running = rng.randint(1, 64)
+        kv_tokens = num_running * rng.randint(1, 4000)
+        unbounded, _ = EngineCore._decode_times(clock, math.inf, step_time, limit,
+                                                num_running, kv_tokens)
+        kind = case % 4
+        if kind == 0:
+            horizon = math.inf
+        elif kind == 1:  # exactly at a step's end: that step is the last one run
+            horizon = rng.choice(unbounded)
+        elif kind == 2:  # strictly between two ends (or before the first one)
+            k = rng.randrange(len(unbounded))
+            low = clock if k == 0 else unbounded[k - 1]
+            horizon = low + (unbounded[k] - low) * rng.uniform(0.01, 0.99)
+        else:  # tiny: the first step only, or none
+            horizon = clock + rng.choice([0.0, 1e-12, (unbounded[0] - clock) / 2])
+        expected = EngineCore._decode_times(clock, horizon, step_time, limit, num_running,
+                                            kv_tokens)
+        got = _bulk_decode_times(clock, horizon, run_times, limit, num_running, kv_tokens)
+        assert got == expected, (case, clock, horizon, limit, num_running, kv_tokens)
+        assert all(type(t) is float for t in got[0] + got[1])
+        assert sum(calls) >= len(got[0])
+        max_calls = max(max_calls, len(calls))
+        many_chunks += len(calls) >= 3
+    assert max_calls >= 5  # 32 + 64 + 128 + 256 < 700 steps
+    assert many_chunks >= 50
