@@ -68,32 +68,26 @@ def make_block_hasher(block_size: int) -> BlockHasher:
         last = request.num_tokens // block_size  # blocks [first, last) are new
         if last <= first:
             return []
-        if (last == first + 1 and first and request.lora_name is None
-                and request.cache_salt is None):  # one more block of a plain request
-            tokens = request.all_token_ids[first * block_size : last * block_size]
-            data = (tokens if isinstance(tokens, array) else array("q", tokens)).tobytes()
-            return [sha256(block_hashes[-1] + length_prefix + data).digest()]
         tokens = request.all_token_ids[first * block_size : last * block_size]
         data = (tokens if isinstance(tokens, array) else array("q", tokens)).tobytes()
-        plain = request.lora_name is None and request.cache_salt is None
-        parent = request.block_hashes[-1] if request.block_hashes else NONE_HASH
-        hashes: list[BlockHash] = []
-        if plain:  # the loop below for plain requests, tightened (most prompt blocks)
+        parent = block_hashes[-1] if first else NONE_HASH
+        if request.lora_name is None and request.cache_salt is None:  # no extra keys: most
+            if last == first + 1:  # one block (a decode completing one): the loop run once
+                return [sha256(parent + length_prefix + data).digest()]
+            hashes: list[BlockHash] = []
             append = hashes.append
             for offset in range(0, len(data), block_bytes):
                 parent = sha256(parent + length_prefix + data[offset : offset + block_bytes]
                                 ).digest()
                 append(parent)
             return hashes
+        hashes = []
         for index in range(first, last):
             offset = (index - first) * block_bytes
-            chunk = data[offset : offset + block_bytes]
-            if plain:
-                parent = hashlib.sha256(parent + length_prefix + chunk).digest()
-            else:
-                extra = block_extra_keys(index, request.lora_name, request.lora_path,
-                                         request.cache_salt)
-                parent = _hash_packed(parent, length_prefix + chunk, extra)
+            extra = block_extra_keys(index, request.lora_name, request.lora_path,
+                                     request.cache_salt)
+            parent = _hash_packed(parent, length_prefix + data[offset : offset + block_bytes],
+                                  extra)
             hashes.append(parent)
         return hashes
 

@@ -139,7 +139,8 @@ class BlockPool:
         queue = self.free_block_queue
         if num_blocks > queue.num_free_blocks:
             raise ValueError(f"cannot get {num_blocks} free blocks from the pool")
-        # `popleft_n` and `_evict` in one walk (evicting does not touch the queue)
+        # `popleft_n` and `_evict` in one walk (evicting does not touch the queue); `_evict`
+        # inlined: a call per evicted block costs ~60-100 ns, this being the prefill path
         cached_blocks = self.cached_blocks
         blocks = []
         head = queue._head
@@ -168,7 +169,7 @@ class BlockPool:
         """`get_new_blocks(1)[0]`, without the list."""
         queue = self.free_block_queue
         if queue.num_free_blocks < 1:
-            raise ValueError("cannot get 1 free blocks from the pool")
+            raise ValueError("cannot get a free block from the pool")
         head = queue._head
         block = head.next
         assert block is not None
@@ -223,13 +224,9 @@ class BlockPool:
         if unhashed:
             queue.prepend_n(unhashed)
 
-    def cache_block(self, block: KVCacheBlock, block_hash: BlockHash) -> None:
-        """Register a full block under its hash. A block is never re-hashed."""
-        self.cache_blocks((block,), (block_hash,))
-
     def cache_blocks(self, blocks: Iterable[KVCacheBlock],
                      block_hashes: Iterable[BlockHash]) -> None:
-        """Register full blocks under their hashes, in order (see `cache_block`)."""
+        """Register full blocks under their hashes, in order (see `cache_full_block`)."""
         cached_blocks = self.cached_blocks
         null_block = self.null_block
         for block, block_hash in zip(blocks, block_hashes, strict=True):
@@ -243,7 +240,7 @@ class BlockPool:
                 entry[block.block_id] = block
 
     def cache_full_block(self, block: KVCacheBlock, block_hash: BlockHash) -> None:
-        """`cache_block`, without the sequences."""
+        """Register a full block under its hash. A block is never re-hashed."""
         if block.block_hash is not None or block is self.null_block:
             return
         block.block_hash = block_hash
@@ -254,12 +251,14 @@ class BlockPool:
             entry[block.block_id] = block
 
     def _evict(self, block: KVCacheBlock) -> None:
+        """Drop a free block's hash from the prefix cache (the block is being reused)."""
         block_hash = block.block_hash
         assert block_hash is not None
         entry = self.cached_blocks[block_hash]
-        del entry[block.block_id]
-        if not entry:
+        if len(entry) == 1:  # only this block (it is filed under its hash)
             del self.cached_blocks[block_hash]
+        else:
+            del entry[block.block_id]
         block.block_hash = None
 
     def reset_prefix_cache(self) -> bool:

@@ -56,14 +56,6 @@ def decode_run_timer(model: CostModel) -> DecodeRunTimes | None:
     return None
 
 
-def decode_run_step_times(model: CostModel, num_seqs: int, decode_kv_tokens: int,
-                          count: int) -> list[float]:
-    """What `decode_run_times` computes, by `step_time` per step (the generic path)."""
-    return [model.step_time(BatchFeatures(num_decode_tokens=num_seqs, num_seqs=num_seqs,
-                                          decode_kv_tokens=decode_kv_tokens + k * num_seqs))
-            for k in range(count)]
-
-
 def _check_number(owner: str, field: str, value: object, *, positive: bool) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{owner}.{field} must be a number, got {value!r}")

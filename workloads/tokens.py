@@ -165,7 +165,8 @@ def _fill_streams(out: np.ndarray, pieces: Sequence[tuple[str, int]], vocab_size
 
 
 def _splitmix64_inplace(z: np.ndarray) -> np.ndarray:
-    """`_splitmix64` overwriting `z` (uint64), with one scratch array."""
+    """SplitMix64 finaliser on a uint64 array (wrapping arithmetic), overwriting `z`, with
+    one scratch array."""
     scratch = np.right_shift(z, np.uint64(30))
     z ^= scratch
     z *= _MIX1
@@ -175,14 +176,6 @@ def _splitmix64_inplace(z: np.ndarray) -> np.ndarray:
     np.right_shift(z, np.uint64(31), out=scratch)
     z ^= scratch
     return z
-
-
-def _splitmix64(z: np.ndarray) -> np.ndarray:
-    """SplitMix64 finaliser on a uint64 array (wrapping arithmetic)."""
-    z = (z ^ (z >> np.uint64(30))) * _MIX1
-    z = (z ^ (z >> np.uint64(27))) * _MIX2
-    mixed: np.ndarray = z ^ (z >> np.uint64(31))
-    return mixed
 
 
 def _stream_base(key: str, seed: int) -> int:

@@ -36,8 +36,8 @@ def test_cannot_pop_more_blocks_than_free() -> None:
 def test_free_puts_unhashed_at_head_and_hashed_at_tail_in_given_order() -> None:
     pool = BlockPool(8, enable_caching=True)
     b1, b2, b3, b4 = pool.get_new_blocks(4)
-    pool.cache_block(b1, h(1))
-    pool.cache_block(b2, h(2))
+    pool.cache_full_block(b1, h(1))
+    pool.cache_full_block(b2, h(2))
     # A table [1, 2, 3, 4] freed reversed: unhashed [4, 3] to the head, hashed [2, 1] last.
     pool.free_blocks([b4, b3, b2, b1])
     assert pool.free_block_ids() == [4, 3, 5, 6, 7, 2, 1]
@@ -59,7 +59,7 @@ def test_shared_blocks_stay_out_of_the_queue_until_the_last_reference() -> None:
 def test_touching_a_free_cached_block_takes_it_out_of_the_middle_of_the_queue() -> None:
     pool = BlockPool(6, enable_caching=True)
     b1, b2 = pool.get_new_blocks(2)
-    pool.cache_block(b1, h(1))
+    pool.cache_full_block(b1, h(1))
     pool.free_blocks([b2, b1])
     assert pool.free_block_ids() == [2, 3, 4, 5, 1]
     hit = pool.get_cached_block(h(1))
@@ -72,9 +72,9 @@ def test_touching_a_free_cached_block_takes_it_out_of_the_middle_of_the_queue() 
 def test_popping_a_cached_block_evicts_only_its_own_hash_entry() -> None:
     pool = BlockPool(5, enable_caching=True)
     b1, b2, b3 = pool.get_new_blocks(3)
-    pool.cache_block(b1, h(7))
-    pool.cache_block(b2, h(7))  # the same block content computed twice: both registered
-    pool.cache_block(b3, h(8))
+    pool.cache_full_block(b1, h(7))
+    pool.cache_full_block(b2, h(7))  # the same block content computed twice: both registered
+    pool.cache_full_block(b3, h(8))
     assert pool.get_cached_block(h(7)) is b1  # the first inserted wins
     pool.free_blocks([b1])
     pool.free_blocks([b2])
@@ -88,15 +88,15 @@ def test_popping_a_cached_block_evicts_only_its_own_hash_entry() -> None:
 def test_a_block_is_never_rehashed() -> None:
     pool = BlockPool(3, enable_caching=True)
     (b1,) = pool.get_new_blocks(1)
-    pool.cache_block(b1, h(1))
-    pool.cache_block(b1, h(2))
+    pool.cache_full_block(b1, h(1))
+    pool.cache_full_block(b1, h(2))
     assert b1.block_hash == h(1) and pool.get_cached_block(h(2)) is None
 
 
 def test_reset_prefix_cache_needs_every_block_free() -> None:
     pool = BlockPool(4, enable_caching=True)
     b1, b2 = pool.get_new_blocks(2)
-    pool.cache_block(b1, h(1))
+    pool.cache_full_block(b1, h(1))
     assert pool.reset_prefix_cache() is False
     assert pool.get_cached_block(h(1)) is b1
     pool.free_blocks([b2, b1])
@@ -109,7 +109,7 @@ def test_usage_excludes_the_null_block_and_counts_cached_free_blocks_as_free() -
     pool = BlockPool(5, enable_caching=True)
     b1, b2, b3 = pool.get_new_blocks(3)
     assert pool.usage == pytest.approx(0.75)
-    pool.cache_block(b1, h(1))
+    pool.cache_full_block(b1, h(1))
     pool.free_blocks([b1])
     assert pool.usage == pytest.approx(0.5)
 

@@ -33,10 +33,15 @@ def _reference_free_blocks(pool: BlockPool, ordered_blocks: Iterable[KVCacheBloc
 
 
 def _reference_get_new_blocks(pool: BlockPool, num_blocks: int) -> list[KVCacheBlock]:
+    """`BlockPool.get_new_blocks` as it was first written (pop, then evict each block)."""
     blocks = pool.free_block_queue.popleft_n(num_blocks)
     for block in blocks:
         if block.block_hash is not None:
-            pool._evict(block)
+            entry = pool.cached_blocks[block.block_hash]
+            del entry[block.block_id]
+            if not entry:
+                del pool.cached_blocks[block.block_hash]
+            block.block_hash = None
         block.ref_cnt = 1
     return blocks
 
@@ -99,7 +104,7 @@ def test_fast_pool_paths_equal_the_reference_ones(seed: int) -> None:
 def test_get_new_block_refuses_an_empty_pool() -> None:
     pool = BlockPool(2, enable_caching=True)
     pool.get_new_block()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="cannot get a free block"):
         pool.get_new_block()
 
 

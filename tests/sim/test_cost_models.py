@@ -17,7 +17,6 @@ from sim.cost_model import (
     ProfileCostModel,
     RooflineCostModel,
     RooflineEfficiency,
-    decode_run_step_times,
     decode_run_timer,
 )
 from sim.hardware import resolve_gpu
@@ -269,6 +268,14 @@ BULK_MODELS: list[CostModel] = [
     ProfileCostModel(ProfileCoefficients(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)),
     ProfileCostModel(ProfileCoefficients(-0.0, 1e-3, 0.0, 3.3e-7, 0.0, 1.7e-9)),
 ]
+
+
+def decode_run_step_times(model: CostModel, num_seqs: int, decode_kv_tokens: int,
+                          count: int) -> list[float]:
+    """What `decode_run_times` computes, by `step_time` per step (the generic path)."""
+    return [model.step_time(BatchFeatures(num_decode_tokens=num_seqs, num_seqs=num_seqs,
+                                          decode_kv_tokens=decode_kv_tokens + k * num_seqs))
+            for k in range(count)]
 
 
 @settings(max_examples=300, deadline=None)

@@ -20,6 +20,7 @@ from workloads import (
     stream_token_ids,
 )
 from workloads.tokens import (
+    _splitmix64_inplace,
     _stream_base,
     output_token_array,
     prompt_pieces,
@@ -37,6 +38,22 @@ def test_pinned_stream_values() -> None:
     assert stream_token_ids("u:0", 8, 32000, 0) == [7089, 5863, 6265, 10096, 24570, 28785,
                                                      15128, 30292]
     assert stream_token_ids("h:0", 4, 128256, 1) == [47555, 41381, 22557, 10118]
+
+
+def _splitmix64(x: int) -> int:
+    """SplitMix64's finaliser on one integer (the reference for the numpy one)."""
+    mask = (1 << 64) - 1
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return x ^ (x >> 31)
+
+
+def test_vectorised_splitmix64_is_the_finaliser() -> None:
+    assert _splitmix64(0x9E3779B97F4A7C15) == 0xE220A8397B1DCDAF  # SplitMix64(seed 0), 1st
+    values = [0, 1, 0x9E3779B97F4A7C15, (1 << 64) - 1, *range(12345, 2**64, 2**59 + 977)]
+    z = np.array(values, dtype=np.uint64)
+    assert _splitmix64_inplace(z) is z
+    assert z.tolist() == [_splitmix64(v) for v in values]
 
 
 @given(st.text(min_size=1, max_size=12), st.integers(1, 300), st.integers(1, 300),
