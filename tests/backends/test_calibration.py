@@ -164,16 +164,13 @@ def test_fidelity_calibrates_on_a_separate_replay(tiny_dir: Path, tmp_path: Path
     assert calibration["trace"]["requests"] == 30
     assert load_profile(out_dir / "profile.json").fit["replay_steps"] > 7  # type: ignore[index]
     assert "p50_itl_ms" in out
-    code, _, err = _invoke("fidelity", str(trace_path), "--model", str(tiny_dir),
-                           "--calibrate-on", "nowhere", "--result-dir", str(tmp_path / "x"))
-    assert code == 2 and "--calibrate-on must be grid or replay" in err
-    code, _, err = _invoke("fidelity", str(trace_path), "--model", str(tiny_dir),
-                           "--repeats", "0", "--result-dir", str(tmp_path / "x"))
-    assert code == 2 and "--repeats must be >= 1, got 0" in err
-    code, _, err = _invoke("fidelity", str(trace_path), "--model", str(tiny_dir),
-                           "--sim-runs", "0", "--result-dir", str(tmp_path / "x"))
-    assert code == 2 and "--sim-runs must be >= 1, got 0" in err
-    code, _, err = _invoke("fidelity", str(trace_path), "--model", str(tiny_dir),
-                           "--step-drift", "--no-step-noise", "--result-dir", str(tmp_path / "x"))
-    assert code == 2 and "--step-drift with --no-step-noise" in err
+    for flags, message in [(("--calibrate-on", "nowhere"), "--calibrate-on must be grid or "
+                             "replay"),
+                           (("--repeats", "0"), "--repeats must be >= 1, got 0"),
+                           (("--sim-runs", "0"), "--sim-runs must be >= 1, got 0"),
+                           (("--step-drift", "--no-step-noise"),
+                            "--step-drift with --no-step-noise")]:
+        code, _, err = _invoke("fidelity", str(trace_path), "--model", str(tiny_dir), *flags,
+                               "--result-dir", str(tmp_path / "x"))
+        assert code == 2 and message in err, (flags, err)
     assert not (tmp_path / "x").exists()  # refused before anything ran
