@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from backends.kernels.paged_attention import paged_attention_ref
-from backends.kernels.paged_attention_torch import paged_attention_torch
+from backends.kernels.paged_attention_torch import paged_attention_ref, paged_attention_torch
 from backends.kernels.reshape_and_cache import reshape_and_cache_ref
 
 PagedAttention = Callable[..., torch.Tensor]

@@ -37,8 +37,8 @@ from backends.kernels.paged_attention import (
     choose_config,
     choose_num_segments,
     paged_attention,
-    paged_attention_ref,
 )
+from backends.kernels.paged_attention_torch import paged_attention_ref
 from backends.kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_ref
 
 DECODE_GOAL = 0.8  # fraction of the measured copy bandwidth

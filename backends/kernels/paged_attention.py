@@ -15,8 +15,9 @@ Query row i of sequence s (q_len rows) sits at position p = seq_len - q_len + i 
 causally to keys [0, p]. GQA: query head h reads KV head h // (num_q_heads // num_kv_heads).
 The new tokens' K/V must already be in the cache (`reshape_and_cache`).
 
-`paged_attention_ref` is the torch reference (fp32 accumulation); `paged_attention` is the
-Triton kernel with the same signature.
+`paged_attention` is the Triton kernel; `paged_attention_torch.py` holds the torch versions
+with the same signature: `paged_attention_ref`, the per-sequence reference (fp32
+accumulation), and the batched CPU engine path.
 
 In this file you will find:
   * `_attention_kernel`: one program per (query block, KV head[, KV segment]). A query block
@@ -37,8 +38,7 @@ The grid is an upper bound computed from shapes only (num_tokens // BLOCK_Q + nu
 blocks, as in vLLM's unified kernel), so the host never reads query lengths from the device;
 a program finds its sequence by binary search over query_start_loc and exits if it has no rows.
 Off CUDA the kernels only run under TRITON_INTERPRET=1 (tests); there bf16 dots are computed in
-fp32 (the interpreter's bf16 `tl.dot` is wrong). The CPU engine path calls the batched torch
-version in `paged_attention_torch.py` instead, tested against the reference.
+fp32 (the interpreter's bf16 `tl.dot` is wrong).
 """
 
 from __future__ import annotations
@@ -49,44 +49,6 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-
-
-def paged_attention_ref(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """Returns the attention output, [num_tokens, num_q_heads, head_dim], query's dtype."""
-    num_tokens, num_q_heads, head_dim = query.shape
-    _, block_size, num_kv_heads, _ = key_cache.shape
-    group = num_q_heads // num_kv_heads
-    out = torch.empty_like(query)
-    starts = query_start_loc.tolist()
-    for s, seq_len in enumerate(seq_lens.tolist()):
-        start, end = starts[s], starts[s + 1]
-        q_len = end - start
-        if q_len == 0:
-            continue
-        num_blocks = -(-seq_len // block_size)
-        blocks = block_tables[s, :num_blocks].long()
-        k = key_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
-        v = value_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
-        k = k.repeat_interleave(group, dim=1)  # [seq_len, num_q_heads, head_dim]
-        v = v.repeat_interleave(group, dim=1)
-        q = query[start:end].float()  # [q_len, num_q_heads, head_dim]
-        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
-        positions = torch.arange(seq_len - q_len, seq_len, device=query.device)
-        keys = torch.arange(seq_len, device=query.device)
-        mask = keys[None, :] > positions[:, None]  # [q_len, seq_len]: future keys
-        scores.masked_fill_(mask[None], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        out[start:end] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
-    return out
-
 
 # %%
 # Kernels
@@ -363,9 +325,10 @@ def paged_attention(
 ) -> torch.Tensor:
     """Returns the attention output, [num_tokens, num_q_heads, head_dim], query's dtype.
 
-    Same inputs as `paged_attention_ref` (see the module docstring). Keyword-only knobs for
-    tests and benchmarks: `num_segments` forces the split-KV path (a power of two; None =
-    chosen from shapes and the device's SM count), `config` overrides the tile sizes.
+    Same inputs as `paged_attention_torch.paged_attention_ref` (see the module docstring).
+    Keyword-only knobs for tests and benchmarks: `num_segments` forces the split-KV path (a
+    power of two; None = chosen from shapes and the device's SM count), `config` overrides
+    the tile sizes.
     """
     _check_inputs(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
     num_tokens, num_q_heads, head_dim = query.shape

@@ -1,7 +1,9 @@
-"""Paged attention in batched torch ops: the CPU engine's path.
+"""Paged attention in torch: the per-sequence reference and the CPU engine's batched path.
 
-Same signature, layouts and semantics as `paged_attention_ref` (see
-`backends.kernels.paged_attention`):
+`paged_attention_ref` loops over sequences in fp32: the reference the Triton kernel
+(`backends.kernels.paged_attention`, whose docstring gives the semantics) and the batched
+path are tested against. `paged_attention_torch` has the same signature, layouts and
+semantics:
     query           [num_tokens, num_q_heads, head_dim]
     key_cache       [num_blocks, block_size, num_kv_heads, head_dim]   (value_cache the same)
     block_tables    [num_seqs, max_blocks_per_seq] int32  entries past a sequence's blocks
@@ -29,6 +31,43 @@ this path runs; CUDA uses the Triton kernel.
 from __future__ import annotations
 
 import torch
+
+
+def paged_attention_ref(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Returns the attention output, [num_tokens, num_q_heads, head_dim], query's dtype."""
+    num_tokens, num_q_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    group = num_q_heads // num_kv_heads
+    out = torch.empty_like(query)
+    starts = query_start_loc.tolist()
+    for s, seq_len in enumerate(seq_lens.tolist()):
+        start, end = starts[s], starts[s + 1]
+        q_len = end - start
+        if q_len == 0:
+            continue
+        num_blocks = -(-seq_len // block_size)
+        blocks = block_tables[s, :num_blocks].long()
+        k = key_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
+        v = value_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
+        k = k.repeat_interleave(group, dim=1)  # [seq_len, num_q_heads, head_dim]
+        v = v.repeat_interleave(group, dim=1)
+        q = query[start:end].float()  # [q_len, num_q_heads, head_dim]
+        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        positions = torch.arange(seq_len - q_len, seq_len, device=query.device)
+        keys = torch.arange(seq_len, device=query.device)
+        mask = keys[None, :] > positions[:, None]  # [q_len, seq_len]: future keys
+        scores.masked_fill_(mask[None], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[start:end] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
+    return out
 
 
 def paged_attention_torch(

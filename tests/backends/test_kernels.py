@@ -20,8 +20,8 @@ from backends.kernels.paged_attention import (
     KernelConfig,
     choose_num_segments,
     paged_attention,
-    paged_attention_ref,
 )
+from backends.kernels.paged_attention_torch import paged_attention_ref
 from backends.kernels.reshape_and_cache import reshape_and_cache
 from tests.backends import paged_batch
 from tests.backends.paged_batch import Batch

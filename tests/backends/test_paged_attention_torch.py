@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from backends.attention import TORCH_OPS, select_ops
-from backends.kernels.paged_attention import paged_attention_ref
-from backends.kernels.paged_attention_torch import paged_attention_torch
+from backends.kernels.paged_attention_torch import paged_attention_ref, paged_attention_torch
 from backends.kv_cache import KVCache, KVCacheSpec
 from backends.model import load_model
 from backends.model_runner import ModelRunner
