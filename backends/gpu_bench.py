@@ -38,7 +38,7 @@ from backends.kernels.paged_attention import (
     choose_num_segments,
     paged_attention,
 )
-from backends.kernels.paged_attention_torch import paged_attention_ref
+from backends.kernels.paged_attention_torch import PagedAttentionInputs, paged_attention_ref
 from backends.kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_ref
 
 DECODE_GOAL = 0.8  # fraction of the measured copy bandwidth
@@ -193,20 +193,10 @@ def matmul_tflops(bench: Bench) -> Report:
 
 
 @dataclass
-class PagedBatch:
-    """paged_attention inputs (layouts in backends/kernels/paged_attention.py)."""
+class PagedBatch(PagedAttentionInputs):
+    """paged_attention inputs and the (context_len, q_len) of each sequence."""
 
-    query: torch.Tensor
-    key_cache: torch.Tensor
-    value_cache: torch.Tensor
-    block_tables: torch.Tensor
-    seq_lens: torch.Tensor
-    query_start_loc: torch.Tensor
     seqs: Seqs
-
-    def args(self) -> tuple[torch.Tensor, ...]:
-        return (self.query, self.key_cache, self.value_cache, self.block_tables,
-                self.seq_lens, self.query_start_loc)
 
     @property
     def scale(self) -> float:

@@ -30,7 +30,26 @@ this path runs; CUDA uses the Triton kernel.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass
+class PagedAttentionInputs:
+    """The tensors of one paged-attention call (every implementation's signature, less
+    `scale`); shapes in the module docstring."""
+
+    query: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+
+    def args(self) -> tuple[torch.Tensor, ...]:
+        return (self.query, self.key_cache, self.value_cache, self.block_tables,
+                self.seq_lens, self.query_start_loc)
 
 
 def paged_attention_ref(

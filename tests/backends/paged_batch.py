@@ -9,27 +9,13 @@ output. Layouts are those of `backends.kernels.paged_attention`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
+from backends.kernels.paged_attention_torch import PagedAttentionInputs
 from backends.kernels.reshape_and_cache import reshape_and_cache_ref
 
-
-@dataclass
-class Batch:
-    """Inputs of one paged_attention call (shapes in the kernel module's docstring)."""
-
-    query: torch.Tensor
-    key_cache: torch.Tensor
-    value_cache: torch.Tensor
-    block_tables: torch.Tensor
-    seq_lens: torch.Tensor
-    query_start_loc: torch.Tensor
-
-    def args(self) -> tuple[torch.Tensor, ...]:
-        return (self.query, self.key_cache, self.value_cache, self.block_tables,
-                self.seq_lens, self.query_start_loc)
+Batch = PagedAttentionInputs  # the inputs of one paged_attention call
 
 
 def make_batch(
