@@ -1348,59 +1348,29 @@ def _calibrate_setup(setup: RealSetup, tokenizer: Tokenizer | None, quick: bool,
 
 def _steps_data(path: Path, target: str) -> StepSamples:
     """Training data from a replay's steps.parquet (or its run directory)."""
-    import pyarrow.parquet as pq
+    from sim.calibrate import read_replay_steps
 
-    from sim.calibrate import steps_training_data
-
-    file = path / "steps.parquet" if path.is_dir() else path
     try:
-        columns = pq.read_table(file).to_pydict()
-        return steps_training_data(columns, target)
-    except (OSError, ValueError) as err:
-        fail(f"--from-steps {file}: {err}")
+        return read_replay_steps(path, target)
+    except ValueError as err:
+        fail(f"--from-steps: {err}")
 
 
 def _profile_from_steps(paths: list[Path], target: str, api_server: object = None,
                         drift: bool = False) -> object:
-    """A profile fitted on replay steps only (squared errors in seconds, so the total busy
-    time is unbiased), with the step-time scatter around the fit: i.i.d. per step, or with
-    `drift` a per-step factor times a slow drift per 0.25 s window
-    (`sim.step_noise.fit_step_noise`); metadata from the first run's run.json; the
-    API-server cost as given, else the default."""
-    import datetime
+    """`sim.calibrate.profile_from_replays`, its errors one line, with a note when the drift
+    asked for was not found."""
+    from sim.calibrate import profile_from_replays
 
-    from sim.calibrate import fit_with_holdout, make_profile, predict
-    from sim.cost_model import ApiServerCost
-    from sim.step_noise import StepNoiseFit, fit_step_noise, ratio_quantiles
-
-    runs = [_steps_data(path, target) for path in paths]
-    features = [f for run in runs for f in run.features]
-    seconds = [t for run in runs for t in run.seconds]
-    if len(seconds) < 7:
-        fail(f"--from-steps: {len(seconds)} usable steps, at least 7 are needed")
-    run_json = (paths[0] if paths[0].is_dir() else paths[0].parent) / "run.json"
-    info = json.loads(run_json.read_text()) if run_json.is_file() else {}
-    model = info.get("model", {}) if isinstance(info.get("model"), dict) else {}
-    fit = fit_with_holdout(features, seconds, relative=False)
-    if drift:
-        noise = fit_step_noise([(run.start_s, run.seconds,
-                                 predict(fit.coefficients, run.features)) for run in runs])
-        if noise.drift_quantiles is None:
-            _note(["--step-drift: fewer than 2 windows of 0.25 s with 8+ steps in these "
-                   "replays; the profile has i.i.d. step-time scatter only"])
-    else:
-        noise = StepNoiseFit(ratio_quantiles(seconds, predict(fit.coefficients, features)))
-    return make_profile(
-        fit, step_time_quantiles=noise.quantiles,
-        step_time_drift_quantiles=noise.drift_quantiles,
-        step_time_drift_window_s=noise.drift_window_s,
-        device=str(info.get("device") or "unknown"),
-        model=str(model.get("dir") or "unknown"), dtype=str(info.get("dtype") or "unknown"),
-        versions={"rt": _version()},
-        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        api_server=api_server or ApiServerCost(),  # type: ignore[arg-type]
-        extra={"target": target, "replay_steps": len(seconds), "grid_points": 0,
-               "sources": [str(p) for p in paths]})
+    try:
+        profile = profile_from_replays(paths, target, api_server=api_server,  # type: ignore[arg-type]
+                                       drift=drift, rt_version=_version())
+    except ValueError as err:
+        fail(f"--from-steps: {err}")
+    if drift and profile.step_time_drift_quantiles is None:
+        _note(["--step-drift: fewer than 2 windows of 0.25 s with 8+ steps in these "
+               "replays; the profile has i.i.d. step-time scatter only"])
+    return profile
 
 
 def _print_fit(profile: object) -> None:
@@ -1517,6 +1487,7 @@ def fidelity(
     real runs' own spread as the noise floor."""
     import datetime
 
+    from sim.calibrate import replay_api_cost
     from sim.profile import load_profile
 
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -1561,7 +1532,7 @@ def fidelity(
                 reals.append(_fidelity_replay(trace, setup, tokenizer, root / f"real{suffix}"))
         if calibrations or fit_on_replay:  # fit_on_replay: in-sample, on the real runs
             runs = calibrations or reals
-            profile = _write_fitted(_profile_from_steps(runs, "wall", _api_cost(runs),
+            profile = _write_fitted(_profile_from_steps(runs, "wall", replay_api_cost(runs),
                                                         step_drift), root)
         assert profile is not None
         loaded = load_profile(profile)
@@ -1590,20 +1561,6 @@ def _calibration_trace(trace: workloads.Trace, seed: int) -> workloads.Trace:
     rate = len(trace) / span if span > 0 else math.inf
     arrivals = workloads.ArrivalProcess(rate, 1.0, seed + 1)
     return workloads.resample_trace(trace, len(trace), arrivals)
-
-
-def _api_cost(runs: list[Path]) -> object:
-    """The API-server cost as the replays saw it: arrival to hand-over of each request
-    (wake-up, tokenizing, the hand-over to another process, a busy machine), least squares
-    on the prompt length. Timed in isolation it is ~10x less."""
-    import pandas as pd
-
-    from sim.calibrate import fit_api_server
-
-    requests = pd.concat([pd.read_parquet(run / "requests.parquet",
-                                          columns=["prompt_len", "api_server_s"])
-                          for run in runs]).dropna()
-    return fit_api_server(requests["prompt_len"].tolist(), requests["api_server_s"].tolist())
 
 
 def _fidelity_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -267,3 +268,81 @@ def make_profile(fit: FitResult, *, device: str, model: str, dtype: str,
                    step_time_drift_quantiles=step_time_drift_quantiles,
                    step_time_drift_window_s=step_time_drift_window_s,
                    fit={**fit.describe(), **dict(extra or {})})
+
+
+# Run directories of earlier replays (`rt replay`, `rt fidelity`) as training data.
+
+MIN_REPLAY_STEPS = 7  # fewer usable steps cannot pin six coefficients and hold some out
+
+
+def read_replay_steps(path: Path, target: str = "wall") -> StepSamples:
+    """`steps_training_data` of a replay's steps.parquet (`path` is the file or its run
+    directory); ValueError naming the file when it is unreadable or lacks columns."""
+    import pyarrow.parquet as pq
+
+    file = path / "steps.parquet" if path.is_dir() else path
+    if not file.is_file():
+        raise ValueError(f"{file}: no such file")
+    try:
+        return steps_training_data(pq.read_table(file).to_pydict(), target)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{file}: {err}") from err
+
+
+def replay_api_cost(run_dirs: Sequence[Path]) -> ApiServerCost:
+    """The API-server cost as the replays saw it: arrival to hand-over of each request
+    (wake-up, tokenizing, the hand-over to another process, a busy machine), least squares
+    on the prompt length (`fit_api_server`). Timed in isolation it is ~10x less."""
+    import pyarrow.parquet as pq
+
+    lens: list[int] = []
+    seconds: list[float] = []
+    for run in run_dirs:
+        table = pq.read_table(run / "requests.parquet", columns=["prompt_len", "api_server_s"])
+        for prompt_len, api_s in zip(*table.to_pydict().values(), strict=True):
+            if prompt_len is not None and api_s is not None:
+                lens.append(prompt_len)
+                seconds.append(api_s)
+    return fit_api_server(lens, seconds)
+
+
+def profile_from_replays(paths: Sequence[Path], target: str = "wall", *,
+                         api_server: ApiServerCost | None = None, drift: bool = False,
+                         rt_version: str = "unknown") -> Profile:
+    """A profile fitted on replay steps only (squared errors in seconds, so the total busy
+    time is unbiased), with the step-time scatter around the fit: i.i.d. per step, or with
+    `drift` a per-step factor times a slow drift per window (`fit_step_noise`; with too few
+    windows the profile has no drift table); metadata from the first run's run.json; the
+    API-server cost as given, else the default. ValueError on unreadable steps or fewer than
+    MIN_REPLAY_STEPS usable ones."""
+    import datetime
+    import json
+
+    from sim.step_noise import StepNoiseFit, fit_step_noise, ratio_quantiles
+
+    runs = [read_replay_steps(path, target) for path in paths]
+    features = [f for run in runs for f in run.features]
+    seconds = [t for run in runs for t in run.seconds]
+    if len(seconds) < MIN_REPLAY_STEPS:
+        raise ValueError(f"{len(seconds)} usable steps, at least {MIN_REPLAY_STEPS} are "
+                         "needed")
+    run_json = (paths[0] if paths[0].is_dir() else paths[0].parent) / "run.json"
+    info = json.loads(run_json.read_text()) if run_json.is_file() else {}
+    model = info.get("model", {}) if isinstance(info.get("model"), dict) else {}
+    fit = fit_with_holdout(features, seconds, relative=False)
+    if drift:
+        noise = fit_step_noise([(run.start_s, run.seconds,
+                                 predict(fit.coefficients, run.features)) for run in runs])
+    else:
+        noise = StepNoiseFit(ratio_quantiles(seconds, predict(fit.coefficients, features)))
+    return make_profile(
+        fit, step_time_quantiles=noise.quantiles,
+        step_time_drift_quantiles=noise.drift_quantiles,
+        step_time_drift_window_s=noise.drift_window_s,
+        device=str(info.get("device") or "unknown"),
+        model=str(model.get("dir") or "unknown"), dtype=str(info.get("dtype") or "unknown"),
+        versions={"rt": rt_version},
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        api_server=api_server or ApiServerCost(),
+        extra={"target": target, "replay_steps": len(seconds), "grid_points": 0,
+               "sources": [str(p) for p in paths]})

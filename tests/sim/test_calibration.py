@@ -18,6 +18,8 @@ from sim.calibrate import (
     make_profile,
     nnls,
     predict,
+    profile_from_replays,
+    read_replay_steps,
     steps_training_data,
 )
 from sim.cost_model import ApiServerCost, ProfileCoefficients
@@ -121,3 +123,11 @@ def test_api_server_fit_and_profile_round_trip(tmp_path: Path) -> None:
     loaded = load_profile(tmp_path / "noisy.json")
     assert (loaded.step_time_quantiles, loaded.step_time_drift_quantiles,
             loaded.step_time_drift_window_s) == ((0.5, 1.5), (0.8, 1.2), 0.25)
+
+
+def test_replay_run_directories_errors_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=f"{tmp_path / 'steps.parquet'}: no such file"):
+        read_replay_steps(tmp_path)
+    (tmp_path / "steps.parquet").write_text("x")
+    with pytest.raises(ValueError, match=f"{tmp_path / 'steps.parquet'}: "):
+        profile_from_replays([tmp_path])
