@@ -1525,8 +1525,8 @@ def fidelity(
             if real_first:
                 reals.append(_fidelity_replay(trace, setup, tokenizer, root / f"real{suffix}"))
             if calibrate and calibrate_on == "replay":
-                calibrations.append(_fidelity_replay(_calibration_trace(trace, seed + i),
-                                                     setup, tokenizer,
+                other = workloads.resample_like(trace, seed + i + 1)  # out of sample
+                calibrations.append(_fidelity_replay(other, setup, tokenizer,
                                                      root / f"calibration{suffix}"))
             if not real_first:
                 reals.append(_fidelity_replay(trace, setup, tokenizer, root / f"real{suffix}"))
@@ -1552,15 +1552,6 @@ def _write_fitted(profile: object, root: Path) -> Path:
     _print_fit(profile)
     write_profile(profile, root / "profile.json")  # type: ignore[arg-type]
     return root / "profile.json"
-
-
-def _calibration_trace(trace: workloads.Trace, seed: int) -> workloads.Trace:
-    """Other requests like TRACE's: lengths resampled from it, Poisson arrivals at its mean
-    rate, another seed (so a profile fitted on its replay is tested out of sample)."""
-    span = trace[-1].arrival_s - trace[0].arrival_s if len(trace) > 1 else 0.0
-    rate = len(trace) / span if span > 0 else math.inf
-    arrivals = workloads.ArrivalProcess(rate, 1.0, seed + 1)
-    return workloads.resample_trace(trace, len(trace), arrivals)
 
 
 def _fidelity_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,

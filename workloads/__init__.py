@@ -32,6 +32,7 @@ from workloads.synthetic import (
     multi_turn_trace,
     prefix_repetition_trace,
     random_trace,
+    resample_like,
     resample_trace,
 )
 from workloads.tokens import (
@@ -62,6 +63,7 @@ __all__ = [
     "TraceStats", "TransformSpec", "apply_transforms", "clip_to_max_model_len", "detect_format",
     "first_n", "load_trace", "multi_turn_trace", "output_token_ids", "prefix_repetition_trace",
     "prefix_reuse", "prompt_token_ids", "random_trace", "read_rows", "read_rt_jsonl",
-    "resample_trace", "rows_stats", "scale_time", "stream_token_ids", "time_window",
-    "to_mean_rate", "trace_stats", "vllm_arrival_times", "write_rt_jsonl", "write_vidur_csv",
+    "resample_like", "resample_trace", "rows_stats", "scale_time", "stream_token_ids",
+    "time_window", "to_mean_rate", "trace_stats", "vllm_arrival_times", "write_rt_jsonl",
+    "write_vidur_csv",
 ]

@@ -37,6 +37,7 @@ import numpy as np
 
 from workloads.arrivals import ArrivalProcess
 from workloads.errors import TraceError
+from workloads.stats import time_stats
 from workloads.trace import UNIQUE_PREFIX, Span, Trace, TraceRequest
 
 RANDOM_PREFIX_KEY = "p:random-prefix"  # stream of the shared --random-prefix-len tokens
@@ -172,6 +173,14 @@ def resample_trace(source: Trace, num_prompts: int, arrivals: ArrivalProcess) ->
     requests = [TraceRequest(str(i), float(times[i]), int(cols.prompt_len[j]),
                         int(cols.output_len[j])) for i, j in enumerate(pick)]
     return Trace(tuple(requests), name=f"resample:{source.name}")
+
+
+def resample_like(source: Trace, seed: int) -> Trace:
+    """Other requests like `source`'s: as many, lengths resampled from it, Poisson arrivals
+    at its mean rate (all at t = 0 when it has no span), drawn from `seed`."""
+    stats = time_stats(source.columns().arrival_s) if len(source) else None
+    rate = stats.mean_rate if stats is not None else math.inf
+    return resample_trace(source, len(source), ArrivalProcess(rate, 1.0, seed))
 
 
 def _conversation(conv: int, start: float, spec: MultiTurn, user: np.ndarray,

@@ -19,6 +19,7 @@ from workloads import (
     prefix_repetition_trace,
     prompt_token_ids,
     random_trace,
+    resample_like,
     resample_trace,
     trace_stats,
     vllm_arrival_times,
@@ -114,6 +115,14 @@ def test_resample_draws_joint_pairs_from_the_source() -> None:
     pick = np.random.default_rng(4).integers(0, 3, size=50)
     assert [r.prompt_len for r in trace] == [(10, 20, 30)[i] for i in pick]
     assert all(r.output_len * 10 == r.prompt_len for r in trace)
+
+
+def test_resample_like_keeps_the_count_and_the_mean_rate() -> None:
+    source = simple_trace([0.0, 1.0, 2.0, 4.0])  # 4 requests over 4 s: 1 req/s
+    trace = resample_like(source, 9)
+    assert trace == resample_trace(source, 4, ArrivalProcess(1.0, 1.0, 9))
+    at_once = resample_like(simple_trace([0.0, 0.0]), 9)  # no span: every arrival at t = 0
+    assert [r.arrival_s for r in at_once] == [0.0, 0.0]
 
 
 @pytest.mark.parametrize(("build", "column"), [
