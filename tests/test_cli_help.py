@@ -33,13 +33,16 @@ def _commands(group: Any, prefix: tuple[str, ...] = ()) -> dict[str, Any]:
 def _surface(command: Any) -> dict[str, object]:
     params = []
     for param in command.params:
+        default = param.default
+        if not isinstance(default, (str, int, float, bool, type(None))):
+            default = repr(default)
         params.append({
             "opts": list(param.opts) + list(param.secondary_opts),
             "kind": param.param_type_name,
             "type": repr(param.bare_type()),
             "required": param.required,
             "multiple": param.multiple,
-            "default": param.default if isinstance(param.default, (str, int, float, bool, type(None))) else repr(param.default),
+            "default": default,
             "help": getattr(param, "help", None),
             "panel": getattr(param, "rich_help_panel", None),
         })
