@@ -900,10 +900,10 @@ def _sweep_output(records: list[dict[str, object]], root: Path, slos: object,
 # (replay commands are defined below this line)
 
 if TYPE_CHECKING:
-    from backends.endpoint_replay import EndpointConfig, EndpointInfo
-    from backends.engine_setup import RealSetup
-    from backends.replay import ReplayResult
-    from backends.replay_api import Tokenizer
+    from backends.engine.setup import RealSetup
+    from backends.replay.api_process import Tokenizer
+    from backends.replay.driver import ReplayResult
+    from backends.replay.endpoint import EndpointConfig, EndpointInfo
     from sim.calibrate import StepSamples
 
 _Real = "Real engine"
@@ -1033,8 +1033,8 @@ def _replay_setup(model: Path | None, **flags: object) -> tuple[RealSetup, Token
     With random_weights, --model may also name a preset shape (llama-3.1-8b, ...)."""
     from transformers.utils import logging as hf_logging
 
-    from backends.engine_setup import RealEngineArgs, build_engine, load_tokenizer
-    from backends.tiny_model import build_tiny_llama, preset_config_dir
+    from backends.engine.setup import RealEngineArgs, build_engine, load_tokenizer
+    from backends.engine.tiny_model import build_tiny_llama, preset_config_dir
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
@@ -1061,8 +1061,8 @@ def _run_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer |
                 check_invariants: bool) -> None:
     import datetime
 
-    from backends.replay import ReplayConfig
-    from backends.replay import replay as run_replay
+    from backends.replay.driver import ReplayConfig
+    from backends.replay.driver import replay as run_replay
     from sim.cost_model import startup_lines
 
     cache, sched = setup.cache, setup.scheduler
@@ -1097,7 +1097,7 @@ def _endpoint_setup(url: str, model: str | None, api_key: str | None,
                     ) -> tuple[EndpointConfig, EndpointInfo]:
     """The endpoint's config and what `GET /v1/models` says; one line on error."""
     try:
-        from backends.endpoint_replay import EndpointConfig, EndpointError, probe
+        from backends.replay.endpoint import EndpointConfig, EndpointError, probe
     except ImportError as err:
         fail(f"--endpoint needs {err.name}: pip install 'rt[serve]'")
     try:
@@ -1116,7 +1116,7 @@ def _run_endpoint(trace: workloads.Trace, config: EndpointConfig, info: Endpoint
     from analysis.console import benchmark_block
     from analysis.metrics import benchmark_metrics
     from analysis.rundir import load_run, write_run
-    from backends.endpoint_replay import replay_endpoint, run_info
+    from backends.replay.endpoint import replay_endpoint, run_info
 
     _note([f"endpoint {info.completions_url}, model {info.model}, client-side timing"])
     with _progress(len(trace)) as progress:
@@ -1211,7 +1211,7 @@ def serve(
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /tokenize,
     /health, /metrics) from an engine-core process: a real model, or with --simulate the
     cost model on the wall clock. SIGTERM/Ctrl-C drains, then exits."""
-    from backends.api_server import ServeConfig, run_server
+    from backends.serve.api_server import ServeConfig, run_server
 
     if max_queued is not None and max_queued < 1:
         fail(f"--max-num-queued-requests must be >= 1, got {max_queued}")
@@ -1255,9 +1255,9 @@ def _serve_simulated(model: str | None, gpu: str, profile: str | None, seed: int
 def _serve_real(model: str | None, seed: int, engine: dict[str, object],
                 **real: object) -> tuple[object, dict, str, Path]:
     """The real executor's factory; the model is loaded in the engine process."""
-    from backends.engine_process import build_real_executor
-    from backends.engine_setup import RealEngineArgs
-    from backends.tiny_model import build_tiny_llama
+    from backends.engine.setup import RealEngineArgs
+    from backends.engine.tiny_model import build_tiny_llama
+    from backends.serve.engine_process import build_real_executor
 
     model_dir = Path(model) if model is not None else build_tiny_llama()
     if not (model_dir / "config.json").is_file():
@@ -1305,7 +1305,7 @@ def _calibrate_setup(setup: RealSetup, tokenizer: Tokenizer | None, quick: bool,
 
     import torch
 
-    from backends.calibrate import QUICK_GRID, GridSpec, run_grid, time_api_server
+    from backends.engine.calibration_grid import QUICK_GRID, GridSpec, run_grid, time_api_server
     from sim.calibrate import fit_api_server, fit_with_holdout, make_profile
 
     spec = QUICK_GRID if quick else GridSpec()
@@ -1557,8 +1557,8 @@ def _write_fitted(profile: object, root: Path) -> Path:
 def _fidelity_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
                      path: Path) -> Path:
     from analysis.rundir import write_run
-    from backends.replay import ReplayConfig
-    from backends.replay import replay as run_replay
+    from backends.replay.driver import ReplayConfig
+    from backends.replay.driver import replay as run_replay
 
     config = ReplayConfig(setup.scheduler, setup.cache, setup.shape.vocab_size, setup.args.seed)
     with _bar("replaying (real)") as progress:
@@ -1719,7 +1719,7 @@ def bench_serve(
     stopped): replay random requests through the `rt replay --endpoint` client, simulate the
     same arrivals with `rt simulate`'s core, and report errors, throughput and the latency
     the server path adds (server minus simulated, ms). Exit 1 on any error."""
-    from backends.serve_load import LoadConfig, compare, run_load, sent_arrivals
+    from backends.bench.serve_load import LoadConfig, compare, run_load, sent_arrivals
     from sim.engine_args import EngineArgs, build_setup
     from sim.simulator import simulate as run_simulate
 
@@ -1776,8 +1776,8 @@ def bench_gpu(
     copy and a matmul measured in the same run, and engine tokens/s against transformers
     (a CUDA device; under 10 minutes)."""
     try:
-        from backends.engine_bench import EnginePlan, engine_throughput_section
-        from backends.gpu_bench import GpuUnavailable, run_gpu_bench
+        from backends.bench.engine_throughput import EnginePlan, engine_throughput_section
+        from backends.bench.gpu import GpuUnavailable, run_gpu_bench
     except ImportError as err:
         fail(f"rt bench gpu needs the real extra (torch, triton): {err}")
     with _user_errors():

@@ -6,7 +6,7 @@ The model (`sim.cost_model.ProfileCoefficients`) is linear in six step features,
               + c4·prefill attention pairs + c5·decode KV tokens,
 
 with every coefficient >= 0. Training data come either from `rt calibrate`'s measurement grid
-(`backends.calibrate`) or from the `steps.parquet` of an earlier `rt replay`
+(`backends.engine.calibration_grid`) or from the `steps.parquet` of an earlier `rt replay`
 (`steps_training_data`). The fit minimises squared *relative* errors by default (rows scaled
 by 1 / measured time), so short decode steps weigh as much as long prefills, and reports
 fit quality (MAPE, worst case) on held-out samples. Times are seconds throughout.

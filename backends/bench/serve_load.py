@@ -1,0 +1,233 @@
+"""A bounded loopback load test of `rt serve` (`rt bench serve`).
+
+`run_load` starts the server command it is given (`rt serve --simulate ...`, built by
+`cli.py`) on a free port of 127.0.0.1, with its output in a log file, waits for `/health`,
+replays a trace against it with `backends.replay.endpoint` (the `rt replay --endpoint`
+machinery: streaming, client-side TTFT and per-chunk ITL) and always stops it (SIGTERM, then
+SIGKILL). `compare` puts those records next to a simulation's on the same arrivals
+(`cli.py` runs `rt simulate`'s core, since `backends` never imports `sim`) and reports
+throughput and the latency the server path adds: HTTP, SSE, tokenization, the ZeroMQ hop
+and the engine process's loop on the wall clock, minus the simulated engine.
+
+Every wait is bounded: the start (`start_timeout_s`), each request (`request_timeout_s`),
+the stop (`stop_timeout_s`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from backends.replay.endpoint import EndpointConfig, EndpointResult, probe, replay_endpoint
+from runtime.records import RequestRecord
+from workloads import Trace
+
+_HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True, slots=True)
+class LoadConfig:
+    """How to run the server and the client.
+
+    Attributes:
+        server_command: the server's command line without `--host`/`--port` (appended).
+        concurrency: client streams in flight at most (`--max-concurrency`).
+        vocab_size: prompt token ids are drawn from [10, vocab_size).
+        seed: seed of the prompts' token ids.
+        start_timeout_s, request_timeout_s, stop_timeout_s: the bounds of every wait.
+    """
+
+    server_command: tuple[str, ...]
+    concurrency: int = 200
+    vocab_size: int = 32000
+    seed: int = 0
+    start_timeout_s: float = 120.0
+    request_timeout_s: float = 300.0
+    stop_timeout_s: float = 30.0
+
+
+@dataclass(slots=True)
+class LoadResult:
+    """The endpoint replay's records and the server's own counters (from /metrics)."""
+
+    endpoint: EndpointResult
+    server_counters: dict[str, float]
+    server_exit_code: int | None
+    log_tail: str
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((_HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    """A server subprocess on 127.0.0.1: started, waited for, always stopped."""
+
+    def __init__(self, command: Sequence[str], start_timeout_s: float,
+                 stop_timeout_s: float) -> None:
+        self.port = free_port()
+        self.url = f"http://{_HOST}:{self.port}"
+        self.stop_timeout_s = stop_timeout_s
+        self.log = tempfile.NamedTemporaryFile(prefix="rt-bench-serve-", suffix=".log")  # noqa: SIM115
+        self.proc = subprocess.Popen([*command, "--host", _HOST, "--port", str(self.port)],
+                                     stdin=subprocess.DEVNULL, stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+        try:
+            self._wait_healthy(start_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited ({self.proc.returncode}): "
+                                   f"{self.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
+                    return
+            time.sleep(0.2)
+        raise RuntimeError(f"the server did not answer /health within {timeout_s:g} s")
+
+    def counters(self) -> dict[str, float]:
+        """The server's /metrics samples summed over labels (histogram buckets left out)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(f"{self.url}/metrics", timeout=10.0).text
+        values: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if "le" not in sample.labels and not sample.name.endswith("_created"):
+                    values[sample.name] = values.get(sample.name, 0.0) + sample.value
+        return values
+
+    def log_tail(self, chars: int = 2000) -> str:
+        return Path(self.log.name).read_text(errors="replace")[-chars:]
+
+    def stop(self) -> int | None:
+        """SIGTERM (the server drains), SIGKILL after `stop_timeout_s`; the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+@contextlib.contextmanager
+def serving(config: LoadConfig) -> Iterator[ServerProcess]:
+    server = ServerProcess(config.server_command, config.start_timeout_s,
+                           config.stop_timeout_s)
+    try:
+        yield server
+    finally:
+        server.stop()
+        server.log.close()
+
+
+def run_load(trace: Trace, config: LoadConfig) -> LoadResult:
+    """Start the server, replay `trace` against it (at most `concurrency` streams at once),
+    read its counters, stop it."""
+    with serving(config) as server:
+        endpoint = EndpointConfig(server.url, None, None, config.concurrency,
+                                  config.request_timeout_s, config.vocab_size, config.seed)
+        result = replay_endpoint(trace, endpoint, probe(endpoint))
+        counters = server.counters()
+        tail = server.log_tail()
+    return LoadResult(result, counters, server.proc.returncode, tail)
+
+
+def sent_arrivals(trace: Trace, records: Sequence[RequestRecord]) -> Trace:
+    """`trace` with each request's arrival at the time the client sent it (the same
+    arrivals for the simulation, including any wait for a concurrency slot)."""
+    sent = {r.request_id: r.arrival_s for r in records}
+    start = min(sent.values(), default=0.0)
+    moved = [replace(req, arrival_s=max(0.0, sent.get(req.request_id, req.arrival_s) - start))
+             for req in trace]
+    return Trace(tuple(sorted(moved, key=lambda r: r.arrival_s)), name=trace.name)
+
+
+# ---- statistics ------------------------------------------------------------------------------
+
+
+def _percentiles(values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {"mean": math.nan, "p50": math.nan, "p99": math.nan}
+    data = np.asarray(values, dtype=float) * 1000.0
+    return {"mean": round(float(data.mean()), 3),
+            "p50": round(float(np.percentile(data, 50)), 3),
+            "p99": round(float(np.percentile(data, 99)), 3)}
+
+
+def latency_summary(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """Throughput and TTFT / ITL / E2EL (ms) of the completed requests."""
+    done = [r for r in records if r.status != "FINISHED_ABORTED" and r.first_token_s is not None
+            and r.finish_s is not None]
+    if not done:
+        return {"completed": 0}
+    start = min(r.arrival_s for r in done)
+    duration = max(r.finish_s for r in done) - start  # type: ignore[type-var,operator]
+    output = sum(r.output_len for r in done)
+    itl = [b - a for r in done for a, b in zip(r.token_times_s, r.token_times_s[1:],
+                                                  strict=False)]
+    return {
+        "completed": len(done),
+        "duration_s": round(duration, 3),
+        "requests_per_s": round(len(done) / duration, 2) if duration > 0 else math.inf,
+        "output_tokens_per_s": round(output / duration, 1) if duration > 0 else math.inf,
+        "ttft_ms": _percentiles([r.first_token_s - r.arrival_s for r in done]),  # type: ignore[operator]
+        "itl_ms": _percentiles(itl),
+        "e2el_ms": _percentiles([r.finish_s - r.arrival_s for r in done]),  # type: ignore[operator]
+    }
+
+
+def added_latency(server: dict[str, Any], simulated: dict[str, Any]) -> dict[str, Any]:
+    """Server path minus simulation, per metric and statistic (ms)."""
+    added: dict[str, Any] = {}
+    for metric in ("ttft_ms", "itl_ms", "e2el_ms"):
+        if metric in server and metric in simulated:
+            added[metric] = {k: round(server[metric][k] - simulated[metric][k], 3)
+                             for k in server[metric]}
+    return added
+
+
+def compare(trace: Trace, load: LoadResult, simulated: Sequence[RequestRecord]
+            ) -> dict[str, Any]:
+    """The report: errors, token counts, throughput and added latency."""
+    records = load.endpoint.requests
+    wanted = {req.request_id: req.output_len for req in trace}
+    mismatched = sum(r.status != "FINISHED_ABORTED" and r.output_len != wanted[r.request_id]
+                     for r in records)
+    server = latency_summary(records)
+    sim = latency_summary(simulated)
+    return {
+        "requests": len(trace),
+        "sent": len(records),
+        "errors": load.endpoint.num_failed,
+        "error_messages": dict(list(load.endpoint.errors.items())[:5]),
+        "token_count_mismatches": mismatched,
+        "server_exit_code": load.server_exit_code,
+        "server_counters": {k: load.server_counters[k] for k in sorted(load.server_counters)
+                            if k.startswith(("vllm:request_success", "vllm:generation_tokens",
+                                             "vllm:prompt_tokens", "vllm:admission"))},
+        "server_path": server,
+        "simulated": sim,
+        "added_latency_ms": added_latency(server, sim),
+    }

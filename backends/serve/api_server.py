@@ -1,0 +1,425 @@
+"""The OpenAI-compatible API server of `rt serve` (FastAPI + uvicorn).
+
+It tokenizes and detokenizes, hands requests to the engine-core process
+(`backends.serve.engine_process`) over ZeroMQ and streams what comes back:
+
+    POST /v1/completions, /v1/chat/completions   (SSE `data: {json}` chunks, a final usage
+                                                  chunk with stream_options.include_usage,
+                                                  `data: [DONE]`; or one JSON response)
+    GET  /v1/models, /health, /metrics            POST /tokenize, /detokenize
+
+Errors are OpenAI-style JSON, `{"error": {"message", "type", "param", "code"}}`: 400 for
+malformed JSON, invalid parameters or a prompt too long for max_model_len; 404 for an
+unknown model; 503 above `--max-num-queued-requests` (requests sent to the engine without
+a first token yet); 500 once the engine process is dead (`/health` then says so; streams
+in flight end with an error event). A client that disconnects aborts its request in the
+engine at once. Times are monotonic seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from backends.engine.text import ByteTokenizer, IncrementalDecoder, TextCodec
+from backends.serve.engine_client import EngineClient
+from backends.serve.engine_process import ExecutorFactory
+from backends.serve.messages import EngineInfo, EngineOutputs, EngineRequest, RequestOutput
+from backends.serve.metrics import ServeMetrics
+from backends.serve.openai_protocol import (
+    ApiError,
+    EngineDeadError,
+    Parsed,
+    RequestParser,
+    token_list,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    """The server's own settings (the engine's come from its factory).
+
+    Attributes:
+        model_name: the name clients pass as `model` (and the `model_name` label).
+        factory, factory_kwargs: the executor factory run in the engine process.
+        tokenizer_dir: a model directory whose tokenizer to use; None: `ByteTokenizer`.
+        max_num_queued_requests: 503 above this many requests awaiting a first token.
+        engine_start_timeout_s: how long the engine may take to say "ready".
+    """
+
+    model_name: str
+    factory: ExecutorFactory
+    factory_kwargs: dict[str, Any] = field(default_factory=dict)
+    tokenizer_dir: Path | None = None
+    max_num_queued_requests: int | None = None
+    engine_start_timeout_s: float = 300.0
+
+
+
+# ---- responses -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Generation:
+    """One request in flight, as the handler sees it."""
+
+    request_id: str
+    parsed: Parsed
+    arrival_s: float
+    decoder: IncrementalDecoder
+    queue: asyncio.Queue[RequestOutput | Exception]
+    output_len: int = 0
+    cached: int = 0
+    last_output_s: float | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def usage(self) -> dict[str, Any]:
+        prompt = len(self.parsed.prompt_ids)
+        return {"prompt_tokens": prompt, "completion_tokens": self.output_len,
+                "total_tokens": prompt + self.output_len,
+                "prompt_tokens_details": {"cached_tokens": self.cached}}
+
+
+def _sse(data: dict[str, Any] | str) -> str:
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {text}\n\n"
+
+
+class Server:
+    """Handlers and the state they share."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.engine = EngineClient()
+        self.codec: TextCodec | None = None
+        self.parser: RequestParser | None = None
+        self.metrics: ServeMetrics | None = None
+        self.info: EngineInfo | None = None
+        self.gens: dict[str, _Generation] = {}
+        self.awaiting_first = 0  # requests sent without a first output yet
+
+    async def start(self) -> None:
+        cfg = self.config
+        info = await self.engine.start(cfg.factory, cfg.factory_kwargs,
+                                       cfg.engine_start_timeout_s)
+        self.info = info
+        self.codec = self._codec(info)
+        self.parser = RequestParser(self.codec, info)
+        self.metrics = ServeMetrics(cfg.model_name, info.scheduler.max_model_len,
+                                    info.cache.num_blocks, info.cache.block_size,
+                                    info.cache.enable_prefix_caching)
+        self.engine.on_outputs = self.on_outputs
+
+    def _codec(self, info: EngineInfo) -> TextCodec:
+        if self.config.tokenizer_dir is not None:
+            from backends.engine.setup import load_tokenizer
+            from backends.engine.text import HfCodec
+
+            tokenizer = load_tokenizer(self.config.tokenizer_dir)
+            if tokenizer is not None:
+                return HfCodec(tokenizer)
+        return ByteTokenizer(info.vocab_size)
+
+    # ---- engine outputs -> metrics -------------------------------------------------------
+
+    def on_outputs(self, batch: EngineOutputs) -> None:
+        metrics = self.metrics
+        assert metrics is not None
+        s = batch.stats
+        metrics.on_stats(s.num_running, s.num_waiting, s.kv_cache_usage,
+                         s.prefix_cache_queries, s.prefix_cache_hits, s.num_preemptions)
+        now = time.monotonic()
+        iteration = 0
+        for out in batch.outputs:
+            gen = self.gens.get(out.request_id)
+            if gen is None or not out.new_token_ids:
+                continue
+            iteration += len(out.new_token_ids)
+            if gen.last_output_s is None:
+                self.awaiting_first -= 1
+                prompt_len = len(gen.parsed.prompt_ids)
+                iteration += prompt_len - out.num_cached_tokens
+                metrics.on_first_output(prompt_len, out.num_cached_tokens, now - gen.arrival_s)
+                metrics.on_tokens(len(out.new_token_ids), None)
+            else:
+                metrics.on_tokens(len(out.new_token_ids), batch.timestamp - gen.last_output_s)
+            gen.last_output_s = batch.timestamp
+        metrics.on_iteration(iteration)
+
+    def _finished(self, gen: _Generation, out: RequestOutput) -> None:
+        """Record a finished request's metrics and forget it."""
+        metrics = self.metrics
+        assert metrics is not None
+        self.gens.pop(gen.request_id, None)
+        self.engine.release(gen.request_id)
+        if gen.last_output_s is None:
+            self.awaiting_first -= 1
+        phases = _phases(out)
+        metrics.on_finished(out.finish_reason or "abort", prompt_len=len(gen.parsed.prompt_ids),
+                            output_len=gen.output_len, max_tokens=gen.parsed.params.max_tokens,
+                            cached=out.num_cached_tokens, e2e_s=time.monotonic() - gen.arrival_s,
+                            num_preemptions=out.num_preemptions, **phases)
+
+    def _forget(self, gen: _Generation, abort: bool) -> None:
+        """The handler gave up on a request (client gone, engine dead)."""
+        if self.gens.pop(gen.request_id, None) is None:
+            return
+        if gen.last_output_s is None:
+            self.awaiting_first -= 1
+        if abort:
+            self.engine.abort(gen.request_id)
+            assert self.metrics is not None
+            self.metrics.success.labels(**self.metrics.labels, finished_reason="abort").inc()
+        else:
+            self.engine.release(gen.request_id)
+
+    # ---- generation ---------------------------------------------------------------------
+
+    def admit(self, parsed: Parsed, arrival_s: float) -> _Generation:
+        limit = self.config.max_num_queued_requests
+        assert self.metrics is not None and self.codec is not None
+        if self.engine.dead:
+            raise EngineDeadError()
+        if limit is not None and self.awaiting_first >= limit:
+            self.metrics.on_rejected()
+            raise ApiError(503, f"the server is at its queue limit ({limit} requests "
+                           "waiting); retry later")
+        request_id = uuid.uuid4().hex
+        queue = self.engine.submit(EngineRequest(request_id, parsed.prompt_ids, parsed.params,
+                                                 parsed.sampling, arrival_s))
+        gen = _Generation(request_id, parsed, arrival_s, self.codec.decoder(), queue)
+        self.gens[request_id] = gen
+        self.awaiting_first += 1
+        return gen
+
+    async def outputs(self, gen: _Generation) -> AsyncIterator[tuple[str, RequestOutput]]:
+        """(text delta, output) per engine output until the request finishes."""
+        while True:
+            item = await gen.queue.get()
+            if isinstance(item, Exception):
+                self._forget(gen, abort=False)
+                raise item
+            gen.output_len += len(item.new_token_ids)
+            gen.cached = item.num_cached_tokens or gen.cached
+            text = gen.decoder.step(item.new_token_ids)
+            if item.finish_reason is not None:
+                gen.finish_reason, gen.stop_reason = item.finish_reason, item.stop_reason
+                self._finished(gen, item)
+                yield text, item
+                return
+            yield text, item
+
+    async def complete(self, gen: _Generation) -> str:
+        """All of a request's text (non-streaming); aborts it if the handler is cancelled."""
+        parts = []
+        try:
+            async for text, _ in self.outputs(gen):
+                parts.append(text)
+        finally:
+            self._forget(gen, abort=True)
+        return "".join(parts)
+
+    async def stream(self, gen: _Generation, model: str, chat: bool) -> AsyncIterator[str]:
+        """SSE chunks as vLLM emits them; a disconnect (cancellation) aborts the request."""
+        rid = ("chatcmpl-" if chat else "cmpl-") + gen.request_id
+        created = int(time.time())
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        head = {"id": rid, "object": obj, "created": created, "model": model}
+        parsed = gen.parsed
+        try:
+            if chat:
+                yield _sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant",
+                                                                        "content": ""},
+                                                 "logprobs": None, "finish_reason": None}]})
+            async for text, out in self.outputs(gen):
+                choice: dict[str, Any] = {"index": 0, "logprobs": None,
+                                          "finish_reason": out.finish_reason,
+                                          "stop_reason": out.stop_reason}
+                if chat:
+                    choice["delta"] = {"content": text}
+                else:
+                    choice["text"] = text
+                chunk = {**head, "choices": [choice]}
+                if parsed.continuous_usage:
+                    chunk["usage"] = gen.usage()
+                yield _sse(chunk)
+            if parsed.include_usage:
+                yield _sse({**head, "choices": [], "usage": gen.usage()})
+            yield _sse("[DONE]")
+        except ApiError as err:
+            yield _sse(err.body())
+        finally:
+            self._forget(gen, abort=True)
+
+    def response(self, gen: _Generation, text: str, model: str, chat: bool) -> dict[str, Any]:
+        rid = ("chatcmpl-" if chat else "cmpl-") + gen.request_id
+        choice: dict[str, Any] = {"index": 0, "logprobs": None,
+                                  "finish_reason": gen.finish_reason,
+                                  "stop_reason": gen.stop_reason}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return {"id": rid, "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()), "model": model, "choices": [choice],
+                "usage": gen.usage()}
+
+
+def _phases(out: RequestOutput) -> dict[str, float | None]:
+    """vLLM's per-request phase times from the engine timestamps (None if not reached)."""
+    def diff(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else a - b
+
+    return {"queue_s": diff(out.scheduled_s, out.queued_s),
+            "prefill_s": diff(out.first_token_s, out.scheduled_s),
+            "decode_s": diff(out.last_token_s, out.first_token_s),
+            "inference_s": diff(out.last_token_s, out.scheduled_s)}
+
+
+# ---- the app ---------------------------------------------------------------------------------
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ApiError(400, f"malformed JSON body: {err}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    return body
+
+
+def build_app(config: ServeConfig) -> FastAPI:
+    """The FastAPI app; the engine process starts with the app's lifespan."""
+    server = Server(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await server.start()
+        try:
+            yield
+        finally:
+            await server.engine.shutdown()
+
+    app = FastAPI(title="rt serve", lifespan=lifespan)
+    app.state.server = server
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, err: ApiError) -> JSONResponse:
+        return err.response()
+
+    async def generate(request: Request, chat: bool) -> Response:
+        arrival = time.monotonic()
+        body = await _json_body(request)
+        model = body.get("model") or config.model_name
+        if model != config.model_name:
+            raise ApiError(404, f"The model `{model}` does not exist.", "model")
+        parser = server.parser
+        assert parser is not None
+        prompt = parser.chat_prompt(body) if chat else parser.completion_prompt(body)
+        parsed = parser.parse(body, prompt, chat)
+        gen = server.admit(parsed, arrival)
+        if parsed.stream:
+            return StreamingResponse(server.stream(gen, model, chat),
+                                     media_type="text/event-stream")
+        text = await server.complete(gen)
+        return JSONResponse(server.response(gen, text, model, chat))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await generate(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, chat=True)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        info = server.info
+        assert info is not None
+        return {"object": "list", "data": [{
+            "id": config.model_name, "object": "model", "created": int(time.time()),
+            "owned_by": "rt", "root": config.model_name, "parent": None,
+            "max_model_len": info.scheduler.max_model_len}]}
+
+    @app.get("/health")
+    async def health() -> Response:
+        if server.engine.dead:
+            return EngineDeadError().response()
+        pid = server.info.pid if server.info is not None else 0
+        return Response(status_code=200, headers={"x-engine-pid": str(pid)})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        assert server.metrics is not None
+        return Response(generate_latest(server.metrics.registry),
+                        media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        body = await _json_body(request)
+        parser = server.parser
+        assert parser is not None
+        tokens = parser.chat_prompt(body) if "messages" in body \
+            else parser.completion_prompt(body)
+        return {"count": len(tokens), "max_model_len": parser.max_model_len, "tokens": tokens}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict[str, Any]:
+        body = await _json_body(request)
+        assert server.parser is not None and server.codec is not None
+        tokens = token_list(body.get("tokens"), "tokens", server.parser.info.vocab_size)
+        return {"prompt": server.codec.decode(tokens)}
+
+    return app
+
+
+def _quiet_server_class() -> type:
+    import uvicorn
+
+    class QuietServer(uvicorn.Server):
+        """uvicorn re-raises a captured SIGTERM after its graceful shutdown (the process then
+        dies of the signal); rt serve exits 0 after a clean drain instead."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            import signal
+
+            handled = (signal.SIGINT, signal.SIGTERM)
+            original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+            try:
+                yield
+            finally:
+                for sig, handler in original.items():
+                    signal.signal(sig, handler)
+
+    return QuietServer
+
+
+def run_server(config: ServeConfig, host: str, port: int, shutdown_timeout_s: float = 10.0,
+               log_level: str = "warning") -> None:
+    """Serve until SIGINT/SIGTERM: then stop accepting, let streams in flight finish for up
+    to `shutdown_timeout_s` (after that they are cancelled, which aborts them), stop the
+    engine process and return."""
+    import uvicorn
+
+    _Server = _quiet_server_class()
+    uv_config = uvicorn.Config(build_app(config), host=host, port=port, log_level=log_level,
+                               timeout_graceful_shutdown=max(int(shutdown_timeout_s), 1),
+                               access_log=False)
+    server = _Server(uv_config)
+    server.run()
+    if not server.started:
+        raise RuntimeError("the server did not start (see the messages above)")

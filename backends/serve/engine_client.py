@@ -1,0 +1,134 @@
+"""The API server's side of the engine-core process: start it, send requests and aborts over
+ZeroMQ, route its per-step outputs to the streams that wait for them, watch its liveness."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from backends.serve.engine_process import ExecutorFactory, run_engine_process
+from backends.serve.messages import (
+    EngineInfo,
+    EngineOutputs,
+    EngineRequest,
+    RequestOutput,
+    decode,
+    encode,
+)
+from backends.serve.openai_protocol import EngineDeadError
+
+_HEALTH_POLL_S = 0.2  # how often the engine process's liveness is checked
+
+
+class EngineClient:
+    """The API server's side of the engine process: start it, send, route its outputs."""
+
+    def __init__(self) -> None:
+        self.context = zmq.asyncio.Context()
+        self.tmpdir = tempfile.TemporaryDirectory(prefix="rt-serve-")
+        self.input = self.context.socket(zmq.PUSH)
+        self.output = self.context.socket(zmq.PULL)
+        self.process: multiprocessing.process.BaseProcess | None = None
+        self.info: EngineInfo | None = None
+        self.streams: dict[str, asyncio.Queue[RequestOutput | Exception]] = {}
+        self.outgoing: asyncio.Queue[bytes] = asyncio.Queue()
+        self.dead = False
+        self.on_outputs: Callable[[EngineOutputs], None] = lambda _: None
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def start(self, factory: ExecutorFactory, kwargs: dict[str, Any],
+                    timeout_s: float) -> EngineInfo:
+        """Spawn the engine process and wait for its "ready" (RuntimeError if it fails)."""
+        base = Path(self.tmpdir.name)
+        in_addr, out_addr = f"ipc://{base / 'in'}", f"ipc://{base / 'out'}"
+        self.input.bind(in_addr)
+        self.output.bind(out_addr)
+        ctx = multiprocessing.get_context("spawn")
+        self.process = ctx.Process(target=run_engine_process, name="rt-engine-core",
+                                   args=(factory, kwargs, in_addr, out_addr, os.getpid()),
+                                   daemon=True)
+        self.process.start()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if await self.output.poll(200):
+                kind, payload = decode(await self.output.recv())
+                if kind == "failed":
+                    raise RuntimeError(f"the engine failed to start: {payload}")
+                self.info = payload
+                self.tasks = [asyncio.create_task(self._route()),
+                              asyncio.create_task(self._send()),
+                              asyncio.create_task(self._watch())]
+                return payload
+            if not self.process.is_alive():
+                raise RuntimeError(f"the engine process exited ({self.process.exitcode})")
+        raise RuntimeError(f"the engine did not start within {timeout_s:g} s")
+
+    def submit(self, request: EngineRequest) -> asyncio.Queue[RequestOutput | Exception]:
+        if self.dead:
+            raise EngineDeadError()
+        queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
+        self.streams[request.request_id] = queue
+        self.outgoing.put_nowait(encode(("add", request)))
+        return queue
+
+    def abort(self, request_id: str) -> None:
+        """Synchronous (safe in a `finally` of a cancelled task)."""
+        if self.streams.pop(request_id, None) is not None and not self.dead:
+            self.outgoing.put_nowait(encode(("abort", [request_id])))
+
+    def release(self, request_id: str) -> None:
+        self.streams.pop(request_id, None)
+
+    async def _send(self) -> None:
+        while True:
+            data = await self.outgoing.get()
+            await self.input.send(data)
+
+    async def _route(self) -> None:
+        while True:
+            kind, payload = decode(await self.output.recv())
+            if kind != "outputs":
+                continue
+            self.on_outputs(payload)
+            for out in payload.outputs:
+                queue = self.streams.get(out.request_id)
+                if queue is not None:
+                    queue.put_nowait(out)
+
+    async def _watch(self) -> None:
+        """Fail every open request once the engine process is gone."""
+        assert self.process is not None
+        while self.process.is_alive():
+            await asyncio.sleep(_HEALTH_POLL_S)
+        self.dead = True
+        for queue in self.streams.values():
+            queue.put_nowait(EngineDeadError())
+
+    async def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Tell the engine to stop, wait for it, close the sockets."""
+        for task in self.tasks:
+            task.cancel()
+        process = self.process
+        if process is not None and process.is_alive():
+            with contextlib.suppress(zmq.ZMQError):
+                await asyncio.wait_for(self.input.send(encode(("shutdown", None))), 1.0)
+            deadline = time.monotonic() + timeout_s
+            while process.is_alive() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if process.is_alive():
+                process.terminate()
+                process.join(2.0)
+        self.input.close(linger=0)
+        self.output.close(linger=0)
+        self.context.term()
+        self.tmpdir.cleanup()

@@ -1,0 +1,338 @@
+"""The engine-core process of `rt serve`: the scheduler, the KV cache and an executor.
+
+    API server  --PUSH ipc://.../in-->   engine core   (("add", EngineRequest), ("abort", ids),
+                <--PULL ipc://.../out--                ("shutdown", None); pickled tuples)
+                                                       (("ready", EngineInfo), ("failed", text),
+                                                        ("outputs", EngineOutputs))
+
+The messages are in `backends.serve.messages`. The loop is `runtime.EngineCore`'s, as in
+`rt replay` and `rt simulate`: take in the handed-over requests at a step boundary,
+`schedule()`, execute, `update_from_output()`, send every request's new tokens in one message
+per step. When idle it blocks on its input socket. Aborts (a client gone) finish the request
+at once (`Scheduler.finish_requests(FINISHED_ABORTED)`), which frees its KV blocks, and a
+stats message reports the new usage.
+
+The executor is injected as a picklable factory (a module-level function and its keyword
+arguments), called in this process: `build_real_executor` (the model, `backends`) or the
+simulator's wall-clock executor (`sim.live_executor`, injected by `cli.py`). Whatever it
+returns needs the attributes of `ExecutorSetup`. Timestamps are `time.monotonic()` seconds,
+a clock every process of the machine shares.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import zmq
+
+from backends.engine.sampling_options import SamplingOptions
+from backends.serve.messages import (
+    EngineInfo,
+    EngineOutputs,
+    EngineRequest,
+    RequestOutput,
+    SchedulerStats,
+    decode,
+    encode,
+)
+from runtime import (
+    CacheConfig,
+    EngineCore,
+    Request,
+    RequestStatus,
+    ScheduledStep,
+    Scheduler,
+    SchedulerConfig,
+    finish_reason,
+)
+
+_TRIM_EVERY_STEPS = 2048  # drop the recorder's records this often (a server runs for days)
+
+
+# ---- executors -------------------------------------------------------------------------------
+
+
+class Executor(Protocol):
+    """Runs steps. `execute` returns the sampled tokens ({request id: [token]}, for the
+    requests whose sequence completes in the step) and the step's duration in seconds."""
+
+    def register(self, req_id: str, sampling: SamplingOptions) -> None: ...
+
+    def execute(self, step: ScheduledStep) -> tuple[Mapping[str, Sequence[int]], float]: ...
+
+
+@dataclass(slots=True)
+class ExecutorSetup:
+    """What an executor factory returns (the simulator's returns the same attributes)."""
+
+    executor: Executor
+    scheduler: SchedulerConfig
+    cache: CacheConfig
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    description: dict[str, Any] = field(default_factory=dict)
+
+
+ExecutorFactory = Callable[..., Any]  # module-level, keyword arguments -> ExecutorSetup
+
+
+class RunnerExecutor:
+    """The real executor: `ModelRunner.execute` on the scheduler output."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+
+    def register(self, req_id: str, sampling: SamplingOptions) -> None:
+        self.runner.register(req_id, sampling)
+
+    def execute(self, step: ScheduledStep) -> tuple[Mapping[str, Sequence[int]], float]:
+        result = self.runner.execute(step.output)
+        return result.sampled, result.duration_s
+
+
+def build_real_executor(args: Any) -> ExecutorSetup:
+    """The factory of the real engine: `args` is a `RealEngineArgs` (model loaded here)."""
+    from backends.engine.setup import build_engine
+
+    setup = build_engine(args)
+    return ExecutorSetup(RunnerExecutor(setup.runner), setup.scheduler, setup.cache,
+                         setup.shape.vocab_size, tuple(setup.shape.eos_token_ids),
+                         setup.describe())
+
+
+# ---- the loop --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Live:
+    request: Request
+    sent: int = 0  # output tokens already sent
+    queued_s: float = 0.0
+    scheduled_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+
+
+class EngineLoop:
+    """The engine core's loop over its two sockets."""
+
+    def __init__(self, setup: Any, inbox: zmq.Socket, outbox: zmq.Socket,
+                 parent_pid: int | None = None) -> None:
+        self.executor: Executor = setup.executor
+        self.core = EngineCore(Scheduler(setup.scheduler, setup.cache))
+        self.inbox = inbox
+        self.outbox = outbox
+        self.parent_pid = parent_pid
+        self.live: dict[str, _Live] = {}
+        self.submitted: list[str] = []  # since the last step
+        self.pending_aborts: set[str] = set()  # aborted before the scheduler took them in
+        self.stopping = False
+        self.busy = False  # had work since the end of the last step
+        self.last_end = 0.0
+        self.steps = 0
+
+    def run(self) -> None:
+        while not self.stopping:
+            has_work = self.core.has_work()
+            self.receive(block=not has_work)
+            if self.core.has_work():
+                self.step()
+            else:
+                self.busy = False
+
+    # ---- input ---------------------------------------------------------------------------
+
+    def receive(self, block: bool) -> None:
+        """Take every queued message; when `block`, wait (up to 1 s) for the first."""
+        if block and not self.inbox.poll(1000):
+            self._check_parent()
+            self.busy = False
+            return
+        while True:
+            try:
+                data = self.inbox.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind, payload = decode(data)
+            if kind == "add":
+                self.add(payload)
+            elif kind == "abort":
+                self.abort(payload)
+            elif kind == "shutdown":
+                self.stopping = True
+                return
+
+    def _check_parent(self) -> None:
+        if self.parent_pid is not None and os.getppid() != self.parent_pid:
+            self.stopping = True  # the API server is gone
+
+    def add(self, req: EngineRequest) -> None:
+        now = time.monotonic()
+        request = Request(req.request_id, req.prompt_token_ids, req.params,
+                          arrival_time=req.arrival_s)
+        self.executor.register(req.request_id, req.sampling)
+        self.core.recorder.arrived(req.request_id, req.arrival_s, len(req.prompt_token_ids),
+                                   req.params.max_tokens)
+        self.core.submit(request, now)
+        self.live[req.request_id] = _Live(request, queued_s=now)
+        self.submitted.append(req.request_id)
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Finish the requests now (their blocks are freed) and report the new usage."""
+        outputs = []
+        scheduler = self.core.scheduler
+        for req_id in request_ids:
+            live = self.live.get(req_id)
+            if live is None:
+                continue
+            if req_id not in scheduler.requests:  # still in the core's input queue
+                self.pending_aborts.add(req_id)
+                continue
+            outputs.append(self._abort_one(live))
+        if outputs:
+            self.send(outputs, time.monotonic(), 0)
+
+    def _abort_one(self, live: _Live) -> RequestOutput:
+        request = live.request
+        scheduler = self.core.scheduler
+        scheduler.finish_requests(request.request_id, RequestStatus.FINISHED_ABORTED)
+        if request.status == RequestStatus.FINISHED_ABORTED:
+            self.core.recorder.aborted(request, time.monotonic())
+        scheduler.release([request.request_id])
+        return self._final(live)
+
+    # ---- stepping ------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """One engine step. It starts where the last one ended while the engine stayed busy
+        (as in the simulator), so a wall-clock executor can absorb the loop's overhead."""
+        core = self.core
+        start = self.last_end if self.busy else time.monotonic()
+        submitted, self.submitted = self.submitted, []
+        step = core.begin_step(start)
+        outputs = self._refused(submitted)
+        if step is None:
+            self.busy = False
+            if outputs:
+                self.send(outputs, time.monotonic(), 0)
+            return
+        now = time.monotonic()
+        for new in step.output.scheduled_new_reqs:
+            live = self.live.get(new.req_id)
+            if live is not None and live.scheduled_s is None:
+                live.scheduled_s = now
+        sampled, duration = self.executor.execute(step)
+        end = time.monotonic()
+        finished = core.end_step(step, sampled, end, duration)
+        self.busy, self.last_end = True, end
+        outputs.extend(self._step_outputs(sampled, finished, end))
+        if self.pending_aborts:
+            outputs.extend(self._abort_pending())
+        self.send(outputs, end, len(step.output.preempted_req_ids))
+        self._trim()
+
+    def _refused(self, submitted: list[str]) -> list[RequestOutput]:
+        """Requests the scheduler finished on entry (FINISHED_IGNORED)."""
+        outputs = []
+        for req_id in submitted:
+            live = self.live.get(req_id)
+            if live is not None and live.request.is_finished():
+                outputs.append(self._final(live))
+        return outputs
+
+    def _step_outputs(self, sampled: Mapping[str, Sequence[int]], finished: list[Request],
+                      now: float) -> list[RequestOutput]:
+        outputs = []
+        done = {request.request_id for request in finished}
+        for req_id in sampled:
+            live = self.live.get(req_id)
+            if live is None:
+                continue
+            if live.first_token_s is None:
+                live.first_token_s = now
+            live.last_token_s = now
+            if req_id in done:
+                outputs.append(self._final(live))
+            else:
+                outputs.append(RequestOutput(req_id, self._new_tokens(live)))
+        return outputs
+
+    def _abort_pending(self) -> list[RequestOutput]:
+        outputs = []
+        for req_id in list(self.pending_aborts):
+            live = self.live.get(req_id)
+            if live is not None:
+                outputs.append(self._abort_one(live))
+        self.pending_aborts.clear()
+        return outputs
+
+    @staticmethod
+    def _new_tokens(live: _Live) -> list[int]:
+        request = live.request
+        start = request.num_prompt_tokens + live.sent
+        tokens = list(request.all_token_ids[start:request.num_tokens])
+        live.sent += len(tokens)
+        return tokens
+
+    def _final(self, live: _Live) -> RequestOutput:
+        """The request's last output; it leaves the loop."""
+        request = live.request
+        del self.live[request.request_id]
+        self.pending_aborts.discard(request.request_id)
+        return RequestOutput(
+            request.request_id, self._new_tokens(live), finish_reason(request.status),
+            request.stop_reason, request.num_cached_tokens or 0, request.num_preemptions,
+            live.queued_s, live.scheduled_s, live.first_token_s, live.last_token_s)
+
+    def send(self, outputs: list[RequestOutput], now: float, num_preemptions: int) -> None:
+        scheduler = self.core.scheduler
+        prefix = scheduler.prefix_cache_stats
+        stats = SchedulerStats(len(scheduler.running), len(scheduler.waiting),
+                               scheduler.kv_cache_manager.usage, prefix.queries, prefix.hits,
+                               num_preemptions)
+        self.outbox.send(encode(("outputs", EngineOutputs(now, outputs, stats))))
+
+    def _trim(self) -> None:
+        """Forget old records: the server keeps no run directory."""
+        self.steps += 1
+        if self.steps % _TRIM_EVERY_STEPS == 0:
+            recorder = self.core.recorder
+            recorder.finished.clear()
+            for column in recorder.step_columns.values():
+                column.clear()
+
+
+def run_engine_process(factory: ExecutorFactory, factory_kwargs: dict[str, Any],
+                       input_address: str, output_address: str, parent_pid: int) -> None:
+    """The engine process's entry point: build the executor, say "ready", loop until told
+    to shut down (or the parent is gone). Ctrl-C is the API server's to handle."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    context = zmq.Context()
+    inbox = context.socket(zmq.PULL)
+    inbox.connect(input_address)
+    outbox = context.socket(zmq.PUSH)
+    outbox.connect(output_address)
+    try:
+        setup = factory(**factory_kwargs)
+        info = EngineInfo(setup.scheduler, setup.cache, setup.vocab_size,
+                          tuple(setup.eos_token_ids), os.getpid(), dict(setup.description))
+    except Exception as err:  # noqa: BLE001 - reported to the API server, which exits
+        outbox.send(encode(("failed", f"{type(err).__name__}: {err}")))
+        outbox.close(linger=1000)
+        context.term()
+        raise SystemExit(1) from None
+    gc.collect()
+    gc.freeze()  # the startup heap (torch, the model) stays out of every later collection
+    outbox.send(encode(("ready", info)))
+    try:
+        EngineLoop(setup, inbox, outbox, parent_pid).run()
+    finally:
+        inbox.close(linger=0)
+        outbox.close(linger=200)
+        context.term()

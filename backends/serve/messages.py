@@ -1,0 +1,88 @@
+"""The messages between `rt serve`'s API server and its engine-core process.
+
+    API server  -> engine   ("add", EngineRequest), ("abort", [request ids]), ("shutdown", None)
+    engine -> API server    ("ready", EngineInfo), ("failed", text), ("outputs", EngineOutputs)
+
+Each is a pickled (kind, payload) tuple (`encode`, `decode`) on a local ZeroMQ socket.
+Timestamps are `time.monotonic()` seconds, a clock every process of the machine shares.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from typing import Any
+
+from backends.engine.sampling_options import SamplingOptions
+from runtime import CacheConfig, SamplingParams, SchedulerConfig
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """A tokenized request handed to the engine core. `arrival_s`: monotonic seconds."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    sampling: SamplingOptions
+    arrival_s: float
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """A request's new tokens of one step; `finish_reason` set on its last output.
+
+    The timing fields (monotonic seconds, engine clock) are filled on the last output:
+    `queued_s` (entered the engine), `scheduled_s` (first admission), `first_token_s`,
+    `last_token_s`."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    queued_s: float | None = None
+    scheduled_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """The scheduler after a step (or an abort). Prefix-cache counters are cumulative."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # fraction of usable blocks in use, 0-1
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int  # in this step
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOutputs:
+    timestamp: float  # monotonic seconds when the step ended
+    outputs: list[RequestOutput]
+    stats: SchedulerStats
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """What the API server learns from the engine once it is up."""
+
+    scheduler: SchedulerConfig
+    cache: CacheConfig
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    pid: int
+    description: dict[str, Any] = field(default_factory=dict)
+
+
+def encode(message: tuple[str, Any]) -> bytes:
+    """The wire format: a pickled (kind, payload) tuple (protocol 5)."""
+    return pickle.dumps(message, protocol=5)
+
+
+def decode(data: bytes) -> tuple[str, Any]:
+    return pickle.loads(data)  # noqa: S301 - a local socket between our own processes

@@ -1,0 +1,178 @@
+"""The OpenAI API's request side for `rt serve`: validating completion and chat bodies into
+engine requests, and OpenAI-style errors (`{"error": {"message", "type", "param", "code"}}`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from backends.engine.sampling_options import SamplingOptions
+from backends.engine.text import TextCodec
+from backends.serve.messages import EngineInfo
+from runtime import SamplingParams
+
+
+class ApiError(Exception):
+    """An error answered as OpenAI-style JSON."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 kind: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.kind = kind or {400: "BadRequestError", 404: "NotFoundError",
+                             503: "ServiceUnavailableError"}.get(status, "InternalServerError")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": self.status}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+class EngineDeadError(ApiError):
+    def __init__(self) -> None:
+        super().__init__(500, "the engine process died", kind="EngineDeadError")
+
+
+@dataclass(slots=True)
+class Parsed:
+    """A validated generation request."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    sampling: SamplingOptions
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
+
+
+def _get(body: dict[str, Any], name: str, kinds: tuple[type, ...], default: Any) -> Any:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) and bool not in kinds:
+        raise ApiError(400, f"{name} must be {kinds[0].__name__}, got a boolean", name)
+    if not isinstance(value, kinds):
+        raise ApiError(400, f"{name} must be {kinds[0].__name__}, got {value!r}", name)
+    return value
+
+
+def token_list(value: Any, name: str, vocab_size: int) -> list[int]:
+    if not isinstance(value, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise ApiError(400, f"{name} must be a list of token ids", name)
+    bad = [t for t in value if not 0 <= t < vocab_size]
+    if bad:
+        raise ApiError(400, f"{name}: token id {bad[0]} is outside the vocabulary "
+                       f"[0, {vocab_size})", name)
+    return value
+
+
+class RequestParser:
+    """Validates OpenAI request bodies into `Parsed` (ApiError 400 otherwise)."""
+
+    def __init__(self, codec: TextCodec, info: EngineInfo) -> None:
+        self.codec = codec
+        self.info = info
+        self.max_model_len = info.scheduler.max_model_len
+
+    def completion_prompt(self, body: dict[str, Any]) -> list[int]:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]  # a batch of one
+        if isinstance(prompt, str):
+            return self.codec.encode(prompt)
+        if isinstance(prompt, list):
+            return token_list(prompt, "prompt", self.info.vocab_size)
+        raise ApiError(400, "prompt must be a string, a list of token ids, or a list of "
+                       "one of them (batches of several prompts are not supported)", "prompt")
+
+    def chat_prompt(self, body: dict[str, Any]) -> list[int]:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ApiError(400, "messages must be a non-empty list", "messages")
+        clean = []
+        for message in messages:
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise ApiError(400, "each message needs a string role", "messages")
+            content = message.get("content") or ""
+            if isinstance(content, list):  # content parts: keep the text ones
+                content = "".join(part.get("text", "") for part in content
+                                  if isinstance(part, dict) and part.get("type") == "text")
+            if not isinstance(content, str):
+                raise ApiError(400, "message content must be a string or text parts",
+                               "messages")
+            clean.append({"role": message["role"], "content": content})
+        return self.codec.chat_prompt(clean)
+
+    def parse(self, body: dict[str, Any], prompt_ids: list[int], chat: bool) -> Parsed:
+        if not prompt_ids:
+            raise ApiError(400, "the prompt is empty", "prompt")
+        if len(prompt_ids) >= self.max_model_len:
+            raise ApiError(400, f"This model's maximum context length is {self.max_model_len} "
+                           f"tokens. However, your request has {len(prompt_ids)} input tokens, "
+                           "which leaves no room for output.", "prompt" if not chat
+                           else "messages")
+        max_tokens = self._max_tokens(body, chat, len(prompt_ids))
+        unsupported = [name for name in ("stop", "logprobs", "echo", "best_of", "tools",
+                                         "logit_bias", "response_format") if body.get(name)]
+        if unsupported:
+            raise ApiError(400, f"{unsupported[0]} is not supported by rt serve",
+                           unsupported[0])
+        if _get(body, "n", (int,), 1) != 1:
+            raise ApiError(400, "only n=1 is supported", "n")
+        min_tokens = _get(body, "min_tokens", (int,), 0)
+        if not 0 <= min_tokens <= max_tokens:
+            raise ApiError(400, f"min_tokens must be in [0, max_tokens={max_tokens}], got "
+                           f"{min_tokens}", "min_tokens")
+        ignore_eos = _get(body, "ignore_eos", (bool,), False)
+        stop_ids = tuple(token_list(body.get("stop_token_ids") or [], "stop_token_ids",
+                                     self.info.vocab_size))
+        eos_ids = self.info.eos_token_ids
+        eos = eos_ids[0] if eos_ids else None
+        params = SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens,
+                                ignore_eos=ignore_eos, eos_token_id=eos,
+                                stop_token_ids=stop_ids + tuple(eos_ids[1:]) * (not ignore_eos))
+        sampler_stops = tuple(stop_ids) + (() if ignore_eos else tuple(eos_ids))
+        sampling = self._sampling(body, min_tokens, sampler_stops)
+        stream = _get(body, "stream", (bool,), False)
+        options = _get(body, "stream_options", (dict,), {})
+        return Parsed(prompt_ids, params, sampling, stream,
+                      bool(options.get("include_usage")),
+                      bool(options.get("continuous_usage_stats")))
+
+    def _max_tokens(self, body: dict[str, Any], chat: bool, prompt_len: int) -> int:
+        room = self.max_model_len - prompt_len
+        name = "max_completion_tokens" if chat and body.get("max_completion_tokens") \
+            is not None else "max_tokens"
+        value = _get(body, name, (int,), None)
+        if value is None:
+            return room if chat else min(16, room)
+        if value < 1:
+            raise ApiError(400, f"{name} must be at least 1, got {value}", name)
+        if value > room:
+            raise ApiError(400, f"This model's maximum context length is {self.max_model_len} "
+                           f"tokens. However, you requested {prompt_len + value} tokens "
+                           f"({prompt_len} in the prompt, {value} in the completion).", name)
+        return value
+
+    @staticmethod
+    def _sampling(body: dict[str, Any], min_tokens: int,
+                  stops: tuple[int, ...]) -> SamplingOptions:
+        temperature = float(_get(body, "temperature", (int, float), 1.0))
+        top_p = float(_get(body, "top_p", (int, float), 1.0))
+        top_k = _get(body, "top_k", (int,), 0)
+        seed = _get(body, "seed", (int,), None)
+        if temperature < 0:
+            raise ApiError(400, f"temperature must be >= 0, got {temperature}", "temperature")
+        if not 0 < top_p <= 1:
+            raise ApiError(400, f"top_p must be in (0, 1], got {top_p}", "top_p")
+        if top_k < 0 and top_k != -1:
+            raise ApiError(400, f"top_k must be -1, 0 or positive, got {top_k}", "top_k")
+        return SamplingOptions(temperature, top_p, max(top_k, 0), seed, min_tokens, stops)

@@ -1,0 +1,89 @@
+"""The runner's sampler: greedy, temperature with top-k / top-p, seeded reproducibility, and
+the min_tokens mask on EOS/stop tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from backends.engine.attention import REFERENCE_OPS
+from backends.engine.kv_cache import KVCache, KVCacheSpec
+from backends.engine.model import load_model
+from backends.engine.model_runner import ModelRunner, _RequestState
+from backends.engine.sampling_options import SamplingOptions
+from backends.engine.tiny_model import build_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory: pytest.TempPathFactory) -> ModelRunner:
+    path: Path = build_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama")
+    model = load_model(path, "float32", torch.device("cpu"), REFERENCE_OPS)
+    shape = model.shape
+    spec = KVCacheSpec(shape.num_layers, shape.num_kv_heads, shape.head_dim, 4, model.dtype)
+    return ModelRunner(model, KVCache(spec, 8, model.device), seed=0)
+
+
+def _logits(rows: int = 2, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, 50, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def _setup(runner: ModelRunner, options: SamplingOptions, outputs: int = 0) -> list[str]:
+    ids = ["a", "b"]
+    for req_id in ids:
+        runner.states[req_id] = _RequestState([1, 2, 3] + [4] * outputs, 3, [1])
+        runner.register(req_id, options)
+    return ids
+
+
+def test_greedy_is_argmax(runner: ModelRunner) -> None:
+    logits = _logits()
+    ids = _setup(runner, SamplingOptions())
+    assert runner.sample(logits, ids) == logits.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("options", [SamplingOptions(temperature=1.0, top_k=1),
+                                     SamplingOptions(temperature=1.0, top_p=1e-6)])
+def test_top_k_1_and_tiny_top_p_are_greedy(runner: ModelRunner,
+                                           options: SamplingOptions) -> None:
+    logits = _logits(seed=1)
+    ids = _setup(runner, options)
+    assert runner.sample(logits, ids) == logits.argmax(-1).tolist()
+
+
+def test_top_k_keeps_only_the_k_best(runner: ModelRunner) -> None:
+    logits = _logits(rows=1, seed=2)
+    best = set(torch.topk(logits[0], 3).indices.tolist())
+    runner.states["a"] = _RequestState([1], 1, [1])
+    runner.register("a", SamplingOptions(temperature=5.0, top_k=3, seed=1))
+    draws = {runner.sample(logits, ["a"])[0] for _ in range(60)}
+    assert draws <= best and len(draws) > 1
+
+
+def test_seeded_requests_reproduce(runner: ModelRunner) -> None:
+    logits = _logits(seed=3)
+    first = []
+    for _ in range(2):
+        ids = _setup(runner, SamplingOptions(temperature=2.0, seed=42))
+        first.append([runner.sample(logits, ids) for _ in range(5)])
+    assert first[0] == first[1]
+    assert len({tuple(draw) for draw in first[0]}) > 1  # it does sample
+
+
+def test_min_tokens_masks_stop_tokens(runner: ModelRunner) -> None:
+    logits = _logits(seed=4)
+    top = logits.argmax(-1).tolist()
+    second = torch.topk(logits, 2).indices[:, 1].tolist()
+    options = SamplingOptions(min_tokens=2, stop_token_ids=tuple(top))
+    ids = _setup(runner, options, outputs=1)
+    assert runner.sample(logits, ids) == second
+    ids = _setup(runner, options, outputs=2)  # min_tokens reached: no mask
+    assert runner.sample(logits, ids) == top
+
+
+def test_sampling_options_are_validated() -> None:
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingOptions(top_p=0.0)
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingOptions(temperature=-1.0)
