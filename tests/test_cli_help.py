@@ -46,6 +46,7 @@ def _surface(command: Any) -> dict[str, object]:
             "help": getattr(param, "help", None),
             "panel": getattr(param, "rich_help_panel", None),
         })
+    params.sort(key=lambda p: p["opts"])
     return {"help": command.help, "params": params}
 
 
