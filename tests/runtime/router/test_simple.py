@@ -161,7 +161,8 @@ def test_p2_two_candidates_lower_load_wins() -> None:
 
 def test_p2_tie_goes_to_first_drawn() -> None:
     expected = SplitMix64(9).sample_two([0, 1])[0]
-    assert make_policy("power-of-two", seed=9).choose(req(prompt_len=8), snaps(2)).replica == expected
+    policy = make_policy("power-of-two", seed=9)
+    assert policy.choose(req(prompt_len=8), snaps(2)).replica == expected
 
 
 def test_p2_replays_the_pair_draws() -> None:
