@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -40,15 +41,14 @@ def prompt_block_hashes(
     prompt is unknown or shorter than one block."""
     if token_ids is None or len(token_ids) < block_size:
         return []
-    tokens = token_ids[: max_blocks * block_size]
+    packed = array("q", token_ids[: max_blocks * block_size]).tobytes()
+    block_bytes = 8 * block_size
     hashes: list[RouterHash] = []
     parent = b"rt-router-root"
-    for start in range(0, len(tokens), block_size):
-        block = tokens[start : start + block_size]
-        data = parent + b"".join(t.to_bytes(8, "little", signed=True) for t in block)
-        digest = hashlib.blake2b(data, digest_size=8).digest()
-        hashes.append(int.from_bytes(digest, "little"))
-        parent = digest
+    for start in range(0, len(packed), block_bytes):
+        parent = hashlib.blake2b(parent + packed[start : start + block_bytes],
+                                 digest_size=8).digest()
+        hashes.append(int.from_bytes(parent, "little"))
     return hashes
 
 
