@@ -1,0 +1,171 @@
+"""The router policy interface and the helpers its implementations share.
+
+One call decides, hooks keep the router's own state:
+
+    decision = policy.choose(request, snapshots)   # pure but for seeded draws
+    policy.on_routed(request, decision.replica)    # dispatched: update in-flight, indexes
+    policy.on_prefill_done(request_id)             # first token seen (Dynamo's prefill load)
+    policy.on_finished(request_id)                 # response complete
+    policy.on_kv_events(queue.drain(now_s))        # precise prefix state, delayed
+
+`route` does the first two at once. The simulator and a real HTTP router call the same
+methods; a policy never reads a clock (times come in `RoutingRequest.now_s`) and draws only
+from `self.rng`, seeded by the caller. `snapshots` are the candidates: the driver passes the
+replicas this request may go to (e.g. those whose KV pool can ever hold it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from runtime.router.rng import SplitMix64
+from runtime.router.snapshot import ReplicaSnapshot, RoutingDecision, RoutingRequest
+from runtime.router.state import KvEvent, RouterLocal
+
+
+@dataclass(frozen=True, slots=True)
+class NoArgs:
+    """The configuration of a policy that takes no arguments."""
+
+
+class RouterPolicy:
+    """Base of every policy: router-local in-flight bookkeeping and a seeded generator.
+
+    Subclasses set `name` (the CLI name), `config_type` (a frozen dataclass whose fields are
+    the `KEY=VALUE` arguments) and implement `choose`.
+    """
+
+    name: ClassVar[str]
+    config_type: ClassVar[type[Any]] = NoArgs
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = SplitMix64(seed)
+        self.local = RouterLocal()
+
+    def choose(
+        self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]
+    ) -> RoutingDecision:
+        """Pick one of `replicas` for `request`; does not record the dispatch."""
+        raise NotImplementedError
+
+    def on_routed(self, request: RoutingRequest, replica: int) -> None:
+        """The request was sent to `replica`: count it in flight."""
+        self.local.add(request, replica)
+
+    def on_prefill_done(self, request_id: str) -> None:
+        """The request's first token came back (its prefill is done)."""
+
+    def on_finished(self, request_id: str) -> None:
+        """The request's response completed (or it was aborted)."""
+        self.local.finish(request_id)
+
+    def on_kv_events(self, events: Iterable[KvEvent]) -> None:
+        """KV events now visible to the router; ignored by policies without a precise index."""
+
+    def route(
+        self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]
+    ) -> RoutingDecision:
+        """`choose`, then `on_routed` with the choice."""
+        decision = self.choose(request, replicas)
+        self.on_routed(request, decision.replica)
+        return decision
+
+
+def candidate_ids(replicas: Sequence[ReplicaSnapshot]) -> list[int]:
+    """The candidates' ids in increasing order; ValueError if none or duplicated."""
+    ids = sorted(r.replica_id for r in replicas)
+    if not ids:
+        raise ValueError("no replica to route to")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"duplicate replica ids among candidates: {ids}")
+    return ids
+
+
+def by_id(replicas: Sequence[ReplicaSnapshot]) -> dict[int, ReplicaSnapshot]:
+    candidate_ids(replicas)
+    return {r.replica_id: r for r in replicas}
+
+
+def pick_max(scores: Mapping[int, float], rng: SplitMix64) -> tuple[int, int]:
+    """The replica with the highest score; ties drawn uniformly from `rng` among the tied
+    replicas in id order. Returns (replica, number tied)."""
+    best = max(scores.values())
+    tied = sorted(r for r, s in scores.items() if s == best)
+    return (tied[0] if len(tied) == 1 else rng.choice(tied)), len(tied)
+
+
+def pick_min(scores: Mapping[int, float], rng: SplitMix64) -> tuple[int, int]:
+    """As `pick_max`, for the lowest score (a cost)."""
+    best = min(scores.values())
+    tied = sorted(r for r, s in scores.items() if s == best)
+    return (tied[0] if len(tied) == 1 else rng.choice(tied)), len(tied)
+
+
+def first_min(ids: Sequence[int], key: Mapping[int, float]) -> int:
+    """The first of `ids` (in the given order) with the lowest `key`: the reference's
+    deterministic tie rule (a strict `<` scan, Rust's `min_by_key`, Python's `min`)."""
+    best = ids[0]
+    for replica in ids[1:]:
+        if key[replica] < key[best]:
+            best = replica
+    return best
+
+
+def tie_note(num_tied: int) -> str:
+    return f" (tie of {num_tied}, seeded draw)" if num_tied > 1 else ""
+
+
+def parse_config(policy: str, config_type: type[Any], args: Sequence[str]) -> Any:
+    """Build `config_type` from `KEY=VALUE` strings (dashes in KEY read as underscores).
+
+    Raises ValueError with a one-line message naming the argument and value: not KEY=VALUE,
+    unknown key, repeated key, a value not of the field's type, or the config's own check.
+    """
+    fields = {f.name: f for f in dataclasses.fields(config_type)}
+    values: dict[str, Any] = {}
+    for arg in args:
+        key, sep, raw = arg.partition("=")
+        name = key.strip().replace("-", "_")
+        if not sep or not name:
+            raise ValueError(f"router argument {arg!r} must be KEY=VALUE")
+        if name not in fields:
+            known = ", ".join(sorted(fields)) or "none"
+            raise ValueError(f"{policy} has no argument {key!r} (arguments: {known})")
+        if name in values:
+            raise ValueError(f"router argument {key!r} given twice")
+        values[name] = _convert(name, str(fields[name].type), raw.strip())
+    return config_type(**values)
+
+
+def _convert(name: str, type_name: str, raw: str) -> Any:
+    base = type_name.replace(" | None", "")
+    if base == "bool":
+        lowered = raw.lower()
+        if lowered in ("true", "1", "yes", "on"):
+            return True
+        if lowered in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(f"router argument {name} must be true or false, got {raw!r}")
+    if base == "int":
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"router argument {name} must be an integer, got {raw!r}") from None
+    if base == "float":
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"router argument {name} must be a number, got {raw!r}") from None
+        if not math.isfinite(value):
+            raise ValueError(f"router argument {name} must be finite, got {raw!r}")
+        return value
+    return raw
+
+
+def require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)

@@ -1,0 +1,251 @@
+"""Prefix indexes a router keeps: approximate ones it fills from its own decisions, and a
+precise one fed by the engines' KV events.
+
+- `BlockLRUIndex`: llm-d's approximate prefix index (llm-d-inference-scheduler
+  `requestcontrol/dataproducer/approximateprefix/{hashing,indexer,plugin}.go`): the prompt is
+  cut into blocks of `block_size` tokens (llm-d cuts characters, 4 per token), hashes are
+  chained and the partial tail block is hashed too; each replica has an LRU of hashes
+  (capacity: its KV pool in blocks under autoTune, else 31,250) and a reverse map hash ->
+  replicas. Matching counts, block by block from the first, every replica holding the block,
+  and stops at the first block no replica holds.
+- `PageTrie`: a trie over pages of tokens whose nodes record which replicas ("tenants") hold
+  them and when they last did: SGLang router's approximate radix tree (`sgl-router/src/
+  policies/tree.rs`; characters there, tokens here, pages of `page_size`) with its LRU-leaf
+  eviction by tenant size, and production-stack's `HashTrie` (`src/vllm_router/prefix/
+  hashtrie.py`; 128-character chunks there, no eviction).
+- `PreciseIndex`: the blocks each engine reported as cached through KV events (llm-d's
+  precise-prefix-cache scorer, Dynamo's KV indexer, LMCache's lookup in production-stack's
+  kv-aware router); overlap = leading blocks of the request present on the replica.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from array import array
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from runtime.block_hash import BlockHash
+from runtime.router.state import KvEvent
+
+RouterHash = int  # 64-bit, from blake2b; the router's own hashes, unrelated to the engine's
+
+
+def prompt_block_hashes(
+    token_ids: Sequence[int] | None, block_size: int, max_blocks: int
+) -> list[RouterHash]:
+    """llm-d's `hashPrompt` over tokens: chained hashes of `block_size`-token blocks of the
+    first `max_blocks * block_size` tokens, the partial tail block included; [] when the
+    prompt is unknown or shorter than one block."""
+    if token_ids is None or len(token_ids) < block_size:
+        return []
+    packed = array("q", token_ids[: max_blocks * block_size]).tobytes()
+    block_bytes = 8 * block_size
+    hashes: list[RouterHash] = []
+    parent = b"rt-router-root"
+    for start in range(0, len(packed), block_bytes):
+        parent = hashlib.blake2b(parent + packed[start : start + block_bytes],
+                                 digest_size=8).digest()
+        hashes.append(int.from_bytes(parent, "little"))
+    return hashes
+
+
+class BlockLRUIndex:
+    """llm-d's approximate prefix index: per-replica LRUs of block hashes + reverse map."""
+
+    def __init__(self) -> None:
+        self._owners: dict[RouterHash, set[int]] = {}
+        self._lru: dict[int, OrderedDict[RouterHash, None]] = {}
+        self._capacity: dict[int, int] = {}
+
+    def add(self, hashes: Sequence[RouterHash], replica: int, capacity: int) -> None:
+        """Record that `replica` now holds `hashes`; the capacity is fixed on first add
+        (llm-d creates a replica's LRU once). Adding in prompt order makes the first blocks
+        the least recent, so they are evicted first, as in llm-d."""
+        lru = self._lru.get(replica)
+        if lru is None:
+            lru = self._lru[replica] = OrderedDict()
+            self._capacity[replica] = capacity
+        limit = self._capacity[replica]
+        for h in hashes:
+            if h in lru:
+                lru.move_to_end(h)
+            else:
+                lru[h] = None
+                self._owners.setdefault(h, set()).add(replica)
+                if len(lru) > limit:
+                    self._evict(replica, lru.popitem(last=False)[0])
+
+    def _evict(self, replica: int, h: RouterHash) -> None:
+        owners = self._owners[h]
+        owners.discard(replica)
+        if not owners:
+            del self._owners[h]
+
+    def match(self, hashes: Sequence[RouterHash]) -> dict[int, int]:
+        """Matched blocks per replica, llm-d's greedy count (replicas absent = 0)."""
+        matched: dict[int, int] = {}
+        for h in hashes:
+            owners = self._owners.get(h)
+            if not owners:
+                break
+            for replica in owners:
+                matched[replica] = matched.get(replica, 0) + 1
+        return matched
+
+    def size(self, replica: int) -> int:
+        lru = self._lru.get(replica)
+        return 0 if lru is None else len(lru)
+
+
+@dataclass(slots=True, eq=False)
+class _Node:
+    parent: _Node | None
+    key: tuple[int, ...]  # this node's page of tokens (the last one may be short)
+    serial: int  # creation order: breaks eviction ties deterministically
+    children: dict[tuple[int, ...], _Node] = field(default_factory=dict)
+    tenants: dict[int, float] = field(default_factory=dict)  # replica -> last access, s
+
+
+class PageTrie:
+    """A trie over pages of `page_size` tokens with per-replica ownership and access times.
+
+    Invariant: `size(r)` is the total tokens of the nodes r owns, and a replica owning a
+    node owns all its ancestors (inserting a prompt marks its whole path).
+    """
+
+    def __init__(self, page_size: int) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.page_size = page_size
+        self._root = _Node(None, (), 0)
+        self._size: dict[int, int] = {}
+        self._num_nodes = 0
+
+    def _pages(self, tokens: Sequence[int]) -> Iterable[tuple[int, ...]]:
+        step = self.page_size
+        return (tuple(tokens[i : i + step]) for i in range(0, len(tokens), step))
+
+    def insert(self, tokens: Sequence[int], replica: int, now_s: float) -> None:
+        """Mark every page of `tokens` as held by `replica`, accessed at `now_s`."""
+        node = self._root
+        self._size.setdefault(replica, 0)
+        for page in self._pages(tokens):
+            child = node.children.get(page)
+            if child is None:
+                self._num_nodes += 1
+                child = node.children[page] = _Node(node, page, self._num_nodes)
+            if replica not in child.tenants:
+                self._size[replica] += len(page)
+            child.tenants[replica] = now_s
+            node = child
+
+    def match(self, tokens: Sequence[int], candidates: Iterable[int]) -> tuple[int, set[int]]:
+        """Longest prefix held by some candidate: (matched tokens, the candidates holding
+        all of it). With no page matched: (0, all candidates). This is production-stack's
+        `longest_prefix_match`; SGLang's `prefix_match` returns one tenant of the deepest
+        node reached, which is one of these."""
+        alive = set(candidates)
+        node, matched = self._root, 0
+        for page in self._pages(tokens):
+            child = node.children.get(page)
+            if child is None:
+                break
+            holders = alive.intersection(child.tenants)
+            if not holders:
+                break
+            alive, node, matched = holders, child, matched + len(page)
+        return matched, alive
+
+    def size(self, replica: int) -> int:
+        """Tokens held by `replica` (SGLang's per-tenant char count)."""
+        return self._size.get(replica, 0)
+
+    def evict_to(self, max_size: int) -> None:
+        """SGLang's `evict_tenant_by_size`: for each replica holding more than `max_size`
+        tokens, drop its least recently accessed leaves until it holds at most that."""
+        for replica, size in list(self._size.items()):
+            if size > max_size:
+                self._evict_replica(replica, max_size)
+
+    def _evict_replica(self, replica: int, max_size: int) -> None:
+        heap = [(n.tenants[replica], n.serial, n) for n in self._owned_leaves(replica)]
+        heapq.heapify(heap)
+        while heap and self._size[replica] > max_size:
+            _, _, node = heapq.heappop(heap)
+            del node.tenants[replica]
+            self._size[replica] -= len(node.key)
+            parent = node.parent
+            assert parent is not None, "the root is never owned"
+            if not node.tenants and not node.children:
+                del parent.children[node.key]
+            if parent is not self._root and self._is_leaf_of(parent, replica):
+                heapq.heappush(heap, (parent.tenants[replica], parent.serial, parent))
+
+    def _owned_leaves(self, replica: int) -> list[_Node]:
+        leaves, stack = [], list(self._root.children.values())
+        while stack:
+            node = stack.pop()
+            if replica not in node.tenants:
+                continue
+            if self._is_leaf_of(node, replica):
+                leaves.append(node)
+            stack.extend(node.children.values())
+        return leaves
+
+    @staticmethod
+    def _is_leaf_of(node: _Node, replica: int) -> bool:
+        return replica in node.tenants and not any(
+            replica in child.tenants for child in node.children.values()
+        )
+
+
+class PreciseIndex:
+    """Blocks each engine reported cached, from KV events (as delayed as the queue was)."""
+
+    def __init__(self) -> None:
+        self._owners: dict[BlockHash, set[int]] = {}
+        self._held: dict[int, set[BlockHash]] = {}
+
+    def apply(self, events: Iterable[KvEvent]) -> None:
+        for event in events:
+            held = self._held.setdefault(event.replica_id, set())
+            if event.kind == "stored":
+                for h in event.block_hashes:
+                    held.add(h)
+                    self._owners.setdefault(h, set()).add(event.replica_id)
+            elif event.kind == "removed":
+                for h in event.block_hashes:
+                    self._drop(event.replica_id, h, held)
+            else:  # cleared
+                for h in list(held):
+                    self._drop(event.replica_id, h, held)
+
+    def _drop(self, replica: int, h: BlockHash, held: set[BlockHash]) -> None:
+        if h not in held:
+            return
+        held.discard(h)
+        owners = self._owners[h]
+        owners.discard(replica)
+        if not owners:
+            del self._owners[h]
+
+    def overlap_blocks(self, block_hashes: Sequence[BlockHash]) -> dict[int, int]:
+        """Per replica, how many leading blocks of the request it holds (absent = 0)."""
+        overlap: dict[int, int] = {}
+        alive: set[int] | None = None
+        for depth, h in enumerate(block_hashes, start=1):
+            owners = self._owners.get(h)
+            if not owners:
+                break
+            alive = set(owners) if alive is None else alive & owners
+            if not alive:
+                break
+            for replica in alive:
+                overlap[replica] = depth
+        return overlap
+
+    def num_blocks(self, replica: int) -> int:
+        return len(self._held.get(replica, ()))

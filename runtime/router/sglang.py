@@ -1,0 +1,100 @@
+"""`sglang-cache-aware`: the SGLang router's (sgl-model-gateway / SMG) cache-aware policy.
+
+sgl-project/sglang `sgl-router/src/policies/cache_aware.rs` (`select_worker`), with the
+approximate radix tree of `tree.rs`; fleet.md §4 for the SMG defaults:
+
+1. load = this router's in-flight requests per worker. If max - min > balance_abs_threshold
+   (64) and max > balance_rel_threshold (1.5) * min, the fleet is imbalanced: go to the least
+   loaded worker (the first in id order on a tie, Rust's `min_by_key`).
+2. Else match the prompt in the tree: match rate = matched tokens / prompt tokens. Above
+   cache_threshold (0.3) go to a worker holding the longest match; otherwise to the worker
+   whose tree is smallest (holds the fewest tokens: "most free cache").
+3. Either way the prompt is inserted into the tree for the chosen worker.
+
+Every `eviction_interval_s` (120) the tree is trimmed to `max_tree_size` (67,108,864) tokens
+per worker by dropping least recently used leaves (done at the first decision after each
+interval). The tree holds tokens in pages of `page_size` (16, SMG's block size) where SGLang
+holds characters; ties between equally good workers, which SGLang leaves to hash-map order,
+are drawn from the seeded generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from runtime.router.policy import RouterPolicy, candidate_ids, first_min, require, tie_note
+from runtime.router.prefix_index import PageTrie
+from runtime.router.snapshot import ReplicaSnapshot, RoutingDecision, RoutingRequest
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SglangConfig:
+    cache_threshold: float = 0.3
+    balance_abs_threshold: int = 64
+    balance_rel_threshold: float = 1.5
+    page_size: int = 16
+    eviction_interval_s: float = 120.0
+    max_tree_size: int = 67_108_864
+
+    def __post_init__(self) -> None:
+        require(0.0 <= self.cache_threshold <= 1.0,
+                f"cache_threshold must be in [0, 1], got {self.cache_threshold}")
+        require(self.balance_abs_threshold >= 0,
+                f"balance_abs_threshold must be >= 0, got {self.balance_abs_threshold}")
+        require(self.balance_rel_threshold >= 1.0,
+                f"balance_rel_threshold must be >= 1, got {self.balance_rel_threshold}")
+        require(self.page_size >= 1, f"page_size must be >= 1, got {self.page_size}")
+        require(self.eviction_interval_s > 0,
+                f"eviction_interval_s must be > 0, got {self.eviction_interval_s}")
+        require(self.max_tree_size >= 1, f"max_tree_size must be >= 1, got {self.max_tree_size}")
+
+
+class SglangCacheAware(RouterPolicy):
+    name: ClassVar[str] = "sglang-cache-aware"
+    config_type: ClassVar[type[SglangConfig]] = SglangConfig
+
+    def __init__(self, config: SglangConfig | None = None, seed: int = 0) -> None:
+        super().__init__(seed)
+        self.config = config or SglangConfig()
+        self.tree = PageTrie(self.config.page_size)
+        self._next_eviction_s = self.config.eviction_interval_s
+
+    def _maybe_evict(self, now_s: float) -> None:
+        if now_s >= self._next_eviction_s:
+            self.tree.evict_to(self.config.max_tree_size)
+            interval = self.config.eviction_interval_s
+            self._next_eviction_s = (now_s // interval + 1) * interval
+
+    def choose(
+        self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]
+    ) -> RoutingDecision:
+        cfg = self.config
+        ids = candidate_ids(replicas)
+        self._maybe_evict(request.now_s)
+        load = {r: float(self.local.count.get(r, 0)) for r in ids}
+        hi, lo = max(load.values()), min(load.values())
+        if hi - lo > cfg.balance_abs_threshold and hi > lo * cfg.balance_rel_threshold:
+            return RoutingDecision(first_min(ids, load), "imbalanced: least loaded", load)
+        tokens = request.token_ids or ()
+        matched, holders = self.tree.match(tokens, ids)
+        rate = matched / request.prompt_len
+        if rate > cfg.cache_threshold:
+            best = sorted(holders)
+            replica = best[0] if len(best) == 1 else self.rng.choice(best)
+            return RoutingDecision(
+                replica, f"match rate {rate:.3f} > {cfg.cache_threshold}" + tie_note(len(best)),
+                {r: (rate if r in holders else 0.0) for r in ids},
+            )
+        size = {r: float(self.tree.size(r)) for r in ids}
+        smallest = sorted(r for r in ids if size[r] == min(size.values()))
+        replica = smallest[0] if len(smallest) == 1 else self.rng.choice(smallest)
+        return RoutingDecision(
+            replica, f"match rate {rate:.3f} <= {cfg.cache_threshold}: smallest tree"
+            + tie_note(len(smallest)), size,
+        )
+
+    def on_routed(self, request: RoutingRequest, replica: int) -> None:
+        super().on_routed(request, replica)
+        self.tree.insert(request.token_ids or (), replica, request.now_s)

@@ -1,0 +1,105 @@
+"""The typed objects crossing the router boundary: what is routed, what a router sees of a
+replica, and what it decides.
+
+A router sees a replica through two kinds of state (see `state.py`): its own bookkeeping
+(in-flight requests, its prefix index), always fresh, kept inside the policy; and the
+replica's engine metrics, a `ReplicaSnapshot` that may be stale (`taken_at_s` says how old).
+Times are floats in seconds on the driver's clock (simulated or wall); nothing here reads one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from runtime.block_hash import BlockHash
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoutingRequest:
+    """One request to place on a replica.
+
+    Attributes:
+        request_id: unique per run; hooks (`on_routed`, `on_finished`) refer to it.
+        now_s: the driver's time of the routing decision, seconds.
+        prompt_len: prompt tokens.
+        token_ids: the prompt's token ids, or None when the trace has lengths only (then
+            every prefix-aware policy sees no match).
+        block_hashes: the engine's chained hashes of the prompt's full KV blocks
+            (`runtime.block_hash`, engine block size), for the precise, KV-event-fed index;
+            empty when unknown.
+        session_id: conversation key for `session-hash` (and production-stack's kv-aware
+            fallback); None when the trace has none. The trace model has no session id yet,
+            so a driver fills this field from wherever it has one.
+    """
+
+    request_id: str
+    now_s: float
+    prompt_len: int
+    token_ids: tuple[int, ...] | None = None
+    block_hashes: tuple[BlockHash, ...] = ()
+    session_id: str | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.prompt_len >= 1, f"prompt_len must be >= 1, got {self.prompt_len}")
+        _require(
+            self.token_ids is None or len(self.token_ids) == self.prompt_len,
+            f"token_ids has {0 if self.token_ids is None else len(self.token_ids)} tokens, "
+            f"prompt_len is {self.prompt_len}",
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaSnapshot:
+    """A replica's engine metrics as last scraped (vLLM's /metrics gauges).
+
+    Attributes:
+        replica_id: the replica's index in the fleet.
+        taken_at_s: when the metrics were read, seconds; a router acting at `now_s` sees
+            state `now_s - taken_at_s` old.
+        num_waiting: requests in the engine's waiting queue (vllm:num_requests_waiting).
+        num_running: requests running (vllm:num_requests_running).
+        kv_usage: fraction of KV blocks in use, in [0, 1] (vllm:kv_cache_usage_perc).
+        num_gpu_blocks: the replica's KV pool size in blocks (static), or None if unknown;
+            llm-d's autoTune sizes its per-replica prefix LRU from it.
+    """
+
+    replica_id: int
+    taken_at_s: float
+    num_waiting: int = 0
+    num_running: int = 0
+    kv_usage: float = 0.0
+    num_gpu_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.replica_id >= 0, f"replica_id must be >= 0, got {self.replica_id}")
+        for name in ("num_waiting", "num_running"):
+            value = getattr(self, name)
+            _require(value >= 0, f"{name} must be >= 0, got {value}")
+        _require(0.0 <= self.kv_usage <= 1.0, f"kv_usage must be in [0, 1], got {self.kv_usage}")
+        _require(
+            self.num_gpu_blocks is None or self.num_gpu_blocks >= 1,
+            f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingDecision:
+    """Where a request goes and why.
+
+    Attributes:
+        replica: the chosen replica id (one of the candidates passed to `choose`).
+        reason: a short phrase naming the branch taken ("argmin cost", "imbalanced: ...").
+        scores: each candidate's score or cost as the policy's formula computed it
+            (higher-better or lower-better per policy, see its docstring); empty for
+            policies without one (round-robin, random).
+    """
+
+    replica: int
+    reason: str
+    scores: Mapping[int, float] = field(default_factory=dict)
