@@ -157,3 +157,20 @@ def _fmt(value: float, column: str) -> str:
     if " / " in column:
         return f"{value:.3f}x"
     return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
+
+
+def compare_runs(runs: Sequence[Run], options: Any, plots: bool
+                 ) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """`rt compare`: the table of checked, compatible runs (`report.ReportOptions` options)
+    and, with `plots`, overlaid percentile curves and CDFs labelled by what differs."""
+    from analysis.report import result_dict
+
+    check_compatible(runs)
+    labels = run_labels(runs)
+    table = compare_table([result_dict(r, options) for r in runs], labels)
+    if not plots:
+        return table, {}
+    from analysis.plots import cdfs, latency_values, percentile_curves
+
+    series = {label: latency_values(r.requests) for label, r in zip(labels, runs, strict=True)}
+    return table, {"percentiles": percentile_curves(series), "cdf": cdfs(series)}

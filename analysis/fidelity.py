@@ -213,3 +213,15 @@ def render(report: FidelityReport) -> str:
         lines.append(f"sim: the mean of {report.sim_runs} simulations, step-time noise drawn "
                      "from as many seeds; sim_noise: the largest deviation of one from it")
     return "\n".join(lines)
+
+
+def replay_order(repeats: int, calibrate: bool) -> list[tuple[str, int]]:
+    """The order of `rt fidelity`'s replays, ("calibration" or "real", repeat index): C R,
+    R C, C R, ... so a linear drift of the machine's speed falls on both alike (only R's
+    without calibration replays)."""
+    order: list[tuple[str, int]] = []
+    for i in range(repeats):
+        pair = [("calibration", i)] if calibrate else []
+        pair = [*pair, ("real", i)] if i % 2 == 0 else [("real", i), *pair]
+        order += pair
+    return order

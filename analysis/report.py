@@ -10,9 +10,11 @@ selected metric `m`; `e2el` only when selected, as in vLLM). rt's additions foll
 from __future__ import annotations
 
 import datetime
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +25,9 @@ from analysis.metrics import (
     PHASES,
     _pkey,
     benchmark_metrics,
+    parse_goodput,
+    parse_metric_percentiles,
+    parse_percentile_metrics,
     phase_times,
     prefix_cache_hit_rate,
     request_goodput,
@@ -48,6 +53,30 @@ class ReportOptions:
     percentile_metrics: Sequence[str] = DEFAULT_PERCENTILE_METRICS
     percentiles: Sequence[float] = (99.0,)
     goodput: dict[str, float] = field(default_factory=dict)
+
+
+def _flag(default: Any, option: str, help: str) -> Any:
+    return field(default=default, metadata={"flag": option, "help": help, "panel": None})
+
+
+@dataclass(frozen=True, slots=True)
+class ReportFlags:
+    """The three vLLM bench flags of a report, as typed on the command line."""
+
+    percentile_metrics: str = _flag(
+        "ttft,tpot,itl", "--percentile-metrics", "Metrics to report percentiles of: "
+        "ttft,tpot,itl,e2el (vLLM's; e2el keys appear in the JSON only when selected).")
+    metric_percentiles: str = _flag("99", "--metric-percentiles",
+                                    "Comma-separated percentiles, e.g. 50,90,99,99.9.")
+    goodput: list[str] | None = _flag(
+        None, "--goodput", "SLOs in ms, KEY:MS with KEY ttft, tpot or e2el (repeat, or "
+        "comma-separate): a request is good if it meets every one. Adds request_goodput.")
+
+    def options(self) -> ReportOptions:
+        """Parsed; ValueError naming the flag and value."""
+        return ReportOptions(parse_percentile_metrics(self.percentile_metrics),
+                             parse_metric_percentiles(self.metric_percentiles),
+                             parse_goodput(self.goodput or []))
 
 
 def check_run(run: Run) -> None:
@@ -159,3 +188,42 @@ def detailed(run: Run) -> dict[str, Any]:
         "start_times": done["arrival_s"].tolist(),
         "errors": ["" for _ in range(len(done))],
     }
+
+
+def report_run(run: Run, options: ReportOptions, out: Path | None, save_detailed: bool,
+               plots: bool) -> tuple[str, list[Path], dict[str, Any]]:
+    """`rt report` of one checked run: the text to print (vLLM's block, rt's block and, for a
+    server-timed run, the attribution), the files written (the result JSON at `out` and,
+    with `save_detailed`, the per-request attribution next to it) and the figures."""
+    from analysis.attribution import (
+        attribution_buckets,
+        attribution_summary,
+        render_summary,
+        request_attribution,
+    )
+    from analysis.console import benchmark_block, is_client_timed, rt_block
+
+    result = result_dict(run, options)
+    reqs, steps, client = run.requests, run.steps, is_client_timed(run.info)
+    text = [benchmark_block(benchmark_metrics(reqs, options.percentiles),
+                            options.percentile_metrics, options.percentiles,
+                            goodput=result["request_goodput"]),
+            rt_block(reqs, steps, prefix_cache_hit_rate(reqs, run.info), client_timing=client)]
+    if not client:
+        text.append(render_summary(attribution_summary(reqs)))
+    written: list[Path] = []
+    if out is not None:
+        if save_detailed:
+            result.update(detailed(run))
+            written.append(out.with_suffix(".attribution.csv"))
+            request_attribution(reqs).to_csv(written[-1], index=False)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        written.insert(0, out)
+    figures: dict[str, Any] = {}
+    if plots:
+        from analysis.plots import report_figures
+
+        figures = report_figures(reqs, steps, run.name, attribution_buckets(reqs, "ttft"),
+                                 attribution_buckets(reqs, "e2el"))
+    return "\n".join(text), written, figures

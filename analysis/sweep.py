@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -155,3 +157,83 @@ def _cell(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.0f}" if value.is_integer() and abs(value) >= 100 else f"{value:.2f}"
     return str(value)
+
+
+# ---- the sweep's orchestration that needs no simulator: rate search and the output ---------
+
+RunRates = Callable[[list[tuple[int, float]]], list[dict[str, Any]]]
+
+
+def rate_bracket(rate_range: Sequence[float] | None, rates: Sequence[float] | None,
+                 trace_rate: float | None) -> tuple[float, float]:
+    """The search's [lo, hi]: --rate-range, else the extremes of --request-rate, else 0.5x to
+    8x the trace's own mean rate. ValueError when there is none or lo >= hi."""
+    bracket = list(rate_range) if rate_range is not None else None
+    if bracket is None and rates and len(rates) >= 2:
+        bracket = [min(rates), max(rates)]
+    if bracket is None and trace_rate is not None:
+        bracket = [round(trace_rate * 0.5, 4), round(trace_rate * 8, 4)]
+    if bracket is None or len(bracket) != 2 or bracket[0] >= bracket[1]:
+        raise ValueError("--find-max-rate needs a bracket: --rate-range LO,HI (LO < HI)")
+    return bracket[0], bracket[1]
+
+
+def search_max_rates(num_configs: int, run: RunRates, slos: dict[str, float],
+                     bracket: tuple[float, float], tolerance: float
+                     ) -> tuple[list[dict[str, Any]], list[RateSearch]]:
+    """Bisect every configuration's rate at once: each round runs the next rates of all
+    searches in one batch (`run` takes (config index, rate) pairs and returns their result
+    dicts in order). Returns every run's record and the finished searches."""
+    searches = [RateSearch(bracket[0], bracket[1], tolerance) for _ in range(num_configs)]
+    records: list[dict[str, Any]] = []
+    while batch := [(i, r) for i, s in enumerate(searches) for r in s.next_rates()]:
+        for (i, rate), record in zip(batch, run(batch), strict=True):
+            searches[i].record(rate, meets_slo(record, slos))
+            records.append(record)
+    return records, searches
+
+
+def search_summary(labels: dict[str, Any], search: RateSearch) -> str:
+    """One line: the highest rate meeting the SLOs for one configuration."""
+    name = ", ".join(f"{k}={v}" for k, v in labels.items()) or "config"
+    answer = {"found": f"{search.best:g} req/s",
+              "at least hi": f">= {search.hi:g} req/s (the top of the range passed)",
+              "below range": f"< {search.lo:g} req/s (the bottom of the range failed)"}
+    return (f"max rate meeting the SLOs, {name}: {answer[search.status]} "
+            f"({search.runs} runs, bisection)")
+
+
+def write_sweep(records: list[dict[str, Any]], root: Path, grid_keys: Sequence[str],
+                slos: dict[str, float] | None, plots: bool) -> tuple[str, dict[str, Any]]:
+    """Write root/sweep.csv and root/sweep.json; return the table as text and the figures
+    (latency against each swept engine flag, and against rate when 3+ rates ran)."""
+    point_keys = [k for k in records[0] if k in grid_keys or k in ("model", "gpu", "time_scale")]
+    if "request_rate" not in point_keys:
+        point_keys.append("request_rate")
+    table = results_table(records, point_keys, slos)
+    table["run_dir"] = [Path(str(r["run_dir"])).name for r in records]
+    root.mkdir(parents=True, exist_ok=True)
+    table.to_csv(root / "sweep.csv", index=False)
+    (root / "sweep.json").write_text(json.dumps(records, indent=2, default=str) + "\n")
+    figures = _sweep_figures(pd.DataFrame(records), records, point_keys, grid_keys) if plots \
+        else {}
+    return render(table), figures
+
+
+def _sweep_figures(full: pd.DataFrame, records: list[dict[str, Any]], point_keys: list[str],
+                   grid_keys: Sequence[str]) -> dict[str, Any]:
+    from analysis.plots import latency_vs_flag, latency_vs_rate
+
+    figures = {}
+    varying = [k for k in point_keys if k != "request_rate" and full[k].nunique() > 1]
+    rate_key = "time_scale" if "time_scale" in point_keys else "request_rate"
+    for flag in varying:
+        if flag in grid_keys:
+            series = rate_key if full[rate_key].nunique() > 1 else None
+            figures[f"latency_vs_{flag}"] = latency_vs_flag(full, flag, series)
+    if full["request_rate"].nunique() >= 3:
+        full["config"] = [", ".join(f"{k}={r[k]}" for k in varying if k != rate_key) or "run"
+                          for r in records]
+        full["request_rate"] = full["request_rate"].astype(float)
+        figures["latency_vs_rate"] = latency_vs_rate(full)
+    return figures

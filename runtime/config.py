@@ -7,10 +7,23 @@ construction. Variants come from `dataclasses.replace`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 Policy = Literal["fcfs", "priority"]
+
+
+ENGINE_PANEL = "Engine (vLLM flags)"
+
+
+def flag(default: Any, option: str, help: str | None = None, panel: str | None = None,
+         **extra: Any) -> Any:
+    """A dataclass field that is also a command-line flag: its option name(s), help text and
+    help panel, in the field's metadata (read by cli.py; nothing here parses argv). `option`
+    is vLLM's spelling ("--block-size", "--enable-x/--no-enable-x"); `extra` passes on, e.g.
+    short="-tp" or envvar="OPENAI_API_KEY"."""
+    meta = {"flag": option, "help": help, "panel": panel, **extra}
+    return field(default=default, metadata=meta)
 
 
 def _require(ok: bool, message: str) -> None:
@@ -25,15 +38,25 @@ class EngineFlags:
     (`resolve_scheduler_config` decides). Keyword-only, so a subclass's own required
     fields can come first."""
 
-    max_num_batched_tokens: int | None = None
-    max_num_seqs: int | None = None
-    max_model_len: int | None = None
-    block_size: int = 16
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0
-    policy: str = "fcfs"
-    num_gpu_blocks_override: int | None = None
+    max_num_batched_tokens: int | None = flag(
+        None, "--max-num-batched-tokens", "Token budget per step (default: vLLM's for the "
+        "device).", ENGINE_PANEL)
+    max_num_seqs: int | None = flag(
+        None, "--max-num-seqs", "Running requests at most (default: vLLM's for the device).",
+        ENGINE_PANEL)
+    max_model_len: int | None = flag(
+        None, "--max-model-len", "Default: the model's max_position_embeddings.", ENGINE_PANEL)
+    block_size: int = flag(16, "--block-size", None, ENGINE_PANEL)
+    enable_prefix_caching: bool = flag(
+        True, "--enable-prefix-caching/--no-enable-prefix-caching", None, ENGINE_PANEL)
+    enable_chunked_prefill: bool = flag(
+        True, "--enable-chunked-prefill/--no-enable-chunked-prefill", None, ENGINE_PANEL)
+    long_prefill_token_threshold: int = flag(0, "--long-prefill-token-threshold", None,
+                                             ENGINE_PANEL)
+    policy: str = flag("fcfs", "--policy", "fcfs or priority.", ENGINE_PANEL)
+    num_gpu_blocks_override: int | None = flag(
+        None, "--num-gpu-blocks-override", "KV blocks (overrides every other sizing).",
+        ENGINE_PANEL)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -3,12 +3,12 @@ model and the KV pool size, as `vllm serve` would derive them."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from runtime import CacheConfig
-from runtime.config import EngineFlags, resolve_scheduler_config
+from runtime import CacheConfig, SchedulerConfig
+from runtime.config import ENGINE_PANEL, EngineFlags, flag, resolve_scheduler_config
 from sim.cost_model import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     CostModel,
@@ -29,8 +29,44 @@ class EngineArgs(EngineFlags):
     """`vllm serve` engine flags of the simulated engine: the shared `EngineFlags` and the
     device-sizing ones."""
 
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
-    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = flag(DEFAULT_GPU_MEMORY_UTILIZATION,
+                                         "--gpu-memory-utilization", None, ENGINE_PANEL)
+    tensor_parallel_size: int = flag(1, "--tensor-parallel-size", None, ENGINE_PANEL,
+                                     short="-tp")
+
+
+def args_from_configs(scheduler: SchedulerConfig, cache: CacheConfig) -> EngineArgs:
+    """The flags that reproduce resolved configs exactly (a real engine's, for its twin)."""
+    return EngineArgs(
+        max_num_batched_tokens=scheduler.max_num_batched_tokens,
+        max_num_seqs=scheduler.max_num_seqs, max_model_len=scheduler.max_model_len,
+        block_size=cache.block_size, enable_prefix_caching=cache.enable_prefix_caching,
+        enable_chunked_prefill=scheduler.enable_chunked_prefill,
+        long_prefill_token_threshold=scheduler.long_prefill_token_threshold,
+        policy=scheduler.policy, num_gpu_blocks_override=cache.num_blocks)
+
+
+def with_noise_seed(config: SimConfig, seed: int) -> SimConfig:
+    """`config` with its step-time noise drawn from `seed` (unchanged without noise)."""
+    if config.step_noise is None:
+        return config
+    return replace(config, step_noise=replace(config.step_noise, seed=seed))
+
+
+@dataclass(frozen=True, slots=True)
+class SimFlags:
+    """What is simulated: the model, the GPU and the cost model (roofline, or a profile)."""
+
+    model: str = flag("llama-3.1-8b", "--model", "Preset (llama-3.1-8b, llama-3.1-70b, "
+                      "qwen2.5-7b, mistral-7b, ...) or a local HF model directory / config.json.")
+    gpu: str = flag("h200", "--gpu", "a100-80gb, h100-sxm, h200, b200 or l40s.")
+    profile: str | None = flag(None, "--profile", "Calibrated cost-model profile (JSON); "
+                               "default: the roofline.")
+    step_noise: bool = flag(
+        False, "--step-noise/--no-step-noise", "Scatter each step's predicted time as the profile's "
+        "calibration steps scattered around the fit (needs a profile fitted on replay steps; "
+        "seeded; raises the tails of TTFT, which waits for the step in progress; with the "
+        "profile's drift table, also per the profile's drift window).")
 
 
 @dataclass(frozen=True, slots=True)

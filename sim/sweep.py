@@ -9,20 +9,82 @@ gets back, in task order, whatever that function returns.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 from multiprocessing import get_context
+from pathlib import Path
 from typing import Any, TypeVar
 
+from runtime.config import flag
 from sim.engine_args import EngineArgs, SimSetup, build_setup
 from sim.simulator import SimResult, simulate
-from workloads import Trace
+from workloads import ArrivalProcess, Trace, TransformSpec, apply_transforms, random_trace
+from workloads.flags import WorkloadFlags
 
 T = TypeVar("T")
 R = TypeVar("R")
 EXECUTORS = ("local", "ray")
+
+
+GRID_PANEL = "Sweep grid (comma-separated values)"
+SEARCH_PANEL = "SLO search"
+
+
+@dataclass(frozen=True, slots=True)
+class SweepFlags:
+    """`rt sweep`'s own flags: the rate axis (comma lists, as typed), the SLO search and
+    where the runs execute."""
+
+    request_rate: str | None = flag(
+        None, "--request-rate", "Rates (req/s): vLLM's arrival rate for --dataset-name, the "
+        "trace rescaled to this mean rate for a trace.", GRID_PANEL)
+    time_scale: str | None = flag(None, "--time-scale", "Trace arrival-time factors (0.5 = "
+                                  "twice the rate).", GRID_PANEL)
+    slo: str | None = flag(None, "--slo", "Upper bounds on result keys, e.g. "
+                           "p99_ttft_ms=500,p99_itl_ms=50.", SEARCH_PANEL)
+    find_max_rate: bool = flag(False, "--find-max-rate", "Bisect the request rate for the "
+                               "highest one meeting every --slo, per engine configuration.",
+                               SEARCH_PANEL)
+    rate_range: str | None = flag(
+        None, "--rate-range", "LO,HI req/s bracket of the search (default: the --request-rate "
+        "extremes, else 0.5x to 8x the trace's rate).", SEARCH_PANEL)
+    rate_tolerance: float = flag(0.05, "--rate-tolerance", "Stop when (hi - lo) / hi is this "
+                                 "small.", SEARCH_PANEL)
+    executor: str = flag("local", "--executor", "local (process pool) or ray (Ray tasks; pip "
+                         "install 'rt[ray]').")
+    address: str | None = flag(None, "--address", "Ray cluster address (default: a local Ray "
+                               "instance).")
+    jobs: int | None = flag(None, "--jobs", "Parallel runs (default: the CPU count).",
+                            short="-j")
+
+    def axis(self) -> tuple[str | None, list[float] | None]:
+        """The rate axis as (key, values): request rates, time scales, or (None, None).
+        ValueError naming the flag for a bad list, a value <= 0, or both given."""
+        rates = _positive_floats("--request-rate", self.request_rate)
+        scales = _positive_floats("--time-scale", self.time_scale)
+        if rates and scales:
+            raise ValueError("give --request-rate or --time-scale, not both")
+        if rates:
+            return "request_rate", rates
+        return ("time_scale", scales) if scales else (None, None)
+
+    def bracket(self) -> list[float] | None:
+        return _positive_floats("--rate-range", self.rate_range)
+
+
+def _positive_floats(option: str, text: str | None) -> list[float] | None:
+    if text is None:
+        return None
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{option}: not a comma-separated list of numbers: {text!r}") from None
+    if not values or any(not v > 0 for v in values):
+        raise ValueError(f"{option}: each value must be > 0, got {text!r}")
+    return values
 
 
 @dataclass(frozen=True)
@@ -52,6 +114,38 @@ def engine_grid(base: EngineArgs, values: Mapping[str, Sequence[Any]]) -> list[d
     for combo in grid:
         replace(base, **combo)  # validates the names
     return grid
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """One engine configuration of the grid; `labels` are the values that vary."""
+
+    labels: dict[str, Any]
+    engine_args: EngineArgs
+    model: str
+    gpu: str
+
+
+def sweep_configs(flag_lists: Mapping[str, Sequence[Any]], models: Sequence[str],
+                  gpus: Sequence[str]) -> list[SweepConfig]:
+    """The Cartesian product of engine-flag values x models x GPUs, in that order; a model
+    or GPU is a label only when more than one is swept."""
+    configs = []
+    for named, model, gpu in itertools.product(engine_grid(EngineArgs(), flag_lists), models,
+                                               gpus):
+        labels = dict(named)
+        labels.update({"model": model} if len(models) > 1 else {})
+        labels.update({"gpu": gpu} if len(gpus) > 1 else {})
+        configs.append(SweepConfig(labels, EngineArgs(**named), model, gpu))
+    return configs
+
+
+def point_name(index: int, labels: Mapping[str, Any]) -> str:
+    """A run directory's name: its index, then each label's initials and value."""
+    name = "_".join(f"{''.join(w[0] for w in k.split('_'))}{v:g}"
+                    if isinstance(v, int | float) else f"{k}-{v}"
+                    for k, v in labels.items()) or "run"
+    return f"{index:03d}-{name}"
 
 
 def simulate_point(point: SweepPoint) -> tuple[SimResult, SimSetup]:
@@ -115,3 +209,52 @@ def _run_ray(fn: Callable[[T], R], tasks: Sequence[T], jobs: int | None, address
         if progress is not None:
             progress(len(results), len(tasks))
     return [results[i] for i in range(len(tasks))]
+
+
+@dataclass
+class SweepPlan:
+    """The jobs of a sweep: each engine configuration at each value of the rate axis
+    (`request_rate`: the trace rescaled to that mean rate, or vLLM's random dataset drawn at
+    that rate; `time_scale`: arrival times multiplied), each with its run directory under
+    `root`, numbered in the order jobs are made."""
+
+    configs: list[SweepConfig]
+    base: Trace | None  # the (windowed) trace file; None for the synthetic workload
+    synthetic: WorkloadFlags | None  # vLLM's random dataset, regenerated per rate
+    profile: str | None
+    seed: int
+    root: Path
+    made: int = 0
+
+    def trace(self, key: str | None, value: float | None) -> Trace:
+        if self.synthetic is not None:
+            s = self.synthetic
+            rate = value if key == "request_rate" and value is not None else math.inf
+            return random_trace(s.num_prompts, s.lengths, ArrivalProcess(rate, s.burstiness,
+                                                                         s.seed))
+        assert self.base is not None
+        if key is None or value is None:
+            return self.base
+        spec = (TransformSpec(target_rate=value) if key == "request_rate"
+                else TransformSpec(time_scale=value))
+        return apply_transforms(self.base, spec)[0]
+
+    def job(self, index: int, key: str | None, value: float | None) -> tuple[SweepPoint, str]:
+        """One simulation: the point and its run directory."""
+        config = self.configs[index]
+        labels = {**config.labels, **({} if key is None else {key: value})}
+        point = SweepPoint(self.trace(key, value), config.engine_args, config.model,
+                           config.gpu, self.profile, self.seed, labels)
+        self.made += 1
+        return point, str(self.root / point_name(self.made - 1, labels))
+
+    def grid(self, key: str | None, axis: Sequence[float | None]) -> list[tuple[SweepPoint, str]]:
+        """Every configuration at every axis value (configurations outermost)."""
+        return [self.job(i, key, v) for i in range(len(self.configs)) for v in axis]
+
+    def trace_rate(self) -> float | None:
+        """The base trace's mean arrival rate (req/s), or None for the synthetic workload."""
+        if self.base is None:
+            return None
+        arrivals = [r.arrival_s for r in self.base]
+        return len(arrivals) / max(arrivals[-1] - arrivals[0], 1e-9)

@@ -144,7 +144,7 @@ def _first_line(path: Path) -> str:
 
 def _reject_options(fmt: str, *, model: str | None, hash_block_size: int | None) -> None:
     if model is not None:
-        raise TraceError(f"format {fmt!r} has no model column", column="--model", value=model)
+        raise TraceError(f"format {fmt!r} has no model column", column="--trace-model", value=model)
     if hash_block_size is not None:
         raise TraceError(f"format {fmt!r} stores its own block sizes",
                          column="--hash-block-size", value=hash_block_size)

@@ -107,12 +107,12 @@ def _model_mask(rows: RawRows, model: str | None) -> np.ndarray:
         return np.ones(len(rows), dtype=bool)
     if rows.model is None:
         raise TraceError(f"format {rows.format!r} has no model column to filter on",
-                         column="--model", value=model)
+                         column="--trace-model", value=model)
     mask = np.array([m == model for m in rows.model], dtype=bool)
     if not mask.any():
         known = ", ".join(sorted(set(rows.model)))
         raise TraceError(f"no row has this model (models in the file: {known})",
-                         column="--model", value=model)
+                         column="--trace-model", value=model)
     return mask
 
 

@@ -23,6 +23,8 @@ import time
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from backends.engine.model_runner import ModelRunner
 from backends.replay.api_process import Tokenizer
@@ -37,6 +39,9 @@ from runtime import (
     SchedulerConfig,
 )
 from workloads import TraceRequest, prompt_token_ids, stream_token_ids
+
+if TYPE_CHECKING:
+    from backends.engine.setup import RealSetup
 
 Progress = Callable[[int, int], None]  # (grid points done, grid points in all)
 
@@ -299,3 +304,49 @@ def time_api_server(vocab_size: int, tokenizer: Tokenizer | None = None,
     return ApiServerTiming(tuple(prompt_lens),
                            tuple(statistics.median(samples[n]) for n in prompt_lens),
                            "tokenizer" if tokenizer is not None else "token ids")
+
+
+# ---- one calibration of a built engine ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GridCalibration:
+    """Everything `rt calibrate` measured on one engine, with where it ran: what
+    `sim.calibrate.profile_from_grid` fits a profile on."""
+
+    grid: list[StepMeasurement]
+    api: ApiServerTiming
+    device: str
+    model: str
+    dtype: str
+    versions: dict[str, str]
+
+
+def calibrate_engine(setup: RealSetup, tokenizer: Tokenizer | None, quick: bool,
+                     time_limit_s: float | None, progress: Progress | None = None
+                     ) -> GridCalibration:
+    """Run the grid (`QUICK_GRID` or the full one, cut at `time_limit_s`) and time the API
+    server on `setup`'s engine. ValueError when fewer than 7 points fit the engine's limits
+    (six coefficients and one to hold out)."""
+    import dataclasses
+    import platform
+
+    import torch
+
+    spec = QUICK_GRID if quick else GridSpec()
+    if time_limit_s is not None:
+        spec = dataclasses.replace(spec, time_limit_s=time_limit_s)
+    grid = run_grid(setup.scheduler, setup.cache, setup.runner, setup.shape.vocab_size, spec,
+                    setup.args.seed, progress)
+    if len(grid) < 7:
+        raise ValueError(f"only {len(grid)} grid points fit the engine's limits; raise "
+                         "--max-model-len or --max-num-batched-tokens")
+    lens = (16, 256) if quick else (16, 128, 512, 2048)
+    api = time_api_server(setup.shape.vocab_size, tokenizer, lens, 5 if quick else 15)
+    device = (str(setup.describe()["device"]) if setup.args.device == "cuda" else
+              f"cpu ({platform.processor() or platform.machine()}, "
+              f"{torch.get_num_threads()} threads)")
+    return GridCalibration(grid, api, device,
+                           f"{Path(setup.args.model_dir).name} ({setup.shape.model_type})",
+                           setup.dtype, {"torch": torch.__version__,
+                                         "python": platform.python_version()})

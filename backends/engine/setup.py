@@ -14,10 +14,8 @@ from backends.engine.kv_cache import GIB, KVCache, KVCacheSpec, KVPoolSize, size
 from backends.engine.model import ModelShape, PagedModel, load_model
 from backends.engine.model_runner import ModelRunner
 from runtime import CacheConfig, SchedulerConfig
+from backends.engine.flags import DEFAULT_GPU_MEMORY_UTILIZATION, RealEngineFlags
 from runtime.config import EngineFlags, resolve_scheduler_config
-
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
-
 
 @dataclass(frozen=True, slots=True)
 class RealEngineArgs(EngineFlags):
@@ -38,6 +36,12 @@ class RealEngineArgs(EngineFlags):
             raise ValueError(f"--device must be cpu or cuda, got {self.device!r}")
         if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
             raise ValueError(f"--kv-cache-memory must be > 0 bytes, got {self.kv_cache_memory}")
+
+
+def real_engine_args(model_dir: Path, engine: EngineFlags, real: RealEngineFlags,
+                     seed: int) -> RealEngineArgs:
+    """The shared engine flags, the real engine's own, the model and the seed in one."""
+    return RealEngineArgs(model_dir=model_dir, seed=seed, **asdict(engine), **asdict(real))
 
 
 @dataclass(slots=True)

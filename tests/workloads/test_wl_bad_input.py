@@ -83,13 +83,13 @@ def test_binary_file(tmp_path: Path) -> None:
 def test_unknown_model_lists_the_models() -> None:
     with pytest.raises(TraceError, match="ChatGPT, GPT-4") as info:
         load_trace(FIXTURES / "burstgpt_head.csv", model="GPT-5")
-    assert (info.value.column, info.value.value) == ("--model", "GPT-5")
+    assert (info.value.column, info.value.value) == ("--trace-model", "GPT-5")
 
 
 def test_model_filter_needs_a_model_column() -> None:
     with pytest.raises(TraceError) as info:
         load_trace(FIXTURES / "azure_code_2023_first1000.csv", model="GPT-4")
-    assert info.value.column == "--model"
+    assert info.value.column == "--trace-model"
 
 
 @pytest.mark.parametrize(("name", "fmt"), [

@@ -135,7 +135,7 @@ def test_bad_file_is_one_line_exit_2(tmp_path: Path) -> None:
 @pytest.mark.parametrize("args", [
     ["inspect", "{fx}/azure_conv_2023_head.csv", "--format", "mooncake"],
     ["inspect", "{fx}/azure_conv_2023_head.csv", "--format", "nope"],
-    ["inspect", "{fx}/burstgpt_head.csv", "--model", "GPT-5"],
+    ["inspect", "{fx}/burstgpt_head.csv", "--trace-model", "GPT-5"],
     ["inspect", "{fx}/burstgpt_head.csv", "--keep-failed", "--first-n", "3"],
     ["inspect", "{fx}/azure_conv_2023_head.csv", "--start", "99999"],
     ["inspect", "{fx}/azure_conv_2023_head.csv", "--time-scale", "-1"],
