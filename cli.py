@@ -1063,7 +1063,7 @@ def _run_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer |
 
     from backends.replay.driver import ReplayConfig
     from backends.replay.driver import replay as run_replay
-    from sim.cost_model import startup_lines
+    from sim.cost.kv_cache_sizing import startup_lines
 
     cache, sched = setup.cache, setup.scheduler
     for line in startup_lines(cache.num_blocks, cache.block_size, sched.max_model_len):

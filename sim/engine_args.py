@@ -9,14 +9,14 @@ from typing import Any
 
 from runtime import CacheConfig
 from runtime.config import EngineFlags, resolve_scheduler_config
-from sim.cost_model import (
+from sim.cost.base import CostModel
+from sim.cost.kv_cache_sizing import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
-    CostModel,
     KvCacheSizing,
-    RooflineCostModel,
     kv_cache_sizing,
     startup_lines,
 )
+from sim.cost.roofline import RooflineCostModel
 from sim.hardware import GpuSpec, resolve_gpu
 from sim.model_config import ModelSpec, resolve_model
 from sim.profile import load_profile, shipped_profile
