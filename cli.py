@@ -719,7 +719,7 @@ def replay_on(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | N
 
 def run_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
                path: Path, percentiles: list[float], check_invariants: bool) -> None:
-    from sim.cost_model import startup_lines
+    from sim.cost.kv_cache_sizing import startup_lines
 
     cache, sched = setup.cache, setup.scheduler
     for line in startup_lines(cache.num_blocks, cache.block_size, sched.max_model_len):

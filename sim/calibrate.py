@@ -1,6 +1,6 @@
 """Fit the `profile` cost model to measured step times: non-negative least squares.
 
-The model (`sim.cost_model.ProfileCoefficients`) is linear in six step features,
+The model (`sim.cost.profile_model.ProfileCoefficients`) is linear in six step features,
 
     step time = c0 + c1·prefill tokens + c2·decode tokens + c3·seqs
               + c4·prefill attention pairs + c5·decode KV tokens,
@@ -23,8 +23,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from runtime.batch import BatchFeatures
-from sim.cost_model import ApiServerCost, ProfileCoefficients, ProfileCostModel
 from runtime.config import flag
+from sim.cost.api_server import ApiServerCost
+from sim.cost.profile_model import ProfileCoefficients, ProfileCostModel
 from sim.profile import Profile
 
 # Coefficient name -> the BatchFeatures attribute it multiplies (None: the constant).

@@ -9,14 +9,14 @@ from typing import Any
 
 from runtime import CacheConfig, SchedulerConfig
 from runtime.config import ENGINE_PANEL, EngineFlags, flag, resolve_scheduler_config
-from sim.cost_model import (
+from sim.cost.base import CostModel
+from sim.cost.kv_cache_sizing import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
-    CostModel,
     KvCacheSizing,
-    RooflineCostModel,
     kv_cache_sizing,
     startup_lines,
 )
+from sim.cost.roofline import RooflineCostModel
 from sim.hardware import GpuSpec, resolve_gpu
 from sim.model_config import ModelSpec, resolve_model
 from sim.profile import load_profile, shipped_profile
@@ -63,8 +63,8 @@ class SimFlags:
     profile: str | None = flag(None, "--profile", "Calibrated cost-model profile (JSON); "
                                "default: the roofline.")
     step_noise: bool = flag(
-        False, "--step-noise/--no-step-noise", "Scatter each step's predicted time as the profile's "
-        "calibration steps scattered around the fit (needs a profile fitted on replay steps; "
+        False, "--step-noise/--no-step-noise", "Scatter each step's predicted time as the "
+        "profile's calibration steps scattered around the fit (needs a profile fitted on replay steps; "
         "seeded; raises the tails of TTFT, which waits for the step in progress; with the "
         "profile's drift table, also per the profile's drift window).")
 

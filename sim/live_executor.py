@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime import CacheConfig, ScheduledStep, SchedulerConfig, SchedulerOutput
-from sim.cost_model import CostModel
+from sim.cost.base import CostModel
 from sim.engine_args import EngineArgs, build_setup
 
 _FIRST_ID = 10  # synthetic ids start above the special tokens, as the simulator's

@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from sim.cost_model import ApiServerCost, ProfileCoefficients, ProfileCostModel
+from sim.cost.api_server import ApiServerCost
+from sim.cost.profile_model import ProfileCoefficients, ProfileCostModel
 from sim.step_noise import MIN_DRIFT_WINDOW_S
 
 PROFILE_FORMAT = "rt-profile"

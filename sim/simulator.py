@@ -37,7 +37,8 @@ from runtime import (
     SchedulerConfig,
 )
 from runtime.records import RunResult
-from sim.cost_model import ApiServerCost, CostModel, decode_run_timer
+from sim.cost.api_server import ApiServerCost
+from sim.cost.base import CostModel, decode_run_timer
 from sim.step_noise import StepNoise
 from workloads import Trace, TraceRequest
 from workloads.tokens import request_token_arrays

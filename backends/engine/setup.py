@@ -10,12 +10,13 @@ from typing import Any
 import torch
 
 from backends.engine.attention import select_ops
+from backends.engine.flags import DEFAULT_GPU_MEMORY_UTILIZATION, RealEngineFlags
 from backends.engine.kv_cache import GIB, KVCache, KVCacheSpec, KVPoolSize, size_pool
 from backends.engine.model import ModelShape, PagedModel, load_model
 from backends.engine.model_runner import ModelRunner
 from runtime import CacheConfig, SchedulerConfig
-from backends.engine.flags import DEFAULT_GPU_MEMORY_UTILIZATION, RealEngineFlags
 from runtime.config import EngineFlags, resolve_scheduler_config
+
 
 @dataclass(frozen=True, slots=True)
 class RealEngineArgs(EngineFlags):

@@ -22,7 +22,8 @@ from sim.calibrate import (
     read_replay_steps,
     steps_training_data,
 )
-from sim.cost_model import ApiServerCost, ProfileCoefficients
+from sim.cost.api_server import ApiServerCost
+from sim.cost.profile_model import ProfileCoefficients
 from sim.profile import load_profile, write_profile
 
 TRUE = ProfileCoefficients(constant_s=1e-3, per_prefill_token_s=2e-5, per_decode_token_s=0.0,

@@ -89,7 +89,8 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str,
 
 
 def test_profile_cost_model_and_its_api_server_costs(small_trace: Path, tmp_path: Path) -> None:
-    from sim.cost_model import ApiServerCost, ProfileCoefficients
+    from sim.cost.api_server import ApiServerCost
+    from sim.cost.profile_model import ProfileCoefficients
     from sim.profile import Profile, write_profile
 
     profile = Profile(

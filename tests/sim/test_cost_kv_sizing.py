@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from sim.cost_model import (
+from sim.cost.kv_cache_sizing import (
     DEFAULT_ACTIVATION_RESERVE_BYTES,
     kv_cache_sizing,
     startup_lines,

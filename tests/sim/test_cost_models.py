@@ -10,15 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.batch import BatchFeatures
-from sim.cost_model import (
-    ApiServerCost,
-    CostModel,
-    ProfileCoefficients,
-    ProfileCostModel,
-    RooflineCostModel,
-    RooflineEfficiency,
-    decode_run_timer,
-)
+from sim.cost.api_server import ApiServerCost
+from sim.cost.base import CostModel, decode_run_timer
+from sim.cost.profile_model import ProfileCoefficients, ProfileCostModel
+from sim.cost.roofline import RooflineCostModel, RooflineEfficiency
 from sim.hardware import resolve_gpu
 from sim.model_config import resolve_model
 

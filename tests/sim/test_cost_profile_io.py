@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from runtime.batch import BatchFeatures
-from sim.cost_model import ApiServerCost, ProfileCoefficients
+from sim.cost.api_server import ApiServerCost
+from sim.cost.profile_model import ProfileCoefficients
 from sim.profile import Profile, load_profile, profile_from_json_dict, write_profile
 
 PROFILE = Profile(

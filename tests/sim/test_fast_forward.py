@@ -13,15 +13,10 @@ from runtime import CacheConfig, SchedulerConfig
 from runtime.batch import BatchFeatures
 from runtime.decode_run import decode_run_limit, run_decode_steps, steps_before_token_stop
 from runtime.engine import EngineCore, _bulk_decode_times
-from sim.cost_model import (
-    ApiServerCost,
-    CostModel,
-    DecodeRunTimes,
-    ProfileCoefficients,
-    ProfileCostModel,
-    RooflineCostModel,
-    decode_run_timer,
-)
+from sim.cost.api_server import ApiServerCost
+from sim.cost.base import CostModel, DecodeRunTimes, decode_run_timer
+from sim.cost.profile_model import ProfileCoefficients, ProfileCostModel
+from sim.cost.roofline import RooflineCostModel
 from sim.hardware import resolve_gpu
 from sim.model_config import resolve_model
 from sim.simulator import SimConfig, simulate

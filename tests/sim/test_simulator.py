@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from runtime import BatchFeatures, CacheConfig, SchedulerConfig
 from runtime.records import PART_COLUMNS
-from sim.cost_model import ApiServerCost
+from sim.cost.api_server import ApiServerCost
 from sim.simulator import SimConfig, SimResult, simulate
 from workloads import Trace, TraceRequest
 

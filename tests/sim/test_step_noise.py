@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from runtime import BatchFeatures, CacheConfig, SchedulerConfig
-from sim.cost_model import ApiServerCost, ProfileCoefficients, ProfileCostModel
+from sim.cost.api_server import ApiServerCost
+from sim.cost.profile_model import ProfileCoefficients, ProfileCostModel
 from sim.engine_args import EngineArgs, build_setup
 from sim.profile import Profile, load_profile, write_profile
 from sim.simulator import SimConfig, simulate
