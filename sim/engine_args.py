@@ -65,8 +65,8 @@ class SimFlags:
     step_noise: bool = flag(
         False, "--step-noise/--no-step-noise", "Scatter each step's predicted time as the "
         "profile's calibration steps scattered around the fit (needs a profile fitted on "
-        "replay steps; seeded; raises the tails of TTFT, which waits for the step in progress; with the "
-        "profile's drift table, also per the profile's drift window).")
+        "replay steps; seeded; raises the tails of TTFT, which waits for the step in "
+        "progress; with the profile's drift table, also per the profile's drift window).")
 
 
 @dataclass(frozen=True, slots=True)
