@@ -27,11 +27,16 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 import workloads
-from analysis.report import ReportFlags
+from analysis.progress import progress
+from analysis.report import ReportFiles, ReportFlags
 from backends.engine.flags import RealEngineFlags
+from backends.replay.flags import EndpointFlags
+from backends.serve.flags import SERVER_PANEL, ServeFlags
 from runtime.config import EngineFlags
-from sim.calibrate import CALIBRATION_PANEL, CalibrationFlags, FidelityFlags
+from runtime.flags import FlagGroup as Flags
+from runtime.flags import FlagSpec, build_group, group_specs
 from sim.engine_args import EngineArgs, SimFlags
+from sim.fidelity import CALIBRATION_PANEL, CalibrationFlags, FidelityFlags
 from sim.sweep import GRID_PANEL, SweepFlags
 from workloads.flags import WorkloadFlags, load_workload
 
@@ -59,80 +64,36 @@ app.add_typer(trace_app, name="trace")
 # ---- flags declared once ----
 
 
-@dataclasses.dataclass(frozen=True)
-class Flags:
-    """How a command shows a flag dataclass: `only` its fields to offer (default: every field
-    with flag metadata), `defaults` the command's own defaults, `lists` each as a comma list
-    (the command then gets {field: [values]} for the fields given)."""
-
-    only: tuple[str, ...] | None = None
-    exclude: tuple[str, ...] = ()
-    defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    lists: bool = False
-    panel: str | None = None  # instead of each field's own
-
-
-def _option_name(meta: Mapping[str, Any]) -> str:
-    return str(meta["flag"]).split("/")[0].lstrip("-").replace("-", "_")
-
-
-def _group_fields(cls: type, marker: Flags) -> list[tuple[dataclasses.Field[Any], Any]]:
-    hints = typing.get_type_hints(cls)
-    return [(f, hints[f.name]) for f in dataclasses.fields(cls)
-            if "flag" in f.metadata and f.name not in marker.exclude
-            and (marker.only is None or f.name in marker.only)]
-
-
-def _option(f: dataclasses.Field[Any], hint: Any, marker: Flags) -> inspect.Parameter:
-    meta = f.metadata
-    decls = [meta["flag"], *([meta["short"]] if "short" in meta else [])]
-    default = marker.defaults.get(f.name, None if marker.lists else f.default)
-    hint = str | None if marker.lists else hint
-    option = typer.Option(*decls, help=meta.get("help"),
-                          rich_help_panel=marker.panel or meta.get("panel"),
-                          envvar=meta.get("envvar"))
-    return inspect.Parameter(_option_name(meta), inspect.Parameter.KEYWORD_ONLY,
-                             default=default, annotation=Annotated[hint, option])
-
-
-def _comma_list(option: str, text: str, kind: type) -> list[Any]:
-    try:
-        values = [kind(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"--{option.replace('_', '-')}: not a comma-separated list of "
-                         f"{kind.__name__} values: {text!r}") from None
-    if not values:
-        raise ValueError(f"--{option.replace('_', '-')}: empty list")
-    return values
+def _option(spec: FlagSpec) -> inspect.Parameter:
+    option = typer.Option(*spec.decls, help=spec.help, rich_help_panel=spec.panel,
+                          envvar=spec.envvar)
+    return inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, default=spec.default,
+                             annotation=Annotated[spec.hint, option])
 
 
 def with_flags(command: Callable[..., None]) -> Callable[..., None]:
     """Expose `Annotated[FlagClass, Flags(...)]` parameters of `command` as one typer option
-    per field (an option two groups share, such as --seed, appears once and feeds both)."""
+    per field (an option two groups share, such as --seed, appears once and feeds both);
+    the command is called with the built dataclasses."""
     hints = typing.get_type_hints(command, include_extras=True)
     own = [p.replace(annotation=hints[p.name], kind=inspect.Parameter.KEYWORD_ONLY)
-           for p in inspect.signature(command).parameters.values()
-           if not _marker(hints[p.name])]
+           for p in inspect.signature(command).parameters.values() if not _group(hints[p.name])]
     params, seen = list(own), {p.name for p in own}
-    groups: list[tuple[str, type, Flags, list[tuple[str, str, Any]]]] = []
+    groups = []
     for name, hint in hints.items():
-        if name == "return" or not (marker := _marker(hint)):
-            continue
-        cls, fields = typing.get_args(hint)[0], []
-        for f, field_hint in _group_fields(cls, marker):
-            param = _option(f, field_hint, marker)
-            fields.append((f.name, param.name, field_hint))
-            if param.name not in seen:
-                seen.add(param.name)
-                params.append(param)
-        groups.append((name, cls, marker, fields))
+        if name != "return" and (group := _group(hint)):
+            cls = typing.get_args(hint)[0]
+            specs = group_specs(cls, group)
+            params += [_option(s) for s in specs if s.name not in seen]
+            seen.update(s.name for s in specs)
+            groups.append((name, cls, group, specs))
     own_names = {p.name for p in own}
 
     @functools.wraps(command)
     def wrapper(**kwargs: Any) -> None:
         with user_errors():
-            built = {name: _build(cls, marker, fields, kwargs)
-                     for name, cls, marker, fields in groups}
+            built = {name: build_group(cls, group, specs, kwargs)
+                     for name, cls, group, specs in groups}
         command(**{k: v for k, v in kwargs.items() if k in own_names}, **built)
 
     wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
@@ -140,20 +101,9 @@ def with_flags(command: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 
-def _marker(hint: Any) -> Flags | None:
-    return next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Flags)), None)
-
-
-def _build(cls: type, marker: Flags, fields: list[tuple[str, str, Any]],
-           values: Mapping[str, Any]) -> Any:
-    if not marker.lists:
-        return cls(**{name: values[option] for name, option, _ in fields})
-    return {name: _comma_list(option, values[option], _scalar(hint))
-            for name, option, hint in fields if values[option] is not None}
-
-
-def _scalar(hint: Any) -> type:
-    return next((t for t in typing.get_args(hint) or (hint,) if t is not type(None)), str)
+def _group(hint: Any) -> Flags | None:
+    return next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Flags)),
+                None)
 
 
 # ---- output and errors ----
@@ -190,34 +140,6 @@ def write_json(data: object, out: Path | None) -> None:
     sys.stdout.write(text + "\n")
 
 
-@contextlib.contextmanager
-def progress(label: str, total: int | None = None) -> Iterator[Callable[[int, int], None]]:
-    """A rich progress bar on stderr, shown once the work has taken a second; yields
-    update(done, total)."""
-    import time
-
-    from rich.console import Console
-    from rich.progress import Progress
-
-    started, bar, task = time.perf_counter(), None, 0
-
-    def update(done: int, of: int) -> None:
-        nonlocal bar, task
-        if bar is None:
-            if time.perf_counter() - started < 1.0:
-                return
-            bar = Progress(console=Console(stderr=True), transient=True)
-            bar.start()
-            task = bar.add_task(label, total=total or of)
-        bar.update(task, completed=done, total=of or total)
-
-    try:
-        yield update
-    finally:
-        if bar is not None:
-            bar.stop()
-
-
 def save_figures(figures: Mapping[str, Any], directory: Path) -> None:
     if not figures:
         return
@@ -231,29 +153,16 @@ def default_dir(kind: str) -> Path:
     return Path("results") / f"{kind}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as package_version
-
-    try:
-        return package_version("rt")
-    except PackageNotFoundError:
-        return "unknown"
+def trace_info(trace: workloads.Trace) -> dict[str, Any]:
+    return {"name": trace.name, "requests": len(trace), "digest": workloads.trace_digest(trace)}
 
 
 def save_run(path: Path, kind: str, trace: workloads.Trace, result: RunResult,
              describe: Mapping[str, Any], **extra: Any) -> Run:
-    """Write a run directory (the one place run.json is assembled) and read it back."""
-    from analysis.rundir import load_run, write_run
+    """Write a run directory (`analysis.rundir.save_result`) and read it back."""
+    from analysis.rundir import save_result
 
-    info = {"kind": kind, "rt_version": version(), "name": path.name,
-            "trace": {"name": trace.name, "requests": len(trace),
-                      "digest": workloads.trace_digest(trace)},
-            "wall_s": round(result.wall_s, 3), **extra,
-            "prefix_cache": {"queries": result.prefix_cache_queries,
-                             "hits": result.prefix_cache_hits}, **describe}
-    write_run(path, [r.to_row() for r in result.requests], result.step_columns, info)
-    return load_run(path)
+    return save_result(path, kind, trace_info(trace), result, describe, **extra)
 
 
 def print_run(run: Run, result: RunResult, percentiles: list[float],
@@ -431,17 +340,7 @@ def load_checked(path: Path) -> Run:
 def report(
     run_dir: Annotated[Path, typer.Argument(help="Run directory (rt simulate / rt replay).")],
     flags: Annotated[ReportFlags, Flags()],
-    save_result: Annotated[bool, typer.Option(
-        "--save-result", help="Write the result JSON (vLLM's keys) to RUN/result.json or "
-        "--result-filename.")] = False,
-    result_filename: Annotated[Path | None, typer.Option(
-        "--result-filename", help="JSON file to write (implies --save-result).")] = None,
-    save_detailed: Annotated[bool, typer.Option(
-        "--save-detailed", help="Add vLLM's per-request arrays to the JSON and write the "
-        "per-request attribution next to it (.attribution.csv).")] = False,
-    plot_dir: Annotated[Path | None, typer.Option(
-        "--plot-dir", help="Where the PNGs go (default: RUN/plots).")] = None,
-    plots: _Plots = True,
+    files: Annotated[ReportFiles, Flags()],
 ) -> None:
     """Report one run with vLLM's metrics, where the time went (all requests and the slowest
     1%/10% by TTFT and E2E), and plots: percentile curves, CDFs, attribution, timeline.
@@ -452,14 +351,13 @@ def report(
     from analysis.report import report_run
 
     with user_errors():
-        run = load_checked(run_dir)
-        out = (result_filename or run_dir / "result.json") if save_result or result_filename \
-            else None
-        text, written, figures = report_run(run, flags.options(), out, save_detailed, plots)
+        text, written, figures = report_run(load_checked(run_dir), flags.options(),
+                                            files.result_path(run_dir), files.save_detailed,
+                                            files.plots)
         typer.echo(text)
         for path in written:
             typer.echo(f"rt: wrote {path}", err=True)
-        save_figures(figures, plot_dir or run_dir / "plots")
+        save_figures(figures, files.plot_dir or run_dir / "plots")
 
 
 @app.command("compare")
@@ -606,7 +504,6 @@ def _sweep_output(records: list[dict[str, Any]], root: Path, slos: dict[str, flo
 # ---- rt replay (backends) ----
 
 _REAL = "Real engine"
-_ENDPOINT = "OpenAI-compatible endpoint (--endpoint)"
 _DEFAULT_REPLAY = WorkloadFlags(dataset_name="random", num_prompts=32, input_len=96,
                                 output_len=24, range_ratio=0.5, request_rate=8.0)
 _ModelDir = Annotated[Path | None, typer.Option(
@@ -630,25 +527,7 @@ def replay(
     report: _Percentiles,
     result_dir: _result_dir("replay") = None,
     check_invariants: _CheckInvariants = False,
-    endpoint: Annotated[str | None, typer.Option(
-        "--endpoint", help="Replay against this OpenAI-compatible server instead "
-        "(http://HOST:PORT, its /v1 or its /v1/completions URL); the engine flags are then "
-        "unused.", rich_help_panel=_ENDPOINT)] = None,
-    served_model_name: Annotated[str | None, typer.Option(
-        "--served-model-name", help="Model name of the request body (default: the first of "
-        "GET /v1/models).", rich_help_panel=_ENDPOINT)] = None,
-    api_key: Annotated[str | None, typer.Option(
-        "--api-key", envvar="OPENAI_API_KEY", help="Bearer token for the endpoint.",
-        show_default=False, rich_help_panel=_ENDPOINT)] = None,
-    max_concurrency: Annotated[int | None, typer.Option(
-        "--max-concurrency", help="Requests in flight at most (client-side, as vLLM bench).",
-        rich_help_panel=_ENDPOINT)] = None,
-    timeout: Annotated[float, typer.Option(
-        "--timeout", help="Seconds one request may take in all; then it counts as failed.",
-        rich_help_panel=_ENDPOINT)] = 600.0,
-    vocab_size: Annotated[int, typer.Option(
-        "--vocab-size", help="Prompt token ids are drawn from [10, N): at most the served "
-        "model's vocabulary.", rich_help_panel=_ENDPOINT)] = 32000,
+    client: Annotated[EndpointFlags, Flags()],
 ) -> None:
     """Replay a trace in real time through the vLLM-V1 core and a real model (CPU or GPU),
     or, with --endpoint, against any OpenAI-compatible server (client-side timing).
@@ -660,10 +539,9 @@ def replay(
     with user_errors():
         percentiles = list(report.options().percentiles)
         trace = replay_trace(work, trace_file)
-        if endpoint is not None:
-            name = served_model_name or (str(model) if model is not None else None)
-            run_endpoint(trace, (endpoint, name, api_key, max_concurrency, timeout, vocab_size,
-                                 work.seed), result_dir or default_dir("endpoint"), percentiles)
+        if client.endpoint is not None:
+            settings = client.config_args(str(model) if model else None, work.seed)
+            run_endpoint(trace, settings, result_dir or default_dir("endpoint"), percentiles)
             return
         setup, tokenizer = real_engine(model, engine, real, work.seed)
         check_lengths(trace, setup.scheduler.max_model_len)
@@ -735,30 +613,29 @@ def run_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | 
         raise typer.Exit(code=130)
 
 
-def run_endpoint(trace: workloads.Trace, settings: tuple[Any, ...], path: Path,
+def run_endpoint(trace: workloads.Trace, settings: dict[str, Any], path: Path,
                  percentiles: list[float]) -> None:
     """Replay against the endpoint, write the run directory, print vLLM's block; failed
     requests are counted (exit 0, as vLLM bench) unless every request failed (exit 1)."""
     try:
-        from backends.replay.endpoint import EndpointConfig, probe, replay_endpoint, run_info
+        from backends.replay.endpoint import EndpointConfig, probe, replay_endpoint
+        from backends.replay.endpoint import run_info as endpoint_info
     except ImportError as err:
         fail(f"--endpoint needs {err.name}: pip install 'rt[serve]'")
     from analysis.console import benchmark_block
     from analysis.metrics import benchmark_metrics
-    from analysis.rundir import load_run, write_run
+    from analysis.rundir import load_run, run_info, write_run
 
-    config = EndpointConfig(*settings)
+    config = EndpointConfig(**settings)
     info = probe(config)
     if info.max_model_len is not None:
         check_lengths(trace, info.max_model_len)
     note([f"endpoint {info.completions_url}, model {info.model}, client-side timing"])
     with progress("replaying", len(trace)) as update:
         result = replay_endpoint(trace, config, info, update)
-    meta = {"kind": "endpoint", "rt_version": version(), "name": path.name,
-            "trace": {"name": trace.name, "requests": len(trace),
-                      "digest": workloads.trace_digest(trace)},
-            **run_info(result, config, info)}
-    write_run(path, [r.to_row() for r in result.requests], {}, meta)
+    write_run(path, [r.to_row() for r in result.requests], {},
+              run_info("endpoint", path.name, trace_info(trace),
+                       **endpoint_info(result, config, info)))
     failed, sent = result.num_failed, len(result.requests)
     if sent > failed:
         typer.echo(benchmark_block(benchmark_metrics(load_run(path).requests, percentiles),
@@ -779,7 +656,6 @@ def run_endpoint(trace: workloads.Trace, settings: tuple[Any, ...], path: Path,
 
 # ---- rt serve (backends; --simulate: sim) ----
 
-_SERVE = "Server"
 
 
 @app.command()
@@ -789,44 +665,30 @@ def serve(
     model: Annotated[str | None, typer.Option(
         "--model", "--sim-model", help="Local Hugging Face model directory (default: the tiny "
         "random Llama on the CPU); with --simulate, the simulated model (preset or config, "
-        "default llama-3.1-8b).", rich_help_panel=_SERVE)] = None,
+        "default llama-3.1-8b).", rich_help_panel=SERVER_PANEL)] = None,
     sim: Annotated[SimFlags, Flags(only=("gpu", "profile"))],
     engine: Annotated[EngineFlags, Flags()],
     real: Annotated[RealEngineFlags, Flags(exclude=("random_weights",))],
-    simulate_: Annotated[bool, typer.Option(
-        "--simulate", help="Execution times from the cost model on the wall clock, synthetic "
-        "tokens (no model, no GPU).", rich_help_panel=_SERVE)] = False,
-    host: Annotated[str, typer.Option("--host", rich_help_panel=_SERVE)] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", rich_help_panel=_SERVE)] = 8000,
-    served_model_name: Annotated[str | None, typer.Option(
-        "--served-model-name", help="The name clients pass as `model`.",
-        rich_help_panel=_SERVE)] = None,
-    max_queued: Annotated[int | None, typer.Option(
-        "--max-num-queued-requests", help="Answer 503 when this many requests await their "
-        "first token.", rich_help_panel=_SERVE)] = None,
-    shutdown_timeout: Annotated[float, typer.Option(
-        "--shutdown-timeout", help="On SIGTERM, seconds in-flight requests may finish before "
-        "they are aborted.", rich_help_panel=_SERVE)] = 10.0,
+    server: Annotated[ServeFlags, Flags()],
     seed: _Seed = 0,
-    log_level: Annotated[str, typer.Option("--uvicorn-log-level",
-                                           rich_help_panel=_SERVE)] = "warning",
 ) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /tokenize,
     /health, /metrics) from an engine-core process: a real model, or with --simulate the
     cost model on the wall clock. SIGTERM/Ctrl-C drains, then exits."""
     from backends.serve.api_server import ServeConfig, run_server
 
-    if max_queued is not None and max_queued < 1:
-        fail(f"--max-num-queued-requests must be >= 1, got {max_queued}")
     with user_errors():
-        if simulate_:
+        if server.simulate:
             factory, kwargs, name, tokenizer_dir = _serve_simulated(model, sim, engine, seed)
         else:
             factory, kwargs, name, tokenizer_dir = _serve_real(model, engine, real, seed)
-    config = ServeConfig(served_model_name or name, factory, kwargs, tokenizer_dir, max_queued)
-    typer.echo(f"rt: serving {config.model_name} on http://{host}:{port}/v1", err=True)
+    config = ServeConfig(server.served_model_name or name, factory, kwargs, tokenizer_dir,
+                         server.max_num_queued_requests)
+    typer.echo(f"rt: serving {config.model_name} on http://{server.host}:{server.port}/v1",
+               err=True)
     try:
-        run_server(config, host, port, shutdown_timeout, log_level)
+        run_server(config, server.host, server.port, server.shutdown_timeout,
+                   server.uvicorn_log_level)
     except RuntimeError as err:
         fail(str(err))
     typer.echo("rt: server stopped", err=True)
@@ -866,6 +728,7 @@ def _serve_real(model: str | None, engine: EngineFlags, real: RealEngineFlags, s
 def calibrate_grid(setup: RealSetup, tokenizer: Tokenizer | None, cal: CalibrationFlags,
                    extra_steps: list[Path]) -> Profile:
     """Run the grid on `setup`, time the API server, fit; returns the `Profile`."""
+    from analysis.rundir import rt_version
     from backends.engine.calibration_grid import calibrate_engine
     from sim.calibrate import profile_from_grid, read_replay_steps
 
@@ -873,18 +736,19 @@ def calibrate_grid(setup: RealSetup, tokenizer: Tokenizer | None, cal: Calibrati
         steps = [read_replay_steps(path, "wall") for path in extra_steps]
         with progress("calibrating") as update:
             measured = calibrate_engine(setup, tokenizer, cal.quick, cal.time_limit, update)
-        return profile_from_grid(measured, steps, version())
+        return profile_from_grid(measured, steps, rt_version())
 
 
 def profile_from_steps(paths: list[Path], target: str, api_server: Any = None,
                        drift: bool = False) -> Profile:
     """`sim.calibrate.profile_from_replays`, its errors one line, with a note when the drift
     asked for was not found."""
+    from analysis.rundir import rt_version
     from sim.calibrate import profile_from_replays
 
     try:
         profile = profile_from_replays(paths, target, api_server=api_server, drift=drift,
-                                       rt_version=version())
+                                       rt_version=rt_version())
     except ValueError as err:
         fail(f"--from-steps: {err}")
     if drift and profile.step_time_drift_quantiles is None:
@@ -1018,28 +882,17 @@ def _fidelity_replays(trace: workloads.Trace, setup: RealSetup, tokenizer: Token
 
 def _fidelity_simulate(trace: workloads.Trace, setup: RealSetup, profile: Path, root: Path,
                        step_noise: bool, runs: int) -> list[Path]:
-    """The same trace in the simulator, with the real engine's resolved flags and pool,
-    `runs` times (step-noise seeds seed, seed + 1, ...; the token ids keep the replay's
-    seed): root/sim, root/sim-2, ..."""
-    from sim.engine_args import args_from_configs, build_setup, with_noise_seed
-    from sim.profile import load_profile
-    from sim.simulator import simulate as run
+    """The twin's simulations (`sim.fidelity.twin_simulations`): root/sim, root/sim-2, ..."""
+    from sim.fidelity import twin_simulations
 
-    if step_noise and load_profile(profile).step_time_quantiles is None:
-        note([f"{profile} has no step-time scatter: simulated steps take exactly the "
-              "fitted time"])
-        step_noise = False
-    seed = setup.args.seed
-    sim = build_setup(args_from_configs(setup.scheduler, setup.cache),
-                      str(setup.args.model_dir), "h200", str(profile), seed,
-                      step_noise=step_noise)
-    paths = []
-    for i in range(runs if step_noise else 1):
-        result = run(trace, with_noise_seed(sim.config, seed + i), sim.cost_model)
-        paths.append(root / (f"sim-{i + 1}" if i else "sim"))
-        save_run(paths[-1], "simulate", trace, result, sim.describe(),
-                 step_noise_seed=seed + i if step_noise else None)
-    return paths
+    sim, twins, notes = twin_simulations(trace, setup.scheduler, setup.cache,
+                                         str(setup.args.model_dir), profile, setup.args.seed,
+                                         step_noise, runs)
+    note(notes)
+    for twin in twins:
+        save_run(root / twin.name, "simulate", trace, twin.result, sim.describe(),
+                 step_noise_seed=twin.noise_seed)
+    return [root / twin.name for twin in twins]
 
 
 def _fidelity_report(real_dirs: list[Path], sim_dirs: list[Path], profile_path: Path,
@@ -1130,22 +983,25 @@ def bench_serve(
     stopped): replay random requests through the `rt replay --endpoint` client, simulate the
     same arrivals with `rt simulate`'s core, and report errors, throughput and the latency
     the server path adds (server minus simulated, ms). Exit 1 on any error."""
-    from backends.bench.serve_load import LoadConfig, compare, run_load, sent_arrivals
+    from backends.bench.serve_load import (
+        LoadConfig,
+        compare,
+        run_load,
+        sent_arrivals,
+        simulated_server,
+    )
     from sim.engine_args import build_setup
     from sim.simulator import simulate as run_simulate
 
     with user_errors():
-        work = dataclasses.replace(work, dataset_name="random", num_prompts=num_prompts or
-                                   concurrency)
+        work = dataclasses.replace(work, dataset_name="random",
+                                   num_prompts=num_prompts or concurrency)
         trace = workload(work)
         args = EngineArgs(max_num_seqs=engine.max_num_seqs, max_model_len=engine.max_model_len)
         setup = build_setup(args, sim.model, sim.gpu, sim.profile, work.seed)
-    command = [sys.executable, "-m", "cli", "serve", "--simulate", "--sim-model", sim.model,
-               "--gpu", sim.gpu, "--seed", str(work.seed), "--max-model-len",
-               str(engine.max_model_len)]
-    command += ["--profile", sim.profile] if sim.profile else []
-    command += ["--max-num-seqs", str(engine.max_num_seqs)] if engine.max_num_seqs else []
-    config = LoadConfig(tuple(command), concurrency, setup.config.vocab_size, work.seed,
+    server = simulated_server(sys.executable, sim.model, sim.gpu, sim.profile, work.seed,
+                              engine.max_model_len, engine.max_num_seqs)
+    config = LoadConfig(server, concurrency, setup.config.vocab_size, work.seed,
                         request_timeout_s=timeout)
     try:
         load = run_load(trace, config)

@@ -79,6 +79,27 @@ class ReportFlags:
                              parse_goodput(self.goodput or []))
 
 
+@dataclass(frozen=True, slots=True)
+class ReportFiles:
+    """What `rt report` writes besides the console text."""
+
+    save_result: bool = _flag(False, "--save-result", "Write the result JSON (vLLM's keys) to "
+                              "RUN/result.json or --result-filename.")
+    result_filename: Path | None = _flag(None, "--result-filename", "JSON file to write "
+                                         "(implies --save-result).")
+    save_detailed: bool = _flag(False, "--save-detailed", "Add vLLM's per-request arrays to "
+                                "the JSON and write the per-request attribution next to it "
+                                "(.attribution.csv).")
+    plot_dir: Path | None = _flag(None, "--plot-dir", "Where the PNGs go (default: "
+                                  "RUN/plots).")
+    plots: bool = _flag(True, "--plots/--no-plots", "Draw the PNGs.")
+
+    def result_path(self, run_dir: Path) -> Path | None:
+        if self.result_filename is not None:
+            return self.result_filename
+        return run_dir / "result.json" if self.save_result else None
+
+
 def check_run(run: Run) -> None:
     """ValueError (one line, naming the directory) for a run that cannot be analysed: no
     requests, or a half-written table missing columns."""

@@ -70,3 +70,32 @@ def load_run(path: Path) -> Run:
     except (OSError, ValueError, pa.ArrowException) as exc:
         raise ValueError(f"{path}: unreadable run directory: {exc}") from exc
     return Run(path, requests, steps, info)
+
+
+def rt_version() -> str:
+    """rt's installed version, or "unknown" when it runs from a plain checkout."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rt")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def run_info(kind: str, name: str, trace: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
+    """run.json's head, the same for every driver: the kind of run, rt's version, the run's
+    name and the trace's identity ({"name", "requests", "digest"}), then `fields`."""
+    return {"kind": kind, "rt_version": rt_version(), "name": name, "trace": dict(trace),
+            **fields}
+
+
+def save_result(path: Path, kind: str, trace: Mapping[str, Any], result: Any,
+                describe: Mapping[str, Any], **extra: Any) -> Run:
+    """Write a driver's result (`runtime.records.RunResult`: request records, step columns,
+    wall time, prefix-cache counts) as a run directory, with `describe` (every config value)
+    and `extra` in run.json, and read it back."""
+    info = run_info(kind, path.name, trace, wall_s=round(result.wall_s, 3), **extra,
+                    prefix_cache={"queries": result.prefix_cache_queries,
+                                  "hits": result.prefix_cache_hits}, **describe)
+    write_run(path, [r.to_row() for r in result.requests], result.step_columns, info)
+    return load_run(path)

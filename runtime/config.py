@@ -7,23 +7,15 @@ construction. Variants come from `dataclasses.replace`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
+
+from runtime.flags import flag
 
 Policy = Literal["fcfs", "priority"]
 
 
 ENGINE_PANEL = "Engine (vLLM flags)"
-
-
-def flag(default: Any, option: str, help: str | None = None, panel: str | None = None,
-         **extra: Any) -> Any:
-    """A dataclass field that is also a command-line flag: its option name(s), help text and
-    help panel, in the field's metadata (read by cli.py; nothing here parses argv). `option`
-    is vLLM's spelling ("--block-size", "--enable-x/--no-enable-x"); `extra` passes on, e.g.
-    short="-tp" or envvar="OPENAI_API_KEY"."""
-    meta = {"flag": option, "help": help, "panel": panel, **extra}
-    return field(default=default, metadata=meta)
 
 
 def _require(ok: bool, message: str) -> None:

@@ -23,7 +23,6 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from runtime.batch import BatchFeatures
-from runtime.config import flag
 from sim.cost.api_server import ApiServerCost
 from sim.cost.profile_model import ProfileCoefficients, ProfileCostModel
 from sim.profile import Profile
@@ -386,69 +385,3 @@ def predict_step_rows(coefficients: ProfileCoefficients,
     features = [BatchFeatures(**{n: int(v) for n, v in zip(names, row, strict=True)})
                 for row in zip(*(steps[n] for n in names), strict=True)]
     return predict(coefficients, features)
-
-
-# ---- the calibration and fidelity commands' own flags ------------------------------------------
-
-CALIBRATION_PANEL = "Calibration"
-
-
-@dataclass(frozen=True, slots=True)
-class CalibrationFlags:
-    """How a profile is fitted (`rt calibrate`, and `rt fidelity` when it calibrates)."""
-
-    quick: bool = flag(False, "--quick", "A small grid with few repeats (seconds; for tests).",
-                       CALIBRATION_PANEL)
-    time_limit: float | None = flag(None, "--time-limit", "Seconds of grid at most (default: "
-                                    "300; --quick 30).", CALIBRATION_PANEL)
-    step_drift: bool = flag(
-        False, "--step-drift", "Fit the step-time scatter as a per-step factor times a slow "
-        "drift per 0.25 s window (the machine's slow and fast periods) instead of i.i.d. per "
-        "step. Off by default: on this project's CPU VM it did not beat i.i.d. scatter "
-        "(docs/results.md).", CALIBRATION_PANEL)
-
-
-@dataclass(frozen=True, slots=True)
-class FidelityFlags:
-    """`rt fidelity`'s procedure: which profile, how many real and simulated runs, the gate."""
-
-    profile: Path | None = flag(None, "--profile", "Profile JSON (default: calibrate first, "
-                                "on the same engine).")
-    max_error: float | None = flag(None, "--max-error", "Exit 1 when |error| of p50/p90 TTFT "
-                                   "or ITL exceeds this fraction (0.05 = 5%).")
-    fit_on_replay: bool = flag(
-        False, "--fit-on-replay", "No grid: fit the profile on the replay's own steps "
-        "(in-sample; separates the simulator's structural error from calibration drift).",
-        CALIBRATION_PANEL)
-    calibrate_on: str = flag(
-        "replay", "--calibrate-on", "Without --profile: 'grid' (the designed grid of batches) "
-        "or 'replay' (a separate calibration replay of a trace resampled from TRACE: other "
-        "requests and arrivals, the same lengths and mean rate; out of sample).",
-        CALIBRATION_PANEL)
-    repeats: int = flag(
-        1, "--repeats", "Real replays of TRACE (with --calibrate-on replay, as many "
-        "calibration replays, interleaved with them in the order C R R C C R ... so a linear "
-        "drift of the machine's speed falls on both alike). With 2 or more, 'real' is their "
-        "mean and 'noise' the largest deviation of one of them from it: how far this machine "
-        "is from itself.")
-    sim_runs: int = flag(
-        8, "--sim-runs", "Simulations of TRACE, step-time noise drawn from seeds SEED, SEED+1, "
-        "...; 'sim' is their mean (as 'real' is of the real runs). One run when simulated "
-        "steps are deterministic (--no-step-noise).", CALIBRATION_PANEL)
-
-    def check(self, step_drift: bool, step_noise: bool) -> None:
-        """ValueError for impossible combinations (before any model is loaded)."""
-        if self.calibrate_on not in ("grid", "replay"):
-            raise ValueError(f"--calibrate-on must be grid or replay, got {self.calibrate_on!r}")
-        if self.repeats < 1:
-            raise ValueError(f"--repeats must be >= 1, got {self.repeats}")
-        if self.sim_runs < 1:
-            raise ValueError(f"--sim-runs must be >= 1, got {self.sim_runs}")
-        fitted_on_replays = self.profile is None and (self.calibrate_on == "replay"
-                                                      or self.fit_on_replay)
-        if step_drift and not fitted_on_replays:
-            raise ValueError("--step-drift needs a profile fitted here on replays "
-                             "(--calibrate-on replay or --fit-on-replay, no --profile)")
-        if step_drift and not step_noise:
-            raise ValueError("--step-drift with --no-step-noise: the drift would be fitted "
-                             "and not used")

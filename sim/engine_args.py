@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from runtime import CacheConfig, SchedulerConfig
-from runtime.config import ENGINE_PANEL, EngineFlags, flag, resolve_scheduler_config
+from runtime.config import ENGINE_PANEL, EngineFlags, resolve_scheduler_config
+from runtime.flags import flag
 from sim.cost.base import CostModel
 from sim.cost.kv_cache_sizing import (
     DEFAULT_GPU_MEMORY_UTILIZATION,

@@ -18,7 +18,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, TypeVar
 
-from runtime.config import flag
+from runtime.flags import flag
 from sim.engine_args import EngineArgs, SimSetup, build_setup
 from sim.simulator import SimResult, simulate
 from workloads import ArrivalProcess, Trace, TransformSpec, apply_transforms, random_trace

@@ -231,3 +231,15 @@ def compare(trace: Trace, load: LoadResult, simulated: Sequence[RequestRecord]
         "simulated": sim,
         "added_latency_ms": added_latency(server, sim),
     }
+
+
+def simulated_server(python: str, model: str, gpu: str, profile: str | None, seed: int,
+                     max_model_len: int | None, max_num_seqs: int | None) -> tuple[str, ...]:
+    """The `rt serve --simulate` command line the load test starts (its host and port are
+    appended by `run_load`)."""
+    command = [python, "-m", "cli", "serve", "--simulate", "--sim-model", model, "--gpu", gpu,
+               "--seed", str(seed)]
+    command += ["--max-model-len", str(max_model_len)] if max_model_len else []
+    command += ["--profile", profile] if profile else []
+    command += ["--max-num-seqs", str(max_num_seqs)] if max_num_seqs else []
+    return tuple(command)

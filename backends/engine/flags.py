@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.config import flag
+from runtime.flags import flag
 
 REAL_PANEL = "Real engine"
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9

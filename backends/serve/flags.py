@@ -1,0 +1,32 @@
+"""`rt serve`'s own flags (import-light: no FastAPI here, so the CLI can declare them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runtime.flags import flag
+
+SERVER_PANEL = "Server"
+
+
+@dataclass(frozen=True, slots=True)
+class ServeFlags:
+    """Where the server listens, what it calls itself, and how it sheds and drains load."""
+
+    simulate: bool = flag(False, "--simulate", "Execution times from the cost model on the "
+                          "wall clock, synthetic tokens (no model, no GPU).", SERVER_PANEL)
+    host: str = flag("127.0.0.1", "--host", None, SERVER_PANEL)
+    port: int = flag(8000, "--port", None, SERVER_PANEL)
+    served_model_name: str | None = flag(None, "--served-model-name", "The name clients pass "
+                                         "as `model`.", SERVER_PANEL)
+    max_num_queued_requests: int | None = flag(
+        None, "--max-num-queued-requests", "Answer 503 when this many requests await their "
+        "first token.", SERVER_PANEL)
+    shutdown_timeout: float = flag(10.0, "--shutdown-timeout", "On SIGTERM, seconds in-flight "
+                                   "requests may finish before they are aborted.", SERVER_PANEL)
+    uvicorn_log_level: str = flag("warning", "--uvicorn-log-level", None, SERVER_PANEL)
+
+    def __post_init__(self) -> None:
+        if self.max_num_queued_requests is not None and self.max_num_queued_requests < 1:
+            raise ValueError("--max-num-queued-requests must be >= 1, got "
+                             f"{self.max_num_queued_requests}")

@@ -1,0 +1,98 @@
+"""Flags declared once: a configuration dataclass's fields carry their command-line option.
+
+A field made with `flag(default, "--option", help, panel)` is both a config value and a flag;
+the metadata names the option (vLLM's spelling), its help text and help panel. A command
+names the flag dataclasses it takes with a `FlagGroup` (which fields, its own defaults, or
+comma lists for sweeps); `group_specs` resolves that into one `FlagSpec` per option and
+`build_group` turns parsed option values back into the dataclass. Nothing here reads argv:
+the CLI hands the specs to its parser library and the values back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def flag(default: Any, option: str, help: str | None = None, panel: str | None = None,
+         **extra: Any) -> Any:
+    """A dataclass field that is also a command-line flag. `option` is e.g. "--block-size" or
+    "--enable-x/--no-enable-x" for a boolean pair; `extra` passes on short="-tp" or
+    envvar="NAME"."""
+    return field(default=default, metadata={"flag": option, "help": help, "panel": panel,
+                                            **extra})
+
+
+@dataclass(frozen=True)
+class FlagGroup:
+    """How a command offers a flag dataclass: `only` these fields (default: every field with
+    flag metadata) minus `exclude`, with the command's own `defaults` and help `panel`; with
+    `lists`, each as a comma list, and the command gets {field: [values]} for those given."""
+
+    only: tuple[str, ...] | None = None
+    exclude: tuple[str, ...] = ()
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    lists: bool = False
+    panel: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FlagSpec:
+    """One option of a group: the dataclass field it fills and how the option reads."""
+
+    field: str
+    name: str  # the option's parameter name: "--max-num-seqs" -> "max_num_seqs"
+    decls: tuple[str, ...]  # ("--tensor-parallel-size", "-tp")
+    hint: Any  # the value's type as the parser sees it (str | None for lists)
+    scalar: type  # one element's type: int for `int | None`
+    default: Any
+    help: str | None
+    panel: str | None
+    envvar: str | None
+
+
+def group_specs(cls: type, group: FlagGroup) -> list[FlagSpec]:
+    """The options `group` offers of dataclass `cls`, in field order."""
+    hints = typing.get_type_hints(cls)
+    specs = []
+    for f in dataclasses.fields(cls):
+        meta = f.metadata
+        if "flag" not in meta or f.name in group.exclude or (
+                group.only is not None and f.name not in group.only):
+            continue
+        hint = hints[f.name]
+        scalar = next((t for t in typing.get_args(hint) or (hint,) if t is not type(None)),
+                      str)
+        default = group.defaults.get(f.name, None if group.lists else f.default)
+        specs.append(FlagSpec(
+            f.name, str(meta["flag"]).split("/")[0].lstrip("-").replace("-", "_"),
+            (meta["flag"], *([meta["short"]] if "short" in meta else [])),
+            str | None if group.lists else hint, scalar, default, meta.get("help"),
+            group.panel or meta.get("panel"), meta.get("envvar")))
+    return specs
+
+
+def build_group(cls: type, group: FlagGroup, specs: list[FlagSpec],
+                values: Mapping[str, Any]) -> Any:
+    """The dataclass (or, for lists, {field: [values]}) from the parsed option values keyed
+    by `FlagSpec.name`. ValueError (from the dataclass's checks, or naming the option of a
+    bad list) on bad input."""
+    if not group.lists:
+        return cls(**{s.field: values[s.name] for s in specs})
+    return {s.field: comma_list(s.decls[0], values[s.name], s.scalar)
+            for s in specs if values[s.name] is not None}
+
+
+def comma_list(option: str, text: str, kind: type) -> list[Any]:
+    """"1,2,4" -> [1, 2, 4] as `kind`; ValueError naming `option` and the text."""
+    try:
+        values = [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{option}: not a comma-separated list of {kind.__name__} values: "
+                         f"{text!r}") from None
+    if not values:
+        raise ValueError(f"{option}: empty list")
+    return values

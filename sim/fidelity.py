@@ -1,0 +1,111 @@
+"""rt fidelity's simulated side and the flags of calibration and fidelity.
+
+`twin_simulations` runs a real replay's trace in the simulator with the real engine's resolved
+scheduler and KV pool (its twin), K times with step-noise seeds seed, seed + 1, ...
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from runtime import CacheConfig, SchedulerConfig
+from runtime.flags import flag
+from runtime.records import RunResult
+from sim.engine_args import SimSetup, args_from_configs, build_setup, with_noise_seed
+from sim.profile import load_profile
+from sim.simulator import simulate
+from workloads import Trace
+
+CALIBRATION_PANEL = "Calibration"
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationFlags:
+    """How a profile is fitted (`rt calibrate`, and `rt fidelity` when it calibrates)."""
+
+    quick: bool = flag(False, "--quick", "A small grid with few repeats (seconds; for tests).",
+                       CALIBRATION_PANEL)
+    time_limit: float | None = flag(None, "--time-limit", "Seconds of grid at most (default: "
+                                    "300; --quick 30).", CALIBRATION_PANEL)
+    step_drift: bool = flag(
+        False, "--step-drift", "Fit the step-time scatter as a per-step factor times a slow "
+        "drift per 0.25 s window (the machine's slow and fast periods) instead of i.i.d. per "
+        "step. Off by default: on this project's CPU VM it did not beat i.i.d. scatter "
+        "(docs/results.md).", CALIBRATION_PANEL)
+
+
+@dataclass(frozen=True, slots=True)
+class FidelityFlags:
+    """`rt fidelity`'s procedure: which profile, how many real and simulated runs, the gate."""
+
+    profile: Path | None = flag(None, "--profile", "Profile JSON (default: calibrate first, "
+                                "on the same engine).")
+    max_error: float | None = flag(None, "--max-error", "Exit 1 when |error| of p50/p90 TTFT "
+                                   "or ITL exceeds this fraction (0.05 = 5%).")
+    fit_on_replay: bool = flag(
+        False, "--fit-on-replay", "No grid: fit the profile on the replay's own steps "
+        "(in-sample; separates the simulator's structural error from calibration drift).",
+        CALIBRATION_PANEL)
+    calibrate_on: str = flag(
+        "replay", "--calibrate-on", "Without --profile: 'grid' (the designed grid of batches) "
+        "or 'replay' (a separate calibration replay of a trace resampled from TRACE: other "
+        "requests and arrivals, the same lengths and mean rate; out of sample).",
+        CALIBRATION_PANEL)
+    repeats: int = flag(
+        1, "--repeats", "Real replays of TRACE (with --calibrate-on replay, as many "
+        "calibration replays, interleaved with them in the order C R R C C R ... so a linear "
+        "drift of the machine's speed falls on both alike). With 2 or more, 'real' is their "
+        "mean and 'noise' the largest deviation of one of them from it: how far this machine "
+        "is from itself.")
+    sim_runs: int = flag(
+        8, "--sim-runs", "Simulations of TRACE, step-time noise drawn from seeds SEED, SEED+1, "
+        "...; 'sim' is their mean (as 'real' is of the real runs). One run when simulated "
+        "steps are deterministic (--no-step-noise).", CALIBRATION_PANEL)
+
+    def check(self, step_drift: bool, step_noise: bool) -> None:
+        """ValueError for impossible combinations (before any model is loaded)."""
+        if self.calibrate_on not in ("grid", "replay"):
+            raise ValueError(f"--calibrate-on must be grid or replay, got {self.calibrate_on!r}")
+        if self.repeats < 1:
+            raise ValueError(f"--repeats must be >= 1, got {self.repeats}")
+        if self.sim_runs < 1:
+            raise ValueError(f"--sim-runs must be >= 1, got {self.sim_runs}")
+        fitted_on_replays = self.profile is None and (self.calibrate_on == "replay"
+                                                      or self.fit_on_replay)
+        if step_drift and not fitted_on_replays:
+            raise ValueError("--step-drift needs a profile fitted here on replays "
+                             "(--calibrate-on replay or --fit-on-replay, no --profile)")
+        if step_drift and not step_noise:
+            raise ValueError("--step-drift with --no-step-noise: the drift would be fitted "
+                             "and not used")
+
+
+@dataclass(frozen=True, slots=True)
+class TwinRun:
+    """One simulation of the twin: its name (sim, sim-2, ...), result and step-noise seed."""
+
+    name: str
+    result: RunResult
+    noise_seed: int | None
+
+
+def twin_simulations(trace: Trace, scheduler: SchedulerConfig, cache: CacheConfig,
+                     model: str, profile: Path, seed: int, step_noise: bool, runs: int
+                     ) -> tuple[SimSetup, list[TwinRun], list[str]]:
+    """`runs` simulations of `trace` under exactly the real engine's configs (step-noise
+    seeds seed, seed + 1, ...; token ids keep the replay's seed; one run when the steps are
+    deterministic). Returns the setup, the runs and notes for the user (a profile without
+    step-time scatter turns the noise off)."""
+    notes = []
+    if step_noise and load_profile(profile).step_time_quantiles is None:
+        notes.append(f"{profile} has no step-time scatter: simulated steps take exactly the "
+                     "fitted time")
+        step_noise = False
+    setup = build_setup(args_from_configs(scheduler, cache), model, "h200", str(profile), seed,
+                        step_noise=step_noise)
+    twins = [TwinRun(f"sim-{i + 1}" if i else "sim",
+                     simulate(trace, with_noise_seed(setup.config, seed + i), setup.cost_model),
+                     seed + i if step_noise else None)
+             for i in range(runs if step_noise else 1)]
+    return setup, twins, notes

@@ -1,0 +1,77 @@
+"""runtime.flags: a dataclass's fields as options, and back (the CLI's flag groups)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+
+from runtime.config import EngineFlags
+from runtime.flags import FlagGroup, build_group, comma_list, flag, group_specs
+
+
+@dataclass(frozen=True, slots=True)
+class Demo:
+    rate: float = flag(math.inf, "--request-rate", "Requests/s.", "Workload")
+    blocks: int | None = flag(None, "--num-blocks", None, "Engine", short="-n")
+    caching: bool = flag(True, "--caching/--no-caching")
+    internal: int = 3  # no flag metadata: never an option
+
+    def __post_init__(self) -> None:
+        if self.blocks is not None and self.blocks < 1:
+            raise ValueError(f"--num-blocks must be >= 1, got {self.blocks}")
+
+
+def test_specs_name_type_default_and_panel() -> None:
+    specs = group_specs(Demo, FlagGroup())
+    assert [s.name for s in specs] == ["request_rate", "num_blocks", "caching"]
+    rate, blocks, caching = specs
+    assert (rate.field, rate.decls, rate.default, rate.panel) == (
+        "rate", ("--request-rate",), math.inf, "Workload")
+    assert (blocks.decls, blocks.scalar, blocks.default) == (("--num-blocks", "-n"), int, None)
+    assert caching.decls == ("--caching/--no-caching",) and caching.name == "caching"
+
+
+def test_only_exclude_defaults_and_panel_override() -> None:
+    group = FlagGroup(only=("rate", "blocks"), exclude=("blocks",), defaults={"rate": 8.0},
+                      panel="Mine")
+    [spec] = group_specs(Demo, group)
+    assert (spec.field, spec.default, spec.panel) == ("rate", 8.0, "Mine")
+
+
+def test_build_round_trip_and_validation() -> None:
+    group = FlagGroup()
+    specs = group_specs(Demo, group)
+    built = build_group(Demo, group, specs, {"request_rate": 2.0, "num_blocks": 7,
+                                             "caching": False})
+    assert built == Demo(rate=2.0, blocks=7, caching=False)
+    with pytest.raises(ValueError, match="--num-blocks must be >= 1, got 0"):
+        build_group(Demo, group, specs, {"request_rate": 2.0, "num_blocks": 0,
+                                         "caching": True})
+
+
+def test_lists_give_typed_values_only_for_given_flags() -> None:
+    group = FlagGroup(only=("max_num_seqs", "block_size"), lists=True)
+    specs = group_specs(EngineFlags, group)
+    assert all(s.hint == str | None and s.default is None for s in specs)
+    built = build_group(EngineFlags, group, specs, {"max_num_seqs": "64, 256",
+                                                    "block_size": None})
+    assert built == {"max_num_seqs": [64, 256]}
+
+
+def test_comma_list_errors_name_the_option() -> None:
+    assert comma_list("--x", "1.5,2", float) == [1.5, 2.0]
+    with pytest.raises(ValueError, match=r"--max-num-seqs: not a comma-separated list of int "
+                       r"values: '8,a'"):
+        comma_list("--max-num-seqs", "8,a", int)
+    with pytest.raises(ValueError, match="--x: empty list"):
+        comma_list("--x", " , ", int)
+
+
+def test_every_engine_flag_is_declared_with_vllms_name() -> None:
+    names = [s.decls[0] for s in group_specs(EngineFlags, FlagGroup())]
+    assert names == ["--max-num-batched-tokens", "--max-num-seqs", "--max-model-len",
+                     "--block-size", "--enable-prefix-caching/--no-enable-prefix-caching",
+                     "--enable-chunked-prefill/--no-enable-chunked-prefill",
+                     "--long-prefill-token-threshold", "--policy", "--num-gpu-blocks-override"]
