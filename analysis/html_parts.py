@@ -43,6 +43,9 @@ figure{margin:8px 0}figure svg{width:100%;height:auto}details>summary{cursor:poi
 .share{display:inline-block;height:9px;background:#1f77b4;vertical-align:middle}
 """
 
+# In <head>: an uncaught script error is written on <html data-js-error> (tests read it).
+ERROR_TRAP = ("window.addEventListener('error',function(e){document.documentElement"
+              ".setAttribute('data-js-error',String(e.message))});")
 JS = """
 document.querySelectorAll('table.sortable').forEach(function (table) {
   var heads = table.tHead.rows[0].cells;
@@ -80,6 +83,7 @@ function sortTable(table, th, col) {
   });
   pairs.forEach(function (p) { body.appendChild(p[0]); if (p[1]) body.appendChild(p[1]); });
 }
+document.body.setAttribute('data-ready', '1');
 """
 
 
@@ -142,7 +146,7 @@ def page(title: str, body: str) -> str:
     """The whole document: one file, CSS and JS inline."""
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{escape(title)}</title><style>{CSS}</style></head>\n<body>\n{body}\n"
+            f"<title>{escape(title)}</title><script>{ERROR_TRAP}</script><style>{CSS}</style></head>\n<body>\n{body}\n"
             f"<script>{JS}</script>\n</body></html>\n")
 
 

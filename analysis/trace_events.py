@@ -177,21 +177,21 @@ def request_events(timeline: RequestTimeline, row: pd.Series, tid: int,
                    steps: pd.DataFrame) -> list[dict[str, Any]]:
     """Metadata, the whole-request span, its segments and prefill chunks, on track `tid`."""
     rid = timeline.request_id
-    events = [_meta("thread_name", REQUESTS_PID, tid, f"req {rid}"),
-              _meta("thread_sort_index", REQUESTS_PID, tid, tid),
-              _span(f"request {rid}", "request", timeline.arrival_s, timeline.finish_s,
-                    REQUESTS_PID, tid, _request_args(row))]
+    spans = [_span(f"request {rid}", "request", timeline.arrival_s, timeline.finish_s,
+                   REQUESTS_PID, tid, _request_args(row))]
     for seg in timeline.segments:
         args = {k: _plain(v) for k, v in seg.args.items()}
-        events.append(_span(seg.label, seg.kind.removesuffix("_s"), seg.start_s, seg.end_s,
-                            REQUESTS_PID, tid, args))
+        spans.append(_span(seg.label, seg.kind.removesuffix("_s"), seg.start_s, seg.end_s,
+                           REQUESTS_PID, tid, args))
     for n, chunk in enumerate(timeline.chunks):
         step = int(chunk.args["step"])  # type: ignore[call-overload]
         args = {"step": _plain(steps["step"].iat[step]),
                 "step_prefill_tokens": _plain(steps["num_prefill_tokens"].iat[step])}
-        events.append(_span(f"chunk {n}", "prefill_chunk", chunk.start_s, chunk.end_s,
-                            REQUESTS_PID, tid, args))
-    return events
+        spans.append(_span(f"chunk {n}", "prefill_chunk", chunk.start_s, chunk.end_s,
+                           REQUESTS_PID, tid, args))
+    spans.sort(key=lambda e: (e["ts"], -e["dur"]))  # parents first, ts monotonic
+    return [_meta("thread_name", REQUESTS_PID, tid, f"req {rid}"),
+            _meta("thread_sort_index", REQUESTS_PID, tid, tid), *spans]
 
 
 def trace_events(run: Run, requests: int | None = None,
