@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
 
 from analysis.attribution import attribution_buckets, attribution_summary
 from analysis.compare import compare_table, flatten, run_labels
@@ -155,12 +156,13 @@ def _slowest(run: Run, count: int) -> str:
     steps = StepIndex(run.steps.reset_index(drop=True))
     queue = [c for c in PARTS if c.startswith("queue_") or c == "step_boundary_s"]
     lines = []
-    for (_, row), (_, l) in zip(done.iterrows(), lat.iterrows(), strict=True):
+    for (_, row), (_, lat_row) in zip(done.iterrows(), lat.iterrows(), strict=True):
         waited = None if client else float(row[queue].sum()) * 1e3
-        cells = [f"<td>{escape(str(row['request_id']))}</td>", cell(float(row["arrival_s"]),
-                 ".3f"), cell(int(row["prompt_len"])), cell(int(row["cached_tokens"])),
-                 cell(int(row["output_len"])), cell(l["ttft"], ".1f"), cell(l["tpot"], ".2f"),
-                 cell(l["e2el"], ".1f"), cell(waited, ".1f"),
+        cells = [f"<td>{escape(str(row['request_id']))}</td>",
+                 cell(float(row["arrival_s"]), ".3f"), cell(int(row["prompt_len"])),
+                 cell(int(row["cached_tokens"])), cell(int(row["output_len"])),
+                 cell(lat_row["ttft"], ".1f"), cell(lat_row["tpot"], ".2f"),
+                 cell(lat_row["e2el"], ".1f"), cell(waited, ".1f"),
                  cell(None if client else int(row["num_preemptions"])),
                  f"<td>{escape(str(row['status']))}</td>"]
         gantt, words = _gantt(row, steps, client)
@@ -248,4 +250,37 @@ def write_html_report(runs: Run | Sequence[Run], out_path: Path,
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(html_report(runs, options, slowest), encoding="utf-8")
+    return out_path
+
+
+def sweep_html(results: pd.DataFrame, figures: dict[str, Figure] | None = None,
+               title: str = "rt sweep", slos: dict[str, float] | None = None) -> str:
+    """A sweep's page: the results table (`analysis.sweep.results_table`, one row per run,
+    sortable) and its figures (e.g. `plots.latency_vs_rate`)."""
+    head = [str(c) for c in results.columns]
+    rows = []
+    for record in results.to_dict("records"):
+        cells = []
+        for value in record.values():
+            if isinstance(value, bool):
+                cells.append(f'<td data-v="{int(value)}">{"yes" if value else "no"}</td>')
+            else:
+                cells.append(cell(value, ".4g"))
+        rows.append(cells)
+    slo_text = ", ".join(f"{k} <= {v:g}" for k, v in (slos or {}).items())
+    body = (f"<h1>{escape(title)}</h1><p class=\"sub\">{len(results)} runs"
+            + (f" · SLOs: {escape(slo_text)}" if slo_text else "") + "</p>"
+            + "<h2>Results</h2>" + table(head, rows, sortable=True)
+            + "".join(f"<h2>{escape(name)}</h2>{svg(fig, name)}"
+                      for name, fig in (figures or {}).items()))
+    return page(title, body)
+
+
+def write_sweep_html(results: pd.DataFrame, out_path: Path,
+                     figures: dict[str, Figure] | None = None, title: str = "rt sweep",
+                     slos: dict[str, float] | None = None) -> Path:
+    """Write `sweep_html(...)` to `out_path` (parents created); returns the path."""
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(sweep_html(results, figures, title, slos), encoding="utf-8")
     return out_path

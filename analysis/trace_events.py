@@ -149,8 +149,9 @@ def _counters(steps: pd.DataFrame) -> list[dict[str, Any]]:
     columns = zip(steps["end_s"], steps["num_running"], steps["num_waiting"],
                   steps["kv_usage"], strict=True)
     for end, running, waiting, kv in columns:
-        values = {"requests": {"running": int(running), "waiting": int(waiting)},
-                  "KV cache usage (%)": {"kv": round(float(kv) * 100, 1)}}
+        values: dict[str, dict[str, float]] = {
+            "requests": {"running": int(running), "waiting": int(waiting)},
+            "KV cache usage (%)": {"kv": round(float(kv) * 100, 1)}}
         for name, args in values.items():
             key = tuple(args.values())
             if last.get(name) != key:

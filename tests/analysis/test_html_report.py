@@ -104,3 +104,21 @@ def test_page_renders_in_headless_chromium(tmp_path: Path) -> None:
     assert dom.count("<svg") >= 4  # the plots are in the DOM
     assert re.search(r'<tr class="detail">', dom), "the first row expanded"
     print(f"rendered in {elapsed:.1f} s; screenshot {shot}")
+
+
+def test_sweep_page_has_a_sortable_row_per_run(tmp_path: Path) -> None:
+    import pandas as pd
+
+    from analysis.html_report import write_sweep_html
+    from analysis.plots import latency_vs_rate
+
+    results = pd.DataFrame({"request_rate": [1.0, 2.0, 4.0], "p99_ttft_ms": [10.0, 20.0, 90.0],
+                            "p99_itl_ms": [5.0, 6.0, 9.0], "p99_e2el_ms": [50.0, 60.0, 300.0],
+                            "meets_slo": [True, True, False], "config": ["a", "a", "a"]})
+    path = write_sweep_html(results, tmp_path / "sweep.html",
+                            {"latency_vs_rate": latency_vs_rate(results)},
+                            slos={"p99_ttft_ms": 50.0})
+    text = path.read_text()
+    assert text.count("<tr><td") == 3 and 'class="sortable"' in text
+    assert '<td data-v="0">no</td>' in text and "p99_ttft_ms &lt;= 50" in text
+    assert text.count("<figure") == 1 and not EXTERNAL.search(text)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from analysis.rundir import load_run, write_run
 from analysis.trace_events import (
     ENGINE_PID,
     REQUESTS_PID,
@@ -18,7 +19,6 @@ from analysis.trace_events import (
     trace_events,
     write_trace_events,
 )
-from analysis.rundir import load_run, write_run
 from tests.analysis.conftest import HAND_REQUESTS, HAND_STEPS
 from tests.analysis.handmade import EXPECTED, client_run, timeline_run
 
