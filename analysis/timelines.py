@@ -43,6 +43,7 @@ LABELS = {
     "client_wait_s": "waiting for first token (client)", "client_stream_s": "streaming (client)",
 }
 # The attribution part each segment kind counts toward (skipped steps are token budget).
+QUEUE_KINDS = ("queue_s", *QUEUE_PARTS.values())  # by StepIndex.reason_code
 PART_OF = {"skipped_s": "queue_token_budget_s", "queue_s": "queue_token_budget_s"}
 EPS = 1e-9
 
@@ -80,7 +81,9 @@ class StepIndex:
         empty = steps.empty
         self.start = np.empty(0) if empty else steps["start_s"].to_numpy(np.float64)
         self.end = np.empty(0) if empty else steps["end_s"].to_numpy(np.float64)
-        self.reason = [] if empty else steps["wait_reason"].tolist()
+        codes = {reason: i + 1 for i, reason in enumerate(QUEUE_PARTS)}  # 0: none/unknown
+        self.reason_code = np.array([] if empty else [codes.get(r, 0) for r in
+                                                      steps["wait_reason"]], dtype=np.int8)
         self.preempted = np.empty(0, np.int64) if empty else \
             steps["num_preempted"].to_numpy(np.int64)
         self.prefill_tokens = np.empty(0, np.int64) if empty else \
@@ -112,22 +115,22 @@ def _seg(out: list[Segment], kind: str, lo: float | None, hi: float | None,
 
 
 def _queue_segments(out: list[Segment], steps: StepIndex, lo: float, hi: float) -> None:
-    """[lo, hi) waiting for admission, split by each overlapping step's wait reason."""
-    pieces: list[Segment] = []
+    """[lo, hi) waiting for admission, split by each overlapping step's wait reason (runs of
+    steps with one reason, back to back, make one segment)."""
+    window = steps.overlapping(lo, hi)
+    idx = np.arange(window.start, window.stop)
+    codes = steps.reason_code[idx]
+    joined = steps.start[idx[1:]] == steps.end[idx[:-1]]
+    bounds = [0, *(np.nonzero((np.diff(codes) != 0) | ~joined)[0] + 1).tolist(), len(idx)]
     cursor = lo
-    for k in steps.overlapping(lo, hi):
-        a, b = max(steps.start[k], lo), min(steps.end[k], hi)
-        reason = steps.reason[k]
-        kind = QUEUE_PARTS.get(reason, "queue_s") if isinstance(reason, str) else "queue_s"
-        if a > cursor + EPS:
-            _seg(pieces, "queue_s", cursor, a)
-        if pieces and pieces[-1].kind == kind and abs(pieces[-1].end_s - a) < EPS:
-            pieces[-1] = Segment(kind, pieces[-1].start_s, b, {})
-        else:
-            _seg(pieces, kind, a, b)
+    for g0, g1 in zip(bounds[:-1], bounds[1:], strict=True):
+        if g1 == g0:
+            continue
+        a, b = max(steps.start[idx[g0]], lo), min(steps.end[idx[g1 - 1]], hi)
+        _seg(out, "queue_s", cursor, a)
+        _seg(out, QUEUE_KINDS[codes[g0]], a, b)
         cursor = b
-    _seg(pieces, "queue_s", cursor, hi)
-    out.extend(pieces)
+    _seg(out, "queue_s", cursor, hi)
 
 
 def _leading(steps: StepIndex, window: list[int], seconds: float) -> int:
