@@ -36,13 +36,14 @@ from analysis.metrics import (
 from analysis.plots import attribution_bars, cdfs, latency_values, percentile_curves, timeline
 from analysis.report import ReportOptions, result_dict
 from analysis.rundir import Run
-from analysis.timelines import LABELS, StepIndex, request_timeline
+from analysis.timelines import LABELS, StepIndex, coalesced, request_timeline
 
 DEFAULT_SLOWEST = 100
 CDF_POINTS = 1000  # a CDF is drawn through this many quantiles (keeps the SVG small)
 KIND_COLORS = dict(zip(PARTS, TAB10, strict=False)) | {
     "skipped_s": TAB10[2], "queue_s": "#c7c7c7", "client_wait_s": TAB10[9],
-    "client_stream_s": TAB10[8]}
+    "client_stream_s": TAB10[8], "mixed_s": "#999999"}
+KIND_OF_LABEL = {label: kind for kind, label in LABELS.items()}
 META_KEYS = ("kind", "timing", "model.name", "gpu.name", "trace.name", "trace.requests",
              "scheduler_config.max_num_batched_tokens", "scheduler_config.max_num_seqs",
              "cache_config.block_size", "cache_config.num_blocks",
@@ -126,13 +127,16 @@ def _gantt(row: pd.Series, steps: StepIndex, client: bool) -> tuple[str, str]:
     tl = request_timeline(row, steps, client)
     span = max(tl.finish_s - tl.arrival_s, 1e-12)
     boxes, words = [], []
-    for seg in tl.segments:
+    for seg in coalesced(tl):
         ms = (seg.end_s - seg.start_s) * 1e3
         extra = ", ".join(f"{k} {v}" for k, v in seg.args.items())
         title = f"{seg.label}: {ms:.1f} ms" + (f" ({extra})" if extra else "")
+        color = KIND_COLORS[KIND_OF_LABEL.get(str(seg.args.get("dominant")), seg.kind)]
+        fill = (f"repeating-linear-gradient(45deg,{color} 0 4px,#fff 4px 6px)"
+                if seg.kind == "mixed_s" else color)
         boxes.append(f'<span style="left:{(seg.start_s - tl.arrival_s) / span * 100:.3f}%;'
                      f'width:{(seg.end_s - seg.start_s) / span * 100:.3f}%;'
-                     f'background:{KIND_COLORS[seg.kind]}" title="{escape(title)}"></span>')
+                     f'background:{fill}" title="{escape(title)}"></span>')
         words.append(escape(title))
     return f'<div class="gantt">{"".join(boxes)}</div>', " &rarr; ".join(words)
 

@@ -41,6 +41,7 @@ LABELS = {
     "preempted_s": "preempted (wait + recompute)", "prefill_s": "prefill",
     "decode_s": "decode", "skipped_s": "skipped steps (token budget)",
     "client_wait_s": "waiting for first token (client)", "client_stream_s": "streaming (client)",
+    "mixed_s": "short segments, mixed",
 }
 # The attribution part each segment kind counts toward (skipped steps are token budget).
 QUEUE_KINDS = ("queue_s", *QUEUE_PARTS.values())  # by StepIndex.reason_code
@@ -242,6 +243,43 @@ def request_timelines(requests: pd.DataFrame, steps: pd.DataFrame,
     """`request_timeline` of every row, in the table's order."""
     index = StepIndex(steps)
     return [request_timeline(row, index, client_timed) for _, row in requests.iterrows()]
+
+
+def coalesced(timeline: RequestTimeline, max_segments: int = 64,
+              min_fraction: float = 0.01) -> list[Segment]:
+    """The segments, bounded for display: when there are more than `max_segments`, each run
+    of consecutive segments shorter than `min_fraction` of the request's E2E becomes one
+    "mixed_s" segment (args: how many, the dominant kind, ms per label). An overloaded run's
+    queue alternates causes step by step; this keeps a request to about 2 / min_fraction
+    segments. The tiling of [arrival, finish) is kept."""
+    segments = timeline.segments
+    if len(segments) <= max_segments:
+        return segments
+    short = min_fraction * (timeline.finish_s - timeline.arrival_s)
+    out: list[Segment] = []
+    group: list[Segment] = []
+    for seg in [*segments, None]:
+        if seg is not None and seg.end_s - seg.start_s < short:
+            group.append(seg)
+            continue
+        if len(group) == 1:
+            out.append(group[0])
+        elif group:
+            out.append(_mixed(group))
+        group = []
+        if seg is not None:
+            out.append(seg)
+    return out
+
+
+def _mixed(group: list[Segment]) -> Segment:
+    seconds: dict[str, float] = {}
+    for seg in group:
+        seconds[seg.kind] = seconds.get(seg.kind, 0.0) + seg.end_s - seg.start_s
+    dominant = max(seconds, key=lambda k: seconds[k])
+    args: dict[str, object] = {"segments": len(group), "dominant": LABELS[dominant]}
+    args.update({f"{LABELS[k]} ms": round(v * 1e3, 3) for k, v in seconds.items()})
+    return Segment("mixed_s", group[0].start_s, group[-1].end_s, args)
 
 
 def part_totals(timeline: RequestTimeline) -> dict[str, float]:

@@ -17,6 +17,10 @@ end never past its parent's). Bounding a large run:
                      slow ones are always there), the rest evenly spread in arrival order
     max_steps=M      more steps than M left: runs of identical decode-only steps (same
                      sequences, back to back) become one span "D n x k" (args: steps k)
+    max_segments=S   a request with more than S segments (an overloaded run's queue
+                     alternates causes step by step) has each run of segments shorter than
+                     1% of its E2E shown as one span (`timelines.coalesced`; args: ms per
+                     kind)
 What was kept is written under `otherData`.
 """
 
@@ -31,10 +35,11 @@ import numpy as np
 import pandas as pd
 
 from analysis.rundir import Run
-from analysis.timelines import RequestTimeline, StepIndex, request_timeline
+from analysis.timelines import RequestTimeline, StepIndex, coalesced, request_timeline
 
 ENGINE_PID, REQUESTS_PID = 1, 2
 DEFAULT_MAX_STEPS = 100_000
+DEFAULT_MAX_SEGMENTS = 64
 STEP_ARGS = ("step", "num_prefill_tokens", "num_decode_tokens", "num_seqs", "num_prefill_seqs",
              "context_tokens", "kv_usage", "num_running", "num_waiting", "num_preempted",
              "num_finished", "wait_reason", "duration_s")
@@ -174,15 +179,19 @@ def _request_args(row: pd.Series) -> dict[str, Any]:
     return args
 
 
-def request_events(timeline: RequestTimeline, row: pd.Series, tid: int,
-                   steps: pd.DataFrame) -> list[dict[str, Any]]:
+def request_events(timeline: RequestTimeline, row: pd.Series, tid: int, steps: pd.DataFrame,
+                   max_segments: int | None = DEFAULT_MAX_SEGMENTS) -> list[dict[str, Any]]:
     """Metadata, the whole-request span, its segments and prefill chunks, on track `tid`."""
     rid = timeline.request_id
     spans = [_span(f"request {rid}", "request", timeline.arrival_s, timeline.finish_s,
                    REQUESTS_PID, tid, _request_args(row))]
-    for seg in timeline.segments:
+    segments = timeline.segments if max_segments is None else \
+        coalesced(timeline, max_segments)
+    for seg in segments:
         args = {k: _plain(v) for k, v in seg.args.items()}
-        spans.append(_span(seg.label, seg.kind.removesuffix("_s"), seg.start_s, seg.end_s,
+        name = seg.label if seg.kind != "mixed_s" else \
+            f"{seg.args['segments']} short segments, mostly {seg.args['dominant']}"
+        spans.append(_span(name, seg.kind.removesuffix("_s"), seg.start_s, seg.end_s,
                            REQUESTS_PID, tid, args))
     for n, chunk in enumerate(timeline.chunks):
         step = int(chunk.args["step"])  # type: ignore[call-overload]
@@ -197,7 +206,8 @@ def request_events(timeline: RequestTimeline, row: pd.Series, tid: int,
 
 def trace_events(run: Run, requests: int | None = None,
                  window: tuple[float, float] | None = None,
-                 max_steps: int | None = DEFAULT_MAX_STEPS) -> dict[str, Any]:
+                 max_steps: int | None = DEFAULT_MAX_STEPS,
+                 max_segments: int | None = DEFAULT_MAX_SEGMENTS) -> dict[str, Any]:
     """The trace-event document of a run (see the module docstring)."""
     client = run.info.get("timing") == "client"
     kept = select_requests(run.requests, requests, window)
@@ -207,7 +217,8 @@ def trace_events(run: Run, requests: int | None = None,
     events += [_meta("process_name", REQUESTS_PID, 0, "requests"),
                _meta("process_sort_index", REQUESTS_PID, 0, 1)]
     for tid, (_, row) in enumerate(kept.iterrows(), start=1):
-        events += request_events(request_timeline(row, index, client), row, tid, steps)
+        events += request_events(request_timeline(row, index, client), row, tid, steps,
+                                 max_segments)
     other = {"run": run.name, "kind": run.info.get("kind"),
              "requests": f"{len(kept)} of {len(run.requests)}",
              "steps": f"{spans} spans for {len(select_steps(steps, window))} of "
@@ -219,10 +230,11 @@ def trace_events(run: Run, requests: int | None = None,
 
 def write_trace_events(run: Run, out_path: Path, requests: int | None = None,
                        window: tuple[float, float] | None = None,
-                       max_steps: int | None = DEFAULT_MAX_STEPS) -> Path:
+                       max_steps: int | None = DEFAULT_MAX_STEPS,
+                       max_segments: int | None = DEFAULT_MAX_SEGMENTS) -> Path:
     """Write `trace_events(run, ...)` as compact JSON to `out_path`; returns the path."""
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    document = trace_events(run, requests, window, max_steps)
+    document = trace_events(run, requests, window, max_steps, max_segments)
     out_path.write_text(json.dumps(document, separators=(",", ":"), allow_nan=False))
     return out_path

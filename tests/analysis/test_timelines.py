@@ -37,3 +37,17 @@ def test_a_client_timed_request_has_only_what_the_client_saw(tmp_path: Path) -> 
     assert [(s.kind, s.start_s, s.end_s) for s in tl.segments] == [
         ("client_wait_s", 0.0, 0.2), ("client_stream_s", 0.2, 0.3)]
     assert tl.chunks == []
+
+
+def test_coalescing_bounds_segments_and_keeps_the_tiling() -> None:
+    from analysis.timelines import RequestTimeline, Segment, coalesced
+
+    kinds = ("queue_kv_capacity_s", "queue_token_budget_s")
+    tiny = [Segment(kinds[i % 2], i / 1000, (i + 1) / 1000) for i in range(100)]  # 0.1 s
+    tl = RequestTimeline("R", 0.0, 1.0, [*tiny, Segment("decode_s", 0.1, 1.0)], [])
+    assert coalesced(tl, max_segments=200) == tl.segments  # under the bound: untouched
+    merged = coalesced(tl, max_segments=10)
+    assert [s.kind for s in merged] == ["mixed_s", "decode_s"]
+    assert (merged[0].start_s, merged[0].end_s) == (0.0, 0.1)
+    assert merged[0].args["segments"] == 100
+    assert merged[0].args["queue: KV capacity ms"] == pytest.approx(50.0)
