@@ -129,7 +129,8 @@ def _gantt(row: pd.Series, steps: StepIndex, client: bool) -> tuple[str, str]:
     boxes, words = [], []
     for seg in coalesced(tl):
         ms = (seg.end_s - seg.start_s) * 1e3
-        extra = ", ".join(f"{k} {v}" for k, v in seg.args.items())
+        extra = ", ".join(f"{k[:-3]} {v:.1f} ms" if k.endswith(" ms") else f"{k} {v}"
+                          for k, v in seg.args.items())
         title = f"{seg.label}: {ms:.1f} ms" + (f" ({extra})" if extra else "")
         color = KIND_COLORS[KIND_OF_LABEL.get(str(seg.args.get("dominant")), seg.kind)]
         fill = (f"repeating-linear-gradient(45deg,{color} 0 4px,#fff 4px 6px)"
@@ -177,7 +178,8 @@ def _slowest(run: Run, count: int) -> str:
         lines.append(f'<tr class="row">{"".join(cells)}</tr>\n<tr class="detail" hidden>'
                      f'<td colspan="{len(SLOW_HEAD)}">{detail}</td></tr>')
     head = "".join(f"<th>{escape(h)}</th>" for h in SLOW_HEAD)
-    kinds = ["client_wait_s", "client_stream_s"] if client else [*PARTS, "skipped_s"]
+    kinds = ["client_wait_s", "client_stream_s"] if client else [*PARTS, "skipped_s",
+                                                                  "mixed_s"]
     return (f"<p>The {len(lat)} slowest of {len(completed_requests(run.requests)):,} completed "
             f"requests by E2E latency; click a header to sort, a row to see its parts and "
             f"timeline.</p>{_legend(kinds)}"
