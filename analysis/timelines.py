@@ -1,0 +1,292 @@
+"""Each request's timeline as labelled segments, rebuilt from a run's files.
+
+A run records, per request, its boundaries (arrival, queued, engine_queued, first_scheduled,
+token times, finish) and the totals of its attribution parts; per step, its interval
+[start_s, end_s), the waiting-queue head's `wait_reason` and `num_preempted`. From these:
+
+    exact     API server [arrival, queued), step boundary [queued, engine_queued), the queue
+              waits by cause (the intervals of the steps between taking-in and admission,
+              each labelled by that step's wait_reason, as the recorder counts them), and
+              which steps ended with a token for the request.
+    inferred  the running phase's gaps. A stretch of k > 1 steps between two of its tokens
+              is a preemption (wait + recompute) when its first step preempted something
+              and the request still has preemptions to place (at most `num_preemptions`);
+              else it was left out of k - 1 steps (token budget) and decoded in the last.
+              Before the first token: the steps whose intervals add up to `prefill_s` are
+              prefill chunks, a remainder is a preemption (if one is left to place) or
+              skipped steps (token budget).
+
+The records do not say in which steps a request was scheduled, so the inferred segments
+are the likeliest reading, checked against the recorded parts by `part_totals`.
+Client-timed runs (no engine-side times) get two segments: waiting for the first token and
+streaming, both as the client saw them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+QUEUE_PARTS = {"token_budget": "queue_token_budget_s", "max_num_seqs": "queue_max_num_seqs_s",
+               "kv_capacity": "queue_kv_capacity_s",
+               "preempted_this_step": "queue_preempted_step_s"}
+LABELS = {
+    "api_server_s": "API server", "step_boundary_s": "step boundary",
+    "queue_token_budget_s": "queue: token budget", "queue_max_num_seqs_s":
+    "queue: max_num_seqs", "queue_kv_capacity_s": "queue: KV capacity",
+    "queue_preempted_step_s": "queue: step preempted", "queue_s": "queue (cause unknown)",
+    "preempted_s": "preempted (wait + recompute)", "prefill_s": "prefill",
+    "decode_s": "decode", "skipped_s": "skipped steps (token budget)",
+    "client_wait_s": "waiting for first token (client)", "client_stream_s": "streaming (client)",
+    "mixed_s": "short segments, mixed",
+}
+# The attribution part each segment kind counts toward (skipped steps are token budget).
+QUEUE_KINDS = ("queue_s", *QUEUE_PARTS.values())  # by StepIndex.reason_code
+PART_OF = {"skipped_s": "queue_token_budget_s", "queue_s": "queue_token_budget_s"}
+EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One span of a request's timeline: `kind` is a key of LABELS, times in seconds."""
+
+    kind: str
+    start_s: float
+    end_s: float
+    args: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return LABELS[self.kind]
+
+
+@dataclass(frozen=True)
+class RequestTimeline:
+    """A request's segments (in time order, tiling [arrival, finish)) and its prefill
+    chunks (one per step it prefilled in, each inside a prefill segment)."""
+
+    request_id: str
+    arrival_s: float
+    finish_s: float
+    segments: list[Segment]
+    chunks: list[Segment]
+
+
+class StepIndex:
+    """A run's step intervals, for interval lookups."""
+
+    def __init__(self, steps: pd.DataFrame) -> None:
+        empty = steps.empty
+        self.start = np.empty(0) if empty else steps["start_s"].to_numpy(np.float64)
+        self.end = np.empty(0) if empty else steps["end_s"].to_numpy(np.float64)
+        codes = {reason: i + 1 for i, reason in enumerate(QUEUE_PARTS)}  # 0: none/unknown
+        self.reason_code = np.array([] if empty else [codes.get(r, 0) for r in
+                                                      steps["wait_reason"]], dtype=np.int8)
+        self.preempted = np.empty(0, np.int64) if empty else \
+            steps["num_preempted"].to_numpy(np.int64)
+        self.prefill_tokens = np.empty(0, np.int64) if empty else \
+            steps["num_prefill_tokens"].to_numpy(np.int64)
+
+    def overlapping(self, lo: float, hi: float) -> range:
+        """Indices of steps whose interval overlaps [lo, hi)."""
+        first = int(np.searchsorted(self.end, lo + EPS, side="left"))
+        last = int(np.searchsorted(self.start, hi - EPS, side="left"))
+        return range(first, max(first, last))
+
+    def ending_in(self, lo: float, hi: float) -> range:
+        """Indices of steps ending in (lo, hi]."""
+        return range(int(np.searchsorted(self.end, lo + EPS, side="left")),
+                     int(np.searchsorted(self.end, hi + EPS, side="left")))
+
+
+def _num(value: object) -> float | None:
+    if value is None:
+        return None
+    value = float(value)  # type: ignore[arg-type]
+    return None if math.isnan(value) else value
+
+
+def _seg(out: list[Segment], kind: str, lo: float | None, hi: float | None,
+         **args: object) -> None:
+    if lo is not None and hi is not None and hi - lo > EPS:
+        out.append(Segment(kind, lo, hi, dict(args)))
+
+
+def _queue_segments(out: list[Segment], steps: StepIndex, lo: float, hi: float) -> None:
+    """[lo, hi) waiting for admission, split by each overlapping step's wait reason (runs of
+    steps with one reason, back to back, make one segment)."""
+    window = steps.overlapping(lo, hi)
+    idx = np.arange(window.start, window.stop)
+    codes = steps.reason_code[idx]
+    joined = steps.start[idx[1:]] == steps.end[idx[:-1]]
+    bounds = [0, *(np.nonzero((np.diff(codes) != 0) | ~joined)[0] + 1).tolist(), len(idx)]
+    cursor = lo
+    for g0, g1 in zip(bounds[:-1], bounds[1:], strict=True):
+        if g1 == g0:
+            continue
+        a, b = max(steps.start[idx[g0]], lo), min(steps.end[idx[g1 - 1]], hi)
+        _seg(out, "queue_s", cursor, a)
+        _seg(out, QUEUE_KINDS[codes[g0]], a, b)
+        cursor = b
+    _seg(out, "queue_s", cursor, hi)
+
+
+def _leading(steps: StepIndex, window: list[int], seconds: float) -> int:
+    """How many leading steps of `window` add up to `seconds` (at least one)."""
+    used = 0.0
+    for i, k in enumerate(window):
+        if i > 0 and used >= seconds - EPS:
+            return i
+        used += steps.end[k] - steps.start[k]
+    return len(window)
+
+
+def _prefill_segments(out: list[Segment], chunks: list[Segment], steps: StepIndex,
+                      prefill_s: float, lo: float, hi: float, preemptions: int) -> None:
+    """[lo, hi) = first scheduled to first token (or finish)."""
+    window = list(steps.overlapping(lo, hi))
+    if not window:
+        _seg(out, "prefill_s", lo, hi)
+        return
+    if preemptions > 0:  # prefilled, was preempted, recomputed until the first token
+        lead = window[:_leading(steps, window, prefill_s)]
+        rest: list[int] = window[len(lead):]
+        tail: list[int] = []
+    else:  # prefilled in the leading steps and the last one, skipped the ones between
+        last_span = steps.end[window[-1]] - steps.start[window[-1]]
+        lead = window[:min(_leading(steps, window, prefill_s - last_span), len(window) - 1)]
+        rest, tail = window[len(lead):-1], window[-1:]
+        if not lead:
+            lead, tail = tail, []
+    for k in lead + tail:
+        chunks.append(Segment("prefill_s", max(steps.start[k], lo), min(steps.end[k], hi),
+                              {"step": int(k)}))
+    cut = min(steps.end[lead[-1]], hi)
+    _seg(out, "prefill_s", lo, cut if rest else hi, chunks=len(lead) if rest else len(chunks))
+    if rest and preemptions > 0:
+        _seg(out, "preempted_s", cut, hi)
+    elif rest:
+        _seg(out, "skipped_s", cut, steps.start[tail[0]], steps=len(rest))
+        _seg(out, "prefill_s", steps.start[tail[0]], hi, chunks=1)
+
+
+def _long_gaps(steps: StepIndex, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Gaps between consecutive tokens that span more than one step: (i, k) per gap, i the
+    index of the token before it, k the step right after that token."""
+    token_steps = np.searchsorted(steps.end, tokens - EPS, side="left")
+    gaps = np.nonzero(np.diff(token_steps) > 1)[0]
+    return gaps, token_steps[gaps] + 1
+
+
+def _decode_segments(out: list[Segment], steps: StepIndex, tokens: np.ndarray,
+                     preemptions: int) -> None:
+    """Token to token: runs of one-step gaps are decode; longer gaps are a preemption or
+    skipped steps (see the module docstring)."""
+    run_start, run_first = float(tokens[0]), 0
+    for i, k in zip(*_long_gaps(steps, tokens), strict=True):
+        a, b = float(tokens[i]), float(tokens[i + 1])
+        _seg(out, "decode_s", run_start, a, tokens=int(i - run_first))
+        if preemptions > 0 and steps.preempted[k] > 0:
+            preemptions -= 1
+            _seg(out, "preempted_s", a, b)
+            run_start, run_first = b, i + 1
+        else:
+            last = int(np.searchsorted(steps.end, b - EPS, side="left"))
+            _seg(out, "skipped_s", a, steps.start[last], steps=int(last - k))
+            run_start, run_first = float(steps.start[last]), i
+    _seg(out, "decode_s", run_start, float(tokens[-1]), tokens=int(len(tokens) - 1 - run_first))
+
+
+def _preemptions_in_gaps(steps: StepIndex, tokens: np.ndarray, total: int) -> int:
+    """How many of `total` preemptions the decode gaps take (the rest are before the first
+    token)."""
+    _, first_steps = _long_gaps(steps, tokens)
+    return min(total, int(np.count_nonzero(steps.preempted[first_steps] > 0)))
+
+
+def request_timeline(row: pd.Series, steps: StepIndex, client_timed: bool = False
+                     ) -> RequestTimeline:
+    """The segments of one request (a row of requests.parquet)."""
+    arrival, finish = float(row["arrival_s"]), _num(row["finish_s"])
+    finish = arrival if finish is None else finish
+    tokens = np.asarray(row["token_times_s"], dtype=np.float64)
+    out: list[Segment] = []
+    chunks: list[Segment] = []
+    if client_timed:
+        first = _num(row["first_token_s"])
+        _seg(out, "client_wait_s", arrival, first if first is not None else finish)
+        _seg(out, "client_stream_s", first, finish, chunks=len(tokens))
+        return RequestTimeline(str(row["request_id"]), arrival, finish, out, chunks)
+    queued, entry = _num(row["queued_s"]), _num(row["engine_queued_s"])
+    scheduled = _num(row["first_scheduled_s"])
+    _seg(out, "api_server_s", arrival, queued)
+    _seg(out, "step_boundary_s", queued, entry)
+    if entry is not None:
+        _queue_segments(out, steps, entry, scheduled if scheduled is not None else finish)
+    if scheduled is not None:
+        preemptions = int(row["num_preemptions"])
+        in_gaps = _preemptions_in_gaps(steps, tokens, preemptions) if tokens.size else 0
+        end_prefill = float(tokens[0]) if tokens.size else finish
+        _prefill_segments(out, chunks, steps, float(row["prefill_s"]), scheduled,
+                          end_prefill, preemptions - in_gaps)
+        if tokens.size:
+            _decode_segments(out, steps, tokens, in_gaps)
+            _seg(out, "skipped_s", float(tokens[-1]), finish)  # aborted after its last token
+    return RequestTimeline(str(row["request_id"]), arrival, finish, out, chunks)
+
+
+def request_timelines(requests: pd.DataFrame, steps: pd.DataFrame,
+                      client_timed: bool = False) -> list[RequestTimeline]:
+    """`request_timeline` of every row, in the table's order."""
+    index = StepIndex(steps)
+    return [request_timeline(row, index, client_timed) for _, row in requests.iterrows()]
+
+
+def coalesced(timeline: RequestTimeline, max_segments: int = 64,
+              min_fraction: float = 0.01) -> list[Segment]:
+    """The segments, bounded for display: when there are more than `max_segments`, each run
+    of consecutive segments shorter than `min_fraction` of the request's E2E becomes one
+    "mixed_s" segment (args: how many, the dominant kind, ms per label). An overloaded run's
+    queue alternates causes step by step; this keeps a request to about 2 / min_fraction
+    segments. The tiling of [arrival, finish) is kept."""
+    segments = timeline.segments
+    if len(segments) <= max_segments:
+        return segments
+    short = min_fraction * (timeline.finish_s - timeline.arrival_s)
+    out: list[Segment] = []
+    group: list[Segment] = []
+    for seg in [*segments, None]:
+        if seg is not None and seg.end_s - seg.start_s < short:
+            group.append(seg)
+            continue
+        if len(group) == 1:
+            out.append(group[0])
+        elif group:
+            out.append(_mixed(group))
+        group = []
+        if seg is not None:
+            out.append(seg)
+    return out
+
+
+def _mixed(group: list[Segment]) -> Segment:
+    seconds: dict[str, float] = {}
+    for seg in group:
+        seconds[seg.kind] = seconds.get(seg.kind, 0.0) + seg.end_s - seg.start_s
+    dominant = max(seconds, key=lambda k: seconds[k])
+    args: dict[str, object] = {"segments": len(group), "dominant": LABELS[dominant]}
+    args.update({f"{LABELS[k]} ms": round(v * 1e3, 3) for k, v in seconds.items()})
+    return Segment("mixed_s", group[0].start_s, group[-1].end_s, args)
+
+
+def part_totals(timeline: RequestTimeline) -> dict[str, float]:
+    """Seconds per attribution part (requests.parquet's column names) of the segments:
+    compare with the recorded parts to see how well the inference did."""
+    totals: dict[str, float] = {}
+    for seg in timeline.segments:
+        part = PART_OF.get(seg.kind, seg.kind)
+        totals[part] = totals.get(part, 0.0) + seg.end_s - seg.start_s
+    return totals
