@@ -351,9 +351,7 @@ def report(
     from analysis.report import report_run
 
     with user_errors():
-        text, written, figures = report_run(load_checked(run_dir), flags.options(),
-                                            files.result_path(run_dir), files.save_detailed,
-                                            files.plots)
+        text, written, figures = report_run(load_checked(run_dir), flags.options(), files)
         typer.echo(text)
         for path in written:
             typer.echo(f"rt: wrote {path}", err=True)
@@ -368,6 +366,9 @@ def compare(
                                                   "metric_percentiles": "50,90,99"})],
     csv: Annotated[Path | None, typer.Option("--csv", help="Also write the table here.")]
     = None,
+    html: Annotated[Path | None, typer.Option(
+        "--html", help="Also write one self-contained HTML page here: the table, the overlaid "
+        "curves and each run's report.")] = None,
     plot_dir: Annotated[Path | None, typer.Option(
         "--plot-dir", help="Where the overlaid curves go (default: results/compare-<time>).")]
     = None,
@@ -381,11 +382,15 @@ def compare(
     with user_errors():
         if len(run_dirs) < 2:
             raise ValueError("compare needs two or more run directories")
-        table, figures = compare_runs([load_checked(p) for p in run_dirs], flags.options(),
-                                      plots)
+        runs = [load_checked(p) for p in run_dirs]
+        table, figures = compare_runs(runs, flags.options(), plots)
         typer.echo(render_table(table))
         if csv is not None:
             table.to_csv(csv)
+        if html is not None:
+            from analysis.html_report import write_html_report
+
+            typer.echo(f"rt: wrote {write_html_report(runs, html, flags.options())}", err=True)
         save_figures(figures, plot_dir or default_dir("compare"))
 
 

@@ -93,6 +93,31 @@ class ReportFiles:
     plot_dir: Path | None = _flag(None, "--plot-dir", "Where the PNGs go (default: "
                                   "RUN/plots).")
     plots: bool = _flag(True, "--plots/--no-plots", "Draw the PNGs.")
+    html: Path | None = _flag(None, "--html", "Also write one self-contained HTML report "
+                              "here (no network needed to open it).")
+    trace_events: Path | None = _flag(None, "--trace-events", "Also write the run's request "
+                                      "and step timelines here, as Chrome trace events "
+                                      "(Perfetto, chrome://tracing).")
+    requests: int | None = _flag(None, "--requests", "--trace-events: keep this many "
+                                 "requests (the slowest tenth always, the rest spread by "
+                                 "arrival).")
+    window: str | None = _flag(None, "--window", "--trace-events: LO,HI seconds of the run "
+                               "to keep.")
+
+    def __post_init__(self) -> None:
+        self.time_window()  # a bad --window fails before any work
+
+    def time_window(self) -> tuple[float, float] | None:
+        """--window as (lo, hi) seconds; ValueError naming the flag."""
+        if self.window is None:
+            return None
+        try:
+            lo, hi = (float(v) for v in self.window.split(","))
+        except ValueError:
+            raise ValueError(f"--window: expected LO,HI seconds, got {self.window!r}") from None
+        if not 0 <= lo < hi:
+            raise ValueError(f"--window: need 0 <= LO < HI, got {self.window!r}")
+        return lo, hi
 
     def result_path(self, run_dir: Path) -> Path | None:
         if self.result_filename is not None:
@@ -211,11 +236,12 @@ def detailed(run: Run) -> dict[str, Any]:
     }
 
 
-def report_run(run: Run, options: ReportOptions, out: Path | None, save_detailed: bool,
-               plots: bool) -> tuple[str, list[Path], dict[str, Any]]:
+def report_run(run: Run, options: ReportOptions, files: ReportFiles
+               ) -> tuple[str, list[Path], dict[str, Any]]:
     """`rt report` of one checked run: the text to print (vLLM's block, rt's block and, for a
-    server-timed run, the attribution), the files written (the result JSON at `out` and,
-    with `save_detailed`, the per-request attribution next to it) and the figures."""
+    server-timed run, the attribution), the files written (the result JSON, with
+    --save-detailed the per-request attribution next to it, the HTML report, the trace
+    events) and the figures to save."""
     from analysis.attribution import (
         attribution_buckets,
         attribution_summary,
@@ -232,9 +258,10 @@ def report_run(run: Run, options: ReportOptions, out: Path | None, save_detailed
             rt_block(reqs, steps, prefix_cache_hit_rate(reqs, run.info), client_timing=client)]
     if not client:
         text.append(render_summary(attribution_summary(reqs)))
-    written: list[Path] = []
+    written = _report_files(run, options, files)
+    out = files.result_path(run.path)
     if out is not None:
-        if save_detailed:
+        if files.save_detailed:
             result.update(detailed(run))
             written.append(out.with_suffix(".attribution.csv"))
             request_attribution(reqs).to_csv(written[-1], index=False)
@@ -242,9 +269,23 @@ def report_run(run: Run, options: ReportOptions, out: Path | None, save_detailed
         out.write_text(json.dumps(result, indent=2) + "\n")
         written.insert(0, out)
     figures: dict[str, Any] = {}
-    if plots:
+    if files.plots:
         from analysis.plots import report_figures
 
         figures = report_figures(reqs, steps, run.name, attribution_buckets(reqs, "ttft"),
                                  attribution_buckets(reqs, "e2el"))
     return "\n".join(text), written, figures
+
+
+def _report_files(run: Run, options: ReportOptions, files: ReportFiles) -> list[Path]:
+    written = []
+    if files.html is not None:
+        from analysis.html_report import write_html_report
+
+        written.append(write_html_report(run, files.html, options))
+    if files.trace_events is not None:
+        from analysis.trace_events import write_trace_events
+
+        written.append(write_trace_events(run, files.trace_events, files.requests,
+                                          files.time_window()))
+    return written

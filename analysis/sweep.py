@@ -205,7 +205,8 @@ def search_summary(labels: dict[str, Any], search: RateSearch) -> str:
 
 def write_sweep(records: list[dict[str, Any]], root: Path, grid_keys: Sequence[str],
                 slos: dict[str, float] | None, plots: bool) -> tuple[str, dict[str, Any]]:
-    """Write root/sweep.csv and root/sweep.json; return the table as text and the figures
+    """Write root/sweep.csv, root/sweep.json and root/sweep.html (the table and the figures,
+    self-contained); return the table as text and the figures
     (latency against each swept engine flag, and against rate when 3+ rates ran)."""
     point_keys = [k for k in records[0] if k in grid_keys or k in ("model", "gpu", "time_scale")]
     if "request_rate" not in point_keys:
@@ -217,6 +218,10 @@ def write_sweep(records: list[dict[str, Any]], root: Path, grid_keys: Sequence[s
     (root / "sweep.json").write_text(json.dumps(records, indent=2, default=str) + "\n")
     figures = _sweep_figures(pd.DataFrame(records), records, point_keys, grid_keys) if plots \
         else {}
+    from analysis.html_report import write_sweep_html
+
+    write_sweep_html(table, root / "sweep.html", figures, title=f"rt sweep {root.name}",
+                     slos=slos)
     return render(table), figures
 
 
