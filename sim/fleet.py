@@ -32,7 +32,7 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 import simpy
 
@@ -123,7 +123,8 @@ class _Replica:
         self.api_free_at = 0.0  # when the API server finishes its last routed request
         self.awaiting_first: set[str] = set()  # in the core, no first token yet
         self.notified = 0  # finished records already reported to the router
-        self.end_s = self.core.recorder.step_columns["end_s"]  # grows as steps are recorded
+        # the step ends so far, seconds (the recorder's own column: it grows in place)
+        self.end_s = cast(list[float], self.core.recorder.step_columns["end_s"])
         self.columns = self.core.recorder.step_columns
 
     # ---- API server ------------------------------------------------------------------------
