@@ -30,7 +30,7 @@ import time
 from array import array
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, cast
 
@@ -158,7 +158,7 @@ class _Replica:
 
     # ---- engine ------------------------------------------------------------------------------
 
-    def engine(self) -> Iterator[simpy.Event]:
+    def engine(self) -> Generator[simpy.Event, object, None]:
         """`sim.simulator`'s engine loop, reporting first tokens and finishes to the router
         when the step that produced them ends."""
         core, env = self.core, self.env
@@ -304,7 +304,7 @@ class _Fleet:
             self._earliest[api] = bounds
         return bounds[self.next_index]
 
-    def router(self) -> Iterator[simpy.Event]:
+    def router(self) -> Generator[simpy.Event, object, None]:
         for i, req in enumerate(self.trace):
             if req.arrival_s > self.env.now:
                 yield self.env.timeout(req.arrival_s - self.env.now)
