@@ -24,6 +24,7 @@ With one replica and no routing latency the records are those of `sim.simulator.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -105,13 +106,26 @@ def can_ever_fit(config: SimConfig, prompt_len: int) -> bool:
             and prompt_len <= cache.num_usable_blocks * cache.block_size)
 
 
+_NOISE_SEED_STRIDE = 0x9E3779B1  # replica i's step-noise seed: the config's + i * this
+
+
+def _own_noise(config: SimConfig, index: int) -> SimConfig:
+    """Replica `index`'s config with step noise of its own (GPUs vary independently);
+    replica 0 keeps the config's, so one replica runs as the single-engine simulator."""
+    noise = config.step_noise
+    if noise is None or index == 0:
+        return config
+    seed = noise.seed + index * _NOISE_SEED_STRIDE
+    return dataclasses.replace(config, step_noise=dataclasses.replace(noise, seed=seed))
+
+
 class _Replica:
     """One engine behind the router: its API server queue and its engine-core loop."""
 
     def __init__(self, fleet: _Fleet, index: int, setup: ReplicaSetup) -> None:
         self.fleet = fleet
         self.index = index
-        self.config = setup.config
+        self.config = _own_noise(setup.config, index)
         self.cost_model = setup.cost_model
         self.env = fleet.env
         self.core = EngineCore(Scheduler(self.config.scheduler, self.config.cache))

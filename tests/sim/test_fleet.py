@@ -3,6 +3,7 @@ every request once, finish it, and keep the attribution summing to E2E."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,12 +25,14 @@ from sim.fleet import FleetResult, can_ever_fit, simulate_fleet
 from sim.hardware import resolve_gpu
 from sim.model_config import resolve_model
 from sim.simulator import SimConfig, simulate
+from sim.step_noise import StepNoise
 from workloads import (
     ArrivalProcess,
     MultiTurn,
     PrefixRepetition,
     RandomLengths,
     Trace,
+    TraceRequest,
     load_trace,
     multi_turn_trace,
     prefix_repetition_trace,
@@ -242,3 +245,29 @@ def test_routing_latency_delays_the_hand_over() -> None:
 def test_a_fleet_needs_a_replica() -> None:
     with pytest.raises(ValueError, match="at least one replica"):
         simulate_fleet(TRACES["random"], [], make_policy("round-robin"))
+
+
+NOISE = StepNoise((0.8, 0.95, 1.0, 1.1, 1.6), seed=4, drift_quantiles=(0.9, 1.0, 1.2),
+                  drift_window_s=0.5)
+
+
+def test_one_replica_with_step_noise_is_the_single_engine() -> None:
+    trace = TRACES["prefix"]
+    cfg = dataclasses.replace(config(num_blocks=200), step_noise=NOISE)
+    expected = simulate(trace, cfg, COST)
+    result = simulate_fleet(trace, [Replica(cfg)], make_policy("round-robin"))
+    requests, steps = single_engine_rows(result)
+    assert requests == [r.to_row() for r in expected.requests]
+    assert steps == expected.step_columns
+
+
+def test_replicas_draw_their_own_step_noise() -> None:
+    # Requests 0 and 1 alike at t = 0 go one to each replica: without noise of their own,
+    # both first steps would take the same time.
+    trace = Trace(tuple(TraceRequest(str(i), 0.0, 64, 4) for i in range(2)))
+    cfg = dataclasses.replace(config(), step_noise=NOISE)
+    result = simulate_fleet(trace, [Replica(cfg)] * 2, make_policy("round-robin"))
+    columns = result.step_columns
+    first = {columns["replica"][k]: columns["duration_s"][k]
+             for k in range(result.num_steps) if columns["step"][k] == 0}
+    assert first[0] != first[1]
