@@ -32,18 +32,21 @@ from array import array
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass, field
 from typing import Protocol, cast
 
 import simpy
 
 from runtime import BatchFeatures, EngineCore, Request, SamplingParams, Scheduler
-from runtime.records import REQUEST_FIELDS, STEP_FIELDS, RequestRecord, RunResult
+from runtime.records import STEP_FIELDS, RequestRecord
 from runtime.router import MetricsRefresh, ReplicaSnapshot, RouterPolicy, RoutingRequest
 from sim.cost_model import ApiServerCost, CostModel, decode_run_timer
+from sim.fleet_records import FleetRequestRecord, FleetResult, ReplicaSummary, fleet_record
 from sim.simulator import Progress, SimConfig
 from workloads import Trace, TraceRequest
 from workloads.tokens import request_token_arrays
+
+__all__ = ["FleetRequestRecord", "FleetResult", "ReplicaSetup", "ReplicaSummary",
+           "can_ever_fit", "simulate_fleet"]
 
 
 class ReplicaSetup(Protocol):
@@ -54,48 +57,6 @@ class ReplicaSetup(Protocol):
 
     @property
     def cost_model(self) -> CostModel: ...
-
-
-@dataclass(slots=True)
-class FleetRequestRecord(RequestRecord):
-    """A request row of a fleet run: the single-engine columns, plus where it went.
-
-    `routing_s` is a part of E2E of its own (arrival -> reaching the replica's API server),
-    so `routing_s` + the parts of `runtime.records.PART_COLUMNS` sum to E2E.
-    """
-
-    replica: int = 0
-    routing_s: float = 0.0
-
-    def to_row(self) -> dict[str, object]:
-        row = RequestRecord.to_row(self)
-        row["replica"] = self.replica
-        row["routing_s"] = self.routing_s
-        return row
-
-
-FLEET_REQUEST_COLUMNS = ("replica", "routing_s")
-FLEET_STEP_COLUMNS = ("replica",)
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaSummary:
-    """Per-replica totals of a fleet run."""
-
-    replica: int
-    num_requests: int
-    num_steps: int
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-
-
-@dataclass(slots=True)
-class FleetResult(RunResult):
-    """A fleet run's records: requests (trace order, `FleetRequestRecord`), steps of every
-    replica (replica-major, each replica's steps in order, with a `replica` column), the
-    fleet's prefix-cache totals and one `ReplicaSummary` per replica."""
-
-    replicas: list[ReplicaSummary] = field(default_factory=list)
 
 
 def can_ever_fit(config: SimConfig, prompt_len: int) -> bool:
@@ -370,7 +331,7 @@ class _Fleet:
             recorder = replica.core.recorder
             assert not recorder.live, f"{len(recorder.live)} requests never finished"
             for record in recorder.finished:
-                requests.append(_fleet_record(record, replica.index,
+                requests.append(fleet_record(record, replica.index,
                                               arrivals[record.request_id]))
             for name, values in recorder.step_columns.items():
                 columns[name].extend(values)
@@ -384,14 +345,6 @@ class _Fleet:
         return FleetResult(requests=requests, step_columns=columns,
                            prefix_cache_queries=queries, prefix_cache_hits=hits,
                            wall_s=wall_s, replicas=summaries)
-
-
-def _fleet_record(record: RequestRecord, replica: int, arrival_s: float) -> FleetRequestRecord:
-    """The replica's record timed from the trace arrival (the replica saw the request arrive
-    when it reached its API server, `routing_s` later)."""
-    values = {name: getattr(record, name) for name in REQUEST_FIELDS}
-    values["arrival_s"] = arrival_s
-    return FleetRequestRecord(**values, replica=replica, routing_s=record.arrival_s - arrival_s)
 
 
 def simulate_fleet(trace: Trace, replicas: Sequence[ReplicaSetup], policy: RouterPolicy,
