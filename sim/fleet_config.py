@@ -1,0 +1,169 @@
+"""A heterogeneous fleet from a TOML file (`rt simulate --fleet FILE`), read with `tomllib`.
+
+    [[pool]]
+    name = "big"                  # unique
+    count = 2                     # replicas in the pool, >= 1
+    gpu = "h200"                  # sim.hardware name
+    model = "llama-3.1-70b"       # sim.model_config name or a local HF config
+    tensor_parallel_size = 4      # GPUs per replica (default 1)
+    cost_per_hour = 14.0          # per replica, any currency (default 0)
+    profile = "calibrated"        # optional cost-model profile (default: the roofline)
+
+    [pool.engine]                 # optional `vllm serve` flags, by vLLM name
+    max_num_seqs = 128
+    gpu_memory_utilization = 0.9
+
+Replicas are numbered pool by pool, in file order. Every problem is one ValueError line
+naming the pool, the field and the value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sim.engine_args import EngineArgs, SimSetup, build_setup
+
+POOL_FIELDS = ("name", "count", "gpu", "model", "tensor_parallel_size", "cost_per_hour",
+               "profile", "engine")
+REQUIRED_FIELDS = ("name", "count", "gpu", "model")
+ENGINE_FIELDS = {f.name: str(f.type) for f in dataclasses.fields(EngineArgs)
+                 if f.name != "tensor_parallel_size"}
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """One pool of identical replicas."""
+
+    name: str
+    count: int
+    gpu: str
+    model: str
+    engine_args: EngineArgs
+    cost_per_hour: float = 0.0
+    profile: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSpec:
+    pools: tuple[PoolSpec, ...]
+
+    @property
+    def num_replicas(self) -> int:
+        return sum(pool.count for pool in self.pools)
+
+    def pool_of_replica(self) -> list[str]:
+        """Replica index -> its pool's name."""
+        return [pool.name for pool in self.pools for _ in range(pool.count)]
+
+
+def load_fleet(path: Path) -> FleetSpec:
+    """Read and check a fleet file; ValueError (one line) on any problem."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ValueError(f"cannot read fleet file {str(path)!r}: {e.strerror}") from None
+    return parse_fleet(text, str(path))
+
+
+def parse_fleet(text: str, source: str = "fleet file") -> FleetSpec:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{source}: not valid TOML: {e}") from None
+    unknown = sorted(set(data) - {"pool"})
+    if unknown:
+        raise ValueError(f"{source}: unknown table or key {unknown[0]!r} (expected [[pool]])")
+    tables = data.get("pool")
+    if not isinstance(tables, list) or not tables:
+        raise ValueError(f"{source}: no [[pool]] tables (a fleet needs at least one pool)")
+    pools = tuple(_pool(table, i) for i, table in enumerate(tables))
+    names = [pool.name for pool in pools]
+    for name in names:
+        if names.count(name) > 1:
+            raise ValueError(f"{source}: pool name {name!r} is used twice")
+    return FleetSpec(pools)
+
+
+def _pool(table: dict[str, Any], index: int) -> PoolSpec:
+    where = f"pool {index + 1}"
+    if "name" not in table:
+        raise ValueError(f"{where}: missing field 'name'")
+    name = _string(table, "name", where)
+    where = f"pool {name!r}"
+    for key in REQUIRED_FIELDS:
+        if key not in table:
+            raise ValueError(f"{where}: missing field {key!r}")
+    for key in table:
+        if key not in POOL_FIELDS:
+            raise ValueError(f"{where}: unknown field {key!r} (fields: {', '.join(POOL_FIELDS)})")
+    count = _integer(table, "count", where)
+    tensor_parallel_size = _integer(table, "tensor_parallel_size", where, default=1)
+    cost = table.get("cost_per_hour", 0.0)
+    if isinstance(cost, bool) or not isinstance(cost, int | float) or not math.isfinite(cost) \
+            or cost < 0:
+        raise ValueError(f"{where}: cost_per_hour must be a number >= 0, got {cost!r}")
+    profile = _string(table, "profile", where) if "profile" in table else None
+    engine = table.get("engine", {})
+    if not isinstance(engine, dict):
+        raise ValueError(f"{where}: engine must be a table of engine flags, got {engine!r}")
+    flags: dict[str, Any] = {key.replace("-", "_"): _engine_flag(key, value, where)
+                             for key, value in engine.items()}
+    try:
+        args = EngineArgs(**flags, tensor_parallel_size=tensor_parallel_size)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: {e}") from None
+    return PoolSpec(name, count, _string(table, "gpu", where), _string(table, "model", where),
+                    args, float(cost), profile)
+
+
+def _string(table: dict[str, Any], key: str, where: str) -> str:
+    value = table[key]
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{where}: {key} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _integer(table: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}: {key} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _engine_flag(key: str, value: object, where: str) -> Any:
+    name = key.replace("-", "_")
+    kind = ENGINE_FIELDS.get(name)
+    if kind is None:
+        raise ValueError(f"{where}: unknown engine flag {key!r} "
+                         f"(flags: {', '.join(ENGINE_FIELDS)}; tensor_parallel_size is a "
+                         "pool field)")
+    base = kind.replace(" | None", "")
+    ok = {
+        "bool": isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, int | float) and not isinstance(value, bool),
+        "str": isinstance(value, str),
+    }.get(base, True)
+    if not ok:
+        raise ValueError(f"{where}: engine flag {key} must be {base}, got {value!r}")
+    return float(value) if base == "float" else value  # type: ignore[arg-type]
+
+
+def build_fleet(spec: FleetSpec, seed: int = 0, check_invariants: bool = False,
+                step_noise: bool = False) -> list[SimSetup]:
+    """One `SimSetup` per replica (a pool's replicas share theirs). ValueError naming the
+    pool on an unknown GPU or model, or a model that does not fit its GPU."""
+    setups: list[SimSetup] = []
+    for pool in spec.pools:
+        try:
+            setup = build_setup(pool.engine_args, pool.model, pool.gpu, pool.profile, seed,
+                                check_invariants, step_noise)
+        except ValueError as e:
+            raise ValueError(f"pool {pool.name!r}: {e}") from None
+        setups.extend([setup] * pool.count)
+    return setups

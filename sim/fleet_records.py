@@ -1,0 +1,59 @@
+"""The records of a fleet run: the single-engine request and step rows, plus where each
+request went (`replica`) and how long routing took (`routing_s`, a part of E2E of its own:
+`routing_s` + `runtime.records.PART_COLUMNS` sum to E2E)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from runtime.records import REQUEST_FIELDS, RequestRecord, RunResult
+
+
+@dataclass(slots=True)
+class FleetRequestRecord(RequestRecord):
+    """A request row of a fleet run: the single-engine columns, plus where it went.
+
+    `routing_s` is a part of E2E of its own (arrival -> reaching the replica's API server),
+    so `routing_s` + the parts of `runtime.records.PART_COLUMNS` sum to E2E.
+    """
+
+    replica: int = 0
+    routing_s: float = 0.0
+
+    def to_row(self) -> dict[str, object]:
+        row = RequestRecord.to_row(self)
+        row["replica"] = self.replica
+        row["routing_s"] = self.routing_s
+        return row
+
+
+FLEET_REQUEST_COLUMNS = ("replica", "routing_s")
+FLEET_STEP_COLUMNS = ("replica",)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSummary:
+    """Per-replica totals of a fleet run."""
+
+    replica: int
+    num_requests: int
+    num_steps: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+
+
+@dataclass(slots=True)
+class FleetResult(RunResult):
+    """A fleet run's records: requests (trace order, `FleetRequestRecord`), steps of every
+    replica (replica-major, each replica's steps in order, with a `replica` column), the
+    fleet's prefix-cache totals and one `ReplicaSummary` per replica."""
+
+    replicas: list[ReplicaSummary] = field(default_factory=list)
+
+
+def fleet_record(record: RequestRecord, replica: int, arrival_s: float) -> FleetRequestRecord:
+    """The replica's record timed from the trace arrival (the replica saw the request arrive
+    when it reached its API server, `routing_s` later)."""
+    values = {name: getattr(record, name) for name in REQUEST_FIELDS}
+    values["arrival_s"] = arrival_s
+    return FleetRequestRecord(**values, replica=replica, routing_s=record.arrival_s - arrival_s)
