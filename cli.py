@@ -37,6 +37,7 @@ from runtime.flags import FlagGroup as Flags
 from runtime.flags import FlagSpec, build_group, group_specs
 from sim.engine_args import EngineArgs, SimFlags
 from sim.fidelity import CALIBRATION_PANEL, CalibrationFlags, FidelityFlags
+from sim.fleet_config import FleetFlags
 from sim.sweep import GRID_PANEL, SweepFlags
 from workloads.flags import WorkloadFlags, load_workload
 
@@ -289,11 +290,13 @@ def simulate(
     work: Annotated[WorkloadFlags, Flags(exclude=("max_model_len",))],
     engine: Annotated[EngineArgs, Flags()],
     sim: Annotated[SimFlags, Flags()],
+    fleet: Annotated[FleetFlags, Flags()],
     report: _Percentiles,
     result_dir: _result_dir("simulate") = None,
     check_invariants: _CheckInvariants = False,
 ) -> None:
-    """Simulate a trace through the vLLM-V1 core on a simulated clock (no GPU).
+    """Simulate a trace through the vLLM-V1 core on a simulated clock (no GPU); with
+    --replicas N or --fleet FILE, a fleet of such engines behind a router.
 
     Prints vLLM's start-up lines and "Serving Benchmark Result" block, then where the time
     went. TPOT = (E2EL - TTFT) / (output tokens - 1), vLLM's definition (guidellm calls
@@ -307,8 +310,11 @@ def simulate(
         setup = build_setup(engine, sim.model, sim.gpu, sim.profile, work.seed,
                             check_invariants, sim.step_noise)
         rate = work.request_rate if work.dataset_name is not None else None
-        run_simulation(trace, setup, result_dir or default_dir("simulate"), list(percentiles),
-                       rate)
+        path = result_dir or default_dir("simulate")
+        if fleet.is_fleet:
+            run_fleet(trace, setup, fleet, path, list(percentiles), rate)
+        else:
+            run_simulation(trace, setup, path, list(percentiles), rate)
 
 
 def run_simulation(trace: workloads.Trace, setup: SimSetup, path: Path,
@@ -321,6 +327,30 @@ def run_simulation(trace: workloads.Trace, setup: SimSetup, path: Path,
         result = run(trace, setup.config, setup.cost_model, update)
     run_dir = save_run(path, "simulate", trace, result, setup.describe())
     print_run(run_dir, result, percentiles, request_rate)
+
+
+def run_fleet(trace: workloads.Trace, setup: SimSetup, fleet: FleetFlags, path: Path,
+              percentiles: list[float], request_rate: float | None) -> None:
+    """`setup` x --replicas (or the --fleet file's pools) behind the --router policy."""
+    from analysis.fleet import fleet_block
+    from runtime.router.registry import make_policy
+    from sim.fleet import simulate_fleet
+    from sim.fleet_config import build_fleet, load_fleet
+
+    config = setup.config
+    spec = load_fleet(fleet.fleet) if fleet.fleet is not None else None
+    replicas = (build_fleet(spec, config.seed, config.check_invariants,
+                            config.step_noise is not None) if spec else [setup] * fleet.replicas)
+    policy = make_policy(fleet.router, fleet.router_arg or [], config.seed)
+    for line in replicas[0].startup_lines:
+        typer.echo(line, err=True)
+    with progress("simulating", len(trace)) as update:
+        result = simulate_fleet(trace, replicas, policy, fleet.router_refresh_ms / 1e3,
+                                fleet.routing_latency_ms / 1e3, update)
+    run = save_run(path, "simulate", trace, result, replicas[0].describe(),
+                   fleet=fleet.describe(spec))
+    print_run(run, result, percentiles, request_rate)
+    typer.echo(fleet_block(run.requests, run.steps))
 
 
 # ---- rt report / compare / sweep (analysis) ----

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.metrics import PARTS, completed_requests
+from analysis.metrics import PARTS, completed_requests, parts_of
 
 PART_MS = {column.removesuffix("_s") + "_ms": label for column, label in PARTS.items()}
 SORT_KEYS = {"ttft": "TTFT", "e2el": "E2E"}
@@ -29,7 +29,7 @@ def request_attribution(requests: pd.DataFrame) -> pd.DataFrame:
         "e2el": (done["finish_s"] - done["arrival_s"]) * 1e3,
         "num_preemptions": done["num_preemptions"],
     })
-    for column in PARTS:
+    for column in parts_of(requests):
         out[column.removesuffix("_s") + "_ms"] = done[column] * 1e3
     return out.reset_index(drop=True)
 
@@ -44,7 +44,8 @@ def _group_row(label: str, rows: pd.DataFrame) -> dict[str, object]:
     row: dict[str, object] = {"group": label, "requests": len(rows),
                               "ttft": float(rows["ttft"].mean()) if len(rows) else 0.0,
                               "e2el": float(rows["e2el"].mean()) if len(rows) else 0.0}
-    row.update({c: float(rows[c].mean()) if len(rows) else 0.0 for c in PART_MS})
+    parts = [c for c in rows.columns if c.endswith("_ms")]
+    row.update({c: float(rows[c].mean()) if len(rows) else 0.0 for c in parts})
     return row
 
 
@@ -78,7 +79,8 @@ def attribution_buckets(requests: pd.DataFrame, by: str = "e2el",
 
 def render_summary(summary: pd.DataFrame) -> str:
     """A fixed-width text table of `attribution_summary` (ms)."""
-    short = {"api_server_ms": "api", "step_boundary_ms": "step",
+    routing = {"routing_ms": "routing"} if "routing_ms" in summary.columns else {}
+    short = routing | {"api_server_ms": "api", "step_boundary_ms": "step",
              "queue_token_budget_ms": "q:budget", "queue_max_num_seqs_ms": "q:seqs",
              "queue_kv_capacity_ms": "q:kv", "queue_preempted_step_ms": "q:preempt",
              "preempted_ms": "preempted", "prefill_ms": "prefill", "decode_ms": "decode"}

@@ -32,6 +32,12 @@ PARTS = {
     "prefill_s": "Prefill execution",
     "decode_s": "Decode execution",
 }
+ROUTING_PART = {"routing_s": "Routing (fleet)"}  # fleet runs: arrival -> a replica's server
+
+
+def parts_of(requests: pd.DataFrame) -> dict[str, str]:
+    """The parts a run's requests have: a fleet run's `routing_s` first, then PARTS."""
+    return (ROUTING_PART if "routing_s" in requests.columns else {}) | PARTS
 
 
 @dataclass(frozen=True)
@@ -139,7 +145,7 @@ def attribution(requests: pd.DataFrame, percentiles: Sequence[float] = (99,)) ->
     done = completed_requests(requests)
     e2e_mean = float((done["finish_s"] - done["arrival_s"]).mean()) if len(done) else 0.0
     rows = []
-    for column, label in PARTS.items():
+    for column, label in parts_of(requests).items():
         ms = done[column].to_numpy(dtype=np.float64) * 1e3
         row = {"part": label, "column": column,
                "mean_ms": float(ms.mean()) if ms.size else 0.0,

@@ -258,6 +258,10 @@ def report_run(run: Run, options: ReportOptions, files: ReportFiles
             rt_block(reqs, steps, prefix_cache_hit_rate(reqs, run.info), client_timing=client)]
     if not client:
         text.append(render_summary(attribution_summary(reqs)))
+    if "replica" in reqs.columns:
+        from analysis.fleet import fleet_block
+
+        text.append(fleet_block(reqs, steps))
     written = _report_files(run, options, files)
     out = files.result_path(run.path)
     if out is not None:

@@ -39,7 +39,8 @@ import simpy
 from runtime import BatchFeatures, EngineCore, Request, SamplingParams, Scheduler
 from runtime.records import STEP_FIELDS, RequestRecord
 from runtime.router import MetricsRefresh, ReplicaSnapshot, RouterPolicy, RoutingRequest
-from sim.cost_model import ApiServerCost, CostModel, decode_run_timer
+from sim.cost.api_server import ApiServerCost
+from sim.cost.base import CostModel, decode_run_timer
 from sim.fleet_records import FleetRequestRecord, FleetResult, ReplicaSummary, fleet_record
 from sim.simulator import Progress, SimConfig
 from workloads import Trace, TraceRequest

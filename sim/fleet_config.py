@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runtime.flags import flag
 from sim.engine_args import EngineArgs, SimSetup, build_setup
 
 POOL_FIELDS = ("name", "count", "gpu", "model", "tensor_parallel_size", "cost_per_hour",
@@ -167,3 +168,49 @@ def build_fleet(spec: FleetSpec, seed: int = 0, check_invariants: bool = False,
             raise ValueError(f"pool {pool.name!r}: {e}") from None
         setups.extend([setup] * pool.count)
     return setups
+
+
+FLEET_PANEL = "Fleet (replicas behind a router)"
+
+
+@dataclass(frozen=True, slots=True)
+class FleetFlags:
+    """How many replicas, behind which router, seeing what and when (times in ms)."""
+
+    replicas: int = flag(1, "--replicas", "Identical replicas of the engine behind one "
+                         "router (1: the single-engine simulator).", FLEET_PANEL)
+    fleet: Path | None = flag(None, "--fleet", "TOML file of heterogeneous pools (name, count, "
+                              "gpu, model, tensor_parallel_size, engine flags, cost_per_hour); "
+                              "instead of --replicas.", FLEET_PANEL)
+    router: str = flag("round-robin", "--router", "Routing policy: round-robin, random, "
+                       "least-outstanding, vllm-dp, llm-d, dynamo-kv, sglang-cache-aware, "
+                       "prefix-aware, kv-aware, power-of-two, session-hash.", FLEET_PANEL)
+    router_arg: list[str] | None = flag(None, "--router-arg", "KEY=VALUE argument of the "
+                                        "policy (repeat).", FLEET_PANEL)
+    router_refresh_ms: float = flag(50.0, "--router-refresh-ms", "Replica metrics (waiting, "
+                                    "running, KV usage) are snapshots this old at most "
+                                    "(llm-d's 50; 0 = an oracle).", FLEET_PANEL)
+    routing_latency_ms: float = flag(0.0, "--routing-latency-ms", "Time from arrival to the "
+                                     "chosen replica's API server.", FLEET_PANEL)
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"--replicas must be >= 1, got {self.replicas}")
+        for name in ("router_refresh_ms", "routing_latency_ms"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+        if self.fleet is not None and self.replicas != 1:
+            raise ValueError("give --replicas or --fleet, not both")
+
+    @property
+    def is_fleet(self) -> bool:
+        return self.replicas > 1 or self.fleet is not None
+
+    def describe(self, spec: FleetSpec | None) -> dict[str, Any]:
+        """run.json's "fleet" section."""
+        pools = None if spec is None else [dataclasses.asdict(p) for p in spec.pools]
+        return {"replicas": spec.num_replicas if spec else self.replicas, "router": self.router,
+                "router_args": list(self.router_arg or []),
+                "router_refresh_ms": self.router_refresh_ms,
+                "routing_latency_ms": self.routing_latency_ms, "pools": pools}

@@ -20,7 +20,9 @@ from runtime.router import (
     RoutingRequest,
     make_policy,
 )
-from sim.cost_model import ApiServerCost, CostModel, RooflineCostModel
+from sim.cost.api_server import ApiServerCost
+from sim.cost.base import CostModel
+from sim.cost.roofline import RooflineCostModel
 from sim.fleet import FleetResult, can_ever_fit, simulate_fleet
 from sim.hardware import resolve_gpu
 from sim.model_config import resolve_model

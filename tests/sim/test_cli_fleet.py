@@ -1,0 +1,104 @@
+"""`rt simulate --replicas N --router POLICY` and `--fleet FILE` end to end: the records name
+their replica, the fleet block is printed, one replica equals the single engine, and bad
+fleet input is one line with exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from analysis.fleet import fleet_summary, imbalance, jain_index, replica_table
+from analysis.rundir import load_run
+from cli import app
+from workloads import ArrivalProcess, RandomLengths, random_trace, write_rt_jsonl
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def small_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("trace") / "small.jsonl"
+    trace = random_trace(30, RandomLengths(input_len=200, output_len=20, range_ratio=0.5),
+                         ArrivalProcess(request_rate=30.0, burstiness=1.0, seed=5))
+    write_rt_jsonl(trace, path)
+    return path
+
+
+def simulate(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, ["simulate", *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_round_robin_fleet_spreads_requests_and_prints_the_fleet_block(
+        small_trace: Path, tmp_path: Path) -> None:
+    code, out, err = simulate("--trace", str(small_trace), "--replicas", "3", "--router",
+                              "round-robin", "--routing-latency-ms", "1",
+                              "--result-dir", str(tmp_path / "f"))
+    assert code == 0, err
+    assert "===================== Fleet ======================" in out
+    assert "Routing (fleet)" in out
+    run = load_run(tmp_path / "f")
+    assert list(run.requests["replica"]) == [i % 3 for i in range(30)]
+    assert run.requests["routing_s"].round(9).eq(0.001).all()
+    assert set(run.steps["replica"]) == {0, 1, 2}
+    assert run.info["fleet"]["replicas"] == 3 and run.info["fleet"]["router"] == "round-robin"
+
+
+def test_one_replica_fleet_equals_the_single_engine(small_trace: Path, tmp_path: Path) -> None:
+    assert simulate("--trace", str(small_trace), "--result-dir", str(tmp_path / "one"))[0] == 0
+    code, _, err = simulate("--trace", str(small_trace), "--fleet", str(_fleet_file(
+        tmp_path, count=1)), "--router", "llm-d", "--result-dir", str(tmp_path / "fleet"))
+    assert code == 0, err
+    single, fleet = load_run(tmp_path / "one"), load_run(tmp_path / "fleet")
+    assert fleet.requests.drop(columns=["replica", "routing_s"]).equals(single.requests)
+    assert fleet.steps.drop(columns=["replica"]).equals(single.steps)
+
+
+def _fleet_file(tmp_path: Path, count: int) -> Path:
+    path = tmp_path / "fleet.toml"
+    path.write_text(f'[[pool]]\nname = "a"\ncount = {count}\ngpu = "h200"\n'
+                    'model = "llama-3.1-8b"\n')
+    return path
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--replicas", "0"], "--replicas must be >= 1, got 0"),
+    (["--replicas", "2", "--router", "nope"], "unknown router policy 'nope'"),
+    (["--replicas", "2", "--router", "llm-d", "--router-arg", "queue=x"], "queue"),
+    (["--replicas", "2", "--router-refresh-ms", "-1"], "--router-refresh-ms must be >= 0"),
+    (["--replicas", "2", "--fleet", "x.toml"], "give --replicas or --fleet, not both"),
+])
+def test_bad_fleet_flags_are_one_line(small_trace: Path, tmp_path: Path, args: list[str],
+                                      needle: str) -> None:
+    code, out, err = simulate("--trace", str(small_trace), *args,
+                              "--result-dir", str(tmp_path / "x"))
+    assert code == 2 and out == ""
+    assert len(err.splitlines()) == 1 and err.startswith("rt: error: ") and needle in err
+
+
+def test_jain_and_imbalance_by_hand() -> None:
+    assert jain_index([1, 1, 1, 1]) == 1.0
+    assert jain_index([4, 0, 0, 0]) == 0.25  # 16 / (4 * 16)
+    assert jain_index([3, 1]) == pytest.approx(16 / 20)  # (3+1)^2 / (2 * (9+1))
+    assert imbalance([3, 1]) == 1.5 and imbalance([0, 0]) == 1.0
+
+
+def test_replica_table_by_hand() -> None:
+    requests = pd.DataFrame({
+        "replica": [0, 0, 1], "prompt_len": [100, 300, 200], "cached_tokens": [0, 100, 50],
+        "num_preemptions": [0, 2, 0], "status": ["FINISHED_LENGTH_CAPPED"] * 3,
+        "output_len": [4, 4, 4],
+        "arrival_s": [0.0, 1.0, 2.0], "first_token_s": [0.01, 1.03, 2.02]})
+    steps = pd.DataFrame({"replica": [0, 0, 1], "kv_usage": [0.1, 0.3, 0.5]})
+    table = replica_table(requests, steps)
+    assert list(table["requests"]) == [2, 1] and list(table["prompt_tokens"]) == [400, 200]
+    assert table["prefix_hit_rate"].tolist() == [0.25, 0.25]
+    assert table["mean_kv_usage"].round(9).tolist() == [0.2, 0.5]
+    assert list(table["preemptions"]) == [2, 0]
+    assert table["p50_ttft_ms"].round(6).tolist() == [20.0, 20.0]
+    summary = fleet_summary(table)
+    assert summary["prefix_hit_rate"] == 0.25  # 150 of 600 prompt tokens
+    assert summary["request_imbalance"] == pytest.approx(2 / 1.5)
