@@ -29,6 +29,7 @@ import typer
 import workloads
 from analysis.progress import progress
 from analysis.report import ReportFiles, ReportFlags
+from backends.bench.flags import GpuBenchFlags
 from backends.engine.flags import RealEngineFlags
 from backends.replay.flags import EndpointFlags
 from backends.serve.flags import SERVER_PANEL, ServeFlags
@@ -932,27 +933,17 @@ def _fidelity_simulate(trace: workloads.Trace, setup: RealSetup, profile: Path, 
 
 def _fidelity_report(real_dirs: list[Path], sim_dirs: list[Path], profile_path: Path,
                      root: Path, plots: bool, max_error: float | None) -> None:
-    from analysis.fidelity import fidelity_report, gate, render
-    from analysis.plots import cdfs, latency_values, percentile_curves
+    from analysis.fidelity import write_fidelity
     from sim.calibrate import predict_step_rows
     from sim.profile import load_profile
 
     reals = [load_checked(path) for path in real_dirs]
-    sims = [load_checked(path) for path in sim_dirs]
-    steps = reals[0].steps
-    predicted = predict_step_rows(load_profile(profile_path).coefficients, steps)
-    report = fidelity_report(reals, sims, (steps["end_s"] - steps["start_s"]).to_numpy(),
-                             predicted)
-    typer.echo(render(report))
-    (root / "fidelity.json").write_text(json.dumps(report.to_json_dict(), indent=2) + "\n")
-    if plots:
-        series = {("real" if i == 0 else f"real {i + 1}"): latency_values(run.requests)
-                  for i, run in enumerate(reals)}
-        series["sim"] = latency_values(sims[0].requests)
-        save_figures({"percentiles": percentile_curves(series), "cdf": cdfs(series)},
-                     root / "plots")
+    predicted = predict_step_rows(load_profile(profile_path).coefficients, reals[0].steps)
+    text, violations, figures = write_fidelity(reals, [load_checked(p) for p in sim_dirs],
+                                               predicted, root, plots, max_error)
+    typer.echo(text)
+    save_figures(figures, root / "plots")
     typer.echo(f"rt: wrote {root}/fidelity.json", err=True)
-    violations = gate(report, max_error) if max_error is not None else []
     for line in violations:
         typer.echo(f"rt: fidelity: {line}", err=True)
     if violations:
@@ -1055,21 +1046,8 @@ def bench_serve(
 
 
 @bench_app.command("gpu")
-def bench_gpu(
-    out: _Out = None,
-    engine: Annotated[bool, typer.Option(
-        "--engine/--no-engine", help="Engine output tokens/s against transformers' generate "
-        "with static batching (goal >= 5x).")] = True,
-    engine_model: Annotated[str, typer.Option(
-        help="1b or 3b (Llama-3.2 shape, random bf16 weights built once under ~/.cache/rt), "
-        "tiny, or a local model directory.")] = "1b",
-    engine_requests: Annotated[int, typer.Option(min=1)] = 64,
-    engine_prompt_len: Annotated[int, typer.Option(min=1, help="Mean prompt tokens.")] = 512,
-    engine_output_len: Annotated[int, typer.Option(min=1, help="New tokens each.")] = 128,
-    hf_batch_size: Annotated[int | None, typer.Option(
-        min=1, help="transformers' static batch size [default: as many as rt runs at once]")]
-    = None,
-) -> None:
+@with_flags
+def bench_gpu(flags: Annotated[GpuBenchFlags, Flags()], out: _Out = None) -> None:
     """Kernel correctness in bf16, decode attention bandwidth and prefill TFLOP/s against a
     copy and a matmul measured in the same run, and engine tokens/s against transformers
     (a CUDA device; under 10 minutes)."""
@@ -1079,11 +1057,11 @@ def bench_gpu(
     except ImportError as err:
         fail(f"rt bench gpu needs the real extra (torch, triton): {err}")
     with user_errors():
-        plan = EnginePlan(num_requests=engine_requests, prompt_len=engine_prompt_len,
-                          output_len=engine_output_len, hf_batch_size=hf_batch_size)
-        engine_bench = engine_throughput_section(engine_model, plan) if engine else None
+        plan = EnginePlan(num_requests=flags.engine_requests, prompt_len=flags.engine_prompt_len,
+                          output_len=flags.engine_output_len, hf_batch_size=flags.hf_batch_size)
+        section = engine_throughput_section(flags.engine_model, plan) if flags.engine else None
         try:
-            report = run_gpu_bench(out, engine_throughput=engine_bench,
+            report = run_gpu_bench(out, engine_throughput=section,
                                    log=lambda line: typer.echo(f"rt: {line}", err=True))
         except GpuUnavailable as err:
             fail(str(err))

@@ -23,9 +23,11 @@ first simulated run, and the second real run against the first is reported as no
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -225,3 +227,25 @@ def replay_order(repeats: int, calibrate: bool) -> list[tuple[str, int]]:
         pair = [*pair, ("real", i)] if i % 2 == 0 else [("real", i), *pair]
         order += pair
     return order
+
+
+def write_fidelity(reals: Sequence[Run], sims: Sequence[Run], predicted_s: Sequence[float],
+                   root: Path, plots: bool, max_error: float | None
+                   ) -> tuple[str, list[str], dict[str, Any]]:
+    """`rt fidelity`'s outputs: writes root/fidelity.json; returns the text table, the gate's
+    violations (none without `max_error`) and the overlaid figures (with `plots`).
+    `predicted_s`: the profile's prediction of each of the first real run's steps."""
+    steps = reals[0].steps
+    report = fidelity_report(reals, sims, (steps["end_s"] - steps["start_s"]).to_numpy(),
+                             np.asarray(predicted_s, dtype=np.float64))
+    (root / "fidelity.json").write_text(json.dumps(report.to_json_dict(), indent=2) + "\n")
+    figures: dict[str, Any] = {}
+    if plots:
+        from analysis.plots import cdfs, latency_values, percentile_curves
+
+        series = {("real" if i == 0 else f"real {i + 1}"): latency_values(run.requests)
+                  for i, run in enumerate(reals)}
+        series["sim"] = latency_values(sims[0].requests)
+        figures = {"percentiles": percentile_curves(series), "cdf": cdfs(series)}
+    violations = gate(report, max_error) if max_error is not None else []
+    return render(report), violations, figures
