@@ -39,6 +39,7 @@ from runtime.flags import FlagSpec, build_group, group_specs
 from sim.engine_args import EngineArgs, SimFlags
 from sim.fidelity import CALIBRATION_PANEL, CalibrationFlags, FidelityFlags
 from sim.fleet_config import FleetFlags
+from sim.plan import PlanFlags
 from sim.sweep import GRID_PANEL, SweepFlags
 from workloads.flags import WorkloadFlags, load_workload
 
@@ -535,6 +536,104 @@ def _sweep_output(records: list[dict[str, Any]], root: Path, slos: dict[str, flo
     text, figures = write_sweep(records, root, _SWEEP_ENGINE, slos, plots)
     typer.echo(text)
     save_figures(figures, root)
+
+
+# ---- rt plan (sim + analysis) ----
+
+
+@app.command("plan")
+@with_flags
+def plan(
+    *,
+    trace_file: Annotated[Path | None, typer.Argument(
+        help="Trace file (default: the embedded excerpt).", show_default=False)] = None,
+    work: Annotated[WorkloadFlags, Flags(only=("fmt", "start_s", "duration_s", "first_n",
+                                               "time_scale", "target_rate", "seed"))],
+    space: Annotated[PlanFlags, Flags()],
+    how: Annotated[SweepFlags, Flags(only=("executor", "address", "jobs"))],
+    result_dir: Annotated[Path | None, typer.Option(
+        "--result-dir", help="Where every simulated shape's run directory, plan.csv, the "
+        "Pareto plot and the winning fleet.toml go (default: results/plan-<time>); an "
+        "existing one is resumed.")] = None,
+) -> None:
+    """The cheapest fleet that meets every SLO on a trace, with no failed request: searches
+    GPU kinds x models x tensor parallelism x token budgets x max_num_seqs x routers,
+    prunes what cannot work before simulating, and bisects each candidate's replica count."""
+    from analysis.plan import pareto_figure, plan_table, render_plan
+    from analysis.sweep import parse_slo
+    from sim.plan import cheapest, search
+
+    with user_errors():
+        if space.slo is None:
+            raise ValueError("--slo is required, e.g. p99_ttft_ms=500,p99_itl_ms=50")
+        slos, prices = parse_slo(space.slo), space.prices()
+        trace, root = workload(work, trace_file), result_dir or default_dir("plan")
+        records: list[dict[str, Any]] = []
+        judge = functools.partial(_judge_shapes, trace=trace, seed=work.seed, slos=slos,
+                                  root=root, how=how, records=records)
+        searches, pruned = search(space.candidates(), trace, space.max_gpus, prices, judge,
+                                  work.seed)
+    for p in pruned:
+        note([f"pruned {p.candidate.name()}: {p.reason}"])
+    table = plan_table(records, slos)
+    typer.echo(render_plan(table))
+    table.to_csv(root / "plan.csv", index=False)
+    save_figures({"pareto": pareto_figure(records)}, root)
+    ranked = cheapest(searches, prices)
+    typer.echo(f"rt: {len(records)} shapes simulated, {len(pruned)} candidates pruned", err=True)
+    if not ranked:
+        fail(f"no shape within --max-gpus {space.max_gpus} meets {space.slo} (closest: "
+             f"{table.iloc[0]['shape'] if len(table) else 'none simulated'})")
+    (root / "fleet.toml").write_text(ranked[0].fleet_toml())
+    typer.echo(f"cheapest: {ranked[0].name()} at ${ranked[0].cost_per_hour:.2f}/h "
+               f"({ranked[0].gpus} GPUs, router {ranked[0].candidate.router}) -> "
+               f"{root / 'fleet.toml'}")
+
+
+def _judge_shapes(shapes: list[Any], trace: workloads.Trace, seed: int,
+                  slos: dict[str, float], root: Path, how: SweepFlags,
+                  records: list[dict[str, Any]]) -> list[bool]:
+    """Simulate the shapes (or read a finished run's record: plans resume), keep their
+    records, say which meet the SLOs."""
+    from analysis.sweep import meets_slo
+    from sim.sweep import run_all
+
+    options = _sweep_options(ReportFlags(percentile_metrics="ttft,tpot,itl,e2el"), slos)
+    jobs = [(shape, trace, seed, options, str(root / shape.name())) for shape in shapes]
+    with progress("planning", len(jobs)) as update:
+        done = run_all(_plan_worker, jobs, how.executor, how.jobs, how.address, update)
+    for record in done:
+        record["meets_slo"] = meets_slo(record, slos)
+    records += done
+    return [bool(r["meets_slo"]) for r in done]
+
+
+def _plan_worker(job: tuple[Any, workloads.Trace, int, Any, str]) -> dict[str, Any]:
+    """One shape: simulate (one engine, or the fleet behind its router), write the run
+    directory and its record (plan.json); a directory with plan.json is not run again."""
+    from analysis.plan import what_binds
+    from analysis.report import result_dict
+    from runtime.router.registry import make_policy
+    from sim.engine_args import build_setup
+    from sim.fleet import simulate_fleet
+    from sim.simulator import simulate as run
+
+    shape, trace, seed, options, run_dir = job
+    path = Path(run_dir)
+    if (path / "plan.json").is_file():
+        return dict(json.loads((path / "plan.json").read_text()))
+    c = shape.candidate
+    setup = build_setup(c.engine_args, c.model, c.gpu, None, seed)
+    result = (run(trace, setup.config, setup.cost_model) if shape.replicas == 1 else
+              simulate_fleet(trace, [setup] * shape.replicas, make_policy(c.router, [], seed)))
+    saved = save_run(path, "simulate", trace, result, setup.describe(),
+                     plan={"shape": shape.name(), "replicas": shape.replicas})
+    record = {**result_dict(saved, options), "shape": shape.name(), "gpu": c.gpu,
+              "model": c.model, "tp": c.tensor_parallel_size, "replicas": shape.replicas,
+              "gpus": shape.gpus, "cost_per_hour": shape.cost_per_hour,
+              "binds": what_binds(saved.requests)}
+    (path / "plan.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    return record
 
 
 # ---- rt replay (backends) ----
