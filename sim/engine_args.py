@@ -19,7 +19,8 @@ from sim.cost.kv_cache_sizing import (
 )
 from sim.cost.roofline import RooflineCostModel
 from sim.hardware import GpuSpec, resolve_gpu
-from sim.model_config import ModelSpec, resolve_model
+from sim.model_config import ModelSpec
+from sim.model_presets import resolve_model
 from sim.profile import load_profile, shipped_profile
 from sim.simulator import SimConfig
 from sim.step_noise import StepNoise

@@ -4,7 +4,7 @@
     name = "big"                  # unique
     count = 2                     # replicas in the pool, >= 1
     gpu = "h200"                  # sim.hardware name
-    model = "llama-3.1-70b"       # sim.model_config name or a local HF config
+    model = "llama-3.1-70b"       # sim.model_presets name or a local HF config
     tensor_parallel_size = 4      # GPUs per replica (default 1)
     cost_per_hour = 14.0          # per replica, any currency (default 0)
     profile = "calibrated"        # optional cost-model profile (default: the roofline)

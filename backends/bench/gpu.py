@@ -16,228 +16,47 @@ measured):
      comparison belongs to the model runner).
 Times are CUDA-event medians over repeats after a warm-up, with L2 flushed before each repeat.
 The sizes live in a `BenchPlan`, so the same code runs a tiny plan on the CPU (interpreter,
-perf_counter timer) in the tests.
+perf_counter timer) in the tests. The plan, timers and ceilings are `backends.bench.timing`;
+the random paged batches and their byte and FLOP counts are `backends.bench.paged_batch`.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from backends.bench.paged_batch import (
+    PagedBatch,
+    Report,
+    Seqs,
+    attention_flops,
+    decode_bytes,
+    make_paged_batch,
+)
+from backends.bench.timing import Bench, BenchPlan, copy_bandwidth, cuda_time_ms, matmul_tflops
 from backends.kernels.paged_attention import (
     KernelConfig,
     choose_config,
     choose_num_segments,
     paged_attention,
 )
-from backends.kernels.paged_attention_torch import PagedAttentionInputs, paged_attention_ref
+from backends.kernels.paged_attention_torch import paged_attention_ref
 from backends.kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_ref
 
 DECODE_GOAL = 0.8  # fraction of the measured copy bandwidth
 BF16_RTOL = BF16_ATOL = 1.6e-2
 CPU_SM_COUNT = 132  # plan split-KV as for an H200 when there is no CUDA device
-Report = dict[str, Any]
 EngineBench = Callable[[], Report]
-Seqs = tuple[tuple[int, int], ...]  # (context_len, q_len) per sequence
 
 
 class GpuUnavailable(RuntimeError):
     """No CUDA device: the benchmark cannot run here."""
-
-
-@dataclass(frozen=True)
-class AttentionShape:
-    """Heads and cache geometry of one benchmark case."""
-
-    num_q_heads: int = 32
-    num_kv_heads: int = 8
-    head_dim: int = 128
-    block_size: int = 16
-    dtype: torch.dtype = torch.bfloat16
-
-    @property
-    def group(self) -> int:
-        return self.num_q_heads // self.num_kv_heads
-
-    def to_json(self) -> Report:
-        return {"num_q_heads": self.num_q_heads, "num_kv_heads": self.num_kv_heads,
-                "head_dim": self.head_dim, "block_size": self.block_size,
-                "dtype": str(self.dtype).removeprefix("torch.")}
-
-
-LLAMA_8B = AttentionShape()
-
-DECODE_SWEEP = tuple(KernelConfig(16, tile, warps, stages)
-                     for tile in (32, 64, 128) for warps in (4, 8) for stages in (2, 3))
-PREFILL_SWEEP = (KernelConfig(64, 64, 4, 2), KernelConfig(64, 32, 4, 3),
-                 KernelConfig(128, 64, 8, 2), KernelConfig(128, 32, 8, 3),
-                 KernelConfig(64, 128, 8, 2), KernelConfig(128, 128, 8, 2))
-
-
-@dataclass(frozen=True)
-class BenchPlan:
-    """What to run and how big. The defaults are the H200 run (well under 10 minutes)."""
-
-    shape: AttentionShape = LLAMA_8B
-    copy_gib: float = 1.0
-    matmul_n: int = 8192
-    decode: tuple[int, int] = (64, 4096)  # (batch, context)
-    split_decode: tuple[int, int] = (4, 32768)
-    prefill: Seqs = ((0, 2048),) * 8
-    extend: Seqs = ((3584, 512),) * 8
-    correctness: tuple[tuple[str, Seqs], ...] = (
-        ("decode", ((2000, 1), (517, 1), (4095, 1), (31, 1), (0, 1))),
-        ("mixed", ((2000, 1), (0, 300), (1200, 129), (63, 1), (15, 700))),
-    )
-    correctness_tokens: int = 1000  # reshape_and_cache check
-    decode_sweep: tuple[KernelConfig, ...] = DECODE_SWEEP
-    prefill_sweep: tuple[KernelConfig, ...] = PREFILL_SWEEP
-    warmup: int = 5
-    repeats: int = 30
-    l2_flush_bytes: int = 256 << 20
-
-
-# %%
-# Timing
-
-# (fn, warmup, repeats, L2 flush buffer or None) -> per-call times in ms
-Timer = Callable[[Callable[[], object], int, int, torch.Tensor | None], list[float]]
-
-
-def cuda_time_ms(fn: Callable[[], object], warmup: int, repeats: int,
-                 flush: torch.Tensor | None) -> list[float]:
-    """Kernel times in ms from CUDA events around each call; `flush` (if given) is zeroed
-    before each repeat so the L2 cache holds nothing of the inputs."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(repeats)]
-    for start, end in events:
-        if flush is not None:
-            flush.zero_()
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return [start.elapsed_time(end) for start, end in events]
-
-
-def cpu_time_ms(fn: Callable[[], object], warmup: int, repeats: int,
-                flush: torch.Tensor | None) -> list[float]:
-    """Wall-clock ms per call (the CPU smoke run; no meaning as a kernel time)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        fn()
-        times.append(1e3 * (time.perf_counter() - began))
-    return times
-
-
-def _summary(times_ms: list[float]) -> Report:
-    ordered = sorted(times_ms)
-    return {"median_us": 1e3 * statistics.median(ordered),
-            "p20_us": 1e3 * ordered[len(ordered) // 5],
-            "p80_us": 1e3 * ordered[(4 * len(ordered)) // 5]}
-
-
-@dataclass(frozen=True)
-class Bench:
-    """Where and how a plan runs."""
-
-    plan: BenchPlan
-    device: torch.device
-    timer: Timer
-    sm_count: int
-
-    def time(self, fn: Callable[[], object], flush: torch.Tensor | None = None) -> Report:
-        """Median / p20 / p80 of fn's time, in microseconds."""
-        return _summary(self.timer(fn, self.plan.warmup, self.plan.repeats, flush))
-
-
-# %%
-# Ceilings
-
-
-def copy_bandwidth(bench: Bench) -> Report:
-    """Device-to-device `copy_` of plan.copy_gib GiB: (read + written bytes) / time, GB/s."""
-    n = int(bench.plan.copy_gib * (1 << 30)) // 2
-    src = torch.empty(n, dtype=torch.bfloat16, device=bench.device).normal_()
-    dst = torch.empty_like(src)
-    summary = bench.time(lambda: dst.copy_(src))
-    moved = 2 * n * 2
-    return {"bytes": moved, **summary, "gbps": moved / summary["median_us"] / 1e3}
-
-
-def matmul_tflops(bench: Bench) -> Report:
-    """bf16 `torch.mm` of two n x n matrices: 2 n^3 / time, in TFLOP/s."""
-    n = bench.plan.matmul_n
-    a = torch.randn(n, n, device=bench.device).to(torch.bfloat16)
-    b = torch.randn(n, n, device=bench.device).to(torch.bfloat16)
-    summary = bench.time(lambda: torch.mm(a, b))
-    return {"n": n, **summary, "tflops": 2 * n**3 / summary["median_us"] / 1e6}
-
-
-# %%
-# Inputs
-
-
-@dataclass
-class PagedBatch(PagedAttentionInputs):
-    """paged_attention inputs and the (context_len, q_len) of each sequence."""
-
-    seqs: Seqs
-
-    @property
-    def scale(self) -> float:
-        return float(self.query.shape[-1]) ** -0.5
-
-    def kv_bytes(self) -> int:
-        """K and V bytes the attention must read: every key of every sequence, every KV head."""
-        _, _, num_kv_heads, head_dim = self.key_cache.shape
-        tokens = sum(ctx + q for ctx, q in self.seqs)
-        return 2 * tokens * num_kv_heads * head_dim * self.key_cache.element_size()
-
-
-def make_paged_batch(seqs: Seqs, shape: AttentionShape, seed: int = 0,
-                     nan_tails: bool = False, device: str | torch.device = "cuda") -> PagedBatch:
-    """A random pool whose blocks are handed out in a shuffled order (no repeats), one block
-    table row per sequence, random queries. `nan_tails` writes NaN into each last block's
-    slots past seq_len (a correct kernel never reads them)."""
-    gen = torch.Generator(device=device).manual_seed(seed)
-    bs = shape.block_size
-    blocks = [-(-(ctx + q) // bs) for ctx, q in seqs]
-    num_blocks = sum(blocks)
-    pool = (num_blocks, bs, shape.num_kv_heads, shape.head_dim)
-    key_cache = torch.randn(pool, dtype=shape.dtype, device=device, generator=gen)
-    value_cache = torch.randn(pool, dtype=shape.dtype, device=device, generator=gen)
-    order = torch.randperm(num_blocks, device=device, generator=gen).to(torch.int32)
-    table = torch.zeros((len(seqs), max(blocks)), dtype=torch.int32, device=device)
-    used = 0
-    for s, ((ctx, q), n) in enumerate(zip(seqs, blocks, strict=True)):
-        table[s, :n] = order[used:used + n]
-        used += n
-        tail = (ctx + q) % bs
-        if nan_tails and tail:
-            last = int(table[s, n - 1])
-            key_cache[last, tail:] = math.nan
-            value_cache[last, tail:] = math.nan
-    q_lens = [q for _, q in seqs]
-    query = torch.randn((sum(q_lens), shape.num_q_heads, shape.head_dim), dtype=shape.dtype,
-                        device=device, generator=gen)
-    starts = torch.tensor([0, *q_lens], device=device).cumsum(0).to(torch.int32)
-    seq_lens = torch.tensor([ctx + q for ctx, q in seqs], dtype=torch.int32, device=device)
-    return PagedBatch(query, key_cache, value_cache, table, seq_lens, starts, tuple(seqs))
 
 
 # %%
@@ -288,25 +107,6 @@ def check_paged_attention(bench: Bench) -> list[Report]:
 
 # %%
 # Performance
-
-
-def decode_bytes(batch: PagedBatch, num_segments: int) -> int:
-    """Bytes a decode launch must move: K/V of every context token, Q and O, the block-table
-    entries, and (split-KV) the fp32 partials written and read back."""
-    num_tokens, num_q_heads, head_dim = batch.query.shape
-    block_size = batch.key_cache.shape[1]
-    q_and_o = 2 * batch.query.numel() * batch.query.element_size()
-    table = 4 * sum(-(-(ctx + q) // block_size) for ctx, q in batch.seqs)
-    partials = 0 if num_segments == 1 else (
-        2 * num_tokens * num_q_heads * num_segments * (head_dim + 2) * 4)
-    return batch.kv_bytes() + q_and_o + table + partials
-
-
-def attention_flops(seqs: Seqs, shape: AttentionShape) -> float:
-    """Causal matmul FLOPs (QK^T and PV): 4 Hq D (q c + q^2 / 2) per sequence, the
-    convention of FlashAttention and the Triton tutorial."""
-    return sum(4 * shape.num_q_heads * shape.head_dim * (q * ctx + q * q / 2)
-               for ctx, q in seqs)
 
 
 def _decode_segments(bench: Bench, batch: PagedBatch) -> int:

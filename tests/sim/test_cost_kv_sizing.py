@@ -12,7 +12,7 @@ from sim.cost.kv_cache_sizing import (
     startup_lines,
 )
 from sim.hardware import resolve_gpu
-from sim.model_config import resolve_model
+from sim.model_presets import resolve_model
 
 LLAMA_8B = resolve_model("llama-3.1-8b")
 LLAMA_70B = resolve_model("llama-3.1-70b")

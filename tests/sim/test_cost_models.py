@@ -15,7 +15,7 @@ from sim.cost.base import CostModel, decode_run_timer
 from sim.cost.profile_model import ProfileCoefficients, ProfileCostModel
 from sim.cost.roofline import RooflineCostModel, RooflineEfficiency
 from sim.hardware import resolve_gpu
-from sim.model_config import resolve_model
+from sim.model_presets import resolve_model
 
 LLAMA_8B = resolve_model("llama-3.1-8b")
 LLAMA_70B = resolve_model("llama-3.1-70b")

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from sim.hardware import GPU_PRESETS, GpuSpec, resolve_gpu
-from sim.model_config import MODEL_PRESETS, ModelSpec, resolve_model
+from sim.model_config import ModelSpec
+from sim.model_presets import MODEL_PRESETS, resolve_model
 
 # /work/shared/reference/models_and_gpus.md §1b: total params, P_lin, V·h, KV B/token (bf16).
 DERIVED = {

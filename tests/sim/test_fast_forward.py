@@ -18,7 +18,7 @@ from sim.cost.base import CostModel, DecodeRunTimes, decode_run_timer
 from sim.cost.profile_model import ProfileCoefficients, ProfileCostModel
 from sim.cost.roofline import RooflineCostModel
 from sim.hardware import resolve_gpu
-from sim.model_config import resolve_model
+from sim.model_presets import resolve_model
 from sim.simulator import SimConfig, simulate
 from tests.runtime.helpers import make_request, make_scheduler, step
 from workloads import (

@@ -25,7 +25,7 @@ from sim.cost.base import CostModel
 from sim.cost.roofline import RooflineCostModel
 from sim.fleet import FleetResult, can_ever_fit, simulate_fleet
 from sim.hardware import resolve_gpu
-from sim.model_config import resolve_model
+from sim.model_presets import resolve_model
 from sim.simulator import SimConfig, simulate
 from sim.step_noise import StepNoise
 from workloads import (

@@ -10,19 +10,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from backends.bench.gpu import (
+from backends.bench.gpu import check_paged_attention, check_reshape_and_cache, run_bench
+from backends.bench.paged_batch import (
     LLAMA_8B,
     AttentionShape,
-    Bench,
-    BenchPlan,
     attention_flops,
-    check_paged_attention,
-    check_reshape_and_cache,
-    cpu_time_ms,
     decode_bytes,
     make_paged_batch,
-    run_bench,
 )
+from backends.bench.timing import Bench, BenchPlan, cpu_time_ms
 from backends.kernels.paged_attention import KernelConfig
 from cli import app
 
