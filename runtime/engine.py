@@ -145,38 +145,41 @@ class EngineCore:
         scheduler = self.scheduler
         if self._inbox or clock >= horizon or not plain_decode_wait_reason(scheduler)[0]:
             return None
-        steady = self.steady
-        if steady is not None and len(steady):
-            next_finish = steady.next_finish_step()
-            if next_finish is not None and next_finish <= self.recorder.num_steps:
-                return None  # a steady decode stops in the next step: no run
-            steady.leave_all()
-        limit = decode_run_limit(scheduler)  # 0 unless every running request decodes
+        steady = self.steady if self.steady is not None and len(self.steady) else None
+        running = scheduler.running
+        if steady is not None:  # only when every running request is a steady decode
+            limit = steady.run_limit()
+            kv_tokens = steady.decode_kv_tokens()
+        else:  # 0 unless every running request decodes
+            limit = decode_run_limit(scheduler)
+            kv_tokens = sum(r.num_computed_tokens + 1 for r in running)
         if limit <= 0:
             return None
-        running = scheduler.running
         num_running = len(running)
-        kv_tokens = sum(r.num_computed_tokens + 1 for r in running)
         if run_times is None:
             ends, durations = self._decode_times(clock, horizon, step_time, limit,
                                                  num_running, kv_tokens)
         else:
             ends, durations = _bulk_decode_times(clock, horizon, run_times, limit,
                                                  num_running, kv_tokens)
-        tokens = {r.request_id: upcoming(r, len(ends)) for r in running}
-        num_steps = steps_before_token_stop(scheduler, tokens, len(ends))
-        if num_steps == 0:
-            return None
-        del ends[num_steps:], durations[num_steps:]
-        free_after = run_decode_steps(scheduler, num_steps, tokens)
+        if steady is not None:  # no EOS or stop token can end a steady decode
+            free_after = steady.run(len(ends))
+            explicit: list[str] = []
+        else:
+            tokens = {r.request_id: upcoming(r, len(ends)) for r in running}
+            num_steps = steps_before_token_stop(scheduler, tokens, len(ends))
+            if num_steps == 0:
+                return None
+            del ends[num_steps:], durations[num_steps:]
+            free_after = run_decode_steps(scheduler, num_steps, tokens)
+            explicit = [r.request_id for r in scheduler.running]
         usable = scheduler.cache_config.num_usable_blocks
         _, reason = plain_decode_wait_reason(scheduler)
         self.recorder.decode_steps(
-            ends, durations, num_running, kv_tokens,
-            [r.request_id for r in scheduler.running],
+            ends, durations, num_running, kv_tokens, explicit,
             [1.0 - free / usable for free in free_after], len(scheduler.waiting), reason)
-        if steady is not None:
-            steady.join()
+        if self.steady is not None:
+            self.steady.join()
         return ends[-1]
 
     @staticmethod

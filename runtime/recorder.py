@@ -278,7 +278,8 @@ class Recorder:
         """Record a run of plain decode steps (`runtime.decode_run`) in which every running
         request decodes: the same float operations, in the same order, as stepping. Step k
         of the run decodes `num_seqs` sequences reading `decode_kv_tokens + k * num_seqs`
-        KV tokens."""
+        KV tokens. `request_ids` are the running requests that are not steady decodes
+        (those need nothing: their decode run and token times are implicit)."""
         assert self._last_end is not None, "a decode run follows a busy step"
         starts = [self._last_end, *ends[:-1]]
         spans = [end - start for start, end in zip(starts, ends, strict=True)]
@@ -301,7 +302,7 @@ class Recorder:
         columns: tuple[Sequence[object], ...] = (
             range(self.num_steps, self.num_steps + count), starts, ends, durations,
             zeros, seqs, seqs, zeros, zeros, zeros, decode_kv, decode_kv, kv_usages,
-            [len(request_ids)] * count, [num_waiting] * count, zeros, zeros,
+            seqs, [num_waiting] * count, zeros, zeros,  # every running request decodes
             [None if wait_reason is None else wait_reason.value] * count,
         )
         for column, values in zip(self._columns, columns, strict=True):

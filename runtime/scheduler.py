@@ -273,20 +273,24 @@ class Scheduler:
         step.add_decodes(running, new_blocks)
         return True
 
-    def running_block_demand(self, start: int = 0) -> int:
-        """An upper bound on the KV blocks that `running[start:]` can take in the next step:
-        each request's whole demand, as if the token budget did not bind."""
+    def running_block_demand(self, start: int, token_budget: int) -> int:
+        """The KV blocks that `running[start:]` take in the next step, given `token_budget`
+        tokens left for them, if nothing is preempted: phase 1's token choices (which
+        depend on the budget and each request alone), without allocating."""
         kv = self.kv_cache_manager
         block_size, max_model_len = self.block_size, self.max_model_len
         cap = self._long_prefill_cap()
         total = 0
         for request in self.running[start:]:
+            if token_budget <= 0:
+                break
             computed = request.num_computed_tokens
             num_new = request.num_tokens - computed
             if 0 < cap < num_new:
                 num_new = cap
-            num_new = min(num_new, max_model_len - computed - 1)
+            num_new = min(num_new, token_budget, max_model_len - computed - 1)
             if num_new > 0:
+                token_budget -= num_new
                 num_slots = min(computed + num_new, max_model_len)
                 held = len(kv.req_to_blocks.get(request.request_id, ()))
                 total += max(cdiv(num_slots, block_size) - held, 0)

@@ -91,16 +91,62 @@ class SteadyDecodes:
         pool = kv.block_pool
         g = self._step
         takers = self._buckets[g % self.block_size]
-        demand = len(takers) + scheduler.running_block_demand(num_steady)
+        budget_left = scheduler.scheduler_config.max_num_batched_tokens - num_steady
+        demand = len(takers) + scheduler.running_block_demand(num_steady, budget_left)
         if demand > pool.num_free_blocks:
             return None
-        for member in takers:  # in running order, as the general loop pops them
-            member.table.append(pool.get_new_block())
+        self._advance(g)
+        return scheduler.schedule(num_steady)
+
+    def _advance(self, g: int) -> None:
+        """The members' scheduling in step g: blocks taken, then blocks filled, each in
+        running order (a pop and a registration commute: registrations touch blocks in
+        use, evictions free ones)."""
+        kv = self.scheduler.kv_cache_manager
+        get_new_block = kv.block_pool.get_new_block
+        for member in self._buckets[g % self.block_size]:
+            member.table.append(get_new_block())
         if kv.enable_caching:
             for member in self._buckets[(g + 1) % self.block_size]:
                 self._materialise(member, g)
                 kv.cache_full_blocks(member.request, member.table, member.request.num_tokens)
-        return scheduler.schedule(num_steady)
+
+    # ---- runs of steps without explicit requests -------------------------------------------
+
+    def run_limit(self) -> int:
+        """How many steps the members can run alone from now, every running request being
+        a member: none of them finishes (the step where one does runs normally) and the
+        blocks they take fit in the free blocks."""
+        if not self._members or len(self._members) != len(self.scheduler.running):
+            return 0
+        g = self._step
+        limit = self._finishes[0][0] - g
+        free = self.scheduler.kv_cache_manager.block_pool.num_free_blocks
+        block_size, buckets = self.block_size, self._buckets
+        per_cycle = len(self._members)  # every member takes one block per cycle
+        cycles = min(free // per_cycle, max(limit, 0) // block_size)
+        k, used = cycles * block_size, cycles * per_cycle
+        while k < limit:
+            used += len(buckets[(g + k) % block_size])
+            if used > free:
+                return k
+            k += 1
+        return limit
+
+    def run(self, num_steps: int) -> list[int]:
+        """Advance `num_steps` steps (at most `run_limit()`) of members alone; returns the
+        free blocks after each step's scheduling. The caller records the steps."""
+        g = self._step
+        queue = self.scheduler.kv_cache_manager.block_pool.free_block_queue
+        free_after = []
+        for k in range(num_steps):
+            self._advance(g + k)
+            free_after.append(queue.num_free_blocks)
+        return free_after
+
+    def decode_kv_tokens(self) -> int:
+        """Σ (c + 1) over the members before the next step: the KV its decodes read."""
+        return self._kv_base + len(self._members) * self._step
 
     def add_to_features(self, features: BatchFeatures) -> BatchFeatures:
         """The step's features with the members' decodes added (call before `finish_due`)."""
@@ -114,7 +160,7 @@ class SteadyDecodes:
             num_prefill_seqs=features.num_prefill_seqs,
             prefill_attention_pairs=features.prefill_attention_pairs,
             prefill_kv_tokens=features.prefill_kv_tokens,
-            decode_kv_tokens=features.decode_kv_tokens + self._kv_base + n * self._step,
+            decode_kv_tokens=features.decode_kv_tokens + self.decode_kv_tokens(),
         )
 
     def finish_due(self) -> list[Request]:
