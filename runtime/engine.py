@@ -25,6 +25,7 @@ from runtime.outputs import SchedulerOutput
 from runtime.recorder import Recorder
 from runtime.request import Request
 from runtime.scheduler import Scheduler
+from runtime.steady import SteadyDecodes, Upcoming
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,12 +39,26 @@ class ScheduledStep:
 
 
 class EngineCore:
-    """Owns the scheduler and the recorder; the driver owns time and execution."""
+    """Owns the scheduler and the recorder; the driver owns time and execution.
 
-    def __init__(self, scheduler: Scheduler, recorder: Recorder | None = None) -> None:
+    With `upcoming` (a simulator, which knows every request's tokens in advance), running
+    decodes are advanced implicitly (`runtime.steady`): a step's `output` then lists only
+    the other requests, and its `features` count all of them. Records are the same.
+    """
+
+    def __init__(self, scheduler: Scheduler, recorder: Recorder | None = None,
+                 upcoming: Upcoming | None = None) -> None:
         self.scheduler = scheduler
         self.recorder = recorder if recorder is not None else Recorder()
         self._inbox: list[Request] = []
+        self.steady = (SteadyDecodes(scheduler, self.recorder, upcoming)
+                       if upcoming is not None else None)
+
+    def sync(self) -> None:
+        """Materialise the steady decodes: every request's state as if stepped one by one
+        (call before reading running requests from outside)."""
+        if self.steady is not None:
+            self.steady.leave_all()
 
     def submit(self, request: Request, now: float) -> None:
         """A tokenized request handed over by the API server at `now`."""
@@ -67,12 +82,18 @@ class EngineCore:
                 scheduler.release([request.request_id])
         if not scheduler.has_unfinished_requests():
             return None
-        output = scheduler.schedule()
+        steady = self.steady
+        output = steady.schedule() if steady is not None else None
+        if output is None:
+            self.sync()
+            output = scheduler.schedule()
         requests = scheduler.requests
         admitted = [requests[new.req_id] for new in output.scheduled_new_reqs]
         preempted = [requests[req_id] for req_id in output.preempted_req_ids]
         self.recorder.step_started(now, admitted, preempted)
         features, kinds = describe_batch(output, requests)
+        if steady is not None:
+            features = steady.add_to_features(features)
         return ScheduledStep(output, features, kinds, now)
 
     def end_step(self, step: ScheduledStep, sampled: Mapping[str, Sequence[int]],
@@ -80,7 +101,11 @@ class EngineCore:
         """`update_from_output()` with the sampled tokens; record the step. Returns the
         requests that finished (already recorded and released from the scheduler)."""
         scheduler = self.scheduler
-        finished = scheduler.update_from_output(step.output, sampled)
+        steady = self.steady
+        finished = steady.finish_due() if steady is not None else []
+        if finished:  # steady decodes run first: they finish (and free) first
+            scheduler.finish_decoded(finished)
+        finished += scheduler.update_from_output(step.output, sampled)
         output = step.output
         self.recorder.step_finished(
             end, duration_s, step.features, step.kinds,
@@ -91,6 +116,8 @@ class EngineCore:
         )
         if finished:
             scheduler.release([request.request_id for request in finished])
+        if steady is not None:
+            steady.join()
         return finished
 
     def fast_forward(
@@ -116,32 +143,43 @@ class EngineCore:
         than are run).
         """
         scheduler = self.scheduler
-        if self._inbox or clock >= horizon:
+        if self._inbox or clock >= horizon or not plain_decode_wait_reason(scheduler)[0]:
             return None
-        limit = decode_run_limit(scheduler)  # 0 unless every running request decodes
+        steady = self.steady if self.steady is not None and len(self.steady) else None
+        running = scheduler.running
+        if steady is not None:  # only when every running request is a steady decode
+            limit = steady.run_limit()
+            kv_tokens = steady.decode_kv_tokens()
+        else:  # 0 unless every running request decodes
+            limit = decode_run_limit(scheduler)
+            kv_tokens = sum(r.num_computed_tokens + 1 for r in running)
         if limit <= 0:
             return None
-        running = scheduler.running
         num_running = len(running)
-        kv_tokens = sum(r.num_computed_tokens + 1 for r in running)
         if run_times is None:
             ends, durations = self._decode_times(clock, horizon, step_time, limit,
                                                  num_running, kv_tokens)
         else:
             ends, durations = _bulk_decode_times(clock, horizon, run_times, limit,
                                                  num_running, kv_tokens)
-        tokens = {r.request_id: upcoming(r, len(ends)) for r in running}
-        num_steps = steps_before_token_stop(scheduler, tokens, len(ends))
-        if num_steps == 0:
-            return None
-        del ends[num_steps:], durations[num_steps:]
-        free_after = run_decode_steps(scheduler, num_steps, tokens)
+        if steady is not None:  # no EOS or stop token can end a steady decode
+            free_after = steady.run(len(ends))
+            explicit: list[str] = []
+        else:
+            tokens = {r.request_id: upcoming(r, len(ends)) for r in running}
+            num_steps = steps_before_token_stop(scheduler, tokens, len(ends))
+            if num_steps == 0:
+                return None
+            del ends[num_steps:], durations[num_steps:]
+            free_after = run_decode_steps(scheduler, num_steps, tokens)
+            explicit = [r.request_id for r in scheduler.running]
         usable = scheduler.cache_config.num_usable_blocks
         _, reason = plain_decode_wait_reason(scheduler)
         self.recorder.decode_steps(
-            ends, durations, num_running, kv_tokens,
-            [r.request_id for r in scheduler.running],
+            ends, durations, num_running, kv_tokens, explicit,
             [1.0 - free / usable for free in free_after], len(scheduler.waiting), reason)
+        if self.steady is not None:
+            self.steady.join()
         return ends[-1]
 
     @staticmethod

@@ -67,6 +67,11 @@ class Recorder:
         # Requests taken in after their step's interval began (the host gap between steps):
         # the part of the interval before they were handed over is not theirs.
         self._credits: list[tuple[_Live, float]] = []
+        # Steady decodes (`runtime.steady`): request id -> the first step whose end is not
+        # yet in its token times. Such a request is scheduled as a decode in every step from
+        # then on, so its open decode run goes on and each step's end is one of its tokens;
+        # both are written into its record only when it leaves (`steady_leave`).
+        self._steady_since: dict[str, int] = {}
 
     @property
     def steps(self) -> list[StepRecord]:
@@ -215,6 +220,9 @@ class Recorder:
             self._queue_totals[WAIT_REASONS.index(wait_reason)] += span
         self._settle_credits(wait_reason)
         for request in finished:
+            if request.request_id in self._steady_since:  # it decoded in this step too
+                self.steady_leave(request.request_id)
+                self.live[request.request_id].record.token_times_s.append(end)
             self._finish(request, end)
         self._last_end = end if (num_running or num_waiting) else None
         self._last_reason = wait_reason
@@ -238,6 +246,29 @@ class Recorder:
                 _add(live.record, QUEUE_COLUMNS[wait_reason], -credit)
         self._credits.clear()
 
+    # ---- steady decodes ------------------------------------------------------------------
+
+    def decoded_in_last_step(self, request_id: str) -> bool:
+        """The request's open run is a decode run that the last step extended."""
+        live = self.live[request_id]
+        return live.kind == "decode" and live.run_end == self._span_total
+
+    def steady_enter(self, request_id: str) -> None:
+        """From the next step on, `request_id` decodes in every step until it leaves: its
+        decode run and token times are kept implicitly. It must have decoded in the last
+        step (its open run is a decode run ending now)."""
+        live = self.live[request_id]
+        assert live.kind == "decode" and live.run_end == self._span_total, request_id
+        self._steady_since[request_id] = self.num_steps
+
+    def steady_leave(self, request_id: str) -> None:
+        """Write the steps since `steady_enter` into the request's record, as stepping would
+        have: their ends are its token times, and its decode run extends to now."""
+        live = self.live[request_id]
+        since = self._steady_since.pop(request_id)
+        live.record.token_times_s.extend(self.step_columns["end_s"][since:])
+        live.run_end = self._span_total
+
     # ---- fast-forwarded decode runs ------------------------------------------------------
 
     def decode_steps(self, ends: list[float], durations: list[float], num_seqs: int,
@@ -247,7 +278,8 @@ class Recorder:
         """Record a run of plain decode steps (`runtime.decode_run`) in which every running
         request decodes: the same float operations, in the same order, as stepping. Step k
         of the run decodes `num_seqs` sequences reading `decode_kv_tokens + k * num_seqs`
-        KV tokens."""
+        KV tokens. `request_ids` are the running requests that are not steady decodes
+        (those need nothing: their decode run and token times are implicit)."""
         assert self._last_end is not None, "a decode run follows a busy step"
         starts = [self._last_end, *ends[:-1]]
         spans = [end - start for start, end in zip(starts, ends, strict=True)]
@@ -270,7 +302,7 @@ class Recorder:
         columns: tuple[Sequence[object], ...] = (
             range(self.num_steps, self.num_steps + count), starts, ends, durations,
             zeros, seqs, seqs, zeros, zeros, zeros, decode_kv, decode_kv, kv_usages,
-            [len(request_ids)] * count, [num_waiting] * count, zeros, zeros,
+            seqs, [num_waiting] * count, zeros, zeros,  # every running request decodes
             [None if wait_reason is None else wait_reason.value] * count,
         )
         for column, values in zip(self._columns, columns, strict=True):

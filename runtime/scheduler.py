@@ -192,14 +192,21 @@ class Scheduler:
 
     # ---- schedule ----------------------------------------------------------------------------
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, num_steady: int = 0) -> SchedulerOutput:
         """Choose this step's tokens per request and allocate their KV slots.
 
         `num_computed_tokens` of every scheduled request is advanced now, before execution.
+
+        `num_steady` > 0 (simulator only, `runtime.steady`): the first `num_steady` running
+        requests are steady decodes whose token, block and registration for this step the
+        caller has already handled; they only take their share of the budget and are left
+        out of the output, which is then partial. The caller has checked that nothing will
+        be preempted (`running_block_demand`).
         """
         cfg = self.scheduler_config
-        step = _Step(cfg.max_num_batched_tokens, self._long_prefill_cap())
-        self._schedule_running(step)
+        step = _Step(cfg.max_num_batched_tokens - num_steady, self._long_prefill_cap())
+        self._schedule_running(step, num_steady)
+        assert not (num_steady and step.preempted_req_ids), "a steady step preempted"
         if step.preempted_req_ids:
             wait_reason = WaitReason.PREEMPTED_THIS_STEP if self.waiting else None
         else:
@@ -218,15 +225,16 @@ class Scheduler:
             cap = max(cap, cfg.max_num_batched_tokens // num_requests)
         return cap
 
-    def _schedule_running(self, step: _Step) -> None:
-        """Phase 1: running requests in admission order, preempting when KV runs out."""
-        if self._schedule_decodes(step):
+    def _schedule_running(self, step: _Step, start: int = 0) -> None:
+        """Phase 1: running requests from index `start` on, in admission order, preempting
+        when KV runs out."""
+        if self._schedule_decodes(step, start):
             return
         running = self.running
         allocate = self.kv_cache_manager.allocate_slots
         cap = step.long_prefill_cap
         max_model_len = self.max_model_len
-        i = 0
+        i = start
         while i < len(running) and step.token_budget > 0:
             request = running[i]
             computed = request.num_computed_tokens
@@ -247,12 +255,12 @@ class Scheduler:
             step.schedule_running(request, num_new, new_blocks)
             i += 1
 
-    def _schedule_decodes(self, step: _Step) -> bool:
-        """Phase 1 for the common step in which every running request decodes (one token
-        left to compute, room for it under max_model_len, within the budget): the general
-        loop's decisions, made in bulk. False, with nothing done, when that is not the
-        case or the KV blocks run out (the general loop then preempts)."""
-        running = self.running
+    def _schedule_decodes(self, step: _Step, start: int = 0) -> bool:
+        """Phase 1 for the common step in which every running request (from index `start`)
+        decodes (one token left to compute, room for it under max_model_len, within the
+        budget): the general loop's decisions, made in bulk. False, with nothing done, when
+        that is not the case or the KV blocks run out (the general loop then preempts)."""
+        running = self.running[start:] if start else self.running
         if not running or len(running) > step.token_budget:
             return False
         last_slot = self.max_model_len - 2  # the general loop's `max_model_len - c - 1 >= 1`
@@ -264,6 +272,29 @@ class Scheduler:
             return False
         step.add_decodes(running, new_blocks)
         return True
+
+    def running_block_demand(self, start: int, token_budget: int) -> int:
+        """The KV blocks that `running[start:]` take in the next step, given `token_budget`
+        tokens left for them, if nothing is preempted: phase 1's token choices (which
+        depend on the budget and each request alone), without allocating."""
+        kv = self.kv_cache_manager
+        block_size, max_model_len = self.block_size, self.max_model_len
+        cap = self._long_prefill_cap()
+        total = 0
+        for request in self.running[start:]:
+            if token_budget <= 0:
+                break
+            computed = request.num_computed_tokens
+            num_new = request.num_tokens - computed
+            if 0 < cap < num_new:
+                num_new = cap
+            num_new = min(num_new, token_budget, max_model_len - computed - 1)
+            if num_new > 0:
+                token_budget -= num_new
+                num_slots = min(computed + num_new, max_model_len)
+                held = len(kv.req_to_blocks.get(request.request_id, ()))
+                total += max(cdiv(num_slots, block_size) - held, 0)
+        return total
 
     def _preempt_until_fits(
         self, request: Request, num_new: int, step: _Step, i: int
@@ -413,11 +444,23 @@ class Scheduler:
             elif self._append_tokens(request, tokens):
                 finished.append(request)
         if finished:
-            done = {request.request_id for request in finished}
-            self.running = [r for r in self.running if r.request_id not in done]
+            for request in finished:  # C-level removals: a step finishes few requests
+                self.running.remove(request)
             for request in finished:
                 self._free(request)
         return finished
+
+    def finish_decoded(self, requests: Sequence[Request]) -> None:
+        """Finish requests whose last appended token reached a stop outside
+        `update_from_output` (steady decodes, `runtime.steady`), as it would: status from
+        the stop check, out of `running`, then freed, in the given order."""
+        for request in requests:
+            status = self._check_stop(request, request.all_token_ids[-1])
+            assert status is not None, request
+            request.status = status
+            self.running.remove(request)
+        for request in requests:
+            self._free(request)
 
     def _append_tokens(self, request: Request, tokens: Sequence[int]) -> bool:
         """Append tokens one at a time; on the first stop drop the rest. True if stopped."""

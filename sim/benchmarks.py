@@ -83,6 +83,52 @@ def bench_decode(num_running: int, num_steps: int, seed: int) -> dict[str, float
     }
 
 
+def bench_steady_decode(num_running: int, num_steps: int, seed: int) -> dict[str, float]:
+    """`bench_decode`'s steady decodes through the engine core with steady decodes on
+    (`runtime.steady`, as the simulator runs them): a step's schedule, update and records
+    (`begin_step` + `end_step`) cost what changes in it, not the number running."""
+    from array import array
+
+    from runtime import EngineCore
+
+    rng = random.Random(seed)
+    max_len = 300 + num_steps + 64
+    tokens = array("q", [EOS_FREE_TOKEN]) * (num_steps + 64)
+
+    def upcoming(request: Request, count: int) -> array[int]:
+        return tokens[:count]
+
+    core = EngineCore(Scheduler(
+        SchedulerConfig(max_num_batched_tokens=max(8192, num_running),
+                        max_num_seqs=num_running, max_model_len=max_len),
+        CacheConfig(block_size=16, num_blocks=num_running * (max_len // 16 + 2) + 1,
+                    enable_prefix_caching=True),
+    ), upcoming=upcoming)
+    for i in range(num_running):
+        request = Request(f"r{i}", _prompt(rng, rng.randint(100, 300)),
+                          SamplingParams(max_tokens=num_steps + 64, ignore_eos=True))
+        core.recorder.arrived(request.request_id, 0.0, request.num_prompt_tokens,
+                              request.max_tokens)
+        core.submit(request, 0.0)
+    now, wall, cpu = 0.0, [], []
+    for k in range(num_steps + 40):
+        c0, t0 = time.thread_time(), time.perf_counter()
+        step = core.begin_step(now)
+        assert step is not None
+        requests = core.scheduler.requests
+        sampled = {req_id: [EOS_FREE_TOKEN] for req_id in step.output.num_scheduled_tokens
+                   if requests[req_id].num_computed_tokens >= requests[req_id].num_tokens}
+        core.end_step(step, sampled, now + 0.01, 0.01)
+        t1, c1 = time.perf_counter(), time.thread_time()
+        now += 0.01
+        if k >= 40:  # prefill and the first decodes (joining) not measured
+            wall.append(t1 - t0)
+            cpu.append(c1 - c0)
+    wall_us, cpu_us = statistics.median(wall) * 1e6, statistics.median(cpu) * 1e6
+    return {"num_running": num_running, "steps": num_steps,
+            "us_per_step_median": round(wall_us, 2), "cpu_us_per_step_median": round(cpu_us, 2)}
+
+
 def bench_mixed(num_requests: int, seed: int) -> dict[str, float]:
     """Chunked prefill mixed with decodes: a request arrives every other step (prompts
     200-2000 tokens, outputs 20-200), budget 2048 tokens, 256 sequences at most."""
@@ -123,6 +169,7 @@ def bench_scheduler(seed: int = 0, quick: bool = False) -> dict[str, object]:
     running decodes."""
     decode_steps = 50 if quick else 400
     decode = [bench_decode(n, decode_steps, seed) for n in (64, 256, 1024)]
+    steady = [bench_steady_decode(n, decode_steps, seed) for n in (64, 1024)]
     mixed = bench_mixed(100 if quick else 1000, seed)
     at_256 = next(d for d in decode if d["num_running"] == 256)
     best_256 = min(at_256["us_per_request_step"], at_256["cpu_us_per_request_step"])
@@ -132,6 +179,15 @@ def bench_scheduler(seed: int = 0, quick: bool = False) -> dict[str, object]:
         "machine": platform.machine(),
         "seed": seed,
         "decode": decode,
+        # Engine-core steps (schedule, update, records) with steady decodes on, as the
+        # simulator runs them; the ratio 1024/64 running (issue 16: at most 2).
+        "steady_decode": steady,
+        "steady_cpu_ratio_1024_vs_64": round(
+            steady[1]["cpu_us_per_step_median"] / max(steady[0]["cpu_us_per_step_median"],
+                                                      1e-9), 2),
+        "plain_cpu_ratio_1024_vs_64": round(
+            decode[2]["cpu_us_per_step_median"] / max(decode[0]["cpu_us_per_step_median"],
+                                                      1e-9), 2),
         "mixed_chunked_prefill": mixed,
         "goal_us_per_request_step_at_256": 2.0,
         "us_per_request_step_at_256": at_256["us_per_request_step"],

@@ -89,9 +89,11 @@ class _Simulation:
         self.progress = progress
         self.done = 0  # finished requests, for the progress callback
         self.env = simpy.Environment()
-        self.core = EngineCore(Scheduler(config.scheduler, config.cache))
         # request id -> its trace output tokens (8 bytes per token)
         self.outputs: dict[str, array[int]] = {}
+        # With fast-forward, running decodes advance implicitly (`runtime.steady`).
+        self.core = EngineCore(Scheduler(config.scheduler, config.cache),
+                               upcoming=self.upcoming if config.fast_forward else None)
         self.wake = self.env.event()
         # Durations of a decode run in bulk; with step noise each step is timed on its own.
         self.run_times = decode_run_timer(cost_model) if config.step_noise is None else None
@@ -154,13 +156,13 @@ class _Simulation:
                 yield env.timeout(end - env.now)
             clock = end
 
+    def upcoming(self, request: Request, count: int) -> array[int]:
+        """The request's next `count` trace output tokens."""
+        start = request.num_output_tokens
+        return self.outputs[request.request_id][start : start + count]
+
     def fast_forward(self, clock: float) -> float | None:
-        outputs = self.outputs
-
-        def upcoming(request: Request, count: int) -> array[int]:
-            start = request.num_output_tokens
-            return outputs[request.request_id][start : start + count]
-
+        upcoming = self.upcoming
         cost = self.cost_model.step_time
 
         def timed(features: BatchFeatures, start_s: float) -> float:
@@ -175,6 +177,7 @@ class _Simulation:
         end = self.core.fast_forward(clock, self.next_handover, timed, upcoming,
                                      self.run_times)
         if end is not None and self.config.check_invariants:
+            self.core.sync()
             self.core.scheduler.check_invariants()
         return end
 
@@ -198,6 +201,7 @@ class _Simulation:
         for request in finished:
             del self.outputs[request.request_id]
         if self.config.check_invariants:
+            core.sync()
             core.scheduler.check_invariants()
         if self.progress is not None and finished:
             self.done += len(finished)

@@ -1,0 +1,253 @@
+"""Steady decodes: running requests advanced implicitly, so a step costs what changes in it.
+
+A *steady decode* is a running request that decodes one token in every step until its length
+stop, with tokens the driver knows in advance (no EOS or stop token can end it early: the
+simulator's requests run with `ignore_eos`). In a step where the steady decodes fit in the
+token budget and no allocation can fail, each of them only
+
+    takes a new KV block    when its computed tokens c reach a block boundary (c % B == 0)
+    registers a full block  when its scheduled token fills one ((c + 1) % B == 0)
+    finishes                when its appended token reaches its stop length
+
+(B = block_size). So instead of visiting every running request every step, `SteadyDecodes`
+keeps their progress implicit: before step g a member has c = c_minus_g + g computed tokens
+and c + 1 tokens. Members sit in B buckets by -c_minus_g mod B (bucket g mod B takes a block
+in step g, bucket (g + 1) mod B fills one) and a heap holds their finish steps. Work per step
+is O(blocks taken and filled + requests finishing), not O(running requests).
+
+Order invariant: the members are exactly the first `len(self)` requests of
+`scheduler.running`, in the order they joined. Running order is the order of block pops,
+registrations and frees, so the members' events in a step are handled in join order, before
+the explicit requests behind them (which `Scheduler.schedule(num_steady)` schedules as usual).
+A request joins only at the end of that prefix, after a step in which it decoded.
+
+A member is *materialised* (computed tokens, appended tokens and their block hashes) when it
+fills a block, finishes or leaves; the recorder writes its token times and decode run when it
+leaves or finishes. Scheduler, pool and records are then identical to stepping one by one
+(tested on random traces against plain `Scheduler.schedule()`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from runtime.batch import BatchFeatures
+from runtime.block_pool import KVCacheBlock
+from runtime.kv_cache_manager import cdiv
+from runtime.outputs import SchedulerOutput
+from runtime.recorder import Recorder
+from runtime.request import Request, RequestStatus
+from runtime.scheduler import Scheduler
+
+Upcoming = Callable[[Request, int], Sequence[int]]
+"""`upcoming(request, n)`: the request's next n sampled tokens (after its current ones)."""
+
+
+@dataclass(slots=True, eq=False)
+class _Member:
+    request: Request
+    table: list[KVCacheBlock]  # its block table (the KV manager's list, shared)
+    c_minus_g: int  # computed tokens before step g = c_minus_g + g
+    finish_step: int  # the step whose appended token stops it
+    seq: int  # join order = running order among members
+
+
+class SteadyDecodes:
+    """The steady decodes of one engine core (see the module docstring)."""
+
+    def __init__(self, scheduler: Scheduler, recorder: Recorder, upcoming: Upcoming) -> None:
+        self.scheduler = scheduler
+        self.recorder = recorder
+        self.upcoming = upcoming
+        self.block_size = scheduler.block_size
+        self._members: dict[str, _Member] = {}
+        self._buckets: list[list[_Member]] = [[] for _ in range(self.block_size)]
+        self._finishes: list[tuple[int, int, _Member]] = []  # (finish step, seq, member)
+        self._kv_base = 0  # Σ (c_minus_g + 1): decode KV tokens before step g = this + n·g
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    @property
+    def _step(self) -> int:
+        """Index of the next step to run (the recorder's step count)."""
+        return self.recorder.num_steps
+
+    # ---- one step --------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput | None:
+        """Schedule the next step with the members advanced implicitly: their blocks taken
+        and filled, then `Scheduler.schedule(len(self))` for the rest. None, with nothing
+        done, when the step is not steady (the members exceed the budget, or the blocks
+        the step may take exceed the free ones: a preemption is possible)."""
+        scheduler = self.scheduler
+        num_steady = len(self._members)
+        if not num_steady or num_steady > scheduler.scheduler_config.max_num_batched_tokens:
+            return None
+        kv = scheduler.kv_cache_manager
+        pool = kv.block_pool
+        g = self._step
+        takers = self._buckets[g % self.block_size]
+        budget_left = scheduler.scheduler_config.max_num_batched_tokens - num_steady
+        demand = len(takers) + scheduler.running_block_demand(num_steady, budget_left)
+        if demand > pool.num_free_blocks:
+            return None
+        self._advance(g)
+        return scheduler.schedule(num_steady)
+
+    def _advance(self, g: int) -> None:
+        """The members' scheduling in step g: blocks taken, then blocks filled, each in
+        running order (a pop and a registration commute: registrations touch blocks in
+        use, evictions free ones)."""
+        kv = self.scheduler.kv_cache_manager
+        get_new_block = kv.block_pool.get_new_block
+        for member in self._buckets[g % self.block_size]:
+            member.table.append(get_new_block())
+        if kv.enable_caching:
+            for member in self._buckets[(g + 1) % self.block_size]:
+                self._materialise(member, g)
+                kv.cache_full_blocks(member.request, member.table, member.request.num_tokens)
+
+    # ---- runs of steps without explicit requests -------------------------------------------
+
+    def run_limit(self) -> int:
+        """How many steps the members can run alone from now, every running request being
+        a member: none of them finishes (the step where one does runs normally) and the
+        blocks they take fit in the free blocks."""
+        if not self._members or len(self._members) != len(self.scheduler.running):
+            return 0
+        g = self._step
+        limit = self._finishes[0][0] - g
+        free = self.scheduler.kv_cache_manager.block_pool.num_free_blocks
+        block_size, buckets = self.block_size, self._buckets
+        per_cycle = len(self._members)  # every member takes one block per cycle
+        cycles = min(free // per_cycle, max(limit, 0) // block_size)
+        k, used = cycles * block_size, cycles * per_cycle
+        while k < limit:
+            used += len(buckets[(g + k) % block_size])
+            if used > free:
+                return k
+            k += 1
+        return limit
+
+    def run(self, num_steps: int) -> list[int]:
+        """Advance `num_steps` steps (at most `run_limit()`) of members alone; returns the
+        free blocks after each step's scheduling. The caller records the steps."""
+        g = self._step
+        queue = self.scheduler.kv_cache_manager.block_pool.free_block_queue
+        free_after = []
+        for k in range(num_steps):
+            self._advance(g + k)
+            free_after.append(queue.num_free_blocks)
+        return free_after
+
+    def decode_kv_tokens(self) -> int:
+        """Σ (c + 1) over the members before the next step: the KV its decodes read."""
+        return self._kv_base + len(self._members) * self._step
+
+    def add_to_features(self, features: BatchFeatures) -> BatchFeatures:
+        """The step's features with the members' decodes added (call before `finish_due`)."""
+        n = len(self._members)
+        if not n:
+            return features
+        return BatchFeatures(
+            num_prefill_tokens=features.num_prefill_tokens,
+            num_decode_tokens=features.num_decode_tokens + n,
+            num_seqs=features.num_seqs + n,
+            num_prefill_seqs=features.num_prefill_seqs,
+            prefill_attention_pairs=features.prefill_attention_pairs,
+            prefill_kv_tokens=features.prefill_kv_tokens,
+            decode_kv_tokens=features.decode_kv_tokens + self.decode_kv_tokens(),
+        )
+
+    def finish_due(self) -> list[Request]:
+        """The members whose token of the step being run stops them, in running order:
+        materialised through the step and no longer members. The caller finishes them
+        (`Scheduler.finish_decoded`) before the step's other requests."""
+        g = self._step
+        finishes = self._finishes
+        done = []
+        while finishes and finishes[0][0] == g:
+            member = heapq.heappop(finishes)[2]
+            self._remove(member)
+            self._materialise(member, g + 1)
+            done.append(member.request)
+        assert not finishes or finishes[0][0] > g, "a steady decode missed its finish"
+        return done
+
+    # ---- joining and leaving ---------------------------------------------------------------
+
+    def join(self) -> None:
+        """After a step: the running requests right behind the members that decoded in it
+        and can go on doing so become members, in running order."""
+        running = self.scheduler.running
+        while len(self._members) < len(running):
+            request = running[len(self._members)]
+            if not self._can_join(request):
+                return
+            self._add(request)
+
+    def _can_join(self, request: Request) -> bool:
+        computed = request.num_computed_tokens
+        scheduler = self.scheduler
+        kv = scheduler.kv_cache_manager
+        table = kv.req_to_blocks.get(request.request_id)
+        return (request.status == RequestStatus.RUNNING
+                and request.num_tokens - computed == 1
+                and request.num_tokens > request.num_prompt_tokens
+                and request.eos_token_id is None and not request.stop_token_ids
+                and table is not None and len(table) == cdiv(computed, self.block_size)
+                and (not kv.enable_caching
+                     or kv.num_cached_block.get(request.request_id, 0)
+                     == computed // self.block_size)
+                and self.recorder.decoded_in_last_step(request.request_id))
+
+    def _add(self, request: Request) -> None:
+        g = self._step
+        c_minus_g = request.num_computed_tokens - g
+        # Its appended token reaches stop_length when c + 2 = stop_length, c = c_minus_g + g.
+        finish_step = request.stop_length - 2 - c_minus_g
+        member = _Member(request, self.scheduler.kv_cache_manager.req_to_blocks[
+            request.request_id], c_minus_g, finish_step, self._seq)
+        self._seq += 1
+        self._members[request.request_id] = member
+        self._buckets[-c_minus_g % self.block_size].append(member)
+        heapq.heappush(self._finishes, (finish_step, member.seq, member))
+        self._kv_base += c_minus_g + 1
+        self.recorder.steady_enter(request.request_id)
+
+    def _remove(self, member: _Member) -> None:
+        del self._members[member.request.request_id]
+        self._buckets[-member.c_minus_g % self.block_size].remove(member)
+        self._kv_base -= member.c_minus_g + 1
+
+    def leave_all(self) -> None:
+        """Materialise every member and make it explicit again (before a step the members
+        cannot take part in implicitly, or before anything reads their state)."""
+        if not self._members:
+            return
+        g = self._step
+        for member in self._members.values():
+            self._materialise(member, g)
+            self.recorder.steady_leave(member.request.request_id)
+        self._members.clear()
+        for bucket in self._buckets:
+            bucket.clear()
+        self._finishes.clear()
+        self._kv_base = 0
+
+    def next_finish_step(self) -> int | None:
+        return self._finishes[0][0] if self._finishes else None
+
+    def _materialise(self, member: _Member, g: int) -> None:
+        """Bring the member's request to its state before step g: c = c_minus_g + g
+        computed tokens, c + 1 tokens (the missing ones appended, their blocks hashed)."""
+        request = member.request
+        computed = member.c_minus_g + g
+        missing = computed + 1 - request.num_tokens
+        if missing > 0:
+            request.extend_output_tokens(self.upcoming(request, missing))
+        request.num_computed_tokens = computed

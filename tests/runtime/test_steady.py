@@ -1,0 +1,116 @@
+"""Steady decodes (`runtime.steady`) give exactly the records and the scheduler state of
+stepping one by one with plain `Scheduler.schedule()`: random traces with shared prefixes
+(hits within a step), preemption, priorities, aborts, chunking caps and budgets that bind."""
+
+from __future__ import annotations
+
+import random
+from array import array
+
+import pytest
+
+from runtime import CacheConfig, EngineCore, Request, SamplingParams, Scheduler, SchedulerConfig
+from runtime.request import RequestStatus
+
+Arrival = tuple[float, str, list[int], int, int]  # (time, id, prompt, output_len, priority)
+
+
+def _trace(rng: random.Random, num: int, block_size: int) -> list[Arrival]:
+    prefixes = [[rng.randrange(10, 500) for _ in range(rng.randint(1, 5) * block_size)]
+                for _ in range(3)]
+    t, trace = 0.0, []
+    for i in range(num):
+        t += rng.choice((0.0, 0.0, rng.expovariate(40.0)))  # bursts: several in one step
+        prefix = rng.choice(prefixes) if rng.random() < 0.6 else []
+        prompt = prefix + [rng.randrange(10, 500) for _ in range(rng.randint(1, 60))]
+        trace.append((t, f"r{i}", prompt, rng.randint(1, 40), rng.randint(0, 3)))
+    return trace
+
+
+def _drive(trace: list[Arrival], scheduler_config: SchedulerConfig,
+           cache_config: CacheConfig, steady: bool, abort_every: int) -> EngineCore:
+    outputs = {req_id: array("q", (1000 + (7 * j + len(req_id)) % 500 for j in range(n)))
+               for _, req_id, _, n, _ in trace}
+
+    def upcoming(request: Request, count: int) -> array[int]:
+        start = request.num_output_tokens
+        return outputs[request.request_id][start : start + count]
+
+    core = EngineCore(Scheduler(scheduler_config, cache_config),
+                      upcoming=upcoming if steady else None)
+    scheduler, recorder = core.scheduler, core.recorder
+    pending = list(trace)
+    now, k = 0.0, 0
+    while pending or core.has_work():
+        while pending and pending[0][0] <= now:
+            arrival, req_id, prompt, output_len, priority = pending.pop(0)
+            recorder.arrived(req_id, arrival, len(prompt), output_len)
+            core.submit(Request(req_id, prompt, SamplingParams(output_len, ignore_eos=True),
+                                arrival_time=arrival, priority=priority), now)
+        k += 1
+        if abort_every and k % abort_every == 0 and scheduler.running:
+            core.sync()  # an abort reads and frees a running request
+            victim = scheduler.running[len(scheduler.running) // 2]
+            scheduler.finish_requests(victim.request_id, RequestStatus.FINISHED_ABORTED)
+            recorder.aborted(victim, now)
+            scheduler.release([victim.request_id])
+        step = core.begin_step(now)
+        if step is None:
+            now = pending[0][0] if pending else now
+            continue
+        requests = scheduler.requests
+        sampled = {req_id: [outputs[req_id][requests[req_id].num_output_tokens]]
+                   for req_id in step.output.num_scheduled_tokens
+                   if requests[req_id].num_computed_tokens >= requests[req_id].num_tokens}
+        duration = 1e-3 + 1e-6 * step.features.num_tokens + 1e-8 * step.features.kv_tokens_read
+        core.end_step(step, sampled, now + duration, duration)
+        now += duration
+    core.sync()
+    return core
+
+
+CASES = [  # (max_num_batched_tokens, max_num_seqs, num_blocks, policy, long_prefill, abort)
+    (512, 16, 400, "fcfs", 0, 0),  # ample KV
+    (64, 16, 400, "fcfs", 0, 0),  # the budget binds (decodes and chunks)
+    (256, 12, 40, "fcfs", 0, 0),  # preemption
+    (256, 12, 45, "priority", 0, 0),  # priority preemption
+    (128, 8, 60, "fcfs", 24, 0),  # per-request chunk cap: chunks beside later admissions
+    (256, 12, 50, "fcfs", 0, 7),  # aborts
+    (20, 16, 120, "priority", 8, 5),  # all of it
+]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("case", CASES)
+def test_steady_decodes_equal_stepping_one_by_one(
+        case: tuple[int, int, int, str, int, int], seed: int) -> None:
+    budget, max_seqs, num_blocks, policy, long_prefill, abort_every = case
+    block_size = (4, 16, 1)[seed % 3]
+    trace = _trace(random.Random(seed), 60, block_size)
+    scheduler_config = SchedulerConfig(
+        max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=1024,
+        policy=policy, long_prefill_token_threshold=long_prefill)  # type: ignore[arg-type]
+    cache_config = CacheConfig(block_size=block_size,
+                               num_blocks=num_blocks * (16 // block_size + 1) // 2)
+    slow, fast = (_drive(trace, scheduler_config, cache_config, steady, abort_every)
+                  for steady in (False, True))
+    assert fast.steady is not None and slow.steady is None
+    assert fast.recorder.step_columns == slow.recorder.step_columns
+    rows = [[r.to_row() for r in core.recorder.finished] for core in (slow, fast)]
+    assert rows[0] == rows[1]
+    pools = [core.scheduler.kv_cache_manager.block_pool for core in (slow, fast)]
+    assert pools[0].free_block_ids() == pools[1].free_block_ids()
+    assert ({h: list(e) for h, e in pools[0].cached_blocks.items()}
+            == {h: list(e) for h, e in pools[1].cached_blocks.items()})
+    fast.scheduler.check_invariants()
+
+
+def test_steady_decodes_take_over_and_skip_steps() -> None:
+    """The fast path is really taken: nearly every request decodes as a steady decode."""
+    trace = _trace(random.Random(1), 40, 16)
+    config = SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=64, max_model_len=1024)
+    core = _drive(trace, config, CacheConfig(block_size=16, num_blocks=2000), True, 0)
+    assert core.steady is not None
+    steps = core.recorder.step_columns
+    decodes = sum(steps["num_decode_tokens"])  # type: ignore[arg-type]
+    assert decodes > 0 and core.steady._seq >= 35  # joins, of 40 requests
