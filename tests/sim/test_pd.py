@@ -24,7 +24,7 @@ from sim.kv_transfer import GB, KvTransferConfig, KvTransferLink, transfer_bytes
 from sim.model_config import ModelSpec, resolve_model
 from sim.pd import PDDecider, PDFlags, simulate_pd
 from sim.simulator import SimConfig
-from tests.sim.test_fleet import TRACES
+from tests.sim.test_fleet import TRACES, Watched
 from workloads import Trace, TraceRequest
 
 MODEL = resolve_model("llama-3.1-8b")
@@ -256,6 +256,27 @@ def test_pd_runs_finish_every_request_with_parts_summing_to_e2e(
     check_pd_run(trace, result, roles, 0.002)
     split = sum(r.replica != r.prefill_replica for r in result.requests)
     assert 0 < split <= len(trace)
+
+
+def test_each_router_hears_of_its_own_phase() -> None:
+    trace = TRACES["prefix"]
+    roles = ["prefill", "decode", "both"]
+    replicas = [Replica(config(num_blocks=600, check_invariants=False)) for _ in roles]
+    decode = Watched(make_policy("dynamo-kv", seed=2))
+    prefill = Watched(make_policy("power-of-two", seed=2))
+    result = simulate_pd(trace, replicas, roles, decode, prefill,
+                         PDDecider("prefix-threshold", 48))
+    split = {r.request_id for r in result.requests if r.prefill_replica != r.replica}
+    assert 0 < len(split) < len(trace)
+    # the decode router places (and hears the end of) every request, the prefill router
+    # only the disaggregated ones, each to the replica the records name
+    assert sorted(decode.finished) == sorted(decode.routed) == sorted(r.request_id for r in trace)
+    assert sorted(prefill.finished) == sorted(prefill.routed) == sorted(split)
+    for r in result.requests:
+        assert decode.routed[r.request_id][0] == r.replica
+        if r.request_id in split:
+            assert prefill.routed[r.request_id][0] == r.prefill_replica
+    assert not any(decode.local.count.values()) and not any(prefill.local.count.values())
 
 
 @pytest.mark.parametrize("name", ["mooncake", "prefix"])
