@@ -271,15 +271,19 @@ class _Fleet:
         self.done = 0
         self.env = simpy.Environment()
         self.replicas = [_Replica(self, i, setup) for i, setup in enumerate(setups)]
+        self.serving = [True] * len(setups)  # takes new requests (an autoscaler changes it)
         self.next_index = 0  # the first request not yet routed
         # per API cost: suffix minima of arrival + latency + cost(prompt) over the trace
         self._earliest: dict[ApiServerCost, list[float]] = {}
 
     def run(self) -> None:
+        self.start_processes()
+        self.env.run()
+
+    def start_processes(self) -> None:
         self.env.process(self.router())
         for replica in self.replicas:
             self.env.process(replica.engine())
-        self.env.run()
 
     def earliest_handover(self, api: ApiServerCost) -> float:
         """The earliest time a request not yet routed could be handed over to a core whose
@@ -306,8 +310,10 @@ class _Fleet:
         first = self.replicas[0].config
         prompt, output = request_token_arrays(req, first.vocab_size, first.seed)
         snapshots = self.snapshots(now)
+        serving = self.serving
         candidates = [snapshots[r.index] for r in self.replicas
-                      if can_ever_fit(r.config, req.prompt_len)] or list(snapshots)
+                      if serving[r.index] and can_ever_fit(r.config, req.prompt_len)] or [
+                          snapshots[r.index] for r in self.replicas if serving[r.index]]
         routing = RoutingRequest(request_id=req.request_id, now_s=now,
                                  prompt_len=req.prompt_len, token_ids=tuple(prompt),
                                  session_id=req.session_id)
