@@ -33,11 +33,18 @@ PARTS = {
     "decode_s": "Decode execution",
 }
 ROUTING_PART = {"routing_s": "Routing (fleet)"}  # fleet runs: arrival -> a replica's server
+TRANSFER_PART = {"kv_transfer_s": "KV transfer (P/D)"}  # P/D runs: prefill -> decode replica
 
 
 def parts_of(requests: pd.DataFrame) -> dict[str, str]:
-    """The parts a run's requests have: a fleet run's `routing_s` first, then PARTS."""
-    return (ROUTING_PART if "routing_s" in requests.columns else {}) | PARTS
+    """The parts a run's requests have: a fleet run's `routing_s` first, then PARTS, with a
+    P/D run's `kv_transfer_s` after the prefill."""
+    parts = dict(ROUTING_PART) if "routing_s" in requests.columns else {}
+    for column, label in PARTS.items():
+        parts[column] = label
+        if column == "prefill_s" and "kv_transfer_s" in requests.columns:
+            parts |= TRANSFER_PART
+    return parts
 
 
 @dataclass(frozen=True)

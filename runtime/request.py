@@ -94,7 +94,7 @@ class Request:
         "cache_salt", "lora_name", "lora_path", "status", "stop_reason", "num_computed_tokens",
         "num_preemptions", "num_cached_tokens", "block_hashes", "_all_token_ids",
         "_block_hasher", "_hash_block_size", "max_tokens", "num_prompt_tokens", "num_tokens",
-        "eos_token_id", "stop_token_ids", "stop_length",
+        "eos_token_id", "stop_token_ids", "stop_length", "num_external_computed_tokens",
     )
 
     def __init__(
@@ -128,6 +128,11 @@ class Request:
         # Token id for a stop token, or a readable text (e.g. why a request was ignored).
         self.stop_reason: int | str | None = None
         self.num_computed_tokens = 0
+        # Leading tokens whose KV arrives from elsewhere (vLLM's KV connector: a P/D prefill
+        # replica): at its first admission the scheduler allocates blocks for them past the
+        # local prefix hit and counts them computed. Consumed there (a recompute after a
+        # preemption computes them locally).
+        self.num_external_computed_tokens = 0
         self.num_preemptions = 0
         # Prefix-cache hit tokens at the first admission; None until admitted.
         self.num_cached_tokens: int | None = None

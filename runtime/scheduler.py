@@ -357,38 +357,50 @@ class Scheduler:
                 return WaitReason.MAX_NUM_SEQS
             request = self.waiting.peek()
             hit_blocks, num_hit = kv.get_computed_blocks(request)
-            num_new = request.num_tokens - num_hit
+            num_external = self._external_tokens(request, num_hit)
+            num_new = request.num_tokens - num_hit - num_external
             if 0 < step.long_prefill_cap < num_new:
                 num_new = step.long_prefill_cap
             if not cfg.enable_chunked_prefill and num_new > step.token_budget:
                 return WaitReason.TOKEN_BUDGET
             num_new = min(num_new, step.token_budget)
             new_blocks = kv.allocate_slots(
-                request, num_new, num_hit, hit_blocks,
+                request, num_external + num_new, num_hit, hit_blocks,
                 full_sequence_must_fit=cfg.scheduler_reserve_full_isl,
                 has_scheduled_reqs=bool(self.running),
             )
             if new_blocks is None:
                 return WaitReason.KV_CAPACITY
             self.waiting.pop()
-            self._admit(request, num_new, num_hit, step)
+            self._admit(request, num_new, num_hit, step, num_external)
         return None
 
-    def _admit(self, request: Request, num_new: int, num_hit: int, step: _Step) -> None:
+    @staticmethod
+    def _external_tokens(request: Request, num_hit: int) -> int:
+        """Tokens past the local prefix hit whose KV arrived from elsewhere (at most up to
+        the last token, which must run to produce logits)."""
+        external = request.num_external_computed_tokens
+        if not external:
+            return 0
+        return max(min(external, request.num_tokens - 1) - num_hit, 0)
+
+    def _admit(self, request: Request, num_new: int, num_hit: int, step: _Step,
+               num_external: int = 0) -> None:
         resumed = request.status == RequestStatus.PREEMPTED
         if self.cache_config.enable_prefix_caching:
             self.prefix_cache_stats.record(request.num_tokens, num_hit, preempted=resumed)
         if request.num_cached_tokens is None:
             request.num_cached_tokens = num_hit
         request.status = RequestStatus.RUNNING
-        request.num_computed_tokens = num_hit
+        request.num_computed_tokens = num_hit + num_external
+        request.num_external_computed_tokens = 0
         self.running.append(request)
         req_id = request.request_id
         (step.resumed_reqs if resumed else step.new_reqs).append(NewRequestData(
             req_id=req_id,
             prompt_token_ids=request.prompt_token_ids,
             block_ids=self.get_block_ids(req_id),
-            num_computed_tokens=num_hit,
+            num_computed_tokens=num_hit + num_external,
             prefill_token_ids=list(request.all_token_ids) if resumed else None,
         ))
         step.num_scheduled_tokens[req_id] = num_new

@@ -106,23 +106,30 @@ class _Replica:
     # ---- API server ------------------------------------------------------------------------
 
     def hand_over(self, req: TraceRequest, prompt: array[int], output: array[int],
-                  reached_s: float) -> None:
-        """The request reaches this replica's API server at `reached_s` (now or later)."""
-        self.core.recorder.arrived(req.request_id, reached_s, req.prompt_len, req.output_len)
-        handover = max(self.api_free_at, reached_s) + self.config.api_server.time(req.prompt_len)
-        self.api_free_at = handover
+                  reached_s: float, max_tokens: int | None = None) -> None:
+        """The request reaches this replica's API server at `reached_s` (now or later);
+        `max_tokens` defaults to the trace's output length."""
+        max_tokens = req.output_len if max_tokens is None else max_tokens
+        self.core.recorder.arrived(req.request_id, reached_s, req.prompt_len, max_tokens)
+        handover = self.api_handover(reached_s, req.prompt_len)
         self.outputs[req.request_id] = output
-        request = Request(req.request_id, prompt,
-                          SamplingParams(max_tokens=req.output_len, ignore_eos=True),
-                          arrival_time=req.arrival_s, priority=req.priority,
-                          cache_salt=req.cache_salt)
-        self.pending.append((handover, request))
+        self.pending.append((handover, make_request(req, prompt, max_tokens)))
         self.env.timeout(handover - self.env.now).callbacks.append(self._submit_head)
+
+    def api_handover(self, reached_s: float, prompt_len: int) -> float:
+        """When the API server (FIFO) hands a prompt reaching it at `reached_s` to the core."""
+        handover = max(self.api_free_at, reached_s) + self.config.api_server.time(prompt_len)
+        self.api_free_at = handover
+        return handover
 
     def _submit_head(self, _: simpy.Event) -> None:
         """One hand-over is due: the oldest pending request enters the core (FIFO)."""
         handover, request = self.pending.popleft()
-        self.core.submit(request, handover)
+        self.submit(request, handover)
+
+    def submit(self, request: Request, now: float) -> None:
+        """`request` enters the core's input queue at `now` (the current time)."""
+        self.core.submit(request, now)
         self.awaiting_first.add(request.request_id)
         if not self.wake.triggered:
             self.wake.succeed()
@@ -209,19 +216,20 @@ class _Replica:
         return sampled
 
     def report(self, first: list[str]) -> None:
-        """Tell the router about first tokens and finishes it has not heard of yet."""
-        policy = self.fleet.policy
+        """Tell the fleet (and so the router) about first tokens and finishes it has not
+        heard of yet."""
+        fleet = self.fleet
         for req_id in first:
-            policy.on_prefill_done(req_id)
+            fleet.first_token(self, req_id)
         finished = self.core.recorder.finished
         if self.notified == len(finished):
             return
-        for record in finished[self.notified:]:
+        records = finished[self.notified:]
+        for record in records:
             self.outputs.pop(record.request_id, None)
             self.awaiting_first.discard(record.request_id)
-            policy.on_finished(record.request_id)
-        self.fleet.finished(len(finished) - self.notified)
         self.notified = len(finished)
+        fleet.finished(self, records)
 
     # ---- what the router sees ------------------------------------------------------------
 
@@ -241,6 +249,12 @@ class _Replica:
             kv_usage=usage, num_gpu_blocks=blocks)
 
 
+def make_request(req: TraceRequest, prompt: array[int], max_tokens: int) -> Request:
+    """The engine-core request of a trace request (its output length: `max_tokens`)."""
+    return Request(req.request_id, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                   arrival_time=req.arrival_s, priority=req.priority, cache_salt=req.cache_salt)
+
+
 class _Fleet:
     def __init__(self, trace: Trace, setups: Sequence[ReplicaSetup], policy: RouterPolicy,
                  refresh_s: float, routing_latency_s: float, progress: Progress | None) -> None:
@@ -257,15 +271,19 @@ class _Fleet:
         self.done = 0
         self.env = simpy.Environment()
         self.replicas = [_Replica(self, i, setup) for i, setup in enumerate(setups)]
+        self.serving = [True] * len(setups)  # takes new requests (an autoscaler changes it)
         self.next_index = 0  # the first request not yet routed
         # per API cost: suffix minima of arrival + latency + cost(prompt) over the trace
         self._earliest: dict[ApiServerCost, list[float]] = {}
 
     def run(self) -> None:
+        self.start_processes()
+        self.env.run()
+
+    def start_processes(self) -> None:
         self.env.process(self.router())
         for replica in self.replicas:
             self.env.process(replica.engine())
-        self.env.run()
 
     def earliest_handover(self, api: ApiServerCost) -> float:
         """The earliest time a request not yet routed could be handed over to a core whose
@@ -292,8 +310,10 @@ class _Fleet:
         first = self.replicas[0].config
         prompt, output = request_token_arrays(req, first.vocab_size, first.seed)
         snapshots = self.snapshots(now)
+        serving = self.serving
         candidates = [snapshots[r.index] for r in self.replicas
-                      if can_ever_fit(r.config, req.prompt_len)] or list(snapshots)
+                      if serving[r.index] and can_ever_fit(r.config, req.prompt_len)] or [
+                          snapshots[r.index] for r in self.replicas if serving[r.index]]
         routing = RoutingRequest(request_id=req.request_id, now_s=now,
                                  prompt_len=req.prompt_len, token_ids=tuple(prompt),
                                  session_id=req.session_id)
@@ -315,7 +335,17 @@ class _Fleet:
             refresh.store([r.snapshot(tick) for r in self.replicas], now)
         return refresh.snapshots
 
-    def finished(self, count: int) -> None:
+    def first_token(self, replica: _Replica, request_id: str) -> None:
+        """`replica` produced the request's first token (at the end of the current step)."""
+        self.policy.on_prefill_done(request_id)
+
+    def finished(self, replica: _Replica, records: list[RequestRecord]) -> None:
+        """`replica` finished these requests (at the end of the current step)."""
+        for record in records:
+            self.policy.on_finished(record.request_id)
+        self.count_done(len(records))
+
+    def count_done(self, count: int) -> None:
         self.done += count
         if self.progress is not None:
             self.progress(self.done, len(self.trace))

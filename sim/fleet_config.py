@@ -8,6 +8,7 @@
     tensor_parallel_size = 4      # GPUs per replica (default 1)
     cost_per_hour = 14.0          # per replica, any currency (default 0)
     profile = "calibrated"        # optional cost-model profile (default: the roofline)
+    role = "both"                 # P/D: "prefill", "decode" or "both" (default; see sim.pd)
 
     [pool.engine]                 # optional `vllm serve` flags, by vLLM name
     max_num_seqs = 128
@@ -30,7 +31,8 @@ from runtime.flags import flag
 from sim.engine_args import EngineArgs, SimSetup, build_setup
 
 POOL_FIELDS = ("name", "count", "gpu", "model", "tensor_parallel_size", "cost_per_hour",
-               "profile", "engine")
+               "profile", "role", "engine")
+ROLES = ("prefill", "decode", "both")
 REQUIRED_FIELDS = ("name", "count", "gpu", "model")
 ENGINE_FIELDS = {f.name: str(f.type) for f in dataclasses.fields(EngineArgs)
                  if f.name != "tensor_parallel_size"}
@@ -47,6 +49,7 @@ class PoolSpec:
     engine_args: EngineArgs
     cost_per_hour: float = 0.0
     profile: str | None = None
+    role: str = "both"  # P/D: which phases its replicas serve (sim.pd)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,10 @@ class FleetSpec:
     def pool_of_replica(self) -> list[str]:
         """Replica index -> its pool's name."""
         return [pool.name for pool in self.pools for _ in range(pool.count)]
+
+    def roles(self) -> list[str]:
+        """Replica index -> its pool's P/D role."""
+        return [pool.role for pool in self.pools for _ in range(pool.count)]
 
 
 def load_fleet(path: Path) -> FleetSpec:
@@ -109,6 +116,9 @@ def _pool(table: dict[str, Any], index: int) -> PoolSpec:
             or cost < 0:
         raise ValueError(f"{where}: cost_per_hour must be a number >= 0, got {cost!r}")
     profile = _string(table, "profile", where) if "profile" in table else None
+    role = _string(table, "role", where) if "role" in table else "both"
+    if role not in ROLES:
+        raise ValueError(f"{where}: role must be one of {', '.join(ROLES)}, got {role!r}")
     engine = table.get("engine", {})
     if not isinstance(engine, dict):
         raise ValueError(f"{where}: engine must be a table of engine flags, got {engine!r}")
@@ -119,7 +129,7 @@ def _pool(table: dict[str, Any], index: int) -> PoolSpec:
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
     return PoolSpec(name, count, _string(table, "gpu", where), _string(table, "model", where),
-                    args, float(cost), profile)
+                    args, float(cost), profile, role)
 
 
 def _string(table: dict[str, Any], key: str, where: str) -> str:

@@ -28,6 +28,35 @@ class FleetRequestRecord(RequestRecord):
 
 
 FLEET_REQUEST_COLUMNS = ("replica", "routing_s")
+
+
+@dataclass(slots=True)
+class PDRequestRecord(FleetRequestRecord):
+    """A request row of a P/D fleet run (`sim.pd`). `replica` is where it decoded (the
+    replica that streams the response), `prefill_replica` where its prompt was computed
+    (the same replica unless the request was disaggregated).
+
+    `kv_transfer_s` is a part of E2E of its own: `routing_s` + `kv_transfer_s` + the parts of
+    `runtime.records.PART_COLUMNS` sum to E2E. The queue parts (`queue_*`, by cause) add up
+    the time queued on both replicas; `prefill_queue_s` + `decode_queue_s` splits the same
+    sum by replica (decode queue: 0 unless disaggregated).
+    """
+
+    prefill_replica: int = 0
+    kv_transfer_s: float = 0.0
+    kv_transfer_bytes: int = 0
+    prefill_queue_s: float = 0.0
+    decode_queue_s: float = 0.0
+
+    def to_row(self) -> dict[str, object]:
+        row = FleetRequestRecord.to_row(self)
+        for name in PD_REQUEST_COLUMNS:
+            row[name] = getattr(self, name)
+        return row
+
+
+PD_REQUEST_COLUMNS = ("prefill_replica", "kv_transfer_s", "kv_transfer_bytes",
+                      "prefill_queue_s", "decode_queue_s")
 FLEET_STEP_COLUMNS = ("replica",)
 
 
