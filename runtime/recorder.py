@@ -266,7 +266,8 @@ class Recorder:
         have: their ends are its token times, and its decode run extends to now."""
         live = self.live[request_id]
         since = self._steady_since.pop(request_id)
-        live.record.token_times_s.extend(self.step_columns["end_s"][since:])
+        ends = self.step_columns["end_s"][since:]  # floats: the end_s column
+        live.record.token_times_s.extend(ends)  # type: ignore[arg-type]
         live.run_end = self._span_total
 
     # ---- fast-forwarded decode runs ------------------------------------------------------

@@ -30,7 +30,7 @@ from runtime.router.registry import policy_names
 from sim.engine_args import EngineArgs, SimSetup, build_setup
 from sim.fleet import can_ever_fit
 from sim.hardware import resolve_gpu
-from sim.model_config import resolve_model
+from sim.model_presets import resolve_model
 from workloads import Trace
 
 PLAN_PANEL = "Plan (search space)"

@@ -13,7 +13,7 @@ from sim.autoscale import (
     model_load_s,
     simulate_autoscaled,
 )
-from sim.model_config import resolve_model
+from sim.model_presets import resolve_model
 from tests.sim.test_fleet import Replica, config
 from workloads import Trace, TraceRequest
 

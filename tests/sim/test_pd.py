@@ -21,7 +21,8 @@ from sim.fleet_config import parse_fleet
 from sim.fleet_records import PD_REQUEST_COLUMNS, PDRequestRecord
 from sim.hardware import resolve_gpu
 from sim.kv_transfer import GB, KvTransferConfig, KvTransferLink, transfer_bytes
-from sim.model_config import ModelSpec, resolve_model
+from sim.model_config import ModelSpec
+from sim.model_presets import resolve_model
 from sim.pd import PDDecider, PDFlags, simulate_pd
 from sim.simulator import SimConfig
 from tests.sim.test_fleet import TRACES, Watched
