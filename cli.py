@@ -39,6 +39,7 @@ from runtime.flags import FlagSpec, build_group, group_specs
 from sim.engine_args import EngineArgs, SimFlags
 from sim.fidelity import CALIBRATION_PANEL, CalibrationFlags, FidelityFlags
 from sim.fleet_config import FleetFlags
+from sim.pd import PDFlags
 from sim.plan import PlanFlags
 from sim.sweep import GRID_PANEL, SweepFlags
 from workloads.flags import WorkloadFlags, load_workload
@@ -293,6 +294,7 @@ def simulate(
     engine: Annotated[EngineArgs, Flags()],
     sim: Annotated[SimFlags, Flags()],
     fleet: Annotated[FleetFlags, Flags()],
+    pd: Annotated[PDFlags, Flags()],
     report: _Percentiles,
     result_dir: _result_dir("simulate") = None,
     check_invariants: _CheckInvariants = False,
@@ -314,7 +316,9 @@ def simulate(
         rate = work.request_rate if work.dataset_name is not None else None
         path = result_dir or default_dir("simulate")
         if fleet.is_fleet:
-            run_fleet(trace, setup, fleet, path, list(percentiles), rate)
+            run_fleet(trace, setup, fleet, pd, path, list(percentiles), rate)
+        elif pd.pd_decider != "never":
+            raise ValueError("--pd-decider needs a fleet: --replicas N or --fleet FILE")
         else:
             run_simulation(trace, setup, path, list(percentiles), rate)
 
@@ -331,26 +335,32 @@ def run_simulation(trace: workloads.Trace, setup: SimSetup, path: Path,
     print_run(run_dir, result, percentiles, request_rate)
 
 
-def run_fleet(trace: workloads.Trace, setup: SimSetup, fleet: FleetFlags, path: Path,
-              percentiles: list[float], request_rate: float | None) -> None:
-    """`setup` x --replicas (or the --fleet file's pools) behind the --router policy."""
+def run_fleet(trace: workloads.Trace, setup: SimSetup, fleet: FleetFlags, pd: PDFlags,
+              path: Path, percentiles: list[float], request_rate: float | None) -> None:
+    """`setup` x --replicas (or the --fleet file's pools) behind the --router policy; with a
+    P/D decider or pools with roles, prefill and decode disaggregated (`sim.pd`)."""
     from analysis.fleet import fleet_block
     from runtime.router.registry import make_policy
     from sim.fleet import simulate_fleet
     from sim.fleet_config import build_fleet, load_fleet
+    from sim.pd import simulate_pd_fleet
 
     config = setup.config
     spec = load_fleet(fleet.fleet) if fleet.fleet is not None else None
     replicas = (build_fleet(spec, config.seed, config.check_invariants,
                             config.step_noise is not None) if spec else [setup] * fleet.replicas)
-    policy = make_policy(fleet.router, fleet.router_arg or [], config.seed)
+    roles = spec.roles() if spec else None
     for line in replicas[0].startup_lines:
         typer.echo(line, err=True)
     with progress("simulating", len(trace)) as update:
-        result = simulate_fleet(trace, replicas, policy, fleet.router_refresh_ms / 1e3,
-                                fleet.routing_latency_ms / 1e3, update)
+        if pd.is_pd(roles):
+            result = simulate_pd_fleet(trace, replicas, roles, fleet, pd, config.seed, update)
+        else:
+            policy = make_policy(fleet.router, fleet.router_arg or [], config.seed)
+            result = simulate_fleet(trace, replicas, policy, fleet.router_refresh_ms / 1e3,
+                                    fleet.routing_latency_ms / 1e3, update)
     run = save_run(path, "simulate", trace, result, replicas[0].describe(),
-                   fleet=fleet.describe(spec))
+                   fleet=fleet.describe(spec), pd=pd.describe() if pd.is_pd(roles) else None)
     print_run(run, result, percentiles, request_rate)
     typer.echo(fleet_block(run.requests, run.steps))
 
