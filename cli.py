@@ -1191,6 +1191,47 @@ def fleet_up(
         fail(str(err))
 
 
+@bench_app.command("route")
+@with_flags
+def bench_route(
+    *,
+    policy: _RouterPolicy,
+    sim: Annotated[SimFlags, Flags(only=("model", "gpu", "profile"))],
+    concurrency: Annotated[list[int] | None, typer.Option(
+        "--concurrency", min=1, help="Closed-loop streams (repeat) [default: 1 and 200].")]
+    = None,
+    num_requests: Annotated[int, typer.Option(
+        "--num-requests", min=1, help="Requests per path, round and concurrency.")] = 400,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1)] = 4,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Direct-then-routed "
+                                        "rounds (interleaved against drift).")] = 2,
+    seed: _Seed = 0,
+    out: _Out = None,
+) -> None:
+    """The router's overhead: one `rt serve --simulate` backend, `rt route` in front of it,
+    the same streaming requests straight to the backend and through the router in the same
+    run; requests/s and p50/p99 TTFT and E2E of each path and the router's added ms."""
+    from backends.bench.serve_load import free_port
+    from backends.route.bench import RouteBenchConfig, run_route_bench
+
+    script = str(Path(__file__).resolve())
+    serve_cmd = [sys.executable, script, "serve", "--simulate", "--sim-model", sim.model,
+                 "--gpu", sim.gpu, "--seed", str(seed), "--max-model-len", "4096"]
+    serve_cmd += ["--profile", str(sim.profile)] if sim.profile else []
+    route_cmd = [sys.executable, script, "route", "--router", policy.router, "--seed",
+                 str(seed), "--router-refresh-ms", str(policy.router_refresh_ms)]
+    for arg in policy.router_arg or []:
+        route_cmd += ["--router-arg", arg]
+    config = RouteBenchConfig(tuple(serve_cmd), tuple(route_cmd),
+                              tuple(concurrency or (1, 200)), num_requests, max_tokens, rounds)
+    try:
+        report = run_route_bench(config, (free_port(), free_port()))
+    except RuntimeError as err:
+        fail(str(err))
+    write_json({"command": "rt bench route", "router": policy.router, "model": sim.model,
+                "gpu": sim.gpu, **report}, out)
+
+
 def main() -> None:
     app()
 

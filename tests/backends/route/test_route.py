@@ -282,3 +282,18 @@ def test_fleet_up_serves_and_leaves_no_process() -> None:
     assert code == 0, fleet.output()
     left = [pid for pid in family if _alive(pid)]
     assert not left, left
+
+
+def test_bench_route_reports_both_paths(tmp_path: object) -> None:
+    import json
+    from pathlib import Path
+
+    out = Path(str(tmp_path)) / "route.json"
+    code, err = rt_error("bench", "route", "--concurrency", "2", "--num-requests", "6",
+                         "--rounds", "1", "--out", str(out))
+    assert code == 0, err
+    report = json.loads(out.read_text())
+    (result,) = report["results"]
+    assert result["direct"]["requests"] == result["routed"]["requests"] == 6
+    assert result["direct"]["errors"] == result["routed"]["errors"] == 0
+    assert set(result["added_ms"]) == {"ttft_ms", "e2e_ms"}
