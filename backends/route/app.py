@@ -46,7 +46,7 @@ from runtime.router import RoutingRequest, make_policy
 # hop-by-hop and framing headers: never forwarded either way
 _SKIP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive",
          "upgrade", "te", "trailer", "proxy-connection", "date", "server"}
-_SCRAPE_TIMEOUT_S = 1.0
+_SCRAPE_TIMEOUT_S = 5.0  # a backend saturated by load answers /metrics late, not never
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +272,7 @@ class Router:
                 continue
             try:
                 response = await self.client.get(f"{backend.url}/v1/models",
-                                                 timeout=_SCRAPE_TIMEOUT_S * 5)
+                                                 timeout=_SCRAPE_TIMEOUT_S)
             except httpx.HTTPError:
                 continue
             return Response(response.content, status_code=response.status_code,
