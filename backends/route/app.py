@@ -255,7 +255,7 @@ class Router:
                 yield chunk
             if not backend.up and b"[DONE]" not in tail:
                 raise httpx.ReadError("the backend was taken out")
-        except Exception as err:  # noqa: BLE001: whatever broke the stream, the client is told
+        except Exception as err:  # noqa: BLE001 (whatever broke the stream, the client is told)
             self.metrics.errors.labels(backend.url, "stream").inc()
             error = ApiError(502, f"backend {backend.url} failed mid-stream: "
                              f"{err or type(err).__name__}")
