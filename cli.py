@@ -1177,6 +1177,148 @@ def bench_gpu(flags: Annotated[GpuBenchFlags, Flags()], out: _Out = None) -> Non
     write_json(report, None)
 
 
+# ---- rt route, rt fleet up (backends.route) ----
+
+from backends.route.flags import ROUTE_PANEL, RouteFlags  # noqa: E402
+
+_RouterPolicy = Annotated[FleetFlags, Flags(only=("router", "router_arg", "router_refresh_ms"))]
+
+
+def _router_config(urls: list[str], policy: FleetFlags, route: RouteFlags, seed: int) -> Any:
+    """The router's settings; ValueError (one line) on an unknown policy, a bad argument, or
+    a backend that is unreachable, not OpenAI-compatible or lacks a metric the policy reads."""
+    from backends.route.app import RouterConfig
+    from backends.route.backends import check_backends
+    from runtime.router import make_policy
+
+    chosen = make_policy(policy.router, policy.router_arg or [], seed)
+    bases = check_backends(urls, chosen)
+    return RouterConfig(tuple(bases), policy.router, tuple(policy.router_arg or []), seed,
+                        policy.router_refresh_ms / 1000.0, route.max_failures,
+                        route.health_check_ms / 1000.0, route.backend_timeout)
+
+
+def _serve_router(config: Any, route: RouteFlags) -> None:
+    from backends.route.app import run_router
+
+    typer.echo(f"rt: routing ({config.policy}) over {len(config.backends)} backends on "
+               f"http://{route.host}:{route.port}/v1", err=True)
+    try:
+        run_router(config, route.host, route.port, route.shutdown_timeout,
+                   route.uvicorn_log_level)
+    except RuntimeError as err:
+        fail(str(err))
+    typer.echo("rt: router stopped", err=True)
+
+
+@app.command("route")
+@with_flags
+def route_command(
+    *,
+    route: Annotated[RouteFlags, Flags()],
+    policy: _RouterPolicy,
+    seed: _Seed = 0,
+) -> None:
+    """Route the OpenAI API (/v1/completions, /v1/chat/completions, streaming or not) over
+    --backend servers with a shared router policy (as `rt simulate --replicas N --router`):
+    its own in-flight counts and prefix index (the prompt's UTF-8 bytes), and each backend's
+    /metrics scraped every --router-refresh-ms. Serves /v1/models, /health, /metrics.
+    Failing backends are taken out and put back when healthy; SIGTERM/Ctrl-C drains."""
+    with user_errors():
+        config = _router_config(route.backend or [], policy, route, seed)
+    _serve_router(config, route)
+
+
+fleet_app = typer.Typer(help="A fleet of rt serve replicas behind rt route, on loopback.",
+                        no_args_is_help=True)
+app.add_typer(fleet_app, name="fleet")
+
+
+@fleet_app.command("up")
+@with_flags
+def fleet_up(
+    *,
+    policy: Annotated[FleetFlags, Flags(only=("replicas", "router", "router_arg",
+                                              "router_refresh_ms"))],
+    model: Annotated[str | None, typer.Option(
+        "--model", "--sim-model", help="As rt serve's --model (with --simulate, the "
+        "simulated model).", rich_help_panel=ROUTE_PANEL)] = None,
+    server: Annotated[ServeFlags, Flags(only=("simulate", "max_num_queued_requests"))],
+    sim: Annotated[SimFlags, Flags(only=("gpu", "profile"))],
+    engine: Annotated[EngineFlags, Flags()],
+    route: Annotated[RouteFlags, Flags(exclude=("backend",))],
+    seed: _Seed = 0,
+) -> None:
+    """Start --replicas `rt serve` processes (free ports of 127.0.0.1) and `rt route` in
+    front of them on --port; print the router URL; on Ctrl-C/SIGTERM stop everything (no
+    process is left behind)."""
+    from backends.bench.serve_load import free_port
+    from backends.route.fleet import FleetPlan, flag_argv, run_fleet
+
+    command = [sys.executable, str(Path(__file__).resolve()), "serve", "--seed", str(seed),
+               *flag_argv(server, Flags(only=("simulate", "max_num_queued_requests"))),
+               *flag_argv(sim, Flags(only=("gpu", "profile"))), *flag_argv(engine)]
+    command += ["--model", model] if model else []
+    from runtime.router import make_policy
+
+    with user_errors():  # a bad policy or argument: one line before anything starts
+        make_policy(policy.router, policy.router_arg or [], seed)
+    plan = FleetPlan(tuple(command), tuple(free_port() for _ in range(policy.replicas)),
+                     stop_timeout_s=route.shutdown_timeout + 10)
+
+    def serve_router(urls: list[str]) -> None:
+        with user_errors():
+            config = _router_config(urls, policy, route, seed)
+        typer.echo(f"http://{route.host}:{route.port}/v1")
+        _serve_router(config, route)
+
+    try:
+        run_fleet(plan, serve_router, lambda line: typer.echo(f"rt: {line}", err=True))
+    except RuntimeError as err:
+        fail(str(err))
+
+
+@bench_app.command("route")
+@with_flags
+def bench_route(
+    *,
+    policy: _RouterPolicy,
+    sim: Annotated[SimFlags, Flags(only=("model", "gpu", "profile"))],
+    concurrency: Annotated[list[int] | None, typer.Option(
+        "--concurrency", min=1, help="Closed-loop streams (repeat) [default: 1 and 200].")]
+    = None,
+    num_requests: Annotated[int, typer.Option(
+        "--num-requests", min=1, help="Requests per path, round and concurrency.")] = 400,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1)] = 4,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Direct-then-routed "
+                                        "rounds (interleaved against drift).")] = 2,
+    seed: _Seed = 0,
+    out: _Out = None,
+) -> None:
+    """The router's overhead: one `rt serve --simulate` backend, `rt route` in front of it,
+    the same streaming requests straight to the backend and through the router in the same
+    run; requests/s and p50/p99 TTFT and E2E of each path and the router's added ms."""
+    from backends.bench.serve_load import free_port
+    from backends.route.bench import RouteBenchConfig, run_route_bench
+
+    script = str(Path(__file__).resolve())
+    serve_cmd = [sys.executable, script, "serve", "--simulate", "--sim-model", sim.model,
+                 "--gpu", sim.gpu, "--seed", str(seed), "--max-model-len", "4096"]
+    serve_cmd += ["--profile", str(sim.profile)] if sim.profile else []
+    route_cmd = [sys.executable, script, "route", "--router", policy.router, "--seed",
+                 str(seed), "--router-refresh-ms", str(policy.router_refresh_ms)]
+    for arg in policy.router_arg or []:
+        route_cmd += ["--router-arg", arg]
+    config = RouteBenchConfig(tuple(serve_cmd), tuple(route_cmd),
+                              tuple(concurrency or (1, 200)), num_requests, max_tokens, rounds)
+    try:
+        report = run_route_bench(config, (free_port(), free_port()))
+    except RuntimeError as err:
+        fail(str(err))
+    write_json({"command": "rt bench route", "router": policy.router, "model": sim.model,
+                "gpu": sim.gpu, **report}, out)
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,223 @@
+"""The router's backends: their URLs, health, last scraped metrics, and the start-up check.
+
+A backend is *up* while it answers: each refresh scrapes its `/metrics` (vLLM's gauges
+`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`, summed
+over engines, and `num_gpu_blocks` from `vllm:cache_config_info`) into a `ReplicaSnapshot`.
+A failed scrape, or a request that could not connect, counts one failure; a success resets
+the count. At `max_failures` consecutive failures the backend is taken *down*: it gets no
+new requests, the responses still streaming from it are cut (their clients get an error
+event), and it is probed on `/health` until it answers 200, when it is put back.
+
+Times are `time.monotonic()` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from runtime.router import ReplicaSnapshot, RouterPolicy
+
+RUNNING, WAITING, KV_USAGE = ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                              "vllm:kv_cache_usage_perc")
+CACHE_INFO = "vllm:cache_config_info"
+
+
+@dataclass(slots=True)
+class EngineGauges:
+    """The gauges of one scrape (None: not exported)."""
+
+    num_running: float | None = None
+    num_waiting: float | None = None
+    kv_usage: float | None = None
+    num_gpu_blocks: int | None = None
+
+
+def parse_metrics(text: str) -> EngineGauges:
+    """vLLM's gauges from Prometheus text, summed over label sets (KV usage averaged: one
+    value per engine of a data-parallel server)."""
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    gauges = EngineGauges()
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        name, _, rest = line.partition("{")
+        if not rest:
+            name, _, value = line.partition(" ")
+        else:
+            labels, _, value = rest.rpartition("}")
+            if name == CACHE_INFO:
+                gauges.num_gpu_blocks = _label_int(labels, "num_gpu_blocks")
+                continue
+        if name in (RUNNING, WAITING, KV_USAGE):
+            try:
+                number = float(value.split()[0])
+            except (ValueError, IndexError):
+                continue
+            sums[name] = sums.get(name, 0.0) + number
+            counts[name] = counts.get(name, 0) + 1
+    gauges.num_running = sums.get(RUNNING)
+    gauges.num_waiting = sums.get(WAITING)
+    if KV_USAGE in sums:
+        gauges.kv_usage = min(max(sums[KV_USAGE] / counts[KV_USAGE], 0.0), 1.0)
+    return gauges
+
+
+def _label_int(labels: str, key: str) -> int | None:
+    for part in labels.split(","):
+        name, _, value = part.partition("=")
+        if name.strip() == key:
+            try:
+                number = int(value.strip().strip('"'))
+            except ValueError:
+                return None
+            return number if number >= 1 else None
+    return None
+
+
+def needed_signals(policy: RouterPolicy) -> tuple[str, ...]:
+    """The /metrics gauges `policy` reads (load-only and router-index policies: none).
+    ValueError for a policy that needs the engines' KV events, which rt route does not read."""
+    config = getattr(policy, "config", None)
+    weight = lambda name: float(getattr(config, name, 0.0))  # noqa: E731
+    if policy.name in ("dynamo-kv", "kv-aware") or weight("precise_prefix_cache") > 0:
+        raise ValueError(f"router policy {policy.name} needs the engines' KV events (a precise "
+                         "prefix index), which rt route does not read; use llm-d's "
+                         "prefix-cache scorer, prefix-aware or sglang-cache-aware")
+    if policy.name == "vllm-dp":
+        return (WAITING, RUNNING)
+    if policy.name == "power-of-two" and getattr(config, "load", "") == "snapshot":
+        return (WAITING, RUNNING)
+    if policy.name == "llm-d":
+        needed = []
+        if weight("queue") > 0 or weight("load_aware") > 0:
+            needed.append(WAITING)
+        if weight("kv_cache_utilization") > 0:
+            needed.append(KV_USAGE)
+        return tuple(needed)
+    return ()
+
+
+@dataclass(eq=False)
+class Backend:
+    """One backend as the router sees it."""
+
+    replica_id: int
+    url: str  # base URL without a trailing slash or /v1
+    up: bool = True
+    failures: int = 0  # consecutive
+    gauges: EngineGauges = field(default_factory=EngineGauges)
+    scraped_at_s: float | None = None  # last successful scrape
+    in_flight: int = 0
+    streams: set[httpx.Response] = field(default_factory=set)  # responses being relayed
+    down_event: asyncio.Event = field(default_factory=asyncio.Event)  # set while down
+
+    def snapshot(self, now_s: float) -> ReplicaSnapshot:
+        g = self.gauges
+        return ReplicaSnapshot(
+            replica_id=self.replica_id,
+            taken_at_s=self.scraped_at_s if self.scraped_at_s is not None else now_s,
+            num_waiting=int(g.num_waiting or 0), num_running=int(g.num_running or 0),
+            kv_usage=g.kv_usage or 0.0, num_gpu_blocks=g.num_gpu_blocks)
+
+    def succeeded(self) -> None:
+        self.failures = 0
+
+    def failed(self, max_failures: int) -> bool:
+        """Count one failure; True when this one takes the backend down."""
+        self.failures += 1
+        if self.up and self.failures >= max_failures:
+            self.take_down()
+            return True
+        return False
+
+    def take_down(self) -> None:
+        self.up = False
+        self.down_event.set()
+        for response in list(self.streams):  # their relays see the stream closed
+            asyncio.get_running_loop().create_task(response.aclose())
+
+    def put_back(self) -> None:
+        self.up = True
+        self.failures = 0
+        self.down_event = asyncio.Event()
+
+
+def normalize_url(url: str) -> str:
+    """"http://h:p/v1/" -> "http://h:p"; ValueError unless http(s)."""
+    base = url.strip().rstrip("/")
+    if base.endswith("/v1"):
+        base = base[:-3]
+    if not base.startswith(("http://", "https://")):
+        raise ValueError(f"--backend {url!r}: not an http:// or https:// URL")
+    return base
+
+
+def check_backends(urls: list[str], policy: RouterPolicy, timeout_s: float = 5.0
+                   ) -> list[str]:
+    """Normalized URLs of backends that answer as OpenAI servers and export what `policy`
+    needs; ValueError (one line) naming the first that does not."""
+    if not urls:
+        raise ValueError("give at least one --backend URL")
+    bases = [normalize_url(u) for u in urls]
+    for base in bases:
+        if bases.count(base) > 1:
+            raise ValueError(f"--backend {base} is given twice")
+    needed = needed_signals(policy)
+    with httpx.Client(timeout=timeout_s) as client:
+        for base in bases:
+            _check_one(client, base, policy.name, needed)
+    return bases
+
+
+def _check_one(client: httpx.Client, base: str, policy: str, needed: tuple[str, ...]) -> None:
+    try:
+        models = client.get(f"{base}/v1/models")
+    except httpx.HTTPError as err:
+        raise ValueError(f"backend {base} is unreachable: {err or type(err).__name__}") \
+            from None
+    try:
+        data = models.json().get("data") if models.status_code == 200 else None
+    except ValueError:
+        data = None
+    if not isinstance(data, list) or not data:
+        raise ValueError(f"backend {base} is not OpenAI-compatible: GET /v1/models answered "
+                         f"{models.status_code} without a model list")
+    if not needed:
+        return
+    try:
+        response = client.get(f"{base}/metrics")
+        gauges = parse_metrics(response.text) if response.status_code == 200 else None
+    except httpx.HTTPError:
+        gauges = None
+    values = {RUNNING: None, WAITING: None, KV_USAGE: None} if gauges is None else {
+        RUNNING: gauges.num_running, WAITING: gauges.num_waiting, KV_USAGE: gauges.kv_usage}
+    missing = [name for name in needed if values[name] is None]
+    if missing:
+        raise ValueError(f"router policy {policy} needs {', '.join(missing)} from /metrics, "
+                         f"which backend {base} does not export")
+
+
+async def scrape(client: httpx.AsyncClient, backend: Backend, timeout_s: float) -> bool:
+    """Read the backend's /metrics into it; False on any failure."""
+    try:
+        response = await client.get(f"{backend.url}/metrics", timeout=timeout_s)
+    except httpx.HTTPError:
+        return False
+    if response.status_code != 200:
+        return False
+    backend.gauges = parse_metrics(response.text)
+    backend.scraped_at_s = time.monotonic()
+    return True
+
+
+async def healthy(client: httpx.AsyncClient, backend: Backend, timeout_s: float) -> bool:
+    try:
+        response = await client.get(f"{backend.url}/health", timeout=timeout_s)
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200

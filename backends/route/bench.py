@@ -1,0 +1,146 @@
+"""`rt bench route`: what the router adds, against direct calls to the same backend, in the
+same run.
+
+One `rt serve` backend (the command is given, e.g. `--simulate`) and one `rt route` in front
+of it start on free ports of 127.0.0.1. For each concurrency, a closed loop of `concurrency`
+streaming clients sends `num_requests` completions (`max_tokens` tokens each, ignore_eos)
+straight to the backend, then through the router, then both again (interleaved so that drift
+on a shared machine hits both alike). Per request: time to the first SSE byte (TTFT) and to
+the last (E2E), client-side. The report: requests/s and p50/p99 of both, per path, and the
+router's added p50/p99 (routed minus direct). Every wait is bounded; both processes are
+always stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from backends.route.fleet import Replica, stop_all, wait_healthy
+
+
+@dataclass(frozen=True, slots=True)
+class RouteBenchConfig:
+    """Attributes:
+    serve_command: `rt serve ...` without --host/--port.
+    route_command: `rt route ...` without --backend/--host/--port.
+    concurrencies: closed-loop client counts, one measurement each.
+    num_requests: per path and round.
+    max_tokens: output tokens per request.
+    rounds: direct-then-routed rounds per concurrency.
+    """
+
+    serve_command: tuple[str, ...]
+    route_command: tuple[str, ...]
+    concurrencies: tuple[int, ...] = (1, 200)
+    num_requests: int = 400
+    max_tokens: int = 4
+    rounds: int = 2
+    request_timeout_s: float = 60.0
+
+
+@contextlib.contextmanager
+def _backend_and_router(config: RouteBenchConfig, ports: tuple[int, int]
+                        ) -> Iterator[tuple[str, str]]:
+    started: list[Replica] = []
+    with tempfile.TemporaryDirectory(prefix="rt-bench-route-") as logs:
+        try:
+            started.append(Replica(config.serve_command, ports[0], Path(logs)))
+            wait_healthy(started, 180)
+            command = (*config.route_command, "--backend", started[0].url)
+            started.append(Replica(command, ports[1], Path(logs)))
+            wait_healthy(started, 60)
+            yield started[0].url, started[1].url
+        finally:
+            stop_all(list(reversed(started)), 20)
+
+
+async def _closed_loop(url: str, concurrency: int, num_requests: int, max_tokens: int,
+                       timeout_s: float, tag: str) -> dict[str, Any]:
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    ttft: list[float] = []
+    e2e: list[float] = []
+    errors = 0
+    counter = iter(range(num_requests))
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+        async def worker() -> None:
+            nonlocal errors
+            for i in counter:
+                body = {"prompt": f"{tag} request {i}: the quick brown fox",
+                        "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
+                start = time.perf_counter()
+                first = None
+                try:
+                    async with client.stream("POST", f"{url}/v1/completions",
+                                             json=body) as response:
+                        async for _ in response.aiter_raw():
+                            first = first or time.perf_counter()
+                        ok = response.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                end = time.perf_counter()
+                if not ok or first is None:
+                    errors += 1
+                    continue
+                ttft.append(first - start)
+                e2e.append(end - start)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - started
+    return {"ttft": ttft, "e2e": e2e, "errors": errors, "wall_s": wall}
+
+
+def _summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    ttft = np.array([x for r in runs for x in r["ttft"]]) * 1000
+    e2e = np.array([x for r in runs for x in r["e2e"]]) * 1000
+    done = len(e2e)
+    wall = sum(r["wall_s"] for r in runs)
+    pct = lambda a, q: round(float(np.percentile(a, q)), 3) if len(a) else None  # noqa: E731
+    return {"requests": done, "errors": sum(r["errors"] for r in runs),
+            "requests_per_s": round(done / wall, 1) if wall else None,
+            "ttft_ms": {"p50": pct(ttft, 50), "p99": pct(ttft, 99)},
+            "e2e_ms": {"p50": pct(e2e, 50), "p99": pct(e2e, 99)}}
+
+
+def _added(direct: dict[str, Any], routed: dict[str, Any]) -> dict[str, Any]:
+    def diff(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else round(b - a, 3)
+
+    return {metric: {q: diff(direct[metric][q], routed[metric][q]) for q in ("p50", "p99")}
+            for metric in ("ttft_ms", "e2e_ms")}
+
+
+def run_route_bench(config: RouteBenchConfig, ports: tuple[int, int]) -> dict[str, Any]:
+    """The report (see the module docstring)."""
+    results = []
+    with _backend_and_router(config, ports) as (backend, router):
+        for concurrency in config.concurrencies:
+            # a warm-up of each path (connections, first-request costs), not measured
+            for url in (backend, router):
+                asyncio.run(_closed_loop(url, concurrency, concurrency, config.max_tokens,
+                                         config.request_timeout_s, "warm"))
+            runs: dict[str, list[dict[str, Any]]] = {"direct": [], "routed": []}
+            for round_ in range(config.rounds):
+                for path, url in (("direct", backend), ("routed", router)):
+                    runs[path].append(asyncio.run(_closed_loop(
+                        url, concurrency, config.num_requests, config.max_tokens,
+                        config.request_timeout_s, f"{path}{round_}")))
+            direct, routed = _summary(runs["direct"]), _summary(runs["routed"])
+            results.append({"concurrency": concurrency, "direct": direct, "routed": routed,
+                            "added_ms": _added(direct, routed),
+                            "throughput_ratio": round(routed["requests_per_s"]
+                                                      / direct["requests_per_s"], 3)
+                            if direct["requests_per_s"] and routed["requests_per_s"]
+                            else None})
+    return {"num_requests": config.num_requests, "rounds": config.rounds,
+            "max_tokens": config.max_tokens, "results": results}

@@ -1,0 +1,43 @@
+"""`rt route`'s own flags (import-light: no FastAPI here, so the CLI can declare them). The
+policy flags (`--router`, `--router-arg`, `--router-refresh-ms`) are the simulator's
+(`sim.fleet_config.FleetFlags`), shared by `rt simulate --replicas` and `rt route`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from runtime.flags import flag
+
+ROUTE_PANEL = "Router"
+
+
+@dataclass(frozen=True, slots=True)
+class RouteFlags:
+    """Which backends, where the router listens, and when it gives up on a backend."""
+
+    backend: list[str] | None = flag(None, "--backend", "Base URL of an OpenAI-compatible "
+                                     "server (rt serve, vllm serve), e.g. "
+                                     "http://127.0.0.1:8001 (repeat; order = replica id).",
+                                     ROUTE_PANEL)
+    host: str = flag("127.0.0.1", "--host", None, ROUTE_PANEL)
+    port: int = flag(8080, "--port", None, ROUTE_PANEL)
+    max_failures: int = flag(3, "--max-failures", "Consecutive failed scrapes or connections "
+                             "after which a backend is taken out (until /health answers).",
+                             ROUTE_PANEL)
+    health_check_ms: float = flag(500.0, "--health-check-ms", "How often a backend taken out "
+                                  "is probed on /health.", ROUTE_PANEL)
+    backend_timeout: float = flag(300.0, "--backend-timeout", "Seconds a backend may stay "
+                                  "silent (before the headers, or between two chunks) before "
+                                  "its request fails.", ROUTE_PANEL)
+    shutdown_timeout: float = flag(10.0, "--shutdown-timeout", "On SIGTERM, seconds in-flight "
+                                   "requests may finish before they are cut.", ROUTE_PANEL)
+    uvicorn_log_level: str = flag("warning", "--uvicorn-log-level", None, ROUTE_PANEL)
+
+    def __post_init__(self) -> None:
+        if self.max_failures < 1:
+            raise ValueError(f"--max-failures must be >= 1, got {self.max_failures}")
+        for name in ("health_check_ms", "backend_timeout", "shutdown_timeout"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")

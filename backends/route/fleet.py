@@ -1,0 +1,161 @@
+"""`rt fleet up`: N `rt serve` processes on loopback and `rt route` in front of them.
+
+The replicas are subprocesses, each in its own session (process group: `rt serve` and its
+engine process), told by the kernel to get SIGTERM should this process die
+(`PR_SET_PDEATHSIG`, Linux). They start together; the router starts once every one answers
+/health. On exit (SIGINT/SIGTERM stops the router, which drains) each replica gets SIGTERM
+and drains too; a group still alive after `stop_timeout_s` is killed. So no process of the
+fleet outlives the command, whatever ends it short of SIGKILL (and then the death signal).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from runtime.flags import FlagGroup, group_specs
+
+_HOST = "127.0.0.1"
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def flag_argv(flags: Any, group: FlagGroup | None = None) -> list[str]:
+    """The options that rebuild `flags` (a flag dataclass) where they differ from the
+    defaults: the inverse of parsing, to pass a command's flags on to a subprocess."""
+    argv: list[str] = []
+    for spec in group_specs(type(flags), group or FlagGroup()):
+        value = getattr(flags, spec.field)
+        if value == spec.default or value is None:
+            continue
+        on, _, off = spec.decls[0].partition("/")
+        if isinstance(value, bool):
+            argv.append(on if value else off)
+        elif isinstance(value, list):
+            for item in value:
+                argv += [on, str(item)]
+        else:
+            argv += [on, str(value)]
+    return argv
+
+
+class Replica:
+    """One `rt serve` subprocess on a port of 127.0.0.1; its output in a log file."""
+
+    def __init__(self, command: Sequence[str], port: int, log_dir: Path) -> None:
+        self.port = port
+        self.url = f"http://{_HOST}:{port}"
+        self.log_path = log_dir / f"replica-{port}.log"
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [*command, "--host", _HOST, "--port", str(port)], stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+
+    def log_tail(self, chars: int = 1500) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def healthy(self) -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200
+        return False
+
+
+def wait_healthy(replicas: Sequence[Replica], timeout_s: float) -> None:
+    """Until every replica answers /health; RuntimeError if one exits or time runs out."""
+    pending = list(replicas)
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        for replica in list(pending):
+            if replica.proc.poll() is not None:
+                raise RuntimeError(f"replica {replica.url} exited ({replica.proc.returncode}):"
+                                   f" {replica.log_tail()}")
+            if replica.healthy():
+                pending.remove(replica)
+        if pending and time.monotonic() > deadline:
+            raise RuntimeError(f"{len(pending)} replicas did not answer /health within "
+                               f"{timeout_s:g} s")
+        if pending:
+            time.sleep(0.2)
+
+
+def stop_all(replicas: Sequence[Replica], timeout_s: float) -> None:
+    """SIGTERM every replica (they drain), then SIGKILL the process group of any left."""
+    for replica in replicas:
+        if replica.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                replica.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for replica in replicas:
+        try:
+            replica.proc.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            pass
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(replica.proc.pid, signal.SIGKILL)  # the engine process too
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            replica.proc.wait(5)
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGTERM as KeyboardInterrupt while replicas start, so the cleanup runs."""
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FleetPlan:
+    """What `run_fleet` starts.
+
+    Attributes:
+        serve_command: `rt serve ...` without --host/--port (appended per replica).
+        ports: one per replica, on 127.0.0.1.
+        start_timeout_s, stop_timeout_s: bounds of the start and of the drain.
+    """
+
+    serve_command: tuple[str, ...]
+    ports: tuple[int, ...]
+    start_timeout_s: float = 180.0
+    stop_timeout_s: float = 20.0
+
+
+def run_fleet(plan: FleetPlan, serve_router: Callable[[list[str]], None],
+              log: Callable[[str], None]) -> None:
+    """Start the replicas, call `serve_router(backend URLs)` (it returns on SIGINT/SIGTERM),
+    then stop the replicas. Raises RuntimeError if a replica does not come up."""
+    replicas: list[Replica] = []
+    with tempfile.TemporaryDirectory(prefix="rt-fleet-") as log_dir:
+        try:
+            with _signals_raise():
+                for port in plan.ports:
+                    replicas.append(Replica(plan.serve_command, port, Path(log_dir)))
+                wait_healthy(replicas, plan.start_timeout_s)
+            log(f"{len(replicas)} replicas up: {', '.join(r.url for r in replicas)}")
+            serve_router([r.url for r in replicas])
+        except KeyboardInterrupt:
+            log("interrupted while starting")
+        finally:
+            stop_all(replicas, plan.stop_timeout_s)
