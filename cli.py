@@ -32,6 +32,7 @@ from analysis.report import ReportFiles, ReportFlags
 from backends.bench.flags import GpuBenchFlags
 from backends.engine.flags import RealEngineFlags
 from backends.replay.flags import EndpointFlags
+from backends.route.flags import ROUTE_PANEL, RouteFlags
 from backends.serve.flags import SERVER_PANEL, ServeFlags
 from runtime.config import EngineFlags
 from runtime.flags import FlagGroup as Flags
@@ -1179,8 +1180,6 @@ def bench_gpu(flags: Annotated[GpuBenchFlags, Flags()], out: _Out = None) -> Non
 
 # ---- rt route, rt fleet up (backends.route) ----
 
-from backends.route.flags import ROUTE_PANEL, RouteFlags  # noqa: E402
-
 _RouterPolicy = Annotated[FleetFlags, Flags(only=("router", "router_arg", "router_refresh_ms"))]
 
 
@@ -1254,13 +1253,12 @@ def fleet_up(
     process is left behind)."""
     from backends.bench.serve_load import free_port
     from backends.route.fleet import FleetPlan, flag_argv, run_fleet
+    from runtime.router import make_policy
 
     command = [sys.executable, str(Path(__file__).resolve()), "serve", "--seed", str(seed),
                *flag_argv(server, Flags(only=("simulate", "max_num_queued_requests"))),
                *flag_argv(sim, Flags(only=("gpu", "profile"))), *flag_argv(engine)]
     command += ["--model", model] if model else []
-    from runtime.router import make_policy
-
     with user_errors():  # a bad policy or argument: one line before anything starts
         make_policy(policy.router, policy.router_arg or [], seed)
     plan = FleetPlan(tuple(command), tuple(free_port() for _ in range(policy.replicas)),
