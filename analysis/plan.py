@@ -31,11 +31,20 @@ def what_binds(requests: pd.DataFrame) -> str:
     return labels.get(column, column.removesuffix("_ms"))
 
 
+def tightest(record: dict[str, Any], slos: dict[str, float]) -> str:
+    """The SLO closest to (or furthest past) its bound, as "key NN%" of the bound."""
+    ratios = {k: float(record.get(k) or 0.0) / bound for k, bound in slos.items() if bound > 0}
+    key, ratio = max(ratios.items(), key=lambda kv: kv[1], default=("-", 0.0))
+    return f"{key} {ratio:.0%}"
+
+
 def plan_table(records: Sequence[dict[str, Any]], slos: dict[str, float]) -> pd.DataFrame:
-    """One row per simulated shape, passing shapes first, cheapest first."""
+    """One row per simulated shape, passing shapes first, cheapest first; `tightest` is the
+    SLO nearest its bound, `binds` the largest wait behind the slowest TTFTs."""
     columns = ["shape", "replicas", "gpus", "cost_per_hour", *slos, "failed", "meets_slo",
-               "binds"]
-    table = pd.DataFrame([{c: r.get(c) for c in columns} for r in records], columns=columns)
+               "tightest", "binds"]
+    rows = [{**{c: r.get(c) for c in columns}, "tightest": tightest(r, slos)} for r in records]
+    table = pd.DataFrame(rows, columns=columns)
     return table.sort_values(["meets_slo", "cost_per_hour", "gpus", "shape"],
                              ascending=[False, True, True, True], kind="stable")
 
@@ -46,7 +55,8 @@ def render_plan(table: pd.DataFrame) -> str:
         metrics = "  ".join(f"{k}={row[k]:.1f}" for k in row if k.endswith("_ms"))
         verdict = "meets" if row["meets_slo"] else "misses"
         lines.append(f"{verdict:<7}${row['cost_per_hour']:>8.2f}/h {row['gpus']:>4} GPUs  "
-                     f"{row['shape']:<48} {metrics}  binds: {row['binds']}")
+                     f"{row['shape']:<48} {metrics}  tightest: {row['tightest']}  "
+                     f"TTFT waits on: {row['binds']}")
     return "\n".join(lines)
 
 
