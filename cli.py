@@ -1184,17 +1184,10 @@ _RouterPolicy = Annotated[FleetFlags, Flags(only=("router", "router_arg", "route
 
 
 def _router_config(urls: list[str], policy: FleetFlags, route: RouteFlags, seed: int) -> Any:
-    """The router's settings; ValueError (one line) on an unknown policy, a bad argument, or
-    a backend that is unreachable, not OpenAI-compatible or lacks a metric the policy reads."""
-    from backends.route.app import RouterConfig
-    from backends.route.backends import check_backends
-    from runtime.router import make_policy
+    from backends.route.app import router_config
 
-    chosen = make_policy(policy.router, policy.router_arg or [], seed)
-    bases = check_backends(urls, chosen)
-    return RouterConfig(tuple(bases), policy.router, tuple(policy.router_arg or []), seed,
-                        policy.router_refresh_ms / 1000.0, route.max_failures,
-                        route.health_check_ms / 1000.0, route.backend_timeout)
+    return router_config(urls, policy.router, policy.router_arg or [],
+                         policy.router_refresh_ms, route, seed)
 
 
 def _serve_router(config: Any, route: RouteFlags) -> None:

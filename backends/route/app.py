@@ -28,7 +28,7 @@ import contextlib
 import itertools
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from backends.route.backends import Backend, healthy, scrape
+from backends.route.backends import Backend, check_backends, healthy, scrape
 from backends.route.metrics import RouterMetrics
 from backends.route.prompt import routing_request
 from backends.serve.openai_protocol import ApiError
@@ -341,3 +341,14 @@ def run_router(config: RouterConfig, host: str, port: int, shutdown_timeout_s: f
     server.run()
     if not server.started:
         raise RuntimeError("the router did not start (see the messages above)")
+
+
+def router_config(urls: Sequence[str], policy: str, policy_args: Sequence[str],
+                  refresh_ms: float, route: Any, seed: int) -> RouterConfig:
+    """The router's settings from its flags (`RouteFlags` as `route`); ValueError (one line)
+    on an unknown policy, a bad argument, or a backend that is unreachable, not
+    OpenAI-compatible or lacks a metric the policy reads."""
+    bases = check_backends(list(urls), make_policy(policy, list(policy_args), seed))
+    return RouterConfig(tuple(bases), policy, tuple(policy_args), seed, refresh_ms / 1000.0,
+                        route.max_failures, route.health_check_ms / 1000.0,
+                        route.backend_timeout)
