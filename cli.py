@@ -1155,6 +1155,47 @@ def bench_serve(
         raise typer.Exit(code=1)
 
 
+@bench_app.command("fleet")
+@with_flags
+def bench_fleet(
+    sim: Annotated[SimFlags, Flags(only=("model", "gpu"))],
+    trace: Annotated[Path | None, typer.Option(
+        "--trace", help="Trace (default: the embedded Azure conversation excerpt).")] = None,
+    first_n: Annotated[int | None, typer.Option(
+        "--first-n", min=1, help="Keep the first N requests.")] = None,
+    replicas: Annotated[int, typer.Option(
+        "--replicas", min=1, help="The fleet timed against one engine.")] = 16,
+    scaling: Annotated[str, typer.Option(
+        "--scaling", help="Two or more fleet sizes whose cost per request is compared.")]
+    = "4,64",
+    router: Annotated[str, typer.Option("--router", help="Routing policy.")] = "round-robin",
+    router_arg: Annotated[list[str] | None, typer.Option(
+        "--router-arg", help="KEY=VALUE argument of the policy (repeat).")] = None,
+    baseline: Annotated[bool, typer.Option(
+        "--baseline/--no-baseline", help="Also time the fleet stepping one by one.")] = True,
+    out: _Out = None,
+) -> None:
+    """Simulated requests per second of the fleet simulator: N replicas on the trace replayed
+    N times faster (each replica carries one engine's load) against one engine on the trace
+    as recorded, in the same run; and the cost per request of the smallest and largest
+    --scaling fleets. Rates per wall and per CPU second."""
+    from sim.benchmarks import bench_fleet as run
+
+    with user_errors():
+        sizes = tuple(int(x) for x in scaling.split(",") if x.strip())
+        if len(sizes) < 2 or min(sizes) < 1:
+            raise ValueError(f"--scaling needs two or more sizes >= 1, got {scaling!r}")
+        loaded = (workloads.load_trace(trace).trace if trace is not None
+                  else workloads.default_trace())
+        name = str(trace) if trace is not None else "embedded azure_conv first 10 min"
+        if first_n is not None:
+            loaded = workloads.first_n(loaded, first_n)
+            name += f", first {first_n}"
+        report = run(loaded, name, sim.model, sim.gpu, replicas, sizes, router,
+                     tuple(router_arg or ()), baseline=baseline)
+    write_json(report, out)
+
+
 @bench_app.command("gpu")
 @with_flags
 def bench_gpu(flags: Annotated[GpuBenchFlags, Flags()], out: _Out = None) -> None:

@@ -226,3 +226,88 @@ def bench_sim(traces: dict[str, Any], model: str = "llama-3.1-8b", gpu: str = "h
         "anchor": "Vidur's simulation loop: 450-1,000 simulated requests/s on this machine "
                   "(issue 4)",
     }
+
+
+def _timed(run: Any) -> tuple[Any, float, float]:
+    """(result, wall seconds, CPU seconds of this process) of `run()`."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    result = run()
+    return result, time.perf_counter() - t0, time.process_time() - c0
+
+
+def _rate_row(label: str, requests: int, steps: int, wall_s: float, cpu_s: float
+              ) -> dict[str, object]:
+    return {
+        "run": label, "requests": requests, "steps": steps,
+        "wall_s": round(wall_s, 3), "cpu_s": round(cpu_s, 3),
+        "requests_per_s": round(requests / wall_s, 1),
+        "requests_per_cpu_s": round(requests / cpu_s, 1),
+        "cpu_us_per_request": round(cpu_s / requests * 1e6, 1),
+    }
+
+
+def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "h200",
+                replicas: int = 16, scaling: tuple[int, ...] = (4, 64),
+                router: str = "round-robin", router_args: tuple[str, ...] = (),
+                refresh_s: float = 0.05, baseline: bool = True) -> dict[str, object]:
+    """The `rt bench fleet` report: simulated requests per second of the fleet simulator.
+
+    A fleet of N replicas replays the trace N times faster (arrival times x 1/N), so every
+    replica carries the load one engine carries on the trace as recorded; one engine on the
+    trace as recorded is the reference, in the same process. Rates are per wall second and
+    per CPU second of this process (CPU time is steadier on a shared machine); the goals
+    compare CPU seconds per request:
+
+    - `replicas` (16): the fleet's rate per request >= the single engine's (routing and the
+      fleet's bookkeeping are not the bottleneck);
+    - `scaling` (4, 64): the largest fleet costs no more per request than the smallest;
+    - with `baseline`: the `replicas` fleet stepping one by one (no decode-run
+      fast-forward), and the speed-up of fast-forwarding.
+    """
+    from runtime.router.registry import make_policy
+    from sim.engine_args import EngineArgs, build_setup
+    from sim.fleet import simulate_fleet
+    from sim.simulator import simulate
+    from workloads.transforms import scale_time
+
+    setup = build_setup(EngineArgs(), model, gpu)
+    n = len(trace)
+
+    def fleet(count: int, config: Any = None) -> tuple[Any, float, float]:
+        scaled = scale_time(trace, 1.0 / count)
+        one = setup if config is None else dataclasses.replace(setup, config=config)
+        policy = make_policy(router, router_args, setup.config.seed)
+        return _timed(lambda: simulate_fleet(scaled, [one] * count, policy, refresh_s))
+
+    single, wall, cpu = _timed(lambda: simulate(trace, setup.config, setup.cost_model))
+    rows = [_rate_row("single engine, trace as recorded", n, single.num_steps, wall, cpu)]
+    single_cpu = cpu / n
+    per_request: dict[int, float] = {}
+    for count in dict.fromkeys((replicas, *scaling)):
+        result, wall, cpu = fleet(count)
+        steps = sum(r.num_steps for r in result.replicas)
+        rows.append(_rate_row(f"{count} replicas, trace x{count} faster", n, steps, wall, cpu))
+        rows[-1]["replicas"] = count
+        rows[-1]["vs_single_engine_per_request"] = round(single_cpu / (cpu / n), 3)
+        per_request[count] = cpu / n
+    report: dict[str, object] = {
+        "benchmark": "fleet", "python": sys.version.split()[0],
+        "machine": platform.machine(), "model": model, "gpu": gpu, "trace": name,
+        "requests": n, "router": router, "router_args": list(router_args),
+        "router_refresh_ms": refresh_s * 1e3, "runs": rows,
+        "fleet_vs_single_engine_per_request": round(single_cpu / per_request[replicas], 3),
+        "meets_goal_rate": per_request[replicas] <= single_cpu,
+    }
+    small, large = min(scaling), max(scaling)
+    ratio = per_request[large] / per_request[small]
+    report[f"cost_per_request_{large}_vs_{small}"] = round(ratio, 3)
+    report["meets_goal_scaling"] = per_request[large] <= per_request[small]
+    if baseline:
+        stepped_config = dataclasses.replace(setup.config, fast_forward=False)
+        result, wall, cpu = fleet(replicas, stepped_config)
+        steps = sum(r.num_steps for r in result.replicas)
+        rows.append(_rate_row(f"{replicas} replicas stepping one by one", n, steps, wall, cpu))
+        report["speedup_vs_stepped"] = round(cpu / n / per_request[replicas], 2)
+    report["goals"] = (f"{replicas} replicas: CPU per request <= the single engine's; "
+                       f"{large} replicas: CPU per request <= {small} replicas'")
+    return report

@@ -9,7 +9,7 @@ Times are floats in seconds on the driver's clock (simulated or wall); nothing h
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from runtime.block_hash import BlockHash
@@ -28,8 +28,9 @@ class RoutingRequest:
         request_id: unique per run; hooks (`on_routed`, `on_finished`) refer to it.
         now_s: the driver's time of the routing decision, seconds.
         prompt_len: prompt tokens.
-        token_ids: the prompt's token ids, or None when the trace has lengths only (then
-            every prefix-aware policy sees no match).
+        token_ids: the prompt's token ids (any sequence, not copied: the simulator passes
+            the prompt's `array`; a policy must not keep or modify it), or None when the
+            trace has lengths only (then every prefix-aware policy sees no match).
         block_hashes: the engine's chained hashes of the prompt's full KV blocks
             (`runtime.block_hash`, engine block size), for the precise, KV-event-fed index;
             empty when unknown.
@@ -41,7 +42,7 @@ class RoutingRequest:
     request_id: str
     now_s: float
     prompt_len: int
-    token_ids: tuple[int, ...] | None = None
+    token_ids: Sequence[int] | None = None
     block_hashes: tuple[BlockHash, ...] = ()
     session_id: str | None = None
 

@@ -1,0 +1,38 @@
+"""`rt bench fleet`'s report (sim.benchmarks.bench_fleet) on a few requests."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+import cli
+import workloads
+from sim.benchmarks import bench_fleet
+
+
+def test_bench_fleet_report() -> None:
+    trace = workloads.first_n(workloads.default_trace(), 40)
+    report = bench_fleet(trace, "first 40", replicas=2, scaling=(1, 3), router="llm-d")
+    runs = report["runs"]
+    assert isinstance(runs, list)
+    assert [r["run"] for r in runs] == [
+        "single engine, trace as recorded", "2 replicas, trace x2 faster",
+        "1 replicas, trace x1 faster", "3 replicas, trace x3 faster",
+        "2 replicas stepping one by one"]
+    assert all(r["requests"] == 40 for r in runs)
+    # one replica on the trace as recorded is the single engine: the same steps
+    assert runs[2]["steps"] == runs[0]["steps"]
+    assert runs[4]["steps"] == runs[1]["steps"]  # fast-forward changes no record
+    assert set(report) >= {"fleet_vs_single_engine_per_request", "meets_goal_rate",
+                           "cost_per_request_3_vs_1", "meets_goal_scaling",
+                           "speedup_vs_stepped"}
+    json.dumps(report)
+
+
+def test_bench_fleet_cli_bad_input() -> None:
+    runner = CliRunner()
+    result = runner.invoke(cli.app, ["bench", "fleet", "--first-n", "5", "--scaling", "4"])
+    assert result.exit_code == 2
+    result = runner.invoke(cli.app, ["bench", "fleet", "--first-n", "5", "--router", "nope"])
+    assert result.exit_code == 2
