@@ -1239,7 +1239,7 @@ def serve(
 
 
 def _serve_simulated(model: str | None, gpu: str, profile: str | None, seed: int,
-                     engine: dict[str, object]) -> tuple[object, dict, str, None]:
+                     engine: dict[str, object]) -> tuple[object, dict, str, Path | None]:
     """The wall-clock simulator's executor factory (validated here, built in the engine)."""
     from sim.engine_args import EngineArgs, build_setup
     from sim.live_executor import build_live_executor
@@ -1249,7 +1249,8 @@ def _serve_simulated(model: str | None, gpu: str, profile: str | None, seed: int
     build_setup(args, sim_model, gpu, profile, seed)  # one-line errors before the fork
     kwargs = {"engine_args": args, "model": sim_model, "gpu": gpu, "profile": profile,
               "seed": seed}
-    return build_live_executor, kwargs, Path(sim_model).name, None
+    model_dir = Path(sim_model) if Path(sim_model).is_dir() else None  # its tokenizer
+    return build_live_executor, kwargs, sim_model, model_dir
 
 
 def _serve_real(model: str | None, seed: int, engine: dict[str, object],
