@@ -152,8 +152,8 @@ def render_table(table: pd.DataFrame) -> str:
 
 
 def _fmt(value: float, column: str) -> str:
-    if value != value:  # NaN
-        return "-"
+    if value != value:  # NaN: not available (a client-timed run's server-side figures)
+        return "n/a"
     if " / " in column:
         return f"{value:.3f}x"
     return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
