@@ -160,8 +160,8 @@ def trace_convert(
     src: Path, dst: Path,
     fmt: _Format = None,
     to: Annotated[str, typer.Option(
-        "--to", help="Output format: rt (rt JSONL, lossless) or vidur (CSV, times and "
-        "lengths only).")] = "rt",
+        "--to", help="Output format: rt (rt JSONL, lossless), vidur (CSV, times and "
+        "lengths only) or timed_trace (vLLM bench's JSONL, 16-token hash ids).")] = "rt",
     model: _Model = None, hash_block_size: _HashBlock = None,
     request_rate: _Rate = math.inf, burstiness: _Burst = 1.0, seed: _Seed = 0,
     start: _Start = None, duration: _Duration = None, first_n: _FirstN = None,
@@ -169,13 +169,15 @@ def trace_convert(
 ) -> None:
     """Convert a trace file (any supported format) to rt JSONL or Vidur CSV."""
     with _user_errors():
-        if to not in ("rt", "vidur"):
-            raise workloads.TraceError("must be rt or vidur", column="--to", value=to)
+        if to not in ("rt", "vidur", "timed_trace"):
+            raise workloads.TraceError("must be rt, vidur or timed_trace", column="--to",
+                                       value=to)
         spec = workloads.TransformSpec(start, duration, first_n, time_scale, target_rate,
                                        max_model_len)
         arrivals = workloads.ArrivalProcess(request_rate, burstiness, seed)
         trace, _ = _load_transformed(src, fmt, model, hash_block_size, arrivals, spec)
-        writer = workloads.write_rt_jsonl if to == "rt" else workloads.write_vidur_csv
+        writer = {"rt": workloads.write_rt_jsonl, "vidur": workloads.write_vidur_csv,
+                  "timed_trace": workloads.write_timed_trace}[to]
         writer(trace, dst)
     typer.echo(f"wrote {len(trace)} requests to {dst} ({to})")
 
