@@ -534,6 +534,7 @@ def report(
         options = _report_options(percentile_metrics, metric_percentiles, goodput)
         assert isinstance(options, ReportOptions)
         run = _load_checked(run_dir)
+        home = run_dir if run_dir.is_dir() else run_dir.with_suffix("")  # a vLLM bench JSON
         result = result_dict(run, options)  # type: ignore[arg-type]
         reqs, steps = run.requests, run.steps  # type: ignore[attr-defined]
         typer.echo(benchmark_block(
@@ -545,7 +546,7 @@ def report(
         if not client:
             typer.echo(render_summary(attribution_summary(reqs)))
         if save_result or result_filename is not None:
-            out = result_filename or run_dir / "result.json"
+            out = result_filename or home / "result.json"
             if save_detailed:
                 result.update(detailed(run))  # type: ignore[arg-type]
                 request_attribution(reqs).to_csv(out.with_suffix(".attribution.csv"),
@@ -557,7 +558,7 @@ def report(
             _save_figures(report_figures(reqs, steps, run.name,  # type: ignore[attr-defined]
                                          attribution_buckets(reqs, "ttft"),
                                          attribution_buckets(reqs, "e2el")),
-                          plot_dir or run_dir / "plots")
+                          plot_dir or home / "plots")
 
 
 @app.command("compare")
