@@ -252,16 +252,19 @@ def trace_convert(
     src: Path, dst: Path,
     flags: Annotated[WorkloadFlags, Flags(only=_TRACE_FLAGS)],
     to: Annotated[str, typer.Option(
-        "--to", help="Output format: rt (rt JSONL, lossless) or vidur (CSV, times and "
-        "lengths only).")] = "rt",
+        "--to", help="Output format: rt (rt JSONL, lossless), vidur (CSV, times and lengths "
+        "only) or timed_trace (vLLM bench's JSONL, 16-token hash ids).")] = "rt",
 ) -> None:
-    """Convert a trace file (any supported format) to rt JSONL or Vidur CSV."""
+    """Convert a trace file (any supported format) to rt JSONL, Vidur CSV or vLLM bench's
+    timed_trace JSONL."""
+    writers = {"rt": workloads.write_rt_jsonl, "vidur": workloads.write_vidur_csv,
+               "timed_trace": workloads.write_timed_trace}
     with user_errors():
-        if to not in ("rt", "vidur"):
-            raise workloads.TraceError("must be rt or vidur", column="--to", value=to)
+        if to not in writers:
+            raise workloads.TraceError("must be rt, vidur or timed_trace", column="--to",
+                                       value=to)
         trace = workload(flags, src)
-        writer = workloads.write_rt_jsonl if to == "rt" else workloads.write_vidur_csv
-        writer(trace, dst)
+        writers[to](trace, dst)
     typer.echo(f"wrote {len(trace)} requests to {dst} ({to})")
 
 
@@ -394,11 +397,13 @@ def report(
     from analysis.report import report_run
 
     with user_errors():
-        text, written, figures = report_run(load_checked(run_dir), flags.options(), files)
+        home = run_dir if run_dir.is_dir() else run_dir.with_suffix("")  # a vLLM JSON: FILE/
+        text, written, figures = report_run(load_checked(run_dir), flags.options(), files,
+                                            home)
         typer.echo(text)
         for path in written:
             typer.echo(f"rt: wrote {path}", err=True)
-        save_figures(figures, files.plot_dir or run_dir / "plots")
+        save_figures(figures, files.plot_dir or home / "plots")
 
 
 @app.command("compare")
@@ -841,7 +846,7 @@ def serve(
 
 
 def _serve_simulated(model: str | None, sim: SimFlags, engine: EngineFlags, seed: int
-                     ) -> tuple[Any, dict[str, Any], str, None]:
+                     ) -> tuple[Any, dict[str, Any], str, Path | None]:
     """The wall-clock simulator's executor factory (validated here, built in the engine)."""
     from sim.engine_args import build_setup
     from sim.live_executor import build_live_executor
@@ -851,7 +856,8 @@ def _serve_simulated(model: str | None, sim: SimFlags, engine: EngineFlags, seed
     build_setup(args, sim_model, sim.gpu, sim.profile, seed)  # one-line errors before the fork
     kwargs = {"engine_args": args, "model": sim_model, "gpu": sim.gpu, "profile": sim.profile,
               "seed": seed}
-    return build_live_executor, kwargs, Path(sim_model).name, None
+    model_dir = Path(sim_model) if Path(sim_model).is_dir() else None  # its tokenizer, if any
+    return build_live_executor, kwargs, sim_model, model_dir
 
 
 def _serve_real(model: str | None, engine: EngineFlags, real: RealEngineFlags, seed: int
@@ -865,7 +871,7 @@ def _serve_real(model: str | None, engine: EngineFlags, real: RealEngineFlags, s
     if not (model_dir / "config.json").is_file():
         fail(f"--model {model_dir}: not a model directory (no config.json)")
     args = real_engine_args(model_dir, engine, real, seed)
-    name = "tiny-llama" if model is None else model_dir.name
+    name = "tiny-llama" if model is None else model  # as typed: vLLM's default served name
     return build_real_executor, {"args": args}, name, model_dir
 
 

@@ -95,15 +95,19 @@ def _dedup(labels: list[str], runs: Sequence[Run]) -> list[str]:
 
 
 def _mixed_timing(runs: Sequence[Run]) -> bool:
-    """Some runs are client-timed endpoint runs and some are not, or kinds differ with an
-    endpoint run among them: their engine flags are not comparable (None on one side)."""
+    """Some runs are client-timed (an endpoint replay, a vLLM bench file) and some are not,
+    or kinds differ with one among them: their engine flags are not comparable (None on
+    one side)."""
     kinds = {str(run.info.get("kind")) for run in runs}
-    return "endpoint" in kinds and len(kinds) > 1
+    return bool(kinds & {"endpoint", "vllm-bench"}) and len(kinds) > 1
 
 
 def kind_label(info: dict[str, Any]) -> str:
-    """'endpoint HOST:PORT' for an endpoint run, else the run's kind (simulate, replay)."""
+    """'endpoint HOST:PORT' for an endpoint run, 'vllm bench BACKEND' for a vLLM bench
+    result file, else the run's kind (simulate, replay)."""
     kind = str(info.get("kind") or "run")
+    if kind == "vllm-bench":
+        return f"vllm bench {info.get('backend') or ''}".strip()
     endpoint = info.get("endpoint")
     url = endpoint.get("url") if isinstance(endpoint, dict) else None
     if kind != "endpoint" or not isinstance(url, str):
@@ -152,8 +156,8 @@ def render_table(table: pd.DataFrame) -> str:
 
 
 def _fmt(value: float, column: str) -> str:
-    if value != value:  # NaN
-        return "-"
+    if value != value:  # NaN: not available (a client-timed run's server-side figures)
+        return "n/a"
     if " / " in column:
         return f"{value:.3f}x"
     return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"

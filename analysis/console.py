@@ -81,10 +81,11 @@ def _rt_title() -> str:
 
 def client_rt_block(prefix_hit_rate: float) -> str:
     """rt's block for a client-timed run: a one-line note instead of NaN rows; the prefix
-    cache hit rate comes from the server's reported cached tokens."""
-    return "\n".join([_rt_title(), CLIENT_TIMING_NOTE, "-" * WIDTH,
-                      _line("Prefix cache hit rate (%):", prefix_hit_rate * 100, ".2f"),
-                      "=" * WIDTH])
+    cache hit rate comes from the server's reported cached tokens ("n/a" when the server
+    reported none)."""
+    rate = _line("Prefix cache hit rate (%):", "n/a") if math.isnan(prefix_hit_rate) \
+        else _line("Prefix cache hit rate (%):", prefix_hit_rate * 100, ".2f")
+    return "\n".join([_rt_title(), CLIENT_TIMING_NOTE, "-" * WIDTH, rate, "=" * WIDTH])
 
 
 def rt_block(requests: pd.DataFrame, steps: pd.DataFrame, prefix_hit_rate: float,

@@ -121,7 +121,8 @@ def benchmark_metrics(requests: pd.DataFrame,
         request_throughput=len(done) / duration,
         output_throughput=total_out / duration,
         total_token_throughput=(total_in + total_out) / duration,
-        max_output_tokens_per_s=_peak_tokens_per_second(done, start),
+        max_output_tokens_per_s=_peak_tokens_per_second(
+            done, float(done["arrival_s"].min()) if len(done) else start),
         max_concurrent_requests=_peak_concurrency(done),
         stats={name: summarize(np.asarray(v, dtype=np.float64), percentiles)
                for name, v in values.items()},
@@ -129,21 +130,33 @@ def benchmark_metrics(requests: pd.DataFrame,
 
 
 def _peak_tokens_per_second(done: pd.DataFrame, start: float) -> float:
+    """vLLM's `max_output_tokens_per_s`: the most token times in one second bucket
+    (bucket = int(t - start), start = the first completed request's start)."""
     times = [t for times in done["token_times_s"] for t in times]
     if not times:
         return 0.0
     seconds = np.floor(np.asarray(times) - start).astype(np.int64)
-    return float(np.bincount(seconds).max())
+    return float(np.bincount(seconds[seconds >= 0]).max())
 
 
 def _peak_concurrency(done: pd.DataFrame) -> int:
-    """Largest number of requests in flight, over [arrival, finish) intervals."""
+    """vLLM 0.32's `max_concurrent_requests` ("Peak concurrent requests"), from
+    `vllm/benchmarks/serve.py` `calculate_metrics`: one-second buckets from the first
+    completed request's start t0; a request counts in every bucket from int(start - t0) to
+    int(end - t0), both included; the peak is the fullest bucket. So requests that follow
+    one another within a second all count: it is at least the instantaneous peak (e.g. 22
+    where at most 10 were ever in flight at once). vLLM's main branch later replaced it by
+    the instantaneous peak (a sweep-line over [start, end), after vllm#56653); 0.32 is the
+    `vllm bench serve` this is checked against."""
     if done.empty:
         return 0
-    events = np.concatenate([done["arrival_s"].to_numpy(), done["finish_s"].to_numpy()])
-    deltas = np.concatenate([np.ones(len(done)), -np.ones(len(done))])
-    order = np.lexsort((deltas, events))  # at equal times, finishes (-1) come first
-    return int(np.cumsum(deltas[order]).max())
+    t0 = float(done["arrival_s"].min())
+    first = np.floor(done["arrival_s"].to_numpy(dtype=np.float64) - t0).astype(np.int64)
+    last = np.floor(done["finish_s"].to_numpy(dtype=np.float64) - t0).astype(np.int64)
+    counts = np.zeros(int(last.max()) + 2, dtype=np.int64)
+    np.add.at(counts, first, 1)
+    np.add.at(counts, last + 1, -1)
+    return int(np.cumsum(counts).max())
 
 
 def attribution(requests: pd.DataFrame, percentiles: Sequence[float] = (99,)) -> pd.DataFrame:
@@ -258,7 +271,12 @@ def phase_times(requests: pd.DataFrame) -> pd.DataFrame:
 
 def prefix_cache_hit_rate(requests: pd.DataFrame, info: dict[str, object]) -> float:
     """Hit tokens / queried tokens: the run's scheduler counters when run.json has them
-    (vLLM's prefix_cache_{hits,queries}), else cached / prompt tokens of all requests."""
+    (vLLM's prefix_cache_{hits,queries}), else cached / prompt tokens of all requests. A
+    client-timed run knows cached tokens only if the server reported them
+    (`usage.prompt_tokens_details.cached_tokens`; vLLM needs --enable-prompt-tokens-details):
+    NaN (unknown) when none did."""
+    if info.get("timing") == "client" and not info.get("cached_tokens_reported"):
+        return float("nan")
     counters = info.get("prefix_cache")
     if isinstance(counters, dict) and counters.get("queries"):
         return float(counters["hits"]) / float(counters["queries"])

@@ -219,10 +219,17 @@ def latency_vs_flag(table: pd.DataFrame, flag: str, series_column: str | None = 
 
 def report_figures(requests: pd.DataFrame, steps: pd.DataFrame, label: str,
                    by_ttft: pd.DataFrame, by_e2e: pd.DataFrame) -> dict[str, Figure]:
-    """The PNGs of `rt report`, by file stem."""
+    """The PNGs of `rt report`, by file stem. No attribution figure when no part has a
+    value (a client-timed run: the parts are NaN), no timeline without steps."""
     series = {label: latency_values(requests)}
-    figures = {"percentiles": percentile_curves(series), "cdf": cdfs(series),
-               "attribution": attribution_bars(by_ttft, by_e2e)}
+    figures = {"percentiles": percentile_curves(series), "cdf": cdfs(series)}
+    if _has_parts(by_ttft) or _has_parts(by_e2e):
+        figures["attribution"] = attribution_bars(by_ttft, by_e2e)
     if len(steps):
         figures["timeline"] = timeline(steps)
     return figures
+
+
+def _has_parts(table: pd.DataFrame) -> bool:
+    values = table[[c for c in PART_MS if c in table]].to_numpy(dtype=np.float64)
+    return bool(np.nan_to_num(values).any())

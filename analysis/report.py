@@ -198,20 +198,30 @@ def result_dict(run: Run, options: ReportOptions | None = None) -> dict[str, Any
 
 
 def _rt_keys(run: Run, options: ReportOptions) -> dict[str, Any]:
+    """rt's keys. A client-timed run (`timing: client`) has no server-side figures: they
+    are None (JSON null; "n/a" in `rt compare`), never 0."""
     requests, steps = run.requests, run.steps
+    client = run.info.get("timing") == "client"
     phases = phase_times(requests)
     out: dict[str, Any] = {}
     for name in PHASES:
         stats = summarize(phases[name].to_numpy(dtype=np.float64), options.percentiles)
-        out.update(metric_keys(name, stats))
+        out.update({k: None if client else v for k, v in metric_keys(name, stats).items()})
     kv = steps["kv_usage"].to_numpy(dtype=np.float64) if len(steps) else np.zeros(1)
-    out.update({
+    hit_rate = prefix_cache_hit_rate(requests, run.info)
+    server: dict[str, Any] = {
         "num_preemptions": int(requests["num_preemptions"].sum()),
         "num_preempted_requests": int((requests["num_preemptions"] > 0).sum()),
-        "prefix_cache_hit_rate": prefix_cache_hit_rate(requests, run.info),
+        "prefix_cache_hit_rate": None if math.isnan(hit_rate) else hit_rate,
         "mean_kv_cache_usage": float(kv.mean()),
         "max_kv_cache_usage": float(kv.max()),
         "num_engine_steps": len(steps),
+    }
+    if client:
+        server = {k: None for k in server} | {"prefix_cache_hit_rate":
+                                               server["prefix_cache_hit_rate"]}
+    out.update(server)
+    out.update({
         "measured_request_rate": _rate_value(measured_rate(requests)),
         "goodput_config": dict(options.goodput) or None,
         "percentile_metrics": ",".join(options.percentile_metrics),
@@ -236,7 +246,7 @@ def detailed(run: Run) -> dict[str, Any]:
     }
 
 
-def report_run(run: Run, options: ReportOptions, files: ReportFiles
+def report_run(run: Run, options: ReportOptions, files: ReportFiles, home: Path | None = None
                ) -> tuple[str, list[Path], dict[str, Any]]:
     """`rt report` of one checked run: the text to print (vLLM's block, rt's block and, for a
     server-timed run, the attribution), the files written (the result JSON, with
@@ -263,7 +273,7 @@ def report_run(run: Run, options: ReportOptions, files: ReportFiles
 
         text.append(fleet_block(reqs, steps))
     written = _report_files(run, options, files)
-    out = files.result_path(run.path)
+    out = files.result_path(home or run.path)
     if out is not None:
         if files.save_detailed:
             result.update(detailed(run))

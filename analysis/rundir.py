@@ -4,6 +4,9 @@
     <run>/steps.parquet      one row per engine step (runtime.records.StepRecord's columns)
     <run>/run.json           every config value, the seed, rt's version, the trace digest
 
+A `vllm bench serve --save-result --save-detailed` JSON file also loads as a (client-timed)
+run: see `analysis.vllm_bench`.
+
 Writing is deterministic: the same rows give byte-identical parquet files.
 """
 
@@ -59,7 +62,12 @@ def _write_table(path: Path, rows: Rows) -> None:
 
 
 def load_run(path: Path) -> Run:
-    """Read a run directory; a missing or malformed one raises ValueError naming the file."""
+    """Read a run directory, or a `vllm bench serve --save-detailed` result JSON file
+    (`analysis.vllm_bench`); a missing or malformed one raises ValueError naming the file."""
+    if path.is_file() and path.suffix == ".json":
+        from analysis.vllm_bench import load_vllm_bench
+
+        return load_vllm_bench(path)
     for name in (REQUESTS_FILE, STEPS_FILE, RUN_FILE):
         if not (path / name).is_file():
             raise ValueError(f"{path}: not a run directory ({name} is missing)")

@@ -35,6 +35,7 @@ from workloads.synthetic import (
     resample_like,
     resample_trace,
 )
+from workloads.timed_trace import write_timed_trace
 from workloads.tokens import (
     RESERVED_TOKEN_IDS,
     output_token_ids,
@@ -65,5 +66,6 @@ __all__ = [
     "prefix_reuse", "prompt_token_ids", "random_trace", "read_rows", "read_rt_jsonl",
     "resample_like", "resample_trace", "rows_stats", "scale_time", "stream_token_ids",
     "time_window", "to_mean_rate", "trace_stats", "vllm_arrival_times", "write_rt_jsonl",
+    "write_timed_trace",
     "write_vidur_csv",
 ]

@@ -4,6 +4,7 @@
 |---|---|---|---|
 | `mooncake` | `timestamp, input_length, output_length, hash_ids` | milliseconds | 512 |
 | `bailian` | the same plus `chat_id, parent_chat_id` (-1 = root) | seconds | 16 |
+| `timed_trace` | Mooncake's (vLLM's timed_trace dataset; never detected) | seconds | 16 |
 
 Equal hash ids name equal token blocks (`workloads.tokens`). A row may list fewer ids than
 ceil(input_length / block) (its tail is then request-unique, counted in the load report) but
@@ -56,6 +57,14 @@ def parse_bailian(path: Path, hash_block_size: int | None = None) -> RawRows:
     return _rows("bailian", path, cols, seconds_per_unit=1.0,
                  block=hash_block_size or BAILIAN_BLOCK_SIZE, ids=cols.chat_id,
                  sessions=_sessions(cols.chat_id, cols.parent_id))
+
+
+def parse_timed_trace(path: Path, hash_block_size: int | None = None) -> RawRows:
+    """vLLM timed_trace JSONL (`workloads.timed_trace`): Mooncake's keys, timestamps in s,
+    16-token hash blocks unless overridden (vLLM's --timed-trace-chunk-hash-size)."""
+    cols = _read(path, MOONCAKE_KEYS, with_chat=False)
+    return _rows("timed_trace", path, cols, seconds_per_unit=1.0,
+                 block=hash_block_size or BAILIAN_BLOCK_SIZE, ids=None, sessions=None)
 
 
 def _rows(fmt: str, path: Path, cols: _Columns, *, seconds_per_unit: float, block: int,

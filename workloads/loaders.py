@@ -34,12 +34,13 @@ from workloads.jsonl_formats import (
     open_text,
     parse_bailian,
     parse_mooncake,
+    parse_timed_trace,
 )
 from workloads.rows import LoadReport, RawRows, rows_to_trace
 from workloads.rtformat import FORMAT_NAME, read_rt_jsonl
 from workloads.trace import Trace
 
-FORMATS = ("rt", "azure", "burstgpt", "mooncake", "bailian", "vidur", "lengths")
+FORMATS = ("rt", "azure", "burstgpt", "mooncake", "bailian", "vidur", "lengths", "timed_trace")
 _CSV_SIGNATURES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("azure", AZURE_COLUMNS), ("burstgpt", BURSTGPT_COLUMNS), ("vidur", VIDUR_COLUMNS),
     ("lengths", LENGTH_COLUMNS))
@@ -184,4 +185,5 @@ _PARSERS: dict[str, Callable[[Path, int | None], RawRows]] = {
     "lengths": _csv_parser(parse_lengths),
     "mooncake": parse_mooncake,
     "bailian": parse_bailian,
+    "timed_trace": parse_timed_trace,
 }

@@ -124,6 +124,8 @@ class EndpointResult:
     step_columns: dict[str, list[object]] = field(default_factory=dict)
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    cached_tokens_reported: int = 0  # requests whose usage had cached_tokens (vLLM: only
+    # with --enable-prompt-tokens-details; else the prefix hit rate is unknown, not 0)
 
     @property
     def num_steps(self) -> int:
@@ -217,7 +219,7 @@ class _Stream:
     finish_reason: str | None = None
     stop_reason: str | None = None
     completion_tokens: int | None = None
-    cached_tokens: int = 0
+    cached_tokens: int | None = None  # None: usage had no prompt_tokens_details.cached_tokens
     error: str | None = None
     failed_s: float | None = None
 
@@ -271,7 +273,9 @@ async def _replay(trace: Trace, config: EndpointConfig, url: str,
                if req.request_id in streams]
     errors = {rid: s.error for rid, s in streams.items() if s.error is not None}
     missing = sum(s.completion_tokens is None and s.error is None for s in streams.values())
-    return EndpointResult(records, errors, wall, missing, interrupted)
+    reported = sum(s.cached_tokens is not None for s in streams.values())
+    return EndpointResult(records, errors, wall, missing, interrupted,
+                          cached_tokens_reported=reported)
 
 
 async def _send(client: httpx.AsyncClient, url: str, body: dict[str, Any], request_id: str,
@@ -369,7 +373,7 @@ def _record(req: TraceRequest, s: _Stream) -> RequestRecord:
         max_tokens=req.output_len,
         first_token_s=s.chunk_times[0] if s.chunk_times else None, finish_s=finish,
         status=status, finish_reason=finish_reason, stop_reason=stop_reason,
-        output_len=output_len, cached_tokens=s.cached_tokens,
+        output_len=output_len, cached_tokens=s.cached_tokens or 0,
         token_times_s=list(s.chunk_times))
     for name in UNKNOWN_COLUMNS:
         setattr(record, name, NAN)
@@ -426,6 +430,7 @@ def run_info(result: EndpointResult, config: EndpointConfig, info: EndpointInfo
         "interrupted": result.interrupted,
         "failed": result.num_failed,
         "usage_missing": result.usage_missing,
+        "cached_tokens_reported": result.cached_tokens_reported,
         "errors": dict(result.errors),
     }
 

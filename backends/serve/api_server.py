@@ -238,12 +238,12 @@ class Server:
         obj = "chat.completion.chunk" if chat else "text_completion"
         head = {"id": rid, "object": obj, "created": created, "model": model}
         parsed = gen.parsed
+        first = True
         try:
-            if chat:
-                yield _sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant",
-                                                                        "content": ""},
-                                                 "logprobs": None, "finish_reason": None}]})
             async for text, out in self.outputs(gen):
+                if chat and first:
+                    yield _sse(self._role_chunk(gen, head))
+                first = False
                 choice: dict[str, Any] = {"index": 0, "logprobs": None,
                                           "finish_reason": out.finish_reason,
                                           "stop_reason": out.stop_reason}
@@ -262,6 +262,22 @@ class Server:
             yield _sse(err.body())
         finally:
             self._forget(gen, abort=True)
+
+    @staticmethod
+    def _role_chunk(gen: _Generation, head: dict[str, Any]) -> dict[str, Any]:
+        """The chat stream's first chunk (role, empty content). As vLLM, it is sent with the
+        first engine output, i.e. just before the first token's chunk, never earlier: vLLM's
+        bench client stamps TTFT at the first chunk carrying `choices`, so a role chunk sent
+        at once would make TTFT read as the request's network round trip (vLLM 0.32,
+        entrypoints/openai/chat_completion/serving.py, chat_completion_stream_generator:
+        the role is sent `if first_iteration` inside `async for res in result_generator`)."""
+        chunk = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                      "logprobs": None, "finish_reason": None}]}
+        if gen.parsed.continuous_usage:
+            prompt = len(gen.parsed.prompt_ids)
+            chunk["usage"] = {"prompt_tokens": prompt, "completion_tokens": 0,
+                              "total_tokens": prompt}
+        return chunk
 
     def response(self, gen: _Generation, text: str, model: str, chat: bool) -> dict[str, Any]:
         rid = ("chatcmpl-" if chat else "cmpl-") + gen.request_id

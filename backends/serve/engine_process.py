@@ -260,7 +260,11 @@ class EngineLoop:
             if req_id in done:
                 outputs.append(self._final(live))
             else:
-                outputs.append(RequestOutput(req_id, self._new_tokens(live)))
+                # Every output carries the prefix-cache hit (vLLM's EngineCoreOutput
+                # .num_cached_tokens): the API server counts it at the first one.
+                outputs.append(RequestOutput(req_id, self._new_tokens(live),
+                                             num_cached_tokens=live.request.num_cached_tokens
+                                             or 0))
         return outputs
 
     def _abort_pending(self) -> list[RequestOutput]:

@@ -32,7 +32,9 @@ class EngineRequest:
 class RequestOutput:
     """A request's new tokens of one step; `finish_reason` set on its last output.
 
-    The timing fields (monotonic seconds, engine clock) are filled on the last output:
+    `num_cached_tokens` (prompt tokens found in the prefix cache at the first admission) is
+    set on every output. The timing fields (monotonic seconds, engine clock) are filled on
+    the last output:
     `queued_s` (entered the engine), `scheduled_s` (first admission), `first_token_s`,
     `last_token_s`."""
 

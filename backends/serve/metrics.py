@@ -166,6 +166,11 @@ class ServeMetrics:
             self.preemptions.inc(preemptions)
 
     def on_first_output(self, prompt_len: int, cached: int, ttft_s: float) -> None:
+        """A request's first output (its first token), with `cached` = prompt tokens found
+        in the prefix cache at its first admission. As vLLM 0.32 (v1/metrics/stats.py
+        PromptTokenStats.update_from_output on the prefilling output, loggers.py record):
+        prompt_tokens += prompt_len, prompt_tokens_by_source{local_compute} += prompt_len -
+        cached, {local_cache_hit} += cached, prompt_tokens_cached += cached."""
         self.prompt_tokens.inc(prompt_len)
         self.prompt_computed.inc(prompt_len - cached)
         self.prompt_cache_hit.inc(cached)
@@ -178,6 +183,10 @@ class ServeMetrics:
             self.itl.observe(itl_s)
 
     def on_iteration(self, tokens: int) -> None:
+        """One engine step's outputs: `tokens` = the computed (not cached) prompt tokens of
+        the requests whose first token came in this step + the new tokens of all of them.
+        vLLM 0.32 observes `prompt_token_stats.computed + num_generation_tokens` once per
+        engine output batch that has outputs (loggers.py, histogram_iteration_tokens)."""
         if tokens:
             self.iteration.observe(tokens)
 
