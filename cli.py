@@ -457,6 +457,8 @@ def sweep(
     grid: Annotated[EngineArgs, Flags(only=_SWEEP_ENGINE, lists=True, panel=GRID_PANEL)],
     targets: Annotated[SimFlags, Flags(only=("model", "gpu"), lists=True, panel=GRID_PANEL,
                                        defaults={"model": "llama-3.1-8b", "gpu": "h200"})],
+    fleets: Annotated[FleetFlags, Flags(only=("replicas", "router"), lists=True,
+                                        panel=GRID_PANEL)],
     sim: Annotated[SimFlags, Flags(only=("profile",))],
     flags: Annotated[ReportFlags, Flags(defaults={"percentile_metrics": "ttft,tpot,itl,e2el",
                                                   "metric_percentiles": "50,90,99"})],
@@ -477,7 +479,9 @@ def sweep(
         if how.find_max_rate and not slos:
             raise ValueError("--find-max-rate needs --slo")
         key, axis = how.axis()
-        plan = SweepPlan(sweep_configs(grid, targets["model"], targets["gpu"]),
+        plan = SweepPlan(sweep_configs(grid, targets["model"], targets["gpu"],
+                                       fleets.get("replicas", [1]),
+                                       fleets.get("router", ["round-robin"])),
                          *_sweep_workload(trace_file, work, key == "time_scale"), sim.profile,
                          work.seed, result_dir or default_dir("sweep"))
         run = functools.partial(_run_sweep_jobs, options=_sweep_options(flags, slos),

@@ -208,7 +208,8 @@ def write_sweep(records: list[dict[str, Any]], root: Path, grid_keys: Sequence[s
     """Write root/sweep.csv, root/sweep.json and root/sweep.html (the table and the figures,
     self-contained); return the table as text and the figures
     (latency against each swept engine flag, and against rate when 3+ rates ran)."""
-    point_keys = [k for k in records[0] if k in grid_keys or k in ("model", "gpu", "time_scale")]
+    point_keys = [k for k in records[0] if k in grid_keys
+                  or k in ("model", "gpu", "replicas", "router", "time_scale")]
     if "request_rate" not in point_keys:
         point_keys.append("request_rate")
     table = results_table(records, point_keys, slos)

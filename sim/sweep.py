@@ -99,6 +99,8 @@ class SweepPoint:
     profile: str | None
     seed: int
     labels: Mapping[str, Any]
+    replicas: int = 1  # > 1: a fleet of identical replicas behind `router`
+    router: str = "round-robin"
 
 
 def engine_grid(base: EngineArgs, values: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
@@ -124,19 +126,24 @@ class SweepConfig:
     engine_args: EngineArgs
     model: str
     gpu: str
+    replicas: int = 1
+    router: str = "round-robin"
 
 
 def sweep_configs(flag_lists: Mapping[str, Sequence[Any]], models: Sequence[str],
-                  gpus: Sequence[str]) -> list[SweepConfig]:
-    """The Cartesian product of engine-flag values x models x GPUs, in that order; a model
-    or GPU is a label only when more than one is swept."""
+                  gpus: Sequence[str], replicas: Sequence[int] = (1,),
+                  routers: Sequence[str] = ("round-robin",)) -> list[SweepConfig]:
+    """The Cartesian product of engine-flag values x models x GPUs x replica counts x
+    routers, in that order; a model, GPU, replica count or router is a label only when more
+    than one is swept."""
     configs = []
-    for named, model, gpu in itertools.product(engine_grid(EngineArgs(), flag_lists), models,
-                                               gpus):
+    for named, model, gpu, count, router in itertools.product(
+            engine_grid(EngineArgs(), flag_lists), models, gpus, replicas, routers):
         labels = dict(named)
-        labels.update({"model": model} if len(models) > 1 else {})
-        labels.update({"gpu": gpu} if len(gpus) > 1 else {})
-        configs.append(SweepConfig(labels, EngineArgs(**named), model, gpu))
+        for key, value, values in (("model", model, models), ("gpu", gpu, gpus),
+                                   ("replicas", count, replicas), ("router", router, routers)):
+            labels.update({key: value} if len(values) > 1 else {})
+        configs.append(SweepConfig(labels, EngineArgs(**named), model, gpu, count, router))
     return configs
 
 
@@ -149,9 +156,16 @@ def point_name(index: int, labels: Mapping[str, Any]) -> str:
 
 
 def simulate_point(point: SweepPoint) -> tuple[SimResult, SimSetup]:
-    """Build the setup from the point's flags and run the simulation."""
+    """Build the setup from the point's flags and run the simulation (a fleet behind the
+    point's router when it has more than one replica)."""
     setup = build_setup(point.engine_args, point.model, point.gpu, point.profile, point.seed)
-    return simulate(point.trace, setup.config, setup.cost_model), setup
+    if point.replicas == 1:
+        return simulate(point.trace, setup.config, setup.cost_model), setup
+    from runtime.router import make_policy
+    from sim.fleet import simulate_fleet
+
+    policy = make_policy(point.router, [], point.seed)
+    return simulate_fleet(point.trace, [setup] * point.replicas, policy), setup
 
 
 Progress = Callable[[int, int], None]  # (runs done, runs in total)
@@ -244,7 +258,8 @@ class SweepPlan:
         config = self.configs[index]
         labels = {**config.labels, **({} if key is None else {key: value})}
         point = SweepPoint(self.trace(key, value), config.engine_args, config.model,
-                           config.gpu, self.profile, self.seed, labels)
+                           config.gpu, self.profile, self.seed, labels, config.replicas,
+                           config.router)
         self.made += 1
         return point, str(self.root / point_name(self.made - 1, labels))
 

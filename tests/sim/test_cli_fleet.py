@@ -102,3 +102,21 @@ def test_replica_table_by_hand() -> None:
     summary = fleet_summary(table)
     assert summary["prefix_hit_rate"] == 0.25  # 150 of 600 prompt tokens
     assert summary["request_imbalance"] == pytest.approx(2 / 1.5)
+
+
+def test_sweep_takes_replica_counts_and_routers_as_lists(small_trace: Path,
+                                                         tmp_path: Path) -> None:
+    result = runner.invoke(app, ["sweep", "--trace", str(small_trace), "--replicas", "1,2",
+                                 "--router", "round-robin,least-outstanding", "--jobs", "1",
+                                 "--no-plots", "--result-dir", str(tmp_path / "s")])
+    assert result.exit_code == 0, result.stderr
+    table = pd.read_csv(tmp_path / "s" / "sweep.csv")
+    assert list(zip(table["replicas"], table["router"], strict=True)) == [
+        (1, "round-robin"), (1, "least-outstanding"), (2, "round-robin"),
+        (2, "least-outstanding")]
+    runs = sorted((tmp_path / "s").glob("00[23]-*"))
+    assert all("replica" in load_run(run).requests.columns for run in runs)
+    assert list(load_run(runs[0]).requests["replica"]) == [i % 2 for i in range(30)]
+    # one replica is the single engine: both routers give the same records
+    one = sorted((tmp_path / "s").glob("00[01]-*"))
+    assert load_run(one[0]).requests.equals(load_run(one[1]).requests)
