@@ -89,6 +89,7 @@ class PoolTimeline:
     times_s: list[float] = field(default_factory=list)
     serving: list[int] = field(default_factory=list)
     provisioned: list[int] = field(default_factory=list)
+    decisions: list[tuple[float, int]] = field(default_factory=list)  # (tick, wanted)
     gpu_hours: float = 0.0
 
     @property
@@ -129,13 +130,14 @@ class ScalingTimeline:
                 "pools": [{"name": p.name, "gpus_per_replica": p.gpus_per_replica,
                            "cost_per_hour": p.cost_per_hour, "gpu_hours": p.gpu_hours,
                            "cost": p.cost, "times_s": p.times_s, "serving": p.serving,
-                           "provisioned": p.provisioned} for p in self.pools]}
+                           "provisioned": p.provisioned,
+                           "decisions": [list(d) for d in p.decisions]} for p in self.pools]}
 
 
 def fixed_timeline(names: Sequence[str], counts: Sequence[int], gpus: Sequence[int],
                    costs: Sequence[float], end_s: float) -> ScalingTimeline:
     """The timeline of a fleet that never scales: every replica up from 0 to `end_s`."""
-    pools = [PoolTimeline(name, g, c, [0.0], [n], [n], n * g * end_s / 3600)
+    pools = [PoolTimeline(name, g, c, [0.0], [n], [n], gpu_hours=n * g * end_s / 3600)
              for name, n, g, c in zip(names, counts, gpus, costs, strict=True)]
     return ScalingTimeline(pools, end_s)
 
@@ -228,8 +230,11 @@ class _AutoscaledFleet(_Fleet):
         current = sum(self.state[i] in (State.STARTING, State.SERVING) for i in pool.replicas)
         serving = [self.replicas[i].snapshot(now) for i in pool.replicas
                    if self.state[i] is State.SERVING]
-        obs = PoolObservation(now, self.interval_s, current, serving, window.stats(arrived))
+        starting = sum(self.state[i] is State.STARTING for i in pool.replicas)
+        obs = PoolObservation(now, self.interval_s, current, serving, window.stats(arrived),
+                              starting)
         wanted = min(max(pool.policy.desired(obs), pool.min_replicas), len(pool.replicas))
+        self.timeline[k].decisions.append((now, wanted))
         self.windows[k] = _Window(arrived_before=arrived)
         for _ in range(wanted - current):
             self._start(k, now)

@@ -51,6 +51,7 @@ class PoolObservation:
     current: int  # replicas wanted at the last tick: serving or starting
     serving: Sequence[ReplicaSnapshot]  # metrics of the replicas taking traffic
     window: WindowStats
+    starting: int = 0  # replicas started but not yet serving
 
 
 class ScalingPolicy(Protocol):
@@ -65,11 +66,13 @@ class KvThreshold:
     `sim/cluster/autoscaler.go`, README: tick 10 s, scale up above 0.8 KV use, down below
     0.3, 5-minute down-stabilisation window):
 
-        up     mean KV usage of the serving replicas > scale_up_kv, or their mean waiting
-               queue >= scale_up_waiting (WVA's queueLengthThreshold, 5): current + 1;
+        up     mean KV usage > scale_up_kv, or mean waiting queue >= scale_up_waiting
+               (WVA's queueLengthThreshold, 5): current + 1;
         down   mean KV usage < scale_down_kv at every tick for down_window_s (the window
                restarts after each step down and on any tick not below): current - 1;
         else   current.
+    Means are over the serving replicas and the starting ones, counted empty (WVA's
+    saturation analyzer "includes pending replicas to avoid excessive scale-up").
     Scale-up has no window (HPA's default, 0 s)."""
 
     scale_up_kv: float = 0.8
@@ -82,8 +85,9 @@ class KvThreshold:
         serving, current, now = obs.serving, obs.current, obs.now_s
         if not serving:
             return current
-        kv = sum(s.kv_usage for s in serving) / len(serving)
-        waiting = sum(s.num_waiting for s in serving) / len(serving)
+        n = len(serving) + obs.starting
+        kv = sum(s.kv_usage for s in serving) / n
+        waiting = sum(s.num_waiting for s in serving) / n
         if kv > self.scale_up_kv or waiting >= self.scale_up_waiting:
             self._low_since = None
             return current + 1

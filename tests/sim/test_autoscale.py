@@ -4,6 +4,7 @@ cancelling a start, and GPU-hours by hand."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,9 @@ def test_kv_threshold_sequence_by_hand() -> None:
     # restarts at 360 (not low), again at 370: down at 670; after a step down the next
     # window starts at the next low tick (970, BLIS's "fresh window")
     assert wanted == [2, 3, 4, 5, 5, 5, 5, 4, 4, 4, 4, 3, 3]
+    # starting replicas count as empty: one serving at 0.9 KV and one starting is 0.45
+    assert KvThreshold().desired(observe(0, 0.9, 1)) == 2
+    assert KvThreshold().desired(dataclasses.replace(observe(0, 0.9, 1), starting=1)) == 1
 
 
 class LinearCost:
