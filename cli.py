@@ -340,7 +340,7 @@ def run_simulation(trace: workloads.Trace, setup: SimSetup, path: Path,
 
 def run_fleet(trace: workloads.Trace, setup: SimSetup, fleet: FleetFlags, pd: PDFlags,
               path: Path, percentiles: list[float], request_rate: float | None,
-              autoscale: AutoscaleFlags = AutoscaleFlags()) -> None:
+              autoscale: AutoscaleFlags) -> None:
     """`setup` x --replicas (or the --fleet file's pools) behind the --router policy; with a
     P/D decider or pools with roles, prefill and decode disaggregated (`sim.pd`); with
     --autoscale, pools scaled in the loop (`sim.autoscale`)."""

@@ -20,6 +20,7 @@ the last request's finish). The run's records are `simulate_fleet`'s.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Generator, Sequence
@@ -253,10 +254,10 @@ class _AutoscaledFleet(_Fleet):
         self.state[i], self.up_since[i] = State.STARTING, now
         self.generation[i] += 1
         ready = self.env.timeout(self.pools[k].startup_s)
-        ready.callbacks.append(lambda _, i=i, g=self.generation[i]: self._ready(i, g))
+        ready.callbacks.append(functools.partial(self._ready, i, self.generation[i]))
         self._record(k, now)
 
-    def _ready(self, i: int, generation: int) -> None:
+    def _ready(self, i: int, generation: int, _: simpy.Event) -> None:
         if self.generation[i] != generation or self.state[i] is not State.STARTING:
             return
         self.state[i] = State.SERVING

@@ -15,13 +15,17 @@ from typing import Any
 
 from runtime.flags import flag
 from runtime.router import make_policy
-from sim.autoscale import ScalingPool, ScalingTimeline, fixed_timeline, model_load_s, \
-    simulate_autoscaled
+from sim.autoscale import (
+    ScalingPool,
+    ScalingTimeline,
+    fixed_timeline,
+    model_load_s,
+    simulate_autoscaled,
+)
 from sim.engine_args import SimSetup
 from sim.fleet_config import FleetFlags, FleetSpec, build_fleet
 from sim.fleet_records import FleetResult
-from sim.scaling_policies import DEFAULT_INTERVAL_S, POLICIES, EngineBench, \
-    make_scaling_policy
+from sim.scaling_policies import DEFAULT_INTERVAL_S, POLICIES, EngineBench, make_scaling_policy
 from sim.simulator import Progress
 from workloads import Trace
 
