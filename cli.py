@@ -37,6 +37,7 @@ from backends.serve.flags import SERVER_PANEL, ServeFlags
 from runtime.config import EngineFlags
 from runtime.flags import FlagGroup as Flags
 from runtime.flags import FlagSpec, build_group, group_specs
+from sim.autoscale_flags import AutoscaleFlags
 from sim.engine_args import EngineArgs, SimFlags
 from sim.fidelity import CALIBRATION_PANEL, CalibrationFlags, FidelityFlags
 from sim.fleet_config import FleetFlags
@@ -299,6 +300,7 @@ def simulate(
     sim: Annotated[SimFlags, Flags()],
     fleet: Annotated[FleetFlags, Flags()],
     pd: Annotated[PDFlags, Flags()],
+    autoscale: Annotated[AutoscaleFlags, Flags()],
     report: _Percentiles,
     result_dir: _result_dir("simulate") = None,
     check_invariants: _CheckInvariants = False,
@@ -319,8 +321,8 @@ def simulate(
                             check_invariants, sim.step_noise)
         rate = work.request_rate if work.dataset_name is not None else None
         path = result_dir or default_dir("simulate")
-        if fleet.is_fleet:
-            run_fleet(trace, setup, fleet, pd, path, list(percentiles), rate)
+        if fleet.is_fleet or autoscale.enabled:
+            run_fleet(trace, setup, fleet, pd, path, list(percentiles), rate, autoscale)
         elif pd.pd_decider != "never":
             raise ValueError("--pd-decider needs a fleet: --replicas N or --fleet FILE")
         else:
@@ -340,11 +342,15 @@ def run_simulation(trace: workloads.Trace, setup: SimSetup, path: Path,
 
 
 def run_fleet(trace: workloads.Trace, setup: SimSetup, fleet: FleetFlags, pd: PDFlags,
-              path: Path, percentiles: list[float], request_rate: float | None) -> None:
+              path: Path, percentiles: list[float], request_rate: float | None,
+              autoscale: AutoscaleFlags) -> None:
     """`setup` x --replicas (or the --fleet file's pools) behind the --router policy; with a
-    P/D decider or pools with roles, prefill and decode disaggregated (`sim.pd`)."""
+    P/D decider or pools with roles, prefill and decode disaggregated (`sim.pd`); with
+    --autoscale, pools scaled in the loop (`sim.autoscale`)."""
     from analysis.fleet import fleet_block
+    from analysis.scaling import replica_figure, scaling_block
     from runtime.router.registry import make_policy
+    from sim.autoscale_flags import fixed_scaling, simulate_autoscaled_fleet
     from sim.fleet import simulate_fleet
     from sim.fleet_config import build_fleet, load_fleet
     from sim.pd import simulate_pd_fleet
@@ -354,19 +360,32 @@ def run_fleet(trace: workloads.Trace, setup: SimSetup, fleet: FleetFlags, pd: PD
     replicas = (build_fleet(spec, config.seed, config.check_invariants,
                             config.step_noise is not None) if spec else [setup] * fleet.replicas)
     roles = spec.roles() if spec else None
+    policy = make_policy(fleet.router, fleet.router_arg or [], config.seed)  # bad: one line
+    if autoscale.enabled and pd.is_pd(roles):
+        raise ValueError("--autoscale does not combine with P/D (--pd-decider, pool roles) yet")
     for line in replicas[0].startup_lines:
         typer.echo(line, err=True)
     with progress("simulating", len(trace)) as update:
-        if pd.is_pd(roles):
+        if autoscale.enabled:
+            result, scaling = simulate_autoscaled_fleet(trace, setup, spec, fleet, autoscale,
+                                                        update)
+        elif pd.is_pd(roles):
             result = simulate_pd_fleet(trace, replicas, roles, fleet, pd, config.seed, update)
         else:
-            policy = make_policy(fleet.router, fleet.router_arg or [], config.seed)
             result = simulate_fleet(trace, replicas, policy, fleet.router_refresh_ms / 1e3,
                                     fleet.routing_latency_ms / 1e3, update)
+    if not autoscale.enabled:
+        scaling = fixed_scaling(setup, spec, fleet, autoscale, result)
     run = save_run(path, "simulate", trace, result, replicas[0].describe(),
-                   fleet=fleet.describe(spec), pd=pd.describe() if pd.is_pd(roles) else None)
+                   fleet=fleet.describe(spec), pd=pd.describe() if pd.is_pd(roles) else None,
+                   autoscale=autoscale.describe() if autoscale.enabled else None,
+                   scaling=scaling.to_json())
     print_run(run, result, percentiles, request_rate)
     typer.echo(fleet_block(run.requests, run.steps))
+    typer.echo(scaling_block(run.info["scaling"]))
+    if autoscale.enabled:
+        save_figures({"replicas": replica_figure(run.info["scaling"], run.requests)},
+                     run.path / "plots")
 
 
 # ---- rt report / compare / sweep (analysis) ----

@@ -227,6 +227,9 @@ def _rt_keys(run: Run, options: ReportOptions) -> dict[str, Any]:
         "percentile_metrics": ",".join(options.percentile_metrics),
         "metric_percentiles": ",".join(_pkey(p)[1:] for p in options.percentiles),
     })
+    scaling = run.info.get("scaling")
+    if scaling:  # a fleet run: GPU-hours and cost (analysis.scaling)
+        out.update({"gpu_hours": scaling["gpu_hours"], "cost": scaling["cost"]})
     return out
 
 
@@ -272,6 +275,10 @@ def report_run(run: Run, options: ReportOptions, files: ReportFiles, home: Path 
         from analysis.fleet import fleet_block
 
         text.append(fleet_block(reqs, steps))
+    if run.info.get("scaling"):
+        from analysis.scaling import scaling_block
+
+        text.append(scaling_block(run.info["scaling"]))
     written = _report_files(run, options, files)
     out = files.result_path(home or run.path)
     if out is not None:
@@ -288,6 +295,10 @@ def report_run(run: Run, options: ReportOptions, files: ReportFiles, home: Path 
 
         figures = report_figures(reqs, steps, run.name, attribution_buckets(reqs, "ttft"),
                                  attribution_buckets(reqs, "e2el"))
+        if (run.info.get("scaling") or {}).get("policy"):
+            from analysis.scaling import replica_figure
+
+            figures["replicas"] = replica_figure(run.info["scaling"], reqs)
     return "\n".join(text), written, figures
 
 

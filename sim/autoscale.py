@@ -1,226 +1,343 @@
-"""Autoscaling in the loop (`simulate_autoscaled`): a policy, evaluated every `interval_s`
-over the fleet's own metrics, sets how many replicas take traffic.
+"""Autoscaling in the loop (`simulate_autoscaled`): every `interval_s` each pool's policy
+(`sim.scaling_policies`) reads the pool's serving replicas and its traffic over the last
+interval and says how many replicas the pool wants; the autoscaler clamps that to
+[min_replicas, the pool's size] and acts:
 
-    tick        every interval_s: the policy reads the serving replicas' snapshots (what the
-                router sees: KV usage, waiting, running) and returns a replica count,
-                clamped to [min_replicas, number of replica setups];
-    scale up    a stopped replica starts: provisioned at once (it costs from then), it takes
-                traffic `startup_s` later (model load: weights / disk bandwidth, plus a fixed
-                engine start; `startup_s`);
-    scale down  the newest serving replica stops taking traffic and drains: it finishes what
-                it holds, then stops (it costs until its last step ends).
-Replicas are the given setups, started in index order (the first `initial_replicas` serve
-from t = 0). Output: a `ScalingTimeline` (serving and provisioned counts over time) and
-GPU-hours; `simulate_fleet`'s records otherwise.
+    scale up    a stopped replica starts (lowest index first): it is provisioned, and costs,
+                from then; it takes traffic `startup_s` later (model load: `model_load_s`);
+    scale down  starting replicas are cancelled first (they stop at once, as Kubernetes
+                deletes not-ready pods first), then the most recently started serving
+                replicas drain: they take no new request, finish what they hold (queued
+                and in the API server included), and stop at the end of their last step.
+A replica that stops loses its prefix cache (a new pod starts cold). Replica states:
 
-`KvThreshold` is llm-d's workload variant autoscaler as BLIS models it: scale up by one when
-the mean KV usage of the serving replicas is above 0.8 (or the mean waiting queue is at least
-`scale_up_waiting`), down by one when it has stayed below 0.3 for the whole down
-stabilisation window (5 minutes).
+    STOPPED --start--> STARTING --startup_s--> SERVING --drain--> DRAINING --idle--> STOPPED
+                           `--cancel--> STOPPED
+
+GPU-hours integrate each replica's GPUs from its start to its stop (or to the run's end:
+the last request's finish). The run's records are `simulate_fleet`'s.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from enum import Enum
+from typing import Any
 
 import simpy
 
-from runtime.router import ReplicaSnapshot, RouterPolicy
-from sim.fleet import ReplicaSetup, _Fleet
+from runtime.records import RequestRecord
+from runtime.router import RouterPolicy
+from sim.fleet import ReplicaSetup, _Fleet, _Replica
 from sim.fleet_records import FleetResult
 from sim.model_config import ModelSpec
+from sim.scaling_policies import PoolObservation, ScalingPolicy, WindowStats
 from sim.simulator import Progress
 from workloads import Trace
 
 GB = 1e9
+DISK_GBPS = 2.0  # one NVMe drive's sequential read (an assumption)
+ENGINE_START_S = 20.0  # CUDA graph capture and the profiling run (an assumption)
 
 
-def model_load_s(model: ModelSpec, tensor_parallel_size: int = 1, disk_GBps: float = 2.0,
-                 engine_start_s: float = 20.0) -> float:
-    """Start-up delay of a replica: each GPU's weight shard read from disk (2 GB/s: one NVMe
-    drive, an assumption) in parallel, plus a fixed engine start (CUDA graphs, profiling
-    run; 20 s, an assumption)."""
+def model_load_s(model: ModelSpec, tensor_parallel_size: int = 1,
+                 disk_GBps: float = DISK_GBPS, engine_start_s: float = ENGINE_START_S) -> float:
+    """Start-up delay of a replica: each GPU's weight shard read from disk in parallel, plus a
+    fixed engine start."""
     return model.weight_bytes / tensor_parallel_size / (disk_GBps * GB) + engine_start_s
 
 
-class ScalingPolicy(Protocol):
-    def desired(self, now_s: float, serving: Sequence[ReplicaSnapshot], current: int) -> int:
-        """Replicas wanted, given the serving replicas' snapshots and the current target."""
-        ...
+@dataclass(frozen=True, slots=True)
+class ScalingPool:
+    """A pool of identical replicas (`replicas`: their indices among the fleet's setups) and
+    the policy that sizes it. Costs: `cost_per_hour` per replica."""
+
+    name: str
+    replicas: range
+    policy: ScalingPolicy
+    startup_s: float
+    gpus_per_replica: int = 1
+    cost_per_hour: float = 0.0
+    min_replicas: int = 1
+    initial_replicas: int | None = None  # default: min_replicas
+
+    def __post_init__(self) -> None:
+        initial = self.initial
+        if not 1 <= self.min_replicas <= initial <= len(self.replicas):
+            raise ValueError(f"pool {self.name!r}: need 1 <= min replicas ({self.min_replicas})"
+                             f" <= initial ({initial}) <= max ({len(self.replicas)})")
+        if not (math.isfinite(self.startup_s) and self.startup_s >= 0):
+            raise ValueError(f"pool {self.name!r}: startup_s must be >= 0, "
+                             f"got {self.startup_s}")
+
+    @property
+    def initial(self) -> int:
+        return self.min_replicas if self.initial_replicas is None else self.initial_replicas
 
 
 @dataclass(slots=True)
-class KvThreshold:
-    """llm-d WVA-style thresholds (BLIS: tick 10 s, up 0.8, down 0.3, 5 min down window)."""
+class PoolTimeline:
+    """One pool's replica counts: from `times_s[k]` on, `serving[k]` take traffic and
+    `provisioned[k]` are up (starting, serving or draining)."""
 
-    scale_up_kv: float = 0.8
-    scale_down_kv: float = 0.3
-    scale_up_waiting: float = 4.0  # mean waiting requests per replica (an assumption)
-    down_window_s: float = 300.0
-    _low_since: float | None = field(default=None, repr=False)
+    name: str
+    gpus_per_replica: int
+    cost_per_hour: float  # per replica
+    times_s: list[float] = field(default_factory=list)
+    serving: list[int] = field(default_factory=list)
+    provisioned: list[int] = field(default_factory=list)
+    decisions: list[tuple[float, int]] = field(default_factory=list)  # (tick, wanted)
+    gpu_hours: float = 0.0
 
-    def desired(self, now_s: float, serving: Sequence[ReplicaSnapshot], current: int) -> int:
-        if not serving:
-            return current
-        kv = sum(s.kv_usage for s in serving) / len(serving)
-        waiting = sum(s.num_waiting for s in serving) / len(serving)
-        if kv > self.scale_up_kv or waiting >= self.scale_up_waiting:
-            self._low_since = None
-            return current + 1
-        if kv >= self.scale_down_kv:
-            self._low_since = None
-            return current
-        if self._low_since is None:
-            self._low_since = now_s
-        if now_s - self._low_since >= self.down_window_s:
-            self._low_since = now_s  # the window starts again after each step down
-            return current - 1
-        return current
+    @property
+    def cost(self) -> float:
+        return self.gpu_hours / self.gpus_per_replica * self.cost_per_hour
 
-
-@dataclass(frozen=True, slots=True)
-class AutoscaleConfig:
-    interval_s: float = 10.0
-    startup_s: float = 30.0
-    initial_replicas: int = 1
-    min_replicas: int = 1
-
-    def __post_init__(self) -> None:
-        for name in ("interval_s", "startup_s"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0) or (name == "interval_s"
-                                                              and value == 0):
-                raise ValueError(f"{name} must be a finite number > 0 (startup_s >= 0), "
-                                 f"got {value}")
-        if not 1 <= self.min_replicas <= self.initial_replicas:
-            raise ValueError(f"need 1 <= min_replicas ({self.min_replicas}) <= "
-                             f"initial_replicas ({self.initial_replicas})")
+    def record(self, now: float, serving: int, provisioned: int) -> None:
+        if self.times_s and self.times_s[-1] == now:  # one entry per instant: the last state
+            self.times_s.pop(), self.serving.pop(), self.provisioned.pop()
+        if self.serving and (self.serving[-1], self.provisioned[-1]) == (serving, provisioned):
+            return
+        self.times_s.append(now)
+        self.serving.append(serving)
+        self.provisioned.append(provisioned)
 
 
 @dataclass(slots=True)
 class ScalingTimeline:
-    """Replica counts over time: `times_s[k]` onwards, `serving[k]` take traffic and
-    `provisioned[k]` are up (serving, starting or draining). `gpu_hours` integrates the
-    provisioned replicas' GPUs up to `end_s` (the last request's finish)."""
+    """Every pool's timeline up to `end_s` (the last request's finish), GPU-hours and cost."""
 
-    times_s: list[float] = field(default_factory=list)
-    serving: list[int] = field(default_factory=list)
-    provisioned: list[int] = field(default_factory=list)
+    pools: list[PoolTimeline]
     end_s: float = 0.0
-    gpu_hours: float = 0.0
+    policy: str | None = None  # None: a fixed fleet
+    interval_s: float | None = None
+
+    @property
+    def gpu_hours(self) -> float:
+        return sum(p.gpu_hours for p in self.pools)
+
+    @property
+    def cost(self) -> float:
+        return sum(p.cost for p in self.pools)
+
+    def to_json(self) -> dict[str, Any]:
+        """run.json's "scaling" section."""
+        return {"policy": self.policy, "interval_s": self.interval_s, "end_s": self.end_s,
+                "gpu_hours": self.gpu_hours, "cost": self.cost,
+                "pools": [{"name": p.name, "gpus_per_replica": p.gpus_per_replica,
+                           "cost_per_hour": p.cost_per_hour, "gpu_hours": p.gpu_hours,
+                           "cost": p.cost, "times_s": p.times_s, "serving": p.serving,
+                           "provisioned": p.provisioned,
+                           "decisions": [list(d) for d in p.decisions]} for p in self.pools]}
+
+
+def fixed_timeline(names: Sequence[str], counts: Sequence[int], gpus: Sequence[int],
+                   costs: Sequence[float], end_s: float) -> ScalingTimeline:
+    """The timeline of a fleet that never scales: every replica up from 0 to `end_s`."""
+    pools = [PoolTimeline(name, g, c, [0.0], [n], [n], gpu_hours=n * g * end_s / 3600)
+             for name, n, g, c in zip(names, counts, gpus, costs, strict=True)]
+    return ScalingTimeline(pools, end_s)
+
+
+class State(Enum):
+    STOPPED = 0
+    STARTING = 1
+    SERVING = 2
+    DRAINING = 3
+
+
+@dataclass(slots=True)
+class _Window:
+    """Sums over the requests a pool finished since the last tick."""
+
+    arrived_before: int = 0  # requests that had reached the pool by the last tick
+    finished: int = 0
+    timed: int = 0  # finished with more than one output token (an ITL)
+    prompt: float = 0.0
+    output: float = 0.0
+    ttft: float = 0.0
+    itl: float = 0.0
+    duration: float = 0.0
+
+    def add(self, record: RequestRecord) -> None:
+        if record.first_token_s is None or record.finish_s is None:
+            return  # ignored or aborted: no latency to report
+        self.finished += 1
+        self.prompt += record.prompt_len
+        self.output += record.output_len
+        self.ttft += record.first_token_s - record.arrival_s
+        self.duration += record.finish_s - record.arrival_s
+        if record.output_len > 1:
+            self.timed += 1
+            self.itl += (record.finish_s - record.first_token_s) / (record.output_len - 1)
+
+    def stats(self, arrived: int) -> WindowStats:
+        n = self.finished
+        return WindowStats(
+            num_requests=arrived - self.arrived_before, num_finished=n,
+            mean_prompt_len=self.prompt / n if n else None,
+            mean_output_len=self.output / n if n else None,
+            mean_ttft_s=self.ttft / n if n else None,
+            mean_itl_s=self.itl / self.timed if self.timed else None,
+            mean_duration_s=self.duration / n if n else None)
 
 
 class _AutoscaledFleet(_Fleet):
-    def __init__(self, trace: Trace, setups: Sequence[ReplicaSetup], gpus_per_replica: int,
-                 policy: RouterPolicy, scaling: ScalingPolicy, config: AutoscaleConfig,
-                 refresh_s: float, routing_latency_s: float,
-                 progress: Progress | None) -> None:
-        if config.initial_replicas > len(setups):
-            raise ValueError(f"initial_replicas ({config.initial_replicas}) > the "
-                             f"{len(setups)} replica setups")
-        super().__init__(trace, setups, policy, refresh_s, routing_latency_s, progress)
-        self.scaling = scaling
-        self.config = config
-        self.gpus = gpus_per_replica
-        n = len(setups)
-        self.serving = [i < config.initial_replicas for i in range(n)]
-        self.up_since: list[float | None] = [0.0 if s else None for s in self.serving]
-        self.draining: set[int] = set()
-        self.target = config.initial_replicas
-        self.gpu_seconds = 0.0
-        self.timeline = ScalingTimeline()
-        self._record(0.0)
+    def __init__(self, trace: Trace, setups: Sequence[ReplicaSetup], router: RouterPolicy,
+                 pools: Sequence[ScalingPool], interval_s: float, refresh_s: float,
+                 routing_latency_s: float, progress: Progress | None) -> None:
+        super().__init__(trace, setups, router, refresh_s, routing_latency_s, progress)
+        if not (math.isfinite(interval_s) and interval_s > 0):
+            raise ValueError(f"the autoscaling interval must be > 0 s, got {interval_s}")
+        covered = sorted(i for pool in pools for i in pool.replicas)
+        if covered != list(range(len(setups))):
+            raise ValueError("the pools must cover every replica setup exactly once")
+        self.pools = list(pools)
+        self.interval_s = interval_s
+        self.pool_of = {i: k for k, pool in enumerate(pools) for i in pool.replicas}
+        self.state = [State.STOPPED] * len(setups)
+        self.up_since = [0.0] * len(setups)
+        self.generation = [0] * len(setups)  # a cancelled start's ready event is stale
+        self.gpu_s = [0.0] * len(pools)
+        self.windows = [_Window() for _ in pools]
+        self.timeline = [PoolTimeline(p.name, p.gpus_per_replica, p.cost_per_hour)
+                         for p in pools]
+        for pool in pools:
+            for i in pool.replicas[:pool.initial]:
+                self.state[i] = State.SERVING
+        self.serving = [s is State.SERVING for s in self.state]
+        for k in range(len(pools)):
+            self._record(k, 0.0)
 
     def start_processes(self) -> None:
         super().start_processes()
         self.env.process(self.autoscaler())
 
     def autoscaler(self) -> Generator[simpy.Event, object, None]:
-        while self.done < len(self.trace):
-            yield self.env.timeout(self.config.interval_s)
+        while True:
+            yield self.env.timeout(self.interval_s)
             if self.done >= len(self.trace):
+                return
+            for k in range(len(self.pools)):
+                self._tick(k, self.env.now)
+
+    def _tick(self, k: int, now: float) -> None:
+        pool, window = self.pools[k], self.windows[k]
+        arrived = sum(self._arrived(i) for i in pool.replicas)
+        current = sum(self.state[i] in (State.STARTING, State.SERVING) for i in pool.replicas)
+        serving = [self.replicas[i].snapshot(now) for i in pool.replicas
+                   if self.state[i] is State.SERVING]
+        starting = sum(self.state[i] is State.STARTING for i in pool.replicas)
+        obs = PoolObservation(now, self.interval_s, current, serving, window.stats(arrived),
+                              starting)
+        wanted = min(max(pool.policy.desired(obs), pool.min_replicas), len(pool.replicas))
+        self.timeline[k].decisions.append((now, wanted))
+        self.windows[k] = _Window(arrived_before=arrived)
+        for _ in range(wanted - current):
+            self._start(k, now)
+        for _ in range(current - wanted):
+            self._remove(k, now)
+
+    def _arrived(self, index: int) -> int:
+        recorder = self.replicas[index].core.recorder
+        return len(recorder.live) + len(recorder.finished)
+
+    def _start(self, k: int, now: float) -> None:
+        stopped = [i for i in self.pools[k].replicas if self.state[i] is State.STOPPED]
+        if not stopped:
+            return  # every replica is up (some still draining)
+        i = stopped[0]
+        self.state[i], self.up_since[i] = State.STARTING, now
+        self.generation[i] += 1
+        ready = self.env.timeout(self.pools[k].startup_s)
+        ready.callbacks.append(functools.partial(self._ready, i, self.generation[i]))
+        self._record(k, now)
+
+    def _ready(self, i: int, generation: int, _: simpy.Event) -> None:
+        if self.generation[i] != generation or self.state[i] is not State.STARTING:
+            return
+        self.state[i] = State.SERVING
+        self.serving[i] = True
+        self._record(self.pool_of[i], self.env.now)
+
+    def _remove(self, k: int, now: float) -> None:
+        """Cancel the newest starting replica, else drain the newest serving one."""
+        for wanted in (State.STARTING, State.SERVING):
+            mine = [i for i in self.pools[k].replicas if self.state[i] is wanted]
+            if mine:
+                i = max(mine, key=lambda j: (self.up_since[j], j))
                 break
-            now = self.env.now
-            self._settle_drained()
-            snapshots = self.snapshots(now)
-            serving = [snapshots[i] for i, on in enumerate(self.serving) if on]
-            wanted = self.scaling.desired(now, serving, self.target)
-            wanted = min(max(wanted, self.config.min_replicas), len(self.replicas))
-            if wanted > self.target:
-                self._start(wanted - self.target, now)
-            elif wanted < self.target:
-                self._drain(self.target - wanted, now)
-            self.target = wanted
+        else:
+            return
+        if self.state[i] is State.STARTING:
+            self._stop(i, now)
+            return
+        self.state[i], self.serving[i] = State.DRAINING, False
+        self._record(k, now)
+        self._stop_if_drained(self.replicas[i])
 
-    def _start(self, count: int, now: float) -> None:
-        stopped = [i for i, up in enumerate(self.up_since) if up is None]
-        for index in stopped[:count]:
-            self.up_since[index] = now
-            ready = self.env.timeout(self.config.startup_s)
-            ready.callbacks.append(lambda _, i=index: self._ready(i))
-        self._record(now)
+    def finished(self, replica: _Replica, records: list[RequestRecord]) -> None:
+        super().finished(replica, records)
+        window = self.windows[self.pool_of[replica.index]]
+        for record in records:
+            window.add(record)
+        self._stop_if_drained(replica)
 
-    def _ready(self, index: int) -> None:
-        self.serving[index] = True
-        self._record(self.env.now)
+    def _stop_if_drained(self, replica: _Replica) -> None:
+        i = replica.index
+        # idle, and every finish reported: the last step has ended (its results are in the
+        # core from its start on)
+        if (self.state[i] is State.DRAINING and not replica.core.has_work()
+                and not replica.pending
+                and replica.notified == len(replica.core.recorder.finished)):
+            self._stop(i, self.env.now)
 
-    def _drain(self, count: int, now: float) -> None:
-        newest = [i for i in reversed(range(len(self.replicas))) if self.serving[i]]
-        for index in newest[:count]:
-            self.serving[index] = False
-            self.draining.add(index)
-        self._record(now)
+    def _stop(self, i: int, now: float) -> None:
+        k = self.pool_of[i]
+        self.gpu_s[k] += (now - self.up_since[i]) * self.pools[k].gpus_per_replica
+        self.state[i], self.serving[i] = State.STOPPED, False
+        reset = self.replicas[i].core.scheduler.reset_prefix_cache()
+        assert reset, f"replica {i} stopped holding KV blocks"
+        self._record(k, now)
 
-    def _settle_drained(self) -> None:
-        """Stop draining replicas that hold nothing any more (at their last step's end)."""
-        for index in sorted(self.draining):
-            replica = self.replicas[index]
-            if replica.core.has_work() or replica.pending:
-                continue
-            up = self.up_since[index]
-            assert up is not None
-            last = replica.end_s[-1] if replica.end_s else up
-            self.gpu_seconds += (max(last, up) - up) * self.gpus
-            self.up_since[index] = None
-            self.draining.discard(index)
-            self._record(self.env.now)
+    def _record(self, k: int, now: float) -> None:
+        states = [self.state[i] for i in self.pools[k].replicas]
+        self.timeline[k].record(now, states.count(State.SERVING),
+                                len(states) - states.count(State.STOPPED))
 
-    def _record(self, now: float) -> None:
-        line = self.timeline
-        line.times_s.append(now)
-        line.serving.append(sum(self.serving))
-        line.provisioned.append(sum(up is not None for up in self.up_since))
-
-    def result(self, wall_s: float) -> FleetResult:
-        result = super().result(wall_s)
+    def scaling(self, result: FleetResult, policy: str | None) -> ScalingTimeline:
         end = max((r.finish_s for r in result.requests if r.finish_s is not None),
                   default=0.0)
-        for index, up in enumerate(self.up_since):
-            if up is not None:
-                ends = self.replicas[index].end_s
-                last = max(end, ends[-1] if ends else 0.0) if index not in self.draining \
-                    else (ends[-1] if ends else up)
-                self.gpu_seconds += (max(last, up) - up) * self.gpus
-        self.timeline.end_s = end
-        self.timeline.gpu_hours = self.gpu_seconds / 3600
-        return result
+        for i, state in enumerate(self.state):
+            if state is not State.STOPPED:
+                k = self.pool_of[i]
+                self.gpu_s[k] += max(0.0, end - self.up_since[i]) * \
+                    self.pools[k].gpus_per_replica
+        for line, seconds in zip(self.timeline, self.gpu_s, strict=True):
+            line.gpu_hours = seconds / 3600
+        return ScalingTimeline(self.timeline, end, policy, self.interval_s)
 
 
-def simulate_autoscaled(trace: Trace, replicas: Sequence[ReplicaSetup], policy: RouterPolicy,
-                        scaling: ScalingPolicy, config: AutoscaleConfig | None = None,
-                        gpus_per_replica: int = 1, refresh_s: float = 0.05,
-                        routing_latency_s: float = 0.0,
-                        progress: Progress | None = None) -> tuple[FleetResult, ScalingTimeline]:
-    """`simulate_fleet` over up to `len(replicas)` replicas, as many serving as `scaling`
-    wants (see the module docstring). Returns the records and the scaling timeline."""
-    config = config if config is not None else AutoscaleConfig()
+def simulate_autoscaled(trace: Trace, replicas: Sequence[ReplicaSetup], router: RouterPolicy,
+                        pools: Sequence[ScalingPool], interval_s: float = 10.0,
+                        refresh_s: float = 0.05, routing_latency_s: float = 0.0,
+                        progress: Progress | None = None, policy_name: str | None = None,
+                        ) -> tuple[FleetResult, ScalingTimeline]:
+    """`simulate_fleet` with `pools` autoscaled every `interval_s` (see the module docstring).
+
+    Args:
+        replicas: every replica a pool may start (its size: the pool's max replicas).
+        pools: partition `replicas` by index; each pool's first `initial` replicas serve
+            from t = 0, the rest start stopped.
+        policy_name: recorded in the timeline.
+    Returns the records and the scaling timeline (counts, GPU-hours, cost)."""
     started = time.perf_counter()
-    fleet = _AutoscaledFleet(trace, replicas, gpus_per_replica, policy, scaling, config,
-                             refresh_s, routing_latency_s, progress)
+    fleet = _AutoscaledFleet(trace, replicas, router, pools, interval_s, refresh_s,
+                             routing_latency_s, progress)
     fleet.run()
     result = fleet.result(time.perf_counter() - started)
-    return result, fleet.timeline
+    return result, fleet.scaling(result, policy_name)

@@ -120,3 +120,44 @@ def test_sweep_takes_replica_counts_and_routers_as_lists(small_trace: Path,
     # one replica is the single engine: both routers give the same records
     one = sorted((tmp_path / "s").glob("00[01]-*"))
     assert load_run(one[0]).requests.equals(load_run(one[1]).requests)
+
+
+def test_autoscaled_fleet_writes_its_timeline_plot_and_cost(small_trace: Path,
+                                                           tmp_path: Path) -> None:
+    code, out, err = simulate("--trace", str(small_trace), "--replicas", "3", "--autoscale",
+                              "kv-threshold", "--autoscale-interval-s", "0.2",
+                              "--startup-s", "0.1", "--gpu-cost-per-hour", "2",
+                              "--result-dir", str(tmp_path / "a"))
+    assert code == 0, err
+    assert "Autoscaling policy:                      kv-threshold" in out
+    run = load_run(tmp_path / "a")
+    scaling = run.info["scaling"]
+    assert run.info["autoscale"]["autoscale"] == "kv-threshold"
+    assert scaling["policy"] == "kv-threshold" and len(run.requests) == 30
+    assert scaling["cost"] == pytest.approx(2 * scaling["gpu_hours"])
+    assert (tmp_path / "a" / "plots" / "replicas.png").is_file()
+    report = runner.invoke(app, ["report", str(tmp_path / "a"), "--no-plots"])
+    assert report.exit_code == 0 and "GPU-hours:" in report.stdout
+
+
+def test_a_fixed_fleet_reports_gpu_hours(small_trace: Path, tmp_path: Path) -> None:
+    code, out, err = simulate("--trace", str(small_trace), "--replicas", "2",
+                              "--result-dir", str(tmp_path / "f"))
+    assert code == 0, err
+    scaling = load_run(tmp_path / "f").info["scaling"]
+    assert scaling["policy"] is None and scaling["pools"][0]["serving"] == [2]
+    assert scaling["gpu_hours"] == pytest.approx(2 * scaling["end_s"] / 3600)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--min-replicas", "2"], "--min-replicas needs --autoscale"),
+    (["--autoscale", "hpa"], "--autoscale must be one of"),
+    (["--autoscale", "kv-threshold", "--min-replicas", "3"], "min replicas (3)"),
+    (["--autoscale", "kv-threshold", "--autoscale-arg", "x=1"], "--autoscale-arg"),
+    (["--autoscale", "kv-threshold", "--pd-decider", "always"], "does not combine with P/D"),
+])
+def test_bad_autoscale_input_is_one_line(small_trace: Path, tmp_path: Path, args: list[str],
+                                         message: str) -> None:
+    code, _, err = simulate("--trace", str(small_trace), "--replicas", "2", *args,
+                            "--result-dir", str(tmp_path / "bad"))
+    assert code == 2 and message in err, err

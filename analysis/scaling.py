@@ -1,0 +1,64 @@
+"""A fleet run's replicas over time, GPU-hours and cost (run.json's "scaling" section,
+written by `rt simulate` for every fleet run: a fixed fleet has one entry per pool).
+
+    scaling_block    the console's lines: policy, per pool the replica range, GPU-hours,
+                     cost; the fleet's GPU-hours and cost
+    replica_figure   replicas serving and provisioned per pool over time (steps), under the
+                     request arrival rate
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+
+def scaling_block(scaling: dict[str, Any]) -> str:
+    policy = scaling.get("policy") or "none (fixed fleet)"
+    lines = ["{s:{c}^50}".format(s=" Scaling ", c="="),
+             f"{'Autoscaling policy:':<40} {policy}"]
+    if scaling.get("interval_s"):
+        lines.append(f"{'Decision interval (s):':<40} {scaling['interval_s']:.0f}")
+    lines.append(f"{'pool':>12}{'min':>6}{'max':>6}{'GPU-h':>10}{'cost':>12}")
+    for pool in scaling["pools"]:
+        lines.append(f"{pool['name'][:12]:>12}{min(pool['serving']):>6}"
+                     f"{max(pool['provisioned']):>6}{pool['gpu_hours']:>10.3f}"
+                     f"{pool['cost']:>12.2f}")
+    lines += [f"{'Duration (s, to the last finish):':<40} {scaling['end_s']:.1f}",
+              f"{'GPU-hours:':<40} {scaling['gpu_hours']:.3f}",
+              f"{'Cost:':<40} {scaling['cost']:.2f}", "=" * 50]
+    return "\n".join(lines)
+
+
+def replica_figure(scaling: dict[str, Any], requests: pd.DataFrame,
+                   bin_s: float | None = None) -> Figure:
+    """Top: arrivals per second (bins of `bin_s`, default the decision interval or 10 s).
+    Bottom: per pool, replicas serving (solid) and provisioned (dashed: starting and
+    draining included), as steps up to the run's end."""
+    end = float(scaling["end_s"])
+    fig = Figure(figsize=(8.0, 5.0), layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(1, 2))
+    width = bin_s or scaling.get("interval_s") or 10.0
+    arrivals = requests["arrival_s"].to_numpy(dtype=np.float64)
+    edges = np.arange(0.0, max(end, width) + width, width)
+    counts, _ = np.histogram(arrivals, edges)
+    top.stairs(counts / width, edges, color="grey")
+    top.set_ylabel("arrivals / s")
+    for k, pool in enumerate(scaling["pools"]):
+        color = f"C{k}"
+        times = [*pool["times_s"], end]
+        bottom.step(times, [*pool["serving"], pool["serving"][-1]], where="post",
+                    color=color, label=f"{pool['name']} serving")
+        bottom.step(times, [*pool["provisioned"], pool["provisioned"][-1]], where="post",
+                    color=color, linestyle="--", label=f"{pool['name']} provisioned")
+    bottom.set_xlabel("time (s)")
+    bottom.set_ylabel("replicas")
+    bottom.set_ylim(bottom=0)
+    bottom.legend(loc="upper right", fontsize=8)
+    policy = scaling.get("policy") or "fixed"
+    top.set_title(f"replicas over time ({policy}): {scaling['gpu_hours']:.3f} GPU-h, "
+                  f"cost {scaling['cost']:.2f}")
+    return fig
