@@ -255,9 +255,10 @@ def request_timeline(row: pd.Series, steps: StepIndex, client_timed: bool = Fals
     _seg(out, "routing_s", arrival, reached)
     queued, entry = _num(row["queued_s"]), _num(row["engine_queued_s"])
     scheduled = _num(row["first_scheduled_s"])
-    _seg(out, "api_server_s", reached, queued)
-    _seg(out, "step_boundary_s", queued, entry)
     before = prefill_steps or steps  # the steps it waited and prefilled in
+    side = {"replica": before.replica} if prefill_steps is not None else {}
+    _seg(out, "api_server_s", reached, queued, **side)
+    _seg(out, "step_boundary_s", queued, entry)
     if entry is not None:
         _queue_segments(out, before, entry, scheduled if scheduled is not None else finish)
     if scheduled is not None:
