@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 from analysis.attribution import SHORT, attribution_buckets, attribution_summary
 from analysis.compare import compare_table, flatten, run_labels
 from analysis.console import CLIENT_TIMING_NOTE, benchmark_block, is_client_timed
+from analysis.engine_steps import EngineSteps
 from analysis.html_fleet import fleet_section
 from analysis.html_parts import NA, TAB10, cell, fmt, na_block, page, svg, table
 from analysis.metrics import (
@@ -46,7 +47,7 @@ from analysis.plots import (
 )
 from analysis.report import ReportOptions, result_dict
 from analysis.rundir import Run
-from analysis.timelines import LABELS, EngineSteps, coalesced
+from analysis.timelines import LABELS, coalesced, engine_timeline
 
 DEFAULT_SLOWEST = 100
 CDF_POINTS = 1000  # a CDF is drawn through this many quantiles (keeps the SVG small)
@@ -132,7 +133,7 @@ def _bar(row: pd.Series, total_s: float, kinds: dict[str, str]) -> str:
 
 def _gantt(row: pd.Series, steps: EngineSteps, client: bool) -> tuple[str, str]:
     """The request's segments positioned over [arrival, finish), and as a sentence."""
-    tl = steps.timeline(row, client)
+    tl = engine_timeline(row, steps, client)
     span = max(tl.finish_s - tl.arrival_s, 1e-12)
     boxes, words = [], []
     for seg in coalesced(tl):

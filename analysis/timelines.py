@@ -47,9 +47,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-QUEUE_PARTS = {"token_budget": "queue_token_budget_s", "max_num_seqs": "queue_max_num_seqs_s",
-               "kv_capacity": "queue_kv_capacity_s",
-               "preempted_this_step": "queue_preempted_step_s"}
+from analysis.engine_steps import EPS, QUEUE_PARTS, EngineSteps, StepIndex
+
 LABELS = {
     "api_server_s": "API server", "step_boundary_s": "step boundary",
     "queue_token_budget_s": "queue: token budget", "queue_max_num_seqs_s":
@@ -64,7 +63,6 @@ LABELS = {
 # The attribution part each segment kind counts toward (skipped steps are token budget).
 QUEUE_KINDS = ("queue_s", *QUEUE_PARTS.values())  # by StepIndex.reason_code
 PART_OF = {"skipped_s": "queue_token_budget_s", "queue_s": "queue_token_budget_s"}
-EPS = 1e-9
 
 
 @dataclass(frozen=True)
@@ -91,36 +89,6 @@ class RequestTimeline:
     finish_s: float
     segments: list[Segment]
     chunks: list[Segment]
-
-
-class StepIndex:
-    """One engine's step intervals (in time order), for interval lookups. `replica` is the
-    fleet replica the steps are of (None: a single engine)."""
-
-    def __init__(self, steps: pd.DataFrame, replica: int | None = None) -> None:
-        empty = steps.empty
-        self.replica = replica
-        self.step = np.empty(0, np.int64) if empty else steps["step"].to_numpy(np.int64)
-        self.start = np.empty(0) if empty else steps["start_s"].to_numpy(np.float64)
-        self.end = np.empty(0) if empty else steps["end_s"].to_numpy(np.float64)
-        codes = {reason: i + 1 for i, reason in enumerate(QUEUE_PARTS)}  # 0: none/unknown
-        self.reason_code = np.array([] if empty else [codes.get(r, 0) for r in
-                                                      steps["wait_reason"]], dtype=np.int8)
-        self.preempted = np.empty(0, np.int64) if empty else \
-            steps["num_preempted"].to_numpy(np.int64)
-        self.prefill_tokens = np.empty(0, np.int64) if empty else \
-            steps["num_prefill_tokens"].to_numpy(np.int64)
-
-    def overlapping(self, lo: float, hi: float) -> range:
-        """Indices of steps whose interval overlaps [lo, hi)."""
-        first = int(np.searchsorted(self.end, lo + EPS, side="left"))
-        last = int(np.searchsorted(self.start, hi - EPS, side="left"))
-        return range(first, max(first, last))
-
-    def ending_in(self, lo: float, hi: float) -> range:
-        """Indices of steps ending in (lo, hi]."""
-        return range(int(np.searchsorted(self.end, lo + EPS, side="left")),
-                     int(np.searchsorted(self.end, hi + EPS, side="left")))
 
 
 def _num(value: object) -> float | None:
@@ -303,43 +271,19 @@ def _disaggregated(out: list[Segment], chunks: list[Segment], row: pd.Series,
         chunks.append(_chunk(decode, k, sampled, first))
 
 
-class EngineSteps:
-    """A run's steps per engine: one `StepIndex` per replica of a fleet run (steps with a
-    `replica` column, each replica's in time order), one for a single engine."""
-
-    def __init__(self, steps: pd.DataFrame) -> None:
-        self.fleet = "replica" in steps.columns
-        self.single = StepIndex(steps.iloc[:0] if self.fleet else steps)
-        self.replicas: dict[int, StepIndex] = {}
-        if self.fleet and not steps.empty:
-            for replica, mine in steps.groupby("replica", sort=True):
-                ordered = mine.sort_values("start_s", kind="stable")
-                self.replicas[int(replica)] = StepIndex(ordered, int(replica))
-
-    def of(self, replica: object) -> StepIndex:
-        """The steps of `replica` (an empty index for a replica without steps); a single
-        engine's steps whatever `replica` is."""
-        if not self.fleet or replica is None:
-            return self.single
-        r = int(replica)  # type: ignore[call-overload]
-        return self.replicas.setdefault(r, StepIndex(pd.DataFrame(), r))
-
-    def timeline(self, row: pd.Series, client_timed: bool = False) -> RequestTimeline:
-        """`request_timeline` of a row, on its own replica's steps (P/D: prefill on the
-        prefill replica's, decode on the decode replica's)."""
-        replica = row.get("replica") if self.fleet else None
-        prefill = row.get("prefill_replica") if self.fleet else None
-        elsewhere = prefill is not None and replica is not None and \
-            int(prefill) != int(replica)
-        return request_timeline(row, self.of(replica), client_timed,
-                                self.of(prefill) if elsewhere else None)
+def engine_timeline(row: pd.Series, steps: EngineSteps, client_timed: bool = False
+                    ) -> RequestTimeline:
+    """`request_timeline` of a row on its own replica's steps (P/D: prefill on the prefill
+    replica's, decode on the decode replica's)."""
+    decode, prefill = steps.sides(row)
+    return request_timeline(row, decode, client_timed, prefill)
 
 
 def request_timelines(requests: pd.DataFrame, steps: pd.DataFrame,
                       client_timed: bool = False) -> list[RequestTimeline]:
     """The timeline of every row, in the table's order, each on its own replica's steps."""
     index = EngineSteps(steps)
-    return [index.timeline(row, client_timed) for _, row in requests.iterrows()]
+    return [engine_timeline(row, index, client_timed) for _, row in requests.iterrows()]
 
 
 def coalesced(timeline: RequestTimeline, max_segments: int = 64,

@@ -40,9 +40,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.engine_steps import EngineSteps
 from analysis.fleet import replica_names
 from analysis.rundir import Run
-from analysis.timelines import EngineSteps, RequestTimeline, coalesced
+from analysis.timelines import RequestTimeline, coalesced, engine_timeline
 
 ENGINE_PID, REQUESTS_PID = 1, 2
 REPLICA_PID = 100  # + replica index, in a fleet run
@@ -255,7 +256,7 @@ def trace_events(run: Run, requests: int | None = None,
     events += [_meta("process_name", REQUESTS_PID, 0, "requests"),
                _meta("process_sort_index", REQUESTS_PID, 0, 1 + len(index.replicas))]
     for tid, (_, row) in enumerate(kept.iterrows(), start=1):
-        events += request_events(index.timeline(row, client), row, tid, max_segments)
+        events += request_events(engine_timeline(row, index, client), row, tid, max_segments)
     other = {"run": run.name, "kind": run.info.get("kind"),
              "requests": f"{len(kept)} of {len(run.requests)}",
              "steps": f"{spans} spans for {len(shown)} of {len(steps)} steps",

@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from analysis.engine_steps import EngineSteps
 from analysis.html_fleet import shown_replicas
 from analysis.html_report import html_report
 from analysis.metrics import parts_of
 from analysis.rundir import load_run
-from analysis.timelines import EngineSteps, part_totals
+from analysis.timelines import engine_timeline, part_totals
 from cli import app
 from tests.analysis.handmade import fleet_run
 from tests.analysis.test_trace_events import check_format
@@ -95,7 +96,7 @@ def test_timelines_add_up_to_the_recorded_parts(runs: dict[str, Path], kind: str
     parts = parts_of(run.requests)
     assert kind == "fleet" or int(run.requests["num_preemptions"].sum()) > 0, "loaded enough"
     for _, row in run.requests.iterrows():
-        tl = steps.timeline(row)
+        tl = engine_timeline(row, steps)
         ends = [t for s in tl.segments for t in (s.start_s, s.end_s)]
         assert ends[0] == tl.arrival_s and ends[-1] == pytest.approx(tl.finish_s, abs=1e-12)
         assert ends[1:-1:2] == pytest.approx(ends[2::2], abs=1e-12)  # back to back

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from analysis.timelines import EngineSteps, StepIndex, part_totals, request_timeline
+from analysis.engine_steps import EngineSteps, StepIndex
+from analysis.timelines import engine_timeline, part_totals, request_timeline
 from tests.analysis.handmade import (
     EXPECTED,
     FLEET_CHUNKS,
@@ -81,7 +82,7 @@ def test_a_fleet_request_is_read_from_its_own_replicas_steps(tmp_path: Path) -> 
     assert sorted(steps.replicas) == [0, 1]
     for _, row in run.requests.iterrows():
         rid = row["request_id"]
-        tl = steps.timeline(row)
+        tl = engine_timeline(row, steps)
         kinds, times = _kinds_and_times(tl.segments)
         expected_kinds, expected_times = _expected(FLEET_EXPECTED[rid])
         assert kinds == expected_kinds, rid
@@ -109,7 +110,7 @@ def test_reading_a_fleet_as_one_engine_gets_it_wrong(tmp_path: Path) -> None:
 
 def test_a_pd_request_prefills_on_one_replica_and_decodes_on_another(tmp_path: Path) -> None:
     run = pd_run(tmp_path)
-    tl = EngineSteps(run.steps).timeline(run.requests.iloc[0])
+    tl = engine_timeline(run.requests.iloc[0], EngineSteps(run.steps))
     kinds, times = _kinds_and_times(tl.segments)
     assert (kinds, times) == (_expected(PD_EXPECTED)[0],
                               pytest.approx(_expected(PD_EXPECTED)[1], abs=1e-12))
