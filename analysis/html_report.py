@@ -4,7 +4,9 @@ A run's page: what ran (model, GPU, trace, engine flags), vLLM's "Serving Benchm
 Result" block as `vllm bench serve` prints it, rt's attribution (per part, per slowest
 group, per percentile bucket), percentile curves and CDFs, the run's timeline, and the
 slowest requests as a sortable table whose rows expand into the request's parts and its
-timeline (`analysis.timelines`). Several runs: the comparison table and overlaid curves
+timeline (`analysis.timelines`). A fleet run adds its replicas (`analysis.html_fleet`), and
+each slow request's replica (P/D: and prefill replica), its timeline read from that
+replica's steps. Several runs: the comparison table and overlaid curves
 first, then each run's page folded. Figures are inline SVG (matplotlib), the JS is a few
 lines for sorting and expanding; nothing is fetched. What a run lacks (engine-side times
 of a client-timed run, steps) reads "n/a", never 0.
