@@ -13,9 +13,15 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.metrics import PARTS, completed_requests, parts_of
+from analysis.metrics import ALL_PARTS, completed_requests, parts_of
 
-PART_MS = {column.removesuffix("_s") + "_ms": label for column, label in PARTS.items()}
+# Every part's column in ms (routing and KV transfer only in fleet and P/D runs' tables).
+PART_MS = {column.removesuffix("_s") + "_ms": label for column, label in ALL_PARTS.items()}
+SHORT = {"routing_s": "routing", "api_server_s": "api", "step_boundary_s": "step",
+         "queue_token_budget_s": "q:budget", "queue_max_num_seqs_s": "q:seqs",
+         "queue_kv_capacity_s": "q:kv", "queue_preempted_step_s": "q:preempt",
+         "preempted_s": "preempted", "prefill_s": "prefill", "kv_transfer_s": "kv xfer",
+         "decode_s": "decode"}  # column headers of the summary tables
 SORT_KEYS = {"ttft": "TTFT", "e2el": "E2E"}
 DEFAULT_BUCKETS = (0.0, 50.0, 90.0, 99.0, 100.0)
 
@@ -79,11 +85,8 @@ def attribution_buckets(requests: pd.DataFrame, by: str = "e2el",
 
 def render_summary(summary: pd.DataFrame) -> str:
     """A fixed-width text table of `attribution_summary` (ms)."""
-    routing = {"routing_ms": "routing"} if "routing_ms" in summary.columns else {}
-    short = routing | {"api_server_ms": "api", "step_boundary_ms": "step",
-             "queue_token_budget_ms": "q:budget", "queue_max_num_seqs_ms": "q:seqs",
-             "queue_kv_capacity_ms": "q:kv", "queue_preempted_step_ms": "q:preempt",
-             "preempted_ms": "preempted", "prefill_ms": "prefill", "decode_ms": "decode"}
+    short = {c.removesuffix("_s") + "_ms": name for c, name in SHORT.items()
+             if c.removesuffix("_s") + "_ms" in summary.columns}
     header = f"{'mean ms':<24}{'n':>6}{'TTFT':>10}{'E2EL':>10}" + "".join(
         f"{name:>10}" for name in short.values())
     lines = [header]

@@ -8,6 +8,7 @@ imbalance is max / mean over replicas (1 = perfectly even); Jain's fairness inde
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -30,6 +31,21 @@ def imbalance(values: Sequence[float]) -> float:
     x = np.asarray(values, dtype=np.float64)
     mean = float(x.mean()) if len(x) else 0.0
     return float(x.max() / mean) if mean > 0 else 1.0
+
+
+def replica_names(info: dict[str, Any], count: int) -> list[str]:
+    """"replica r" for r < count, with its pool's name and role (other than "both") when
+    run.json's fleet section lists pools (replicas are numbered pool by pool)."""
+    fleet = info.get("fleet")
+    pools = (fleet.get("pools") if isinstance(fleet, dict) else None) or []
+    owners = [pool for pool in pools for _ in range(int(pool.get("count", 1)))]
+    names = []
+    for r in range(count):
+        pool = owners[r] if r < len(owners) else None
+        role = pool.get("role", "both") if pool else "both"
+        where = f"{pool.get('name')}" + (f", {role}" if role != "both" else "") if pool else ""
+        names.append(f"replica {r}" + (f" ({where})" if where else ""))
+    return names
 
 
 def replica_table(requests: pd.DataFrame, steps: pd.DataFrame,

@@ -4,7 +4,9 @@ A run's page: what ran (model, GPU, trace, engine flags), vLLM's "Serving Benchm
 Result" block as `vllm bench serve` prints it, rt's attribution (per part, per slowest
 group, per percentile bucket), percentile curves and CDFs, the run's timeline, and the
 slowest requests as a sortable table whose rows expand into the request's parts and its
-timeline (`analysis.timelines`). Several runs: the comparison table and overlaid curves
+timeline (`analysis.timelines`). A fleet run adds its replicas (`analysis.html_fleet`), and
+each slow request's replica (P/D: and prefill replica), its timeline read from that
+replica's steps. Several runs: the comparison table and overlaid curves
 first, then each run's page folded. Figures are inline SVG (matplotlib), the JS is a few
 lines for sorting and expanding; nothing is fetched. What a run lacks (engine-side times
 of a client-timed run, steps) reads "n/a", never 0.
@@ -21,26 +23,38 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis.attribution import attribution_buckets, attribution_summary
+from analysis.attribution import SHORT, attribution_buckets, attribution_summary
 from analysis.compare import compare_table, flatten, run_labels
 from analysis.console import CLIENT_TIMING_NOTE, benchmark_block, is_client_timed
+from analysis.engine_steps import EngineSteps
+from analysis.html_fleet import fleet_section
 from analysis.html_parts import NA, TAB10, cell, fmt, na_block, page, svg, table
 from analysis.metrics import (
     PARTS,
     attribution,
     benchmark_metrics,
     completed_requests,
+    parts_of,
     per_request_latencies,
     prefix_cache_hit_rate,
 )
-from analysis.plots import attribution_bars, cdfs, latency_values, percentile_curves, timeline
+from analysis.plots import (
+    ROUTING_COLOR,
+    TRANSFER_COLOR,
+    attribution_bars,
+    cdfs,
+    latency_values,
+    percentile_curves,
+    timeline,
+)
 from analysis.report import ReportOptions, result_dict
 from analysis.rundir import Run
-from analysis.timelines import LABELS, StepIndex, coalesced, request_timeline
+from analysis.timelines import LABELS, coalesced, engine_timeline
 
 DEFAULT_SLOWEST = 100
 CDF_POINTS = 1000  # a CDF is drawn through this many quantiles (keeps the SVG small)
 KIND_COLORS = dict(zip(PARTS, TAB10, strict=False)) | {
+    "routing_s": ROUTING_COLOR, "kv_transfer_s": TRANSFER_COLOR,
     "skipped_s": TAB10[2], "queue_s": "#c7c7c7", "client_wait_s": TAB10[9],
     "client_stream_s": TAB10[8], "mixed_s": "#999999"}
 KIND_OF_LABEL = {label: kind for kind, label in LABELS.items()}
@@ -99,8 +113,9 @@ def _attribution(run: Run) -> str:
              cell(r.p99_ms), f'<td data-v="{r.share}">{r.share * 100:.1f}% <span class="share" '
              f'style="width:{r.share * 120:.0f}px"></span></td>'] for r in parts.itertuples()]
     summary = attribution_summary(run.requests)
-    columns = ["requests", "ttft", "e2el", *(c.removesuffix("_s") + "_ms" for c in PARTS)]
-    head = ["mean ms", "n", "TTFT", "E2EL", *LABELS_SHORT]
+    kinds = parts_of(run.requests)
+    columns = ["requests", "ttft", "e2el", *(c.removesuffix("_s") + "_ms" for c in kinds)]
+    head = ["mean ms", "n", "TTFT", "E2EL", *(SHORT[c] for c in kinds)]
     srows = [[f"<td>{escape(g['group'])}</td>"] + [cell(g[c], ".1f") for c in columns]
              for g in summary.to_dict("records")]
     bars = attribution_bars(attribution_buckets(run.requests, "ttft"),
@@ -110,21 +125,17 @@ def _attribution(run: Run) -> str:
             + svg(bars, "attribution by percentile bucket"))
 
 
-LABELS_SHORT = ("api", "step", "q:budget", "q:seqs", "q:kv", "q:preempt", "preempted",
-                "prefill", "decode")
-
-
-def _bar(row: pd.Series, total_s: float) -> str:
+def _bar(row: pd.Series, total_s: float, kinds: dict[str, str]) -> str:
     spans = "".join(
         f'<span style="width:{row[c] / total_s * 100:.3f}%;background:{KIND_COLORS[c]}" '
-        f'title="{escape(PARTS[c])}: {row[c] * 1e3:.1f} ms"></span>'
-        for c in PARTS if total_s > 0 and row[c] > 0)
+        f'title="{escape(label)}: {row[c] * 1e3:.1f} ms"></span>'
+        for c, label in kinds.items() if total_s > 0 and row[c] > 0)
     return f'<div class="bar">{spans}</div>'
 
 
-def _gantt(row: pd.Series, steps: StepIndex, client: bool) -> tuple[str, str]:
+def _gantt(row: pd.Series, steps: EngineSteps, client: bool) -> tuple[str, str]:
     """The request's segments positioned over [arrival, finish), and as a sentence."""
-    tl = request_timeline(row, steps, client)
+    tl = engine_timeline(row, steps, client)
     span = max(tl.finish_s - tl.arrival_s, 1e-12)
     boxes, words = [], []
     for seg in coalesced(tl):
@@ -150,41 +161,57 @@ def _legend(kinds: Sequence[str]) -> str:
 
 SLOW_HEAD = ("request", "arrival s", "prompt", "cached", "output", "TTFT ms", "TPOT ms",
              "E2E ms", "queue ms", "preemptions", "status")
+# After "request" in a fleet run's table: where it decoded, and (P/D) where it prefilled.
+REPLICA_HEAD = {"replica": "replica", "prefill_replica": "prefill replica"}
+
+
+def _slow_cells(row: pd.Series, lat_row: pd.Series, client: bool,
+                replica_columns: list[str]) -> list[str]:
+    queue = [c for c in PARTS if c.startswith("queue_") or c == "step_boundary_s"]
+    waited = None if client else float(row[queue].sum()) * 1e3
+    return [f"<td>{escape(str(row['request_id']))}</td>",
+            *(cell(int(row[c])) for c in replica_columns),
+            cell(float(row["arrival_s"]), ".3f"), cell(int(row["prompt_len"])),
+            cell(int(row["cached_tokens"])), cell(int(row["output_len"])),
+            cell(lat_row["ttft"], ".1f"), cell(lat_row["tpot"], ".2f"),
+            cell(lat_row["e2el"], ".1f"), cell(waited, ".1f"),
+            cell(None if client else int(row["num_preemptions"])),
+            f"<td>{escape(str(row['status']))}</td>"]
 
 
 def _slowest(run: Run, count: int) -> str:
-    """The `count` slowest completed requests by E2E, sortable; a row expands."""
+    """The `count` slowest completed requests by E2E, sortable; a row expands into its
+    parts and its timeline (from its own replica's steps in a fleet)."""
     client = is_client_timed(run.info)
     lat = per_request_latencies(run.requests).sort_values("e2el", ascending=False,
                                                           kind="stable").head(count)
     done = completed_requests(run.requests).loc[lat.index]
-    steps = StepIndex(run.steps.reset_index(drop=True))
-    queue = [c for c in PARTS if c.startswith("queue_") or c == "step_boundary_s"]
+    steps = EngineSteps(run.steps.reset_index(drop=True))
+    replica_columns = [c for c in REPLICA_HEAD if c in run.requests.columns]
+    head = [SLOW_HEAD[0], *(REPLICA_HEAD[c] for c in replica_columns), *SLOW_HEAD[1:]]
+    kinds = parts_of(run.requests)
     lines = []
     for (_, row), (_, lat_row) in zip(done.iterrows(), lat.iterrows(), strict=True):
-        waited = None if client else float(row[queue].sum()) * 1e3
-        cells = [f"<td>{escape(str(row['request_id']))}</td>",
-                 cell(float(row["arrival_s"]), ".3f"), cell(int(row["prompt_len"])),
-                 cell(int(row["cached_tokens"])), cell(int(row["output_len"])),
-                 cell(lat_row["ttft"], ".1f"), cell(lat_row["tpot"], ".2f"),
-                 cell(lat_row["e2el"], ".1f"), cell(waited, ".1f"),
-                 cell(None if client else int(row["num_preemptions"])),
-                 f"<td>{escape(str(row['status']))}</td>"]
+        cells = _slow_cells(row, lat_row, client, replica_columns)
         gantt, words = _gantt(row, steps, client)
         parts = (na_block("parts", CLIENT_TIMING_NOTE) if client
-                 else _bar(row, float(row["finish_s"] - row["arrival_s"])))
+                 else _bar(row, float(row["finish_s"] - row["arrival_s"]), kinds))
         detail = (f"parts of E2E{parts}timeline (arrival to finish){gantt}"
                   f"<small>{words}</small>")
         lines.append(f'<tr class="row">{"".join(cells)}</tr>\n<tr class="detail" hidden>'
-                     f'<td colspan="{len(SLOW_HEAD)}">{detail}</td></tr>')
-    head = "".join(f"<th>{escape(h)}</th>" for h in SLOW_HEAD)
-    kinds = ["client_wait_s", "client_stream_s"] if client else [*PARTS, "skipped_s",
+                     f'<td colspan="{len(head)}">{detail}</td></tr>')
+    legend = ["client_wait_s", "client_stream_s"] if client else [*kinds, "skipped_s",
                                                                   "mixed_s"]
     return (f"<p>The {len(lat)} slowest of {len(completed_requests(run.requests)):,} completed "
             f"requests by E2E latency; click a header to sort, a row to see its parts and "
-            f"timeline.</p>{_legend(kinds)}"
-            f'<table class="sortable" id="slowest"><thead><tr>{head}</tr></thead><tbody>\n'
+            f"timeline.</p>{_legend(legend)}"
+            f'<table class="sortable" id="slowest"><thead><tr>'
+            + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr></thead><tbody>\n"
             + "\n".join(lines) + "\n</tbody></table>")
+
+
+FLEET_TIMELINE = ("<p>Every replica's steps together (a window's means are over all their "
+                  "steps); each replica's own under Replicas.</p>")
 
 
 def run_section(run: Run, options: ReportOptions, slowest: int = DEFAULT_SLOWEST,
@@ -202,9 +229,12 @@ def run_section(run: Run, options: ReportOptions, slowest: int = DEFAULT_SLOWEST
     if curves:
         parts.append("<h2>Latency percentiles and CDFs</h2>"
                      + _curves({run.name: latency_values(run.requests)}))
-    parts.append("<h2>Timeline</h2>" + (svg(timeline(run.steps), "timeline")
-                 if not run.steps.empty else na_block("Timeline", "the run has no engine "
-                                                      "steps (client-timed)")))
+    fleet = "replica" in run.requests.columns
+    parts.append("<h2>Timeline</h2>" + (FLEET_TIMELINE if fleet else "")
+                 + (svg(timeline(run.steps), "timeline") if not run.steps.empty
+                    else na_block("Timeline", "the run has no engine steps (client-timed)")))
+    if fleet:
+        parts.append(f"<h2>Replicas</h2>{fleet_section(run)}")
     parts.append(f"<h2>Slowest requests</h2>{_slowest(run, slowest)}")
     return "\n".join(parts)
 

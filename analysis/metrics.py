@@ -34,17 +34,15 @@ PARTS = {
 }
 ROUTING_PART = {"routing_s": "Routing (fleet)"}  # fleet runs: arrival -> a replica's server
 TRANSFER_PART = {"kv_transfer_s": "KV transfer (P/D)"}  # P/D runs: prefill -> decode replica
+# Every part any run can have, in pipeline order (the KV transfer between prefill and decode).
+ALL_PARTS = ROUTING_PART | {c: label for c, label in PARTS.items() if c != "decode_s"} | \
+    TRANSFER_PART | {"decode_s": PARTS["decode_s"]}
 
 
 def parts_of(requests: pd.DataFrame) -> dict[str, str]:
     """The parts a run's requests have: a fleet run's `routing_s` first, then PARTS, with a
     P/D run's `kv_transfer_s` after the prefill."""
-    parts = dict(ROUTING_PART) if "routing_s" in requests.columns else {}
-    for column, label in PARTS.items():
-        parts[column] = label
-        if column == "prefill_s" and "kv_transfer_s" in requests.columns:
-            parts |= TRANSFER_PART
-    return parts
+    return {c: label for c, label in ALL_PARTS.items() if c in PARTS or c in requests.columns}
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ Agg). The CLI decides where they go.
                         log y, one line per run
     cdfs                empirical CDFs, log x, one line per run
     timeline            running/waiting requests, KV usage, scheduled tokens per step
+    replica_timelines   a fleet's replicas as small multiples: running/waiting, KV usage
     attribution_bars    mean parts per percentile bucket (by TTFT and by E2E), stacked
     latency_vs_rate     p50/p90/p99 against request rate per configuration, knee marked
     latency_vs_flag     p50/p90/p99 against one engine flag (e.g. the token budget)
@@ -19,8 +20,18 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis.attribution import PART_MS
-from analysis.metrics import inter_token_latencies, kv_usage_over_time, per_request_latencies
+from analysis.metrics import (
+    PARTS,
+    inter_token_latencies,
+    kv_usage_over_time,
+    per_request_latencies,
+)
 
+# A part's colour, by its column in ms: C0..C8 in PARTS order, fleets' routing and P/D's KV
+# transfer outside tab10's first nine (the HTML report uses the same).
+ROUTING_COLOR, TRANSFER_COLOR = "#17becf", "#393b79"
+PART_COLORS = {c.removesuffix("_s") + "_ms": f"C{i}" for i, c in enumerate(PARTS)} | {
+    "routing_ms": ROUTING_COLOR, "kv_transfer_ms": TRANSFER_COLOR}
 TITLES = {"ttft": "TTFT", "itl": "ITL", "tpot": "TPOT", "e2el": "E2E latency"}
 PERCENTILE_TICKS = (0.0, 50.0, 90.0, 99.0, 99.9)
 STAT_STYLES = {"p50": ":", "p90": "--", "p99": "-"}
@@ -117,6 +128,32 @@ def timeline(steps: pd.DataFrame, bin_s: float | None = None) -> Figure:
     return fig
 
 
+def replica_timelines(steps: pd.DataFrame, replicas: Mapping[int, str],
+                      bin_s: float | None = None) -> Figure:
+    """Small multiples of a fleet run: a row per replica in `replicas` (index -> title),
+    running and waiting requests, and KV usage (mean per window); axes shared so the rows
+    compare."""
+    span = float(steps["end_s"].max()) if len(steps) else 1.0
+    bin_s = bin_s or max(span / 200, 1e-3)
+    fig = Figure(figsize=(10, 0.4 + 1.5 * len(replicas)), layout="constrained")
+    axes = fig.subplots(len(replicas), 2, squeeze=False, sharex=True, sharey="col")
+    for (left, right), (r, title) in zip(axes, replicas.items(), strict=True):
+        t = kv_usage_over_time(steps[steps["replica"] == r], bin_s)
+        left.plot(t["time_s"], t["running"], label="running", lw=1)
+        left.plot(t["time_s"], t["waiting"], label="waiting", lw=1)
+        right.plot(t["time_s"], t["kv_usage_mean"] * 100, color="C2", lw=1)
+        left.set_ylabel(title, fontsize=8)
+        for ax in (left, right):
+            ax.grid(True, alpha=0.3)
+            ax.tick_params(labelsize=7)
+    axes[0][0].set_title("requests: running, waiting (mean per window)", fontsize=9)
+    axes[0][1].set_title("KV cache usage (%)", fontsize=9)
+    axes[0][0].legend(fontsize=7, loc="upper right")
+    for ax in axes[-1]:
+        ax.set_xlabel(f"time (s), {bin_s:.3g} s windows", fontsize=8)
+    return fig
+
+
 def attribution_bars(by_ttft: pd.DataFrame, by_e2e: pd.DataFrame) -> Figure:
     """Stacked mean parts (ms) per percentile bucket; rows of `attribution_buckets`. The
     TTFT panel leaves decode out (what is left is TTFT, plus any preemption after the first
@@ -127,10 +164,12 @@ def attribution_bars(by_ttft: pd.DataFrame, by_e2e: pd.DataFrame) -> Figure:
     for ax, table, name, columns in panels:
         bottom = np.zeros(len(table))
         x = np.arange(len(table))
-        for i, (column, label) in enumerate(PART_MS.items()):
+        for column, label in PART_MS.items():
+            if column not in columns or column not in table.columns:
+                continue
             values = table[column].to_numpy(dtype=np.float64)
-            if column in columns and values.any():
-                ax.bar(x, values, bottom=bottom, label=label, color=f"C{i}")
+            if values.any():
+                ax.bar(x, values, bottom=bottom, label=label, color=PART_COLORS[column])
                 bottom += values
         ax.set_xticks(x, [f"{g}\n(n={n})" for g, n in zip(table["group"], table["requests"],
                                                              strict=True)])

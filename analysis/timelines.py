@@ -20,6 +20,23 @@ The records do not say in which steps a request was scheduled, so the inferred s
 are the likeliest reading, checked against the recorded parts by `part_totals`.
 Client-timed runs (no engine-side times) get two segments: waiting for the first token and
 streaming, both as the client saw them.
+
+Fleet runs (a `replica` column): a request's segments come from its own replica's steps
+(`EngineSteps`), after a routing segment [arrival, arrival + routing_s). A P/D request
+prefilled on another replica (`prefill_replica` != `replica`) has two sides, as `sim.pd`
+records them summed in one row:
+
+    prefill replica  routing, API server [reached, queued), step boundary, queue,
+                     prefill [first_scheduled, prefilled)
+    decode replica   API server [prefilled, handed over), KV transfer (kv_transfer_s), step
+                     boundary, queue (decode_queue_s), prefill (the first step: it samples
+                     the first token), decode
+
+The row keeps the prefill side's boundaries and the decode side's tokens; the decode side's
+first step is the decode replica's step ending at the first token, and the boundaries
+between (prefilled, handed over, transferred) follow back from it by the recorded parts
+(decode side's API server, step boundary and queue: the totals less the prefill side's).
+Preemptions before the first token are all placed on the prefill side.
 """
 
 from __future__ import annotations
@@ -30,9 +47,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-QUEUE_PARTS = {"token_budget": "queue_token_budget_s", "max_num_seqs": "queue_max_num_seqs_s",
-               "kv_capacity": "queue_kv_capacity_s",
-               "preempted_this_step": "queue_preempted_step_s"}
+from analysis.engine_steps import EPS, QUEUE_PARTS, EngineSteps, StepIndex
+
 LABELS = {
     "api_server_s": "API server", "step_boundary_s": "step boundary",
     "queue_token_budget_s": "queue: token budget", "queue_max_num_seqs_s":
@@ -40,13 +56,13 @@ LABELS = {
     "queue_preempted_step_s": "queue: step preempted", "queue_s": "queue (cause unknown)",
     "preempted_s": "preempted (wait + recompute)", "prefill_s": "prefill",
     "decode_s": "decode", "skipped_s": "skipped steps (token budget)",
+    "routing_s": "routing", "kv_transfer_s": "KV transfer",
     "client_wait_s": "waiting for first token (client)", "client_stream_s": "streaming (client)",
     "mixed_s": "short segments, mixed",
 }
 # The attribution part each segment kind counts toward (skipped steps are token budget).
 QUEUE_KINDS = ("queue_s", *QUEUE_PARTS.values())  # by StepIndex.reason_code
 PART_OF = {"skipped_s": "queue_token_budget_s", "queue_s": "queue_token_budget_s"}
-EPS = 1e-9
 
 
 @dataclass(frozen=True)
@@ -73,33 +89,6 @@ class RequestTimeline:
     finish_s: float
     segments: list[Segment]
     chunks: list[Segment]
-
-
-class StepIndex:
-    """A run's step intervals, for interval lookups."""
-
-    def __init__(self, steps: pd.DataFrame) -> None:
-        empty = steps.empty
-        self.start = np.empty(0) if empty else steps["start_s"].to_numpy(np.float64)
-        self.end = np.empty(0) if empty else steps["end_s"].to_numpy(np.float64)
-        codes = {reason: i + 1 for i, reason in enumerate(QUEUE_PARTS)}  # 0: none/unknown
-        self.reason_code = np.array([] if empty else [codes.get(r, 0) for r in
-                                                      steps["wait_reason"]], dtype=np.int8)
-        self.preempted = np.empty(0, np.int64) if empty else \
-            steps["num_preempted"].to_numpy(np.int64)
-        self.prefill_tokens = np.empty(0, np.int64) if empty else \
-            steps["num_prefill_tokens"].to_numpy(np.int64)
-
-    def overlapping(self, lo: float, hi: float) -> range:
-        """Indices of steps whose interval overlaps [lo, hi)."""
-        first = int(np.searchsorted(self.end, lo + EPS, side="left"))
-        last = int(np.searchsorted(self.start, hi - EPS, side="left"))
-        return range(first, max(first, last))
-
-    def ending_in(self, lo: float, hi: float) -> range:
-        """Indices of steps ending in (lo, hi]."""
-        return range(int(np.searchsorted(self.end, lo + EPS, side="left")),
-                     int(np.searchsorted(self.end, hi + EPS, side="left")))
 
 
 def _num(value: object) -> float | None:
@@ -161,9 +150,7 @@ def _prefill_segments(out: list[Segment], chunks: list[Segment], steps: StepInde
         rest, tail = window[len(lead):-1], window[-1:]
         if not lead:
             lead, tail = tail, []
-    for k in lead + tail:
-        chunks.append(Segment("prefill_s", max(steps.start[k], lo), min(steps.end[k], hi),
-                              {"step": int(k)}))
+    chunks.extend(_chunk(steps, k, lo, hi) for k in lead + tail)
     cut = min(steps.end[lead[-1]], hi)
     _seg(out, "prefill_s", lo, cut if rest else hi, chunks=len(lead) if rest else len(chunks))
     if rest and preemptions > 0:
@@ -171,6 +158,16 @@ def _prefill_segments(out: list[Segment], chunks: list[Segment], steps: StepInde
     elif rest:
         _seg(out, "skipped_s", cut, steps.start[tail[0]], steps=len(rest))
         _seg(out, "prefill_s", steps.start[tail[0]], hi, chunks=1)
+
+
+def _chunk(steps: StepIndex, k: int, lo: float, hi: float) -> Segment:
+    """Step `k` as a prefill chunk of a request, clipped to [lo, hi); args: the step's
+    number (and replica, in a fleet) and its prefill tokens."""
+    args: dict[str, object] = {"step": int(steps.step[k])}
+    if steps.replica is not None:
+        args["replica"] = steps.replica
+    args["step_prefill_tokens"] = int(steps.prefill_tokens[k])
+    return Segment("prefill_s", max(steps.start[k], lo), min(steps.end[k], hi), args)
 
 
 def _long_gaps(steps: StepIndex, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -207,9 +204,11 @@ def _preemptions_in_gaps(steps: StepIndex, tokens: np.ndarray, total: int) -> in
     return min(total, int(np.count_nonzero(steps.preempted[first_steps] > 0)))
 
 
-def request_timeline(row: pd.Series, steps: StepIndex, client_timed: bool = False
-                     ) -> RequestTimeline:
-    """The segments of one request (a row of requests.parquet)."""
+def request_timeline(row: pd.Series, steps: StepIndex, client_timed: bool = False,
+                     prefill_steps: StepIndex | None = None) -> RequestTimeline:
+    """The segments of one request (a row of requests.parquet), from the steps of the
+    engine it ran on (a fleet's: its replica's). `prefill_steps`: the prefill replica's
+    steps of a P/D request prefilled elsewhere (see the module docstring)."""
     arrival, finish = float(row["arrival_s"]), _num(row["finish_s"])
     finish = arrival if finish is None else finish
     tokens = np.asarray(row["token_times_s"], dtype=np.float64)
@@ -220,29 +219,71 @@ def request_timeline(row: pd.Series, steps: StepIndex, client_timed: bool = Fals
         _seg(out, "client_wait_s", arrival, first if first is not None else finish)
         _seg(out, "client_stream_s", first, finish, chunks=len(tokens))
         return RequestTimeline(str(row["request_id"]), arrival, finish, out, chunks)
+    reached = arrival + (_num(row.get("routing_s")) or 0.0)
+    _seg(out, "routing_s", arrival, reached)
     queued, entry = _num(row["queued_s"]), _num(row["engine_queued_s"])
     scheduled = _num(row["first_scheduled_s"])
-    _seg(out, "api_server_s", arrival, queued)
+    before = prefill_steps or steps  # the steps it waited and prefilled in
+    side = {"replica": before.replica} if prefill_steps is not None else {}
+    _seg(out, "api_server_s", reached, queued, **side)
     _seg(out, "step_boundary_s", queued, entry)
     if entry is not None:
-        _queue_segments(out, steps, entry, scheduled if scheduled is not None else finish)
+        _queue_segments(out, before, entry, scheduled if scheduled is not None else finish)
     if scheduled is not None:
         preemptions = int(row["num_preemptions"])
         in_gaps = _preemptions_in_gaps(steps, tokens, preemptions) if tokens.size else 0
-        end_prefill = float(tokens[0]) if tokens.size else finish
-        _prefill_segments(out, chunks, steps, float(row["prefill_s"]), scheduled,
-                          end_prefill, preemptions - in_gaps)
+        if prefill_steps is not None and tokens.size:
+            _disaggregated(out, chunks, row, prefill_steps, steps, preemptions - in_gaps)
+        else:
+            end_prefill = float(tokens[0]) if tokens.size else finish
+            _prefill_segments(out, chunks, before, float(row["prefill_s"]), scheduled,
+                              end_prefill, preemptions - in_gaps)
         if tokens.size:
             _decode_segments(out, steps, tokens, in_gaps)
             _seg(out, "skipped_s", float(tokens[-1]), finish)  # aborted after its last token
     return RequestTimeline(str(row["request_id"]), arrival, finish, out, chunks)
 
 
+def _disaggregated(out: list[Segment], chunks: list[Segment], row: pd.Series,
+                   prefill: StepIndex, decode: StepIndex, preemptions: int) -> None:
+    """A P/D request from its first scheduled step on the prefill replica to its first
+    token on the decode replica (see the module docstring)."""
+    first = float(row["token_times_s"][0])
+    k = int(np.searchsorted(decode.end, first - EPS, side="left"))
+    sampled = float(decode.start[k]) if k < len(decode.start) else first
+    queued, entry = float(row["queued_s"]), float(row["engine_queued_s"])
+    reached = float(row["arrival_s"]) + (_num(row.get("routing_s")) or 0.0)
+    decode_api = float(row["api_server_s"]) - (queued - reached)
+    decode_boundary = float(row["step_boundary_s"]) - (entry - queued)
+    admitted = sampled - float(row["decode_queue_s"])
+    transferred = admitted - decode_boundary
+    handed_over = transferred - float(row["kv_transfer_s"])
+    prefilled = handed_over - decode_api
+    _prefill_segments(out, chunks, prefill, float(row["prefill_s"]) - (first - sampled),
+                      float(row["first_scheduled_s"]), prefilled, preemptions)
+    _seg(out, "api_server_s", prefilled, handed_over, replica=int(row["replica"]))
+    _seg(out, "kv_transfer_s", handed_over, transferred, bytes=int(row["kv_transfer_bytes"]),
+         **{"from": int(row["prefill_replica"]), "to": int(row["replica"])})
+    _seg(out, "step_boundary_s", transferred, admitted)
+    _queue_segments(out, decode, admitted, sampled)
+    _seg(out, "prefill_s", sampled, first, chunks=1)
+    if k < len(decode.start):
+        chunks.append(_chunk(decode, k, sampled, first))
+
+
+def engine_timeline(row: pd.Series, steps: EngineSteps, client_timed: bool = False
+                    ) -> RequestTimeline:
+    """`request_timeline` of a row on its own replica's steps (P/D: prefill on the prefill
+    replica's, decode on the decode replica's)."""
+    decode, prefill = steps.sides(row)
+    return request_timeline(row, decode, client_timed, prefill)
+
+
 def request_timelines(requests: pd.DataFrame, steps: pd.DataFrame,
                       client_timed: bool = False) -> list[RequestTimeline]:
-    """`request_timeline` of every row, in the table's order."""
-    index = StepIndex(steps)
-    return [request_timeline(row, index, client_timed) for _, row in requests.iterrows()]
+    """The timeline of every row, in the table's order, each on its own replica's steps."""
+    index = EngineSteps(steps)
+    return [engine_timeline(row, index, client_timed) for _, row in requests.iterrows()]
 
 
 def coalesced(timeline: RequestTimeline, max_segments: int = 64,

@@ -4,19 +4,25 @@
                        (e.g. "P 512 + D 31"), args = its StepRecord columns; counters ("C")
                        "requests" (running, waiting) and "KV cache usage (%)", one event per
                        change
+    pid 100 + r        a fleet run's replica r instead of "engine": the same track and
+                       counters from its own steps, named "replica r" (with its pool and
+                       role when the fleet has pools)
     pid 2 "requests"   one track (tid) per request, in arrival order: a span for the whole
-                       request (args: lengths, TTFT, E2EL, status) holding its segments
-                       (`analysis.timelines`: API server, step boundary, each queue wait by
-                       cause, prefill with its chunks nested inside, decode, skipped steps,
-                       preemption + recompute)
+                       request (args: lengths, TTFT, E2EL, status; a fleet's replica and
+                       routing, P/D's prefill replica and KV transfer) holding its segments
+                       (`analysis.timelines`: routing, API server, step boundary, each queue
+                       wait by cause, prefill with its chunks nested inside, KV transfer,
+                       decode, skipped steps, preemption + recompute), each from the steps of
+                       the replica it happened on (args of a chunk: its step and replica)
 
 Timestamps are microseconds on the run's clock (`ts`, `dur`; rounded to 1 ns, a child's
 end never past its parent's). Bounding a large run:
     window=(lo, hi)  keep the steps overlapping [lo, hi) s and the requests alive in it
     requests=N       keep N request tracks: the slowest tenth of N by E2E latency (so the
                      slow ones are always there), the rest evenly spread in arrival order
-    max_steps=M      more steps than M left: runs of identical decode-only steps (same
-                     sequences, back to back) become one span "D n x k" (args: steps k)
+    max_steps=M      more steps than M left (a fleet's, all replicas together): runs of
+                     identical decode-only steps (same sequences, back to back, on one
+                     engine) become one span "D n x k" (args: steps k)
     max_segments=S   a request with more than S segments (an overloaded run's queue
                      alternates causes step by step) has each run of segments shorter than
                      1% of its E2E shown as one span (`timelines.coalesced`; args: ms per
@@ -34,10 +40,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.engine_steps import EngineSteps
+from analysis.fleet import replica_names
 from analysis.rundir import Run
-from analysis.timelines import RequestTimeline, StepIndex, coalesced, request_timeline
+from analysis.timelines import RequestTimeline, coalesced, engine_timeline
 
 ENGINE_PID, REQUESTS_PID = 1, 2
+REPLICA_PID = 100  # + replica index, in a fleet run
 DEFAULT_MAX_STEPS = 100_000
 DEFAULT_MAX_SEGMENTS = 64
 STEP_ARGS = ("step", "num_prefill_tokens", "num_decode_tokens", "num_seqs", "num_prefill_seqs",
@@ -119,12 +128,14 @@ def _decode_runs(steps: pd.DataFrame) -> np.ndarray:
     return np.cumsum(np.r_[True, ~same])
 
 
-def engine_events(steps: pd.DataFrame, max_steps: int | None = DEFAULT_MAX_STEPS
+def engine_events(steps: pd.DataFrame, max_steps: int | None = DEFAULT_MAX_STEPS,
+                  pid: int = ENGINE_PID, name: str = "engine", sort_index: int = 0
                   ) -> tuple[list[dict[str, Any]], int]:
-    """Step spans and counters; also the number of step spans after merging."""
-    events = [_meta("process_name", ENGINE_PID, 0, "engine"),
-              _meta("process_sort_index", ENGINE_PID, 0, 0),
-              _meta("thread_name", ENGINE_PID, 1, "steps")]
+    """One engine's step spans and counters, as process `pid`; also the number of step
+    spans after merging."""
+    events = [_meta("process_name", pid, 0, name),
+              _meta("process_sort_index", pid, 0, sort_index),
+              _meta("thread_name", pid, 1, "steps")]
     if steps.empty:
         return events, 0
     rows = steps[[c for c in STEP_ARGS if c in steps.columns] + ["start_s", "end_s"]]
@@ -136,18 +147,38 @@ def engine_events(steps: pd.DataFrame, max_steps: int | None = DEFAULT_MAX_STEPS
     for first, last in groups:
         head, tail = records[first], records[last]
         args = {k: _plain(head[k]) for k in STEP_ARGS if k in head and pd.notna(head[k])}
-        name = _step_name(int(head["num_prefill_tokens"]), int(head["num_decode_tokens"]))
+        label = _step_name(int(head["num_prefill_tokens"]), int(head["num_decode_tokens"]))
         if last > first:
             args.update(steps=last - first + 1, last_step=_plain(tail["step"]),
                         kv_usage_end=_plain(tail["kv_usage"]))
-            name = f"{name} x {last - first + 1}"
-        events.append(_span(name, "step", head["start_s"], tail["end_s"], ENGINE_PID, 1, args))
+            label = f"{label} x {last - first + 1}"
+        events.append(_span(label, "step", head["start_s"], tail["end_s"], pid, 1, args))
         spans += 1
-    events += _counters(steps)
+    events += _counters(steps, pid)
     return events, spans
 
 
-def _counters(steps: pd.DataFrame) -> list[dict[str, Any]]:
+def fleet_engine_events(steps: pd.DataFrame, info: dict[str, Any],
+                        max_steps: int | None = DEFAULT_MAX_STEPS
+                        ) -> tuple[list[dict[str, Any]], int]:
+    """A process per replica (`REPLICA_PID` + r), each `engine_events` of its own steps;
+    the decode-run merging applies to every replica when the fleet has more steps than
+    `max_steps`."""
+    fleet = info.get("fleet") if isinstance(info.get("fleet"), dict) else {}
+    count = int(fleet.get("replicas") or 0)
+    if not steps.empty:
+        count = max(count, int(steps["replica"].max()) + 1)
+    merge = max_steps is not None and len(steps) > max_steps
+    events: list[dict[str, Any]] = []
+    spans = 0
+    by_replica = dict(iter(steps.groupby("replica", sort=True))) if len(steps) else {}
+    for r, name in enumerate(replica_names(info, count)):
+        mine = by_replica.get(r, steps.iloc[:0]).sort_values("start_s", kind="stable")
+        more, n = engine_events(mine, 0 if merge else None, REPLICA_PID + r, name, r)
+        events += more
+        spans += n
+    return events, spans
+def _counters(steps: pd.DataFrame, pid: int = ENGINE_PID) -> list[dict[str, Any]]:
     """Counter events at each step's end, only where a value changed."""
     out: list[dict[str, Any]] = []
     last: dict[str, tuple[object, ...]] = {}
@@ -161,12 +192,15 @@ def _counters(steps: pd.DataFrame) -> list[dict[str, Any]]:
             key = tuple(args.values())
             if last.get(name) != key:
                 last[name] = key
-                out.append({"name": name, "ph": "C", "ts": _us(end), "pid": ENGINE_PID,
+                out.append({"name": name, "ph": "C", "ts": _us(end), "pid": pid,
                             "tid": 0, "args": args})
     return out
 
 
 # ---- request tracks ----------------------------------------------------------------------
+
+
+FLEET_ARGS = ("replica", "prefill_replica", "kv_transfer_bytes")  # where the run has them
 
 
 def _request_args(row: pd.Series) -> dict[str, Any]:
@@ -176,10 +210,13 @@ def _request_args(row: pd.Series) -> dict[str, Any]:
     args = {k: _plain(row[k]) for k in ("prompt_len", "output_len", "cached_tokens",
                                         "num_preemptions", "status")}
     args.update(ttft_ms=_plain(ttft), e2el_ms=_plain(e2el))
+    args.update({k: _plain(row[k]) for k in FLEET_ARGS if k in row.index})
+    args.update({k.removesuffix("_s") + "_ms": _plain(row[k] * 1e3)
+                 for k in ("routing_s", "kv_transfer_s") if k in row.index})
     return args
 
 
-def request_events(timeline: RequestTimeline, row: pd.Series, tid: int, steps: pd.DataFrame,
+def request_events(timeline: RequestTimeline, row: pd.Series, tid: int,
                    max_segments: int | None = DEFAULT_MAX_SEGMENTS) -> list[dict[str, Any]]:
     """Metadata, the whole-request span, its segments and prefill chunks, on track `tid`."""
     rid = timeline.request_id
@@ -194,9 +231,7 @@ def request_events(timeline: RequestTimeline, row: pd.Series, tid: int, steps: p
         spans.append(_span(name, seg.kind.removesuffix("_s"), seg.start_s, seg.end_s,
                            REQUESTS_PID, tid, args))
     for n, chunk in enumerate(timeline.chunks):
-        step = int(chunk.args["step"])  # type: ignore[call-overload]
-        args = {"step": _plain(steps["step"].iat[step]),
-                "step_prefill_tokens": _plain(steps["num_prefill_tokens"].iat[step])}
+        args = {k: _plain(v) for k, v in chunk.args.items()}
         spans.append(_span(f"chunk {n}", "prefill_chunk", chunk.start_s, chunk.end_s,
                            REQUESTS_PID, tid, args))
     spans.sort(key=lambda e: (e["ts"], -e["dur"]))  # parents first, ts monotonic
@@ -212,19 +247,24 @@ def trace_events(run: Run, requests: int | None = None,
     client = run.info.get("timing") == "client"
     kept = select_requests(run.requests, requests, window)
     steps = run.steps.reset_index(drop=True)
-    index = StepIndex(steps)
-    events, spans = engine_events(select_steps(steps, window), max_steps)
+    index = EngineSteps(steps)
+    shown = select_steps(steps, window)
+    if index.fleet:
+        events, spans = fleet_engine_events(shown, run.info, max_steps)
+    else:
+        events, spans = engine_events(shown, max_steps)
     events += [_meta("process_name", REQUESTS_PID, 0, "requests"),
-               _meta("process_sort_index", REQUESTS_PID, 0, 1)]
+               _meta("process_sort_index", REQUESTS_PID, 0, 1 + len(index.replicas))]
     for tid, (_, row) in enumerate(kept.iterrows(), start=1):
-        events += request_events(request_timeline(row, index, client), row, tid, steps,
-                                 max_segments)
+        events += request_events(engine_timeline(row, index, client), row, tid, max_segments)
     other = {"run": run.name, "kind": run.info.get("kind"),
              "requests": f"{len(kept)} of {len(run.requests)}",
-             "steps": f"{spans} spans for {len(select_steps(steps, window))} of "
-                      f"{len(steps)} steps", "window_s": list(window) if window else None,
+             "steps": f"{spans} spans for {len(shown)} of {len(steps)} steps",
+             "window_s": list(window) if window else None,
              "timing": run.info.get("timing", "engine"),
              "selection": "slowest tenth by E2E + evenly spread" if requests else "all"}
+    if index.fleet:
+        other["replicas"] = len(index.replicas)
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
 
 

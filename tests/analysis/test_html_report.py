@@ -18,7 +18,7 @@ from analysis.console import CLIENT_TIMING_NOTE, benchmark_block
 from analysis.html_report import html_report, write_html_report
 from analysis.metrics import benchmark_metrics
 from analysis.rundir import load_run
-from tests.analysis.handmade import client_run, timeline_run
+from tests.analysis.handmade import client_run, fleet_run, pd_run, timeline_run
 
 # Anything a browser would fetch: src/href/url()/@import to a scheme or a protocol-relative
 # address, <link> and <script src>.
@@ -74,6 +74,45 @@ def test_compare_page_has_the_table_and_each_run(hand_run: Path, tmp_path: Path)
     assert not EXTERNAL.search(text)
 
 
+def _table(text: str, css_id: str) -> list[list[str]]:
+    """The cells' text of each body row of the table with id `css_id`."""
+    body = re.search(rf'<table[^>]*id="{css_id}".*?<tbody>(.*?)</tbody>', text, re.S).group(1)
+    return [re.findall(r"<td[^>]*>([^<]*)</td>", row)
+            for row in re.findall(r"<tr[^>]*>(.*?)</tr>", body, re.S)]
+
+
+def test_fleet_page_has_the_replica_table_and_views(tmp_path: Path) -> None:
+    text = html_report(fleet_run(tmp_path))
+    assert not EXTERNAL.search(text)
+    # replica, requests, share %, prompt tokens, p50/p99 TTFT ms, KV %, hit %, preemptions
+    assert _table(text, "replicas") == [
+        ["replica 0", "1", "33.3", "200", "50.0", "50.0", "30.8", "0.0", "1"],
+        ["replica 1", "2", "66.7", "150", "30.0", "30.0", "62.5", "0.0", "0"]]
+    assert re.search(r"Load imbalance, requests \(max/mean\)</td><td[^>]*>1.33<", text)
+    assert re.search(r"Jain&#x27;s fairness index, requests</td><td[^>]*>0.900<", text)
+    assert 'data-plot="replica timelines"' in text
+    assert "Routing (fleet)" in text  # the attribution has the fleet's part
+    rows = _rows(text)
+    assert [re.findall(r"<td[^>]*>([^<]*)</td>", r)[:2] for r in rows] == [
+        ["R", "0"], ["F1", "1"], ["F2", "1"]]  # slowest first, with its replica
+    details = re.findall(r"<small>(.*?)</small>", text)
+    assert details[1].startswith("routing: 1.0 ms &rarr; API server: 2.0 ms &rarr; "
+                                 "step boundary: 2.0 ms &rarr; prefill: 25.0 ms")
+
+
+def test_pd_page_has_the_prefill_replica_and_the_transfer(tmp_path: Path) -> None:
+    text = html_report(pd_run(tmp_path))
+    assert "KV transfer (P/D)" in text and ">kv xfer<" in text
+    assert [row[:5] for row in _table(text, "replicas")] == [
+        ["replica 0 (p, prefill)", "0", "0.0", "0", "1"],  # ... prefilled for others
+        ["replica 1 (d, decode)", "1", "100.0", "200", "0"]]
+    row = re.findall(r"<td[^>]*>([^<]*)</td>", _rows(text)[0])
+    assert row[:3] == ["P", "1", "0"]  # request, replica, prefill replica
+    words = re.findall(r"<small>(.*?)</small>", text)[0]
+    assert "KV transfer: 5.0 ms (bytes 26214400, from 0, to 1)" in words
+    assert words.endswith("prefill: 10.0 ms (chunks 1) &rarr; decode: 20.0 ms (tokens 2)")
+
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # Test-only: sort the slowest table by TTFT (ascending), then expand the first row.
 CLICKS = ("<script>var h=document.querySelectorAll('#slowest th');h[5].click();"
@@ -82,8 +121,9 @@ CLICKS = ("<script>var h=document.querySelectorAll('#slowest th');h[5].click();"
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install "
                     "chromium; .ci/run installs it)")
-def test_page_renders_in_headless_chromium(tmp_path: Path) -> None:
-    run = timeline_run(tmp_path)
+@pytest.mark.parametrize("make_run", [timeline_run, fleet_run], ids=["engine", "fleet"])
+def test_page_renders_in_headless_chromium(tmp_path: Path, make_run) -> None:
+    run = make_run(tmp_path)
     page = write_html_report(run, tmp_path / "report.html")
     clicked = tmp_path / "clicked.html"
     clicked.write_text(page.read_text().replace("</body>", CLICKS))
@@ -103,6 +143,10 @@ def test_page_renders_in_headless_chromium(tmp_path: Path) -> None:
     assert 'data-dir="asc"' in dom  # sorted
     assert dom.count("<svg") >= 4  # the plots are in the DOM
     assert re.search(r'<tr class="detail">', dom), "the first row expanded"
+    if "replica" in run.requests.columns:  # the fleet's table and small multiples rendered
+        assert re.search(r'<table class="sortable" id="replicas">.*?<td>replica 1</td>', dom,
+                         re.S)
+        assert re.search(r'<figure data-plot="replica timelines"><svg', dom)
     print(f"rendered in {elapsed:.1f} s; screenshot {shot}")
 
 

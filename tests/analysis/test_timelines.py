@@ -7,8 +7,22 @@ from pathlib import Path
 
 import pytest
 
-from analysis.timelines import StepIndex, part_totals, request_timeline
-from tests.analysis.handmade import EXPECTED, PARTS, REQUEST, client_run, timeline_run
+from analysis.engine_steps import EngineSteps, StepIndex
+from analysis.timelines import engine_timeline, part_totals, request_timeline
+from tests.analysis.handmade import (
+    EXPECTED,
+    FLEET_CHUNKS,
+    FLEET_EXPECTED,
+    PARTS,
+    PD_CHUNKS,
+    PD_EXPECTED,
+    PD_REQUEST,
+    REQUEST,
+    client_run,
+    fleet_run,
+    pd_run,
+    timeline_run,
+)
 
 
 def test_segments_of_the_hand_made_request(tmp_path: Path) -> None:
@@ -51,3 +65,60 @@ def test_coalescing_bounds_segments_and_keeps_the_tiling() -> None:
     assert (merged[0].start_s, merged[0].end_s) == (0.0, 0.1)
     assert merged[0].args["segments"] == 100
     assert merged[0].args["queue: KV capacity ms"] == pytest.approx(50.0)
+
+
+def _kinds_and_times(segments: list) -> tuple[list[str], list[float]]:
+    """Kinds, and start and end times flattened (pytest.approx compares flat lists)."""
+    return [s.kind for s in segments], [t for s in segments for t in (s.start_s, s.end_s)]
+
+
+def _expected(spans: list[tuple[str, float, float]]) -> tuple[list[str], list[float]]:
+    return [k for k, _, _ in spans], [t for _, a, b in spans for t in (a, b)]
+
+
+def test_a_fleet_request_is_read_from_its_own_replicas_steps(tmp_path: Path) -> None:
+    run = fleet_run(tmp_path)
+    steps = EngineSteps(run.steps)
+    assert sorted(steps.replicas) == [0, 1]
+    for _, row in run.requests.iterrows():
+        rid = row["request_id"]
+        tl = engine_timeline(row, steps)
+        kinds, times = _kinds_and_times(tl.segments)
+        expected_kinds, expected_times = _expected(FLEET_EXPECTED[rid])
+        assert kinds == expected_kinds, rid
+        assert times == pytest.approx(expected_times, abs=1e-12), rid
+        assert [(c.args.get("replica"), c.args["step"]) for c in tl.chunks] == \
+            FLEET_CHUNKS[rid]
+        totals = part_totals(tl)
+        for part in (*PARTS, "routing_s"):
+            assert totals.get(part, 0.0) == pytest.approx(row[part], abs=1e-12), (rid, part)
+
+
+def test_reading_a_fleet_as_one_engine_gets_it_wrong(tmp_path: Path) -> None:
+    """The hand-made fleet tells the readings apart: replica 1's steps interleave with
+    replica 0's, so R's wait and F1's prefill come out wrong when all steps are one
+    engine's."""
+    run = fleet_run(tmp_path)
+    one_engine = StepIndex(run.steps.sort_values("start_s", kind="stable"))
+    wrong = 0
+    for _, row in run.requests.iterrows():
+        kinds, times = _kinds_and_times(request_timeline(row, one_engine).segments)
+        expected_kinds, expected_times = _expected(FLEET_EXPECTED[row["request_id"]])
+        wrong += kinds != expected_kinds or times != pytest.approx(expected_times, abs=1e-12)
+    assert wrong >= 2
+
+
+def test_a_pd_request_prefills_on_one_replica_and_decodes_on_another(tmp_path: Path) -> None:
+    run = pd_run(tmp_path)
+    tl = engine_timeline(run.requests.iloc[0], EngineSteps(run.steps))
+    kinds, times = _kinds_and_times(tl.segments)
+    assert (kinds, times) == (_expected(PD_EXPECTED)[0],
+                              pytest.approx(_expected(PD_EXPECTED)[1], abs=1e-12))
+    assert [(c.args["replica"], c.args["step"]) for c in tl.chunks] == PD_CHUNKS
+    transfer = next(s for s in tl.segments if s.kind == "kv_transfer_s")
+    assert transfer.args == {"bytes": 26_214_400, "from": 0, "to": 1}
+    api = [s.args for s in tl.segments if s.kind == "api_server_s"]
+    assert api == [{"replica": 0}, {"replica": 1}]
+    totals = part_totals(tl)
+    for part in (*PARTS, "routing_s", "kv_transfer_s"):
+        assert totals.get(part, 0.0) == pytest.approx(PD_REQUEST[part], abs=1e-12), part

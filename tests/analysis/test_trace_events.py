@@ -14,13 +14,24 @@ import pytest
 from analysis.rundir import load_run, write_run
 from analysis.trace_events import (
     ENGINE_PID,
+    REPLICA_PID,
     REQUESTS_PID,
     select_requests,
     trace_events,
     write_trace_events,
 )
 from tests.analysis.conftest import HAND_REQUESTS, HAND_STEPS
-from tests.analysis.handmade import EXPECTED, client_run, timeline_run
+from tests.analysis.handmade import (
+    EXPECTED,
+    FLEET_CHUNKS,
+    FLEET_EXPECTED,
+    PD_CHUNKS,
+    PD_EXPECTED,
+    client_run,
+    fleet_run,
+    pd_run,
+    timeline_run,
+)
 
 PHASES = {"X", "C", "M"}
 
@@ -118,3 +129,71 @@ def test_written_file_loads_and_client_runs_have_no_engine_track(tmp_path: Path)
     assert [e["name"] for e in _spans(document, REQUESTS_PID, 1)] == [
         "request c0", "waiting for first token (client)", "streaming (client)"]
     assert document["otherData"]["timing"] == "client"
+
+
+def _us(spans: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
+    """(cat, ts, dur) of segments given in seconds, rounded as the file rounds them."""
+    return [(kind.removesuffix("_s"), round(a * 1e6, 3), round(round(b * 1e6, 3) -
+                                                             round(a * 1e6, 3), 3))
+            for kind, a, b in spans]
+
+
+def _segments_and_chunks(document: dict[str, Any], tid: int
+                         ) -> tuple[list[tuple[str, float, float]], list[tuple[int, int]]]:
+    spans = _spans(document, REQUESTS_PID, tid)[1:]  # after the whole request
+    segments = [(e["cat"], e["ts"], e["dur"]) for e in spans if e["cat"] != "prefill_chunk"]
+    chunks = [(e["args"]["replica"], e["args"]["step"]) for e in spans
+              if e["cat"] == "prefill_chunk"]
+    return segments, chunks
+
+
+def _processes(document: dict[str, Any]) -> dict[int, str]:
+    return {e["pid"]: e["args"]["name"] for e in document["traceEvents"]
+            if e["ph"] == "M" and e["name"] == "process_name"}
+
+
+def test_a_fleet_has_an_engine_process_per_replica(tmp_path: Path) -> None:
+    document = trace_events(fleet_run(tmp_path), max_steps=None)
+    check_format(document)
+    assert _processes(document) == {REPLICA_PID: "replica 0", REPLICA_PID + 1: "replica 1",
+                                    REQUESTS_PID: "requests"}
+    zero, one = (_spans(document, REPLICA_PID + r, 1) for r in (0, 1))
+    assert [e["dur"] for e in zero] == [10000.0] * 13
+    assert [(e["name"], e["ts"], e["dur"]) for e in one] == [
+        ("P 100", 5000.0, 25000.0), ("D 1", 30000.0, 25000.0), ("P 50 + D 1", 55000.0, 25000.0),
+        ("D 1", 80000.0, 25000.0)]
+    kv = [(e["pid"], e["ts"], e["args"]["kv"]) for e in document["traceEvents"]
+          if e["ph"] == "C" and e["name"] == "KV cache usage (%)" and e["pid"] == REPLICA_PID + 1]
+    assert kv == [(101, 30000.0, 25.0), (101, 55000.0, 50.0), (101, 80000.0, 75.0),
+                  (101, 105000.0, 100.0)]
+
+
+def test_fleet_request_spans_come_from_their_own_replicas_steps(tmp_path: Path) -> None:
+    document = trace_events(fleet_run(tmp_path))
+    names = {e["tid"]: e["args"]["name"] for e in document["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == REQUESTS_PID}
+    for tid, name in names.items():
+        rid = name.removeprefix("req ")
+        segments, chunks = _segments_and_chunks(document, tid)
+        assert segments == _us(FLEET_EXPECTED[rid]), rid
+        assert chunks == FLEET_CHUNKS[rid], rid
+        root = _spans(document, REQUESTS_PID, tid)[0]
+        assert root["args"]["replica"] == (0 if rid == "R" else 1)
+        assert root["args"]["routing_ms"] == pytest.approx(1.0)
+
+
+def test_pd_spans_prefill_transfer_and_decode(tmp_path: Path) -> None:
+    document = trace_events(pd_run(tmp_path))
+    check_format(document)
+    assert _processes(document) == {REPLICA_PID: "replica 0 (p, prefill)",
+                                    REPLICA_PID + 1: "replica 1 (d, decode)",
+                                    REQUESTS_PID: "requests"}
+    segments, chunks = _segments_and_chunks(document, 1)
+    assert segments == _us(PD_EXPECTED)
+    assert chunks == PD_CHUNKS
+    transfer = next(e for e in _spans(document, REQUESTS_PID, 1) if e["cat"] == "kv_transfer")
+    assert (transfer["name"], transfer["args"]) == (
+        "KV transfer", {"bytes": 26_214_400, "from": 0, "to": 1})
+    root = _spans(document, REQUESTS_PID, 1)[0]
+    assert {k: root["args"][k] for k in ("replica", "prefill_replica", "kv_transfer_ms")} == \
+        {"replica": 1, "prefill_replica": 0, "kv_transfer_ms": 5.0}
