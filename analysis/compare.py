@@ -120,7 +120,9 @@ COMPARE_KEYS_HEAD = ("completed", "failed", "duration", "request_throughput",
                      "request_goodput", "output_throughput", "total_token_throughput",
                      "max_output_tokens_per_s", "max_concurrent_requests")
 COMPARE_KEYS_TAIL = ("num_preemptions", "num_preempted_requests", "prefix_cache_hit_rate",
-                     "mean_kv_cache_usage", "max_kv_cache_usage", "num_engine_steps")
+                     "mean_kv_cache_usage", "max_kv_cache_usage", "num_engine_steps",
+                     "fleet_replicas", "fleet_prefix_hit_rate", "fleet_request_imbalance",
+                     "fleet_prompt_token_imbalance", "fleet_jain_requests")
 
 
 def compare_table(results: Sequence[dict[str, Any]], labels: Sequence[str]) -> pd.DataFrame:

@@ -194,7 +194,25 @@ def result_dict(run: Run, options: ReportOptions | None = None) -> dict[str, Any
     for name in options.percentile_metrics:
         result.update(metric_keys(name, m.stats[name]))
     result.update(_rt_keys(run, options))
+    result.update(_fleet_keys(run))
     return result
+
+
+def _fleet_keys(run: Run) -> dict[str, Any]:
+    """A fleet run's figures (`analysis.fleet`): replicas, fleet prefix hit rate, imbalance
+    (max/mean) of requests and prompt tokens, Jain's index, and each replica's share."""
+    if "replica" not in run.requests.columns or run.steps.empty:
+        return {}
+    from analysis.fleet import fleet_summary, replica_table
+
+    table = replica_table(run.requests, run.steps)
+    summary = fleet_summary(table)
+    return {"fleet_replicas": int(summary["replicas"]),
+            "fleet_prefix_hit_rate": summary["prefix_hit_rate"],
+            "fleet_request_imbalance": summary["request_imbalance"],
+            "fleet_prompt_token_imbalance": summary["prompt_token_imbalance"],
+            "fleet_jain_requests": summary["jain_requests"],
+            "fleet_replica_shares": [round(float(x), 6) for x in table["share"]]}
 
 
 def _rt_keys(run: Run, options: ReportOptions) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from analysis.fleet import fleet_summary, imbalance, jain_index, replica_table
+from analysis.report import result_dict
 from analysis.rundir import load_run
 from cli import app
 from workloads import ArrivalProcess, RandomLengths, random_trace, write_rt_jsonl
@@ -45,6 +46,10 @@ def test_round_robin_fleet_spreads_requests_and_prints_the_fleet_block(
     assert run.requests["routing_s"].round(9).eq(0.001).all()
     assert set(run.steps["replica"]) == {0, 1, 2}
     assert run.info["fleet"]["replicas"] == 3 and run.info["fleet"]["router"] == "round-robin"
+    result = result_dict(run)  # rt report / rt compare carry the fleet figures
+    assert result["fleet_replicas"] == 3 and result["fleet_request_imbalance"] == 1.0
+    assert result["fleet_replica_shares"] == [round(1 / 3, 6)] * 3
+    assert result["fleet_jain_requests"] == 1.0
 
 
 def test_one_replica_fleet_equals_the_single_engine(small_trace: Path, tmp_path: Path) -> None:
