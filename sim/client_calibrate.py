@@ -15,9 +15,10 @@ fit has two stages, each linear given the other:
    pairs, decode KV tokens), c: the six step coefficients (`ProfileCoefficients`), n_m: the
    tokens step m delivered, d: the front end's output cost per delivered token (a step's
    chunks leave d·n_m after it ends, so consecutive ends differ by the change of that
-   delay). Non-negative least squares, each row relative to its duration (floored at a
-   quarter of the median) and weighted by the square root of its decodes, so each ITL gap
-   counts once.
+   delay). Non-negative least squares in seconds (a chunk read late shortens one gap and
+   lengthens the next by as much, so the errors cancel in the sum), each row weighted by the
+   square root of its decodes so each ITL gap counts once; then once more without the steps
+   more than 4 robust standard deviations off (bunched reads, a cluster split by jitter).
 2. Front-end input costs a (per request) and b (per prompt token). The run's arrivals are
    simulated (`sim.simulator.simulate`) under the server's engine flags with the step costs
    of stage 1; each request's simulated TTFT is a + b·p_r plus what the engine and the
@@ -63,6 +64,7 @@ PRIORITY = ("constant_s", "per_decode_token_s", "per_prefill_token_s", "per_deco
 SEPARABLE = 0.03  # a column whose part outside the kept terms' span is below this is left out
 STEP_TERMS = (*COEFFICIENT_NAMES, "per_output_token_s")  # stage 1's unknowns
 FRONT_END_ITERATIONS = 6
+TRIM_SIGMAS = 4.0  # stage 1 leaves out steps this far off (chunks read late, bunched)
 
 
 def endpoint_configs(engine: EngineFlags, runs: Sequence[ClientRun],
@@ -183,7 +185,7 @@ class ClientFit:
 
 def _step_rows(steps: Sequence[ObservedSteps]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Stage 1's rows over every back-to-back step: A [m, 7] (`STEP_TERMS`), the observed
-    durations and the row weights (module docstring)."""
+    durations and the row weights (the square root of the step's decodes)."""
     rows, durations, weights = [], [], []
     for run in steps:
         for m in np.flatnonzero(run.busy):
@@ -193,9 +195,7 @@ def _step_rows(steps: Sequence[ObservedSteps]) -> tuple[np.ndarray, np.ndarray, 
     if len(rows) < len(STEP_TERMS):
         raise ValueError(f"{len(rows)} steps timed back to back in these runs (chunk times "
                          f"of streams running together), at least {len(STEP_TERMS)} are needed")
-    y = np.asarray(durations)
-    floor = max(0.25 * float(np.median(y)), 1e-6)
-    return np.vstack(rows), y, np.asarray(weights) / np.maximum(y, floor)
+    return np.vstack(rows), np.asarray(durations), np.asarray(weights)
 
 
 def _nnls_fit(a: np.ndarray, y: np.ndarray, w: np.ndarray, terms: Sequence[str]
@@ -281,21 +281,35 @@ def _percentiles(runs: Sequence[ClientRun], sims: Sequence[SimResult]
     return out
 
 
+def _fit_steps(a: np.ndarray, y: np.ndarray, w: np.ndarray
+               ) -> tuple[np.ndarray, dict[str, str], dict[str, float | None], np.ndarray]:
+    """Stage 1's solve, trimmed: fit, leave out the steps whose residual exceeds
+    `TRIM_SIGMAS` robust standard deviations (1.4826 · median |residual|), fit again.
+    Returns the solution, the unidentified terms, the errors and the steps kept."""
+    x, _, _ = _nnls_fit(a, y, w, STEP_TERMS)
+    residual = y - a @ x
+    sigma = 1.4826 * float(np.median(np.abs(residual)))
+    keep = np.abs(residual) <= TRIM_SIGMAS * sigma if sigma > 0 else np.ones(len(y), bool)
+    x, reasons, se = _nnls_fit(a[keep], y[keep], w[keep], STEP_TERMS)
+    return x, reasons, se, keep
+
+
 def fit_client_runs(runs: Sequence[ClientRun], scheduler: SchedulerConfig,
                     cache: CacheConfig, *, vocab_size: int = 32_000, seed: int = 0) -> ClientFit:
     """The estimator of the module docstring over the pooled runs. ValueError when the runs
     time too few steps to fit."""
     steps = [observed_steps(run, scheduler) for run in runs]
     a, y, w = _step_rows(steps)
-    x, reasons, se = _nnls_fit(a, y, w, STEP_TERMS)
+    x, reasons, se, keep = _fit_steps(a, y, w)
     coefficients = ProfileCoefficients(**dict(zip(COEFFICIENT_NAMES, map(float, x[:6]),
                                                   strict=True)))
-    quantiles = ratio_quantiles(y, a @ x) if len(y) >= 2 else None
+    quantiles = ratio_quantiles(y[keep], a[keep] @ x) if keep.sum() >= 2 else None
     config = SimConfig(scheduler, cache, vocab_size=vocab_size, seed=seed)
     api, front_reasons, front_se, scores, best, sims = _front_end(runs, config, coefficients,
                                                                  float(x[6]))
     counts = {"requests": sum(len(run.token_times_s) for run in runs),
               "steps": sum(len(s.end_s) for s in steps), "timed_steps": len(y),
+              "trimmed_steps": int(len(y) - keep.sum()),
               "split_streams": sum(s.split_streams for s in steps),
               "skipped_requests": sum(run.skipped for run in runs)}
     return ClientFit(coefficients, api, {**reasons, **front_reasons}, {**se, **front_se},
