@@ -932,6 +932,46 @@ def profile_from_steps(paths: list[Path], target: str, api_server: Any = None,
     return profile
 
 
+def profile_from_client_runs(runs: list[Any], engine: EngineFlags, seed: int,
+                             max_model_len: int | None = None, model: str = "unknown"
+                             ) -> Profile:
+    """`sim.client_calibrate`'s fit of client-timed runs (`sim.client_steps.ClientRun`)
+    under the server's engine flags; prints the fit per term."""
+    from analysis.rundir import rt_version
+    from sim.client_calibrate import endpoint_configs
+    from sim.client_calibrate import profile_from_client_runs as fit
+
+    with user_errors():
+        scheduler, cache, sources = endpoint_configs(engine, runs, max_model_len)
+        profile, result = fit(runs, scheduler, cache, model=model, rt_version=rt_version(),
+                              date=datetime.datetime.now(datetime.UTC).isoformat(
+                                  timespec="seconds"), sources=sources, seed=seed)
+    for line in result.lines():
+        typer.echo(line, err=True)
+    return profile
+
+
+def calibrate_from_runs(paths: list[Path], engine: EngineFlags, seed: int) -> Profile:
+    """`rt calibrate --from-run`: client-timed runs (run directories, vLLM bench JSONs)."""
+    from analysis.rundir import load_run
+    from sim.client_steps import client_run
+
+    runs, infos = [], []
+    with user_errors():
+        for path in paths:
+            run = load_run(path)
+            columns = {name: run.requests[name].tolist() for name in run.requests.columns}
+            try:
+                runs.append(client_run(str(path), columns))
+            except ValueError as err:
+                fail(f"--from-run {err}")
+            infos.append(run.info)
+    lens = [i.get("endpoint", {}).get("max_model_len") for i in infos]
+    names = [(i.get("model") or {}).get("name") for i in infos]
+    return profile_from_client_runs(runs, engine, seed, next((x for x in lens if x), None),
+                                    str(next((x for x in names if x), "unknown")))
+
+
 def write_profile(profile: Profile, path: Path) -> Path:
     """Print the fit's quality and coefficients, write the profile."""
     from sim.profile import write_profile as write
@@ -966,6 +1006,11 @@ def calibrate(
         "--target", help="Step time to fit from --from-steps alone: wall (end - start, what "
         "the simulator must reproduce) or execute (the runner's measurement).",
         rich_help_panel=CALIBRATION_PANEL)] = "wall",
+    from_run: Annotated[list[Path] | None, typer.Option(
+        "--from-run", help="A client-timed run (`rt replay --endpoint` directory, or a `vllm "
+        "bench serve --save-detailed` JSON): fit the step costs and the front end's to its "
+        "chunk times, under the server's engine flags (docs/calibration.md).",
+        rich_help_panel=CALIBRATION_PANEL)] = None,
     seed: _Seed = 0,
 ) -> None:
     """Fit the simulator's `profile` cost model to the real backend: a designed grid of
@@ -974,7 +1019,11 @@ def calibrate(
     profile for `rt simulate --profile`."""
     if cal.step_drift and not (from_steps and model is None):
         fail("--step-drift needs --from-steps alone (a grid has no step-time scatter)")
-    if from_steps and model is None:
+    if from_run:
+        if from_steps or model is not None:
+            fail("--from-run fits client timings alone: without --from-steps or --model")
+        profile = calibrate_from_runs(from_run, engine, seed)
+    elif from_steps and model is None:
         profile = profile_from_steps(from_steps, target, drift=cal.step_drift)
     else:
         setup, tokenizer = real_engine(model, engine, real, seed)

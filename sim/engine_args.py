@@ -96,6 +96,9 @@ class SimSetup:
             "scheduler_config": asdict(cfg.scheduler),
             "cache_config": asdict(cfg.cache),
             "api_server": asdict(cfg.api_server),
+            # client: token times include the front end's output delay (a profile fitted on
+            # client-side times); engine: they are step ends
+            "token_times": "client" if cfg.api_server.per_output_token_s > 0 else "engine",
             "seed": cfg.seed,
             "vocab_size": cfg.vocab_size,
             "model": asdict(self.model),

@@ -6,7 +6,8 @@
      "coefficients": {"constant_s": ..., "per_prefill_token_s": ..., "per_decode_token_s": ...,
                       "per_seq_s": ..., "per_prefill_attention_pair_s": ...,
                       "per_decode_kv_token_s": ...},
-     "api_server": {"per_request_s": ..., "per_prompt_token_s": ...},
+     "api_server": {"per_request_s": ..., "per_prompt_token_s": ...,
+                    "per_output_token_s": ...},  # the last optional (0)
      "step_time_quantiles": [...],       # optional: measured/predicted step-time ratios
      "step_time_drift_quantiles": [...], # optional, with the next and step_time_quantiles:
      "step_time_drift_window_s": 0.25,   #   the slow factor of all steps in one window
@@ -163,10 +164,14 @@ class _Reader:
             if key not in known:
                 raise self.fail(f"unknown field {prefix + key!r}")
 
-    def section(self, data: dict[str, Any], name: str, known: tuple[str, ...]) -> dict[str, float]:
+    def section(self, data: dict[str, Any], name: str, known: tuple[str, ...],
+                optional: tuple[str, ...] = ()) -> dict[str, float]:
+        """The numbers of section `name`: every `known` key, those in `optional` only when
+        present (their defaults otherwise)."""
         section = self.as_object(self.get(data, name), name)
         self.no_unknown(section, known, f"{name}.")
-        return {key: self.seconds(section, key, f"{name}.") for key in known}
+        return {key: self.seconds(section, key, f"{name}.") for key in known
+                if key in section or key not in optional}
 
     def profile(self, data: object) -> Profile:
         top = self.as_object(data, "(top level)")
@@ -198,7 +203,8 @@ class _Reader:
             coefficients=ProfileCoefficients(
                 **self.section(top, "coefficients", coefficient_names)
             ),
-            api_server=ApiServerCost(**self.section(top, "api_server", api_names)),
+            api_server=ApiServerCost(**self.section(top, "api_server", api_names,
+                                                    optional=("per_output_token_s",))),
             step_time_quantiles=quantiles,
             step_time_drift_quantiles=drift,
             step_time_drift_window_s=window,

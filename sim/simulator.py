@@ -11,6 +11,11 @@ Two SimPy processes, as in a serving runtime's pipeline:
                  model's step time, deliver synthetic tokens, update_from_output(); when
                  there is nothing to do it sleeps until the API server wakes it (no spinning)
 
+With a front-end output cost (`ApiServerCost.per_output_token_s` > 0, a profile fitted on
+client-side times by `rt calibrate --from-run`), each token's time is when its client sees it:
+the step's end plus the delivery delay of that step's tokens (`deliver_to_clients`); the
+steps and the attribution parts stay engine-side.
+
 Tokens are the trace's deterministic ids (`workloads.prompt_token_ids` / `output_token_ids`),
 so the prefix cache sees exactly the trace's sharing; every request runs with `ignore_eos`
 and `max_tokens` = its trace output length.
@@ -22,7 +27,8 @@ import itertools
 import math
 import time
 from array import array
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import simpy
@@ -36,7 +42,7 @@ from runtime import (
     Scheduler,
     SchedulerConfig,
 )
-from runtime.records import RunResult
+from runtime.records import RequestRecord, RunResult
 from sim.cost.api_server import ApiServerCost
 from sim.cost.base import CostModel, decode_run_timer
 from sim.step_noise import StepNoise
@@ -227,6 +233,7 @@ def simulate(trace: Trace, config: SimConfig, cost_model: CostModel,
     sim.run()
     recorder = sim.core.recorder
     assert not recorder.live, f"{len(recorder.live)} requests never finished"
+    deliver_to_clients(recorder.finished, config.api_server)
     stats = sim.core.scheduler.prefix_cache_stats
     order = {req.request_id: i for i, req in enumerate(trace)}
     return SimResult(
@@ -236,3 +243,20 @@ def simulate(trace: Trace, config: SimConfig, cost_model: CostModel,
         prefix_cache_hits=stats.hits,
         wall_s=time.perf_counter() - started,
     )
+
+
+def deliver_to_clients(records: Sequence[RequestRecord], api_server: ApiServerCost) -> None:
+    """Shift every token time (and first_token_s, finish_s) from its step's end to when the
+    front end has delivered that step's tokens: + `api_server.delivery_delay(n)`, n = the
+    tokens sampled at that step end (all of a step's tokens share its end float). Nothing
+    changes when the output cost is 0."""
+    if api_server.per_output_token_s <= 0:
+        return
+    per_step = Counter(t for record in records for t in record.token_times_s)
+    for record in records:
+        times = [t + api_server.delivery_delay(per_step[t]) for t in record.token_times_s]
+        record.token_times_s = times
+        if times:
+            record.first_token_s = times[0]
+            if record.finish_s is not None:
+                record.finish_s = max(record.finish_s, times[-1])
