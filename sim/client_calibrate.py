@@ -38,8 +38,7 @@ of an invented split. The error per term is its standard error in the linear sol
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 

@@ -10,6 +10,7 @@ and the server is faster than P after every idle period."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,13 @@ ENGINE = ["--max-model-len", "4096", "--max-num-batched-tokens", "512", "--max-n
           "--num-gpu-blocks-override", "4000"]
 
 
+BUSY_LOAD = 3.0  # 1-minute load average above which a wall-clock fit is not meaningful here
+
+
 @pytest.mark.slow  # wall-clock: on a 2-core VM at load 6 the prefill term was lost (open)
+@pytest.mark.skipif(os.getloadavg()[0] > BUSY_LOAD, reason="the machine is busy (load average "
+                    f"> {BUSY_LOAD}): a wall-clock calibration would measure the other work; "
+                    "tests/sim/test_client_calibrate.py checks the estimator deterministically")
 def test_calibrate_from_run_recovers_the_served_profile(tmp_path: Path) -> None:
     profile = tmp_path / "P.json"
     profile.write_text(json.dumps({
