@@ -858,14 +858,20 @@ def serve(
             factory, kwargs, name, tokenizer_dir = _serve_real(model, engine, real, seed)
     config = ServeConfig(server.served_model_name or name, factory, kwargs, tokenizer_dir,
                          server.max_num_queued_requests)
-    typer.echo(f"rt: serving {config.model_name} on http://{server.host}:{server.port}/v1",
-               err=True)
+    until_stopped(f"serving {config.model_name} on http://{server.host}:{server.port}/v1",
+                  "server", lambda: run_server(config, server.host, server.port,
+                                               server.shutdown_timeout,
+                                               server.uvicorn_log_level))
+
+
+def until_stopped(started: str, what: str, run: Callable[[], None]) -> None:
+    """Say what serves where, run it until it stops (a RuntimeError: one line, exit 2)."""
+    typer.echo(f"rt: {started}", err=True)
     try:
-        run_server(config, server.host, server.port, server.shutdown_timeout,
-                   server.uvicorn_log_level)
+        run()
     except RuntimeError as err:
         fail(str(err))
-    typer.echo("rt: server stopped", err=True)
+    typer.echo(f"rt: {what} stopped", err=True)
 
 
 def _serve_simulated(model: str | None, sim: SimFlags, engine: EngineFlags, seed: int
@@ -1312,14 +1318,10 @@ def _router_config(urls: list[str], policy: FleetFlags, route: RouteFlags, seed:
 def _serve_router(config: Any, route: RouteFlags) -> None:
     from backends.route.app import run_router
 
-    typer.echo(f"rt: routing ({config.policy}) over {len(config.backends)} backends on "
-               f"http://{route.host}:{route.port}/v1", err=True)
-    try:
-        run_router(config, route.host, route.port, route.shutdown_timeout,
-                   route.uvicorn_log_level)
-    except RuntimeError as err:
-        fail(str(err))
-    typer.echo("rt: router stopped", err=True)
+    until_stopped(f"routing ({config.policy}) over {len(config.backends)} backends on "
+                  f"http://{route.host}:{route.port}/v1", "router",
+                  lambda: run_router(config, route.host, route.port, route.shutdown_timeout,
+                                     route.uvicorn_log_level))
 
 
 @app.command("route")
