@@ -655,6 +655,7 @@ def _plan_worker(job: tuple[Any, workloads.Trace, int, Any, str]) -> dict[str, A
     from runtime.router.registry import make_policy
     from sim.engine_args import build_setup
     from sim.fleet import simulate_fleet
+    from sim.pd import PDDecider, simulate_pd
     from sim.simulator import simulate as run
 
     shape, trace, seed, options, run_dir = job
@@ -663,12 +664,18 @@ def _plan_worker(job: tuple[Any, workloads.Trace, int, Any, str]) -> dict[str, A
         return dict(json.loads((path / "plan.json").read_text()))
     c = shape.candidate
     setup = build_setup(c.engine_args, c.model, c.gpu, None, seed)
-    result = (run(trace, setup.config, setup.cost_model) if shape.replicas == 1 else
-              simulate_fleet(trace, [setup] * shape.replicas, make_policy(c.router, [], seed)))
+    fleet = [setup] * shape.num_replicas
+    if c.pd_ratio is not None:
+        result = simulate_pd(trace, fleet, c.roles(shape.replicas), make_policy(c.router, [], seed),
+                             make_policy(c.router, [], seed + 1), PDDecider("always"))
+    elif shape.num_replicas == 1:
+        result = run(trace, setup.config, setup.cost_model)
+    else:
+        result = simulate_fleet(trace, fleet, make_policy(c.router, [], seed))
     saved = save_run(path, "simulate", trace, result, setup.describe(),
-                     plan={"shape": shape.name(), "replicas": shape.replicas})
+                     plan={"shape": shape.name(), "replicas": shape.num_replicas})
     record = {**result_dict(saved, options), "shape": shape.name(), "gpu": c.gpu,
-              "model": c.model, "tp": c.tensor_parallel_size, "replicas": shape.replicas,
+              "model": c.model, "tp": c.tensor_parallel_size, "replicas": shape.num_replicas,
               "gpus": shape.gpus, "cost_per_hour": shape.cost_per_hour,
               "binds": what_binds(saved.requests)}
     (path / "plan.json").write_text(json.dumps(record, indent=2, default=str) + "\n")

@@ -60,6 +60,10 @@ class PlanFlags:
                                     "list; default: vLLM's).", PLAN_PANEL)
     routers: str = flag("round-robin", "--routers", "Routing policies (comma list).",
                         PLAN_PANEL)
+    pd_ratios: str | None = flag(None, "--pd-ratios", "P:D splits to search besides "
+                                 "aggregated fleets, e.g. 1:1,1:3 (prefill:decode replicas, "
+                                 "every request disaggregated; see docs/fleet.md).",
+                                 PLAN_PANEL)
     max_gpus: int = flag(16, "--max-gpus", "GPUs per fleet at most.", PLAN_PANEL)
     gpu_cost: str | None = flag(None, "--gpu-cost", "$/GPU-hour overrides, e.g. "
                                 "h200=3.5,h100-sxm=2.5 (defaults: docs/plan.md).", PLAN_PANEL)
@@ -80,15 +84,32 @@ class PlanFlags:
         return prices
 
     def candidates(self) -> list[Candidate]:
-        """Every combination, in flag order (GPU outermost)."""
+        """Every combination, in flag order (GPU outermost; aggregated before P:D splits)."""
         lists = [_items(self.gpus, str), _items(self.models, str),
                  _items(self.tensor_parallel_sizes, int),
                  _items(self.max_num_batched_tokens, int) or [None],
-                 _items(self.max_num_seqs, int) or [None], _items(self.routers, str)]
+                 _items(self.max_num_seqs, int) or [None], _items(self.routers, str),
+                 [None, *_ratios(self.pd_ratios)]]
         combos: list[tuple[Any, ...]] = [()]
         for values in lists:
             combos = [(*c, v) for c in combos for v in values]
         return [Candidate(*c) for c in combos]
+
+
+def _ratios(text: str | None) -> list[tuple[int, int]]:
+    """"1:1,1:3" -> [(1, 1), (1, 3)]; ValueError naming --pd-ratios."""
+    ratios = []
+    for item in (text or "").split(","):
+        if item.strip():
+            p, _, d = item.partition(":")
+            try:
+                ratio = (int(p), int(d))
+            except ValueError:
+                raise ValueError(f"--pd-ratios: expected P:D, got {item.strip()!r}") from None
+            if min(ratio) < 1:
+                raise ValueError(f"--pd-ratios: both sides must be >= 1, got {item.strip()!r}")
+            ratios.append(ratio)
+    return ratios
 
 
 def _items(text: str | None, kind: type) -> list[Any]:
@@ -108,6 +129,17 @@ class Candidate:
     max_num_batched_tokens: int | None
     max_num_seqs: int | None
     router: str
+    pd_ratio: tuple[int, int] | None = None  # (prefill, decode) replicas per unit; None: both
+
+    @property
+    def unit(self) -> int:
+        """Replicas per step of the replica count: P + D for a split, else 1."""
+        return 1 if self.pd_ratio is None else sum(self.pd_ratio)
+
+    def roles(self, units: int) -> list[str]:
+        if self.pd_ratio is None:
+            return ["both"] * units
+        return ["prefill"] * (units * self.pd_ratio[0]) + ["decode"] * (units * self.pd_ratio[1])
 
     @property
     def engine_args(self) -> EngineArgs:
@@ -118,8 +150,9 @@ class Candidate:
     def name(self) -> str:
         budget = f"-b{self.max_num_batched_tokens}" if self.max_num_batched_tokens else ""
         seqs = f"-s{self.max_num_seqs}" if self.max_num_seqs else ""
+        pd = f"-pd{self.pd_ratio[0]}-{self.pd_ratio[1]}" if self.pd_ratio else ""
         return (f"{self.gpu}-{self.model.replace('/', '_')}-tp{self.tensor_parallel_size}"
-                f"{budget}{seqs}-{self.router}")
+                f"{budget}{seqs}-{self.router}{pd}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,31 +160,45 @@ class Shape:
     """A candidate with its replica count, and what it costs."""
 
     candidate: Candidate
-    replicas: int
+    replicas: int  # units: replicas for an aggregated fleet, P + D replicas for a split
     gpu_cost_per_hour: float
 
     @property
+    def num_replicas(self) -> int:
+        return self.replicas * self.candidate.unit
+
+    @property
     def gpus(self) -> int:
-        return self.replicas * self.candidate.tensor_parallel_size
+        return self.num_replicas * self.candidate.tensor_parallel_size
 
     @property
     def cost_per_hour(self) -> float:
         return self.gpus * self.gpu_cost_per_hour
 
     def name(self) -> str:
-        return f"{self.candidate.name()}-x{self.replicas}"
+        return f"{self.candidate.name()}-x{self.num_replicas}"
 
     def fleet_toml(self) -> str:
         """The fleet file of this shape, for `rt simulate --fleet` (router: --router)."""
         c = self.candidate
+        pools = ([("both", self.replicas)] if c.pd_ratio is None else
+                 [("prefill", self.replicas * c.pd_ratio[0]),
+                  ("decode", self.replicas * c.pd_ratio[1])])
+        run = f"rt simulate --fleet FILE --router {c.router}" + (
+            " --pd-decider always" if c.pd_ratio else "")
+        return (f"# rt plan's cheapest passing shape; run it with\n#   {run}\n"
+                + "\n".join(self._pool(role, count) for role, count in pools))
+
+    def _pool(self, role: str, count: int) -> str:
+        c = self.candidate
         engine = "".join(f"{key} = {value}\n" for key, value in (
             ("max_num_batched_tokens", c.max_num_batched_tokens),
             ("max_num_seqs", c.max_num_seqs)) if value is not None)
-        return (f"# rt plan's cheapest passing shape; run it with\n"
-                f"#   rt simulate --fleet FILE --router {c.router}\n"
-                f'[[pool]]\nname = "{c.gpu}"\ncount = {self.replicas}\ngpu = "{c.gpu}"\n'
+        name = c.gpu if role == "both" else f"{c.gpu}-{role}"
+        return (f'[[pool]]\nname = "{name}"\ncount = {count}\ngpu = "{c.gpu}"\n'
                 f'model = "{c.model}"\ntensor_parallel_size = {c.tensor_parallel_size}\n'
-                f"cost_per_hour = {self.gpu_cost_per_hour * c.tensor_parallel_size:g}\n"
+                + (f'role = "{role}"\n' if role != "both" else "")
+                + f"cost_per_hour = {self.gpu_cost_per_hour * c.tensor_parallel_size:g}\n"
                 + (f"\n[pool.engine]\n{engine}" if engine else ""))
 
 
@@ -174,13 +221,15 @@ def replica_bounds(candidate: Candidate, trace: Trace, max_gpus: int, seed: int 
                          f"{setup.config.cache.num_blocks} blocks of "
                          f"{setup.config.cache.block_size}, max_model_len "
                          f"{setup.config.scheduler.max_model_len})")
-    hi = max_gpus // candidate.tensor_parallel_size
-    lo = max(1, math.ceil(_mean_token_load(trace) / (_peak_tokens_per_s(setup)
-                                                      * PEAK_THROUGHPUT_SLACK)))
+    hi = max_gpus // (candidate.tensor_parallel_size * candidate.unit)
+    replicas = math.ceil(_mean_token_load(trace) / (_peak_tokens_per_s(setup)
+                                                    * PEAK_THROUGHPUT_SLACK))
+    lo = max(1, math.ceil(replicas / candidate.unit))
     if hi < 1 or lo > hi:
-        raise ValueError(f"the trace's mean load needs at least {lo} replicas of "
-                         f"{candidate.tensor_parallel_size} GPUs, more than --max-gpus "
-                         f"{max_gpus} allows")
+        raise ValueError(f"the trace's mean load needs at least {max(replicas, 1)} replicas "
+                         f"of {candidate.tensor_parallel_size} GPUs"
+                         + (f" in units of {candidate.unit}" if candidate.unit > 1 else "")
+                         + f", more than --max-gpus {max_gpus} allows")
     return setup, lo, hi
 
 

@@ -107,3 +107,32 @@ def test_bad_plan_input_is_one_line(tmp_path: Path, args: list[str], needle: str
                                  "--result-dir", str(tmp_path / "p")])
     assert result.exit_code == 2
     assert len(result.stderr.splitlines()) == 1 and needle in result.stderr
+
+
+def test_pd_splits_are_searched_in_units_of_the_ratio() -> None:
+    flags = PlanFlags(slo="p99_itl_ms=1", gpus="h200", pd_ratios="1:3", max_gpus=8)
+    aggregated, split = flags.candidates()
+    assert split.pd_ratio == (1, 3) and split.unit == 4
+    assert split.roles(2) == ["prefill"] * 2 + ["decode"] * 6
+    _, lo, hi = replica_bounds(split, _trace(), 8)
+    assert (lo, hi) == (1, 2)  # 8 GPUs hold two units of 1 prefill + 3 decode replicas
+    shape = Shape(split, 2, PRICES["h200"])
+    assert (shape.num_replicas, shape.gpus, shape.cost_per_hour) == (8, 8, 32.0)
+    assert shape.name() == "h200-llama-3.1-8b-tp1-round-robin-pd1-3-x8"
+    toml = shape.fleet_toml()
+    assert 'role = "prefill"\ncost_per_hour = 4\n' in toml and "count = 6\n" in toml
+    assert "--pd-decider always" in toml
+    with pytest.raises(ValueError, match="--pd-ratios: expected P:D"):
+        PlanFlags(pd_ratios="2-2").candidates()
+
+
+def test_rt_plan_simulates_a_pd_split(tmp_path: Path) -> None:
+    trace_path = tmp_path / "t.jsonl"
+    write_rt_jsonl(_trace(40, 20.0), trace_path)
+    result = runner.invoke(app, ["plan", str(trace_path), "--slo", "p99_ttft_ms=10000",
+                                 "--pd-ratios", "1:1", "--max-gpus", "2", "--jobs", "1",
+                                 "--result-dir", str(tmp_path / "plan")])
+    assert result.exit_code == 0, result.stderr
+    assert "pd1-1-x2" in result.stdout
+    record = json.loads(next((tmp_path / "plan").glob("*pd1-1-x2/plan.json")).read_text())
+    assert record["replicas"] == 2 and record["gpus"] == 2
