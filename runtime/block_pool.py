@@ -104,8 +104,9 @@ class FreeBlockQueue:
 class BlockPool:
     """Owns every block, the free queue and the map from block hash to cached blocks.
 
-    The map allows several blocks under one hash (the same prefix computed twice before either
-    was cached); a lookup returns the first one inserted that is still cached.
+    Several blocks may be cached under one hash (the same prefix computed twice before either
+    was cached); a lookup returns the first one inserted that is still cached. It is the one
+    in `cached_blocks`; the later ones wait in `_more_cached` (rare), in insertion order.
     """
 
     def __init__(self, num_blocks: int, enable_caching: bool) -> None:
@@ -114,7 +115,8 @@ class BlockPool:
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_block_queue = FreeBlockQueue(self.blocks)
         self.null_block = self.free_block_queue.popleft()  # block 0
-        self.cached_blocks: dict[BlockHash, dict[int, KVCacheBlock]] = {}
+        self.cached_blocks: dict[BlockHash, KVCacheBlock] = {}  # hash -> the block it hits
+        self._more_cached: dict[BlockHash, dict[int, KVCacheBlock]] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -131,8 +133,14 @@ class BlockPool:
         return [block.block_id for block in self.free_block_queue]
 
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
-        entry = self.cached_blocks.get(block_hash)
-        return next(iter(entry.values())) if entry else None
+        return self.cached_blocks.get(block_hash)
+
+    def cached_block_ids(self) -> dict[BlockHash, list[int]]:
+        """Every cached hash's block ids, in the order they were registered (a lookup hits
+        the first)."""
+        more = self._more_cached
+        return {block_hash: [block.block_id, *more.get(block_hash, ())]
+                for block_hash, block in self.cached_blocks.items()}
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop blocks from the head of the free queue, evicting any cached hash they carry."""
@@ -142,6 +150,7 @@ class BlockPool:
         # `popleft_n` and `_evict` in one walk (evicting does not touch the queue); `_evict`
         # inlined: a call per evicted block costs ~60-100 ns, this being the prefill path
         cached_blocks = self.cached_blocks
+        more = self._more_cached
         blocks = []
         head = queue._head
         block = head.next
@@ -152,12 +161,11 @@ class BlockPool:
             block.prev = block.next = None
             block_hash = block.block_hash
             if block_hash is not None:
-                entry = cached_blocks[block_hash]
-                if len(entry) == 1:  # only this block (it is filed under its hash)
+                if more and block_hash in more:
+                    self._evict(block)
+                else:  # the only block under its hash
                     del cached_blocks[block_hash]
-                else:
-                    del entry[block.block_id]
-                block.block_hash = None
+                    block.block_hash = None
             block.ref_cnt = 1
             block = following
         assert block is not None
@@ -233,32 +241,32 @@ class BlockPool:
             if block.block_hash is not None or block is null_block:
                 continue
             block.block_hash = block_hash
-            entry = cached_blocks.get(block_hash)
-            if entry is None:
-                cached_blocks[block_hash] = {block.block_id: block}
-            else:
-                entry[block.block_id] = block
+            if cached_blocks.setdefault(block_hash, block) is not block:
+                self._more_cached.setdefault(block_hash, {})[block.block_id] = block
 
     def cache_full_block(self, block: KVCacheBlock, block_hash: BlockHash) -> None:
         """Register a full block under its hash. A block is never re-hashed."""
         if block.block_hash is not None or block is self.null_block:
             return
         block.block_hash = block_hash
-        entry = self.cached_blocks.get(block_hash)
-        if entry is None:
-            self.cached_blocks[block_hash] = {block.block_id: block}
-        else:
-            entry[block.block_id] = block
+        if self.cached_blocks.setdefault(block_hash, block) is not block:
+            self._more_cached.setdefault(block_hash, {})[block.block_id] = block
 
     def _evict(self, block: KVCacheBlock) -> None:
         """Drop a free block's hash from the prefix cache (the block is being reused)."""
         block_hash = block.block_hash
         assert block_hash is not None
-        entry = self.cached_blocks[block_hash]
-        if len(entry) == 1:  # only this block (it is filed under its hash)
-            del self.cached_blocks[block_hash]
+        more = self._more_cached.get(block_hash)
+        if self.cached_blocks[block_hash] is block:
+            if more is None:
+                del self.cached_blocks[block_hash]
+            else:  # the next one registered takes over
+                self.cached_blocks[block_hash] = more.pop(next(iter(more)))
         else:
-            del entry[block.block_id]
+            assert more is not None
+            del more[block.block_id]
+        if more is not None and not more:
+            del self._more_cached[block_hash]
         block.block_hash = None
 
     def reset_prefix_cache(self) -> bool:
@@ -266,6 +274,7 @@ class BlockPool:
         if self.num_free_blocks != self.num_blocks - 1:
             return False
         self.cached_blocks.clear()
+        self._more_cached.clear()
         for block in self.blocks:
             block.block_hash = None
         return True
@@ -283,11 +292,16 @@ class BlockPool:
             assert block.ref_cnt >= 0, block
             assert (block.ref_cnt == 0) == (block.block_id in queued_ids), block
             if block.block_hash is not None:
-                entry = self.cached_blocks.get(block.block_hash, {})
-                assert entry.get(block.block_id) is block, f"{block} missing from the hash map"
-        for block_hash, entry in self.cached_blocks.items():
-            assert entry, "empty hash-map entry"
-            for block in entry.values():
+                filed = (self.cached_blocks.get(block.block_hash) is block
+                         or self._more_cached.get(block.block_hash, {}).get(block.block_id)
+                         is block)
+                assert filed, f"{block} missing from the hash map"
+        for block_hash, entry in self._more_cached.items():
+            assert entry and block_hash in self.cached_blocks, "stray hash-map entry"
+        for block_hash, ids in self.cached_block_ids().items():
+            for block_id in ids:
+                block = self.blocks[block_id]
                 assert block.block_hash == block_hash, f"{block} filed under another hash"
+            assert len(set(ids)) == len(ids), f"a block filed twice under {block_hash!r}"
         in_use = sum(1 for block in self.blocks[1:] if block.ref_cnt > 0)
         assert in_use + self.num_free_blocks == self.num_blocks - 1

@@ -7,8 +7,9 @@
                  replica's API server.
     api server   one FIFO server per replica (Lindley's recursion, as in `sim.simulator`):
                  h = max(h_prev, reached) + cost(prompt); at h the request enters the core.
-    engine       one engine-core loop per replica (`runtime.EngineCore`), each with its own
-                 scheduler, KV pool, prefix cache and cost model; `on_prefill_done` and
+    engine       per replica, the single-engine simulator's own engine loop
+                 (`sim.simulator.EngineProcess`: steady decodes, decode runs), each with its
+                 own scheduler, KV pool, prefix cache and cost model; `on_prefill_done` and
                  `on_finished` are called at the end of the step that produced the first
                  token or finished the request.
 
@@ -26,29 +27,28 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import itertools
 import math
 import time
 from array import array
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Generator, Sequence
+from collections.abc import Collection, Generator, Sequence
 from typing import Protocol, cast
 
 import simpy
 
-from runtime import BatchFeatures, EngineCore, Request, SamplingParams, Scheduler
+from runtime import Request
 from runtime.records import STEP_FIELDS, RequestRecord
 from runtime.router import MetricsRefresh, ReplicaSnapshot, RouterPolicy, RoutingRequest
 from sim.cost.api_server import ApiServerCost
-from sim.cost.base import CostModel, decode_run_timer
+from sim.cost.base import CostModel
 from sim.fleet_records import FleetRequestRecord, FleetResult, ReplicaSummary, fleet_record
-from sim.simulator import Progress, SimConfig
+from sim.simulator import EngineProcess, Progress, SimConfig, make_request
 from workloads import Trace, TraceRequest
 from workloads.tokens import request_token_arrays
 
 __all__ = ["FleetRequestRecord", "FleetResult", "ReplicaSetup", "ReplicaSummary",
-           "can_ever_fit", "simulate_fleet"]
+           "can_ever_fit", "make_request", "simulate_fleet"]
 
 
 class ReplicaSetup(Protocol):
@@ -82,24 +82,17 @@ def _own_noise(config: SimConfig, index: int) -> SimConfig:
     return dataclasses.replace(config, step_noise=dataclasses.replace(noise, seed=seed))
 
 
-class _Replica:
-    """One engine behind the router: its API server queue and its engine-core loop."""
+class _Replica(EngineProcess):
+    """One engine behind the router: its API server queue and the simulator's engine loop,
+    reporting first tokens and finishes to the fleet when the step that produced them ends."""
 
     def __init__(self, fleet: _Fleet, index: int, setup: ReplicaSetup) -> None:
+        super().__init__(fleet.env, _own_noise(setup.config, index), setup.cost_model)
         self.fleet = fleet
         self.index = index
-        self.config = _own_noise(setup.config, index)
-        self.cost_model = setup.cost_model
-        self.env = fleet.env
-        self.core = EngineCore(Scheduler(self.config.scheduler, self.config.cache))
-        self.outputs: dict[str, array[int]] = {}  # request id -> its trace output tokens
-        self.wake = self.env.event()
-        noise = self.config.step_noise
-        self.run_times = decode_run_timer(self.cost_model) if noise is None else None
         self.pending: deque[tuple[float, Request]] = deque()  # routed, not yet handed over
         self.api_free_at = 0.0  # when the API server finishes its last routed request
         self.awaiting_first: set[str] = set()  # in the core, no first token yet
-        self.notified = 0  # finished records already reported to the router
         # the step ends so far, seconds (the recorder's own column: it grows in place)
         self.end_s = cast(list[float], self.core.recorder.step_columns["end_s"])
         self.columns = self.core.recorder.step_columns
@@ -129,108 +122,28 @@ class _Replica:
         self.submit(request, handover)
 
     def submit(self, request: Request, now: float) -> None:
-        """`request` enters the core's input queue at `now` (the current time)."""
-        self.core.submit(request, now)
         self.awaiting_first.add(request.request_id)
-        if not self.wake.triggered:
-            self.wake.succeed()
+        super().submit(request, now)
 
     def horizon(self) -> float:
-        """No request can enter the core before this time (seconds)."""
         head = self.pending[0][0] if self.pending else math.inf
         return min(head, self.fleet.earliest_handover(self.config.api_server))
 
-    # ---- engine ------------------------------------------------------------------------------
+    # ---- hearing back ------------------------------------------------------------------------
 
-    def engine(self) -> Generator[simpy.Event, object, None]:
-        """`sim.simulator`'s engine loop, reporting first tokens and finishes to the router
-        when the step that produced them ends."""
-        core, env = self.core, self.env
-        clock = 0.0
-        while True:
-            if not core.has_work():
-                self.wake = env.event()
-                yield self.wake
-                clock = env.now
-            end = self.fast_forward(clock) if self.config.fast_forward else None
-            first: list[str] = []
-            if end is None:
-                end, first = self.one_step(clock)
-            if end > env.now:
-                yield env.timeout(end - env.now)
-            clock = end
-            self.report(first)
-
-    def fast_forward(self, clock: float) -> float | None:
-        outputs = self.outputs
-
-        def upcoming(request: Request, count: int) -> array[int]:
-            start = request.num_output_tokens
-            return outputs[request.request_id][start : start + count]
-
-        cost = self.cost_model.step_time
-
-        def timed(features: BatchFeatures, start_s: float) -> float:
-            return cost(features)
-
-        if self.config.step_noise is not None:
-            indices = itertools.count(self.core.recorder.num_steps)
-
-            def timed(features: BatchFeatures, start_s: float) -> float:
-                return self.step_time(features, next(indices), start_s)
-
-        end = self.core.fast_forward(clock, self.horizon(), timed, upcoming, self.run_times)
-        if end is not None and self.config.check_invariants:
-            self.core.scheduler.check_invariants()
-        return end
-
-    def step_time(self, features: BatchFeatures, step: int, start_s: float) -> float:
-        duration = self.cost_model.step_time(features)
-        noise = self.config.step_noise
-        return duration if noise is None else duration * noise.factor(step, start_s)
-
-    def one_step(self, clock: float) -> tuple[float, list[str]]:
-        """Run one step from `clock`: (its end, the requests that got their first token)."""
-        core = self.core
-        step = core.begin_step(clock)
-        self.report([])  # requests refused on entry finish now
-        if step is None:
-            return clock, []
-        duration = self.step_time(step.features, core.recorder.num_steps, clock)
-        end = clock + duration
-        sampled = self.sample(step.output.num_scheduled_tokens)
-        core.end_step(step, sampled, end, duration)
-        if self.config.check_invariants:
-            core.scheduler.check_invariants()
+    def on_step_end(self, sampled: Collection[str]) -> None:
         awaiting = self.awaiting_first
-        first = [req_id for req_id in sampled if req_id in awaiting]
-        awaiting.difference_update(first)
-        return end, first
+        if sampled and awaiting:
+            first = [req_id for req_id in sampled if req_id in awaiting]
+            awaiting.difference_update(first)
+            for req_id in first:
+                self.fleet.first_token(self, req_id)
+        self.report_finished()
 
-    def sample(self, scheduled: dict[str, int]) -> dict[str, list[int]]:
-        requests = self.core.scheduler.requests
-        sampled = {}
-        for req_id in scheduled:
-            request = requests[req_id]
-            if request.num_computed_tokens >= request.num_tokens:
-                sampled[req_id] = [self.outputs[req_id][request.num_output_tokens]]
-        return sampled
-
-    def report(self, first: list[str]) -> None:
-        """Tell the fleet (and so the router) about first tokens and finishes it has not
-        heard of yet."""
-        fleet = self.fleet
-        for req_id in first:
-            fleet.first_token(self, req_id)
-        finished = self.core.recorder.finished
-        if self.notified == len(finished):
-            return
-        records = finished[self.notified:]
+    def on_finished(self, records: list[RequestRecord]) -> None:
         for record in records:
-            self.outputs.pop(record.request_id, None)
             self.awaiting_first.discard(record.request_id)
-        self.notified = len(finished)
-        fleet.finished(self, records)
+        self.fleet.finished(self, records)
 
     # ---- what the router sees ------------------------------------------------------------
 
@@ -248,12 +161,6 @@ class _Replica:
             num_waiting=columns["num_waiting"][k],  # type: ignore[arg-type]
             num_running=columns["num_running"][k],  # type: ignore[arg-type]
             kv_usage=usage, num_gpu_blocks=blocks)
-
-
-def make_request(req: TraceRequest, prompt: array[int], max_tokens: int) -> Request:
-    """The engine-core request of a trace request (its output length: `max_tokens`)."""
-    return Request(req.request_id, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                   arrival_time=req.arrival_s, priority=req.priority, cache_salt=req.cache_salt)
 
 
 class _Fleet:

@@ -7,9 +7,10 @@ Two SimPy processes, as in a serving runtime's pipeline:
                  here. A single FIFO server's hand-over times follow Lindley's recursion,
                  h_i = max(h_{i-1}, arrival_i) + cost_i, so the process just sleeps until
                  each hand-over; requests handed over at the same instant enter together.
-    engine       the engine-core loop (`runtime.EngineCore`): schedule(), wait the cost
-                 model's step time, deliver synthetic tokens, update_from_output(); when
-                 there is nothing to do it sleeps until the API server wakes it (no spinning)
+    engine       the engine-core loop (`EngineProcess`, which the fleet simulator's replicas
+                 run too): schedule(), wait the cost model's step time, deliver synthetic
+                 tokens, update_from_output(); when there is nothing to do it sleeps until
+                 the API server wakes it (no spinning)
 
 With a front-end output cost (`ApiServerCost.per_output_token_s` > 0, a profile fitted on
 client-side times by `rt calibrate --from-run`), each token's time is when its client sees it:
@@ -28,7 +29,7 @@ import math
 import time
 from array import array
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Generator, Sequence
 from dataclasses import dataclass, field
 
 import simpy
@@ -86,23 +87,158 @@ class SimConfig:
 SimResult = RunResult  # the records of one simulation (the replay's shape)
 
 
-class _Simulation:
-    def __init__(self, trace: Trace, config: SimConfig, cost_model: CostModel,
-                 progress: Progress | None) -> None:
-        self.trace = trace
+class EngineProcess:
+    """One engine's SimPy process: the engine-core loop (`runtime.EngineCore`) on the
+    simulated clock, shared by `simulate` and the fleet simulator (`sim.fleet`).
+
+    A step is begin_step (take in, schedule), the cost model's time, synthetic tokens,
+    end_step. Runs of plain decode steps are fast-forwarded up to `horizon()`, the earliest
+    time a request could enter the core, and, with fast-forward, running decodes advance
+    implicitly (`runtime.steady`). The records are identical either way. Drivers subclass
+    it: `horizon` says when the next request can come, `on_step_end` hears at each step's
+    end which requests got a token, `on_finished` which requests finished (records).
+    """
+
+    def __init__(self, env: simpy.Environment, config: SimConfig,
+                 cost_model: CostModel) -> None:
+        self.env = env
         self.config = config
         self.cost_model = cost_model
-        self.progress = progress
-        self.done = 0  # finished requests, for the progress callback
-        self.env = simpy.Environment()
         # request id -> its trace output tokens (8 bytes per token)
         self.outputs: dict[str, array[int]] = {}
-        # With fast-forward, running decodes advance implicitly (`runtime.steady`).
         self.core = EngineCore(Scheduler(config.scheduler, config.cache),
                                upcoming=self.upcoming if config.fast_forward else None)
-        self.wake = self.env.event()
+        self.wake = env.event()
         # Durations of a decode run in bulk; with step noise each step is timed on its own.
         self.run_times = decode_run_timer(cost_model) if config.step_noise is None else None
+        self.notified = 0  # finished records already passed to `on_finished`
+
+    # ---- what a driver provides ----------------------------------------------------------
+
+    def horizon(self) -> float:
+        """No request can enter the core before this time (seconds)."""
+        return math.inf
+
+    def on_step_end(self, sampled: Collection[str]) -> None:
+        """At the end of the step just run (after its simulated time has passed): the ids of
+        the requests that got a token in it (none after a fast-forwarded run)."""
+        self.report_finished()
+
+    def on_finished(self, records: list[RequestRecord]) -> None:
+        """These requests finished (or were refused), now."""
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    def submit(self, request: Request, now: float) -> None:
+        """`request` enters the core's input queue at `now` (the current time)."""
+        self.core.submit(request, now)
+        if not self.wake.triggered:
+            self.wake.succeed()
+
+    def engine(self) -> Generator[simpy.Event, object, None]:
+        """The engine-core loop. `clock` is the engine's own time: step ends are computed as
+        start + duration, so stepping one by one and fast-forwarding give the same floats."""
+        core, env = self.core, self.env
+        clock = 0.0
+        while True:
+            if not core.has_work():
+                self.wake = env.event()
+                yield self.wake
+                clock = env.now
+            end = self.fast_forward(clock) if self.config.fast_forward else None
+            sampled: Collection[str] = ()
+            if end is None:
+                end, sampled = self.one_step(clock)
+            if end > env.now:
+                yield env.timeout(end - env.now)
+            clock = end
+            self.on_step_end(sampled)
+
+    def upcoming(self, request: Request, count: int) -> array[int]:
+        """The request's next `count` trace output tokens."""
+        start = request.num_output_tokens
+        return self.outputs[request.request_id][start : start + count]
+
+    def fast_forward(self, clock: float) -> float | None:
+        cost = self.cost_model.step_time
+
+        def timed(features: BatchFeatures, start_s: float) -> float:
+            return cost(features)  # no noise: the start does not matter
+
+        if self.config.step_noise is not None:  # steps are timed in index order
+            indices = itertools.count(self.core.recorder.num_steps)
+
+            def timed(features: BatchFeatures, start_s: float) -> float:
+                return self.step_time(features, next(indices), start_s)
+
+        end = self.core.fast_forward(clock, self.horizon(), timed, self.upcoming,
+                                     self.run_times)
+        if end is not None and self.config.check_invariants:
+            self.core.sync()
+            self.core.scheduler.check_invariants()
+        return end
+
+    def step_time(self, features: BatchFeatures, step: int, start_s: float) -> float:
+        """Seconds of step number `step`, which starts at `start_s` (seconds): the cost
+        model's time, times the step's noise factor when the run has step noise."""
+        duration = self.cost_model.step_time(features)
+        noise = self.config.step_noise
+        return duration if noise is None else duration * noise.factor(step, start_s)
+
+    def one_step(self, clock: float) -> tuple[float, dict[str, list[int]]]:
+        """Run one step from `clock`: its end (`clock` if there was nothing to run) and the
+        tokens sampled in it."""
+        core = self.core
+        step = core.begin_step(clock)
+        self.report_finished()  # requests refused on entry finish now
+        if step is None:
+            return clock, {}
+        duration = self.step_time(step.features, core.recorder.num_steps, clock)
+        end = clock + duration
+        sampled = self.sample(step.output.num_scheduled_tokens)
+        core.end_step(step, sampled, end, duration)
+        if self.config.check_invariants:
+            core.sync()
+            core.scheduler.check_invariants()
+        return end, sampled
+
+    def sample(self, scheduled: dict[str, int]) -> dict[str, list[int]]:
+        """Each request that completes its sequence this step gets its next trace token."""
+        requests = self.core.scheduler.requests
+        outputs = self.outputs
+        sampled = {}
+        for req_id in scheduled:
+            request = requests[req_id]
+            if request.num_computed_tokens >= request.num_tokens:
+                sampled[req_id] = [outputs[req_id][request.num_output_tokens]]
+        return sampled
+
+    def report_finished(self) -> None:
+        """Pass the records finished since the last call to `on_finished`."""
+        finished = self.core.recorder.finished
+        if self.notified == len(finished):
+            return
+        records = finished[self.notified:]
+        self.notified = len(finished)
+        for record in records:
+            self.outputs.pop(record.request_id, None)
+        self.on_finished(records)
+
+
+def make_request(req: TraceRequest, prompt: array[int], max_tokens: int) -> Request:
+    """The engine-core request of a trace request (its output length: `max_tokens`)."""
+    return Request(req.request_id, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                   arrival_time=req.arrival_s, priority=req.priority, cache_salt=req.cache_salt)
+
+
+class _Simulation(EngineProcess):
+    """One engine behind its API server."""
+
+    def __init__(self, trace: Trace, config: SimConfig, cost_model: CostModel,
+                 progress: Progress | None) -> None:
+        super().__init__(simpy.Environment(), config, cost_model)
+        self.trace = trace
+        self.progress = progress
         self.handovers = self._handover_times()
         self.next_handover = self.handovers[0] if self.handovers else math.inf
 
@@ -120,109 +256,25 @@ class _Simulation:
             times.append(free_at)
         return times
 
-    def api_server(self) -> Iterator[simpy.Event]:
+    def api_server(self) -> Generator[simpy.Event, object, None]:
         recorder = self.core.recorder
         handovers = self.handovers
+        cfg = self.config
         for i, req in enumerate(self.trace):
             recorder.arrived(req.request_id, req.arrival_s, req.prompt_len, req.output_len)
             if handovers[i] > self.env.now:
                 yield self.env.timeout(handovers[i] - self.env.now)
-            self.core.submit(self.make_request(req), handovers[i])
+            prompt, self.outputs[req.request_id] = request_token_arrays(req, cfg.vocab_size,
+                                                                        cfg.seed)
             self.next_handover = handovers[i + 1] if i + 1 < len(handovers) else math.inf
-            if not self.wake.triggered:
-                self.wake.succeed()
+            self.submit(make_request(req, prompt, req.output_len), handovers[i])
 
-    def make_request(self, req: TraceRequest) -> Request:
-        cfg = self.config
-        prompt, self.outputs[req.request_id] = request_token_arrays(req, cfg.vocab_size,
-                                                                    cfg.seed)
-        return Request(
-            req.request_id,
-            prompt,  # 8 bytes per token
-            SamplingParams(max_tokens=req.output_len, ignore_eos=True),
-            arrival_time=req.arrival_s,
-            priority=req.priority,
-            cache_salt=req.cache_salt,
-        )
+    def horizon(self) -> float:
+        return self.next_handover
 
-    def engine(self) -> Iterator[simpy.Event]:
-        """The engine-core loop. `clock` is the engine's own time: step ends are computed as
-        start + duration, so stepping one by one and fast-forwarding give the same floats."""
-        core, env = self.core, self.env
-        clock = 0.0
-        while True:
-            if not core.has_work():
-                self.wake = env.event()
-                yield self.wake
-                clock = env.now
-            end = self.fast_forward(clock) if self.config.fast_forward else None
-            if end is None:
-                end = self.one_step(clock)
-            if end > env.now:
-                yield env.timeout(end - env.now)
-            clock = end
-
-    def upcoming(self, request: Request, count: int) -> array[int]:
-        """The request's next `count` trace output tokens."""
-        start = request.num_output_tokens
-        return self.outputs[request.request_id][start : start + count]
-
-    def fast_forward(self, clock: float) -> float | None:
-        upcoming = self.upcoming
-        cost = self.cost_model.step_time
-
-        def timed(features: BatchFeatures, start_s: float) -> float:
-            return cost(features)  # no noise: the start does not matter
-
-        if self.config.step_noise is not None:  # steps are timed in index order
-            indices = itertools.count(self.core.recorder.num_steps)
-
-            def timed(features: BatchFeatures, start_s: float) -> float:
-                return self.step_time(features, next(indices), start_s)
-
-        end = self.core.fast_forward(clock, self.next_handover, timed, upcoming,
-                                     self.run_times)
-        if end is not None and self.config.check_invariants:
-            self.core.sync()
-            self.core.scheduler.check_invariants()
-        return end
-
-    def step_time(self, features: BatchFeatures, step: int, start_s: float) -> float:
-        """Seconds of step number `step`, which starts at `start_s` (seconds): the cost
-        model's time, times the step's noise factor when the run has step noise."""
-        duration = self.cost_model.step_time(features)
-        noise = self.config.step_noise
-        return duration if noise is None else duration * noise.factor(step, start_s)
-
-    def one_step(self, clock: float) -> float:
-        """Run one step from `clock`; returns its end (`clock` if there was nothing to run)."""
-        core = self.core
-        step = core.begin_step(clock)
-        if step is None:
-            return clock
-        duration = self.step_time(step.features, core.recorder.num_steps, clock)
-        end = clock + duration
-        finished = core.end_step(step, self.sample(step.output.num_scheduled_tokens), end,
-                                 duration)
-        for request in finished:
-            del self.outputs[request.request_id]
-        if self.config.check_invariants:
-            core.sync()
-            core.scheduler.check_invariants()
-        if self.progress is not None and finished:
-            self.done += len(finished)
-            self.progress(self.done, len(self.trace))
-        return end
-
-    def sample(self, scheduled: dict[str, int]) -> dict[str, list[int]]:
-        """Each request that completes its sequence this step gets its next trace token."""
-        requests = self.core.scheduler.requests
-        sampled = {}
-        for req_id in scheduled:
-            request = requests[req_id]
-            if request.num_computed_tokens >= request.num_tokens:
-                sampled[req_id] = [self.outputs[req_id][request.num_output_tokens]]
-        return sampled
+    def on_finished(self, records: list[RequestRecord]) -> None:
+        if self.progress is not None:
+            self.progress(self.notified, len(self.trace))
 
 
 def simulate(trace: Trace, config: SimConfig, cost_model: CostModel,

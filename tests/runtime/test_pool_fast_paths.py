@@ -37,11 +37,7 @@ def _reference_get_new_blocks(pool: BlockPool, num_blocks: int) -> list[KVCacheB
     blocks = pool.free_block_queue.popleft_n(num_blocks)
     for block in blocks:
         if block.block_hash is not None:
-            entry = pool.cached_blocks[block.block_hash]
-            del entry[block.block_id]
-            if not entry:
-                del pool.cached_blocks[block.block_hash]
-            block.block_hash = None
+            pool._evict(block)
         block.ref_cnt = 1
     return blocks
 
@@ -50,7 +46,7 @@ def _state(pool: BlockPool) -> tuple[object, ...]:
     pool.check_invariants()
     return (pool.free_block_ids(), pool.num_free_blocks,
             [(b.ref_cnt, b.block_hash) for b in pool.blocks],
-            [(h, list(entry)) for h, entry in pool.cached_blocks.items()])
+            list(pool.cached_block_ids().items()))
 
 
 def _run(seed: int, fast: bool) -> list[tuple[object, ...]]:
@@ -99,6 +95,35 @@ def _run(seed: int, fast: bool) -> list[tuple[object, ...]]:
 @pytest.mark.parametrize("seed", range(12))
 def test_fast_pool_paths_equal_the_reference_ones(seed: int) -> None:
     assert _run(seed, fast=True) == _run(seed, fast=False)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_hash_map_keeps_every_block_in_registration_order(seed: int) -> None:
+    """Against a plain model of the hash map (hash -> block ids in registration order, a
+    lookup hitting the first): registrations with colliding hashes, then evictions in
+    random order, through both eviction paths."""
+    rng = random.Random(seed)
+    pool = BlockPool(40, enable_caching=True)
+    blocks = pool.get_new_blocks(39)
+    model: dict[bytes, list[int]] = {}
+    for block in rng.sample(blocks, 30):
+        block_hash = hash_block_tokens(NONE_HASH, [rng.randrange(4)])
+        pool.cache_full_block(block, block_hash)
+        model.setdefault(block_hash, []).append(block.block_id)
+    pool.free_blocks(rng.sample(blocks, len(blocks)))
+    while pool.num_free_blocks:
+        assert pool.cached_block_ids() == model
+        for block_hash, ids in model.items():
+            assert pool.get_cached_block(block_hash) is pool.blocks[ids[0]]
+        head = pool.free_block_queue.get_all_free_blocks()[0]
+        if head.block_hash is not None:
+            ids = model[head.block_hash]
+            ids.remove(head.block_id)
+            if not ids:
+                del model[head.block_hash]
+        _ = pool.get_new_block() if rng.random() < 0.5 else pool.get_new_blocks(1)
+        pool.check_invariants()
+    assert pool.cached_blocks == {} and pool.cached_block_ids() == {}
 
 
 def test_get_new_block_refuses_an_empty_pool() -> None:

@@ -70,7 +70,7 @@ def test_hit_is_capped_at_num_tokens_minus_one_so_aligned_prompts_recompute_a_bl
     # Block 4 now duplicates block 2 under the same hash; lookups return block 2 first.
     pool = s.kv_cache_manager.block_pool
     assert pool.get_cached_block(s.requests["B"].block_hashes[1]) is pool.blocks[2]
-    assert set(pool.cached_blocks[s.requests["B"].block_hashes[1]]) == {2, 4}
+    assert set(pool.cached_block_ids()[s.requests["B"].block_hashes[1]]) == {2, 4}
 
 
 def test_identical_prompts_admitted_in_one_step_share_blocks() -> None:
