@@ -140,6 +140,8 @@ class EngineLoop:
     def run(self) -> None:
         while not self.stopping:
             has_work = self.core.has_work()
+            if not has_work:
+                self.busy = False  # idle: the next step starts when its request arrives
             self.receive(block=not has_work)
             if self.core.has_work():
                 self.step()
