@@ -834,7 +834,8 @@ def serve(
         else:
             factory, kwargs, name, tokenizer_dir = _serve_real(model, engine, real, seed)
     config = ServeConfig(server.served_model_name or name, factory, kwargs, tokenizer_dir,
-                         server.max_num_queued_requests)
+                         server.max_num_queued_requests, api_key=server.api_key,
+                         max_request_bytes=server.max_request_bytes)
     typer.echo(f"rt: serving {config.model_name} on http://{server.host}:{server.port}/v1",
                err=True)
     try:

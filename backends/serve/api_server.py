@@ -21,9 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from backends.engine.text import ByteTokenizer, IncrementalDecoder, TextCodec
 from backends.serve.engine_client import EngineClient
 from backends.serve.engine_process import ExecutorFactory
+from backends.serve.guard import RequestGuard, json_body
 from backends.serve.messages import EngineInfo, EngineOutputs, EngineRequest, RequestOutput
 from backends.serve.metrics import ServeMetrics
 from backends.serve.openai_protocol import (
@@ -44,6 +46,9 @@ from backends.serve.openai_protocol import (
     RequestParser,
     token_list,
 )
+from backends.serve.openapi_schema import request_schema
+
+logger = logging.getLogger("rt.serve")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +61,8 @@ class ServeConfig:
         tokenizer_dir: a model directory whose tokenizer to use; None: `ByteTokenizer`.
         max_num_queued_requests: 503 above this many requests awaiting a first token.
         engine_start_timeout_s: how long the engine may take to say "ready".
+        api_key: required as `Authorization: Bearer KEY` on /v1/* (None: open).
+        max_request_bytes: longer request bodies get 413.
     """
 
     model_name: str
@@ -64,7 +71,8 @@ class ServeConfig:
     tokenizer_dir: Path | None = None
     max_num_queued_requests: int | None = None
     engine_start_timeout_s: float = 300.0
-
+    api_key: str | None = None
+    max_request_bytes: int = 1 << 20
 
 
 # ---- responses -------------------------------------------------------------------------------
@@ -109,6 +117,7 @@ class Server:
         self.info: EngineInfo | None = None
         self.gens: dict[str, _Generation] = {}
         self.awaiting_first = 0  # requests sent without a first output yet
+        self.request_exit: Callable[[], None] = lambda: None  # set by `run_server`
 
     async def start(self) -> None:
         cfg = self.config
@@ -121,6 +130,14 @@ class Server:
                                     info.cache.num_blocks, info.cache.block_size,
                                     info.cache.enable_prefix_caching)
         self.engine.on_outputs = self.on_outputs
+        self.engine.on_dead = self.on_engine_dead
+
+    def on_engine_dead(self) -> None:
+        """The engine process is gone: streams in flight already got their error event;
+        stop serving so that the process exits non-zero and its supervisor restarts it."""
+        logger.error("the engine process died (exit code %s): shutting down",
+                     getattr(self.engine.process, "exitcode", None))
+        self.request_exit()
 
     def _codec(self, info: EngineInfo) -> TextCodec:
         if self.config.tokenizer_dir is not None:
@@ -307,16 +324,6 @@ def _phases(out: RequestOutput) -> dict[str, float | None]:
 # ---- the app ---------------------------------------------------------------------------------
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ApiError(400, f"malformed JSON body: {err}") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object")
-    return body
-
-
 def build_app(config: ServeConfig) -> FastAPI:
     """The FastAPI app; the engine process starts with the app's lifespan."""
     server = Server(config)
@@ -331,17 +338,38 @@ def build_app(config: ServeConfig) -> FastAPI:
 
     app = FastAPI(title="rt serve", lifespan=lifespan)
     app.state.server = server
+    app.add_middleware(RequestGuard, api_key=config.api_key,
+                       max_request_bytes=config.max_request_bytes)
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(Exception, _internal_error)
+    _generation_routes(app, server)
+    _info_routes(app, server)
+    _token_routes(app, server)
+    return app
 
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, err: ApiError) -> JSONResponse:
-        return err.response()
+
+async def _api_error(_: Request, err: Exception) -> JSONResponse:
+    assert isinstance(err, ApiError)
+    return err.response()
+
+
+async def _internal_error(_: Request, err: Exception) -> JSONResponse:
+    """Our bug, answered in the OpenAI shape (the traceback goes to the log)."""
+    logger.error("unhandled error", exc_info=err)
+    return ApiError(500, f"internal error: {type(err).__name__}").response()
+
+
+def _generation_routes(app: FastAPI, server: Server) -> None:
+    config = server.config
 
     async def generate(request: Request, chat: bool) -> Response:
         arrival = time.monotonic()
-        body = await _json_body(request)
+        body = await json_body(request, config.max_request_bytes)
         model = body.get("model") or config.model_name
+        if not isinstance(model, str):
+            raise ApiError(400, "model must be a string", "model")
         if model != config.model_name:
-            raise ApiError(404, f"The model `{model}` does not exist.", "model")
+            raise ApiError(404, f"The model `{model[:200]}` does not exist.", "model")
         parser = server.parser
         assert parser is not None
         prompt = parser.chat_prompt(body) if chat else parser.completion_prompt(body)
@@ -353,27 +381,30 @@ def build_app(config: ServeConfig) -> FastAPI:
         text = await server.complete(gen)
         return JSONResponse(server.response(gen, text, model, chat))
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=request_schema("completion"))
     async def completions(request: Request) -> Response:
         return await generate(request, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=request_schema("chat"))
     async def chat_completions(request: Request) -> Response:
         return await generate(request, chat=True)
+
+
+def _info_routes(app: FastAPI, server: Server) -> None:
+    name = server.config.model_name
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         info = server.info
         assert info is not None
         return {"object": "list", "data": [{
-            "id": config.model_name, "object": "model", "created": int(time.time()),
-            "owned_by": "rt", "root": config.model_name, "parent": None,
-            "max_model_len": info.scheduler.max_model_len}]}
+            "id": name, "object": "model", "created": int(time.time()), "owned_by": "rt",
+            "root": name, "parent": None, "max_model_len": info.scheduler.max_model_len}]}
 
     @app.get("/health")
     async def health() -> Response:
-        if server.engine.dead:
-            return EngineDeadError().response()
+        if server.engine.dead:  # vLLM: 503 once the engine is dead
+            return ApiError(503, "the engine process died", kind="EngineDeadError").response()
         pid = server.info.pid if server.info is not None else 0
         return Response(status_code=200, headers={"x-engine-pid": str(pid)})
 
@@ -383,23 +414,25 @@ def build_app(config: ServeConfig) -> FastAPI:
         return Response(generate_latest(server.metrics.registry),
                         media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/tokenize")
+
+def _token_routes(app: FastAPI, server: Server) -> None:
+    limit = server.config.max_request_bytes
+
+    @app.post("/tokenize", openapi_extra=request_schema("tokenize"))
     async def tokenize(request: Request) -> dict[str, Any]:
-        body = await _json_body(request)
+        body = await json_body(request, limit)
         parser = server.parser
         assert parser is not None
         tokens = parser.chat_prompt(body) if "messages" in body \
             else parser.completion_prompt(body)
         return {"count": len(tokens), "max_model_len": parser.max_model_len, "tokens": tokens}
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", openapi_extra=request_schema("detokenize"))
     async def detokenize(request: Request) -> dict[str, Any]:
-        body = await _json_body(request)
+        body = await json_body(request, limit)
         assert server.parser is not None and server.codec is not None
         tokens = token_list(body.get("tokens"), "tokens", server.parser.info.vocab_size)
         return {"prompt": server.codec.decode(tokens)}
-
-    return app
 
 
 def _quiet_server_class() -> type:
@@ -428,14 +461,20 @@ def run_server(config: ServeConfig, host: str, port: int, shutdown_timeout_s: fl
                log_level: str = "warning") -> None:
     """Serve until SIGINT/SIGTERM: then stop accepting, let streams in flight finish for up
     to `shutdown_timeout_s` (after that they are cancelled, which aborts them), stop the
-    engine process and return."""
+    engine process and return. If the engine process dies, every stream in flight ends with
+    an error event, then the server stops the same way and raises RuntimeError (the command
+    exits non-zero, for a supervisor to restart it, as vLLM's API server does)."""
     import uvicorn
 
     _Server = _quiet_server_class()
-    uv_config = uvicorn.Config(build_app(config), host=host, port=port, log_level=log_level,
+    app = build_app(config)
+    uv_config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                timeout_graceful_shutdown=max(int(shutdown_timeout_s), 1),
                                access_log=False)
     server = _Server(uv_config)
+    app.state.server.request_exit = lambda: setattr(server, "should_exit", True)
     server.run()
     if not server.started:
         raise RuntimeError("the server did not start (see the messages above)")
+    if app.state.server.engine.dead:
+        raise RuntimeError("the engine process died; the server stopped")

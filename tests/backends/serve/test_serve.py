@@ -35,10 +35,10 @@ class Served:
     """`rt serve` in a subprocess; its output goes to a log file (an unread pipe could fill
     and block the server)."""
 
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
         self.log = tempfile.NamedTemporaryFile(prefix="rt-serve-", suffix=".log")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cli", "serve", "--port", str(self.port), *args],
