@@ -29,7 +29,7 @@ import typer
 import workloads
 from analysis.progress import progress
 from analysis.report import ReportFiles, ReportFlags
-from backends.bench.flags import GpuBenchFlags
+from backends.bench.flags import GpuBenchFlags, ServeBenchFlags
 from backends.engine.flags import RealEngineFlags
 from backends.replay.flags import EndpointFlags
 from backends.route.flags import ROUTE_PANEL, RouteFlags
@@ -1114,6 +1114,7 @@ def bench_serve(
     sim: Annotated[SimFlags, Flags(only=("model", "gpu", "profile"))],
     engine: Annotated[EngineFlags, Flags(only=("max_num_seqs", "max_model_len"),
                                          defaults={"max_model_len": 4096})],
+    bench: Annotated[ServeBenchFlags, Flags()],
     concurrency: Annotated[int, typer.Option(
         "--concurrency", min=1, help="Streams in flight at most (client-side).")] = 200,
     num_prompts: Annotated[int | None, typer.Option(
@@ -1123,9 +1124,10 @@ def bench_serve(
     out: _Out = None,
 ) -> None:
     """Load-test `rt serve --simulate` on a free loopback port (bounded; the server is always
-    stopped): replay random requests through the `rt replay --endpoint` client, simulate the
-    same arrivals with `rt simulate`'s core, and report errors, throughput and the latency
-    the server path adds (server minus simulated, ms). Exit 1 on any error."""
+    stopped): replay random requests through the chosen client, simulate the same arrivals
+    with `rt simulate`'s core, and report errors, throughput, each process's CPU seconds and
+    the latency the server path adds (server minus simulated, ms). With --soak, hold
+    --concurrency streams for SECONDS instead. Exit 1 on any error."""
     from backends.bench.serve_load import (
         LoadConfig,
         compare,
@@ -1145,7 +1147,10 @@ def bench_serve(
     server = simulated_server(sys.executable, sim.model, sim.gpu, sim.profile, work.seed,
                               engine.max_model_len, engine.max_num_seqs)
     config = LoadConfig(server, concurrency, setup.config.vocab_size, work.seed,
-                        request_timeout_s=timeout)
+                        request_timeout_s=timeout, client=bench.client)
+    if bench.soak is not None:
+        _bench_soak(config, bench.soak, work.input_len, work.output_len, out)
+        return
     try:
         load = run_load(trace, config)
     except RuntimeError as err:
@@ -1159,6 +1164,19 @@ def bench_serve(
               "gpu": sim.gpu, **compare(trace, load, simulated.requests)}
     write_json(report, out)
     if report["errors"] or report["token_count_mismatches"]:
+        raise typer.Exit(code=1)
+
+
+def _bench_soak(config: Any, seconds: float, input_len: int, output_len: int,
+                out: Path | None) -> None:
+    """`rt bench serve --soak`: exit 1 on an error, a token-count mismatch or KV left."""
+    from backends.bench.serve_load import run_soak_load
+
+    with user_errors():
+        report = run_soak_load(config, seconds, input_len, output_len)
+    write_json({"command": "rt bench serve --soak", **report}, out)
+    if report["errors"] or report["token_count_mismatches"] or \
+            report["kv_blocks_in_use_after"]:
         raise typer.Exit(code=1)
 
 

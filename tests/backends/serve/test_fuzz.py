@@ -27,7 +27,7 @@ st = hypothesis.strategies
 CASES = int(os.environ.get("RT_FUZZ_CASES", "200"))
 MAX_MODEL_LEN = 64
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
                                                                  max_size=4),

@@ -306,3 +306,23 @@ def test_bench_serve_32_streams_hold_without_errors(tmp_path: Path) -> None:
         assert set(report["added_latency_ms"][metric]) == {"mean", "p50", "p99"}
     # The simulated engine runs on the wall clock: the server path cannot be faster.
     assert report["server_path"]["e2el_ms"]["p50"] >= report["simulated"]["e2el_ms"]["p50"]
+
+
+def test_bench_serve_soak_holds_streams_and_leaves_nothing(tmp_path: Path) -> None:
+    """`rt bench serve --soak` (CI size: 16 streams for 6 s): no error, every answer's token
+    count, descriptors back to idle, no KV block left; the server exits 0."""
+    out = tmp_path / "soak.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", "bench", "serve", "--soak", "6", "--concurrency", "16",
+         "--random-input-len", "32", "--random-output-len", "16", "--out", str(out)],
+        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+        timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["completed"] > 16 and report["errors"] == 0
+    assert report["token_count_mismatches"] == 0
+    assert report["kv_blocks_in_use_after"] == 0 and report["requests_running_after"] == 0
+    assert report["server_exit_code"] == 0
+    for process in report["processes"].values():
+        assert process["fds_growth"] <= 2
+        assert process["rss_growth_pct"] < 25  # the 500-stream, minutes-long bound: 10%
