@@ -69,8 +69,8 @@ class LoadConfig:
 @dataclass(slots=True)
 class LoadResult:
     """The endpoint replay's records, the server's own counters (from /metrics) and the CPU
-    seconds each process spent during the replay (`cpu_s`: api_server, engine, client,
-    wall; empty where /proc is not readable)."""
+    seconds each process ran and waited for a CPU during the replay (`cpu_s`, see
+    `cpu_seconds`)."""
 
     endpoint: EndpointResult
     server_counters: dict[str, float]
@@ -178,19 +178,18 @@ def run_load(trace: Trace, config: LoadConfig) -> LoadResult:
 
 
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
-    """User + system CPU seconds of each process (Linux /proc), of this one ("client") and
-    the wall clock ("wall"); empty where /proc cannot be read."""
+    """Seconds each process (and this one, "client") ran on a CPU and waited, runnable,
+    for one ("<name>_runqueue": the machine was busy) from Linux's /proc/PID/schedstat
+    (main threads), and the wall clock ("wall"); empty where it cannot be read."""
+    stats: dict[str, float] = {"wall": time.monotonic()}
     try:
-        spent = {name: _proc_cpu_s(pid) for name, pid in pids.items()}
+        for name, pid in {**pids, "client": os.getpid()}.items():
+            ran_ns, waited_ns, _ = Path(f"/proc/{pid}/schedstat").read_text().split()
+            stats[name] = int(ran_ns) / 1e9
+            stats[f"{name}_runqueue"] = int(waited_ns) / 1e9
     except OSError:
         return {}
-    times = os.times()
-    return {**spent, "client": times.user + times.system, "wall": time.monotonic()}
-
-
-def _proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return stats
 
 
 def sent_arrivals(trace: Trace, records: Sequence[RequestRecord]) -> Trace:

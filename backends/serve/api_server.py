@@ -92,6 +92,7 @@ class _Generation:
     last_output_s: float | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    deferred: Exception | None = None  # an error that arrived behind merged outputs
 
     def usage(self) -> dict[str, Any]:
         prompt = len(self.parsed.prompt_ids)
@@ -222,9 +223,11 @@ class Server:
         return gen
 
     async def outputs(self, gen: _Generation) -> AsyncIterator[tuple[str, RequestOutput]]:
-        """(text delta, output) per engine output until the request finishes."""
+        """(text delta, output) per engine output until the request finishes; the outputs
+        that queued up while the stream was writing come merged into one (see `_take`)."""
         while True:
-            item = await gen.queue.get()
+            item = gen.deferred if gen.deferred is not None else \
+                _take(gen, await gen.queue.get())
             if isinstance(item, Exception):
                 self._forget(gen, abort=False)
                 raise item
@@ -308,6 +311,24 @@ class Server:
         return {"id": rid, "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()), "model": model, "choices": [choice],
                 "usage": gen.usage()}
+
+
+def _take(gen: _Generation, item: RequestOutput | Exception) -> RequestOutput | Exception:
+    """`item` merged with the outputs queued behind it, as vLLM's `RequestOutputCollector`
+    does in delta mode: a stream that fell behind the engine (its client or the API server
+    slower than the steps) catches up with one chunk carrying several tokens instead of one
+    write per token, which bunched the tokens at the client (several SSE events per read,
+    an ITL of ~0 between them, and more writes still to do). An error behind them is kept
+    for the next call (`gen.deferred`)."""
+    queue = gen.queue
+    while isinstance(item, RequestOutput) and item.finish_reason is None and not queue.empty():
+        nxt = queue.get_nowait()
+        if isinstance(nxt, Exception):
+            gen.deferred = nxt
+            break
+        nxt.new_token_ids = item.new_token_ids + nxt.new_token_ids
+        item = nxt
+    return item
 
 
 def _phases(out: RequestOutput) -> dict[str, float | None]:

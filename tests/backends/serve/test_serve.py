@@ -161,7 +161,8 @@ def test_openai_client_streams_from_the_simulated_server(simulated: Served) -> N
         max_completion_tokens=20, stream=True, stream_options={"include_usage": True})
     chunks = list(stream)
     assert chunks[-1].usage.completion_tokens == 20
-    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) == 20
+    # One chunk per token unless the stream fell behind the engine (then merged, as vLLM)
+    assert 1 <= sum(1 for c in chunks if c.choices and c.choices[0].delta.content) <= 20
 
 
 def test_32_concurrent_streams_get_their_token_counts(simulated: Served) -> None:
@@ -185,7 +186,8 @@ def test_32_concurrent_streams_get_their_token_counts(simulated: Served) -> None
         return await asyncio.gather(*(one(i) for i in range(32)))
 
     results = asyncio.run(asyncio.wait_for(run_all(), 60))
-    assert results == [(5 + i, 5 + i) for i in range(32)]
+    assert [usage for _, usage in results] == [5 + i for i in range(32)]
+    assert all(1 <= count <= usage for count, usage in results)  # merged chunks, if behind
 
 
 def test_disconnect_aborts_and_frees_the_kv_blocks(simulated: Served) -> None:
