@@ -8,7 +8,8 @@ keep-alive connection (the lean client, `sse_client`) until the deadline: random
 token ids of `input_len`, `max_tokens` = `output_len` with `ignore_eos`, so every answer
 must carry exactly `output_len` tokens. Resident memory (VmRSS) and open descriptors of the
 API-server and engine processes are read from /proc (Linux) before the load, after the
-warm-up (`start`, the baseline of the growth), each second (the peak) and at the end.
+warm-up (`start`, the baseline of the growth: a quarter of the run, at most 60 s), each second
+(the peak; about 20 samples of RSS are kept as `rss_mib_series`) and at the end.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class SoakConfig:
     output_len: int
     vocab_size: int
     seed: int = 0
-    warmup_s: float | None = None  # default: 10% of the duration, at most 10 s
+    warmup_s: float | None = None  # default: a quarter of the duration, at most 60 s
     request_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
@@ -45,7 +46,9 @@ class SoakConfig:
 
     @property
     def warmup(self) -> float:
-        return self.warmup_s if self.warmup_s is not None else min(10.0, self.duration_s / 10)
+        # The baseline of the growth comes after the warm-up: the prefix cache's block-hash
+        # map fills up to the pool's size first (57,429 blocks: ~70 s at 500 streams).
+        return self.warmup_s if self.warmup_s is not None else min(60.0, self.duration_s / 4)
 
 
 def process_stats(pid: int) -> dict[str, float]:
@@ -110,13 +113,21 @@ async def _soak(url: str, pids: dict[str, int], config: SoakConfig) -> dict[str,
             tally.add(out, config.output_len)
         await conn.close()
 
+    series: list[dict[str, float]] = []  # RSS (MiB) about 20 times over the soak
+
     async def sampler() -> dict[str, dict[str, float]]:
         await asyncio.sleep(config.warmup)
         baseline = {name: process_stats(pid) for name, pid in pids.items()}
+        every = max(1, round(config.duration_s / 20))
+        tick = 0
         while time.monotonic() < deadline:
-            for name, pid in pids.items():
-                now = process_stats(pid)
+            stats = {name: process_stats(pid) for name, pid in pids.items()}
+            for name, now in stats.items():
                 peak[name] = {k: max(v, now[k]) for k, v in peak[name].items()}
+            if tick % every == 0:
+                series.append({"t_s": round(time.monotonic() - start),
+                               **{name: now["rss_mib"] for name, now in stats.items()}})
+            tick += 1
             await asyncio.sleep(1.0)
         return baseline
 
@@ -140,6 +151,7 @@ async def _soak(url: str, pids: dict[str, int], config: SoakConfig) -> dict[str,
                              # idle to end: no client connection open at either
                              "fds_growth": end[name]["fds"] - idle[name]["fds"]}
                       for name in pids},
+        "rss_mib_series": series,
         **kv,
     }
 
