@@ -128,11 +128,11 @@ class RequestParser:
                 raise ApiError(400, "each message needs a string role", "messages")
             content = message.get("content") or ""
             if isinstance(content, list):  # content parts: keep the text ones
-                texts = [part.get("text") for part in content
-                         if isinstance(part, dict) and part.get("type") == "text"]
+                texts: list[object] = [part.get("text") for part in content
+                                       if isinstance(part, dict) and part.get("type") == "text"]
                 if not all(isinstance(text, str) for text in texts):
                     raise ApiError(400, "a text part needs a string text", "messages")
-                content = "".join(texts)
+                content = "".join(str(text) for text in texts)
             if not isinstance(content, str):
                 raise ApiError(400, "message content must be a string or text parts",
                                "messages")

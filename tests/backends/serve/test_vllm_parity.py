@@ -14,10 +14,10 @@ import pytest
 
 from backends.engine.sampling_options import SamplingOptions
 from backends.engine.text import ByteTokenizer
-from backends.serve.api_server import ServeConfig, Server, _Generation
 from backends.serve.messages import RequestOutput
 from backends.serve.metrics import ServeMetrics
 from backends.serve.openai_protocol import Parsed
+from backends.serve.server import ServeConfig, Server, _Generation
 from runtime import SamplingParams
 
 from .test_serve import Served
@@ -74,8 +74,8 @@ def test_outputs_queued_behind_a_slow_write_merge_into_one_chunk() -> None:
     """vLLM's RequestOutputCollector (delta mode): a stream that fell behind the engine
     catches up with one chunk carrying the queued tokens; an error behind them still ends
     the stream, after them."""
-    from backends.serve.api_server import _take
     from backends.serve.openai_protocol import EngineDeadError
+    from backends.serve.server import _take
 
     gen = _Generation("r", Parsed([5], SamplingParams(max_tokens=9), SamplingOptions(), True,
                                   False, False), 0.0, ByteTokenizer(512).decoder(),
