@@ -534,9 +534,13 @@ def _sweep_worker(job: tuple[Any, Any, str]) -> dict[str, Any]:
     """One sweep run (in a pool process or a Ray task): simulate, write the run directory,
     report it from the files."""
     from analysis.report import result_dict
+    from analysis.rundir import finished_run
     from sim.sweep import simulate_point
 
     point, options, run_dir = job
+    done = finished_run(Path(run_dir), sweep=dict(point.labels), trace=trace_info(point.trace))
+    if done is not None:  # the sweep runs again into its directory: this point finished
+        return {**point.labels, **result_dict(done, options), "run_dir": run_dir}
     result, setup = simulate_point(point)
     rate = {"request_rate": point.labels["request_rate"]} \
         if "request_rate" in point.labels else {}

@@ -108,6 +108,20 @@ def load_run(path: Path) -> Run:
     return Run(path, requests, steps, info)
 
 
+def finished_run(path: Path, **expected: Any) -> Run | None:
+    """The run at `path` if it is complete (runs are written atomically, so a directory under
+    the run's name is) and its run.json holds `expected`'s values, else None: an interrupted
+    sweep, run again into the same directory, reuses the points it finished."""
+    if not (path / RUN_FILE).is_file():
+        return None
+    try:
+        run = load_run(path)
+    except ValueError:
+        return None
+    wanted = json.loads(json.dumps(expected))
+    return run if all(run.info.get(k) == v for k, v in wanted.items()) else None
+
+
 def rt_version() -> str:
     """rt's installed version, or "unknown" when it runs from a plain checkout."""
     from importlib.metadata import PackageNotFoundError, version
