@@ -97,6 +97,7 @@ def test_a_reader_that_never_drains_stalls_nobody_else() -> None:
         time.sleep(1.0)  # their socket buffers fill; their handlers wait on the writes
         beside = statistics.median(_itl_ms(server.url, 60))
         running = server.metrics()["vllm:num_requests_running"]
+        print(f"ITL p50 alone {alone:.2f} ms, beside 4 stalled readers {beside:.2f} ms")
         for sock in stalled:
             sock.close()
         # Each stalled stream holds at most its own remaining outputs (max_tokens) in the
