@@ -1176,8 +1176,11 @@ def _bench_soak(config: Any, seconds: float, input_len: int, output_len: int,
     """`rt bench serve --soak`: exit 1 on an error, a token-count mismatch or KV left."""
     from backends.bench.serve_load import run_soak_load
 
-    with user_errors():
-        report = run_soak_load(config, seconds, input_len, output_len)
+    try:
+        with user_errors():
+            report = run_soak_load(config, seconds, input_len, output_len)
+    except RuntimeError as err:  # the server did not start
+        fail(str(err))
     write_json({"command": "rt bench serve --soak", **report}, out)
     if report["errors"] or report["token_count_mismatches"] or \
             report["kv_blocks_in_use_after"]:
