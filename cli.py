@@ -29,7 +29,7 @@ import typer
 import workloads
 from analysis.progress import progress
 from analysis.report import ReportFiles, ReportFlags
-from backends.bench.flags import GpuBenchFlags
+from backends.bench.flags import GpuBenchFlags, ServeBenchFlags
 from backends.engine.flags import RealEngineFlags
 from backends.replay.flags import EndpointFlags
 from backends.route.flags import ROUTE_PANEL, RouteFlags
@@ -557,9 +557,13 @@ def _sweep_worker(job: tuple[Any, Any, str]) -> dict[str, Any]:
     """One sweep run (in a pool process or a Ray task): simulate, write the run directory,
     report it from the files."""
     from analysis.report import result_dict
+    from analysis.rundir import finished_run
     from sim.sweep import simulate_point
 
     point, options, run_dir = job
+    done = finished_run(Path(run_dir), sweep=dict(point.labels), trace=trace_info(point.trace))
+    if done is not None:  # the sweep runs again into its directory: this point finished
+        return {**point.labels, **result_dict(done, options), "run_dir": run_dir}
     result, setup = simulate_point(point)
     rate = {"request_rate": point.labels["request_rate"]} \
         if "request_rate" in point.labels else {}
@@ -864,7 +868,8 @@ def serve(
         else:
             factory, kwargs, name, tokenizer_dir = _serve_real(model, engine, real, seed)
     config = ServeConfig(server.served_model_name or name, factory, kwargs, tokenizer_dir,
-                         server.max_num_queued_requests)
+                         server.max_num_queued_requests, api_key=server.api_key,
+                         max_request_bytes=server.max_request_bytes)
     until_stopped(f"serving {config.model_name} on http://{server.host}:{server.port}/v1",
                   "server", lambda: run_server(config, server.host, server.port,
                                                server.shutdown_timeout,
@@ -1198,6 +1203,7 @@ def bench_serve(
     sim: Annotated[SimFlags, Flags(only=("model", "gpu", "profile"))],
     engine: Annotated[EngineFlags, Flags(only=("max_num_seqs", "max_model_len"),
                                          defaults={"max_model_len": 4096})],
+    bench: Annotated[ServeBenchFlags, Flags()],
     concurrency: Annotated[int, typer.Option(
         "--concurrency", min=1, help="Streams in flight at most (client-side).")] = 200,
     num_prompts: Annotated[int | None, typer.Option(
@@ -1207,9 +1213,10 @@ def bench_serve(
     out: _Out = None,
 ) -> None:
     """Load-test `rt serve --simulate` on a free loopback port (bounded; the server is always
-    stopped): replay random requests through the `rt replay --endpoint` client, simulate the
-    same arrivals with `rt simulate`'s core, and report errors, throughput and the latency
-    the server path adds (server minus simulated, ms). Exit 1 on any error."""
+    stopped): replay random requests through the chosen client, simulate the same arrivals
+    with `rt simulate`'s core, and report errors, throughput, each process's CPU seconds and
+    the latency the server path adds (server minus simulated, ms). With --soak, hold
+    --concurrency streams for SECONDS instead. Exit 1 on any error."""
     from backends.bench.serve_load import (
         LoadConfig,
         compare,
@@ -1229,7 +1236,10 @@ def bench_serve(
     server = simulated_server(sys.executable, sim.model, sim.gpu, sim.profile, work.seed,
                               engine.max_model_len, engine.max_num_seqs)
     config = LoadConfig(server, concurrency, setup.config.vocab_size, work.seed,
-                        request_timeout_s=timeout)
+                        request_timeout_s=timeout, client=bench.client)
+    if bench.soak is not None:
+        _bench_soak(config, bench.soak, work.input_len, work.output_len, out)
+        return
     try:
         load = run_load(trace, config)
     except RuntimeError as err:
@@ -1243,6 +1253,22 @@ def bench_serve(
               "gpu": sim.gpu, **compare(trace, load, simulated.requests)}
     write_json(report, out)
     if report["errors"] or report["token_count_mismatches"]:
+        raise typer.Exit(code=1)
+
+
+def _bench_soak(config: Any, seconds: float, input_len: int, output_len: int,
+                out: Path | None) -> None:
+    """`rt bench serve --soak`: exit 1 on an error, a token-count mismatch or KV left."""
+    from backends.bench.serve_load import run_soak_load
+
+    try:
+        with user_errors():
+            report = run_soak_load(config, seconds, input_len, output_len)
+    except RuntimeError as err:  # the server did not start
+        fail(str(err))
+    write_json({"command": "rt bench serve --soak", **report}, out)
+    if report["errors"] or report["token_count_mismatches"] or \
+            report["kv_blocks_in_use_after"]:
         raise typer.Exit(code=1)
 
 

@@ -4,6 +4,8 @@
     <run>/steps.parquet      one row per engine step (runtime.records.StepRecord's columns)
     <run>/run.json           every config value, the seed, rt's version, the trace digest
 
+Written atomically (`write_run`: a `.<name>.partial` directory renamed when complete).
+
 A `vllm bench serve --save-result --save-detailed` JSON file also loads as a (client-timed)
 run: see `analysis.vllm_bench`.
 
@@ -12,7 +14,9 @@ Writing is deterministic: the same rows give byte-identical parquet files.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +29,7 @@ import pyarrow.parquet as pq
 REQUESTS_FILE = "requests.parquet"
 STEPS_FILE = "steps.parquet"
 RUN_FILE = "run.json"
+INTERRUPTED_FILE = "INTERRUPTED"  # in a run directory whose write did not finish
 
 
 @dataclass(frozen=True)
@@ -45,12 +50,33 @@ Rows = Sequence[dict[str, Any]] | Mapping[str, Sequence[Any]]  # row dicts, or c
 
 
 def write_run(path: Path, requests: Rows, steps: Rows, info: dict[str, Any]) -> None:
-    """Write the three files (creating the directory). Tables come as a list of row dicts
-    or as a mapping of column name to values."""
-    path.mkdir(parents=True, exist_ok=True)
-    _write_table(path / REQUESTS_FILE, requests)
-    _write_table(path / STEPS_FILE, steps)
-    (path / RUN_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    """Write the three files. Tables come as a list of row dicts or as a mapping of column
+    name to values.
+
+    Atomic: the files go to `.<name>.partial/` beside `path`, which is renamed to `path`
+    once complete (a run already at `path` is replaced), so a reader never sees half a
+    run. A write cut short (Ctrl-C, a full disk) leaves the partial directory marked with
+    an `INTERRUPTED` file, never a directory named `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.parent / f".{path.name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    try:
+        _write_table(partial / REQUESTS_FILE, requests)
+        _write_table(partial / STEPS_FILE, steps)
+        (partial / RUN_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    except BaseException:
+        with contextlib.suppress(OSError):
+            (partial / INTERRUPTED_FILE).write_text("the write of this run was interrupted\n")
+        raise
+    if path.exists():
+        old = path.parent / f".{path.name}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        path.rename(old)
+        partial.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        partial.rename(path)
 
 
 def _write_table(path: Path, rows: Rows) -> None:
@@ -68,6 +94,8 @@ def load_run(path: Path) -> Run:
         from analysis.vllm_bench import load_vllm_bench
 
         return load_vllm_bench(path)
+    if (path / INTERRUPTED_FILE).exists():
+        raise ValueError(f"{path}: the write of this run was interrupted")
     for name in (REQUESTS_FILE, STEPS_FILE, RUN_FILE):
         if not (path / name).is_file():
             raise ValueError(f"{path}: not a run directory ({name} is missing)")
@@ -78,6 +106,20 @@ def load_run(path: Path) -> Run:
     except (OSError, ValueError, pa.ArrowException) as exc:
         raise ValueError(f"{path}: unreadable run directory: {exc}") from exc
     return Run(path, requests, steps, info)
+
+
+def finished_run(path: Path, **expected: Any) -> Run | None:
+    """The run at `path` if it is complete (runs are written atomically, so a directory under
+    the run's name is) and its run.json holds `expected`'s values, else None: an interrupted
+    sweep, run again into the same directory, reuses the points it finished."""
+    if not (path / RUN_FILE).is_file():
+        return None
+    try:
+        run = load_run(path)
+    except ValueError:
+        return None
+    wanted = json.loads(json.dumps(expected))
+    return run if all(run.info.get(k) == v for k, v in wanted.items()) else None
 
 
 def rt_version() -> str:

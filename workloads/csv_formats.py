@@ -36,7 +36,11 @@ _FIRST_DATA_LINE = 2  # the header is line 1
 def parse_azure(path: Path) -> RawRows:
     """Azure LLM inference trace 2023 (datetime arrivals, context/generated tokens)."""
     frame = read_csv_text(path, AZURE_COLUMNS)
-    stamps = pd.to_datetime(frame["TIMESTAMP"], format="ISO8601", errors="coerce")
+    try:
+        stamps = pd.to_datetime(frame["TIMESTAMP"], format="ISO8601", errors="coerce")
+    except ValueError as err:  # e.g. "Mixed timezones detected" (found by a loader fuzz)
+        raise TraceError(f"unreadable date-times: {err}", path=str(path),
+                         column="TIMESTAMP") from None
     _first_bad(frame, "TIMESTAMP", stamps.isna().to_numpy(), "not a date-time "
                "(expected YYYY-MM-DD HH:MM:SS.fffffff)")
     nanos = stamps.to_numpy(dtype="datetime64[ns]").astype(np.int64)

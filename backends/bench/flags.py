@@ -28,3 +28,21 @@ class GpuBenchFlags:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeBenchFlags:
+    """`rt bench serve`'s client and soak mode."""
+
+    client: str = flag("httpx", "--client", "httpx (rt replay --endpoint's client) or lean "
+                       "(HTTP/1.1 on asyncio streams: a client that does not starve at 200 "
+                       "streams on 2 cores).")
+    soak: float | None = flag(None, "--soak", "Hold --concurrency streams for SECONDS "
+                              "(bounded, loopback): errors, token-count mismatches, memory "
+                              "and descriptors of both processes, KV blocks in use after.")
+
+    def __post_init__(self) -> None:
+        if self.client not in ("httpx", "lean"):
+            raise ValueError(f"--client must be httpx or lean, got {self.client!r}")
+        if self.soak is not None and not 0 < self.soak <= 24 * 3600:
+            raise ValueError(f"--soak must be in (0, 86400] seconds, got {self.soak}")

@@ -17,19 +17,21 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 
+from backends.bench.lean_replay import replay_lean
 from backends.replay.endpoint import EndpointConfig, EndpointResult, probe, replay_endpoint
 from runtime.records import RequestRecord
 from workloads import Trace
@@ -47,6 +49,7 @@ class LoadConfig:
         vocab_size: prompt token ids are drawn from [10, vocab_size).
         seed: seed of the prompts' token ids.
         start_timeout_s, request_timeout_s, stop_timeout_s: the bounds of every wait.
+        client: "httpx" (`rt replay --endpoint`'s client) or "lean" (`sse_client`).
     """
 
     server_command: tuple[str, ...]
@@ -56,16 +59,24 @@ class LoadConfig:
     start_timeout_s: float = 120.0
     request_timeout_s: float = 300.0
     stop_timeout_s: float = 30.0
+    client: str = "httpx"
+
+    def __post_init__(self) -> None:
+        if self.client not in ("httpx", "lean"):
+            raise ValueError(f"--client must be httpx or lean, got {self.client!r}")
 
 
 @dataclass(slots=True)
 class LoadResult:
-    """The endpoint replay's records and the server's own counters (from /metrics)."""
+    """The endpoint replay's records, the server's own counters (from /metrics) and the CPU
+    seconds each process ran and waited for a CPU during the replay (`cpu_s`, see
+    `cpu_seconds`)."""
 
     endpoint: EndpointResult
     server_counters: dict[str, float]
     server_exit_code: int | None
     log_tail: str
+    cpu_s: dict[str, float] = field(default_factory=dict)
 
 
 def free_port() -> int:
@@ -116,6 +127,9 @@ class ServerProcess:
                     values[sample.name] = values.get(sample.name, 0.0) + sample.value
         return values
 
+    def engine_pid(self) -> int:
+        return int(httpx.get(f"{self.url}/health", timeout=10.0).headers["x-engine-pid"])
+
     def log_tail(self, chars: int = 2000) -> str:
         return Path(self.log.name).read_text(errors="replace")[-chars:]
 
@@ -143,15 +157,39 @@ def serving(config: LoadConfig) -> Iterator[ServerProcess]:
 
 
 def run_load(trace: Trace, config: LoadConfig) -> LoadResult:
-    """Start the server, replay `trace` against it (at most `concurrency` streams at once),
-    read its counters, stop it."""
+    """Start the server, replay `trace` against it (at most `concurrency` streams at once)
+    with the configured client, read its counters, stop it."""
     with serving(config) as server:
         endpoint = EndpointConfig(server.url, None, None, config.concurrency,
                                   config.request_timeout_s, config.vocab_size, config.seed)
-        result = replay_endpoint(trace, endpoint, probe(endpoint))
+        info = probe(endpoint)
+        pids = {"api_server": server.proc.pid, "engine": server.engine_pid()}
+        before = cpu_seconds(pids)
+        if config.client == "lean":
+            result = replay_lean(trace, _HOST, server.port, info.model, config.concurrency,
+                                 config.vocab_size, config.seed, config.request_timeout_s)
+        else:
+            result = replay_endpoint(trace, endpoint, info)
+        after = cpu_seconds(pids)
+        spent = {k: round(v - before[k], 3) for k, v in after.items() if k in before}
         counters = server.counters()
         tail = server.log_tail()
-    return LoadResult(result, counters, server.proc.returncode, tail)
+    return LoadResult(result, counters, server.proc.returncode, tail, spent)
+
+
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """Seconds each process (and this one, "client") ran on a CPU and waited, runnable,
+    for one ("<name>_runqueue": the machine was busy) from Linux's /proc/PID/schedstat
+    (main threads), and the wall clock ("wall"); empty where it cannot be read."""
+    stats: dict[str, float] = {"wall": time.monotonic()}
+    try:
+        for name, pid in {**pids, "client": os.getpid()}.items():
+            ran_ns, waited_ns, _ = Path(f"/proc/{pid}/schedstat").read_text().split()
+            stats[name] = int(ran_ns) / 1e9
+            stats[f"{name}_runqueue"] = int(waited_ns) / 1e9
+    except OSError:
+        return {}
+    return stats
 
 
 def sent_arrivals(trace: Trace, records: Sequence[RequestRecord]) -> Trace:
@@ -224,6 +262,7 @@ def compare(trace: Trace, load: LoadResult, simulated: Sequence[RequestRecord]
         "error_messages": dict(list(load.endpoint.errors.items())[:5]),
         "token_count_mismatches": mismatched,
         "server_exit_code": load.server_exit_code,
+        "cpu_s": load.cpu_s,
         "server_counters": {k: load.server_counters[k] for k in sorted(load.server_counters)
                             if k.startswith(("vllm:request_success", "vllm:generation_tokens",
                                              "vllm:prompt_tokens", "vllm:admission"))},
@@ -243,3 +282,17 @@ def simulated_server(python: str, model: str, gpu: str, profile: str | None, see
     command += ["--profile", profile] if profile else []
     command += ["--max-num-seqs", str(max_num_seqs)] if max_num_seqs else []
     return tuple(command)
+
+
+def run_soak_load(config: LoadConfig, seconds: float, input_len: int, output_len: int
+                  ) -> dict[str, Any]:
+    """`rt bench serve --soak`: start the server, hold `config.concurrency` streams for
+    `seconds` (`backends.bench.soak`), stop it; the soak report plus the server's exit code."""
+    from backends.bench.soak import SoakConfig, run_soak
+
+    soak = SoakConfig(seconds, config.concurrency, input_len, output_len, config.vocab_size,
+                      config.seed, request_timeout_s=config.request_timeout_s)
+    with serving(config) as server:
+        pids = {"api_server": server.proc.pid, "engine": server.engine_pid()}
+        report = run_soak(server.url, pids, soak)
+    return {**report, "server_exit_code": server.proc.returncode}

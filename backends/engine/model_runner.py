@@ -211,7 +211,8 @@ class ModelRunner:
         """row [vocab] fp32 -> a token: temperature, top-k, top-p, then a seeded draw."""
         if opt.greedy:
             return int(row.argmax())
-        row = row / opt.temperature
+        # A temperature past the dtype's max would divide by inf (-inf / inf = nan).
+        row = row / min(opt.temperature, torch.finfo(row.dtype).max)
         if 0 < opt.top_k < row.shape[0]:
             threshold = torch.topk(row, opt.top_k).values[-1]
             row = row.masked_fill(row < threshold, float("-inf"))
@@ -226,6 +227,8 @@ def _top_p_filter(row: torch.Tensor, top_p: float) -> torch.Tensor:
     sorted_logits, order = torch.sort(row, descending=True)
     cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
     drop_sorted = cumulative - torch.softmax(sorted_logits, dim=-1) >= top_p  # mass before
+    drop_sorted[0] = False  # the most likely token always stays (a rounding error or a
+    # subnormal top_p would otherwise drop every token: softmax of all -inf is nan)
     drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
     return row.masked_fill(drop, float("-inf"))
 

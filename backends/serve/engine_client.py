@@ -44,6 +44,7 @@ class EngineClient:
         self.outgoing: asyncio.Queue[bytes] = asyncio.Queue()
         self.dead = False
         self.on_outputs: Callable[[EngineOutputs], None] = lambda _: None
+        self.on_dead: Callable[[], None] = lambda: None
         self.tasks: list[asyncio.Task[None]] = []
 
     async def start(self, factory: ExecutorFactory, kwargs: dict[str, Any],
@@ -106,13 +107,14 @@ class EngineClient:
                     queue.put_nowait(out)
 
     async def _watch(self) -> None:
-        """Fail every open request once the engine process is gone."""
+        """Fail every open request once the engine process is gone, then call `on_dead`."""
         assert self.process is not None
         while self.process.is_alive():
             await asyncio.sleep(_HEALTH_POLL_S)
         self.dead = True
         for queue in self.streams.values():
             queue.put_nowait(EngineDeadError())
+        self.on_dead()
 
     async def shutdown(self, timeout_s: float = 5.0) -> None:
         """Tell the engine to stop, wait for it, close the sockets."""

@@ -25,8 +25,17 @@ class ServeFlags:
     shutdown_timeout: float = flag(10.0, "--shutdown-timeout", "On SIGTERM, seconds in-flight "
                                    "requests may finish before they are aborted.", SERVER_PANEL)
     uvicorn_log_level: str = flag("warning", "--uvicorn-log-level", None, SERVER_PANEL)
+    api_key: str | None = flag(None, "--api-key", "Require `Authorization: Bearer KEY` on "
+                               "/v1/* (401 otherwise), as vLLM.", SERVER_PANEL,
+                               envvar="VLLM_API_KEY")
+    max_request_bytes: int = flag(1 << 20, "--max-request-bytes", "Answer 413 to a request "
+                                  "body longer than this.", SERVER_PANEL)
 
     def __post_init__(self) -> None:
         if self.max_num_queued_requests is not None and self.max_num_queued_requests < 1:
             raise ValueError("--max-num-queued-requests must be >= 1, got "
                              f"{self.max_num_queued_requests}")
+        if self.max_request_bytes < 1:
+            raise ValueError(f"--max-request-bytes must be >= 1, got {self.max_request_bytes}")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("--api-key must not be empty")

@@ -4,6 +4,7 @@ engine requests, and OpenAI-style errors (`{"error": {"message", "type", "param"
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,8 @@ class ApiError(Exception):
         self.status = status
         self.message = message
         self.param = param
-        self.kind = kind or {400: "BadRequestError", 404: "NotFoundError",
+        self.kind = kind or {400: "BadRequestError", 401: "AuthenticationError",
+                             404: "NotFoundError", 413: "RequestTooLargeError",
                              503: "ServiceUnavailableError"}.get(status, "InternalServerError")
 
     def body(self) -> dict[str, Any]:
@@ -38,6 +40,10 @@ class ApiError(Exception):
 class EngineDeadError(ApiError):
     def __init__(self) -> None:
         super().__init__(500, "the engine process died", kind="EngineDeadError")
+
+
+_SAMPLING_EPS = 1e-5  # vLLM's: a lower temperature samples greedily (no 1/T overflow)
+_INT64 = (-(1 << 63), (1 << 63) - 1)  # vLLM's seed range
 
 
 @dataclass(slots=True)
@@ -59,8 +65,27 @@ def _get(body: dict[str, Any], name: str, kinds: tuple[type, ...], default: Any)
     if isinstance(value, bool) and bool not in kinds:
         raise ApiError(400, f"{name} must be {kinds[0].__name__}, got a boolean", name)
     if not isinstance(value, kinds):
-        raise ApiError(400, f"{name} must be {kinds[0].__name__}, got {value!r}", name)
+        raise ApiError(400, f"{name} must be {kinds[0].__name__}, got {_short(value)}", name)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ApiError(400, f"{name} must be finite, got {value}", name)
     return value
+
+
+def _number(body: dict[str, Any], name: str, default: float) -> float:
+    """A finite float (an int too, when a float can hold it)."""
+    value = _get(body, name, (float, int), default)
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ApiError(400, f"{name} is out of range", name) from None
+    if not math.isfinite(number):
+        raise ApiError(400, f"{name} must be finite, got {number}", name)
+    return number
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def token_list(value: Any, name: str, vocab_size: int) -> list[int]:
@@ -69,7 +94,7 @@ def token_list(value: Any, name: str, vocab_size: int) -> list[int]:
         raise ApiError(400, f"{name} must be a list of token ids", name)
     bad = [t for t in value if not 0 <= t < vocab_size]
     if bad:
-        raise ApiError(400, f"{name}: token id {bad[0]} is outside the vocabulary "
+        raise ApiError(400, f"{name}: token id {_short(bad[0])} is outside the vocabulary "
                        f"[0, {vocab_size})", name)
     return value
 
@@ -103,13 +128,19 @@ class RequestParser:
                 raise ApiError(400, "each message needs a string role", "messages")
             content = message.get("content") or ""
             if isinstance(content, list):  # content parts: keep the text ones
-                content = "".join(part.get("text", "") for part in content
-                                  if isinstance(part, dict) and part.get("type") == "text")
+                texts: list[object] = [part.get("text") for part in content
+                                       if isinstance(part, dict) and part.get("type") == "text"]
+                if not all(isinstance(text, str) for text in texts):
+                    raise ApiError(400, "a text part needs a string text", "messages")
+                content = "".join(str(text) for text in texts)
             if not isinstance(content, str):
                 raise ApiError(400, "message content must be a string or text parts",
                                "messages")
             clean.append({"role": message["role"], "content": content})
-        return self.codec.chat_prompt(clean)
+        try:
+            return self.codec.chat_prompt(clean)
+        except Exception as err:  # noqa: BLE001 - a model's chat template refusing the input
+            raise ApiError(400, f"the chat template failed: {err}", "messages") from None
 
     def parse(self, body: dict[str, Any], prompt_ids: list[int], chat: bool) -> Parsed:
         if not prompt_ids:
@@ -130,7 +161,7 @@ class RequestParser:
         min_tokens = _get(body, "min_tokens", (int,), 0)
         if not 0 <= min_tokens <= max_tokens:
             raise ApiError(400, f"min_tokens must be in [0, max_tokens={max_tokens}], got "
-                           f"{min_tokens}", "min_tokens")
+                           f"{_short(min_tokens)}", "min_tokens")
         ignore_eos = _get(body, "ignore_eos", (bool,), False)
         stop_ids = tuple(token_list(body.get("stop_token_ids") or [], "stop_token_ids",
                                      self.info.vocab_size))
@@ -155,24 +186,28 @@ class RequestParser:
         if value is None:
             return room if chat else min(16, room)
         if value < 1:
-            raise ApiError(400, f"{name} must be at least 1, got {value}", name)
+            raise ApiError(400, f"{name} must be at least 1, got {_short(value)}", name)
         if value > room:
             raise ApiError(400, f"This model's maximum context length is {self.max_model_len} "
-                           f"tokens. However, you requested {prompt_len + value} tokens "
-                           f"({prompt_len} in the prompt, {value} in the completion).", name)
+                           f"tokens. However, you requested {_short(prompt_len + value)} tokens "
+                           f"({prompt_len} in the prompt, {_short(value)} in the completion).",
+                           name)
         return value
 
     @staticmethod
     def _sampling(body: dict[str, Any], min_tokens: int,
                   stops: tuple[int, ...]) -> SamplingOptions:
-        temperature = float(_get(body, "temperature", (int, float), 1.0))
-        top_p = float(_get(body, "top_p", (int, float), 1.0))
+        temperature = _number(body, "temperature", 1.0)
+        top_p = _number(body, "top_p", 1.0)
         top_k = _get(body, "top_k", (int,), 0)
         seed = _get(body, "seed", (int,), None)
+        if seed is not None and not _INT64[0] <= seed <= _INT64[1]:
+            raise ApiError(400, f"seed must be a 64-bit integer, got {_short(seed)}", "seed")
         if temperature < 0:
             raise ApiError(400, f"temperature must be >= 0, got {temperature}", "temperature")
         if not 0 < top_p <= 1:
             raise ApiError(400, f"top_p must be in (0, 1], got {top_p}", "top_p")
+        temperature = 0.0 if temperature < _SAMPLING_EPS else temperature  # vLLM: greedy
         if top_k < 0 and top_k != -1:
-            raise ApiError(400, f"top_k must be -1, 0 or positive, got {top_k}", "top_k")
+            raise ApiError(400, f"top_k must be -1, 0 or positive, got {_short(top_k)}", "top_k")
         return SamplingOptions(temperature, top_p, max(top_k, 0), seed, min_tokens, stops)

@@ -4,6 +4,7 @@ local process pool and Ray."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,17 @@ def test_sweep_plots_and_bad_input(tmp_path: Path) -> None:
         result = runner.invoke(app, [*SMALL, *extra, "--result-dir", str(tmp_path / "e")])
         assert result.exit_code == 2, (extra, result.stderr)
         assert result.stderr.startswith("rt: error: ") and message in result.stderr
+
+
+def test_a_sweep_run_again_reuses_its_finished_points(tmp_path: Path) -> None:
+    """Runs are written atomically; a point whose run directory is complete and matches
+    (labels, trace digest) is not simulated again, one that is missing is."""
+    first = _sweep(tmp_path, "s")
+    runs = sorted(p for p in (tmp_path / "s").iterdir() if (p / "run.json").is_file())
+    assert len(runs) == 2
+    kept = (runs[0] / "requests.parquet").stat().st_mtime_ns
+    shutil.rmtree(runs[1])  # as if the sweep had been cut short before this point
+    again = _sweep(tmp_path, "s")
+    assert again == first
+    assert (runs[0] / "requests.parquet").stat().st_mtime_ns == kept
+    assert (runs[1] / "run.json").is_file()

@@ -87,3 +87,20 @@ def test_sampling_options_are_validated() -> None:
         SamplingOptions(top_p=0.0)
     with pytest.raises(ValueError, match="temperature"):
         SamplingOptions(temperature=-1.0)
+
+
+def test_extreme_temperature_and_top_p_still_sample_a_token() -> None:
+    """Found by the API fuzzer (tests/backends/serve/test_fuzz.py): a temperature past
+    float32's max turned a masked logit into nan (-inf / inf), and a subnormal top_p dropped
+    every token; both made torch.multinomial raise, which killed the engine process."""
+    import torch
+
+    from backends.engine.model_runner import ModelRunner
+    from backends.engine.sampling_options import SamplingOptions
+
+    row = torch.randn(64)
+    row[3] = float("-inf")  # a min_tokens stop mask
+    generator = torch.Generator().manual_seed(0)
+    for options in (SamplingOptions(temperature=1e39), SamplingOptions(1.0, top_p=5e-324)):
+        token = ModelRunner._sample_row(row, options, generator)
+        assert 0 <= token < 64 and token != 3

@@ -14,10 +14,10 @@ import pytest
 
 from backends.engine.sampling_options import SamplingOptions
 from backends.engine.text import ByteTokenizer
-from backends.serve.api_server import ServeConfig, Server, _Generation
 from backends.serve.messages import RequestOutput
 from backends.serve.metrics import ServeMetrics
 from backends.serve.openai_protocol import Parsed
+from backends.serve.server import ServeConfig, Server, _Generation
 from runtime import SamplingParams
 
 from .test_serve import Served
@@ -53,6 +53,7 @@ def test_chat_role_chunk_waits_for_the_first_token() -> None:
         assert chunks == []
         token_sent = True
         gen.queue.put_nowait(RequestOutput("r", [3 + ord("h")]))
+        await asyncio.sleep(0.01)  # written before the next step's output (no merge)
         gen.queue.put_nowait(RequestOutput("r", [3 + ord("i")], finish_reason="length"))
         await asyncio.wait_for(task, 5)
         engine = server.engine
@@ -67,6 +68,31 @@ def test_chat_role_chunk_waits_for_the_first_token() -> None:
     assert all(after for after, _ in with_choices)
     deltas = [c["choices"][0]["delta"] for _, c in with_choices]
     assert deltas == [{"role": "assistant", "content": ""}, {"content": "h"}, {"content": "i"}]
+
+
+def test_outputs_queued_behind_a_slow_write_merge_into_one_chunk() -> None:
+    """vLLM's RequestOutputCollector (delta mode): a stream that fell behind the engine
+    catches up with one chunk carrying the queued tokens; an error behind them still ends
+    the stream, after them."""
+    from backends.serve.openai_protocol import EngineDeadError
+    from backends.serve.server import _take
+
+    gen = _Generation("r", Parsed([5], SamplingParams(max_tokens=9), SamplingOptions(), True,
+                                  False, False), 0.0, ByteTokenizer(512).decoder(),
+                      asyncio.Queue())
+    for token in (1, 2, 3):
+        gen.queue.put_nowait(RequestOutput("r", [token]))
+    gen.queue.put_nowait(EngineDeadError())
+    first = gen.queue.get_nowait()
+    merged = _take(gen, first)
+    assert isinstance(merged, RequestOutput) and merged.new_token_ids == [1, 2, 3]
+    assert isinstance(gen.deferred, EngineDeadError) and gen.queue.empty()
+    gen.deferred = None
+    gen.queue.put_nowait(RequestOutput("r", [5], finish_reason="length"))
+    gen.queue.put_nowait(RequestOutput("r", [6]))  # never behind a final output
+    done = _take(gen, RequestOutput("r", [4]))
+    assert isinstance(done, RequestOutput) and done.new_token_ids == [4, 5]
+    assert done.finish_reason == "length" and gen.queue.qsize() == 1
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,317 @@
+"""What `rt serve`'s handlers share: the requests in flight, their admission, the engine's
+outputs routed into metrics and streams, and the OpenAI response bodies (SSE chunks as vLLM
+emits them, or one JSON response). The FastAPI app around it is `api_server`.
+Times are monotonic seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from backends.engine.text import ByteTokenizer, IncrementalDecoder, TextCodec
+from backends.serve.engine_client import EngineClient
+from backends.serve.engine_process import ExecutorFactory
+from backends.serve.messages import EngineInfo, EngineOutputs, EngineRequest, RequestOutput
+from backends.serve.metrics import ServeMetrics
+from backends.serve.openai_protocol import ApiError, EngineDeadError, Parsed, RequestParser
+
+logger = logging.getLogger("rt.serve")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    """The server's own settings (the engine's come from its factory).
+
+    Attributes:
+        model_name: the name clients pass as `model` (and the `model_name` label).
+        factory, factory_kwargs: the executor factory run in the engine process.
+        tokenizer_dir: a model directory whose tokenizer to use; None: `ByteTokenizer`.
+        max_num_queued_requests: 503 above this many requests awaiting a first token.
+        engine_start_timeout_s: how long the engine may take to say "ready".
+        api_key: required as `Authorization: Bearer KEY` on /v1/* (None: open).
+        max_request_bytes: longer request bodies get 413.
+    """
+
+    model_name: str
+    factory: ExecutorFactory
+    factory_kwargs: dict[str, Any] = field(default_factory=dict)
+    tokenizer_dir: Path | None = None
+    max_num_queued_requests: int | None = None
+    engine_start_timeout_s: float = 300.0
+    api_key: str | None = None
+    max_request_bytes: int = 1 << 20
+
+
+# ---- responses -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Generation:
+    """One request in flight, as the handler sees it."""
+
+    request_id: str
+    parsed: Parsed
+    arrival_s: float
+    decoder: IncrementalDecoder
+    queue: asyncio.Queue[RequestOutput | Exception]
+    output_len: int = 0
+    cached: int = 0
+    last_output_s: float | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    deferred: Exception | None = None  # an error that arrived behind merged outputs
+
+    def usage(self) -> dict[str, Any]:
+        prompt = len(self.parsed.prompt_ids)
+        return {"prompt_tokens": prompt, "completion_tokens": self.output_len,
+                "total_tokens": prompt + self.output_len,
+                "prompt_tokens_details": {"cached_tokens": self.cached}}
+
+
+def _sse(data: dict[str, Any] | str) -> str:
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {text}\n\n"
+
+
+class Server:
+    """Handlers and the state they share."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.engine = EngineClient()
+        self.codec: TextCodec | None = None
+        self.parser: RequestParser | None = None
+        self.metrics: ServeMetrics | None = None
+        self.info: EngineInfo | None = None
+        self.gens: dict[str, _Generation] = {}
+        self.awaiting_first = 0  # requests sent without a first output yet
+        self.request_exit: Callable[[], None] = lambda: None  # set by `run_server`
+
+    async def start(self) -> None:
+        cfg = self.config
+        info = await self.engine.start(cfg.factory, cfg.factory_kwargs,
+                                       cfg.engine_start_timeout_s)
+        self.info = info
+        self.codec = self._codec(info)
+        self.parser = RequestParser(self.codec, info)
+        self.metrics = ServeMetrics(cfg.model_name, info.scheduler.max_model_len,
+                                    info.cache.num_blocks, info.cache.block_size,
+                                    info.cache.enable_prefix_caching)
+        self.engine.on_outputs = self.on_outputs
+        self.engine.on_dead = self.on_engine_dead
+
+    def on_engine_dead(self) -> None:
+        """The engine process is gone: streams in flight already got their error event;
+        stop serving so that the process exits non-zero and its supervisor restarts it."""
+        logger.error("the engine process died (exit code %s): shutting down",
+                     getattr(self.engine.process, "exitcode", None))
+        self.request_exit()
+
+    def _codec(self, info: EngineInfo) -> TextCodec:
+        if self.config.tokenizer_dir is not None:
+            from backends.engine.setup import load_tokenizer
+            from backends.engine.text import HfCodec
+
+            tokenizer = load_tokenizer(self.config.tokenizer_dir)
+            if tokenizer is not None:
+                return HfCodec(tokenizer)
+        return ByteTokenizer(info.vocab_size)
+
+    # ---- engine outputs -> metrics -------------------------------------------------------
+
+    def on_outputs(self, batch: EngineOutputs) -> None:
+        metrics = self.metrics
+        assert metrics is not None
+        s = batch.stats
+        metrics.on_stats(s.num_running, s.num_waiting, s.kv_cache_usage,
+                         s.prefix_cache_queries, s.prefix_cache_hits, s.num_preemptions)
+        now = time.monotonic()
+        iteration = 0
+        for out in batch.outputs:
+            gen = self.gens.get(out.request_id)
+            if gen is None or not out.new_token_ids:
+                continue
+            iteration += len(out.new_token_ids)
+            if gen.last_output_s is None:
+                self.awaiting_first -= 1
+                prompt_len = len(gen.parsed.prompt_ids)
+                iteration += prompt_len - out.num_cached_tokens
+                metrics.on_first_output(prompt_len, out.num_cached_tokens, now - gen.arrival_s)
+                metrics.on_tokens(len(out.new_token_ids), None)
+            else:
+                metrics.on_tokens(len(out.new_token_ids), batch.timestamp - gen.last_output_s)
+            gen.last_output_s = batch.timestamp
+        metrics.on_iteration(iteration)
+
+    def _finished(self, gen: _Generation, out: RequestOutput) -> None:
+        """Record a finished request's metrics and forget it."""
+        metrics = self.metrics
+        assert metrics is not None
+        self.gens.pop(gen.request_id, None)
+        self.engine.release(gen.request_id)
+        if gen.last_output_s is None:
+            self.awaiting_first -= 1
+        phases = _phases(out)
+        metrics.on_finished(out.finish_reason or "abort", prompt_len=len(gen.parsed.prompt_ids),
+                            output_len=gen.output_len, max_tokens=gen.parsed.params.max_tokens,
+                            cached=out.num_cached_tokens, e2e_s=time.monotonic() - gen.arrival_s,
+                            num_preemptions=out.num_preemptions, **phases)
+
+    def _forget(self, gen: _Generation, abort: bool) -> None:
+        """The handler gave up on a request (client gone, engine dead)."""
+        if self.gens.pop(gen.request_id, None) is None:
+            return
+        if gen.last_output_s is None:
+            self.awaiting_first -= 1
+        if abort:
+            self.engine.abort(gen.request_id)
+            assert self.metrics is not None
+            self.metrics.success.labels(**self.metrics.labels, finished_reason="abort").inc()
+        else:
+            self.engine.release(gen.request_id)
+
+    # ---- generation ---------------------------------------------------------------------
+
+    def admit(self, parsed: Parsed, arrival_s: float) -> _Generation:
+        limit = self.config.max_num_queued_requests
+        assert self.metrics is not None and self.codec is not None
+        if self.engine.dead:
+            raise EngineDeadError()
+        if limit is not None and self.awaiting_first >= limit:
+            self.metrics.on_rejected()
+            raise ApiError(503, f"the server is at its queue limit ({limit} requests "
+                           "waiting); retry later")
+        request_id = uuid.uuid4().hex
+        queue = self.engine.submit(EngineRequest(request_id, parsed.prompt_ids, parsed.params,
+                                                 parsed.sampling, arrival_s))
+        gen = _Generation(request_id, parsed, arrival_s, self.codec.decoder(), queue)
+        self.gens[request_id] = gen
+        self.awaiting_first += 1
+        return gen
+
+    async def outputs(self, gen: _Generation) -> AsyncIterator[tuple[str, RequestOutput]]:
+        """(text delta, output) per engine output until the request finishes; the outputs
+        that queued up while the stream was writing come merged into one (see `_take`)."""
+        while True:
+            item = gen.deferred if gen.deferred is not None else \
+                _take(gen, await gen.queue.get())
+            if isinstance(item, Exception):
+                self._forget(gen, abort=False)
+                raise item
+            gen.output_len += len(item.new_token_ids)
+            gen.cached = item.num_cached_tokens or gen.cached
+            text = gen.decoder.step(item.new_token_ids)
+            if item.finish_reason is not None:
+                gen.finish_reason, gen.stop_reason = item.finish_reason, item.stop_reason
+                self._finished(gen, item)
+                yield text, item
+                return
+            yield text, item
+
+    async def complete(self, gen: _Generation) -> str:
+        """All of a request's text (non-streaming); aborts it if the handler is cancelled."""
+        parts = []
+        try:
+            async for text, _ in self.outputs(gen):
+                parts.append(text)
+        finally:
+            self._forget(gen, abort=True)
+        return "".join(parts)
+
+    async def stream(self, gen: _Generation, model: str, chat: bool) -> AsyncIterator[str]:
+        """SSE chunks as vLLM emits them; a disconnect (cancellation) aborts the request."""
+        rid = ("chatcmpl-" if chat else "cmpl-") + gen.request_id
+        created = int(time.time())
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        head = {"id": rid, "object": obj, "created": created, "model": model}
+        parsed = gen.parsed
+        first = True
+        try:
+            async for text, out in self.outputs(gen):
+                if chat and first:
+                    yield _sse(self._role_chunk(gen, head))
+                first = False
+                choice: dict[str, Any] = {"index": 0, "logprobs": None,
+                                          "finish_reason": out.finish_reason,
+                                          "stop_reason": out.stop_reason}
+                if chat:
+                    choice["delta"] = {"content": text}
+                else:
+                    choice["text"] = text
+                chunk = {**head, "choices": [choice]}
+                if parsed.continuous_usage:
+                    chunk["usage"] = gen.usage()
+                yield _sse(chunk)
+            if parsed.include_usage:
+                yield _sse({**head, "choices": [], "usage": gen.usage()})
+            yield _sse("[DONE]")
+        except ApiError as err:
+            yield _sse(err.body())
+        finally:
+            self._forget(gen, abort=True)
+
+    @staticmethod
+    def _role_chunk(gen: _Generation, head: dict[str, Any]) -> dict[str, Any]:
+        """The chat stream's first chunk (role, empty content). As vLLM, it is sent with the
+        first engine output, i.e. just before the first token's chunk, never earlier: vLLM's
+        bench client stamps TTFT at the first chunk carrying `choices`, so a role chunk sent
+        at once would make TTFT read as the request's network round trip (vLLM 0.32,
+        entrypoints/openai/chat_completion/serving.py, chat_completion_stream_generator:
+        the role is sent `if first_iteration` inside `async for res in result_generator`)."""
+        chunk = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                      "logprobs": None, "finish_reason": None}]}
+        if gen.parsed.continuous_usage:
+            prompt = len(gen.parsed.prompt_ids)
+            chunk["usage"] = {"prompt_tokens": prompt, "completion_tokens": 0,
+                              "total_tokens": prompt}
+        return chunk
+
+    def response(self, gen: _Generation, text: str, model: str, chat: bool) -> dict[str, Any]:
+        rid = ("chatcmpl-" if chat else "cmpl-") + gen.request_id
+        choice: dict[str, Any] = {"index": 0, "logprobs": None,
+                                  "finish_reason": gen.finish_reason,
+                                  "stop_reason": gen.stop_reason}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return {"id": rid, "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()), "model": model, "choices": [choice],
+                "usage": gen.usage()}
+
+
+def _take(gen: _Generation, item: RequestOutput | Exception) -> RequestOutput | Exception:
+    """`item` merged with the outputs queued behind it, as vLLM's `RequestOutputCollector`
+    does in delta mode: a stream that fell behind the engine (its client or the API server
+    slower than the steps) catches up with one chunk carrying several tokens instead of one
+    write per token, which bunched the tokens at the client (several SSE events per read,
+    an ITL of ~0 between them, and more writes still to do). An error behind them is kept
+    for the next call (`gen.deferred`)."""
+    queue = gen.queue
+    while isinstance(item, RequestOutput) and item.finish_reason is None and not queue.empty():
+        nxt = queue.get_nowait()
+        if isinstance(nxt, Exception):
+            gen.deferred = nxt
+            break
+        nxt.new_token_ids = item.new_token_ids + nxt.new_token_ids
+        item = nxt
+    return item
+
+
+def _phases(out: RequestOutput) -> dict[str, float | None]:
+    """vLLM's per-request phase times from the engine timestamps (None if not reached)."""
+    def diff(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else a - b
+
+    return {"queue_s": diff(out.scheduled_s, out.queued_s),
+            "prefill_s": diff(out.first_token_s, out.scheduled_s),
+            "decode_s": diff(out.last_token_s, out.first_token_s),
+            "inference_s": diff(out.last_token_s, out.scheduled_s)}

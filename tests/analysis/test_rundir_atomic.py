@@ -1,0 +1,40 @@
+"""Run directories are written atomically: a cut-short write never leaves a directory under
+the run's name, and the partial one is marked, so `rt report` cannot misread it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from analysis import rundir
+
+
+def test_an_interrupted_write_leaves_no_run_and_a_marked_partial(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "run"
+    calls = []
+
+    def cut(table_path: Path, rows: object) -> None:
+        calls.append(table_path.name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # Ctrl-C between the two tables
+        table_path.write_bytes(b"")
+
+    monkeypatch.setattr(rundir, "_write_table", cut)
+    with pytest.raises(KeyboardInterrupt):
+        rundir.write_run(path, [{"a": 1}], [], {"kind": "simulate"})
+    assert not path.exists()
+    partial = tmp_path / ".run.partial"
+    assert (partial / rundir.INTERRUPTED_FILE).is_file()
+    with pytest.raises(ValueError, match="interrupted"):
+        rundir.load_run(partial)
+
+
+def test_a_rewrite_replaces_the_run_whole(tmp_path: Path) -> None:
+    path = tmp_path / "run"
+    rundir.write_run(path, [{"a": 1}], [{"s": 1}], {"kind": "simulate", "n": 1})
+    rundir.write_run(path, [{"a": 2}, {"a": 3}], [], {"kind": "simulate", "n": 2})
+    run = rundir.load_run(path)
+    assert run.info["n"] == 2 and list(run.requests["a"]) == [2, 3]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no partial, no old
