@@ -147,12 +147,7 @@ class EngineCore:
             return None
         steady = self.steady if self.steady is not None and len(self.steady) else None
         running = scheduler.running
-        if steady is not None:  # only when every running request is a steady decode
-            limit = steady.run_limit()
-            kv_tokens = steady.decode_kv_tokens()
-        else:  # 0 unless every running request decodes
-            limit = decode_run_limit(scheduler)
-            kv_tokens = sum(r.num_computed_tokens + 1 for r in running)
+        limit, kv_tokens = self._run_bounds(steady)
         if limit <= 0:
             return None
         num_running = len(running)
@@ -181,6 +176,16 @@ class EngineCore:
         if self.steady is not None:
             self.steady.join()
         return ends[-1]
+
+    def _run_bounds(self, steady: SteadyDecodes | None) -> tuple[int, int]:
+        """How many plain decode steps may run (0 unless every running request decodes; with
+        steady decodes, only when every running request is one) and the KV tokens the first
+        of them reads."""
+        if steady is not None:
+            return steady.run_limit(), steady.decode_kv_tokens()
+        running = self.scheduler.running
+        return (decode_run_limit(self.scheduler),
+                sum(r.num_computed_tokens + 1 for r in running))
 
     @staticmethod
     def _decode_times(

@@ -9,11 +9,13 @@ shared machine disturb less; medians over steps.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import platform
 import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from runtime import CacheConfig, Request, SamplingParams, Scheduler, SchedulerConfig
@@ -264,32 +266,19 @@ def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "
     - with `baseline`: the `replicas` fleet stepping one by one (no decode-run
       fast-forward), and the speed-up of fast-forwarding.
     """
-    from runtime.router.registry import make_policy
     from sim.engine_args import EngineArgs, build_setup
-    from sim.fleet import simulate_fleet
     from sim.simulator import simulate
-    from workloads.transforms import scale_time
 
     setup = build_setup(EngineArgs(), model, gpu)
     n = len(trace)
-
-    def fleet(count: int, config: Any = None) -> tuple[Any, float, float]:
-        scaled = scale_time(trace, 1.0 / count)
-        one = setup if config is None else dataclasses.replace(setup, config=config)
-        policy = make_policy(router, router_args, setup.config.seed)
-        return _timed(lambda: simulate_fleet(scaled, [one] * count, policy, refresh_s))
-
+    fleet = functools.partial(_fleet_run, trace, setup, router, router_args, refresh_s)
     single, wall, cpu = _timed(lambda: simulate(trace, setup.config, setup.cost_model))
     rows = [_rate_row("single engine, trace as recorded", n, single.num_steps, wall, cpu)]
     single_cpu = cpu / n
     per_request: dict[int, float] = {}
     for count in dict.fromkeys((replicas, *scaling)):
-        result, wall, cpu = fleet(count)
-        steps = sum(r.num_steps for r in result.replicas)
-        rows.append(_rate_row(f"{count} replicas, trace x{count} faster", n, steps, wall, cpu))
-        rows[-1]["replicas"] = count
-        rows[-1]["vs_single_engine_per_request"] = round(single_cpu / (cpu / n), 3)
-        per_request[count] = cpu / n
+        rows.append(_fleet_row(fleet, count, n, single_cpu))
+        per_request[count] = float(rows[-1]["cpu_s_per_request"])
     report: dict[str, object] = {
         "benchmark": "fleet", "python": sys.version.split()[0],
         "machine": platform.machine(), "model": model, "gpu": gpu, "trace": name,
@@ -303,11 +292,35 @@ def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "
     report[f"cost_per_request_{large}_vs_{small}"] = round(ratio, 3)
     report["meets_goal_scaling"] = per_request[large] <= per_request[small]
     if baseline:
-        stepped_config = dataclasses.replace(setup.config, fast_forward=False)
-        result, wall, cpu = fleet(replicas, stepped_config)
+        result, wall, cpu = fleet(replicas, dataclasses.replace(setup.config, fast_forward=False))
         steps = sum(r.num_steps for r in result.replicas)
         rows.append(_rate_row(f"{replicas} replicas stepping one by one", n, steps, wall, cpu))
         report["speedup_vs_stepped"] = round(cpu / n / per_request[replicas], 2)
     report["goals"] = (f"{replicas} replicas: CPU per request <= the single engine's; "
                        f"{large} replicas: CPU per request <= {small} replicas'")
     return report
+
+
+def _fleet_run(trace: Any, setup: Any, router: str, router_args: tuple[str, ...],
+               refresh_s: float, count: int, config: Any = None) -> tuple[Any, float, float]:
+    """`count` replicas of `setup` (with `config` instead of its own, if given) on the trace
+    replayed `count` times faster: the result, wall and CPU seconds."""
+    from runtime.router.registry import make_policy
+    from sim.fleet import simulate_fleet
+    from workloads.transforms import scale_time
+
+    scaled = scale_time(trace, 1.0 / count)
+    one = setup if config is None else dataclasses.replace(setup, config=config)
+    policy = make_policy(router, router_args, setup.config.seed)
+    return _timed(lambda: simulate_fleet(scaled, [one] * count, policy, refresh_s))
+
+
+def _fleet_row(fleet: Callable[[int], tuple[Any, float, float]], count: int, n: int,
+               single_cpu: float) -> dict[str, object]:
+    result, wall, cpu = fleet(count)
+    steps = sum(r.num_steps for r in result.replicas)
+    row = _rate_row(f"{count} replicas, trace x{count} faster", n, steps, wall, cpu)
+    row["replicas"] = count
+    row["vs_single_engine_per_request"] = round(single_cpu / (cpu / n), 3)
+    row["cpu_s_per_request"] = cpu / n
+    return row
