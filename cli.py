@@ -41,7 +41,7 @@ from sim.autoscale_flags import AutoscaleFlags
 from sim.engine_args import EngineArgs, SimFlags
 from sim.fidelity import CALIBRATION_PANEL, CalibrationFlags, FidelityFlags
 from sim.fleet_config import FleetFlags
-from sim.pd import PDFlags
+from sim.pd_flags import PDFlags
 from sim.plan import PlanFlags
 from sim.sweep import GRID_PANEL, SweepFlags
 from workloads.flags import WorkloadFlags, load_workload
@@ -353,7 +353,7 @@ def run_fleet(trace: workloads.Trace, setup: SimSetup, fleet: FleetFlags, pd: PD
     from sim.autoscale_flags import fixed_scaling, simulate_autoscaled_fleet
     from sim.fleet import simulate_fleet
     from sim.fleet_config import build_fleet, load_fleet
-    from sim.pd import simulate_pd_fleet
+    from sim.pd_flags import simulate_pd_fleet
 
     config = setup.config
     spec = load_fleet(fleet.fleet) if fleet.fleet is not None else None

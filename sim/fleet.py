@@ -38,11 +38,16 @@ from typing import Protocol, cast
 import simpy
 
 from runtime import Request
-from runtime.records import STEP_FIELDS, RequestRecord
+from runtime.records import RequestRecord
 from runtime.router import MetricsRefresh, ReplicaSnapshot, RouterPolicy, RoutingRequest
 from sim.cost.api_server import ApiServerCost
 from sim.cost.base import CostModel
-from sim.fleet_records import FleetRequestRecord, FleetResult, ReplicaSummary, fleet_record
+from sim.fleet_records import (
+    FleetRequestRecord,
+    FleetResult,
+    ReplicaSummary,
+    fleet_result,
+)
 from sim.simulator import EngineProcess, Progress, SimConfig, make_request
 from workloads import Trace, TraceRequest
 from workloads.tokens import request_token_arrays
@@ -259,31 +264,7 @@ class _Fleet:
             self.progress(self.done, len(self.trace))
 
     def result(self, wall_s: float) -> FleetResult:
-        order = {req.request_id: i for i, req in enumerate(self.trace)}
-        arrivals = {req.request_id: req.arrival_s for req in self.trace}
-        requests: list[RequestRecord] = []
-        summaries = []
-        queries = hits = 0
-        columns: dict[str, list[object]] = {name: [] for name in STEP_FIELDS}
-        columns["replica"] = []
-        for replica in self.replicas:
-            recorder = replica.core.recorder
-            assert not recorder.live, f"{len(recorder.live)} requests never finished"
-            for record in recorder.finished:
-                requests.append(fleet_record(record, replica.index,
-                                              arrivals[record.request_id]))
-            for name, values in recorder.step_columns.items():
-                columns[name].extend(values)
-            columns["replica"].extend([replica.index] * recorder.num_steps)
-            stats = replica.core.scheduler.prefix_cache_stats
-            queries += stats.queries
-            hits += stats.hits
-            summaries.append(ReplicaSummary(replica.index, len(recorder.finished),
-                                            recorder.num_steps, stats.queries, stats.hits))
-        requests.sort(key=lambda r: order[r.request_id])
-        return FleetResult(requests=requests, step_columns=columns,
-                           prefix_cache_queries=queries, prefix_cache_hits=hits,
-                           wall_s=wall_s, replicas=summaries)
+        return fleet_result(self.trace, [(r.index, r.core) for r in self.replicas], wall_s)
 
 
 def simulate_fleet(trace: Trace, replicas: Sequence[ReplicaSetup], policy: RouterPolicy,

@@ -4,9 +4,12 @@ request went (`replica`) and how long routing took (`routing_s`, a part of E2E o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from runtime.records import REQUEST_FIELDS, RequestRecord, RunResult
+from runtime import EngineCore
+from runtime.records import REQUEST_FIELDS, STEP_FIELDS, RequestRecord, RunResult
+from workloads import Trace
 
 
 @dataclass(slots=True)
@@ -86,3 +89,33 @@ def fleet_record(record: RequestRecord, replica: int, arrival_s: float) -> Fleet
     values = {name: getattr(record, name) for name in REQUEST_FIELDS}
     values["arrival_s"] = arrival_s
     return FleetRequestRecord(**values, replica=replica, routing_s=record.arrival_s - arrival_s)
+
+
+def fleet_result(trace: Trace, replicas: Sequence[tuple[int, EngineCore]],
+                 wall_s: float) -> FleetResult:
+    """The fleet's records from its replicas' engine cores (index, core): requests in trace
+    order, timed from their trace arrival; steps replica by replica with a `replica`
+    column; prefix-cache totals; one summary per replica."""
+    order = {req.request_id: i for i, req in enumerate(trace)}
+    arrivals = {req.request_id: req.arrival_s for req in trace}
+    requests: list[RequestRecord] = []
+    summaries = []
+    queries = hits = 0
+    columns: dict[str, list[object]] = {name: [] for name in STEP_FIELDS}
+    columns["replica"] = []
+    for index, core in replicas:
+        recorder = core.recorder
+        assert not recorder.live, f"{len(recorder.live)} requests never finished"
+        requests += [fleet_record(record, index, arrivals[record.request_id])
+                     for record in recorder.finished]
+        for name, values in recorder.step_columns.items():
+            columns[name].extend(values)
+        columns["replica"].extend([index] * recorder.num_steps)
+        stats = core.scheduler.prefix_cache_stats
+        queries += stats.queries
+        hits += stats.hits
+        summaries.append(ReplicaSummary(index, len(recorder.finished), recorder.num_steps,
+                                        stats.queries, stats.hits))
+    requests.sort(key=lambda r: order[r.request_id])
+    return FleetResult(requests=requests, step_columns=columns, prefix_cache_queries=queries,
+                       prefix_cache_hits=hits, wall_s=wall_s, replicas=summaries)

@@ -45,26 +45,25 @@ import time
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from runtime import Request, SamplingParams
 from runtime.block_hash import make_block_hasher
-from runtime.flags import flag
 from runtime.records import QUEUE_COLUMNS, REQUEST_FIELDS, RequestRecord
 from runtime.request import BlockHasher
-from runtime.router import RouterPolicy, RoutingRequest, make_policy
+from runtime.router import RouterPolicy, RoutingRequest
 from runtime.router.snapshot import ReplicaSnapshot
 from sim.cost.base import CostModel
 from sim.fleet import _Fleet, _Replica, can_ever_fit, make_request
-from sim.fleet_config import ROLES, FleetFlags
+from sim.fleet_config import ROLES
 from sim.fleet_records import FleetResult, PDRequestRecord, fleet_record
-from sim.kv_transfer import GB, KvTransferConfig, KvTransferLink, transfer_bytes
+from sim.kv_transfer import KvTransferConfig, KvTransferLink, transfer_bytes
 from sim.model_config import ModelSpec
 from sim.simulator import Progress, SimConfig
 from workloads import Trace, TraceRequest
 from workloads.tokens import request_token_arrays
 
-__all__ = ["DECIDERS", "PDDecider", "PDFlags", "PDSetup", "simulate_pd", "simulate_pd_fleet"]
+__all__ = ["DECIDERS", "PDDecider", "PDSetup", "simulate_pd"]
 
 DECIDERS = ("never", "always", "prefix-threshold")
 
@@ -389,67 +388,3 @@ def simulate_pd(trace: Trace, replicas: Sequence[PDSetup], roles: Sequence[str],
                      refresh_s, routing_latency_s, progress)
     fleet.run()
     return fleet.result(time.perf_counter() - started)
-
-
-PD_PANEL = "P/D disaggregation (fleet)"
-
-
-@dataclass(frozen=True, slots=True)
-class PDFlags:
-    """Prefill/decode disaggregation over a fleet whose pools have roles (times in ms)."""
-
-    pd_decider: str = flag("never", "--pd-decider", "When a request is prefilled on a "
-                           "prefill replica and decoded on another: never, always, "
-                           "prefix-threshold (llm-d: when the part of its prompt not cached "
-                           "on the chosen decode replica is >= --pd-threshold tokens). Roles: "
-                           "the --fleet pools' role (prefill, decode, both).", PD_PANEL)
-    pd_threshold: int = flag(16, "--pd-threshold", "prefix-threshold: uncached prompt tokens "
-                             "from which a request is disaggregated.", PD_PANEL)
-    pd_transfer_gbps: float = flag(25.0, "--pd-transfer-gbps", "KV transfer bandwidth of a "
-                                   "prefill->decode link in GB/s (1e9 bytes/s), shared by the "
-                                   "transfers on it.", PD_PANEL)
-    pd_transfer_latency_ms: float = flag(0.05, "--pd-transfer-latency-ms", "Fixed time per "
-                                         "KV transfer.", PD_PANEL)
-    prefill_router: str | None = flag(None, "--prefill-router", "Routing policy among the "
-                                      "prefill replicas (default: --router's).", PD_PANEL)
-    prefill_router_arg: list[str] | None = flag(None, "--prefill-router-arg", "KEY=VALUE "
-                                                "argument of the prefill policy (repeat; "
-                                                "default: --router-arg's).", PD_PANEL)
-
-    def __post_init__(self) -> None:
-        PDDecider(self.pd_decider, self.pd_threshold)  # raises on a bad decider or threshold
-        KvTransferConfig(self.pd_transfer_gbps * GB, self.pd_transfer_latency_ms / 1e3)
-
-    @property
-    def decider(self) -> PDDecider:
-        return PDDecider(self.pd_decider, self.pd_threshold)
-
-    @property
-    def transfer(self) -> KvTransferConfig:
-        return KvTransferConfig(self.pd_transfer_gbps * GB, self.pd_transfer_latency_ms / 1e3)
-
-    def is_pd(self, roles: Sequence[str] | None) -> bool:
-        """Whether the run needs `simulate_pd` (a decider, or pools with roles)."""
-        return self.pd_decider != "never" or any(role != "both" for role in roles or ())
-
-    def describe(self) -> dict[str, Any]:
-        """run.json's "pd" section."""
-        return dataclasses.asdict(self)
-
-
-def simulate_pd_fleet(trace: Trace, replicas: Sequence[PDSetup], roles: Sequence[str] | None,
-                      fleet: FleetFlags, pd: PDFlags, seed: int = 0,
-                      progress: Progress | None = None) -> FleetResult:
-    """What `rt simulate --replicas N | --fleet FILE` runs with P/D flags: the decode policy
-    is `--router` seeded `seed` (as `simulate_fleet`'s), the prefill policy
-    `--prefill-router` (default `--router`) seeded `seed + 1`; `roles` per replica
-    (`FleetSpec.roles()`; None: all "both")."""
-    roles = list(roles) if roles is not None else ["both"] * len(replicas)
-    policy = make_policy(fleet.router, fleet.router_arg or [], seed)
-    name = pd.prefill_router or fleet.router
-    args = pd.prefill_router_arg if pd.prefill_router_arg is not None else (
-        fleet.router_arg if pd.prefill_router is None else None)
-    prefill_policy = make_policy(name, args or [], seed + 1)
-    return simulate_pd(trace, replicas, roles, policy, prefill_policy, pd.decider, pd.transfer,
-                       fleet.router_refresh_ms / 1e3, fleet.routing_latency_ms / 1e3, progress)
-

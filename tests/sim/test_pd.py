@@ -23,7 +23,8 @@ from sim.hardware import resolve_gpu
 from sim.kv_transfer import GB, KvTransferConfig, KvTransferLink, transfer_bytes
 from sim.model_config import ModelSpec
 from sim.model_presets import resolve_model
-from sim.pd import PDDecider, PDFlags, simulate_pd
+from sim.pd import PDDecider, simulate_pd
+from sim.pd_flags import PDFlags
 from sim.simulator import SimConfig
 from tests.sim.test_fleet import TRACES, Watched
 from workloads import Trace, TraceRequest

@@ -1,0 +1,81 @@
+"""`rt simulate`'s P/D flags and the fleet run they select (`sim.pd.simulate_pd` with the
+decode and prefill routers built from the flags)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.flags import flag
+from runtime.router import make_policy
+from sim.fleet_config import FleetFlags
+from sim.fleet_records import FleetResult
+from sim.kv_transfer import GB, KvTransferConfig
+from sim.pd import PDDecider, PDSetup, simulate_pd
+from sim.simulator import Progress
+from workloads import Trace
+
+PD_PANEL = "P/D disaggregation (fleet)"
+
+
+@dataclass(frozen=True, slots=True)
+class PDFlags:
+    """Prefill/decode disaggregation over a fleet whose pools have roles (times in ms)."""
+
+    pd_decider: str = flag("never", "--pd-decider", "When a request is prefilled on a "
+                           "prefill replica and decoded on another: never, always, "
+                           "prefix-threshold (llm-d: when the part of its prompt not cached "
+                           "on the chosen decode replica is >= --pd-threshold tokens). Roles: "
+                           "the --fleet pools' role (prefill, decode, both).", PD_PANEL)
+    pd_threshold: int = flag(16, "--pd-threshold", "prefix-threshold: uncached prompt tokens "
+                             "from which a request is disaggregated.", PD_PANEL)
+    pd_transfer_gbps: float = flag(25.0, "--pd-transfer-gbps", "KV transfer bandwidth of a "
+                                   "prefill->decode link in GB/s (1e9 bytes/s), shared by the "
+                                   "transfers on it.", PD_PANEL)
+    pd_transfer_latency_ms: float = flag(0.05, "--pd-transfer-latency-ms", "Fixed time per "
+                                         "KV transfer.", PD_PANEL)
+    prefill_router: str | None = flag(None, "--prefill-router", "Routing policy among the "
+                                      "prefill replicas (default: --router's).", PD_PANEL)
+    prefill_router_arg: list[str] | None = flag(None, "--prefill-router-arg", "KEY=VALUE "
+                                                "argument of the prefill policy (repeat; "
+                                                "default: --router-arg's).", PD_PANEL)
+
+    def __post_init__(self) -> None:
+        PDDecider(self.pd_decider, self.pd_threshold)  # raises on a bad decider or threshold
+        KvTransferConfig(self.pd_transfer_gbps * GB, self.pd_transfer_latency_ms / 1e3)
+
+    @property
+    def decider(self) -> PDDecider:
+        return PDDecider(self.pd_decider, self.pd_threshold)
+
+    @property
+    def transfer(self) -> KvTransferConfig:
+        return KvTransferConfig(self.pd_transfer_gbps * GB, self.pd_transfer_latency_ms / 1e3)
+
+    def is_pd(self, roles: Sequence[str] | None) -> bool:
+        """Whether the run needs `simulate_pd` (a decider, or pools with roles)."""
+        return self.pd_decider != "never" or any(role != "both" for role in roles or ())
+
+    def describe(self) -> dict[str, Any]:
+        """run.json's "pd" section."""
+        return dataclasses.asdict(self)
+
+
+def simulate_pd_fleet(trace: Trace, replicas: Sequence[PDSetup], roles: Sequence[str] | None,
+                      fleet: FleetFlags, pd: PDFlags, seed: int = 0,
+                      progress: Progress | None = None) -> FleetResult:
+    """What `rt simulate --replicas N | --fleet FILE` runs with P/D flags: the decode policy
+    is `--router` seeded `seed` (as `simulate_fleet`'s), the prefill policy
+    `--prefill-router` (default `--router`) seeded `seed + 1`; `roles` per replica
+    (`FleetSpec.roles()`; None: all "both")."""
+    roles = list(roles) if roles is not None else ["both"] * len(replicas)
+    policy = make_policy(fleet.router, fleet.router_arg or [], seed)
+    name = pd.prefill_router or fleet.router
+    args = pd.prefill_router_arg if pd.prefill_router_arg is not None else (
+        fleet.router_arg if pd.prefill_router is None else None)
+    prefill_policy = make_policy(name, args or [], seed + 1)
+    return simulate_pd(trace, replicas, roles, policy, prefill_policy, pd.decider, pd.transfer,
+                       fleet.router_refresh_ms / 1e3, fleet.routing_latency_ms / 1e3, progress)
+
