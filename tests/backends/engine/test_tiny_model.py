@@ -8,7 +8,7 @@ from pathlib import Path
 
 from backends.engine.setup import load_tokenizer
 from backends.engine.text import ByteTokenizer, HfCodec, simple_chat_text
-from backends.engine.tiny_model import TinyLlamaSpec, byte_tokenizer, build_tiny_llama
+from backends.engine.tiny_model import TinyLlamaSpec, build_tiny_llama, byte_tokenizer
 
 
 def test_byte_tokenizer_matches_rt_bytetokenizer() -> None:
