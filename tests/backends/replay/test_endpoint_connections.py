@@ -54,9 +54,10 @@ class _KeepAliveServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.close()
+        self._loop.call_soon_threadsafe(self._server.close)  # the loop's own thread
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        self._loop.close()
 
 
 @pytest.fixture
