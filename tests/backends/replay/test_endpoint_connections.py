@@ -29,12 +29,14 @@ class _KeepAliveServer:
     def __init__(self) -> None:
         self.connections = 0
         self.port = 0
+        self._writers: list[asyncio.StreamWriter] = []
         self._ready = threading.Event()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        self._writers.append(writer)
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -53,8 +55,14 @@ class _KeepAliveServer:
         self._server = server
         return self
 
+    async def _close(self) -> None:
+        self._server.close()
+        for writer in self._writers:  # kept-alive connections: their handlers then end
+            writer.close()
+        await asyncio.sleep(0.05)
+
     def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._server.close)  # the loop's own thread
+        asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
         self._loop.close()
