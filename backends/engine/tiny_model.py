@@ -7,8 +7,9 @@ Its shape is one that vLLM's CPU backend serves too (head size 32: the CPU atten
 `vllm bench serve --tokenizer DIR` run on it (`../shared/tools/vllm_serve/`).
 
 The tokenizer is rt's `ByteTokenizer` (`backends/engine/text.py`) written as a Hugging Face
-tokenizer: the same ids for every text and the same text for every id (tested), so token
-counts stay one per byte and the router's byte ids (`backends/route/prompt.py`) line up.
+tokenizer: the same ids for every text (but the special tokens' texts) and the same text for
+every id (tested), so token counts stay one per byte and the router's byte ids
+(`backends/route/prompt.py`) line up.
 """
 
 from __future__ import annotations
@@ -109,7 +110,9 @@ def byte_tokenizer(vocab_size: int) -> Any:
     no merges over the ByteLevel alphabet, so text is one token per UTF-8 byte); ids 259 and
     up are never produced by encoding and decode to one printable ASCII character,
     chr(32 + (id - 259) mod 95), as ByteTokenizer's do. No BOS is added (ByteTokenizer adds
-    none). Its chat template renders the messages as ByteTokenizer's fallback does."""
+    none). One difference: the special tokens' own texts (`<pad>`, `<s>`, `</s>`) in a prompt
+    encode as those tokens, as in any Hugging Face tokenizer. Its chat template renders the
+    messages as ByteTokenizer's fallback does."""
     from tokenizers import Tokenizer, decoders, models
     from tokenizers.pre_tokenizers import ByteLevel
     from transformers import PreTrainedTokenizerFast
