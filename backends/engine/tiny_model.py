@@ -53,10 +53,13 @@ class TinyLlamaSpec:
             raise ValueError("hidden_size must divide by num_heads, num_heads by num_kv_heads")
 
 
-def build_tiny_llama(path: Path | None = None, spec: TinyLlamaSpec | None = None) -> Path:
+def build_tiny_llama(path: Path | None = None, spec: TinyLlamaSpec | None = None,
+                     tokenizer: bool = True) -> Path:
     """Create (once) and return the directory of the tiny Llama: config.json +
-    model.safetensors, fp32, and the byte-level tokenizer (vocabularies of >= 259 ids).
-    An existing complete directory is reused as is."""
+    model.safetensors, fp32, and (`tokenizer`, vocabularies of >= 259 ids) the byte-level
+    tokenizer. Without one, rt falls back to `ByteTokenizer`, the same ids, and a replay's
+    API-server process starts ~2 s sooner (unpickling a transformers tokenizer imports
+    transformers and torch). An existing complete directory is reused as is."""
     path = Path(path) if path is not None else DEFAULT_TINY_DIR
     if (path / _DONE_MARK).is_file():
         return path
@@ -76,7 +79,7 @@ def build_tiny_llama(path: Path | None = None, spec: TinyLlamaSpec | None = None
     model = LlamaForCausalLM(config).to(torch.float32)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
-    if spec.vocab_size >= _BYTE_END:
+    if tokenizer and spec.vocab_size >= _BYTE_END:
         byte_tokenizer(spec.vocab_size).save_pretrained(path)
     (path / _DONE_MARK).write_text("complete\n")
     return path
