@@ -693,7 +693,7 @@ _DEFAULT_REPLAY = WorkloadFlags(dataset_name="random", num_prompts=32, input_len
                                 output_len=24, range_ratio=0.5, request_rate=8.0)
 _ModelDir = Annotated[Path | None, typer.Option(
     "--model", help="Local Hugging Face model directory (Llama, Mistral, Qwen2, Qwen3). "
-    "Default: a tiny random Llama, built once in ~/.cache/rt/tiny-llama.",
+    "Default: a tiny random Llama, built once in ~/.cache/rt/tiny-llama-v2.",
     rich_help_panel=_REAL)]
 
 

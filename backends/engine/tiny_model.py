@@ -1,7 +1,15 @@
 """A tiny random-weight Llama, built with transformers and saved once to a local directory.
 
 Nothing is downloaded: the weights come from a fixed seed, so every machine builds the same
-model. It is the default model of `rt replay` and the model of the engine tests.
+model. It is the default model of `rt replay` and `rt serve` and the model of the engine tests.
+Its shape is one that vLLM's CPU backend serves too (head size 32: the CPU attention refuses
+16; 2,048 positions), and a byte-level tokenizer is saved beside it, so `vllm serve DIR` and
+`vllm bench serve --tokenizer DIR` run on it (`../shared/tools/vllm_serve/`).
+
+The tokenizer is rt's `ByteTokenizer` (`backends/engine/text.py`) written as a Hugging Face
+tokenizer: the same ids for every text (but the special tokens' texts) and the same text for
+every id (tested), so token counts stay one per byte and the router's byte ids
+(`backends/route/prompt.py`) line up.
 """
 
 from __future__ import annotations
@@ -10,25 +18,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-DEFAULT_TINY_DIR = Path.home() / ".cache" / "rt" / "tiny-llama"
+# v2: head size 32, 2,048 positions, a tokenizer (the first, unversioned one had head size 16).
+DEFAULT_TINY_DIR = Path.home() / ".cache" / "rt" / "tiny-llama-v2"
 _DONE_MARK = "rt-tiny-llama.done"  # written last: a directory with it is complete
 
 
 @dataclass(frozen=True, slots=True)
 class TinyLlamaSpec:
-    """Shape of the tiny model (defaults: 2 layers, hidden 64, 4 heads, 2 KV heads, vocab 512).
+    """Shape of the tiny model (defaults: 2 layers, hidden 128, 4 heads of 32, 2 KV heads,
+    intermediate 256, vocab 512, 2,048 positions).
 
     `initializer_range` is larger than Llama's 0.02 so that logits are peaked: greedy argmax
     then has clear margins and engine-vs-transformers comparisons are robust to rounding.
     """
 
     num_layers: int = 2
-    hidden_size: int = 64
-    intermediate_size: int = 128
+    hidden_size: int = 128
+    intermediate_size: int = 256
     num_heads: int = 4
     num_kv_heads: int = 2
     vocab_size: int = 512
-    max_position_embeddings: int = 512
+    max_position_embeddings: int = 2048
     initializer_range: float = 0.2
     seed: int = 0
 
@@ -43,9 +53,13 @@ class TinyLlamaSpec:
             raise ValueError("hidden_size must divide by num_heads, num_heads by num_kv_heads")
 
 
-def build_tiny_llama(path: Path | None = None, spec: TinyLlamaSpec | None = None) -> Path:
+def build_tiny_llama(path: Path | None = None, spec: TinyLlamaSpec | None = None,
+                     tokenizer: bool = True) -> Path:
     """Create (once) and return the directory of the tiny Llama: config.json +
-    model.safetensors, fp32. An existing complete directory is reused as is."""
+    model.safetensors, fp32, and (`tokenizer`, vocabularies of >= 259 ids) the byte-level
+    tokenizer. Without one, rt falls back to `ByteTokenizer`, the same ids, and a replay's
+    API-server process starts ~2 s sooner (unpickling a transformers tokenizer imports
+    transformers and torch). An existing complete directory is reused as is."""
     path = Path(path) if path is not None else DEFAULT_TINY_DIR
     if (path / _DONE_MARK).is_file():
         return path
@@ -65,8 +79,62 @@ def build_tiny_llama(path: Path | None = None, spec: TinyLlamaSpec | None = None
     model = LlamaForCausalLM(config).to(torch.float32)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
+    if tokenizer and spec.vocab_size >= _BYTE_END:
+        byte_tokenizer(spec.vocab_size).save_pretrained(path)
     (path / _DONE_MARK).write_text("complete\n")
     return path
+
+
+# %%
+# The tiny model's tokenizer: rt's ByteTokenizer as a Hugging Face tokenizer
+
+_SPECIAL = ("<pad>", "<s>", "</s>")  # ids 0, 1, 2, as ByteTokenizer's
+_BYTE_END = len(_SPECIAL) + 256
+_FILLER_MARK = "\u2063"  # invisible separator: makes the extra ids' strings unique
+# rt's fallback chat template (`simple_chat_text`): "role: content" lines, then "assistant:".
+_CHAT_TEMPLATE = ("{% for message in messages %}{{ message['role'] + ': ' + message['content'] "
+                  "+ '\\n' }}{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table, which the ByteLevel pre-tokenizer uses."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def byte_tokenizer(vocab_size: int) -> Any:
+    """A `PreTrainedTokenizerFast` with `ByteTokenizer`'s ids: byte b is id 3 + b (a BPE with
+    no merges over the ByteLevel alphabet, so text is one token per UTF-8 byte); ids 259 and
+    up are never produced by encoding and decode to one printable ASCII character,
+    chr(32 + (id - 259) mod 95), as ByteTokenizer's do. No BOS is added (ByteTokenizer adds
+    none). One difference: the special tokens' own texts (`<pad>`, `<s>`, `</s>`) in a prompt
+    encode as those tokens, as in any Hugging Face tokenizer. Its chat template renders the
+    messages as ByteTokenizer's fallback does."""
+    from tokenizers import Tokenizer, decoders, models
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size < _BYTE_END:
+        raise ValueError(f"a byte-level tokenizer needs vocab_size >= {_BYTE_END}")
+    chars = _bytes_to_unicode()
+    vocab = {token: i for i, token in enumerate(_SPECIAL)}
+    vocab.update({chars[b]: len(_SPECIAL) + b for b in range(256)})
+    for k in range(vocab_size - _BYTE_END):  # decoded: the character; the marks are dropped
+        vocab[chars[32 + k % 95] + _FILLER_MARK * (k // 95 + 1)] = _BYTE_END + k
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.Sequence([decoders.Replace(_FILLER_MARK, ""),
+                                           decoders.ByteLevel()])
+    tokenizer.add_special_tokens(list(_SPECIAL))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token=_SPECIAL[0], bos_token=_SPECIAL[1],
+        eos_token=_SPECIAL[2], chat_template=_CHAT_TEMPLATE, model_max_length=1 << 30)
 
 
 # %%

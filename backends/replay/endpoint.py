@@ -314,8 +314,8 @@ async def _stream(client: httpx.AsyncClient, url: str, body: dict[str, Any], str
             data = _sse_data(line)
             if data is None:
                 continue
-            if data == "[DONE]":
-                break
+            if data == "[DONE]":  # read on to the end of the body, as vLLM's client does:
+                continue  # leaving it unread makes httpx close the connection (+~1.5 ms TTFT)
             try:
                 chunk = json.loads(data)
             except ValueError:

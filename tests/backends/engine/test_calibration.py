@@ -24,7 +24,9 @@ TINY_GRID = GridSpec(prefill_chunks=(16, 48), cached_contexts=(0, 32), decode_ba
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama")
+    # No tokenizer: the calibration and fidelity mechanics are what is tested here, and each
+    # replay's API-server process then starts ~2 s sooner (tokenizer: test_replay, serve).
+    return build_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama", tokenizer=False)
 
 
 def test_grid_measures_designed_batches(tiny_dir: Path) -> None:

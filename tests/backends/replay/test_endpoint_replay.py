@@ -125,7 +125,9 @@ class FakeServer:
 def fake_server() -> Iterator[FakeServer]:
     """A fresh fake server per test, on a free loopback port; stopped afterwards."""
     state = FakeState()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP: asyncio sets TCP_NODELAY only on such sockets (as uvicorn's own
+    # binding does); without it, Nagle holds a kept-alive stream's chunks ~40 ms.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

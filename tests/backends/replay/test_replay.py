@@ -152,9 +152,9 @@ def test_cli_replay_rejects_a_bad_trace(tiny_dir: Path, tmp_path: Path) -> None:
 def test_kv_pool_from_memory_bytes(tiny_dir: Path) -> None:
     setup = build_engine(RealEngineArgs(model_dir=tiny_dir, kv_cache_memory=1 << 20,
                                         block_size=16))
-    # 2 (K, V) x 2 layers x 16 tokens x 2 KV heads x 16 head_dim x 4 bytes = 8 KiB a block
-    assert setup.pool.num_blocks == 128 and setup.cache.num_blocks == 128
-    assert setup.runner.kv_cache.key_caches[0].shape == (128, 16, 2, 16)
+    # 2 (K, V) x 2 layers x 16 tokens x 2 KV heads x 32 head_dim x 4 bytes = 16 KiB a block
+    assert setup.pool.num_blocks == 64 and setup.cache.num_blocks == 64
+    assert setup.runner.kv_cache.key_caches[0].shape == (64, 16, 2, 32)
     assert setup.runner.kv_cache.key_caches[0].dtype == torch.float32
 
 
