@@ -137,6 +137,8 @@ async def _soak(url: str, pids: dict[str, int], config: SoakConfig) -> dict[str,
     wall = time.monotonic() - start
     kv = await asyncio.to_thread(_kv_after, url)
     end = {name: process_stats(pid) for name, pid in pids.items()}
+    processes = {name: _process_report(idle[name], baseline[name], peak[name], end[name])
+                 for name in pids}
     return {
         "soak_s": config.duration_s, "wall_s": round(wall, 1), "concurrency": config.concurrency,
         "random_input_len": config.input_len, "random_output_len": config.output_len,
@@ -144,16 +146,17 @@ async def _soak(url: str, pids: dict[str, int], config: SoakConfig) -> dict[str,
         "error_messages": tally.first_errors or {},
         "token_count_mismatches": tally.mismatches,
         "output_tokens_per_s": round(tally.tokens / wall, 1),
-        "processes": {name: {"idle": idle[name], "start": baseline[name], "peak": peak[name],
-                             "end": end[name],
-                             "rss_growth_pct": round(100 * (end[name]["rss_mib"]
-                                                            / baseline[name]["rss_mib"] - 1), 1),
-                             # idle to end: no client connection open at either
-                             "fds_growth": end[name]["fds"] - idle[name]["fds"]}
-                      for name in pids},
-        "rss_mib_series": series,
-        **kv,
+        "processes": processes, "rss_mib_series": series, **kv,
     }
+
+
+def _process_report(idle: dict[str, float], start: dict[str, float], peak: dict[str, float],
+                    end: dict[str, float]) -> dict[str, Any]:
+    """One process's figures: RSS growth from the soak's start (after the warm-up) to its
+    end, file descriptors from idle to end (no client connection open at either)."""
+    return {"idle": idle, "start": start, "peak": peak, "end": end,
+            "rss_growth_pct": round(100 * (end["rss_mib"] / start["rss_mib"] - 1), 1),
+            "fds_growth": end["fds"] - idle["fds"]}
 
 
 def _kv_after(url: str, timeout_s: float = 10.0) -> dict[str, Any]:
