@@ -803,8 +803,9 @@ def run_endpoint(trace: workloads.Trace, settings: dict[str, Any], path: Path,
     """Replay against the endpoint, write the run directory, print vLLM's block; failed
     requests are counted (exit 0, as vLLM bench) unless every request failed (exit 1)."""
     try:
-        from backends.replay.endpoint import EndpointConfig, probe, replay_endpoint
+        from backends.replay.endpoint import replay_endpoint
         from backends.replay.endpoint import run_info as endpoint_info
+        from backends.replay.endpoint_probe import EndpointConfig, probe
     except ImportError as err:
         fail(f"--endpoint needs {err.name}: pip install 'rt[serve]'")
     from analysis.console import benchmark_block

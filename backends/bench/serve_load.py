@@ -32,7 +32,8 @@ import httpx
 import numpy as np
 
 from backends.bench.lean_replay import replay_lean
-from backends.replay.endpoint import EndpointConfig, EndpointResult, probe, replay_endpoint
+from backends.replay.endpoint import EndpointResult, replay_endpoint
+from backends.replay.endpoint_probe import EndpointConfig, probe
 from runtime.records import RequestRecord
 from workloads import Trace
 

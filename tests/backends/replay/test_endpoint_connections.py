@@ -11,7 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from backends.replay.endpoint import EndpointConfig, EndpointInfo, replay_endpoint
+from backends.replay.endpoint import replay_endpoint
+from backends.replay.endpoint_probe import EndpointConfig, EndpointInfo
 from workloads import Trace, TraceRequest
 
 _BODY = (b'data: {"choices":[{"index":0,"text":"a","finish_reason":"length"}]}\n\n'

@@ -32,12 +32,12 @@ from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from analysis.rundir import load_run  # noqa: E402
-from backends.replay.endpoint import (  # noqa: E402
+from backends.replay.endpoint import replay_endpoint  # noqa: E402
+from backends.replay.endpoint_probe import (  # noqa: E402
     EndpointConfig,
     EndpointError,
     completions_url,
     probe,
-    replay_endpoint,
 )
 from cli import app  # noqa: E402
 from runtime.records import PART_COLUMNS, RequestRecord  # noqa: E402

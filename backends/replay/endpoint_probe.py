@@ -1,0 +1,125 @@
+"""The endpoint of `rt replay --endpoint`: where it is (its URL in any of the accepted forms)
+and what it serves (`GET /v1/models`: the model name, its max_model_len), checked before a
+replay starts. `EndpointError` is the one-line error for an endpoint that cannot be used."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+
+
+class EndpointError(ValueError):
+    """The endpoint cannot be used (bad URL, unreachable, no such model): one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointConfig:
+    """How to reach the server and what to send.
+
+    Attributes:
+        url: the server (`http://host:port`), its `/v1` root, or the full
+            `/v1/completions` URL.
+        model: the `model` of the request body (vLLM's served model name); None: the first
+            id of `GET /v1/models`.
+        api_key: sent as `Authorization: Bearer <key>`, or None.
+        max_concurrency: requests in flight at most (a client semaphore), or None.
+        timeout_s: seconds one request may take in all (connect to the last chunk).
+        vocab_size: prompt token ids are drawn from [10, vocab_size).
+        seed: seed of the trace's token ids.
+    """
+
+    url: str
+    model: str | None = None
+    api_key: str | None = None
+    max_concurrency: int | None = None
+    timeout_s: float = 600.0
+    vocab_size: int = 32000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.vocab_size <= 10:
+            raise EndpointError(f"--vocab-size must be > 10, got {self.vocab_size}")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise EndpointError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
+        if not self.timeout_s > 0:
+            raise EndpointError(f"--timeout must be > 0 s, got {self.timeout_s}")
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointInfo:
+    """What `probe` learned: the completions URL, the model name to send, and the served
+    model's `max_model_len` (vLLM lists it in /v1/models; None when not given)."""
+
+    completions_url: str
+    model: str
+    max_model_len: int | None
+
+
+def completions_url(url: str) -> str:
+    """`/v1/completions` under `url` (a server root, its `/v1`, or the completions URL
+    itself); EndpointError unless it is an http(s) URL with a host."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError) as exc:
+        raise EndpointError(f"--endpoint {url!r}: not a URL ({exc})") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise EndpointError(f"--endpoint {url!r}: expected http(s)://HOST[:PORT][/v1]")
+    path = parsed.path.rstrip("/")
+    if not path.endswith("/completions"):
+        path += "/completions" if path.endswith("/v1") else "/v1/completions"
+    return str(parsed.copy_with(path=path, query=None, fragment=None))
+
+
+def models_url(completions: str) -> str:
+    """The `/v1/models` URL next to a `/v1/completions` URL."""
+    return completions.removesuffix("/completions") + "/models"
+
+
+def probe(config: EndpointConfig) -> EndpointInfo:
+    """`GET /v1/models`: the endpoint must answer (any status); the model name is the
+    configured one (which must be listed, when the server lists models) or the first listed.
+    EndpointError, one line, otherwise."""
+    url = completions_url(config.url)
+    try:
+        response = httpx.get(models_url(url), headers=config.headers,
+                             timeout=min(config.timeout_s, 30.0))
+    except httpx.HTTPError as exc:
+        raise EndpointError(f"cannot reach {url}: {describe_error(exc)}") from None
+    models = _listed_models(response)
+    if config.model is None:
+        if not models:
+            raise EndpointError(f"{models_url(url)} lists no model (HTTP "
+                                f"{response.status_code}); give --served-model-name")
+        name = next(iter(models))
+    else:
+        name = config.model
+        if models and name not in models:
+            raise EndpointError(f"{url} does not serve model {name!r} (it serves "
+                                f"{', '.join(models)})")
+    max_len = models.get(name)
+    return EndpointInfo(url, name, max_len if isinstance(max_len, int) else None)
+
+
+def _listed_models(response: httpx.Response) -> dict[str, object]:
+    """id -> max_model_len (or None) of an OpenAI `/v1/models` answer; {} if it is none."""
+    if response.status_code != 200:
+        return {}
+    try:
+        data = response.json().get("data")
+    except (ValueError, AttributeError):
+        return {}
+    if not isinstance(data, list):
+        return {}
+    return {str(m["id"]): m.get("max_model_len") for m in data
+            if isinstance(m, dict) and "id" in m}
+
+
+def describe_error(exc: BaseException) -> str:
+    """A transport error in one line: its type, and its message when it has one."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
