@@ -192,7 +192,6 @@ def workload(flags: WorkloadFlags, path: Path | None = None) -> workloads.Trace:
     return loaded.trace
 
 
-_NoRateFlags = ("max_model_len",)  # the engine's --max-model-len wins where both exist
 _Percentiles = Annotated[ReportFlags, Flags(only=("metric_percentiles",))]
 _Out = Annotated[Path | None, typer.Option("--out", "-o", help="Also write the JSON here.")]
 _Plots = Annotated[bool, typer.Option("--plots/--no-plots", help="Draw the PNGs.")]

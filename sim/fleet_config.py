@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.flags import flag
+from runtime.router.registry import policy_names
 from sim.engine_args import EngineArgs, SimSetup, build_setup
 
 POOL_FIELDS = ("name", "count", "gpu", "model", "tensor_parallel_size", "cost_per_hour",
@@ -192,9 +193,8 @@ class FleetFlags:
     fleet: Path | None = flag(None, "--fleet", "TOML file of heterogeneous pools (name, count, "
                               "gpu, model, tensor_parallel_size, engine flags, cost_per_hour); "
                               "instead of --replicas.", FLEET_PANEL)
-    router: str = flag("round-robin", "--router", "Routing policy: round-robin, random, "
-                       "least-outstanding, vllm-dp, llm-d, dynamo-kv, sglang-cache-aware, "
-                       "prefix-aware, kv-aware, power-of-two, session-hash.", FLEET_PANEL)
+    router: str = flag("round-robin", "--router", f"Routing policy: {', '.join(policy_names())}.",
+                       FLEET_PANEL)
     router_arg: list[str] | None = flag(None, "--router-arg", "KEY=VALUE argument of the "
                                         "policy (repeat).", FLEET_PANEL)
     router_refresh_ms: float = flag(50.0, "--router-refresh-ms", "Replica metrics (waiting, "

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime import BatchFeatures
-from runtime.flags import flag
+from runtime.flags import comma_list, flag
 from runtime.router.registry import policy_names
 from sim.engine_args import EngineArgs, SimSetup, build_setup
 from sim.fleet import can_ever_fit
@@ -85,10 +85,11 @@ class PlanFlags:
 
     def candidates(self) -> list[Candidate]:
         """Every combination, in flag order (GPU outermost; aggregated before P:D splits)."""
-        lists = [_items(self.gpus, str), _items(self.models, str),
-                 _items(self.tensor_parallel_sizes, int),
-                 _items(self.max_num_batched_tokens, int) or [None],
-                 _items(self.max_num_seqs, int) or [None], _items(self.routers, str),
+        lists = [_items("--gpus", self.gpus, str), _items("--models", self.models, str),
+                 _items("--tensor-parallel-sizes", self.tensor_parallel_sizes, int),
+                 _items("--max-num-batched-tokens", self.max_num_batched_tokens, int) or [None],
+                 _items("--max-num-seqs", self.max_num_seqs, int) or [None],
+                 _items("--routers", self.routers, str),
                  [None, *_ratios(self.pd_ratios)]]
         combos: list[tuple[Any, ...]] = [()]
         for values in lists:
@@ -112,11 +113,9 @@ def _ratios(text: str | None) -> list[tuple[int, int]]:
     return ratios
 
 
-def _items(text: str | None, kind: type) -> list[Any]:
-    try:
-        return [kind(v.strip()) for v in (text or "").split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"not a comma-separated list of {kind.__name__}: {text!r}") from None
+def _items(option: str, text: str | None, kind: type) -> list[Any]:
+    """A comma-list flag's values ([] when not given); ValueError naming the flag."""
+    return comma_list(option, text, kind) if text and text.strip() else []
 
 
 @dataclass(frozen=True, slots=True)
