@@ -18,7 +18,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, TypeVar
 
-from runtime.flags import flag
+from runtime.flags import comma_list, flag
 from sim.engine_args import EngineArgs, SimSetup, build_setup
 from sim.simulator import SimResult, simulate
 from workloads import ArrivalProcess, Trace, TransformSpec, apply_transforms, random_trace
@@ -78,11 +78,8 @@ class SweepFlags:
 def _positive_floats(option: str, text: str | None) -> list[float] | None:
     if text is None:
         return None
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"{option}: not a comma-separated list of numbers: {text!r}") from None
-    if not values or any(not v > 0 for v in values):
+    values = comma_list(option, text, float)
+    if any(not v > 0 for v in values):
         raise ValueError(f"{option}: each value must be > 0, got {text!r}")
     return values
 
