@@ -289,7 +289,7 @@ def simulate_fleet(trace: Trace, replicas: Sequence[ReplicaSetup], policy: Route
     # again (about a fifth of a 16-replica run's CPU, growing with the replica count). So
     # the fleet is built with the collector paused, then frozen (`gc.freeze`: full
     # collections skip it) until the run ends. Records are unaffected.
-    enabled = gc.isenabled()
+    enabled, caller_froze = gc.isenabled(), gc.get_freeze_count() > 0
     gc.disable()
     try:
         fleet = _Fleet(trace, replicas, policy, refresh_s, routing_latency_s, progress)
@@ -300,5 +300,6 @@ def simulate_fleet(trace: Trace, replicas: Sequence[ReplicaSetup], policy: Route
     try:
         fleet.run()
     finally:
-        gc.unfreeze()
+        if not caller_froze:  # unfreeze() thaws everything, a caller's frozen objects too
+            gc.unfreeze()
     return fleet.result(time.perf_counter() - started)
