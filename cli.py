@@ -17,7 +17,6 @@ import datetime
 import functools
 import inspect
 import json
-import math
 import sys
 import typing
 from collections.abc import Callable, Iterator, Mapping
@@ -38,6 +37,7 @@ from runtime.config import EngineFlags
 from runtime.flags import FlagGroup as Flags
 from runtime.flags import FlagSpec, build_group, group_specs
 from sim.autoscale_flags import AutoscaleFlags
+from sim.bench_flags import FleetBenchFlags, SchedulerBenchFlags, SimBenchFlags
 from sim.engine_args import EngineArgs, SimFlags
 from sim.fidelity import CALIBRATION_PANEL, CalibrationFlags, FidelityFlags
 from sim.fleet_config import FleetFlags
@@ -72,7 +72,7 @@ app.add_typer(trace_app, name="trace")
 
 def _option(spec: FlagSpec) -> inspect.Parameter:
     option = typer.Option(*spec.decls, help=spec.help, rich_help_panel=spec.panel,
-                          envvar=spec.envvar)
+                          envvar=spec.envvar, min=spec.minimum)
     return inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, default=spec.default,
                              annotation=Annotated[spec.hint, option])
 
@@ -122,12 +122,13 @@ def fail(message: str) -> NoReturn:
 
 
 @contextlib.contextmanager
-def user_errors() -> Iterator[None]:
+def user_errors(*also: type[Exception]) -> Iterator[None]:
     """Bad input (a ValueError from the libraries, workloads.TraceError included: they name
-    the field and value) or an unreadable/unwritable file: one line, exit 2."""
+    the field and value), an unreadable/unwritable file, or one of `also` (e.g. the
+    RuntimeError of a server that did not start): one line, exit 2."""
     try:
         yield
-    except ValueError as err:
+    except (ValueError, *also) as err:
         fail(str(err))
     except OSError as err:
         fail(f"{err.filename}: {err.strerror}")
@@ -1160,37 +1161,27 @@ def _fidelity_report(real_dirs: list[Path], sim_dirs: list[Path], profile_path: 
 
 
 @bench_app.command("scheduler")
-def bench_scheduler(
-    seed: Annotated[int, typer.Option(help="Seed of the synthetic prompts.")] = 0,
-    quick: Annotated[bool, typer.Option(help="Fewer steps (a smoke run).")] = False,
-    out: _Out = None,
-) -> None:
+@with_flags
+def bench_scheduler(flags: Annotated[SchedulerBenchFlags, Flags()], out: _Out = None) -> None:
     """Microseconds per step of schedule() + update_from_output(): 64/256/1024 running
     decodes with prefix caching, and a mixed chunked-prefill workload."""
     from sim.benchmarks import bench_scheduler as run
 
-    write_json(run(seed=seed, quick=quick), out)
+    write_json(run(seed=flags.seed, quick=flags.quick), out)
 
 
 @bench_app.command("sim")
 @with_flags
 def bench_sim(
     sim: Annotated[SimFlags, Flags(only=("model", "gpu"))],
-    traces: Annotated[list[Path] | None, typer.Option(
-        "--trace", help="Trace to simulate (repeatable). Default: the embedded excerpt.")]
-    = None,
-    baseline: Annotated[bool, typer.Option(
-        "--baseline/--no-baseline", help="Also time one-by-one stepping (slower).")] = True,
+    flags: Annotated[SimBenchFlags, Flags()],
     out: _Out = None,
 ) -> None:
     """Simulated requests per wall-clock second, fast-forwarding vs stepping one by one."""
     from sim.benchmarks import bench_sim as run
 
     with user_errors():
-        loaded = {str(path): workloads.load_trace(path).trace for path in traces or []}
-        if not loaded:
-            loaded = {"embedded azure_conv first 10 min": workloads.default_trace()}
-        report = run(loaded, sim.model, sim.gpu, baseline)
+        report = run(flags.traces(), sim.model, sim.gpu, flags.baseline)
     write_json(report, out)
 
 
@@ -1204,12 +1195,6 @@ def bench_serve(
     engine: Annotated[EngineFlags, Flags(only=("max_num_seqs", "max_model_len"),
                                          defaults={"max_model_len": 4096})],
     bench: Annotated[ServeBenchFlags, Flags()],
-    concurrency: Annotated[int, typer.Option(
-        "--concurrency", min=1, help="Streams in flight at most (client-side).")] = 200,
-    num_prompts: Annotated[int | None, typer.Option(
-        "--num-prompts", min=1, help="Requests (default: --concurrency).")] = None,
-    timeout: Annotated[float, typer.Option(
-        "--timeout", help="Seconds one request may take at most.")] = 300.0,
     out: _Out = None,
 ) -> None:
     """Load-test `rt serve --simulate` on a free loopback port (bounded; the server is always
@@ -1217,58 +1202,24 @@ def bench_serve(
     with `rt simulate`'s core, and report errors, throughput, each process's CPU seconds and
     the latency the server path adds (server minus simulated, ms). With --soak, hold
     --concurrency streams for SECONDS instead. Exit 1 on any error."""
-    from backends.bench.serve_load import (
-        LoadConfig,
-        compare,
-        run_load,
-        sent_arrivals,
-        simulated_server,
-    )
+    from backends.bench.serve_run import SimulatedServer, failed, serve_bench, soak_bench
     from sim.engine_args import build_setup
     from sim.simulator import simulate as run_simulate
 
-    with user_errors():
+    with user_errors(RuntimeError):  # RuntimeError: the server did not start
         work = dataclasses.replace(work, dataset_name="random",
-                                   num_prompts=num_prompts or concurrency)
+                                   num_prompts=bench.num_prompts or bench.concurrency)
         trace = workload(work)
         args = EngineArgs(max_num_seqs=engine.max_num_seqs, max_model_len=engine.max_model_len)
         setup = build_setup(args, sim.model, sim.gpu, sim.profile, work.seed)
-    server = simulated_server(sys.executable, sim.model, sim.gpu, sim.profile, work.seed,
-                              engine.max_model_len, engine.max_num_seqs)
-    config = LoadConfig(server, concurrency, setup.config.vocab_size, work.seed,
-                        request_timeout_s=timeout, client=bench.client)
-    if bench.soak is not None:
-        _bench_soak(config, bench.soak, work.input_len, work.output_len, out)
-        return
-    try:
-        load = run_load(trace, config)
-    except RuntimeError as err:
-        fail(str(err))
-    simulated = run_simulate(sent_arrivals(trace, load.endpoint.requests), setup.config,
-                             setup.cost_model)
-    rate = work.request_rate
-    report = {"command": "rt bench serve", "concurrency": concurrency,
-              "random_input_len": work.input_len, "random_output_len": work.output_len,
-              "request_rate": rate if math.isfinite(rate) else "inf", "model": sim.model,
-              "gpu": sim.gpu, **compare(trace, load, simulated.requests)}
+        server = SimulatedServer(sys.executable, sim.model, sim.gpu, sim.profile, work.seed,
+                                 engine.max_model_len, engine.max_num_seqs)
+        vocab = setup.config.vocab_size
+        report = (soak_bench(work, server, bench, vocab) if bench.soak is not None else
+                  serve_bench(trace, work, server, bench, vocab, functools.partial(
+                      run_simulate, config=setup.config, cost_model=setup.cost_model)))
     write_json(report, out)
-    if report["errors"] or report["token_count_mismatches"]:
-        raise typer.Exit(code=1)
-
-
-def _bench_soak(config: Any, seconds: float, input_len: int, output_len: int,
-                out: Path | None) -> None:
-    """`rt bench serve --soak`: exit 1 on an error, a token-count mismatch or KV left."""
-    from backends.bench.serve_load import run_soak_load
-
-    try:
-        with user_errors():
-            report = run_soak_load(config, seconds, input_len, output_len)
-    except RuntimeError as err:  # the server did not start
-        fail(str(err))
-    write_json({"command": "rt bench serve --soak", **report}, out)
-    if report["errors"] or report["token_count_mismatches"] or \
-            report["kv_blocks_in_use_after"]:
+    if failed(report):
         raise typer.Exit(code=1)
 
 
@@ -1276,20 +1227,7 @@ def _bench_soak(config: Any, seconds: float, input_len: int, output_len: int,
 @with_flags
 def bench_fleet(
     sim: Annotated[SimFlags, Flags(only=("model", "gpu"))],
-    trace: Annotated[Path | None, typer.Option(
-        "--trace", help="Trace (default: the embedded Azure conversation excerpt).")] = None,
-    first_n: Annotated[int | None, typer.Option(
-        "--first-n", min=1, help="Keep the first N requests.")] = None,
-    replicas: Annotated[int, typer.Option(
-        "--replicas", min=1, help="The fleet timed against one engine.")] = 16,
-    scaling: Annotated[str, typer.Option(
-        "--scaling", help="Two or more fleet sizes whose cost per request is compared.")]
-    = "4,64",
-    router: Annotated[str, typer.Option("--router", help="Routing policy.")] = "round-robin",
-    router_arg: Annotated[list[str] | None, typer.Option(
-        "--router-arg", help="KEY=VALUE argument of the policy (repeat).")] = None,
-    baseline: Annotated[bool, typer.Option(
-        "--baseline/--no-baseline", help="Also time the fleet stepping one by one.")] = True,
+    flags: Annotated[FleetBenchFlags, Flags()],
     out: _Out = None,
 ) -> None:
     """Simulated requests per second of the fleet simulator: N replicas on the trace replayed
@@ -1299,17 +1237,9 @@ def bench_fleet(
     from sim.benchmarks import bench_fleet as run
 
     with user_errors():
-        sizes = tuple(int(x) for x in scaling.split(",") if x.strip())
-        if len(sizes) < 2 or min(sizes) < 1:
-            raise ValueError(f"--scaling needs two or more sizes >= 1, got {scaling!r}")
-        loaded = (workloads.load_trace(trace).trace if trace is not None
-                  else workloads.default_trace())
-        name = str(trace) if trace is not None else "embedded azure_conv first 10 min"
-        if first_n is not None:
-            loaded = workloads.first_n(loaded, first_n)
-            name += f", first {first_n}"
-        report = run(loaded, name, sim.model, sim.gpu, replicas, sizes, router,
-                     tuple(router_arg or ()), baseline=baseline)
+        trace, name = flags.load()
+        report = run(trace, name, sim.model, sim.gpu, flags.replicas, flags.sizes(),
+                     flags.router, tuple(flags.router_arg or ()), baseline=flags.baseline)
     write_json(report, out)
 
 
