@@ -31,15 +31,16 @@ from analysis.report import ReportFiles, ReportFlags
 from backends.bench.flags import GpuBenchFlags, ServeBenchFlags
 from backends.engine.flags import RealEngineFlags
 from backends.replay.flags import EndpointFlags
-from backends.route.flags import ROUTE_PANEL, RouteFlags
+from backends.route.flags import ROUTE_PANEL, RouteBenchFlags, RouteFlags
 from backends.serve.flags import SERVER_PANEL, ServeFlags
 from runtime.config import EngineFlags
 from runtime.flags import FlagGroup as Flags
 from runtime.flags import FlagSpec, build_group, group_specs
 from sim.autoscale_flags import AutoscaleFlags
 from sim.bench_flags import FleetBenchFlags, SchedulerBenchFlags, SimBenchFlags
+from sim.calibrate_flags import CalibrationSources
 from sim.engine_args import EngineArgs, SimFlags
-from sim.fidelity import CALIBRATION_PANEL, CalibrationFlags, FidelityFlags
+from sim.fidelity import CalibrationFlags, FidelityFlags
 from sim.fleet_config import FleetFlags
 from sim.pd_flags import PDFlags
 from sim.plan import PlanFlags
@@ -47,7 +48,9 @@ from sim.sweep import GRID_PANEL, SweepFlags
 from workloads.flags import WorkloadFlags, load_workload
 
 if TYPE_CHECKING:
+    from analysis.report import ReportOptions
     from analysis.rundir import Run
+    from analysis.sweep_run import PointRunner
     from backends.engine.setup import RealSetup
     from backends.replay.api_process import Tokenizer
     from runtime.records import RunResult
@@ -61,6 +64,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+RT = (sys.executable, str(Path(__file__).resolve()))  # the command line that starts rt
 bench_app = typer.Typer(help="Benchmarks that write JSON.", no_args_is_help=True)
 trace_app = typer.Typer(help="Generate, inspect and convert request traces.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
@@ -490,7 +494,8 @@ def sweep(
     results table and draw latency against each swept flag and against rate (knee marked).
 
     With --slo and --find-max-rate: bisect the rate for the highest one meeting every SLO."""
-    from analysis.sweep import parse_slo, rate_bracket, search_max_rates, search_summary
+    from analysis.sweep import parse_slo, write_sweep
+    from analysis.sweep_run import search_rates
     from sim.sweep import SweepPlan, sweep_configs
 
     with user_errors():
@@ -503,21 +508,18 @@ def sweep(
                                        fleets.get("router", ["round-robin"])),
                          *_sweep_workload(trace_file, work, key == "time_scale"), sim.profile,
                          work.seed, result_dir or default_dir("sweep"))
-        run = functools.partial(_run_sweep_jobs, options=_sweep_options(flags, slos),
-                                executor=how.executor, jobs=how.jobs, address=how.address)
+        runner = point_runner(how, flags.options(), slos, "sweep")
         if how.find_max_rate:
             assert slos is not None
-            bracket = rate_bracket(how.bracket(), axis if key == "request_rate" else None,
-                                   plan.trace_rate())
-            records, searches = search_max_rates(
-                len(plan.configs), lambda batch: run([plan.job(i, "request_rate", r)
-                                                      for i, r in batch]),
-                slos, bracket, how.rate_tolerance)
-            for config, search in zip(plan.configs, searches, strict=True):
-                typer.echo(search_summary(config.labels, search))
+            records, lines = search_rates(plan, runner, slos, how.bracket(),
+                                          axis if key == "request_rate" else None,
+                                          how.rate_tolerance)
+            typer.echo("\n".join(lines))
         else:
-            records = run(plan.grid(key, axis or [None]))
-        _sweep_output(records, plan.root, slos, plots)
+            records = runner.sweep(plan.grid(key, axis or [None]))
+        text, figures = write_sweep(records, plan.root, _SWEEP_ENGINE, slos, plots)
+    typer.echo(text)
+    save_figures(figures, plan.root)
 
 
 def _sweep_workload(trace_file: Path | None, work: WorkloadFlags, scaled: bool
@@ -531,54 +533,18 @@ def _sweep_workload(trace_file: Path | None, work: WorkloadFlags, scaled: bool
     return None, work
 
 
-def _sweep_options(flags: ReportFlags, slos: dict[str, float] | None) -> Any:
-    """The report options, widened to the metrics and percentiles the SLOs need."""
-    from analysis.report import ReportOptions
-    from analysis.sweep import slo_needs
+def point_runner(how: SweepFlags, options: ReportOptions, slos: dict[str, float] | None,
+                 kind: str) -> PointRunner:
+    """Sweep points (`sim.sweep.simulate_point`) or plan shapes (`sim.plan.simulate_shape`)
+    on --executor, their records reported with `options` widened to the SLOs."""
+    from analysis.sweep_run import PointRunner, widen_options
+    from sim.plan import simulate_shape
+    from sim.sweep import run_all, simulate_point
 
-    options = flags.options()
-    if not slos:
-        return options
-    metrics, percentiles = slo_needs(slos)
-    return ReportOptions(list(dict.fromkeys([*options.percentile_metrics, *metrics])),
-                         sorted(set(options.percentiles) | set(percentiles)), options.goodput)
-
-
-def _run_sweep_jobs(jobs_: list[tuple[Any, str]], options: Any, executor: str,
-                    jobs: int | None, address: str | None) -> list[dict[str, Any]]:
-    from sim.sweep import run_all
-
-    with progress("sweeping", len(jobs_)) as update:
-        return run_all(_sweep_worker, [(point, options, d) for point, d in jobs_], executor,
-                       jobs, address, update)
-
-
-def _sweep_worker(job: tuple[Any, Any, str]) -> dict[str, Any]:
-    """One sweep run (in a pool process or a Ray task): simulate, write the run directory,
-    report it from the files."""
-    from analysis.report import result_dict
-    from analysis.rundir import finished_run
-    from sim.sweep import simulate_point
-
-    point, options, run_dir = job
-    done = finished_run(Path(run_dir), sweep=dict(point.labels), trace=trace_info(point.trace))
-    if done is not None:  # the sweep runs again into its directory: this point finished
-        return {**point.labels, **result_dict(done, options), "run_dir": run_dir}
-    result, setup = simulate_point(point)
-    rate = {"request_rate": point.labels["request_rate"]} \
-        if "request_rate" in point.labels else {}
-    run = save_run(Path(run_dir), "simulate", point.trace, result, setup.describe(),
-                   sweep=dict(point.labels), **rate)
-    return {**point.labels, **result_dict(run, options), "run_dir": run_dir}
-
-
-def _sweep_output(records: list[dict[str, Any]], root: Path, slos: dict[str, float] | None,
-                  plots: bool) -> None:
-    from analysis.sweep import write_sweep
-
-    text, figures = write_sweep(records, root, _SWEEP_ENGINE, slos, plots)
-    typer.echo(text)
-    save_figures(figures, root)
+    return PointRunner(functools.partial(run_all, executor=how.executor, jobs=how.jobs,
+                                         address=how.address),
+                       simulate_point if kind == "sweep" else simulate_shape, trace_info,
+                       widen_options(options, slos))
 
 
 # ---- rt plan (sim + analysis) ----
@@ -612,9 +578,11 @@ def plan(
         slos, prices = parse_slo(space.slo), space.prices()
         trace, root = workload(work, trace_file), result_dir or default_dir("plan")
         records: list[dict[str, Any]] = []
-        judge = functools.partial(_judge_shapes, trace=trace, seed=work.seed, slos=slos,
-                                  root=root, how=how, records=records)
-        searches, pruned = search(space.candidates(), trace, space.max_gpus, prices, judge,
+        runner = point_runner(how, ReportFlags(percentile_metrics="ttft,tpot,itl,e2el").options(),
+                              slos, "plan")
+        searches, pruned = search(space.candidates(), trace, space.max_gpus, prices,
+                                  functools.partial(runner.judge, trace=trace, seed=work.seed,
+                                                    root=root, slos=slos, records=records),
                                   work.seed)
     for p in pruned:
         note([f"pruned {p.candidate.name()}: {p.reason}"])
@@ -631,59 +599,6 @@ def plan(
     typer.echo(f"cheapest: {ranked[0].name()} at ${ranked[0].cost_per_hour:.2f}/h "
                f"({ranked[0].gpus} GPUs, router {ranked[0].candidate.router}) -> "
                f"{root / 'fleet.toml'}")
-
-
-def _judge_shapes(shapes: list[Any], trace: workloads.Trace, seed: int,
-                  slos: dict[str, float], root: Path, how: SweepFlags,
-                  records: list[dict[str, Any]]) -> list[bool]:
-    """Simulate the shapes (or read a finished run's record: plans resume), keep their
-    records, say which meet the SLOs."""
-    from analysis.sweep import meets_slo
-    from sim.sweep import run_all
-
-    options = _sweep_options(ReportFlags(percentile_metrics="ttft,tpot,itl,e2el"), slos)
-    jobs = [(shape, trace, seed, options, str(root / shape.name())) for shape in shapes]
-    with progress("planning", len(jobs)) as update:
-        done = run_all(_plan_worker, jobs, how.executor, how.jobs, how.address, update)
-    for record in done:
-        record["meets_slo"] = meets_slo(record, slos)
-    records += done
-    return [bool(r["meets_slo"]) for r in done]
-
-
-def _plan_worker(job: tuple[Any, workloads.Trace, int, Any, str]) -> dict[str, Any]:
-    """One shape: simulate (one engine, or the fleet behind its router), write the run
-    directory and its record (plan.json); a directory with plan.json is not run again."""
-    from analysis.plan import what_binds
-    from analysis.report import result_dict
-    from runtime.router.registry import make_policy
-    from sim.engine_args import build_setup
-    from sim.fleet import simulate_fleet
-    from sim.pd import PDDecider, simulate_pd
-    from sim.simulator import simulate as run
-
-    shape, trace, seed, options, run_dir = job
-    path = Path(run_dir)
-    if (path / "plan.json").is_file():
-        return dict(json.loads((path / "plan.json").read_text()))
-    c = shape.candidate
-    setup = build_setup(c.engine_args, c.model, c.gpu, None, seed)
-    fleet = [setup] * shape.num_replicas
-    if c.pd_ratio is not None:
-        result = simulate_pd(trace, fleet, c.roles(shape.replicas), make_policy(c.router, [], seed),
-                             make_policy(c.router, [], seed + 1), PDDecider("always"))
-    elif shape.num_replicas == 1:
-        result = run(trace, setup.config, setup.cost_model)
-    else:
-        result = simulate_fleet(trace, fleet, make_policy(c.router, [], seed))
-    saved = save_run(path, "simulate", trace, result, setup.describe(),
-                     plan={"shape": shape.name(), "replicas": shape.num_replicas})
-    record = {**result_dict(saved, options), "shape": shape.name(), "gpu": c.gpu,
-              "model": c.model, "tp": c.tensor_parallel_size, "replicas": shape.num_replicas,
-              "gpus": shape.gpus, "cost_per_hour": shape.cost_per_hour,
-              "binds": what_binds(saved.requests)}
-    (path / "plan.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
-    return record
 
 
 # ---- rt replay (backends) ----
@@ -935,77 +850,22 @@ def calibrate_grid(setup: RealSetup, tokenizer: Tokenizer | None, cal: Calibrati
 
 def profile_from_steps(paths: list[Path], target: str, api_server: Any = None,
                        drift: bool = False) -> Profile:
-    """`sim.calibrate.profile_from_replays`, its errors one line, with a note when the drift
-    asked for was not found."""
     from analysis.rundir import rt_version
-    from sim.calibrate import profile_from_replays
-
-    try:
-        profile = profile_from_replays(paths, target, api_server=api_server, drift=drift,
-                                       rt_version=rt_version())
-    except ValueError as err:
-        fail(f"--from-steps: {err}")
-    if drift and profile.step_time_drift_quantiles is None:
-        note(["--step-drift: fewer than 2 windows of 0.25 s with 8+ steps in these replays; "
-              "the profile has i.i.d. step-time scatter only"])
-    return profile
-
-
-def profile_from_client_runs(runs: list[Any], engine: EngineFlags, seed: int,
-                             max_model_len: int | None = None, model: str = "unknown"
-                             ) -> Profile:
-    """`sim.client_calibrate`'s fit of client-timed runs (`sim.client_steps.ClientRun`)
-    under the server's engine flags; prints the fit per term."""
-    from analysis.rundir import rt_version
-    from sim.client_calibrate import endpoint_configs
-    from sim.client_calibrate import profile_from_client_runs as fit
+    from sim.calibrate_run import steps_profile
 
     with user_errors():
-        scheduler, cache, sources = endpoint_configs(engine, runs, max_model_len)
-        profile, result = fit(runs, scheduler, cache, model=model, rt_version=rt_version(),
-                              date=datetime.datetime.now(datetime.UTC).isoformat(
-                                  timespec="seconds"), sources=sources, seed=seed)
-    for line in result.lines():
-        typer.echo(line, err=True)
+        profile, notes = steps_profile(paths, target, rt_version(), api_server, drift)
+    note(notes)
     return profile
-
-
-def calibrate_from_runs(paths: list[Path], engine: EngineFlags, seed: int) -> Profile:
-    """`rt calibrate --from-run`: client-timed runs (run directories, vLLM bench JSONs)."""
-    from analysis.rundir import load_run
-    from sim.client_steps import client_run
-
-    runs, infos = [], []
-    with user_errors():
-        for path in paths:
-            run = load_run(path)
-            columns = {name: run.requests[name].tolist() for name in run.requests.columns}
-            try:
-                runs.append(client_run(str(path), columns))
-            except ValueError as err:
-                fail(f"--from-run {err}")
-            infos.append(run.info)
-    lens = [i.get("endpoint", {}).get("max_model_len") for i in infos]
-    names = [(i.get("model") or {}).get("name") for i in infos]
-    return profile_from_client_runs(runs, engine, seed, next((x for x in lens if x), None),
-                                    str(next((x for x in names if x), "unknown")))
 
 
 def write_profile(profile: Profile, path: Path) -> Path:
     """Print the fit's quality and coefficients, write the profile."""
-    from sim.profile import write_profile as write
+    from sim.calibrate_run import fit_lines, save_profile
 
-    for name in ("held_out", "all_samples"):
-        q = (profile.fit or {}).get(name) or {}
-        if q.get("samples"):
-            typer.echo(f"fit on {name.replace('_', ' ')}: {q['samples']} steps, MAPE "
-                       f"{q['mape']:.1%}, p90 {q['p90_ape']:.1%}, worst {q['worst_ape']:.1%}, "
-                       f"total-time bias {q['bias']:+.1%}", err=True)
-    for key, value in dataclasses.asdict(profile.coefficients).items():
-        typer.echo(f"  {key:<30} {value:.4g} s", err=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write(profile, path)
-    return path
+    for line in fit_lines(profile):
+        typer.echo(line, err=True)
+    return save_profile(profile, path)
 
 
 @app.command("calibrate")
@@ -1017,37 +877,29 @@ def calibrate(
     real: Annotated[RealEngineFlags, Flags()],
     engine: Annotated[EngineFlags, Flags()],
     cal: Annotated[CalibrationFlags, Flags()],
-    from_steps: Annotated[list[Path] | None, typer.Option(
-        "--from-steps", help="steps.parquet (or run directory) of an earlier `rt replay`: "
-        "training data. Alone: fit on these steps only; with --model: added to the grid.",
-        rich_help_panel=CALIBRATION_PANEL)] = None,
-    target: Annotated[str, typer.Option(
-        "--target", help="Step time to fit from --from-steps alone: wall (end - start, what "
-        "the simulator must reproduce) or execute (the runner's measurement).",
-        rich_help_panel=CALIBRATION_PANEL)] = "wall",
-    from_run: Annotated[list[Path] | None, typer.Option(
-        "--from-run", help="A client-timed run (`rt replay --endpoint` directory, or a `vllm "
-        "bench serve --save-detailed` JSON): fit the step costs and the front end's to its "
-        "chunk times, under the server's engine flags (docs/calibration.md).",
-        rich_help_panel=CALIBRATION_PANEL)] = None,
+    sources: Annotated[CalibrationSources, Flags()],
     seed: _Seed = 0,
 ) -> None:
     """Fit the simulator's `profile` cost model to the real backend: a designed grid of
     prefill, decode and mixed batches (warm-up, repeats, medians), the API-server costs, a
     non-negative least-squares fit of the six coefficients, its held-out error. Writes a
     profile for `rt simulate --profile`."""
-    if cal.step_drift and not (from_steps and model is None):
-        fail("--step-drift needs --from-steps alone (a grid has no step-time scatter)")
-    if from_run:
-        if from_steps or model is not None:
-            fail("--from-run fits client timings alone: without --from-steps or --model")
-        profile = calibrate_from_runs(from_run, engine, seed)
-    elif from_steps and model is None:
-        profile = profile_from_steps(from_steps, target, drift=cal.step_drift)
-    else:
-        setup, tokenizer = real_engine(model, engine, real, seed)
-        profile = calibrate_grid(setup, tokenizer, cal, from_steps or [])
+    from analysis.rundir import request_columns, rt_version
+    from sim.calibrate_run import runs_profile
+
     with user_errors():
+        mode = sources.mode(model is not None, cal.step_drift)
+        if mode == "runs":
+            profile, lines = runs_profile(sources.from_run or [], request_columns, engine, seed,
+                                          rt_version())
+            for line in lines:
+                typer.echo(line, err=True)
+        elif mode == "steps":
+            profile = profile_from_steps(sources.from_steps or [], sources.target,
+                                         drift=cal.step_drift)
+        else:
+            setup, tokenizer = real_engine(model, engine, real, seed)
+            profile = calibrate_grid(setup, tokenizer, cal, sources.from_steps or [])
         write_profile(profile, output)
     typer.echo(f"rt: wrote {output}", err=True)
 
@@ -1271,16 +1123,16 @@ def bench_gpu(flags: Annotated[GpuBenchFlags, Flags()], out: _Out = None) -> Non
 _RouterPolicy = Annotated[FleetFlags, Flags(only=("router", "router_arg", "router_refresh_ms"))]
 
 
-def _router_config(urls: list[str], policy: FleetFlags, route: RouteFlags, seed: int) -> Any:
-    from backends.route.app import router_config
+def route_until_stopped(urls: list[str], policy: FleetFlags, route: RouteFlags, seed: int,
+                        print_url: bool = False) -> None:
+    """The router over `urls` (a bad policy or argument: one line), served until stopped."""
+    from backends.route.app import router_config, run_router
 
-    return router_config(urls, policy.router, policy.router_arg or [],
-                         policy.router_refresh_ms, route, seed)
-
-
-def _serve_router(config: Any, route: RouteFlags) -> None:
-    from backends.route.app import run_router
-
+    with user_errors():
+        config = router_config(urls, policy.router, policy.router_arg or [],
+                               policy.router_refresh_ms, route, seed)
+    if print_url:
+        typer.echo(f"http://{route.host}:{route.port}/v1")
     until_stopped(f"routing ({config.policy}) over {len(config.backends)} backends on "
                   f"http://{route.host}:{route.port}/v1", "router",
                   lambda: run_router(config, route.host, route.port, route.shutdown_timeout,
@@ -1300,14 +1152,13 @@ def route_command(
     its own in-flight counts and prefix index (the prompt's UTF-8 bytes), and each backend's
     /metrics scraped every --router-refresh-ms. Serves /v1/models, /health, /metrics.
     Failing backends are taken out and put back when healthy; SIGTERM/Ctrl-C drains."""
-    with user_errors():
-        config = _router_config(route.backend or [], policy, route, seed)
-    _serve_router(config, route)
+    route_until_stopped(route.backend or [], policy, route, seed)
 
 
 fleet_app = typer.Typer(help="A fleet of rt serve replicas behind rt route, on loopback.",
                         no_args_is_help=True)
 app.add_typer(fleet_app, name="fleet")
+_FLEET_SERVER = Flags(only=("simulate", "max_num_queued_requests"))
 
 
 @fleet_app.command("up")
@@ -1319,7 +1170,7 @@ def fleet_up(
     model: Annotated[str | None, typer.Option(
         "--model", "--sim-model", help="As rt serve's --model (with --simulate, the "
         "simulated model).", rich_help_panel=ROUTE_PANEL)] = None,
-    server: Annotated[ServeFlags, Flags(only=("simulate", "max_num_queued_requests"))],
+    server: Annotated[ServeFlags, _FLEET_SERVER],
     sim: Annotated[SimFlags, Flags(only=("gpu", "profile"))],
     engine: Annotated[EngineFlags, Flags()],
     route: Annotated[RouteFlags, Flags(exclude=("backend",))],
@@ -1332,25 +1183,17 @@ def fleet_up(
     from backends.route.fleet import FleetPlan, flag_argv, run_fleet
     from runtime.router import make_policy
 
-    command = [sys.executable, str(Path(__file__).resolve()), "serve", "--seed", str(seed),
-               *flag_argv(server, Flags(only=("simulate", "max_num_queued_requests"))),
-               *flag_argv(sim, Flags(only=("gpu", "profile"))), *flag_argv(engine)]
-    command += ["--model", model] if model else []
+    command = [*RT, "serve", "--seed", str(seed), *flag_argv(server, _FLEET_SERVER),
+               *flag_argv(sim, Flags(only=("gpu", "profile"))), *flag_argv(engine),
+               *(["--model", model] if model else [])]
     with user_errors():  # a bad policy or argument: one line before anything starts
         make_policy(policy.router, policy.router_arg or [], seed)
     plan = FleetPlan(tuple(command), tuple(free_port() for _ in range(policy.replicas)),
                      stop_timeout_s=route.shutdown_timeout + 10)
-
-    def serve_router(urls: list[str]) -> None:
-        with user_errors():
-            config = _router_config(urls, policy, route, seed)
-        typer.echo(f"http://{route.host}:{route.port}/v1")
-        _serve_router(config, route)
-
-    try:
-        run_fleet(plan, serve_router, lambda line: typer.echo(f"rt: {line}", err=True))
-    except RuntimeError as err:
-        fail(str(err))
+    with user_errors(RuntimeError):
+        run_fleet(plan, functools.partial(route_until_stopped, policy=policy, route=route,
+                                          seed=seed, print_url=True),
+                  lambda line: typer.echo(f"rt: {line}", err=True))
 
 
 @bench_app.command("route")
@@ -1359,14 +1202,7 @@ def bench_route(
     *,
     policy: _RouterPolicy,
     sim: Annotated[SimFlags, Flags(only=("model", "gpu", "profile"))],
-    concurrency: Annotated[list[int] | None, typer.Option(
-        "--concurrency", min=1, help="Closed-loop streams (repeat) [default: 1 and 200].")]
-    = None,
-    num_requests: Annotated[int, typer.Option(
-        "--num-requests", min=1, help="Requests per path, round and concurrency.")] = 400,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1)] = 4,
-    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Direct-then-routed "
-                                        "rounds (interleaved against drift).")] = 2,
+    flags: Annotated[RouteBenchFlags, Flags()],
     seed: _Seed = 0,
     out: _Out = None,
 ) -> None:
@@ -1374,22 +1210,12 @@ def bench_route(
     the same streaming requests straight to the backend and through the router in the same
     run; requests/s and p50/p99 TTFT and E2E of each path and the router's added ms."""
     from backends.bench.serve_load import free_port
-    from backends.route.bench import RouteBenchConfig, run_route_bench
+    from backends.route.bench import route_bench_config, run_route_bench
 
-    script = str(Path(__file__).resolve())
-    serve_cmd = [sys.executable, script, "serve", "--simulate", "--sim-model", sim.model,
-                 "--gpu", sim.gpu, "--seed", str(seed), "--max-model-len", "4096"]
-    serve_cmd += ["--profile", str(sim.profile)] if sim.profile else []
-    route_cmd = [sys.executable, script, "route", "--router", policy.router, "--seed",
-                 str(seed), "--router-refresh-ms", str(policy.router_refresh_ms)]
-    for arg in policy.router_arg or []:
-        route_cmd += ["--router-arg", arg]
-    config = RouteBenchConfig(tuple(serve_cmd), tuple(route_cmd),
-                              tuple(concurrency or (1, 200)), num_requests, max_tokens, rounds)
-    try:
+    config = route_bench_config(RT, sim.model, sim.gpu, sim.profile, seed, policy.router,
+                                policy.router_arg or [], policy.router_refresh_ms, flags)
+    with user_errors(RuntimeError):
         report = run_route_bench(config, (free_port(), free_port()))
-    except RuntimeError as err:
-        fail(str(err))
     write_json({"command": "rt bench route", "router": policy.router, "model": sim.model,
                 "gpu": sim.gpu, **report}, out)
 
