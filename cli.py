@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from backends.replay.api_process import Tokenizer
     from runtime.records import RunResult
     from sim.engine_args import SimSetup
+    from sim.fleet_run import FleetRun
     from sim.profile import Profile
 
 app = typer.Typer(
@@ -176,15 +177,19 @@ def save_run(path: Path, kind: str, trace: workloads.Trace, result: RunResult,
     return save_result(path, kind, trace_info(trace), result, describe, **extra)
 
 
-def print_run(run: Run, result: RunResult, percentiles: list[float],
+def print_run(run: Run, result: RunResult | None, percentiles: list[float],
               request_rate: float | None = None) -> None:
-    """vLLM's result block and rt's block (as `rt simulate` prints them)."""
+    """vLLM's result block and rt's block (as `rt simulate` prints them); for a client-timed
+    run (no engine `result`), vLLM's block only."""
     from analysis.console import benchmark_block, rt_block
     from analysis.metrics import benchmark_metrics
 
     if len(run.requests):
         typer.echo(benchmark_block(benchmark_metrics(run.requests, percentiles),
                                    percentiles=percentiles, request_rate=request_rate))
+    if result is None:
+        return
+    if len(run.requests):
         hits = result.prefix_cache_hits / max(result.prefix_cache_queries, 1)
         typer.echo(rt_block(run.requests, run.steps, hits))
     typer.echo(f"rt: wrote {run.path} ({len(run.requests)} requests, {result.num_steps} "
@@ -317,6 +322,7 @@ def simulate(
     this ITL); ITL = every gap between consecutive tokens.
     """
     from sim.engine_args import build_setup
+    from sim.fleet_run import FleetRun
 
     with user_errors():
         percentiles = report.options().percentiles
@@ -324,72 +330,35 @@ def simulate(
         setup = build_setup(engine, sim.model, sim.gpu, sim.profile, work.seed,
                             check_invariants, sim.step_noise)
         rate = work.request_rate if work.dataset_name is not None else None
-        path = result_dir or default_dir("simulate")
-        if fleet.is_fleet or autoscale.enabled:
-            run_fleet(trace, setup, fleet, pd, path, list(percentiles), rate, autoscale)
-        elif pd.pd_decider != "never":
+        if not (fleet.is_fleet or autoscale.enabled) and pd.pd_decider != "never":
             raise ValueError("--pd-decider needs a fleet: --replicas N or --fleet FILE")
-        else:
-            run_simulation(trace, setup, path, list(percentiles), rate)
+        run = (FleetRun.build(setup, fleet, pd, autoscale)
+               if fleet.is_fleet or autoscale.enabled else None)
+        run_simulation(trace, setup, run, result_dir or default_dir("simulate"),
+                       list(percentiles), rate)
 
 
-def run_simulation(trace: workloads.Trace, setup: SimSetup, path: Path,
-                   percentiles: list[float], request_rate: float | None) -> None:
-    from sim.simulator import simulate as run
-
-    for line in setup.startup_lines:
-        typer.echo(line, err=True)
-    with progress("simulating", len(trace)) as update:
-        result = run(trace, setup.config, setup.cost_model, update)
-    run_dir = save_run(path, "simulate", trace, result, setup.describe())
-    print_run(run_dir, result, percentiles, request_rate)
-
-
-def run_fleet(trace: workloads.Trace, setup: SimSetup, fleet: FleetFlags, pd: PDFlags,
-              path: Path, percentiles: list[float], request_rate: float | None,
-              autoscale: AutoscaleFlags) -> None:
-    """`setup` x --replicas (or the --fleet file's pools) behind the --router policy; with a
-    P/D decider or pools with roles, prefill and decode disaggregated (`sim.pd`); with
-    --autoscale, pools scaled in the loop (`sim.autoscale`)."""
+def run_simulation(trace: workloads.Trace, setup: SimSetup, fleet: FleetRun | None,
+                   path: Path, percentiles: list[float], request_rate: float | None) -> None:
+    """Simulate one engine (or the fleet), write the run directory, print the blocks."""
     from analysis.fleet import fleet_block
     from analysis.scaling import replica_figure, scaling_block
-    from runtime.router.registry import make_policy
-    from sim.autoscale_flags import fixed_scaling, simulate_autoscaled_fleet
-    from sim.fleet import simulate_fleet
-    from sim.fleet_config import build_fleet, load_fleet
-    from sim.pd_flags import simulate_pd_fleet
+    from sim.simulator import simulate as run
 
-    config = setup.config
-    spec = load_fleet(fleet.fleet) if fleet.fleet is not None else None
-    replicas = (build_fleet(spec, config.seed, config.check_invariants,
-                            config.step_noise is not None) if spec else [setup] * fleet.replicas)
-    roles = spec.roles() if spec else None
-    policy = make_policy(fleet.router, fleet.router_arg or [], config.seed)  # bad: one line
-    if autoscale.enabled and pd.is_pd(roles):
-        raise ValueError("--autoscale does not combine with P/D (--pd-decider, pool roles) yet")
-    for line in replicas[0].startup_lines:
+    describe = (fleet.replicas[0] if fleet else setup).describe()
+    for line in (fleet.replicas[0] if fleet else setup).startup_lines:
         typer.echo(line, err=True)
     with progress("simulating", len(trace)) as update:
-        if autoscale.enabled:
-            result, scaling = simulate_autoscaled_fleet(trace, setup, spec, fleet, autoscale,
-                                                        update)
-        elif pd.is_pd(roles):
-            result = simulate_pd_fleet(trace, replicas, roles, fleet, pd, config.seed, update)
-        else:
-            result = simulate_fleet(trace, replicas, policy, fleet.router_refresh_ms / 1e3,
-                                    fleet.routing_latency_ms / 1e3, update)
-    if not autoscale.enabled:
-        scaling = fixed_scaling(setup, spec, fleet, autoscale, result)
-    run = save_run(path, "simulate", trace, result, replicas[0].describe(),
-                   fleet=fleet.describe(spec), pd=pd.describe() if pd.is_pd(roles) else None,
-                   autoscale=autoscale.describe() if autoscale.enabled else None,
-                   scaling=scaling.to_json())
-    print_run(run, result, percentiles, request_rate)
-    typer.echo(fleet_block(run.requests, run.steps))
-    typer.echo(scaling_block(run.info["scaling"]))
-    if autoscale.enabled:
-        save_figures({"replicas": replica_figure(run.info["scaling"], run.requests)},
-                     run.path / "plots")
+        result, extra = (fleet.run(trace, update) if fleet else
+                         (run(trace, setup.config, setup.cost_model, update), {}))
+    run_dir = save_run(path, "simulate", trace, result, describe, **extra)
+    print_run(run_dir, result, percentiles, request_rate)
+    if fleet:
+        typer.echo(fleet_block(run_dir.requests, run_dir.steps))
+        typer.echo(scaling_block(run_dir.info["scaling"]))
+    if fleet and fleet.autoscale.enabled:
+        save_figures({"replicas": replica_figure(run_dir.info["scaling"], run_dir.requests)},
+                     run_dir.path / "plots")
 
 
 # ---- rt report / compare / sweep (analysis) ----
@@ -638,50 +607,31 @@ def replay(
     """
     with user_errors():
         percentiles = list(report.options().percentiles)
-        trace = replay_trace(work, trace_file)
+        if trace_file is None and work.dataset_name is None:
+            work = dataclasses.replace(_DEFAULT_REPLAY, seed=work.seed, first_n=work.first_n,
+                                       time_scale=work.time_scale)
+        trace = workload(work, trace_file)
         if client.endpoint is not None:
             settings = client.config_args(str(model) if model else None, work.seed)
             run_endpoint(trace, settings, result_dir or default_dir("endpoint"), percentiles)
             return
         setup, tokenizer = real_engine(model, engine, real, work.seed)
-        check_lengths(trace, setup.scheduler.max_model_len)
+        workloads.check_max_model_len(trace, setup.scheduler.max_model_len)
         run_replay(trace, setup, tokenizer, result_dir or default_dir("replay"), percentiles,
                    check_invariants)
 
 
-def replay_trace(work: WorkloadFlags, path: Path | None) -> workloads.Trace:
-    """The trace file, the --dataset-name workload, or the small default one."""
-    if path is None and work.dataset_name is None:
-        work = dataclasses.replace(_DEFAULT_REPLAY, seed=work.seed, first_n=work.first_n,
-                                   time_scale=work.time_scale)
-    return workload(work, path)
-
-
 def real_engine(model: Path | None, engine: EngineFlags, real: RealEngineFlags,
                 seed: int) -> tuple[RealSetup, Tokenizer | None]:
-    """Build the real engine (and the model's tokenizer, if it has one); one line on error.
-    With --random-weights, --model may also name a preset shape (llama-3.1-8b, ...)."""
+    """`backends.engine.setup.load_real_engine`, quiet (no transformers progress bars)."""
     from transformers.utils import logging as hf_logging
 
-    from backends.engine.setup import build_engine, load_tokenizer, real_engine_args
-    from backends.engine.tiny_model import build_tiny_llama, preset_config_dir
+    from backends.engine.setup import load_real_engine
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     with user_errors():
-        model_dir = model if model is not None else build_tiny_llama()
-        if real.random_weights and not model_dir.is_dir():
-            model_dir = preset_config_dir(str(model_dir))
-        args = real_engine_args(model_dir, engine, real, seed)
-        return build_engine(args), load_tokenizer(model_dir)
-
-
-def check_lengths(trace: workloads.Trace, max_model_len: int) -> None:
-    for req in trace:
-        if req.prompt_len + req.output_len > max_model_len:
-            fail(f"request {req.request_id}: {req.prompt_len} prompt + {req.output_len} output "
-                 f"tokens exceed max_model_len={max_model_len} (clip the trace with "
-                 "`rt trace convert --max-model-len`)")
+        return load_real_engine(model, engine, real, seed)
 
 
 def replay_on(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
@@ -715,44 +665,25 @@ def run_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | 
 
 def run_endpoint(trace: workloads.Trace, settings: dict[str, Any], path: Path,
                  percentiles: list[float]) -> None:
-    """Replay against the endpoint, write the run directory, print vLLM's block; failed
-    requests are counted (exit 0, as vLLM bench) unless every request failed (exit 1)."""
+    """Replay against the endpoint, write the run directory, print vLLM's block."""
     try:
-        from backends.replay.endpoint import replay_endpoint
-        from backends.replay.endpoint import run_info as endpoint_info
-        from backends.replay.endpoint_probe import EndpointConfig, probe
+        from backends.replay.endpoint_run import EndpointRun, connect
     except ImportError as err:
         fail(f"--endpoint needs {err.name}: pip install 'rt[serve]'")
-    from analysis.console import benchmark_block
-    from analysis.metrics import benchmark_metrics
     from analysis.rundir import load_run, run_info, write_run
 
-    config = EndpointConfig(**settings)
-    info = probe(config)
-    if info.max_model_len is not None:
-        check_lengths(trace, info.max_model_len)
+    config, info = connect(trace, settings)
     note([f"endpoint {info.completions_url}, model {info.model}, client-side timing"])
     with progress("replaying", len(trace)) as update:
-        result = replay_endpoint(trace, config, info, update)
-    write_run(path, [r.to_row() for r in result.requests], {},
-              run_info("endpoint", path.name, trace_info(trace),
-                       **endpoint_info(result, config, info)))
-    failed, sent = result.num_failed, len(result.requests)
-    if sent > failed:
-        typer.echo(benchmark_block(benchmark_metrics(load_run(path).requests, percentiles),
-                                   percentiles=percentiles, request_rate=None))
-    first = next(iter(result.errors.items()), ("", ""))
-    if failed:
-        note([f"{failed} of {sent} requests failed (first: {first[0]}: {first[1]}); "
-              f"messages in {path / 'run.json'}"])
-    typer.echo(f"rt: wrote {path} ({sent} requests, client-side timing, "
-               f"{result.wall_s:.2f} s wall)", err=True)
-    if result.interrupted:
-        typer.echo("rt: interrupted: records of the requests so far were written", err=True)
-        raise typer.Exit(code=130)
-    if sent and failed == sent:
-        typer.echo(f"rt: every request failed ({first[1]})", err=True)
-        raise typer.Exit(code=1)
+        run = EndpointRun.replay(trace, config, info, update)
+    write_run(path, run.rows(), {}, run_info("endpoint", path.name, trace_info(trace),
+                                             **run.run_json()))
+    if run.answered:
+        print_run(load_run(path), None, percentiles)
+    for line in run.messages(path):
+        typer.echo(f"rt: {line}", err=True)
+    if run.exit_code:
+        raise typer.Exit(code=run.exit_code)
 
 
 # ---- rt serve (backends; --simulate: sim) ----
@@ -777,12 +708,14 @@ def serve(
     /health, /metrics) from an engine-core process: a real model, or with --simulate the
     cost model on the wall clock. SIGTERM/Ctrl-C drains, then exits."""
     from backends.serve.api_server import ServeConfig, run_server
+    from backends.serve.engine_process import real_executor_spec
+    from sim.live_executor import live_executor_spec
 
     with user_errors():
-        if server.simulate:
-            factory, kwargs, name, tokenizer_dir = _serve_simulated(model, sim, engine, seed)
-        else:
-            factory, kwargs, name, tokenizer_dir = _serve_real(model, engine, real, seed)
+        factory, kwargs, name, tokenizer_dir = (
+            live_executor_spec(EngineArgs(**dataclasses.asdict(engine)), model, sim.gpu,
+                               sim.profile, seed) if server.simulate
+            else real_executor_spec(model, engine, real, seed))
     config = ServeConfig(server.served_model_name or name, factory, kwargs, tokenizer_dir,
                          server.max_num_queued_requests, api_key=server.api_key,
                          max_request_bytes=server.max_request_bytes)
@@ -800,36 +733,6 @@ def until_stopped(started: str, what: str, run: Callable[[], None]) -> None:
     except RuntimeError as err:
         fail(str(err))
     typer.echo(f"rt: {what} stopped", err=True)
-
-
-def _serve_simulated(model: str | None, sim: SimFlags, engine: EngineFlags, seed: int
-                     ) -> tuple[Any, dict[str, Any], str, Path | None]:
-    """The wall-clock simulator's executor factory (validated here, built in the engine)."""
-    from sim.engine_args import build_setup
-    from sim.live_executor import build_live_executor
-
-    args = EngineArgs(**dataclasses.asdict(engine))
-    sim_model = model or "llama-3.1-8b"
-    build_setup(args, sim_model, sim.gpu, sim.profile, seed)  # one-line errors before the fork
-    kwargs = {"engine_args": args, "model": sim_model, "gpu": sim.gpu, "profile": sim.profile,
-              "seed": seed}
-    model_dir = Path(sim_model) if Path(sim_model).is_dir() else None  # its tokenizer, if any
-    return build_live_executor, kwargs, sim_model, model_dir
-
-
-def _serve_real(model: str | None, engine: EngineFlags, real: RealEngineFlags, seed: int
-                ) -> tuple[Any, dict[str, Any], str, Path]:
-    """The real executor's factory; the model is loaded in the engine process."""
-    from backends.engine.setup import real_engine_args
-    from backends.engine.tiny_model import build_tiny_llama
-    from backends.serve.engine_process import build_real_executor
-
-    model_dir = Path(model) if model is not None else build_tiny_llama()
-    if not (model_dir / "config.json").is_file():
-        fail(f"--model {model_dir}: not a model directory (no config.json)")
-    args = real_engine_args(model_dir, engine, real, seed)
-    name = "tiny-llama" if model is None else model  # as typed: vLLM's default served name
-    return build_real_executor, {"args": args}, name, model_dir
 
 
 # ---- rt calibrate / fidelity ----
@@ -936,7 +839,7 @@ def fidelity(
     with user_errors():
         trace = workload(work, trace_file)
         setup, tokenizer = real_engine(model, engine, real, work.seed)
-        check_lengths(trace, setup.scheduler.max_model_len)
+        workloads.check_max_model_len(trace, setup.scheduler.max_model_len)
         root.mkdir(parents=True, exist_ok=True)
         profile = how.profile
         if profile is None and how.calibrate_on == "grid" and not how.fit_on_replay:

@@ -5,8 +5,13 @@ the `rt replay --endpoint` tests: its behaviour knobs, what it saw; `running_fak
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -138,3 +143,35 @@ def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def rt_serve(args: list[str]) -> Iterator[str]:
+    """`rt serve ARGS` on a free port; yields its URL once /health answers; SIGTERM after."""
+    import httpx
+
+    port = closed_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "serve", "--port", str(port), *args], cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, f"rt serve exited: {proc.stdout.read()}"  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "rt serve did not come up"
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)

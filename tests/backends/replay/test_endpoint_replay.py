@@ -27,7 +27,7 @@ from backends.replay.endpoint_probe import (  # noqa: E402
 )
 from cli import app  # noqa: E402
 from runtime.records import PART_COLUMNS, RequestRecord  # noqa: E402
-from tests.backends.replay.fake_endpoint import (  # noqa: E402  # noqa: E402
+from tests.backends.replay.fake_endpoint import (  # noqa: E402
     CHUNK_GAP_S,
     FIRST_CHUNK_DELAY_S,
     MODEL,

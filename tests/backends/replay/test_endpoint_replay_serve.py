@@ -4,13 +4,10 @@ the records so far are written, exit 130."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,11 +20,11 @@ from typer.testing import CliRunner  # noqa: E402
 
 from analysis.rundir import load_run  # noqa: E402
 from cli import app  # noqa: E402
-from tests.backends.replay.fake_endpoint import (  # noqa: E402  # noqa: E402
+from tests.backends.replay.fake_endpoint import (  # noqa: E402
     ROOT,
     FakeServer,
-    closed_port,
     endpoint_trace,
+    rt_serve,
     running_fake_server,
 )
 from workloads import Trace, write_rt_jsonl  # noqa: E402
@@ -40,38 +37,6 @@ trace = pytest.fixture(endpoint_trace, name="trace")
 # ---- against `rt serve` (a subprocess on a free loopback port) ---------------------------
 
 
-@contextlib.contextmanager
-def _rt_serve(args: list[str]) -> Iterator[str]:
-    """`rt serve ARGS` on a free port; yields its URL once /health answers; SIGTERM after."""
-    import httpx
-
-    port = closed_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "serve", "--port", str(port), *args], cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, f"rt serve exited: {proc.stdout.read()}"  # type: ignore[union-attr]
-            assert time.monotonic() < deadline, "rt serve did not come up"
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-
-
 @pytest.mark.parametrize("serve_args, vocab", [
     (["--max-model-len", "256", "--num-gpu-blocks-override", "64"], 512),  # tiny Llama, CPU
     (["--simulate", "--gpu", "h200", "--max-model-len", "4096"], 32000),
@@ -81,7 +46,7 @@ def test_replay_against_rt_serve_gives_the_trace_token_counts(
     trace_file = tmp_path / "trace.jsonl"
     write_rt_jsonl(trace, trace_file)
     out = tmp_path / "run"
-    with _rt_serve(serve_args) as url:
+    with rt_serve(serve_args) as url:
         result = cli_runner.invoke(app, ["replay", str(trace_file), "--endpoint", url,
                                          "--vocab-size", str(vocab), "--result-dir", str(out),
                                          "--timeout", "60"])
