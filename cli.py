@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 import workloads
+from analysis.compare import CompareFiles
 from analysis.progress import progress
 from analysis.report import ReportFiles, ReportFlags
 from backends.bench.flags import GpuBenchFlags, ServeBenchFlags
@@ -46,6 +47,7 @@ from sim.pd_flags import PDFlags
 from sim.plan import PlanFlags
 from sim.sweep import GRID_PANEL, SweepFlags
 from workloads.flags import WorkloadFlags, load_workload
+from workloads.trace_flags import ConvertFlags, InspectFlags
 
 if TYPE_CHECKING:
     from analysis.report import ReportOptions
@@ -233,24 +235,15 @@ _SYNTHETIC = ("fmt", "dataset_name", "dataset_path", "num_prompts", "input_len",
 def trace_inspect(
     file: Path,
     flags: Annotated[WorkloadFlags, Flags(only=_TRACE_FLAGS)],
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
-    keep_failed: Annotated[bool, typer.Option(
-        "--keep-failed", help="Statistics over every row, failed rows included.")] = False,
-    block_size: Annotated[int, typer.Option(
-        "--block-size", help="Prefix-cache block (tokens) for prompts without hash ids.")] = 16,
+    how: Annotated[InspectFlags, Flags()],
 ) -> None:
     """Print a trace's statistics: rows, span, rates, burstiness, lengths, prefix reuse."""
-    from workloads.flags import all_rows_stats
     from workloads.report import render_stats
 
     with user_errors():
-        if keep_failed:
-            stats, kind = all_rows_stats(flags, file)
-        else:
-            loaded = load_workload(flags, file)
-            note(loaded.notes)
-            stats, kind = workloads.trace_stats(loaded.trace, block_size), loaded.format
-    if as_json:
+        stats, kind, notes = how.stats(flags, file)
+    note(notes)
+    if how.json:
         write_json({"file": str(file), "format": kind, **stats.to_dict()}, None)
     else:
         typer.echo("\n".join(render_stats(stats, f"{file} ({kind})")))
@@ -261,21 +254,14 @@ def trace_inspect(
 def trace_convert(
     src: Path, dst: Path,
     flags: Annotated[WorkloadFlags, Flags(only=_TRACE_FLAGS)],
-    to: Annotated[str, typer.Option(
-        "--to", help="Output format: rt (rt JSONL, lossless), vidur (CSV, times and lengths "
-        "only) or timed_trace (vLLM bench's JSONL, 16-token hash ids).")] = "rt",
+    out: Annotated[ConvertFlags, Flags()],
 ) -> None:
     """Convert a trace file (any supported format) to rt JSONL, Vidur CSV or vLLM bench's
     timed_trace JSONL."""
-    writers = {"rt": workloads.write_rt_jsonl, "vidur": workloads.write_vidur_csv,
-               "timed_trace": workloads.write_timed_trace}
     with user_errors():
-        if to not in writers:
-            raise workloads.TraceError("must be rt, vidur or timed_trace", column="--to",
-                                       value=to)
         trace = workload(flags, src)
-        writers[to](trace, dst)
-    typer.echo(f"wrote {len(trace)} requests to {dst} ({to})")
+        out.write(trace, dst)
+    typer.echo(f"wrote {len(trace)} requests to {dst} ({out.to})")
 
 
 @trace_app.command("gen")
@@ -404,14 +390,7 @@ def compare(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run directories (two or more).")],
     flags: Annotated[ReportFlags, Flags(defaults={"percentile_metrics": "ttft,tpot,itl,e2el",
                                                   "metric_percentiles": "50,90,99"})],
-    csv: Annotated[Path | None, typer.Option("--csv", help="Also write the table here.")]
-    = None,
-    html: Annotated[Path | None, typer.Option(
-        "--html", help="Also write one self-contained HTML page here: the table, the overlaid "
-        "curves and each run's report.")] = None,
-    plot_dir: Annotated[Path | None, typer.Option(
-        "--plot-dir", help="Where the overlaid curves go (default: results/compare-<time>).")]
-    = None,
+    files: Annotated[CompareFiles, Flags()],
     plots: _Plots = True,
 ) -> None:
     """Compare runs of one workload side by side: rows = metrics, columns = runs, and a
@@ -425,13 +404,14 @@ def compare(
         runs = [load_checked(p) for p in run_dirs]
         table, figures = compare_runs(runs, flags.options(), plots)
         typer.echo(render_table(table))
-        if csv is not None:
-            table.to_csv(csv)
-        if html is not None:
+        if files.csv is not None:
+            table.to_csv(files.csv)
+        if files.html is not None:
             from analysis.html_report import write_html_report
 
-            typer.echo(f"rt: wrote {write_html_report(runs, html, flags.options())}", err=True)
-        save_figures(figures, plot_dir or default_dir("compare"))
+            typer.echo(f"rt: wrote {write_html_report(runs, files.html, flags.options())}",
+                       err=True)
+        save_figures(figures, files.plot_dir or default_dir("compare"))
 
 
 _SWEEP_ENGINE = ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold",
@@ -635,14 +615,19 @@ def real_engine(model: Path | None, engine: EngineFlags, real: RealEngineFlags,
 
 
 def replay_on(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
-              check_invariants: bool = False) -> RunResult:
+              check_invariants: bool = False, stop_if_interrupted: bool = False) -> RunResult:
+    """Replay on the real engine (a progress bar); Ctrl-C ends the replay early, and with
+    `stop_if_interrupted` the command (exit 130)."""
     from backends.replay.driver import ReplayConfig
     from backends.replay.driver import replay as run
 
     config = ReplayConfig(setup.scheduler, setup.cache, setup.shape.vocab_size,
                           setup.args.seed, check_invariants)
     with progress("replaying", len(trace)) as update:
-        return run(trace, config, setup.runner, tokenizer, update)
+        result = run(trace, config, setup.runner, tokenizer, update)
+    if result.interrupted and stop_if_interrupted:
+        raise typer.Exit(code=130)
+    return result
 
 
 def run_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
@@ -831,7 +816,9 @@ def fidelity(
     Without --profile it calibrates first, by default on replays of other requests like
     TRACE's; with --repeats N it replays N times and reports against their mean, with the
     real runs' own spread as the noise floor."""
+    from analysis.fidelity import replay_order
     from sim.calibrate import replay_api_cost
+    from sim.fidelity_run import FidelityRuns
 
     with user_errors():
         how.check(cal.step_drift, noise.step_noise)
@@ -845,64 +832,30 @@ def fidelity(
         if profile is None and how.calibrate_on == "grid" and not how.fit_on_replay:
             profile = write_profile(calibrate_grid(setup, tokenizer, cal, []),
                                     root / "profile.json")
-        reals, calibrations = _fidelity_replays(
-            trace, setup, tokenizer, root, how.repeats,
-            profile is None and not how.fit_on_replay and how.calibrate_on == "replay")
+        runs = FidelityRuns(trace, root, setup.args.seed, setup.describe(), functools.partial(
+            replay_on, setup=setup, tokenizer=tokenizer, stop_if_interrupted=True), save_run,
+            lambda line: typer.echo(f"rt: {line}", err=True))
+        reals, calibrations = runs.replays(replay_order(how.repeats, profile is None and not (
+            how.fit_on_replay) and how.calibrate_on == "replay"), tokenizer=tokenizer is not None)
         if replays := calibrations or (reals if how.fit_on_replay else []):
             profile = write_profile(profile_from_steps(replays, "wall", replay_api_cost(replays),
                                                        cal.step_drift), root / "profile.json")
         assert profile is not None
-        sims = _fidelity_simulate(trace, setup, profile, root, noise.step_noise, how.sim_runs)
+        sims, notes = runs.twins(setup.scheduler, setup.cache, str(setup.args.model_dir),
+                                 profile, noise.step_noise, how.sim_runs)
+        note(notes)
         _fidelity_report(reals, sims, profile, root, plots, how.max_error)
-
-
-def _fidelity_replays(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
-                      root: Path, repeats: int, calibrate: bool) -> tuple[list[Path], list[Path]]:
-    """The real replays of TRACE and the calibration replays of traces resampled from it
-    (out of sample), interleaved as `analysis.fidelity.replay_order` says."""
-    from analysis.fidelity import replay_order
-
-    dirs: dict[str, list[Path]] = {"real": [], "calibration": []}
-    for kind, i in replay_order(repeats, calibrate):
-        path = root / (kind + (f"-{i + 1}" if i else ""))
-        source = (trace if kind == "real"
-                  else workloads.resample_like(trace, setup.args.seed + i + 1))
-        result = replay_on(source, setup, tokenizer)
-        if result.interrupted:
-            raise typer.Exit(code=130)
-        save_run(path, "replay", source, result, setup.describe(),
-                 tokenizer=tokenizer is not None)
-        typer.echo(f"rt: replayed {len(source)} requests, {result.num_steps} steps, "
-                   f"{result.wall_s:.2f} s wall -> {path}", err=True)
-        dirs[kind].append(path)
-    return dirs["real"], dirs["calibration"]
-
-
-def _fidelity_simulate(trace: workloads.Trace, setup: RealSetup, profile: Path, root: Path,
-                       step_noise: bool, runs: int) -> list[Path]:
-    """The twin's simulations (`sim.fidelity.twin_simulations`): root/sim, root/sim-2, ..."""
-    from sim.fidelity import twin_simulations
-
-    sim, twins, notes = twin_simulations(trace, setup.scheduler, setup.cache,
-                                         str(setup.args.model_dir), profile, setup.args.seed,
-                                         step_noise, runs)
-    note(notes)
-    for twin in twins:
-        save_run(root / twin.name, "simulate", trace, twin.result, sim.describe(),
-                 step_noise_seed=twin.noise_seed)
-    return [root / twin.name for twin in twins]
 
 
 def _fidelity_report(real_dirs: list[Path], sim_dirs: list[Path], profile_path: Path,
                      root: Path, plots: bool, max_error: float | None) -> None:
     from analysis.fidelity import write_fidelity
-    from sim.calibrate import predict_step_rows
-    from sim.profile import load_profile
+    from sim.fidelity_run import predicted_steps
 
     reals = [load_checked(path) for path in real_dirs]
-    predicted = predict_step_rows(load_profile(profile_path).coefficients, reals[0].steps)
-    text, violations, figures = write_fidelity(reals, [load_checked(p) for p in sim_dirs],
-                                               predicted, root, plots, max_error)
+    text, violations, figures = write_fidelity(
+        reals, [load_checked(p) for p in sim_dirs], predicted_steps(profile_path, reals[0].steps),
+        root, plots, max_error)
     typer.echo(text)
     save_figures(figures, root / "plots")
     typer.echo(f"rt: wrote {root}/fidelity.json", err=True)
