@@ -444,28 +444,23 @@ def sweep(
 
     With --slo and --find-max-rate: bisect the rate for the highest one meeting every SLO."""
     from analysis.sweep import parse_slo, write_sweep
-    from analysis.sweep_run import search_rates
+    from analysis.sweep_run import run_sweep
     from sim.sweep import SweepPlan, sweep_configs
 
     with user_errors():
         slos = parse_slo(how.slo) if how.slo is not None else None
         if how.find_max_rate and not slos:
             raise ValueError("--find-max-rate needs --slo")
-        key, axis = how.axis()
+        scaled = how.axis()[0] == "time_scale"  # (an axis error before the grid's)
         plan = SweepPlan(sweep_configs(grid, targets["model"], targets["gpu"],
                                        fleets.get("replicas", [1]),
                                        fleets.get("router", ["round-robin"])),
-                         *_sweep_workload(trace_file, work, key == "time_scale"), sim.profile,
-                         work.seed, result_dir or default_dir("sweep"))
-        runner = point_runner(how, flags.options(), slos, "sweep")
-        if how.find_max_rate:
-            assert slos is not None
-            records, lines = search_rates(plan, runner, slos, how.bracket(),
-                                          axis if key == "request_rate" else None,
-                                          how.rate_tolerance)
-            typer.echo("\n".join(lines))
-        else:
-            records = runner.sweep(plan.grid(key, axis or [None]))
+                         *_sweep_workload(trace_file, work, scaled), sim.profile, work.seed,
+                         result_dir or default_dir("sweep"))
+        records, lines = run_sweep(plan, point_runner(how, flags.options(), slos, "sweep"),
+                                   how, slos)
+        for line in lines:
+            typer.echo(line)
         text, figures = write_sweep(records, plan.root, _SWEEP_ENGINE, slos, plots)
     typer.echo(text)
     save_figures(figures, plan.root)

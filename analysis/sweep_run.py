@@ -119,18 +119,23 @@ class PointRunner:
         return [bool(r["meets_slo"]) for r in done]
 
 
-def search_rates(plan: Any, runner: PointRunner, slos: dict[str, float],
-                 bracket: Sequence[float] | None, rates: Sequence[float] | None,
-                 tolerance: float
-                 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """`--find-max-rate`: bisect each configuration's request rate for the highest meeting
-    every SLO (`analysis.sweep.search_max_rates`). `plan` is the sweep's `sim.sweep.SweepPlan`
-    (.configs, .job(i, key, value), .trace_rate()); `bracket`: --rate-range's values or None,
-    `rates`: --request-rate's. Returns every run's record and one summary line per config."""
-    first = rate_bracket(bracket, rates, plan.trace_rate())
+def run_sweep(plan: Any, runner: PointRunner, how: Any, slos: dict[str, float] | None
+              ) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every record of the sweep, and one summary line per configuration of a rate search.
+    `plan` is the `sim.sweep.SweepPlan` (.configs, .job(i, key, value), .grid(key, axis),
+    .trace_rate()), `how` its `sim.sweep.SweepFlags` (.axis(), .find_max_rate, .bracket(),
+    .rate_tolerance). With --find-max-rate each configuration's request rate is bisected for
+    the highest meeting every SLO (`analysis.sweep.search_max_rates`), else the grid runs."""
+    key, axis = how.axis()
+    if not how.find_max_rate:
+        return runner.sweep(plan.grid(key, axis or [None])), []
+    if not slos:
+        raise ValueError("--find-max-rate needs --slo")
+    bracket = rate_bracket(how.bracket(), axis if key == "request_rate" else None,
+                           plan.trace_rate())
     records, searches = search_max_rates(
         len(plan.configs), lambda batch: runner.sweep([plan.job(i, "request_rate", r)
                                                         for i, r in batch]),
-        slos, first, tolerance)
+        slos, bracket, how.rate_tolerance)
     return records, [search_summary(config.labels, search)
                      for config, search in zip(plan.configs, searches, strict=True)]
