@@ -181,21 +181,14 @@ def save_run(path: Path, kind: str, trace: workloads.Trace, result: RunResult,
 
 def print_run(run: Run, result: RunResult | None, percentiles: list[float],
               request_rate: float | None = None) -> None:
-    """vLLM's result block and rt's block (as `rt simulate` prints them); for a client-timed
-    run (no engine `result`), vLLM's block only."""
-    from analysis.console import benchmark_block, rt_block
-    from analysis.metrics import benchmark_metrics
+    """`analysis.console.run_blocks`, then (with the engine's `result`) the run's line."""
+    from analysis.console import run_blocks
 
     if len(run.requests):
-        typer.echo(benchmark_block(benchmark_metrics(run.requests, percentiles),
-                                   percentiles=percentiles, request_rate=request_rate))
-    if result is None:
-        return
-    if len(run.requests):
-        hits = result.prefix_cache_hits / max(result.prefix_cache_queries, 1)
-        typer.echo(rt_block(run.requests, run.steps, hits))
-    typer.echo(f"rt: wrote {run.path} ({len(run.requests)} requests, {result.num_steps} "
-               f"steps, {result.wall_s:.2f} s wall)", err=True)
+        typer.echo(run_blocks(run.requests, run.steps, percentiles, request_rate, result))
+    if result is not None:
+        typer.echo(f"rt: wrote {run.path} ({len(run.requests)} requests, {result.num_steps} "
+                   f"steps, {result.wall_s:.2f} s wall)", err=True)
 
 
 def workload(flags: WorkloadFlags, path: Path | None = None) -> workloads.Trace:
@@ -512,7 +505,7 @@ def plan(
     """The cheapest fleet that meets every SLO on a trace, with no failed request: searches
     GPU kinds x models x tensor parallelism x token budgets x max_num_seqs x routers,
     prunes what cannot work before simulating, and bisects each candidate's replica count."""
-    from analysis.plan import pareto_figure, plan_table, render_plan
+    from analysis.plan import write_plan
     from analysis.sweep import parse_slo
     from sim.plan import cheapest, search
 
@@ -528,17 +521,15 @@ def plan(
                                   functools.partial(runner.judge, trace=trace, seed=work.seed,
                                                     root=root, slos=slos, records=records),
                                   work.seed)
-    for p in pruned:
-        note([f"pruned {p.candidate.name()}: {p.reason}"])
-    table = plan_table(records, slos)
-    typer.echo(render_plan(table))
-    table.to_csv(root / "plan.csv", index=False)
-    save_figures({"pareto": pareto_figure(records)}, root)
+    note([f"pruned {p.candidate.name()}: {p.reason}" for p in pruned])
+    text, closest, figures = write_plan(records, slos, root)
+    typer.echo(text)
+    save_figures(figures, root)
     ranked = cheapest(searches, prices)
     typer.echo(f"rt: {len(records)} shapes simulated, {len(pruned)} candidates pruned", err=True)
     if not ranked:
         fail(f"no shape within --max-gpus {space.max_gpus} meets {space.slo} (closest: "
-             f"{table.iloc[0]['shape'] if len(table) else 'none simulated'})")
+             f"{closest})")
     (root / "fleet.toml").write_text(ranked[0].fleet_toml())
     typer.echo(f"cheapest: {ranked[0].name()} at ${ranked[0].cost_per_hour:.2f}/h "
                f"({ranked[0].gpus} GPUs, router {ranked[0].candidate.router}) -> "
