@@ -2,11 +2,14 @@
 environment and logging.
 
 Flags are declared once, as fields of the libraries' frozen flag dataclasses (`EngineFlags`,
-`EngineArgs`, `SimFlags`, `RealEngineFlags`, `WorkloadFlags`, `ReportFlags`; each field's
-metadata names its option). `with_flags` turns a command parameter annotated
-`Annotated[SomeFlags, Flags(...)]` into those options and hands the command the instance.
-Each command then calls the libraries and prints. User errors (bad flags, bad files) become
-one line on stderr and exit code 2, never a traceback.
+`EngineArgs`, `SimFlags`, `RealEngineFlags`, `WorkloadFlags`, `ReportFlags`, each command's
+own such as `ServeBenchFlags` or `InspectFlags`; each field's metadata names its option).
+`with_flags` turns a command parameter annotated `Annotated[SomeFlags, Flags(...)]` into those
+options and hands the command the instance. Each command then calls the libraries and
+prints; where a run needs two sides the layering keeps apart (sim/ and backends/, or either
+and analysis/), the library takes the other side's function and this module passes it
+(e.g. `analysis.sweep_run.PointRunner`, `sim.fidelity_run.FidelityRuns`). User errors (bad
+flags, bad files) become one line on stderr and exit code 2, never a traceback.
 """
 
 from __future__ import annotations

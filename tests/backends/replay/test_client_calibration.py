@@ -21,7 +21,7 @@ pytest.importorskip("fastapi")
 from typer.testing import CliRunner  # noqa: E402
 
 from cli import app  # noqa: E402
-from tests.backends.replay.fake_endpoint import rt_serve as _rt_serve  # noqa: E402
+from tests.backends.replay.test_endpoint_replay import _rt_serve  # noqa: E402
 from workloads import ArrivalProcess, Trace, TraceRequest, write_rt_jsonl  # noqa: E402
 from workloads.synthetic import RandomLengths, random_trace  # noqa: E402
 

@@ -37,6 +37,7 @@ from tests.backends.replay.fake_endpoint import (  # noqa: E402
     endpoint_trace,
     running_fake_server,
 )
+from tests.backends.replay.fake_endpoint import rt_serve as _rt_serve  # noqa: E402, F401 (imported from here by other tests)
 from workloads import Trace, write_rt_jsonl  # noqa: E402
 
 cli_runner = CliRunner()
