@@ -663,7 +663,6 @@ def run_endpoint(trace: workloads.Trace, settings: dict[str, Any], path: Path,
 # ---- rt serve (backends; --simulate: sim) ----
 
 
-
 @app.command()
 @with_flags
 def serve(
@@ -710,6 +709,7 @@ def until_stopped(started: str, what: str, run: Callable[[], None]) -> None:
 
 
 # ---- rt calibrate / fidelity ----
+
 
 def calibrate_grid(setup: RealSetup, tokenizer: Tokenizer | None, cal: CalibrationFlags,
                    extra_steps: list[Path]) -> Profile:
