@@ -170,16 +170,12 @@ def default_dir(kind: str) -> Path:
     return Path("results") / f"{kind}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def trace_info(trace: workloads.Trace) -> dict[str, Any]:
-    return {"name": trace.name, "requests": len(trace), "digest": workloads.trace_digest(trace)}
-
-
 def save_run(path: Path, kind: str, trace: workloads.Trace, result: RunResult,
              describe: Mapping[str, Any], **extra: Any) -> Run:
     """Write a run directory (`analysis.rundir.save_result`) and read it back."""
     from analysis.rundir import save_result
 
-    return save_result(path, kind, trace_info(trace), result, describe, **extra)
+    return save_result(path, kind, workloads.trace_info(trace), result, describe, **extra)
 
 
 def print_run(run: Run, result: RunResult | None, percentiles: list[float],
@@ -483,7 +479,7 @@ def point_runner(how: SweepFlags, options: ReportOptions, slos: dict[str, float]
 
     return PointRunner(functools.partial(run_all, executor=how.executor, jobs=how.jobs,
                                          address=how.address),
-                       simulate_point if kind == "sweep" else simulate_shape, trace_info,
+                       simulate_point if kind == "sweep" else simulate_shape, workloads.trace_info,
                        widen_options(options, slos))
 
 
@@ -650,7 +646,7 @@ def run_endpoint(trace: workloads.Trace, settings: dict[str, Any], path: Path,
     note([f"endpoint {info.completions_url}, model {info.model}, client-side timing"])
     with progress("replaying", len(trace)) as update:
         run = EndpointRun.replay(trace, config, info, update)
-    write_run(path, run.rows(), {}, run_info("endpoint", path.name, trace_info(trace),
+    write_run(path, run.rows(), {}, run_info("endpoint", path.name, workloads.trace_info(trace),
                                              **run.run_json()))
     if run.answered:
         print_run(load_run(path), None, percentiles)
@@ -947,19 +943,11 @@ def bench_gpu(flags: Annotated[GpuBenchFlags, Flags()], out: _Out = None) -> Non
     copy and a matmul measured in the same run, and engine tokens/s against transformers
     (a CUDA device; under 10 minutes)."""
     try:
-        from backends.bench.engine_throughput import EnginePlan, engine_throughput_section
-        from backends.bench.gpu import GpuUnavailable, run_gpu_bench
+        from backends.bench.gpu import GpuUnavailable, gpu_bench
     except ImportError as err:
         fail(f"rt bench gpu needs the real extra (torch, triton): {err}")
-    with user_errors():
-        plan = EnginePlan(num_requests=flags.engine_requests, prompt_len=flags.engine_prompt_len,
-                          output_len=flags.engine_output_len, hf_batch_size=flags.hf_batch_size)
-        section = engine_throughput_section(flags.engine_model, plan) if flags.engine else None
-        try:
-            report = run_gpu_bench(out, engine_throughput=section,
-                                   log=lambda line: typer.echo(f"rt: {line}", err=True))
-        except GpuUnavailable as err:
-            fail(str(err))
+    with user_errors(GpuUnavailable):
+        report = gpu_bench(flags, out, lambda line: typer.echo(f"rt: {line}", err=True))
     write_json(report, None)
 
 

@@ -15,7 +15,7 @@ from workloads.defaults import DEFAULT_TRACE_PATH, default_trace
 from workloads.errors import TraceError
 from workloads.loaders import FORMATS, LoadResult, detect_format, load_trace, read_rows
 from workloads.rows import LoadReport, RawRows
-from workloads.rtformat import read_rt_jsonl, trace_digest, write_rt_jsonl
+from workloads.rtformat import read_rt_jsonl, trace_digest, trace_info, write_rt_jsonl
 from workloads.stats import (
     LengthStats,
     PrefixReuse,
@@ -59,6 +59,7 @@ __all__ = [
     "DEFAULT_TRACE_PATH",
     "default_trace",
     "trace_digest",
+    "trace_info",
     "FORMATS", "RESERVED_TOKEN_IDS", "ArrivalProcess", "ClipReport", "LengthStats",
     "LoadReport", "LoadResult", "MultiTurn", "PrefixRepetition", "PrefixReuse", "RandomLengths",
     "RawRows", "TraceRequest", "Span", "TimeStats", "Trace", "TraceColumns", "TraceError",
