@@ -48,9 +48,9 @@ from sim.fidelity import CalibrationFlags, FidelityFlags
 from sim.fleet_config import FleetFlags
 from sim.pd_flags import PDFlags
 from sim.plan import PlanFlags
-from sim.sweep import GRID_PANEL, SweepFlags
+from sim.sweep import GRID_ENGINE_FLAGS, GRID_PANEL, SWEEP_WORKLOAD_FLAGS, SweepFlags
 from workloads.flags import WorkloadFlags, load_workload
-from workloads.trace_flags import ConvertFlags, InspectFlags
+from workloads.trace_flags import FILE_FLAGS, SYNTHETIC_FLAGS, ConvertFlags, InspectFlags
 
 if TYPE_CHECKING:
     from analysis.report import ReportOptions
@@ -213,20 +213,12 @@ _Seed = Annotated[int, typer.Option("--seed", help="Seed of every random draw (a
 
 # ---- rt trace ... (workloads) ----
 
-_TRACE_FLAGS = ("fmt", "trace_model", "hash_block_size", "request_rate", "burstiness", "seed",
-                "start_s", "duration_s", "first_n", "time_scale", "target_rate",
-                "max_model_len")
-_SYNTHETIC = ("fmt", "dataset_name", "dataset_path", "num_prompts", "input_len", "output_len",
-              "range_ratio", "prefix_len", "rep_prefix_len", "rep_suffix_len",
-              "rep_num_prefixes", "rep_output_len", "turns", "turn_gap_s", "request_rate",
-              "burstiness", "seed", "max_model_len")
-
 
 @trace_app.command("inspect")
 @with_flags
 def trace_inspect(
     file: Path,
-    flags: Annotated[WorkloadFlags, Flags(only=_TRACE_FLAGS)],
+    flags: Annotated[WorkloadFlags, Flags(only=FILE_FLAGS)],
     how: Annotated[InspectFlags, Flags()],
 ) -> None:
     """Print a trace's statistics: rows, span, rates, burstiness, lengths, prefix reuse."""
@@ -245,7 +237,7 @@ def trace_inspect(
 @with_flags
 def trace_convert(
     src: Path, dst: Path,
-    flags: Annotated[WorkloadFlags, Flags(only=_TRACE_FLAGS)],
+    flags: Annotated[WorkloadFlags, Flags(only=FILE_FLAGS)],
     out: Annotated[ConvertFlags, Flags()],
 ) -> None:
     """Convert a trace file (any supported format) to rt JSONL, Vidur CSV or vLLM bench's
@@ -260,7 +252,8 @@ def trace_convert(
 @with_flags
 def trace_gen(
     output: Annotated[Path, typer.Option("-o", "--output", help="rt JSONL file to write.")],
-    flags: Annotated[WorkloadFlags, Flags(only=_SYNTHETIC, defaults={"dataset_name": "random"})],
+    flags: Annotated[WorkloadFlags, Flags(only=SYNTHETIC_FLAGS,
+                                          defaults={"dataset_name": "random"})],
 ) -> None:
     """Generate a synthetic trace with `vllm bench serve` flags (same seed, same arrivals)."""
     with user_errors():
@@ -406,19 +399,13 @@ def compare(
         save_figures(figures, files.plot_dir or default_dir("compare"))
 
 
-_SWEEP_ENGINE = ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold",
-                 "num_gpu_blocks_override", "block_size")
-_SWEEP_WORK = ("fmt", "dataset_name", "num_prompts", "input_len", "output_len", "range_ratio",
-               "burstiness", "seed", "start_s", "duration_s", "first_n")
-
-
 @app.command("sweep")
 @with_flags
 def sweep(
     *,
     trace_file: _Trace = None,
-    work: Annotated[WorkloadFlags, Flags(only=_SWEEP_WORK)],
-    grid: Annotated[EngineArgs, Flags(only=_SWEEP_ENGINE, lists=True, panel=GRID_PANEL)],
+    work: Annotated[WorkloadFlags, Flags(only=SWEEP_WORKLOAD_FLAGS)],
+    grid: Annotated[EngineArgs, Flags(only=GRID_ENGINE_FLAGS, lists=True, panel=GRID_PANEL)],
     targets: Annotated[SimFlags, Flags(only=("model", "gpu"), lists=True, panel=GRID_PANEL,
                                        defaults={"model": "llama-3.1-8b", "gpu": "h200"})],
     fleets: Annotated[FleetFlags, Flags(only=("replicas", "router"), lists=True,
@@ -453,7 +440,7 @@ def sweep(
                                    how, slos)
         for line in lines:
             typer.echo(line)
-        text, figures = write_sweep(records, plan.root, _SWEEP_ENGINE, slos, plots)
+        text, figures = write_sweep(records, plan.root, GRID_ENGINE_FLAGS, slos, plots)
     typer.echo(text)
     save_figures(figures, plan.root)
 

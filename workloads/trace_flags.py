@@ -16,6 +16,13 @@ from workloads.timed_trace import write_timed_trace
 from workloads.trace import Trace
 
 WRITERS = ("rt", "vidur", "timed_trace")
+# The WorkloadFlags fields a command on a trace file offers, and those of `rt trace gen`.
+FILE_FLAGS = ("fmt", "trace_model", "hash_block_size", "request_rate", "burstiness", "seed",
+              "start_s", "duration_s", "first_n", "time_scale", "target_rate", "max_model_len")
+SYNTHETIC_FLAGS = ("fmt", "dataset_name", "dataset_path", "num_prompts", "input_len",
+                   "output_len", "range_ratio", "prefix_len", "rep_prefix_len",
+                   "rep_suffix_len", "rep_num_prefixes", "rep_output_len", "turns",
+                   "turn_gap_s", "request_rate", "burstiness", "seed", "max_model_len")
 
 
 def flag(default: Any, option: str, help: str) -> Any:  # runtime.flags.flag's metadata
