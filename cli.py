@@ -136,9 +136,10 @@ def user_errors(*also: type[Exception]) -> Iterator[None]:
     """Bad input (a ValueError from the libraries, workloads.TraceError included: they name
     the field and value), an unreadable/unwritable file, or one of `also` (e.g. the
     RuntimeError of a server that did not start): one line, exit 2."""
+    caught: tuple[type[Exception], ...] = (ValueError, *also)
     try:
         yield
-    except (ValueError, *also) as err:
+    except caught as err:
         fail(str(err))
     except OSError as err:
         fail(f"{err.filename}: {err.strerror}")

@@ -54,7 +54,8 @@ class FleetRun:
     def run(self, trace: Trace, progress: Progress | None = None
             ) -> tuple[RunResult, dict[str, Any]]:
         """The fleet's records, and run.json's fleet, pd, autoscale and scaling sections."""
-        fleet, pd, autoscale, is_pd = self.fleet, self.pd, self.autoscale, self.pd.is_pd(self.roles)
+        fleet, pd, autoscale = self.fleet, self.pd, self.autoscale
+        is_pd = pd.is_pd(self.roles)
         if autoscale.enabled:
             result, scaling = simulate_autoscaled_fleet(trace, self.setup, self.spec, fleet,
                                                         autoscale, progress)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backends.replay.endpoint import EndpointResult, replay_endpoint, run_info
+from backends.replay.endpoint import EndpointResult, Progress, replay_endpoint, run_info
 from backends.replay.endpoint_probe import EndpointConfig, EndpointInfo, probe
 from workloads import Trace, check_max_model_len
 
@@ -37,7 +37,7 @@ class EndpointRun:
 
     @classmethod
     def replay(cls, trace: Trace, config: EndpointConfig, info: EndpointInfo,
-               progress: Any = None) -> EndpointRun:
+               progress: Progress | None = None) -> EndpointRun:
         return cls(replay_endpoint(trace, config, info, progress), config, info)
 
     def rows(self) -> list[dict[str, Any]]:
