@@ -32,7 +32,7 @@ import workloads
 from analysis.compare import CompareFiles
 from analysis.progress import progress
 from analysis.report import ReportFiles, ReportFlags
-from backends.bench.flags import GpuBenchFlags, ServeBenchFlags
+from backends.bench.flags import GpuBenchFlags, ServeBenchFlags, ServeLoadFlags
 from backends.engine.flags import RealEngineFlags
 from backends.replay.flags import EndpointFlags
 from backends.route.flags import ROUTE_PANEL, RouteBenchFlags, RouteFlags
@@ -90,27 +90,32 @@ def _option(spec: FlagSpec) -> inspect.Parameter:
 def with_flags(command: Callable[..., None]) -> Callable[..., None]:
     """Expose `Annotated[FlagClass, Flags(...)]` parameters of `command` as one typer option
     per field (an option two groups share, such as --seed, appears once and feeds both);
-    the command is called with the built dataclasses."""
+    the command is called with the built dataclasses. Options are listed: the command's own
+    and its `inline` groups' in signature order, then the other groups'."""
     hints = typing.get_type_hints(command, include_extras=True)
-    own = [p.replace(annotation=hints[p.name], kind=inspect.Parameter.KEYWORD_ONLY)
-           for p in inspect.signature(command).parameters.values() if not _group(hints[p.name])]
-    params, seen = list(own), {p.name for p in own}
-    groups = []
-    for name, hint in hints.items():
-        if name != "return" and (group := _group(hint)):
-            cls = typing.get_args(hint)[0]
-            specs = group_specs(cls, group)
-            params += [_option(s) for s in specs if s.name not in seen]
-            seen.update(s.name for s in specs)
-            groups.append((name, cls, group, specs))
-    own_names = {p.name for p in own}
+    signature = list(inspect.signature(command).parameters.values())
+    own = {p.name: p.replace(annotation=hints[p.name], kind=inspect.Parameter.KEYWORD_ONLY)
+           for p in signature if not _group(hints[p.name])}
+    seen, groups = set(own), []
+
+    def expand(name: str) -> list[inspect.Parameter]:
+        cls, group = typing.get_args(hints[name])[0], _group(hints[name])
+        specs = group_specs(cls, group)
+        options = [_option(s) for s in specs if s.name not in seen]
+        seen.update(s.name for s in specs)
+        groups.append((name, cls, group, specs))
+        return options
+
+    inline = [p.name for p in signature if p.name in own or _group(hints[p.name]).inline]
+    params = [q for name in inline for q in ([own[name]] if name in own else expand(name))]
+    params += [q for p in signature if p.name not in inline for q in expand(p.name)]
 
     @functools.wraps(command)
     def wrapper(**kwargs: Any) -> None:
         with user_errors():
             built = {name: build_group(cls, group, specs, kwargs)
                      for name, cls, group, specs in groups}
-        command(**{k: v for k, v in kwargs.items() if k in own_names}, **built)
+        command(**{k: v for k, v in kwargs.items() if k in own}, **built)
 
     wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     wrapper.__annotations__ = {p.name: p.annotation for p in params}
@@ -376,7 +381,7 @@ def compare(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run directories (two or more).")],
     flags: Annotated[ReportFlags, Flags(defaults={"percentile_metrics": "ttft,tpot,itl,e2el",
                                                   "metric_percentiles": "50,90,99"})],
-    files: Annotated[CompareFiles, Flags()],
+    files: Annotated[CompareFiles, Flags(inline=True)],
     plots: _Plots = True,
 ) -> None:
     """Compare runs of one workload side by side: rows = metrics, columns = runs, and a
@@ -738,7 +743,7 @@ def calibrate(
     real: Annotated[RealEngineFlags, Flags()],
     engine: Annotated[EngineFlags, Flags()],
     cal: Annotated[CalibrationFlags, Flags()],
-    sources: Annotated[CalibrationSources, Flags()],
+    sources: Annotated[CalibrationSources, Flags(inline=True)],
     seed: _Seed = 0,
 ) -> None:
     """Fit the simulator's `profile` cost model to the real backend: a designed grid of
@@ -843,7 +848,8 @@ def _fidelity_report(real_dirs: list[Path], sim_dirs: list[Path], profile_path: 
 
 @bench_app.command("scheduler")
 @with_flags
-def bench_scheduler(flags: Annotated[SchedulerBenchFlags, Flags()], out: _Out = None) -> None:
+def bench_scheduler(flags: Annotated[SchedulerBenchFlags, Flags(inline=True)],
+                    out: _Out = None) -> None:
     """Microseconds per step of schedule() + update_from_output(): 64/256/1024 running
     decodes with prefix caching, and a mixed chunked-prefill workload."""
     from sim.benchmarks import bench_scheduler as run
@@ -855,7 +861,7 @@ def bench_scheduler(flags: Annotated[SchedulerBenchFlags, Flags()], out: _Out = 
 @with_flags
 def bench_sim(
     sim: Annotated[SimFlags, Flags(only=("model", "gpu"))],
-    flags: Annotated[SimBenchFlags, Flags()],
+    flags: Annotated[SimBenchFlags, Flags(inline=True)],
     out: _Out = None,
 ) -> None:
     """Simulated requests per wall-clock second, fast-forwarding vs stepping one by one."""
@@ -875,6 +881,7 @@ def bench_serve(
     sim: Annotated[SimFlags, Flags(only=("model", "gpu", "profile"))],
     engine: Annotated[EngineFlags, Flags(only=("max_num_seqs", "max_model_len"),
                                          defaults={"max_model_len": 4096})],
+    load: Annotated[ServeLoadFlags, Flags(inline=True)],
     bench: Annotated[ServeBenchFlags, Flags()],
     out: _Out = None,
 ) -> None:
@@ -889,15 +896,15 @@ def bench_serve(
 
     with user_errors(RuntimeError):  # RuntimeError: the server did not start
         work = dataclasses.replace(work, dataset_name="random",
-                                   num_prompts=bench.num_prompts or bench.concurrency)
+                                   num_prompts=load.num_prompts or load.concurrency)
         trace = workload(work)
         args = EngineArgs(max_num_seqs=engine.max_num_seqs, max_model_len=engine.max_model_len)
         setup = build_setup(args, sim.model, sim.gpu, sim.profile, work.seed)
         server = SimulatedServer(sys.executable, sim.model, sim.gpu, sim.profile, work.seed,
                                  engine.max_model_len, engine.max_num_seqs)
         vocab = setup.config.vocab_size
-        report = (soak_bench(work, server, bench, vocab) if bench.soak is not None else
-                  serve_bench(trace, work, server, bench, vocab, functools.partial(
+        report = (soak_bench(work, server, load, bench, vocab) if bench.soak is not None else
+                  serve_bench(trace, work, server, load, bench, vocab, functools.partial(
                       run_simulate, config=setup.config, cost_model=setup.cost_model)))
     write_json(report, out)
     if failed(report):
@@ -908,7 +915,7 @@ def bench_serve(
 @with_flags
 def bench_fleet(
     sim: Annotated[SimFlags, Flags(only=("model", "gpu"))],
-    flags: Annotated[FleetBenchFlags, Flags()],
+    flags: Annotated[FleetBenchFlags, Flags(inline=True)],
     out: _Out = None,
 ) -> None:
     """Simulated requests per second of the fleet simulator: N replicas on the trace replayed
@@ -1023,7 +1030,7 @@ def bench_route(
     *,
     policy: _RouterPolicy,
     sim: Annotated[SimFlags, Flags(only=("model", "gpu", "profile"))],
-    flags: Annotated[RouteBenchFlags, Flags()],
+    flags: Annotated[RouteBenchFlags, Flags(inline=True)],
     seed: _Seed = 0,
     out: _Out = None,
 ) -> None:

@@ -30,13 +30,16 @@ def flag(default: Any, option: str, help: str | None = None, panel: str | None =
 class FlagGroup:
     """How a command offers a flag dataclass: `only` these fields (default: every field with
     flag metadata) minus `exclude`, with the command's own `defaults` and help `panel`; with
-    `lists`, each as a comma list, and the command gets {field: [values]} for those given."""
+    `lists`, each as a comma list, and the command gets {field: [values]} for those given.
+    `inline`: the options are listed among the command's own, where the parameter stands
+    (the command's own options come first, then the shared groups')."""
 
     only: tuple[str, ...] | None = None
     exclude: tuple[str, ...] = ()
     defaults: Mapping[str, Any] = field(default_factory=dict)
     lists: bool = False
     panel: str | None = None
+    inline: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from backends.bench.flags import ServeBenchFlags
+from backends.bench.flags import ServeBenchFlags, ServeLoadFlags
 from backends.bench.serve_load import (
     LoadConfig,
     compare,
@@ -38,33 +38,35 @@ class SimulatedServer:
     max_model_len: int | None
     max_num_seqs: int | None
 
-    def load_config(self, bench: ServeBenchFlags, vocab_size: int) -> LoadConfig:
+    def load_config(self, load: ServeLoadFlags, bench: ServeBenchFlags, vocab_size: int
+                    ) -> LoadConfig:
         command = simulated_server(self.python, self.model, self.gpu, self.profile, self.seed,
                                    self.max_model_len, self.max_num_seqs)
-        return LoadConfig(command, bench.concurrency, vocab_size, self.seed,
-                          request_timeout_s=bench.timeout, client=bench.client)
+        return LoadConfig(command, load.concurrency, vocab_size, self.seed,
+                          request_timeout_s=load.timeout, client=bench.client)
 
 
 def serve_bench(trace: Trace, work: WorkloadFlags, server: SimulatedServer,
-                bench: ServeBenchFlags, vocab_size: int, simulate: Simulate) -> dict[str, Any]:
+                load: ServeLoadFlags, bench: ServeBenchFlags, vocab_size: int,
+                simulate: Simulate) -> dict[str, Any]:
     """Replay `trace` (drawn from `work`) through the server, simulate the arrivals as sent,
     compare. RuntimeError when the server does not start."""
-    load = run_load(trace, server.load_config(bench, vocab_size))
-    simulated = simulate(sent_arrivals(trace, load.endpoint.requests)).requests
+    result = run_load(trace, server.load_config(load, bench, vocab_size))
+    simulated = simulate(sent_arrivals(trace, result.endpoint.requests)).requests
     rate = work.request_rate
-    return {"command": "rt bench serve", "concurrency": bench.concurrency,
+    return {"command": "rt bench serve", "concurrency": load.concurrency,
             "random_input_len": work.input_len, "random_output_len": work.output_len,
             "request_rate": rate if math.isfinite(rate) else "inf", "model": server.model,
-            "gpu": server.gpu, **compare(trace, load, simulated)}
+            "gpu": server.gpu, **compare(trace, result, simulated)}
 
 
-def soak_bench(work: WorkloadFlags, server: SimulatedServer, bench: ServeBenchFlags,
-               vocab_size: int) -> dict[str, Any]:
+def soak_bench(work: WorkloadFlags, server: SimulatedServer, load: ServeLoadFlags,
+               bench: ServeBenchFlags, vocab_size: int) -> dict[str, Any]:
     """`--soak`: hold --concurrency streams for `bench.soak` seconds. RuntimeError when the
     server does not start."""
     assert bench.soak is not None
-    report = run_soak_load(server.load_config(bench, vocab_size), bench.soak, work.input_len,
-                           work.output_len)
+    report = run_soak_load(server.load_config(load, bench, vocab_size), bench.soak,
+                           work.input_len, work.output_len)
     return {"command": "rt bench serve --soak", **report}
 
 

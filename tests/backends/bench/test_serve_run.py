@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from backends.bench.flags import ServeBenchFlags
+from backends.bench.flags import ServeBenchFlags, ServeLoadFlags
 from backends.bench.serve_run import SimulatedServer, failed
 
 
 def test_load_config_starts_rt_serve_simulate_with_the_engine_limits() -> None:
     server = SimulatedServer("py", "llama-3.1-8b", "h200", None, 3, 4096, None)
-    config = server.load_config(ServeBenchFlags(concurrency=7, timeout=9.0, client="lean"), 500)
+    config = server.load_config(ServeLoadFlags(concurrency=7, timeout=9.0),
+                                ServeBenchFlags(client="lean"), 500)
     assert config.server_command == ("py", "-m", "cli", "serve", "--simulate", "--sim-model",
                                      "llama-3.1-8b", "--gpu", "h200", "--seed", "3",
                                      "--max-model-len", "4096")
