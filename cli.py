@@ -2,11 +2,14 @@
 environment and logging.
 
 Flags are declared once, as fields of the libraries' frozen flag dataclasses (`EngineFlags`,
-`EngineArgs`, `SimFlags`, `RealEngineFlags`, `WorkloadFlags`, `ReportFlags`; each field's
-metadata names its option). `with_flags` turns a command parameter annotated
-`Annotated[SomeFlags, Flags(...)]` into those options and hands the command the instance.
-Each command then calls the libraries and prints. User errors (bad flags, bad files) become
-one line on stderr and exit code 2, never a traceback.
+`EngineArgs`, `SimFlags`, `RealEngineFlags`, `WorkloadFlags`, `ReportFlags`, each command's
+own such as `ServeBenchFlags` or `InspectFlags`; each field's metadata names its option).
+`with_flags` turns a command parameter annotated `Annotated[SomeFlags, Flags(...)]` into those
+options and hands the command the instance. Each command then calls the libraries and
+prints; where a run needs two sides the layering keeps apart (sim/ and backends/, or either
+and analysis/), the library takes the other side's function and this module passes it
+(e.g. `analysis.sweep_run.PointRunner`, `sim.fidelity_run.FidelityRuns`). User errors (bad
+flags, bad files) become one line on stderr and exit code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import datetime
 import functools
 import inspect
 import json
-import math
 import sys
 import typing
 from collections.abc import Callable, Iterator, Mapping
@@ -27,31 +29,38 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 import workloads
+from analysis.compare import CompareFiles
 from analysis.progress import progress
 from analysis.report import ReportFiles, ReportFlags
-from backends.bench.flags import GpuBenchFlags, ServeBenchFlags
+from backends.bench.flags import GpuBenchFlags, ServeBenchFlags, ServeLoadFlags
 from backends.engine.flags import RealEngineFlags
 from backends.replay.flags import EndpointFlags
-from backends.route.flags import ROUTE_PANEL, RouteFlags
+from backends.route.flags import ROUTE_PANEL, RouteBenchFlags, RouteFlags
 from backends.serve.flags import SERVER_PANEL, ServeFlags
 from runtime.config import EngineFlags
 from runtime.flags import FlagGroup as Flags
 from runtime.flags import FlagSpec, build_group, group_specs
 from sim.autoscale_flags import AutoscaleFlags
+from sim.bench_flags import FleetBenchFlags, SchedulerBenchFlags, SimBenchFlags
+from sim.calibrate_flags import CalibrationSources
 from sim.engine_args import EngineArgs, SimFlags
-from sim.fidelity import CALIBRATION_PANEL, CalibrationFlags, FidelityFlags
+from sim.fidelity import CalibrationFlags, FidelityFlags
 from sim.fleet_config import FleetFlags
 from sim.pd_flags import PDFlags
 from sim.plan import PlanFlags
-from sim.sweep import GRID_PANEL, SweepFlags
+from sim.sweep import GRID_ENGINE_FLAGS, GRID_PANEL, SWEEP_WORKLOAD_FLAGS, SweepFlags
 from workloads.flags import WorkloadFlags, load_workload
+from workloads.trace_flags import FILE_FLAGS, SYNTHETIC_FLAGS, ConvertFlags, InspectFlags
 
 if TYPE_CHECKING:
+    from analysis.report import ReportOptions
     from analysis.rundir import Run
+    from analysis.sweep_run import PointRunner
     from backends.engine.setup import RealSetup
     from backends.replay.api_process import Tokenizer
     from runtime.records import RunResult
     from sim.engine_args import SimSetup
+    from sim.fleet_run import FleetRun
     from sim.profile import Profile
 
 app = typer.Typer(
@@ -61,6 +70,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+RT = (sys.executable, str(Path(__file__).resolve()))  # the command line that starts rt
 bench_app = typer.Typer(help="Benchmarks that write JSON.", no_args_is_help=True)
 trace_app = typer.Typer(help="Generate, inspect and convert request traces.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
@@ -72,7 +82,7 @@ app.add_typer(trace_app, name="trace")
 
 def _option(spec: FlagSpec) -> inspect.Parameter:
     option = typer.Option(*spec.decls, help=spec.help, rich_help_panel=spec.panel,
-                          envvar=spec.envvar)
+                          envvar=spec.envvar, min=spec.minimum)
     return inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, default=spec.default,
                              annotation=Annotated[spec.hint, option])
 
@@ -80,27 +90,32 @@ def _option(spec: FlagSpec) -> inspect.Parameter:
 def with_flags(command: Callable[..., None]) -> Callable[..., None]:
     """Expose `Annotated[FlagClass, Flags(...)]` parameters of `command` as one typer option
     per field (an option two groups share, such as --seed, appears once and feeds both);
-    the command is called with the built dataclasses."""
+    the command is called with the built dataclasses. Options are listed: the command's own
+    and its `inline` groups' in signature order, then the other groups'."""
     hints = typing.get_type_hints(command, include_extras=True)
-    own = [p.replace(annotation=hints[p.name], kind=inspect.Parameter.KEYWORD_ONLY)
-           for p in inspect.signature(command).parameters.values() if not _group(hints[p.name])]
-    params, seen = list(own), {p.name for p in own}
-    groups = []
-    for name, hint in hints.items():
-        if name != "return" and (group := _group(hint)):
-            cls = typing.get_args(hint)[0]
-            specs = group_specs(cls, group)
-            params += [_option(s) for s in specs if s.name not in seen]
-            seen.update(s.name for s in specs)
-            groups.append((name, cls, group, specs))
-    own_names = {p.name for p in own}
+    signature = list(inspect.signature(command).parameters.values())
+    own = {p.name: p.replace(annotation=hints[p.name], kind=inspect.Parameter.KEYWORD_ONLY)
+           for p in signature if not _group(hints[p.name])}
+    seen, groups = set(own), []
+
+    def expand(name: str) -> list[inspect.Parameter]:
+        cls, group = typing.get_args(hints[name])[0], _group(hints[name])
+        specs = group_specs(cls, group)
+        options = [_option(s) for s in specs if s.name not in seen]
+        seen.update(s.name for s in specs)
+        groups.append((name, cls, group, specs))
+        return options
+
+    inline = [p.name for p in signature if p.name in own or _group(hints[p.name]).inline]
+    params = [q for name in inline for q in ([own[name]] if name in own else expand(name))]
+    params += [q for p in signature if p.name not in inline for q in expand(p.name)]
 
     @functools.wraps(command)
     def wrapper(**kwargs: Any) -> None:
         with user_errors():
             built = {name: build_group(cls, group, specs, kwargs)
                      for name, cls, group, specs in groups}
-        command(**{k: v for k, v in kwargs.items() if k in own_names}, **built)
+        command(**{k: v for k, v in kwargs.items() if k in own}, **built)
 
     wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     wrapper.__annotations__ = {p.name: p.annotation for p in params}
@@ -122,12 +137,14 @@ def fail(message: str) -> NoReturn:
 
 
 @contextlib.contextmanager
-def user_errors() -> Iterator[None]:
+def user_errors(*also: type[Exception]) -> Iterator[None]:
     """Bad input (a ValueError from the libraries, workloads.TraceError included: they name
-    the field and value) or an unreadable/unwritable file: one line, exit 2."""
+    the field and value), an unreadable/unwritable file, or one of `also` (e.g. the
+    RuntimeError of a server that did not start): one line, exit 2."""
+    caught: tuple[type[Exception], ...] = (ValueError, *also)
     try:
         yield
-    except ValueError as err:
+    except caught as err:
         fail(str(err))
     except OSError as err:
         fail(f"{err.filename}: {err.strerror}")
@@ -159,31 +176,24 @@ def default_dir(kind: str) -> Path:
     return Path("results") / f"{kind}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def trace_info(trace: workloads.Trace) -> dict[str, Any]:
-    return {"name": trace.name, "requests": len(trace), "digest": workloads.trace_digest(trace)}
-
-
 def save_run(path: Path, kind: str, trace: workloads.Trace, result: RunResult,
              describe: Mapping[str, Any], **extra: Any) -> Run:
     """Write a run directory (`analysis.rundir.save_result`) and read it back."""
     from analysis.rundir import save_result
 
-    return save_result(path, kind, trace_info(trace), result, describe, **extra)
+    return save_result(path, kind, workloads.trace_info(trace), result, describe, **extra)
 
 
-def print_run(run: Run, result: RunResult, percentiles: list[float],
+def print_run(run: Run, result: RunResult | None, percentiles: list[float],
               request_rate: float | None = None) -> None:
-    """vLLM's result block and rt's block (as `rt simulate` prints them)."""
-    from analysis.console import benchmark_block, rt_block
-    from analysis.metrics import benchmark_metrics
+    """`analysis.console.run_blocks`, then (with the engine's `result`) the run's line."""
+    from analysis.console import run_blocks
 
     if len(run.requests):
-        typer.echo(benchmark_block(benchmark_metrics(run.requests, percentiles),
-                                   percentiles=percentiles, request_rate=request_rate))
-        hits = result.prefix_cache_hits / max(result.prefix_cache_queries, 1)
-        typer.echo(rt_block(run.requests, run.steps, hits))
-    typer.echo(f"rt: wrote {run.path} ({len(run.requests)} requests, {result.num_steps} "
-               f"steps, {result.wall_s:.2f} s wall)", err=True)
+        typer.echo(run_blocks(run.requests, run.steps, percentiles, request_rate, result))
+    if result is not None:
+        typer.echo(f"rt: wrote {run.path} ({len(run.requests)} requests, {result.num_steps} "
+                   f"steps, {result.wall_s:.2f} s wall)", err=True)
 
 
 def workload(flags: WorkloadFlags, path: Path | None = None) -> workloads.Trace:
@@ -209,38 +219,21 @@ _Seed = Annotated[int, typer.Option("--seed", help="Seed of every random draw (a
 
 # ---- rt trace ... (workloads) ----
 
-_TRACE_FLAGS = ("fmt", "trace_model", "hash_block_size", "request_rate", "burstiness", "seed",
-                "start_s", "duration_s", "first_n", "time_scale", "target_rate",
-                "max_model_len")
-_SYNTHETIC = ("fmt", "dataset_name", "dataset_path", "num_prompts", "input_len", "output_len",
-              "range_ratio", "prefix_len", "rep_prefix_len", "rep_suffix_len",
-              "rep_num_prefixes", "rep_output_len", "turns", "turn_gap_s", "request_rate",
-              "burstiness", "seed", "max_model_len")
-
 
 @trace_app.command("inspect")
 @with_flags
 def trace_inspect(
     file: Path,
-    flags: Annotated[WorkloadFlags, Flags(only=_TRACE_FLAGS)],
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
-    keep_failed: Annotated[bool, typer.Option(
-        "--keep-failed", help="Statistics over every row, failed rows included.")] = False,
-    block_size: Annotated[int, typer.Option(
-        "--block-size", help="Prefix-cache block (tokens) for prompts without hash ids.")] = 16,
+    flags: Annotated[WorkloadFlags, Flags(only=FILE_FLAGS)],
+    how: Annotated[InspectFlags, Flags()],
 ) -> None:
     """Print a trace's statistics: rows, span, rates, burstiness, lengths, prefix reuse."""
-    from workloads.flags import all_rows_stats
     from workloads.report import render_stats
 
     with user_errors():
-        if keep_failed:
-            stats, kind = all_rows_stats(flags, file)
-        else:
-            loaded = load_workload(flags, file)
-            note(loaded.notes)
-            stats, kind = workloads.trace_stats(loaded.trace, block_size), loaded.format
-    if as_json:
+        stats, kind, notes = how.stats(flags, file)
+    note(notes)
+    if how.json:
         write_json({"file": str(file), "format": kind, **stats.to_dict()}, None)
     else:
         typer.echo("\n".join(render_stats(stats, f"{file} ({kind})")))
@@ -250,29 +243,23 @@ def trace_inspect(
 @with_flags
 def trace_convert(
     src: Path, dst: Path,
-    flags: Annotated[WorkloadFlags, Flags(only=_TRACE_FLAGS)],
-    to: Annotated[str, typer.Option(
-        "--to", help="Output format: rt (rt JSONL, lossless), vidur (CSV, times and lengths "
-        "only) or timed_trace (vLLM bench's JSONL, 16-token hash ids).")] = "rt",
+    flags: Annotated[WorkloadFlags, Flags(only=FILE_FLAGS)],
+    out: Annotated[ConvertFlags, Flags()],
 ) -> None:
     """Convert a trace file (any supported format) to rt JSONL, Vidur CSV or vLLM bench's
     timed_trace JSONL."""
-    writers = {"rt": workloads.write_rt_jsonl, "vidur": workloads.write_vidur_csv,
-               "timed_trace": workloads.write_timed_trace}
     with user_errors():
-        if to not in writers:
-            raise workloads.TraceError("must be rt, vidur or timed_trace", column="--to",
-                                       value=to)
         trace = workload(flags, src)
-        writers[to](trace, dst)
-    typer.echo(f"wrote {len(trace)} requests to {dst} ({to})")
+        out.write(trace, dst)
+    typer.echo(f"wrote {len(trace)} requests to {dst} ({out.to})")
 
 
 @trace_app.command("gen")
 @with_flags
 def trace_gen(
     output: Annotated[Path, typer.Option("-o", "--output", help="rt JSONL file to write.")],
-    flags: Annotated[WorkloadFlags, Flags(only=_SYNTHETIC, defaults={"dataset_name": "random"})],
+    flags: Annotated[WorkloadFlags, Flags(only=SYNTHETIC_FLAGS,
+                                          defaults={"dataset_name": "random"})],
 ) -> None:
     """Generate a synthetic trace with `vllm bench serve` flags (same seed, same arrivals)."""
     with user_errors():
@@ -312,6 +299,7 @@ def simulate(
     this ITL); ITL = every gap between consecutive tokens.
     """
     from sim.engine_args import build_setup
+    from sim.fleet_run import FleetRun
 
     with user_errors():
         percentiles = report.options().percentiles
@@ -319,72 +307,35 @@ def simulate(
         setup = build_setup(engine, sim.model, sim.gpu, sim.profile, work.seed,
                             check_invariants, sim.step_noise)
         rate = work.request_rate if work.dataset_name is not None else None
-        path = result_dir or default_dir("simulate")
-        if fleet.is_fleet or autoscale.enabled:
-            run_fleet(trace, setup, fleet, pd, path, list(percentiles), rate, autoscale)
-        elif pd.pd_decider != "never":
+        if not (fleet.is_fleet or autoscale.enabled) and pd.pd_decider != "never":
             raise ValueError("--pd-decider needs a fleet: --replicas N or --fleet FILE")
-        else:
-            run_simulation(trace, setup, path, list(percentiles), rate)
+        run = (FleetRun.build(setup, fleet, pd, autoscale)
+               if fleet.is_fleet or autoscale.enabled else None)
+        run_simulation(trace, setup, run, result_dir or default_dir("simulate"),
+                       list(percentiles), rate)
 
 
-def run_simulation(trace: workloads.Trace, setup: SimSetup, path: Path,
-                   percentiles: list[float], request_rate: float | None) -> None:
-    from sim.simulator import simulate as run
-
-    for line in setup.startup_lines:
-        typer.echo(line, err=True)
-    with progress("simulating", len(trace)) as update:
-        result = run(trace, setup.config, setup.cost_model, update)
-    run_dir = save_run(path, "simulate", trace, result, setup.describe())
-    print_run(run_dir, result, percentiles, request_rate)
-
-
-def run_fleet(trace: workloads.Trace, setup: SimSetup, fleet: FleetFlags, pd: PDFlags,
-              path: Path, percentiles: list[float], request_rate: float | None,
-              autoscale: AutoscaleFlags) -> None:
-    """`setup` x --replicas (or the --fleet file's pools) behind the --router policy; with a
-    P/D decider or pools with roles, prefill and decode disaggregated (`sim.pd`); with
-    --autoscale, pools scaled in the loop (`sim.autoscale`)."""
+def run_simulation(trace: workloads.Trace, setup: SimSetup, fleet: FleetRun | None,
+                   path: Path, percentiles: list[float], request_rate: float | None) -> None:
+    """Simulate one engine (or the fleet), write the run directory, print the blocks."""
     from analysis.fleet import fleet_block
     from analysis.scaling import replica_figure, scaling_block
-    from runtime.router.registry import make_policy
-    from sim.autoscale_flags import fixed_scaling, simulate_autoscaled_fleet
-    from sim.fleet import simulate_fleet
-    from sim.fleet_config import build_fleet, load_fleet
-    from sim.pd_flags import simulate_pd_fleet
+    from sim.simulator import simulate as run
 
-    config = setup.config
-    spec = load_fleet(fleet.fleet) if fleet.fleet is not None else None
-    replicas = (build_fleet(spec, config.seed, config.check_invariants,
-                            config.step_noise is not None) if spec else [setup] * fleet.replicas)
-    roles = spec.roles() if spec else None
-    policy = make_policy(fleet.router, fleet.router_arg or [], config.seed)  # bad: one line
-    if autoscale.enabled and pd.is_pd(roles):
-        raise ValueError("--autoscale does not combine with P/D (--pd-decider, pool roles) yet")
-    for line in replicas[0].startup_lines:
+    describe = (fleet.replicas[0] if fleet else setup).describe()
+    for line in (fleet.replicas[0] if fleet else setup).startup_lines:
         typer.echo(line, err=True)
     with progress("simulating", len(trace)) as update:
-        if autoscale.enabled:
-            result, scaling = simulate_autoscaled_fleet(trace, setup, spec, fleet, autoscale,
-                                                        update)
-        elif pd.is_pd(roles):
-            result = simulate_pd_fleet(trace, replicas, roles, fleet, pd, config.seed, update)
-        else:
-            result = simulate_fleet(trace, replicas, policy, fleet.router_refresh_ms / 1e3,
-                                    fleet.routing_latency_ms / 1e3, update)
-    if not autoscale.enabled:
-        scaling = fixed_scaling(setup, spec, fleet, autoscale, result)
-    run = save_run(path, "simulate", trace, result, replicas[0].describe(),
-                   fleet=fleet.describe(spec), pd=pd.describe() if pd.is_pd(roles) else None,
-                   autoscale=autoscale.describe() if autoscale.enabled else None,
-                   scaling=scaling.to_json())
-    print_run(run, result, percentiles, request_rate)
-    typer.echo(fleet_block(run.requests, run.steps))
-    typer.echo(scaling_block(run.info["scaling"]))
-    if autoscale.enabled:
-        save_figures({"replicas": replica_figure(run.info["scaling"], run.requests)},
-                     run.path / "plots")
+        result, extra = (fleet.run(trace, update) if fleet else
+                         (run(trace, setup.config, setup.cost_model, update), {}))
+    run_dir = save_run(path, "simulate", trace, result, describe, **extra)
+    print_run(run_dir, result, percentiles, request_rate)
+    if fleet:
+        typer.echo(fleet_block(run_dir.requests, run_dir.steps))
+        typer.echo(scaling_block(run_dir.info["scaling"]))
+    if fleet and fleet.autoscale.enabled:
+        save_figures({"replicas": replica_figure(run_dir.info["scaling"], run_dir.requests)},
+                     run_dir.path / "plots")
 
 
 # ---- rt report / compare / sweep (analysis) ----
@@ -430,14 +381,7 @@ def compare(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run directories (two or more).")],
     flags: Annotated[ReportFlags, Flags(defaults={"percentile_metrics": "ttft,tpot,itl,e2el",
                                                   "metric_percentiles": "50,90,99"})],
-    csv: Annotated[Path | None, typer.Option("--csv", help="Also write the table here.")]
-    = None,
-    html: Annotated[Path | None, typer.Option(
-        "--html", help="Also write one self-contained HTML page here: the table, the overlaid "
-        "curves and each run's report.")] = None,
-    plot_dir: Annotated[Path | None, typer.Option(
-        "--plot-dir", help="Where the overlaid curves go (default: results/compare-<time>).")]
-    = None,
+    files: Annotated[CompareFiles, Flags(inline=True)],
     plots: _Plots = True,
 ) -> None:
     """Compare runs of one workload side by side: rows = metrics, columns = runs, and a
@@ -451,19 +395,14 @@ def compare(
         runs = [load_checked(p) for p in run_dirs]
         table, figures = compare_runs(runs, flags.options(), plots)
         typer.echo(render_table(table))
-        if csv is not None:
-            table.to_csv(csv)
-        if html is not None:
+        if files.csv is not None:
+            table.to_csv(files.csv)
+        if files.html is not None:
             from analysis.html_report import write_html_report
 
-            typer.echo(f"rt: wrote {write_html_report(runs, html, flags.options())}", err=True)
-        save_figures(figures, plot_dir or default_dir("compare"))
-
-
-_SWEEP_ENGINE = ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold",
-                 "num_gpu_blocks_override", "block_size")
-_SWEEP_WORK = ("fmt", "dataset_name", "num_prompts", "input_len", "output_len", "range_ratio",
-               "burstiness", "seed", "start_s", "duration_s", "first_n")
+            typer.echo(f"rt: wrote {write_html_report(runs, files.html, flags.options())}",
+                       err=True)
+        save_figures(figures, files.plot_dir or default_dir("compare"))
 
 
 @app.command("sweep")
@@ -471,8 +410,8 @@ _SWEEP_WORK = ("fmt", "dataset_name", "num_prompts", "input_len", "output_len", 
 def sweep(
     *,
     trace_file: _Trace = None,
-    work: Annotated[WorkloadFlags, Flags(only=_SWEEP_WORK)],
-    grid: Annotated[EngineArgs, Flags(only=_SWEEP_ENGINE, lists=True, panel=GRID_PANEL)],
+    work: Annotated[WorkloadFlags, Flags(only=SWEEP_WORKLOAD_FLAGS)],
+    grid: Annotated[EngineArgs, Flags(only=GRID_ENGINE_FLAGS, lists=True, panel=GRID_PANEL)],
     targets: Annotated[SimFlags, Flags(only=("model", "gpu"), lists=True, panel=GRID_PANEL,
                                        defaults={"model": "llama-3.1-8b", "gpu": "h200"})],
     fleets: Annotated[FleetFlags, Flags(only=("replicas", "router"), lists=True,
@@ -489,34 +428,27 @@ def sweep(
     results table and draw latency against each swept flag and against rate (knee marked).
 
     With --slo and --find-max-rate: bisect the rate for the highest one meeting every SLO."""
-    from analysis.sweep import parse_slo, rate_bracket, search_max_rates, search_summary
+    from analysis.sweep import parse_slo, write_sweep
+    from analysis.sweep_run import run_sweep
     from sim.sweep import SweepPlan, sweep_configs
 
     with user_errors():
         slos = parse_slo(how.slo) if how.slo is not None else None
         if how.find_max_rate and not slos:
             raise ValueError("--find-max-rate needs --slo")
-        key, axis = how.axis()
+        scaled = how.axis()[0] == "time_scale"  # (an axis error before the grid's)
         plan = SweepPlan(sweep_configs(grid, targets["model"], targets["gpu"],
                                        fleets.get("replicas", [1]),
                                        fleets.get("router", ["round-robin"])),
-                         *_sweep_workload(trace_file, work, key == "time_scale"), sim.profile,
-                         work.seed, result_dir or default_dir("sweep"))
-        run = functools.partial(_run_sweep_jobs, options=_sweep_options(flags, slos),
-                                executor=how.executor, jobs=how.jobs, address=how.address)
-        if how.find_max_rate:
-            assert slos is not None
-            bracket = rate_bracket(how.bracket(), axis if key == "request_rate" else None,
-                                   plan.trace_rate())
-            records, searches = search_max_rates(
-                len(plan.configs), lambda batch: run([plan.job(i, "request_rate", r)
-                                                      for i, r in batch]),
-                slos, bracket, how.rate_tolerance)
-            for config, search in zip(plan.configs, searches, strict=True):
-                typer.echo(search_summary(config.labels, search))
-        else:
-            records = run(plan.grid(key, axis or [None]))
-        _sweep_output(records, plan.root, slos, plots)
+                         *_sweep_workload(trace_file, work, scaled), sim.profile, work.seed,
+                         result_dir or default_dir("sweep"))
+        records, lines = run_sweep(plan, point_runner(how, flags.options(), slos, "sweep"),
+                                   how, slos)
+        for line in lines:
+            typer.echo(line)
+        text, figures = write_sweep(records, plan.root, GRID_ENGINE_FLAGS, slos, plots)
+    typer.echo(text)
+    save_figures(figures, plan.root)
 
 
 def _sweep_workload(trace_file: Path | None, work: WorkloadFlags, scaled: bool
@@ -530,54 +462,18 @@ def _sweep_workload(trace_file: Path | None, work: WorkloadFlags, scaled: bool
     return None, work
 
 
-def _sweep_options(flags: ReportFlags, slos: dict[str, float] | None) -> Any:
-    """The report options, widened to the metrics and percentiles the SLOs need."""
-    from analysis.report import ReportOptions
-    from analysis.sweep import slo_needs
+def point_runner(how: SweepFlags, options: ReportOptions, slos: dict[str, float] | None,
+                 kind: str) -> PointRunner:
+    """Sweep points (`sim.sweep.simulate_point`) or plan shapes (`sim.plan.simulate_shape`)
+    on --executor, their records reported with `options` widened to the SLOs."""
+    from analysis.sweep_run import PointRunner, widen_options
+    from sim.plan import simulate_shape
+    from sim.sweep import run_all, simulate_point
 
-    options = flags.options()
-    if not slos:
-        return options
-    metrics, percentiles = slo_needs(slos)
-    return ReportOptions(list(dict.fromkeys([*options.percentile_metrics, *metrics])),
-                         sorted(set(options.percentiles) | set(percentiles)), options.goodput)
-
-
-def _run_sweep_jobs(jobs_: list[tuple[Any, str]], options: Any, executor: str,
-                    jobs: int | None, address: str | None) -> list[dict[str, Any]]:
-    from sim.sweep import run_all
-
-    with progress("sweeping", len(jobs_)) as update:
-        return run_all(_sweep_worker, [(point, options, d) for point, d in jobs_], executor,
-                       jobs, address, update)
-
-
-def _sweep_worker(job: tuple[Any, Any, str]) -> dict[str, Any]:
-    """One sweep run (in a pool process or a Ray task): simulate, write the run directory,
-    report it from the files."""
-    from analysis.report import result_dict
-    from analysis.rundir import finished_run
-    from sim.sweep import simulate_point
-
-    point, options, run_dir = job
-    done = finished_run(Path(run_dir), sweep=dict(point.labels), trace=trace_info(point.trace))
-    if done is not None:  # the sweep runs again into its directory: this point finished
-        return {**point.labels, **result_dict(done, options), "run_dir": run_dir}
-    result, setup = simulate_point(point)
-    rate = {"request_rate": point.labels["request_rate"]} \
-        if "request_rate" in point.labels else {}
-    run = save_run(Path(run_dir), "simulate", point.trace, result, setup.describe(),
-                   sweep=dict(point.labels), **rate)
-    return {**point.labels, **result_dict(run, options), "run_dir": run_dir}
-
-
-def _sweep_output(records: list[dict[str, Any]], root: Path, slos: dict[str, float] | None,
-                  plots: bool) -> None:
-    from analysis.sweep import write_sweep
-
-    text, figures = write_sweep(records, root, _SWEEP_ENGINE, slos, plots)
-    typer.echo(text)
-    save_figures(figures, root)
+    return PointRunner(functools.partial(run_all, executor=how.executor, jobs=how.jobs,
+                                         address=how.address),
+                       simulate_point if kind == "sweep" else simulate_shape, workloads.trace_info,
+                       widen_options(options, slos))
 
 
 # ---- rt plan (sim + analysis) ----
@@ -601,7 +497,7 @@ def plan(
     """The cheapest fleet that meets every SLO on a trace, with no failed request: searches
     GPU kinds x models x tensor parallelism x token budgets x max_num_seqs x routers,
     prunes what cannot work before simulating, and bisects each candidate's replica count."""
-    from analysis.plan import pareto_figure, plan_table, render_plan
+    from analysis.plan import write_plan
     from analysis.sweep import parse_slo
     from sim.plan import cheapest, search
 
@@ -611,78 +507,25 @@ def plan(
         slos, prices = parse_slo(space.slo), space.prices()
         trace, root = workload(work, trace_file), result_dir or default_dir("plan")
         records: list[dict[str, Any]] = []
-        judge = functools.partial(_judge_shapes, trace=trace, seed=work.seed, slos=slos,
-                                  root=root, how=how, records=records)
-        searches, pruned = search(space.candidates(), trace, space.max_gpus, prices, judge,
+        runner = point_runner(how, ReportFlags(percentile_metrics="ttft,tpot,itl,e2el").options(),
+                              slos, "plan")
+        searches, pruned = search(space.candidates(), trace, space.max_gpus, prices,
+                                  functools.partial(runner.judge, trace=trace, seed=work.seed,
+                                                    root=root, slos=slos, records=records),
                                   work.seed)
-    for p in pruned:
-        note([f"pruned {p.candidate.name()}: {p.reason}"])
-    table = plan_table(records, slos)
-    typer.echo(render_plan(table))
-    table.to_csv(root / "plan.csv", index=False)
-    save_figures({"pareto": pareto_figure(records)}, root)
+    note([f"pruned {p.candidate.name()}: {p.reason}" for p in pruned])
+    text, closest, figures = write_plan(records, slos, root)
+    typer.echo(text)
+    save_figures(figures, root)
     ranked = cheapest(searches, prices)
     typer.echo(f"rt: {len(records)} shapes simulated, {len(pruned)} candidates pruned", err=True)
     if not ranked:
         fail(f"no shape within --max-gpus {space.max_gpus} meets {space.slo} (closest: "
-             f"{table.iloc[0]['shape'] if len(table) else 'none simulated'})")
+             f"{closest})")
     (root / "fleet.toml").write_text(ranked[0].fleet_toml())
     typer.echo(f"cheapest: {ranked[0].name()} at ${ranked[0].cost_per_hour:.2f}/h "
                f"({ranked[0].gpus} GPUs, router {ranked[0].candidate.router}) -> "
                f"{root / 'fleet.toml'}")
-
-
-def _judge_shapes(shapes: list[Any], trace: workloads.Trace, seed: int,
-                  slos: dict[str, float], root: Path, how: SweepFlags,
-                  records: list[dict[str, Any]]) -> list[bool]:
-    """Simulate the shapes (or read a finished run's record: plans resume), keep their
-    records, say which meet the SLOs."""
-    from analysis.sweep import meets_slo
-    from sim.sweep import run_all
-
-    options = _sweep_options(ReportFlags(percentile_metrics="ttft,tpot,itl,e2el"), slos)
-    jobs = [(shape, trace, seed, options, str(root / shape.name())) for shape in shapes]
-    with progress("planning", len(jobs)) as update:
-        done = run_all(_plan_worker, jobs, how.executor, how.jobs, how.address, update)
-    for record in done:
-        record["meets_slo"] = meets_slo(record, slos)
-    records += done
-    return [bool(r["meets_slo"]) for r in done]
-
-
-def _plan_worker(job: tuple[Any, workloads.Trace, int, Any, str]) -> dict[str, Any]:
-    """One shape: simulate (one engine, or the fleet behind its router), write the run
-    directory and its record (plan.json); a directory with plan.json is not run again."""
-    from analysis.plan import what_binds
-    from analysis.report import result_dict
-    from runtime.router.registry import make_policy
-    from sim.engine_args import build_setup
-    from sim.fleet import simulate_fleet
-    from sim.pd import PDDecider, simulate_pd
-    from sim.simulator import simulate as run
-
-    shape, trace, seed, options, run_dir = job
-    path = Path(run_dir)
-    if (path / "plan.json").is_file():
-        return dict(json.loads((path / "plan.json").read_text()))
-    c = shape.candidate
-    setup = build_setup(c.engine_args, c.model, c.gpu, None, seed)
-    fleet = [setup] * shape.num_replicas
-    if c.pd_ratio is not None:
-        result = simulate_pd(trace, fleet, c.roles(shape.replicas), make_policy(c.router, [], seed),
-                             make_policy(c.router, [], seed + 1), PDDecider("always"))
-    elif shape.num_replicas == 1:
-        result = run(trace, setup.config, setup.cost_model)
-    else:
-        result = simulate_fleet(trace, fleet, make_policy(c.router, [], seed))
-    saved = save_run(path, "simulate", trace, result, setup.describe(),
-                     plan={"shape": shape.name(), "replicas": shape.num_replicas})
-    record = {**result_dict(saved, options), "shape": shape.name(), "gpu": c.gpu,
-              "model": c.model, "tp": c.tensor_parallel_size, "replicas": shape.num_replicas,
-              "gpus": shape.gpus, "cost_per_hour": shape.cost_per_hour,
-              "binds": what_binds(saved.requests)}
-    (path / "plan.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
-    return record
 
 
 # ---- rt replay (backends) ----
@@ -722,61 +565,47 @@ def replay(
     """
     with user_errors():
         percentiles = list(report.options().percentiles)
-        trace = replay_trace(work, trace_file)
+        if trace_file is None and work.dataset_name is None:
+            work = dataclasses.replace(_DEFAULT_REPLAY, seed=work.seed, first_n=work.first_n,
+                                       time_scale=work.time_scale)
+        trace = workload(work, trace_file)
         if client.endpoint is not None:
             settings = client.config_args(str(model) if model else None, work.seed)
             run_endpoint(trace, settings, result_dir or default_dir("endpoint"), percentiles)
             return
         setup, tokenizer = real_engine(model, engine, real, work.seed)
-        check_lengths(trace, setup.scheduler.max_model_len)
+        workloads.check_max_model_len(trace, setup.scheduler.max_model_len)
         run_replay(trace, setup, tokenizer, result_dir or default_dir("replay"), percentiles,
                    check_invariants)
 
 
-def replay_trace(work: WorkloadFlags, path: Path | None) -> workloads.Trace:
-    """The trace file, the --dataset-name workload, or the small default one."""
-    if path is None and work.dataset_name is None:
-        work = dataclasses.replace(_DEFAULT_REPLAY, seed=work.seed, first_n=work.first_n,
-                                   time_scale=work.time_scale)
-    return workload(work, path)
-
-
 def real_engine(model: Path | None, engine: EngineFlags, real: RealEngineFlags,
                 seed: int) -> tuple[RealSetup, Tokenizer | None]:
-    """Build the real engine (and the model's tokenizer, if it has one); one line on error.
-    With --random-weights, --model may also name a preset shape (llama-3.1-8b, ...)."""
+    """`backends.engine.setup.load_real_engine`, quiet (no transformers progress bars)."""
     from transformers.utils import logging as hf_logging
 
-    from backends.engine.setup import build_engine, load_tokenizer, real_engine_args
-    from backends.engine.tiny_model import build_tiny_llama, preset_config_dir
+    from backends.engine.setup import load_real_engine
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     with user_errors():
-        model_dir = model if model is not None else build_tiny_llama()
-        if real.random_weights and not model_dir.is_dir():
-            model_dir = preset_config_dir(str(model_dir))
-        args = real_engine_args(model_dir, engine, real, seed)
-        return build_engine(args), load_tokenizer(model_dir)
-
-
-def check_lengths(trace: workloads.Trace, max_model_len: int) -> None:
-    for req in trace:
-        if req.prompt_len + req.output_len > max_model_len:
-            fail(f"request {req.request_id}: {req.prompt_len} prompt + {req.output_len} output "
-                 f"tokens exceed max_model_len={max_model_len} (clip the trace with "
-                 "`rt trace convert --max-model-len`)")
+        return load_real_engine(model, engine, real, seed)
 
 
 def replay_on(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
-              check_invariants: bool = False) -> RunResult:
+              check_invariants: bool = False, stop_if_interrupted: bool = False) -> RunResult:
+    """Replay on the real engine (a progress bar); Ctrl-C ends the replay early, and with
+    `stop_if_interrupted` the command (exit 130)."""
     from backends.replay.driver import ReplayConfig
     from backends.replay.driver import replay as run
 
     config = ReplayConfig(setup.scheduler, setup.cache, setup.shape.vocab_size,
                           setup.args.seed, check_invariants)
     with progress("replaying", len(trace)) as update:
-        return run(trace, config, setup.runner, tokenizer, update)
+        result = run(trace, config, setup.runner, tokenizer, update)
+    if result.interrupted and stop_if_interrupted:
+        raise typer.Exit(code=130)
+    return result
 
 
 def run_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
@@ -799,48 +628,28 @@ def run_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | 
 
 def run_endpoint(trace: workloads.Trace, settings: dict[str, Any], path: Path,
                  percentiles: list[float]) -> None:
-    """Replay against the endpoint, write the run directory, print vLLM's block; failed
-    requests are counted (exit 0, as vLLM bench) unless every request failed (exit 1)."""
+    """Replay against the endpoint, write the run directory, print vLLM's block."""
     try:
-        from backends.replay.endpoint import replay_endpoint
-        from backends.replay.endpoint import run_info as endpoint_info
-        from backends.replay.endpoint_probe import EndpointConfig, probe
+        from backends.replay.endpoint_run import EndpointRun, connect
     except ImportError as err:
         fail(f"--endpoint needs {err.name}: pip install 'rt[serve]'")
-    from analysis.console import benchmark_block
-    from analysis.metrics import benchmark_metrics
     from analysis.rundir import load_run, run_info, write_run
 
-    config = EndpointConfig(**settings)
-    info = probe(config)
-    if info.max_model_len is not None:
-        check_lengths(trace, info.max_model_len)
+    config, info = connect(trace, settings)
     note([f"endpoint {info.completions_url}, model {info.model}, client-side timing"])
     with progress("replaying", len(trace)) as update:
-        result = replay_endpoint(trace, config, info, update)
-    write_run(path, [r.to_row() for r in result.requests], {},
-              run_info("endpoint", path.name, trace_info(trace),
-                       **endpoint_info(result, config, info)))
-    failed, sent = result.num_failed, len(result.requests)
-    if sent > failed:
-        typer.echo(benchmark_block(benchmark_metrics(load_run(path).requests, percentiles),
-                                   percentiles=percentiles, request_rate=None))
-    first = next(iter(result.errors.items()), ("", ""))
-    if failed:
-        note([f"{failed} of {sent} requests failed (first: {first[0]}: {first[1]}); "
-              f"messages in {path / 'run.json'}"])
-    typer.echo(f"rt: wrote {path} ({sent} requests, client-side timing, "
-               f"{result.wall_s:.2f} s wall)", err=True)
-    if result.interrupted:
-        typer.echo("rt: interrupted: records of the requests so far were written", err=True)
-        raise typer.Exit(code=130)
-    if sent and failed == sent:
-        typer.echo(f"rt: every request failed ({first[1]})", err=True)
-        raise typer.Exit(code=1)
+        run = EndpointRun.replay(trace, config, info, update)
+    write_run(path, run.rows(), {}, run_info("endpoint", path.name, workloads.trace_info(trace),
+                                             **run.run_json()))
+    if run.answered:
+        print_run(load_run(path), None, percentiles)
+    for line in run.messages(path):
+        typer.echo(f"rt: {line}", err=True)
+    if run.exit_code:
+        raise typer.Exit(code=run.exit_code)
 
 
 # ---- rt serve (backends; --simulate: sim) ----
-
 
 
 @app.command()
@@ -861,12 +670,14 @@ def serve(
     /health, /metrics) from an engine-core process: a real model, or with --simulate the
     cost model on the wall clock. SIGTERM/Ctrl-C drains, then exits."""
     from backends.serve.api_server import ServeConfig, run_server
+    from backends.serve.engine_process import real_executor_spec
+    from sim.live_executor import live_executor_spec
 
     with user_errors():
-        if server.simulate:
-            factory, kwargs, name, tokenizer_dir = _serve_simulated(model, sim, engine, seed)
-        else:
-            factory, kwargs, name, tokenizer_dir = _serve_real(model, engine, real, seed)
+        factory, kwargs, name, tokenizer_dir = (
+            live_executor_spec(EngineArgs(**dataclasses.asdict(engine)), model, sim.gpu,
+                               sim.profile, seed) if server.simulate
+            else real_executor_spec(model, engine, real, seed))
     config = ServeConfig(server.served_model_name or name, factory, kwargs, tokenizer_dir,
                          server.max_num_queued_requests, api_key=server.api_key,
                          max_request_bytes=server.max_request_bytes)
@@ -886,37 +697,8 @@ def until_stopped(started: str, what: str, run: Callable[[], None]) -> None:
     typer.echo(f"rt: {what} stopped", err=True)
 
 
-def _serve_simulated(model: str | None, sim: SimFlags, engine: EngineFlags, seed: int
-                     ) -> tuple[Any, dict[str, Any], str, Path | None]:
-    """The wall-clock simulator's executor factory (validated here, built in the engine)."""
-    from sim.engine_args import build_setup
-    from sim.live_executor import build_live_executor
-
-    args = EngineArgs(**dataclasses.asdict(engine))
-    sim_model = model or "llama-3.1-8b"
-    build_setup(args, sim_model, sim.gpu, sim.profile, seed)  # one-line errors before the fork
-    kwargs = {"engine_args": args, "model": sim_model, "gpu": sim.gpu, "profile": sim.profile,
-              "seed": seed}
-    model_dir = Path(sim_model) if Path(sim_model).is_dir() else None  # its tokenizer, if any
-    return build_live_executor, kwargs, sim_model, model_dir
-
-
-def _serve_real(model: str | None, engine: EngineFlags, real: RealEngineFlags, seed: int
-                ) -> tuple[Any, dict[str, Any], str, Path]:
-    """The real executor's factory; the model is loaded in the engine process."""
-    from backends.engine.setup import real_engine_args
-    from backends.engine.tiny_model import build_tiny_llama
-    from backends.serve.engine_process import build_real_executor
-
-    model_dir = Path(model) if model is not None else build_tiny_llama()
-    if not (model_dir / "config.json").is_file():
-        fail(f"--model {model_dir}: not a model directory (no config.json)")
-    args = real_engine_args(model_dir, engine, real, seed)
-    name = "tiny-llama" if model is None else model  # as typed: vLLM's default served name
-    return build_real_executor, {"args": args}, name, model_dir
-
-
 # ---- rt calibrate / fidelity ----
+
 
 def calibrate_grid(setup: RealSetup, tokenizer: Tokenizer | None, cal: CalibrationFlags,
                    extra_steps: list[Path]) -> Profile:
@@ -934,77 +716,22 @@ def calibrate_grid(setup: RealSetup, tokenizer: Tokenizer | None, cal: Calibrati
 
 def profile_from_steps(paths: list[Path], target: str, api_server: Any = None,
                        drift: bool = False) -> Profile:
-    """`sim.calibrate.profile_from_replays`, its errors one line, with a note when the drift
-    asked for was not found."""
     from analysis.rundir import rt_version
-    from sim.calibrate import profile_from_replays
-
-    try:
-        profile = profile_from_replays(paths, target, api_server=api_server, drift=drift,
-                                       rt_version=rt_version())
-    except ValueError as err:
-        fail(f"--from-steps: {err}")
-    if drift and profile.step_time_drift_quantiles is None:
-        note(["--step-drift: fewer than 2 windows of 0.25 s with 8+ steps in these replays; "
-              "the profile has i.i.d. step-time scatter only"])
-    return profile
-
-
-def profile_from_client_runs(runs: list[Any], engine: EngineFlags, seed: int,
-                             max_model_len: int | None = None, model: str = "unknown"
-                             ) -> Profile:
-    """`sim.client_calibrate`'s fit of client-timed runs (`sim.client_steps.ClientRun`)
-    under the server's engine flags; prints the fit per term."""
-    from analysis.rundir import rt_version
-    from sim.client_calibrate import endpoint_configs
-    from sim.client_calibrate import profile_from_client_runs as fit
+    from sim.calibrate_run import steps_profile
 
     with user_errors():
-        scheduler, cache, sources = endpoint_configs(engine, runs, max_model_len)
-        profile, result = fit(runs, scheduler, cache, model=model, rt_version=rt_version(),
-                              date=datetime.datetime.now(datetime.UTC).isoformat(
-                                  timespec="seconds"), sources=sources, seed=seed)
-    for line in result.lines():
-        typer.echo(line, err=True)
+        profile, notes = steps_profile(paths, target, rt_version(), api_server, drift)
+    note(notes)
     return profile
-
-
-def calibrate_from_runs(paths: list[Path], engine: EngineFlags, seed: int) -> Profile:
-    """`rt calibrate --from-run`: client-timed runs (run directories, vLLM bench JSONs)."""
-    from analysis.rundir import load_run
-    from sim.client_steps import client_run
-
-    runs, infos = [], []
-    with user_errors():
-        for path in paths:
-            run = load_run(path)
-            columns = {name: run.requests[name].tolist() for name in run.requests.columns}
-            try:
-                runs.append(client_run(str(path), columns))
-            except ValueError as err:
-                fail(f"--from-run {err}")
-            infos.append(run.info)
-    lens = [i.get("endpoint", {}).get("max_model_len") for i in infos]
-    names = [(i.get("model") or {}).get("name") for i in infos]
-    return profile_from_client_runs(runs, engine, seed, next((x for x in lens if x), None),
-                                    str(next((x for x in names if x), "unknown")))
 
 
 def write_profile(profile: Profile, path: Path) -> Path:
     """Print the fit's quality and coefficients, write the profile."""
-    from sim.profile import write_profile as write
+    from sim.calibrate_run import fit_lines, save_profile
 
-    for name in ("held_out", "all_samples"):
-        q = (profile.fit or {}).get(name) or {}
-        if q.get("samples"):
-            typer.echo(f"fit on {name.replace('_', ' ')}: {q['samples']} steps, MAPE "
-                       f"{q['mape']:.1%}, p90 {q['p90_ape']:.1%}, worst {q['worst_ape']:.1%}, "
-                       f"total-time bias {q['bias']:+.1%}", err=True)
-    for key, value in dataclasses.asdict(profile.coefficients).items():
-        typer.echo(f"  {key:<30} {value:.4g} s", err=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write(profile, path)
-    return path
+    for line in fit_lines(profile):
+        typer.echo(line, err=True)
+    return save_profile(profile, path)
 
 
 @app.command("calibrate")
@@ -1016,37 +743,29 @@ def calibrate(
     real: Annotated[RealEngineFlags, Flags()],
     engine: Annotated[EngineFlags, Flags()],
     cal: Annotated[CalibrationFlags, Flags()],
-    from_steps: Annotated[list[Path] | None, typer.Option(
-        "--from-steps", help="steps.parquet (or run directory) of an earlier `rt replay`: "
-        "training data. Alone: fit on these steps only; with --model: added to the grid.",
-        rich_help_panel=CALIBRATION_PANEL)] = None,
-    target: Annotated[str, typer.Option(
-        "--target", help="Step time to fit from --from-steps alone: wall (end - start, what "
-        "the simulator must reproduce) or execute (the runner's measurement).",
-        rich_help_panel=CALIBRATION_PANEL)] = "wall",
-    from_run: Annotated[list[Path] | None, typer.Option(
-        "--from-run", help="A client-timed run (`rt replay --endpoint` directory, or a `vllm "
-        "bench serve --save-detailed` JSON): fit the step costs and the front end's to its "
-        "chunk times, under the server's engine flags (docs/calibration.md).",
-        rich_help_panel=CALIBRATION_PANEL)] = None,
+    sources: Annotated[CalibrationSources, Flags(inline=True)],
     seed: _Seed = 0,
 ) -> None:
     """Fit the simulator's `profile` cost model to the real backend: a designed grid of
     prefill, decode and mixed batches (warm-up, repeats, medians), the API-server costs, a
     non-negative least-squares fit of the six coefficients, its held-out error. Writes a
     profile for `rt simulate --profile`."""
-    if cal.step_drift and not (from_steps and model is None):
-        fail("--step-drift needs --from-steps alone (a grid has no step-time scatter)")
-    if from_run:
-        if from_steps or model is not None:
-            fail("--from-run fits client timings alone: without --from-steps or --model")
-        profile = calibrate_from_runs(from_run, engine, seed)
-    elif from_steps and model is None:
-        profile = profile_from_steps(from_steps, target, drift=cal.step_drift)
-    else:
-        setup, tokenizer = real_engine(model, engine, real, seed)
-        profile = calibrate_grid(setup, tokenizer, cal, from_steps or [])
+    from analysis.rundir import request_columns, rt_version
+    from sim.calibrate_run import runs_profile
+
     with user_errors():
+        mode = sources.mode(model is not None, cal.step_drift)
+        if mode == "runs":
+            profile, lines = runs_profile(sources.from_run or [], request_columns, engine, seed,
+                                          rt_version())
+            for line in lines:
+                typer.echo(line, err=True)
+        elif mode == "steps":
+            profile = profile_from_steps(sources.from_steps or [], sources.target,
+                                         drift=cal.step_drift)
+        else:
+            setup, tokenizer = real_engine(model, engine, real, seed)
+            profile = calibrate_grid(setup, tokenizer, cal, sources.from_steps or [])
         write_profile(profile, output)
     typer.echo(f"rt: wrote {output}", err=True)
 
@@ -1075,7 +794,9 @@ def fidelity(
     Without --profile it calibrates first, by default on replays of other requests like
     TRACE's; with --repeats N it replays N times and reports against their mean, with the
     real runs' own spread as the noise floor."""
+    from analysis.fidelity import replay_order
     from sim.calibrate import replay_api_cost
+    from sim.fidelity_run import FidelityRuns
 
     with user_errors():
         how.check(cal.step_drift, noise.step_noise)
@@ -1083,70 +804,36 @@ def fidelity(
     with user_errors():
         trace = workload(work, trace_file)
         setup, tokenizer = real_engine(model, engine, real, work.seed)
-        check_lengths(trace, setup.scheduler.max_model_len)
+        workloads.check_max_model_len(trace, setup.scheduler.max_model_len)
         root.mkdir(parents=True, exist_ok=True)
         profile = how.profile
         if profile is None and how.calibrate_on == "grid" and not how.fit_on_replay:
             profile = write_profile(calibrate_grid(setup, tokenizer, cal, []),
                                     root / "profile.json")
-        reals, calibrations = _fidelity_replays(
-            trace, setup, tokenizer, root, how.repeats,
-            profile is None and not how.fit_on_replay and how.calibrate_on == "replay")
+        runs = FidelityRuns(trace, root, setup.args.seed, setup.describe(), functools.partial(
+            replay_on, setup=setup, tokenizer=tokenizer, stop_if_interrupted=True), save_run,
+            lambda line: typer.echo(f"rt: {line}", err=True))
+        reals, calibrations = runs.replays(replay_order(how.repeats, profile is None and not (
+            how.fit_on_replay) and how.calibrate_on == "replay"), tokenizer=tokenizer is not None)
         if replays := calibrations or (reals if how.fit_on_replay else []):
             profile = write_profile(profile_from_steps(replays, "wall", replay_api_cost(replays),
                                                        cal.step_drift), root / "profile.json")
         assert profile is not None
-        sims = _fidelity_simulate(trace, setup, profile, root, noise.step_noise, how.sim_runs)
+        sims, notes = runs.twins(setup.scheduler, setup.cache, str(setup.args.model_dir),
+                                 profile, noise.step_noise, how.sim_runs)
+        note(notes)
         _fidelity_report(reals, sims, profile, root, plots, how.max_error)
-
-
-def _fidelity_replays(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
-                      root: Path, repeats: int, calibrate: bool) -> tuple[list[Path], list[Path]]:
-    """The real replays of TRACE and the calibration replays of traces resampled from it
-    (out of sample), interleaved as `analysis.fidelity.replay_order` says."""
-    from analysis.fidelity import replay_order
-
-    dirs: dict[str, list[Path]] = {"real": [], "calibration": []}
-    for kind, i in replay_order(repeats, calibrate):
-        path = root / (kind + (f"-{i + 1}" if i else ""))
-        source = (trace if kind == "real"
-                  else workloads.resample_like(trace, setup.args.seed + i + 1))
-        result = replay_on(source, setup, tokenizer)
-        if result.interrupted:
-            raise typer.Exit(code=130)
-        save_run(path, "replay", source, result, setup.describe(),
-                 tokenizer=tokenizer is not None)
-        typer.echo(f"rt: replayed {len(source)} requests, {result.num_steps} steps, "
-                   f"{result.wall_s:.2f} s wall -> {path}", err=True)
-        dirs[kind].append(path)
-    return dirs["real"], dirs["calibration"]
-
-
-def _fidelity_simulate(trace: workloads.Trace, setup: RealSetup, profile: Path, root: Path,
-                       step_noise: bool, runs: int) -> list[Path]:
-    """The twin's simulations (`sim.fidelity.twin_simulations`): root/sim, root/sim-2, ..."""
-    from sim.fidelity import twin_simulations
-
-    sim, twins, notes = twin_simulations(trace, setup.scheduler, setup.cache,
-                                         str(setup.args.model_dir), profile, setup.args.seed,
-                                         step_noise, runs)
-    note(notes)
-    for twin in twins:
-        save_run(root / twin.name, "simulate", trace, twin.result, sim.describe(),
-                 step_noise_seed=twin.noise_seed)
-    return [root / twin.name for twin in twins]
 
 
 def _fidelity_report(real_dirs: list[Path], sim_dirs: list[Path], profile_path: Path,
                      root: Path, plots: bool, max_error: float | None) -> None:
     from analysis.fidelity import write_fidelity
-    from sim.calibrate import predict_step_rows
-    from sim.profile import load_profile
+    from sim.fidelity_run import predicted_steps
 
     reals = [load_checked(path) for path in real_dirs]
-    predicted = predict_step_rows(load_profile(profile_path).coefficients, reals[0].steps)
-    text, violations, figures = write_fidelity(reals, [load_checked(p) for p in sim_dirs],
-                                               predicted, root, plots, max_error)
+    text, violations, figures = write_fidelity(
+        reals, [load_checked(p) for p in sim_dirs], predicted_steps(profile_path, reals[0].steps),
+        root, plots, max_error)
     typer.echo(text)
     save_figures(figures, root / "plots")
     typer.echo(f"rt: wrote {root}/fidelity.json", err=True)
@@ -1160,37 +847,28 @@ def _fidelity_report(real_dirs: list[Path], sim_dirs: list[Path], profile_path: 
 
 
 @bench_app.command("scheduler")
-def bench_scheduler(
-    seed: Annotated[int, typer.Option(help="Seed of the synthetic prompts.")] = 0,
-    quick: Annotated[bool, typer.Option(help="Fewer steps (a smoke run).")] = False,
-    out: _Out = None,
-) -> None:
+@with_flags
+def bench_scheduler(flags: Annotated[SchedulerBenchFlags, Flags(inline=True)],
+                    out: _Out = None) -> None:
     """Microseconds per step of schedule() + update_from_output(): 64/256/1024 running
     decodes with prefix caching, and a mixed chunked-prefill workload."""
     from sim.benchmarks import bench_scheduler as run
 
-    write_json(run(seed=seed, quick=quick), out)
+    write_json(run(seed=flags.seed, quick=flags.quick), out)
 
 
 @bench_app.command("sim")
 @with_flags
 def bench_sim(
     sim: Annotated[SimFlags, Flags(only=("model", "gpu"))],
-    traces: Annotated[list[Path] | None, typer.Option(
-        "--trace", help="Trace to simulate (repeatable). Default: the embedded excerpt.")]
-    = None,
-    baseline: Annotated[bool, typer.Option(
-        "--baseline/--no-baseline", help="Also time one-by-one stepping (slower).")] = True,
+    flags: Annotated[SimBenchFlags, Flags(inline=True)],
     out: _Out = None,
 ) -> None:
     """Simulated requests per wall-clock second, fast-forwarding vs stepping one by one."""
     from sim.benchmarks import bench_sim as run
 
     with user_errors():
-        loaded = {str(path): workloads.load_trace(path).trace for path in traces or []}
-        if not loaded:
-            loaded = {"embedded azure_conv first 10 min": workloads.default_trace()}
-        report = run(loaded, sim.model, sim.gpu, baseline)
+        report = run(flags.traces(), sim.model, sim.gpu, flags.baseline)
     write_json(report, out)
 
 
@@ -1203,13 +881,8 @@ def bench_serve(
     sim: Annotated[SimFlags, Flags(only=("model", "gpu", "profile"))],
     engine: Annotated[EngineFlags, Flags(only=("max_num_seqs", "max_model_len"),
                                          defaults={"max_model_len": 4096})],
+    load: Annotated[ServeLoadFlags, Flags(inline=True)],
     bench: Annotated[ServeBenchFlags, Flags()],
-    concurrency: Annotated[int, typer.Option(
-        "--concurrency", min=1, help="Streams in flight at most (client-side).")] = 200,
-    num_prompts: Annotated[int | None, typer.Option(
-        "--num-prompts", min=1, help="Requests (default: --concurrency).")] = None,
-    timeout: Annotated[float, typer.Option(
-        "--timeout", help="Seconds one request may take at most.")] = 300.0,
     out: _Out = None,
 ) -> None:
     """Load-test `rt serve --simulate` on a free loopback port (bounded; the server is always
@@ -1217,58 +890,24 @@ def bench_serve(
     with `rt simulate`'s core, and report errors, throughput, each process's CPU seconds and
     the latency the server path adds (server minus simulated, ms). With --soak, hold
     --concurrency streams for SECONDS instead. Exit 1 on any error."""
-    from backends.bench.serve_load import (
-        LoadConfig,
-        compare,
-        run_load,
-        sent_arrivals,
-        simulated_server,
-    )
+    from backends.bench.serve_run import SimulatedServer, failed, serve_bench, soak_bench
     from sim.engine_args import build_setup
     from sim.simulator import simulate as run_simulate
 
-    with user_errors():
+    with user_errors(RuntimeError):  # RuntimeError: the server did not start
         work = dataclasses.replace(work, dataset_name="random",
-                                   num_prompts=num_prompts or concurrency)
+                                   num_prompts=load.num_prompts or load.concurrency)
         trace = workload(work)
         args = EngineArgs(max_num_seqs=engine.max_num_seqs, max_model_len=engine.max_model_len)
         setup = build_setup(args, sim.model, sim.gpu, sim.profile, work.seed)
-    server = simulated_server(sys.executable, sim.model, sim.gpu, sim.profile, work.seed,
-                              engine.max_model_len, engine.max_num_seqs)
-    config = LoadConfig(server, concurrency, setup.config.vocab_size, work.seed,
-                        request_timeout_s=timeout, client=bench.client)
-    if bench.soak is not None:
-        _bench_soak(config, bench.soak, work.input_len, work.output_len, out)
-        return
-    try:
-        load = run_load(trace, config)
-    except RuntimeError as err:
-        fail(str(err))
-    simulated = run_simulate(sent_arrivals(trace, load.endpoint.requests), setup.config,
-                             setup.cost_model)
-    rate = work.request_rate
-    report = {"command": "rt bench serve", "concurrency": concurrency,
-              "random_input_len": work.input_len, "random_output_len": work.output_len,
-              "request_rate": rate if math.isfinite(rate) else "inf", "model": sim.model,
-              "gpu": sim.gpu, **compare(trace, load, simulated.requests)}
+        server = SimulatedServer(sys.executable, sim.model, sim.gpu, sim.profile, work.seed,
+                                 engine.max_model_len, engine.max_num_seqs)
+        vocab = setup.config.vocab_size
+        report = (soak_bench(work, server, load, bench, vocab) if bench.soak is not None else
+                  serve_bench(trace, work, server, load, bench, vocab, functools.partial(
+                      run_simulate, config=setup.config, cost_model=setup.cost_model)))
     write_json(report, out)
-    if report["errors"] or report["token_count_mismatches"]:
-        raise typer.Exit(code=1)
-
-
-def _bench_soak(config: Any, seconds: float, input_len: int, output_len: int,
-                out: Path | None) -> None:
-    """`rt bench serve --soak`: exit 1 on an error, a token-count mismatch or KV left."""
-    from backends.bench.serve_load import run_soak_load
-
-    try:
-        with user_errors():
-            report = run_soak_load(config, seconds, input_len, output_len)
-    except RuntimeError as err:  # the server did not start
-        fail(str(err))
-    write_json({"command": "rt bench serve --soak", **report}, out)
-    if report["errors"] or report["token_count_mismatches"] or \
-            report["kv_blocks_in_use_after"]:
+    if failed(report):
         raise typer.Exit(code=1)
 
 
@@ -1276,20 +915,7 @@ def _bench_soak(config: Any, seconds: float, input_len: int, output_len: int,
 @with_flags
 def bench_fleet(
     sim: Annotated[SimFlags, Flags(only=("model", "gpu"))],
-    trace: Annotated[Path | None, typer.Option(
-        "--trace", help="Trace (default: the embedded Azure conversation excerpt).")] = None,
-    first_n: Annotated[int | None, typer.Option(
-        "--first-n", min=1, help="Keep the first N requests.")] = None,
-    replicas: Annotated[int, typer.Option(
-        "--replicas", min=1, help="The fleet timed against one engine.")] = 16,
-    scaling: Annotated[str, typer.Option(
-        "--scaling", help="Two or more fleet sizes whose cost per request is compared.")]
-    = "4,64",
-    router: Annotated[str, typer.Option("--router", help="Routing policy.")] = "round-robin",
-    router_arg: Annotated[list[str] | None, typer.Option(
-        "--router-arg", help="KEY=VALUE argument of the policy (repeat).")] = None,
-    baseline: Annotated[bool, typer.Option(
-        "--baseline/--no-baseline", help="Also time the fleet stepping one by one.")] = True,
+    flags: Annotated[FleetBenchFlags, Flags(inline=True)],
     out: _Out = None,
 ) -> None:
     """Simulated requests per second of the fleet simulator: N replicas on the trace replayed
@@ -1299,17 +925,9 @@ def bench_fleet(
     from sim.benchmarks import bench_fleet as run
 
     with user_errors():
-        sizes = tuple(int(x) for x in scaling.split(",") if x.strip())
-        if len(sizes) < 2 or min(sizes) < 1:
-            raise ValueError(f"--scaling needs two or more sizes >= 1, got {scaling!r}")
-        loaded = (workloads.load_trace(trace).trace if trace is not None
-                  else workloads.default_trace())
-        name = str(trace) if trace is not None else "embedded azure_conv first 10 min"
-        if first_n is not None:
-            loaded = workloads.first_n(loaded, first_n)
-            name += f", first {first_n}"
-        report = run(loaded, name, sim.model, sim.gpu, replicas, sizes, router,
-                     tuple(router_arg or ()), baseline=baseline)
+        trace, name = flags.load()
+        report = run(trace, name, sim.model, sim.gpu, flags.replicas, flags.sizes(),
+                     flags.router, tuple(flags.router_arg or ()), baseline=flags.baseline)
     write_json(report, out)
 
 
@@ -1320,19 +938,11 @@ def bench_gpu(flags: Annotated[GpuBenchFlags, Flags()], out: _Out = None) -> Non
     copy and a matmul measured in the same run, and engine tokens/s against transformers
     (a CUDA device; under 10 minutes)."""
     try:
-        from backends.bench.engine_throughput import EnginePlan, engine_throughput_section
-        from backends.bench.gpu import GpuUnavailable, run_gpu_bench
+        from backends.bench.gpu import GpuUnavailable, gpu_bench
     except ImportError as err:
         fail(f"rt bench gpu needs the real extra (torch, triton): {err}")
-    with user_errors():
-        plan = EnginePlan(num_requests=flags.engine_requests, prompt_len=flags.engine_prompt_len,
-                          output_len=flags.engine_output_len, hf_batch_size=flags.hf_batch_size)
-        section = engine_throughput_section(flags.engine_model, plan) if flags.engine else None
-        try:
-            report = run_gpu_bench(out, engine_throughput=section,
-                                   log=lambda line: typer.echo(f"rt: {line}", err=True))
-        except GpuUnavailable as err:
-            fail(str(err))
+    with user_errors(GpuUnavailable):
+        report = gpu_bench(flags, out, lambda line: typer.echo(f"rt: {line}", err=True))
     write_json(report, None)
 
 
@@ -1341,16 +951,16 @@ def bench_gpu(flags: Annotated[GpuBenchFlags, Flags()], out: _Out = None) -> Non
 _RouterPolicy = Annotated[FleetFlags, Flags(only=("router", "router_arg", "router_refresh_ms"))]
 
 
-def _router_config(urls: list[str], policy: FleetFlags, route: RouteFlags, seed: int) -> Any:
-    from backends.route.app import router_config
+def route_until_stopped(urls: list[str], policy: FleetFlags, route: RouteFlags, seed: int,
+                        print_url: bool = False) -> None:
+    """The router over `urls` (a bad policy or argument: one line), served until stopped."""
+    from backends.route.app import router_config, run_router
 
-    return router_config(urls, policy.router, policy.router_arg or [],
-                         policy.router_refresh_ms, route, seed)
-
-
-def _serve_router(config: Any, route: RouteFlags) -> None:
-    from backends.route.app import run_router
-
+    with user_errors():
+        config = router_config(urls, policy.router, policy.router_arg or [],
+                               policy.router_refresh_ms, route, seed)
+    if print_url:
+        typer.echo(f"http://{route.host}:{route.port}/v1")
     until_stopped(f"routing ({config.policy}) over {len(config.backends)} backends on "
                   f"http://{route.host}:{route.port}/v1", "router",
                   lambda: run_router(config, route.host, route.port, route.shutdown_timeout,
@@ -1370,14 +980,13 @@ def route_command(
     its own in-flight counts and prefix index (the prompt's UTF-8 bytes), and each backend's
     /metrics scraped every --router-refresh-ms. Serves /v1/models, /health, /metrics.
     Failing backends are taken out and put back when healthy; SIGTERM/Ctrl-C drains."""
-    with user_errors():
-        config = _router_config(route.backend or [], policy, route, seed)
-    _serve_router(config, route)
+    route_until_stopped(route.backend or [], policy, route, seed)
 
 
 fleet_app = typer.Typer(help="A fleet of rt serve replicas behind rt route, on loopback.",
                         no_args_is_help=True)
 app.add_typer(fleet_app, name="fleet")
+_FLEET_SERVER = Flags(only=("simulate", "max_num_queued_requests"))
 
 
 @fleet_app.command("up")
@@ -1389,7 +998,7 @@ def fleet_up(
     model: Annotated[str | None, typer.Option(
         "--model", "--sim-model", help="As rt serve's --model (with --simulate, the "
         "simulated model).", rich_help_panel=ROUTE_PANEL)] = None,
-    server: Annotated[ServeFlags, Flags(only=("simulate", "max_num_queued_requests"))],
+    server: Annotated[ServeFlags, _FLEET_SERVER],
     sim: Annotated[SimFlags, Flags(only=("gpu", "profile"))],
     engine: Annotated[EngineFlags, Flags()],
     route: Annotated[RouteFlags, Flags(exclude=("backend",))],
@@ -1402,25 +1011,17 @@ def fleet_up(
     from backends.route.fleet import FleetPlan, flag_argv, run_fleet
     from runtime.router import make_policy
 
-    command = [sys.executable, str(Path(__file__).resolve()), "serve", "--seed", str(seed),
-               *flag_argv(server, Flags(only=("simulate", "max_num_queued_requests"))),
-               *flag_argv(sim, Flags(only=("gpu", "profile"))), *flag_argv(engine)]
-    command += ["--model", model] if model else []
+    command = [*RT, "serve", "--seed", str(seed), *flag_argv(server, _FLEET_SERVER),
+               *flag_argv(sim, Flags(only=("gpu", "profile"))), *flag_argv(engine),
+               *(["--model", model] if model else [])]
     with user_errors():  # a bad policy or argument: one line before anything starts
         make_policy(policy.router, policy.router_arg or [], seed)
     plan = FleetPlan(tuple(command), tuple(free_port() for _ in range(policy.replicas)),
                      stop_timeout_s=route.shutdown_timeout + 10)
-
-    def serve_router(urls: list[str]) -> None:
-        with user_errors():
-            config = _router_config(urls, policy, route, seed)
-        typer.echo(f"http://{route.host}:{route.port}/v1")
-        _serve_router(config, route)
-
-    try:
-        run_fleet(plan, serve_router, lambda line: typer.echo(f"rt: {line}", err=True))
-    except RuntimeError as err:
-        fail(str(err))
+    with user_errors(RuntimeError):
+        run_fleet(plan, functools.partial(route_until_stopped, policy=policy, route=route,
+                                          seed=seed, print_url=True),
+                  lambda line: typer.echo(f"rt: {line}", err=True))
 
 
 @bench_app.command("route")
@@ -1429,14 +1030,7 @@ def bench_route(
     *,
     policy: _RouterPolicy,
     sim: Annotated[SimFlags, Flags(only=("model", "gpu", "profile"))],
-    concurrency: Annotated[list[int] | None, typer.Option(
-        "--concurrency", min=1, help="Closed-loop streams (repeat) [default: 1 and 200].")]
-    = None,
-    num_requests: Annotated[int, typer.Option(
-        "--num-requests", min=1, help="Requests per path, round and concurrency.")] = 400,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1)] = 4,
-    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Direct-then-routed "
-                                        "rounds (interleaved against drift).")] = 2,
+    flags: Annotated[RouteBenchFlags, Flags(inline=True)],
     seed: _Seed = 0,
     out: _Out = None,
 ) -> None:
@@ -1444,22 +1038,12 @@ def bench_route(
     the same streaming requests straight to the backend and through the router in the same
     run; requests/s and p50/p99 TTFT and E2E of each path and the router's added ms."""
     from backends.bench.serve_load import free_port
-    from backends.route.bench import RouteBenchConfig, run_route_bench
+    from backends.route.bench import route_bench_config, run_route_bench
 
-    script = str(Path(__file__).resolve())
-    serve_cmd = [sys.executable, script, "serve", "--simulate", "--sim-model", sim.model,
-                 "--gpu", sim.gpu, "--seed", str(seed), "--max-model-len", "4096"]
-    serve_cmd += ["--profile", str(sim.profile)] if sim.profile else []
-    route_cmd = [sys.executable, script, "route", "--router", policy.router, "--seed",
-                 str(seed), "--router-refresh-ms", str(policy.router_refresh_ms)]
-    for arg in policy.router_arg or []:
-        route_cmd += ["--router-arg", arg]
-    config = RouteBenchConfig(tuple(serve_cmd), tuple(route_cmd),
-                              tuple(concurrency or (1, 200)), num_requests, max_tokens, rounds)
-    try:
+    config = route_bench_config(RT, sim.model, sim.gpu, sim.profile, seed, policy.router,
+                                policy.router_arg or [], policy.router_refresh_ms, flags)
+    with user_errors(RuntimeError):
         report = run_route_bench(config, (free_port(), free_port()))
-    except RuntimeError as err:
-        fail(str(err))
     write_json({"command": "rt bench route", "router": policy.router, "model": sim.model,
                 "gpu": sim.gpu, **report}, out)
 

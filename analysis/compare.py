@@ -4,6 +4,8 @@ first run), the compatibility check, and legend labels naming what differs betwe
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -16,6 +18,21 @@ _NOISE = {"wall_s", "name", "date", "rt_version", "digest", "prefix_cache.querie
           "prefix_cache.hits"}
 _PREFERRED = ("sweep.", "engine_args.", "scheduler_config.", "cache_config.", "model.name",
               "gpu.name", "kind", "trace.name", "cost_model.kind")
+
+
+def _flag(default: Any, option: str, help: str) -> Any:  # runtime.flags.flag's metadata
+    return field(default=default, metadata={"flag": option, "help": help, "panel": None})
+
+
+@dataclass(frozen=True, slots=True)
+class CompareFiles:
+    """`rt compare`'s outputs besides the table on stdout."""
+
+    csv: Path | None = _flag(None, "--csv", "Also write the table here.")
+    html: Path | None = _flag(None, "--html", "Also write one self-contained HTML page here: "
+                              "the table, the overlaid curves and each run's report.")
+    plot_dir: Path | None = _flag(None, "--plot-dir", "Where the overlaid curves go (default: "
+                                  "results/compare-<time>).")
 
 
 def check_compatible(runs: Sequence[Run]) -> None:

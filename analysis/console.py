@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 
-from analysis.metrics import BenchmarkMetrics, attribution
+from analysis.metrics import BenchmarkMetrics, attribution, benchmark_metrics
 
 WIDTH = 50
 _SECTIONS = {
@@ -111,3 +112,16 @@ def rt_block(requests: pd.DataFrame, steps: pd.DataFrame, prefix_hit_rate: float
         "=" * WIDTH,
     ]
     return "\n".join(lines)
+
+
+def run_blocks(requests: pd.DataFrame, steps: pd.DataFrame, percentiles: Sequence[float],
+               request_rate: float | None = None, result: Any = None) -> str:
+    """What `rt simulate` and `rt replay` print after a run: vLLM's result block, then rt's
+    block when the driver's `result` (`runtime.records.RunResult`: its prefix-cache counts)
+    is given; vLLM's block alone for a client-timed run."""
+    blocks = [benchmark_block(benchmark_metrics(requests, percentiles),
+                              percentiles=percentiles, request_rate=request_rate)]
+    if result is not None:
+        hits = result.prefix_cache_hits / max(result.prefix_cache_queries, 1)
+        blocks.append(rt_block(requests, steps, hits))
+    return "\n".join(blocks)

@@ -8,6 +8,7 @@ own keys (`shape`, `gpu`, `model`, `tp`, `replicas`, `gpus`, `cost_per_hour`, `m
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -81,3 +82,13 @@ def pareto_figure(records: Sequence[dict[str, Any]]) -> Any:
     ax.legend()
     figure.tight_layout()
     return figure
+
+
+def write_plan(records: Sequence[dict[str, Any]], slos: dict[str, float], root: Path
+               ) -> tuple[str, str, dict[str, Any]]:
+    """`rt plan`'s outputs: writes root/plan.csv; returns the table as text, the closest
+    shape (the table's first; "none simulated") and the Pareto figure by file stem."""
+    table = plan_table(records, slos)
+    table.to_csv(root / "plan.csv", index=False)
+    closest = str(table.iloc[0]["shape"]) if len(table) else "none simulated"
+    return render_plan(table), closest, {"pareto": pareto_figure(records)}

@@ -108,6 +108,12 @@ def load_run(path: Path) -> Run:
     return Run(path, requests, steps, info)
 
 
+def request_columns(path: Path) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+    """A run's requests as columns (name -> values) and its run.json; `load_run`'s errors."""
+    run = load_run(path)
+    return {name: run.requests[name].tolist() for name in run.requests.columns}, run.info
+
+
 def finished_run(path: Path, **expected: Any) -> Run | None:
     """The run at `path` if it is complete (runs are written atomically, so a directory under
     the run's name is) and its run.json holds `expected`'s values, else None: an interrupted

@@ -20,8 +20,8 @@ from typing import Any
 def flag(default: Any, option: str, help: str | None = None, panel: str | None = None,
          **extra: Any) -> Any:
     """A dataclass field that is also a command-line flag. `option` is e.g. "--block-size" or
-    "--enable-x/--no-enable-x" for a boolean pair; `extra` passes on short="-tp" or
-    envvar="NAME"."""
+    "--enable-x/--no-enable-x" for a boolean pair; `extra` passes on short="-tp",
+    envvar="NAME" or min=1 (the parser refuses a smaller value)."""
     return field(default=default, metadata={"flag": option, "help": help, "panel": panel,
                                             **extra})
 
@@ -30,13 +30,16 @@ def flag(default: Any, option: str, help: str | None = None, panel: str | None =
 class FlagGroup:
     """How a command offers a flag dataclass: `only` these fields (default: every field with
     flag metadata) minus `exclude`, with the command's own `defaults` and help `panel`; with
-    `lists`, each as a comma list, and the command gets {field: [values]} for those given."""
+    `lists`, each as a comma list, and the command gets {field: [values]} for those given.
+    `inline`: the options are listed among the command's own, where the parameter stands
+    (the command's own options come first, then the shared groups')."""
 
     only: tuple[str, ...] | None = None
     exclude: tuple[str, ...] = ()
     defaults: Mapping[str, Any] = field(default_factory=dict)
     lists: bool = False
     panel: str | None = None
+    inline: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +55,7 @@ class FlagSpec:
     help: str | None
     panel: str | None
     envvar: str | None
+    minimum: int | float | None = None  # the smallest value the parser accepts
 
 
 def group_specs(cls: type, group: FlagGroup) -> list[FlagSpec]:
@@ -71,7 +75,7 @@ def group_specs(cls: type, group: FlagGroup) -> list[FlagSpec]:
             f.name, str(meta["flag"]).split("/")[0].lstrip("-").replace("-", "_"),
             (meta["flag"], *([meta["short"]] if "short" in meta else [])),
             str | None if group.lists else hint, scalar, default, meta.get("help"),
-            group.panel or meta.get("panel"), meta.get("envvar")))
+            group.panel or meta.get("panel"), meta.get("envvar"), meta.get("min")))
     return specs
 
 

@@ -18,6 +18,7 @@ import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from runtime import CacheConfig, ScheduledStep, SchedulerConfig, SchedulerOutput
@@ -109,3 +110,17 @@ def build_live_executor(engine_args: EngineArgs, model: str, gpu: str,
     executor = LiveSimExecutor(setup.cost_model, config.vocab_size, seed)
     return LiveSimSetup(executor, config.scheduler, config.cache, config.vocab_size, (),
                         setup.describe())
+
+
+def live_executor_spec(engine_args: EngineArgs, model: str | None, gpu: str,
+                       profile: str | None, seed: int
+                       ) -> tuple[Callable[..., Any], dict[str, Any], str, Path | None]:
+    """`rt serve --simulate`'s executor: (factory, its keyword arguments, the served model
+    name, the tokenizer's directory if the model is a local one). The setup is built once
+    here so that a bad flag is a ValueError before the engine process starts."""
+    sim_model = model or "llama-3.1-8b"
+    build_setup(engine_args, sim_model, gpu, profile, seed)
+    kwargs = {"engine_args": engine_args, "model": sim_model, "gpu": gpu, "profile": profile,
+              "seed": seed}
+    return build_live_executor, kwargs, sim_model, (Path(sim_model) if Path(sim_model).is_dir()
+                                                    else None)

@@ -26,6 +26,7 @@ from typing import Any
 
 from runtime import BatchFeatures
 from runtime.flags import comma_list, flag
+from runtime.records import RunResult
 from runtime.router.registry import policy_names
 from sim.engine_args import EngineArgs, SimSetup, build_setup
 from sim.fleet import can_ever_fit
@@ -316,3 +317,22 @@ def cheapest(searches: Sequence[ReplicaSearch], prices: dict[str, float]) -> lis
     shapes = [Shape(s.candidate, s.best, prices[s.candidate.gpu]) for s in searches
               if s.best is not None]
     return sorted(shapes, key=lambda s: (s.cost_per_hour, s.gpus, s.name()))
+
+
+def simulate_shape(shape: Shape, trace: Trace, seed: int) -> tuple[RunResult, SimSetup]:
+    """One shape on the trace: one engine, the fleet behind its router, or (with a P:D
+    ratio) prefill and decode pools; returns the records and the replicas' setup."""
+    from runtime.router.registry import make_policy
+    from sim.fleet import simulate_fleet
+    from sim.pd import PDDecider, simulate_pd
+    from sim.simulator import simulate
+
+    c = shape.candidate
+    setup = build_setup(c.engine_args, c.model, c.gpu, None, seed)
+    fleet = [setup] * shape.num_replicas
+    if c.pd_ratio is not None:
+        return simulate_pd(trace, fleet, c.roles(shape.replicas), make_policy(c.router, [], seed),
+                           make_policy(c.router, [], seed + 1), PDDecider("always")), setup
+    if shape.num_replicas == 1:
+        return simulate(trace, setup.config, setup.cost_model), setup
+    return simulate_fleet(trace, fleet, make_policy(c.router, [], seed)), setup

@@ -30,6 +30,11 @@ EXECUTORS = ("local", "ray")
 
 
 GRID_PANEL = "Sweep grid (comma-separated values)"
+# The engine flags a sweep's grid takes (comma lists), and the workload flags it offers.
+GRID_ENGINE_FLAGS = ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold",
+                     "num_gpu_blocks_override", "block_size")
+SWEEP_WORKLOAD_FLAGS = ("fmt", "dataset_name", "num_prompts", "input_len", "output_len",
+                        "range_ratio", "burstiness", "seed", "start_s", "duration_s", "first_n")
 SEARCH_PANEL = "SLO search"
 
 

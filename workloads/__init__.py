@@ -15,7 +15,7 @@ from workloads.defaults import DEFAULT_TRACE_PATH, default_trace
 from workloads.errors import TraceError
 from workloads.loaders import FORMATS, LoadResult, detect_format, load_trace, read_rows
 from workloads.rows import LoadReport, RawRows
-from workloads.rtformat import read_rt_jsonl, trace_digest, write_rt_jsonl
+from workloads.rtformat import read_rt_jsonl, trace_digest, trace_info, write_rt_jsonl
 from workloads.stats import (
     LengthStats,
     PrefixReuse,
@@ -47,6 +47,7 @@ from workloads.transforms import (
     ClipReport,
     TransformSpec,
     apply_transforms,
+    check_max_model_len,
     clip_to_max_model_len,
     first_n,
     scale_time,
@@ -58,10 +59,12 @@ __all__ = [
     "DEFAULT_TRACE_PATH",
     "default_trace",
     "trace_digest",
+    "trace_info",
     "FORMATS", "RESERVED_TOKEN_IDS", "ArrivalProcess", "ClipReport", "LengthStats",
     "LoadReport", "LoadResult", "MultiTurn", "PrefixRepetition", "PrefixReuse", "RandomLengths",
     "RawRows", "TraceRequest", "Span", "TimeStats", "Trace", "TraceColumns", "TraceError",
-    "TraceStats", "TransformSpec", "apply_transforms", "clip_to_max_model_len", "detect_format",
+    "TraceStats", "TransformSpec", "apply_transforms", "check_max_model_len",
+    "clip_to_max_model_len", "detect_format",
     "first_n", "load_trace", "multi_turn_trace", "output_token_ids", "prefix_repetition_trace",
     "prefix_reuse", "prompt_token_ids", "random_trace", "read_rows", "read_rt_jsonl",
     "resample_like", "resample_trace", "rows_stats", "scale_time", "stream_token_ids",

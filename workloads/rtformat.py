@@ -70,6 +70,11 @@ def trace_digest(trace: Trace) -> str:
     return digest.hexdigest()
 
 
+def trace_info(trace: Trace) -> dict[str, Any]:
+    """The trace's identity in a run's run.json: name, request count, digest."""
+    return {"name": trace.name, "requests": len(trace), "digest": trace_digest(trace)}
+
+
 def request_to_dict(req: TraceRequest) -> dict[str, Any]:
     """The JSON object of one request (optional keys only when present)."""
     obj: dict[str, Any] = {"id": req.request_id, "arrival_s": req.arrival_s,

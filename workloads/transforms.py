@@ -137,3 +137,14 @@ def _positive(value: float | None, option: str) -> None:
     if value is not None and (isinstance(value, bool) or not value > 0 or
                               not math.isfinite(value)):
         raise TraceError("must be > 0", column=option, value=value)
+
+
+def check_max_model_len(trace: Trace, max_model_len: int) -> None:
+    """ValueError naming the first request whose prompt + output exceed `max_model_len` (an
+    engine would refuse it): the trace must be clipped first."""
+    for req in trace:
+        if req.prompt_len + req.output_len > max_model_len:
+            raise ValueError(
+                f"request {req.request_id}: {req.prompt_len} prompt + {req.output_len} output "
+                f"tokens exceed max_model_len={max_model_len} (clip the trace with "
+                "`rt trace convert --max-model-len`)")

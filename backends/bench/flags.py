@@ -31,9 +31,19 @@ class GpuBenchFlags:
 
 
 @dataclass(frozen=True, slots=True)
+class ServeLoadFlags:
+    """`rt bench serve`'s load: streams in flight, requests, the per-request bound."""
+
+    concurrency: int = flag(200, "--concurrency", "Streams in flight at most (client-side).",
+                            min=1)
+    num_prompts: int | None = flag(None, "--num-prompts", "Requests (default: --concurrency).",
+                                   min=1)
+    timeout: float = flag(300.0, "--timeout", "Seconds one request may take at most.")
+
+
+@dataclass(frozen=True, slots=True)
 class ServeBenchFlags:
     """`rt bench serve`'s client and soak mode."""
-
     client: str = flag("httpx", "--client", "httpx (rt replay --endpoint's client) or lean "
                        "(HTTP/1.1 on asyncio streams: a client that does not starve at 200 "
                        "streams on 2 cores).")

@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from backends.bench.engine_throughput import EnginePlan, engine_throughput_section
+from backends.bench.flags import GpuBenchFlags
 from backends.bench.paged_batch import (
     PagedBatch,
     Report,
@@ -258,3 +260,12 @@ def run_gpu_bench(out: Path | None = None, engine_throughput: EngineBench | None
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count
     return run_bench(Bench(BenchPlan(), device, cuda_time_ms, sm_count), out,
                      engine_throughput, log)
+
+
+def gpu_bench(flags: GpuBenchFlags, out: Path | None, log: Callable[[str], None]) -> Report:
+    """`rt bench gpu`: `run_gpu_bench` with the engine-throughput section --engine asks for.
+    Raises GpuUnavailable without CUDA."""
+    plan = EnginePlan(num_requests=flags.engine_requests, prompt_len=flags.engine_prompt_len,
+                      output_len=flags.engine_output_len, hf_batch_size=flags.hf_batch_size)
+    section = engine_throughput_section(flags.engine_model, plan) if flags.engine else None
+    return run_gpu_bench(out, engine_throughput=section, log=log)

@@ -152,3 +152,17 @@ def load_tokenizer(model_dir: Path) -> Any | None:
     except (OSError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"--model {model_dir}: cannot load its tokenizer: {first}") from err
+
+
+def load_real_engine(model: Path | None, engine: EngineFlags, real: RealEngineFlags,
+                     seed: int) -> tuple[RealSetup, Any | None]:
+    """The real engine and the model's tokenizer (None if it has none): --model's directory,
+    by default the tiny random Llama; with --random-weights --model may also name a preset
+    shape (llama-3.1-8b, ...)."""
+    from backends.engine.tiny_model import build_tiny_llama, preset_config_dir
+
+    model_dir = model if model is not None else build_tiny_llama()
+    if real.random_weights and not model_dir.is_dir():
+        model_dir = preset_config_dir(str(model_dir))
+    args = real_engine_args(model_dir, engine, real, seed)
+    return build_engine(args), load_tokenizer(model_dir)

@@ -311,6 +311,20 @@ def _check_inputs(
     assert len(devices) == 1, devices
 
 
+def _segment_buffers(query: torch.Tensor, num_segments: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split-KV partials, fp32: accumulators [num_tokens, num_q_heads, num_segments,
+    head_dim] and (running max, sum) [num_tokens, num_q_heads, num_segments, 2]; with one
+    segment the kernel does not touch them (any fp32 tensor will do)."""
+    if num_segments == 1:
+        unused = torch.empty(1, dtype=torch.float32, device=query.device)
+        return unused, unused
+    num_tokens, num_q_heads, head_dim = query.shape
+    shape = (num_tokens, num_q_heads, num_segments)
+    return (torch.empty((*shape, head_dim), dtype=torch.float32, device=query.device),
+            torch.empty((*shape, 2), dtype=torch.float32, device=query.device))
+
+
 def paged_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -346,13 +360,7 @@ def paged_attention(
             _sm_count(query.device))
     assert num_segments >= 1 and num_segments & (num_segments - 1) == 0, num_segments
     block_q = cfg.block_m // group
-    if num_segments > 1:
-        part_acc = torch.empty((num_tokens, num_q_heads, num_segments, head_dim),
-                               dtype=torch.float32, device=query.device)
-        part_ml = torch.empty((num_tokens, num_q_heads, num_segments, 2),
-                              dtype=torch.float32, device=query.device)
-    else:  # unused by the kernel; any fp32 tensor will do
-        part_acc = part_ml = torch.empty(1, dtype=torch.float32, device=query.device)
+    part_acc, part_ml = _segment_buffers(query, num_segments)
     grid = (num_tokens // block_q + num_seqs, num_kv_heads, num_segments)
     _attention_kernel[grid](
         out, part_acc, part_ml, query, key_cache, value_cache,

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from backends.route.flags import RouteBenchFlags
 from backends.route.fleet import Replica, stop_all, wait_healthy
 
 
@@ -46,6 +47,23 @@ class RouteBenchConfig:
     max_tokens: int = 4
     rounds: int = 2
     request_timeout_s: float = 60.0
+
+
+def route_bench_config(rt: Sequence[str], model: str, gpu: str, profile: str | None,
+                       seed: int, router: str, router_args: Sequence[str], refresh_ms: float,
+                       flags: RouteBenchFlags) -> RouteBenchConfig:
+    """The run `rt bench route` asks for: `rt serve --simulate` of `model` on `gpu` (4096
+    tokens at most per sequence) behind `rt route` with the policy; `rt` is the command line
+    that starts rt (python and cli.py)."""
+    serve = [*rt, "serve", "--simulate", "--sim-model", model, "--gpu", gpu, "--seed",
+             str(seed), "--max-model-len", "4096"]
+    serve += ["--profile", str(profile)] if profile else []
+    route = [*rt, "route", "--router", router, "--seed", str(seed), "--router-refresh-ms",
+             str(refresh_ms)]
+    for arg in router_args:
+        route += ["--router-arg", arg]
+    return RouteBenchConfig(tuple(serve), tuple(route), tuple(flags.concurrency or (1, 200)),
+                            flags.num_requests, flags.max_tokens, flags.rounds)
 
 
 @contextlib.contextmanager

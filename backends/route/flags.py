@@ -41,3 +41,16 @@ class RouteFlags:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class RouteBenchFlags:
+    """`rt bench route`'s load: closed-loop streams, requests, tokens, rounds."""
+
+    concurrency: list[int] | None = flag(None, "--concurrency", "Closed-loop streams (repeat) "
+                                         "[default: 1 and 200].", min=1)
+    num_requests: int = flag(400, "--num-requests", "Requests per path, round and "
+                             "concurrency.", min=1)
+    max_tokens: int = flag(4, "--max-tokens", min=1)
+    rounds: int = flag(2, "--rounds", "Direct-then-routed rounds (interleaved against drift).",
+                       min=1)

@@ -27,6 +27,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import zmq
@@ -104,6 +105,23 @@ def build_real_executor(args: Any) -> ExecutorSetup:
     return ExecutorSetup(RunnerExecutor(setup.runner), setup.scheduler, setup.cache,
                          setup.shape.vocab_size, tuple(setup.shape.eos_token_ids),
                          setup.describe())
+
+
+def real_executor_spec(model: str | None, engine: Any, real: Any, seed: int
+                       ) -> tuple[Callable[..., Any], dict[str, Any], str, Path]:
+    """`rt serve`'s real executor: (factory, its keyword arguments, the served model name,
+    the tokenizer's directory); the model is loaded in the engine process. `engine` and
+    `real` are the EngineFlags and RealEngineFlags; ValueError when --model is not a model
+    directory."""
+    from backends.engine.setup import real_engine_args
+    from backends.engine.tiny_model import build_tiny_llama
+
+    model_dir = Path(model) if model is not None else build_tiny_llama()
+    if not (model_dir / "config.json").is_file():
+        raise ValueError(f"--model {model_dir}: not a model directory (no config.json)")
+    args = real_engine_args(model_dir, engine, real, seed)
+    name = "tiny-llama" if model is None else model  # as typed: vLLM's default served name
+    return build_real_executor, {"args": args}, name, model_dir
 
 
 # ---- the loop --------------------------------------------------------------------------------

@@ -126,3 +126,7 @@ def free_ids(s: Scheduler) -> list[int]:
 
 def tables(s: Scheduler) -> dict[str, list[int]]:
     return {r.request_id: s.get_block_ids(r.request_id) for r in s.running}
+
+
+def ids(requests: object) -> list[str]:
+    return [r.request_id for r in requests]  # type: ignore[attr-defined]

@@ -5,21 +5,8 @@ one-line errors for a bad endpoint."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 import math
-import os
-import signal
-import socket
-import subprocess
-import sys
-import threading
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import pytest
@@ -28,7 +15,6 @@ pytest.importorskip("httpx")
 fastapi = pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 
-from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from analysis.rundir import load_run  # noqa: E402
@@ -41,122 +27,22 @@ from backends.replay.endpoint_probe import (  # noqa: E402
 )
 from cli import app  # noqa: E402
 from runtime.records import PART_COLUMNS, RequestRecord  # noqa: E402
-from workloads import Trace, TraceRequest, write_rt_jsonl  # noqa: E402
+from tests.backends.replay.fake_endpoint import (  # noqa: E402
+    CHUNK_GAP_S,
+    FIRST_CHUNK_DELAY_S,
+    MODEL,
+    FakeServer,
+    closed_port,
+    config_for,
+    endpoint_trace,
+    running_fake_server,
+)
+from tests.backends.replay.fake_endpoint import rt_serve as _rt_serve  # noqa: E402, F401 (imported from here by other tests)
+from workloads import Trace, write_rt_jsonl  # noqa: E402
 
 cli_runner = CliRunner()
-ROOT = Path(__file__).resolve().parents[3]
-MODEL = "fake-model"
-FIRST_CHUNK_DELAY_S = 0.02
-CHUNK_GAP_S = 0.004
-
-
-@dataclass
-class FakeState:
-    """How the fake server behaves, and what it saw."""
-
-    tokens_per_chunk: int = 1
-    fail_every: int = 0  # every n-th request (by arrival at the server) gets HTTP 500
-    hang_first_s: float = 0.0  # the first request waits this long before streaming
-    usage: bool = True
-    seen: int = 0
-    in_flight: int = 0
-    peak_in_flight: int = 0
-    bodies: list[dict[str, Any]] = field(default_factory=list)
-
-
-def _fake_app(state: FakeState) -> fastapi.FastAPI:
-    api = fastapi.FastAPI()
-
-    @api.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": MODEL, "object": "model",
-                                            "max_model_len": 4096}]}
-
-    @api.post("/v1/completions")
-    async def completions(body: dict[str, Any]) -> Any:
-        state.seen += 1
-        number = state.seen
-        state.bodies.append(body)
-        if body.get("model") != MODEL:
-            return JSONResponse({"error": {"message": "no such model", "code": 404}}, 404)
-        if state.fail_every and number % state.fail_every == 0:
-            return JSONResponse({"error": {"message": "injected failure", "code": 500}}, 500)
-        hang = state.hang_first_s if number == 1 else 0.0
-        return StreamingResponse(_events(state, body, hang), media_type="text/event-stream")
-
-    return api
-
-
-async def _events(state: FakeState, body: dict[str, Any], hang_s: float) -> Any:
-    """vLLM's completions stream: content chunks, the finish reason on the last one, a usage
-    chunk (choices: []), then [DONE]."""
-    state.in_flight += 1
-    state.peak_in_flight = max(state.peak_in_flight, state.in_flight)
-    try:
-        await asyncio.sleep(FIRST_CHUNK_DELAY_S + hang_s)
-        total = int(body["max_tokens"])
-        sent = 0
-        while sent < total:
-            n = min(state.tokens_per_chunk, total - sent)
-            sent += n
-            last = sent == total
-            choice = {"index": 0, "text": "x" * n, "logprobs": None,
-                      "finish_reason": "length" if last else None, "stop_reason": None}
-            yield f"data: {json.dumps({'object': 'text_completion', 'choices': [choice]})}\n\n"
-            if not last:
-                await asyncio.sleep(CHUNK_GAP_S)
-        yield ": keep-alive\n\n"
-        if state.usage:
-            usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": total,
-                     "total_tokens": len(body["prompt"]) + total}
-            yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
-        yield "data: [DONE]\n\n"
-    finally:
-        state.in_flight -= 1
-
-
-@dataclass
-class FakeServer:
-    url: str
-    state: FakeState
-
-
-@pytest.fixture
-def fake_server() -> Iterator[FakeServer]:
-    """A fresh fake server per test, on a free loopback port; stopped afterwards."""
-    state = FakeState()
-    # proto IPPROTO_TCP: asyncio sets TCP_NODELAY only on such sockets (as uvicorn's own
-    # binding does); without it, Nagle holds a kept-alive stream's chunks ~40 ms.
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(_fake_app(state), log_level="error", lifespan="off")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "the fake server did not start"
-        time.sleep(0.01)
-    try:
-        yield FakeServer(f"http://127.0.0.1:{port}", state)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
-
-
-@pytest.fixture
-def trace() -> Trace:
-    """12 requests over 0.22 s, prompts 8-52 tokens, outputs 3-9 tokens."""
-    return Trace(tuple(
-        TraceRequest(f"r{i}", arrival_s=0.02 * i, prompt_len=8 + 4 * i, output_len=3 + i % 7)
-        for i in range(12)), name="endpoint-test")
-
-
-def _config(server: FakeServer, **kwargs: Any) -> EndpointConfig:
-    return EndpointConfig(server.url, **kwargs)
+fake_server = pytest.fixture(running_fake_server, name="fake_server")
+trace = pytest.fixture(endpoint_trace, name="trace")
 
 
 def test_completions_url_accepts_root_v1_and_full_urls() -> None:
@@ -171,7 +57,7 @@ def test_completions_url_accepts_root_v1_and_full_urls() -> None:
 def test_replay_records_every_request_with_client_side_timing(
         fake_server: FakeServer, trace: Trace) -> None:
     fake_server.state.tokens_per_chunk = 2  # several tokens per chunk: one time per chunk
-    config = _config(fake_server, vocab_size=512, seed=3)
+    config = config_for(fake_server, vocab_size=512, seed=3)
     info = probe(config)
     assert (info.model, info.max_model_len) == (MODEL, 4096)
     result = replay_endpoint(trace, config, info)
@@ -210,7 +96,7 @@ def test_replay_records_every_request_with_client_side_timing(
 
 def test_max_concurrency_caps_requests_in_flight(fake_server: FakeServer,
                                                  trace: Trace) -> None:
-    config = _config(fake_server, max_concurrency=2)
+    config = config_for(fake_server, max_concurrency=2)
     result = replay_endpoint(trace, config, probe(config))
     assert result.num_failed == 0
     assert fake_server.state.peak_in_flight <= 2
@@ -219,7 +105,7 @@ def test_max_concurrency_caps_requests_in_flight(fake_server: FakeServer,
 def test_missing_usage_falls_back_to_the_chunk_count(fake_server: FakeServer,
                                                      trace: Trace) -> None:
     fake_server.state.usage = False
-    config = _config(fake_server)
+    config = config_for(fake_server)
     result = replay_endpoint(trace, config, probe(config))
     assert result.usage_missing == len(trace)
     assert [r.output_len for r in result.requests] == [req.output_len for req in trace]
@@ -229,7 +115,7 @@ def test_failures_and_timeouts_are_recorded_not_raised(fake_server: FakeServer,
                                                        trace: Trace) -> None:
     fake_server.state.fail_every = 4  # 3 of 12 get HTTP 500
     fake_server.state.hang_first_s = 2.0  # the first request times out
-    config = _config(fake_server, timeout_s=0.5)
+    config = config_for(fake_server, timeout_s=0.5)
     result = replay_endpoint(trace, config, probe(config))
     failed = [r for r in result.requests if r.status == "FINISHED_ABORTED"]
     assert len(result.requests) == len(trace) and len(failed) == 4 == result.num_failed
@@ -241,15 +127,9 @@ def test_failures_and_timeouts_are_recorded_not_raised(fake_server: FakeServer,
 
 def test_probe_errors_name_the_problem(fake_server: FakeServer) -> None:
     with pytest.raises(EndpointError, match="does not serve model 'other'"):
-        probe(_config(fake_server, model="other"))
+        probe(config_for(fake_server, model="other"))
     with pytest.raises(EndpointError, match="cannot reach"):
-        probe(EndpointConfig(f"http://127.0.0.1:{_closed_port()}"))
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        probe(EndpointConfig(f"http://127.0.0.1:{closed_port()}"))
 
 
 def test_cli_writes_the_run_directory_and_compares_with_a_simulation(
@@ -316,91 +196,10 @@ def test_cli_every_request_failing_exits_one(fake_server: FakeServer, trace: Tra
 
 @pytest.mark.parametrize("url", ["not-a-url", "ftp://127.0.0.1/v1", None])
 def test_cli_bad_endpoint_is_one_line_exit_2(url: str | None, tmp_path: Path) -> None:
-    url = url or f"http://127.0.0.1:{_closed_port()}"
+    url = url or f"http://127.0.0.1:{closed_port()}"
     result = cli_runner.invoke(app, ["replay", "--first-n", "2", "--endpoint", url,
                                      "--result-dir", str(tmp_path / "run")])
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("rt: error: "), result.stderr
     assert not (tmp_path / "run").exists()
-
-
-# ---- against `rt serve` (a subprocess on a free loopback port) ---------------------------
-
-
-@contextlib.contextmanager
-def _rt_serve(args: list[str]) -> Iterator[str]:
-    """`rt serve ARGS` on a free port; yields its URL once /health answers; SIGTERM after."""
-    import httpx
-
-    port = _closed_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "serve", "--port", str(port), *args], cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, f"rt serve exited: {proc.stdout.read()}"  # type: ignore[union-attr]
-            assert time.monotonic() < deadline, "rt serve did not come up"
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-
-
-@pytest.mark.parametrize("serve_args, vocab", [
-    (["--max-model-len", "256", "--num-gpu-blocks-override", "64"], 512),  # tiny Llama, CPU
-    (["--simulate", "--gpu", "h200", "--max-model-len", "4096"], 32000),
-], ids=["tiny", "simulate"])
-def test_replay_against_rt_serve_gives_the_trace_token_counts(
-        serve_args: list[str], vocab: int, trace: Trace, tmp_path: Path) -> None:
-    trace_file = tmp_path / "trace.jsonl"
-    write_rt_jsonl(trace, trace_file)
-    out = tmp_path / "run"
-    with _rt_serve(serve_args) as url:
-        result = cli_runner.invoke(app, ["replay", str(trace_file), "--endpoint", url,
-                                         "--vocab-size", str(vocab), "--result-dir", str(out),
-                                         "--timeout", "60"])
-    assert result.exit_code == 0, result.output
-    run = load_run(out)
-    assert run.info["failed"] == 0, run.info["errors"]
-    assert list(run.requests["output_len"]) == [req.output_len for req in trace]
-    assert set(run.requests["status"]) == {"FINISHED_LENGTH_CAPPED"}
-    assert all(len(t) >= 1 for t in run.requests["token_times_s"])
-
-
-def test_ctrl_c_writes_the_records_so_far_and_exits_130(
-        fake_server: FakeServer, trace: Trace, tmp_path: Path) -> None:
-    fake_server.state.hang_first_s = 30.0  # r0 is still in flight at the interrupt
-    trace_file = tmp_path / "trace.jsonl"
-    write_rt_jsonl(trace, trace_file)
-    out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "replay", str(trace_file), "--endpoint", fake_server.url,
-         "--result-dir", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + 60
-    while fake_server.state.seen < len(trace):  # every request sent: r0 hangs
-        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=30)
-    assert proc.returncode == 130, stderr
-    assert "rt: interrupted" in stderr
-    run = load_run(out)
-    assert run.info["interrupted"] is True and run.info["errors"] == {"r0": "interrupted"}
-    assert (run.requests["status"] == "FINISHED_ABORTED").sum() == 1

@@ -1,0 +1,78 @@
+"""`rt replay --endpoint`'s run: probe the server, check the trace fits its max_model_len,
+replay (client-side timing), and what to tell the user afterwards. Failed requests are
+counted (exit 0, as vLLM bench) unless every request failed (exit 1); Ctrl-C: 130."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from backends.replay.endpoint import EndpointResult, Progress, replay_endpoint, run_info
+from backends.replay.endpoint_probe import EndpointConfig, EndpointInfo, probe
+from workloads import Trace, check_max_model_len
+
+INTERRUPTED = "interrupted: records of the requests so far were written"
+
+
+def connect(trace: Trace, settings: Mapping[str, Any]) -> tuple[EndpointConfig, EndpointInfo]:
+    """The endpoint's config and what it serves; EndpointError (a ValueError) when it cannot
+    be reached or does not serve the model, ValueError when a request exceeds its
+    max_model_len."""
+    config = EndpointConfig(**settings)
+    info = probe(config)
+    if info.max_model_len is not None:
+        check_max_model_len(trace, info.max_model_len)
+    return config, info
+
+
+@dataclass(frozen=True)
+class EndpointRun:
+    """One replay against an endpoint: its result and where it ran."""
+
+    result: EndpointResult
+    config: EndpointConfig
+    info: EndpointInfo
+
+    @classmethod
+    def replay(cls, trace: Trace, config: EndpointConfig, info: EndpointInfo,
+               progress: Progress | None = None) -> EndpointRun:
+        return cls(replay_endpoint(trace, config, info, progress), config, info)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [r.to_row() for r in self.result.requests]
+
+    def run_json(self) -> dict[str, Any]:
+        """run.json's endpoint fields (the caller adds kind, name, trace and version)."""
+        return run_info(self.result, self.config, self.info)
+
+    @property
+    def answered(self) -> bool:
+        """Some request did not fail: there are metrics to print."""
+        return len(self.result.requests) > self.result.num_failed
+
+    def messages(self, path: Path) -> list[str]:
+        """What to say on stderr after the metrics: failures, the run directory, the end."""
+        result, lines = self.result, []
+        failed, sent = result.num_failed, len(result.requests)
+        first = next(iter(result.errors.items()), ("", ""))
+        if failed:
+            lines.append(f"note: {failed} of {sent} requests failed (first: {first[0]}: "
+                         f"{first[1]}); messages in {path / 'run.json'}")
+        lines.append(f"wrote {path} ({sent} requests, client-side timing, "
+                     f"{result.wall_s:.2f} s wall)")
+        if result.interrupted:
+            lines.append(INTERRUPTED)
+        elif sent and failed == sent:
+            lines.append(f"every request failed ({first[1]})")
+        return lines
+
+    @property
+    def exit_code(self) -> int:
+        sent = len(self.result.requests)
+        if self.result.interrupted:
+            return 130
+        return 1 if sent and self.result.num_failed == sent else 0
+
+

@@ -1,0 +1,65 @@
+"""`rt bench scheduler`, `rt bench sim` and `rt bench fleet`'s own flags, and the traces they
+time (a file, or the embedded Azure conversation excerpt)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import workloads
+from runtime.flags import flag
+from workloads import Trace
+
+DEFAULT_TRACE_NAME = "embedded azure_conv first 10 min"
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerBenchFlags:
+    seed: int = flag(0, "--seed", "Seed of the synthetic prompts.")
+    quick: bool = flag(False, "--quick/--no-quick", "Fewer steps (a smoke run).")
+
+
+@dataclass(frozen=True, slots=True)
+class SimBenchFlags:
+    trace: list[Path] | None = flag(None, "--trace", "Trace to simulate (repeatable). Default: "
+                                    "the embedded excerpt.")
+    baseline: bool = flag(True, "--baseline/--no-baseline", "Also time one-by-one stepping "
+                          "(slower).")
+
+    def traces(self) -> dict[str, Trace]:
+        """The traces by name: each --trace file, or the embedded excerpt."""
+        loaded = {str(path): workloads.load_trace(path).trace for path in self.trace or []}
+        return loaded or {DEFAULT_TRACE_NAME: workloads.default_trace()}
+
+
+@dataclass(frozen=True, slots=True)
+class FleetBenchFlags:
+    trace: Path | None = flag(None, "--trace", "Trace (default: the embedded Azure "
+                              "conversation excerpt).")
+    first_n: int | None = flag(None, "--first-n", "Keep the first N requests.", min=1)
+    replicas: int = flag(16, "--replicas", "The fleet timed against one engine.", min=1)
+    scaling: str = flag("4,64", "--scaling", "Two or more fleet sizes whose cost per request "
+                        "is compared.")
+    router: str = flag("round-robin", "--router", "Routing policy.")
+    router_arg: list[str] | None = flag(None, "--router-arg", "KEY=VALUE argument of the "
+                                        "policy (repeat).")
+    baseline: bool = flag(True, "--baseline/--no-baseline", "Also time the fleet stepping "
+                          "one by one.")
+
+    def __post_init__(self) -> None:
+        sizes = self.sizes()
+        if len(sizes) < 2 or min(sizes) < 1:
+            raise ValueError(f"--scaling needs two or more sizes >= 1, got {self.scaling!r}")
+
+    def sizes(self) -> tuple[int, ...]:
+        """--scaling's fleet sizes (ValueError on a non-integer)."""
+        return tuple(int(x) for x in self.scaling.split(",") if x.strip())
+
+    def load(self) -> tuple[Trace, str]:
+        """The trace (first N requests, if asked) and the name the report gives it."""
+        trace = (workloads.load_trace(self.trace).trace if self.trace is not None
+                 else workloads.default_trace())
+        name = str(self.trace) if self.trace is not None else DEFAULT_TRACE_NAME
+        if self.first_n is not None:
+            trace, name = workloads.first_n(trace, self.first_n), f"{name}, first {self.first_n}"
+        return trace, name

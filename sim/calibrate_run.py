@@ -1,0 +1,79 @@
+"""`rt calibrate`'s three ways to a profile, as the command runs them: client-timed runs
+(`sim.client_calibrate`), replay steps alone (`sim.calibrate.profile_from_replays`), or the
+real engine's grid (measured by backends/, fitted by `sim.calibrate.profile_from_grid`); and
+the profile's fit summary, written out. Which run directories are read, and how, is the
+caller's (`load`: a path -> its requests as columns and its run.json)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from runtime.config import EngineFlags
+from sim.calibrate import profile_from_replays
+from sim.client_calibrate import endpoint_configs, profile_from_client_runs
+from sim.client_steps import client_run
+from sim.profile import Profile, write_profile
+
+LoadRun = Callable[[Path], tuple[Mapping[str, Sequence[Any]], Mapping[str, Any]]]
+NO_DRIFT = ("--step-drift: fewer than 2 windows of 0.25 s with 8+ steps in these replays; "
+            "the profile has i.i.d. step-time scatter only")
+
+
+def steps_profile(paths: Sequence[Path], target: str, rt_version: str, api_server: Any = None,
+                  drift: bool = False) -> tuple[Profile, list[str]]:
+    """The profile fitted on replay steps alone, and notes (drift asked for, not found).
+    ValueError naming --from-steps."""
+    try:
+        profile = profile_from_replays(paths, target, api_server=api_server, drift=drift,
+                                       rt_version=rt_version)
+    except ValueError as err:
+        raise ValueError(f"--from-steps: {err}") from None
+    missing = drift and profile.step_time_drift_quantiles is None
+    return profile, [NO_DRIFT] if missing else []
+
+
+def runs_profile(paths: Sequence[Path], load: LoadRun, engine: EngineFlags, seed: int,
+                 rt_version: str) -> tuple[Profile, list[str]]:
+    """The profile fitted on client-timed runs under the server's engine flags (its
+    max_model_len and model name from the runs when they recorded them), and the fit's lines
+    per term. ValueError naming --from-run on a run without client timings."""
+    runs, infos = [], []
+    for path in paths:
+        columns, info = load(path)
+        try:
+            runs.append(client_run(str(path), columns))
+        except ValueError as err:
+            raise ValueError(f"--from-run {err}") from None
+        infos.append(info)
+    lens = [i.get("endpoint", {}).get("max_model_len") for i in infos]
+    names = [(i.get("model") or {}).get("name") for i in infos]
+    scheduler, cache, sources = endpoint_configs(engine, runs, next((x for x in lens if x), None))
+    profile, result = profile_from_client_runs(
+        runs, scheduler, cache, model=str(next((x for x in names if x), "unknown")),
+        rt_version=rt_version, sources=sources, seed=seed,
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+    return profile, list(result.lines())
+
+
+def fit_lines(profile: Profile) -> list[str]:
+    """The fit's quality (held-out and all samples) and its coefficients (s)."""
+    lines = []
+    for name in ("held_out", "all_samples"):
+        q = (profile.fit or {}).get(name) or {}
+        if q.get("samples"):
+            lines.append(f"fit on {name.replace('_', ' ')}: {q['samples']} steps, MAPE "
+                         f"{q['mape']:.1%}, p90 {q['p90_ape']:.1%}, worst {q['worst_ape']:.1%}, "
+                         f"total-time bias {q['bias']:+.1%}")
+    lines += [f"  {key:<30} {value:.4g} s"
+              for key, value in dataclasses.asdict(profile.coefficients).items()]
+    return lines
+
+
+def save_profile(profile: Profile, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_profile(profile, path)
+    return path

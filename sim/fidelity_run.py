@@ -1,0 +1,72 @@
+"""`rt fidelity`'s runs: the real replays of the trace and the calibration replays of traces
+resampled from it (out of sample), then the twin's simulations under the real engine's
+configs, each written as a run directory under one root.
+
+The real replay (backends/, which sim/ does not import) and the writing of a run directory
+(analysis/) are the caller's, injected: `replay(trace) -> RunResult` (it raises to stop, e.g.
+on Ctrl-C) and `save(path, kind, trace, result, describe, **extra)`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from runtime import CacheConfig, SchedulerConfig
+from runtime.records import RunResult
+from sim.calibrate import predict_step_rows
+from sim.fidelity import twin_simulations
+from sim.profile import load_profile
+from workloads import Trace, resample_like
+
+Replay = Callable[[Trace], RunResult]
+Save = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class FidelityRuns:
+    """Where `trace`'s runs go (`root`), the real engine's seed and run.json sections
+    (`describe`), and the injected replay, save and log (one line per replay)."""
+
+    trace: Trace
+    root: Path
+    seed: int
+    describe: Mapping[str, Any]
+    replay: Replay
+    save: Save
+    log: Callable[[str], None]
+
+    def replays(self, order: Sequence[tuple[str, int]], **extra: Any
+                ) -> tuple[list[Path], list[Path]]:
+        """Replay in `order` ((kind, index) pairs, `analysis.fidelity.replay_order`):
+        "real" replays the trace into root/real, root/real-2, ...; "calibration" a trace
+        resampled from it (seed + index + 1) into root/calibration, ... Returns both lists."""
+        dirs: dict[str, list[Path]] = {"real": [], "calibration": []}
+        for kind, i in order:
+            path = self.root / (kind + (f"-{i + 1}" if i else ""))
+            source = self.trace if kind == "real" else resample_like(self.trace, self.seed + i + 1)
+            result = self.replay(source)
+            self.save(path, "replay", source, result, self.describe, **extra)
+            self.log(f"replayed {len(source)} requests, {result.num_steps} steps, "
+                     f"{result.wall_s:.2f} s wall -> {path}")
+            dirs[kind].append(path)
+        return dirs["real"], dirs["calibration"]
+
+    def twins(self, scheduler: SchedulerConfig, cache: CacheConfig, model: str,
+              profile: Path, step_noise: bool, runs: int) -> tuple[list[Path], list[str]]:
+        """The twin's simulations (`sim.fidelity.twin_simulations`) into root/sim,
+        root/sim-2, ...; and the notes for the user."""
+        sim, twins, notes = twin_simulations(self.trace, scheduler, cache, model, profile,
+                                             self.seed, step_noise, runs)
+        for twin in twins:
+            self.save(self.root / twin.name, "simulate", self.trace, twin.result,
+                      sim.describe(), step_noise_seed=twin.noise_seed)
+        return [self.root / twin.name for twin in twins], notes
+
+
+def predicted_steps(profile: Path, steps: Mapping[str, Sequence[Any]]) -> np.ndarray:
+    """The profile's predicted seconds of each recorded step."""
+    return predict_step_rows(load_profile(profile).coefficients, steps)
