@@ -851,7 +851,7 @@ def serve(
         "--model", "--sim-model", help="Local Hugging Face model directory (default: the tiny "
         "random Llama on the CPU); with --simulate, the simulated model (preset or config, "
         "default llama-3.1-8b).", rich_help_panel=SERVER_PANEL)] = None,
-    sim: Annotated[SimFlags, Flags(only=("gpu", "profile"))],
+    sim: Annotated[SimFlags, Flags(only=("gpu", "profile", "step_noise"))],
     engine: Annotated[EngineFlags, Flags()],
     real: Annotated[RealEngineFlags, Flags(exclude=("random_weights",))],
     server: Annotated[ServeFlags, Flags()],
@@ -894,9 +894,10 @@ def _serve_simulated(model: str | None, sim: SimFlags, engine: EngineFlags, seed
 
     args = EngineArgs(**dataclasses.asdict(engine))
     sim_model = model or "llama-3.1-8b"
-    build_setup(args, sim_model, sim.gpu, sim.profile, seed)  # one-line errors before the fork
+    build_setup(args, sim_model, sim.gpu, sim.profile, seed,  # one-line errors before the fork
+                step_noise=sim.step_noise)
     kwargs = {"engine_args": args, "model": sim_model, "gpu": sim.gpu, "profile": sim.profile,
-              "seed": seed}
+              "seed": seed, "step_noise": sim.step_noise}
     model_dir = Path(sim_model) if Path(sim_model).is_dir() else None  # its tokenizer, if any
     return build_live_executor, kwargs, sim_model, model_dir
 
@@ -951,16 +952,17 @@ def profile_from_steps(paths: list[Path], target: str, api_server: Any = None,
 
 
 def profile_from_client_runs(runs: list[Any], engine: EngineFlags, seed: int,
-                             max_model_len: int | None = None, model: str = "unknown"
+                             infos: list[dict[str, Any]], model: str = "unknown"
                              ) -> Profile:
     """`sim.client_calibrate`'s fit of client-timed runs (`sim.client_steps.ClientRun`)
-    under the server's engine flags; prints the fit per term."""
+    under the server's exported config (the runs' run.json `infos`) and engine flags."""
     from analysis.rundir import rt_version
-    from sim.client_calibrate import endpoint_configs
     from sim.client_calibrate import profile_from_client_runs as fit
+    from sim.endpoint_config import ExportedConfig, endpoint_configs
 
     with user_errors():
-        scheduler, cache, sources = endpoint_configs(engine, runs, max_model_len)
+        exported = ExportedConfig.from_run_infos(infos)
+        scheduler, cache, sources = endpoint_configs(engine, runs, exported)
         profile, result = fit(runs, scheduler, cache, model=model, rt_version=rt_version(),
                               date=datetime.datetime.now(datetime.UTC).isoformat(
                                   timespec="seconds"), sources=sources, seed=seed)
@@ -984,9 +986,8 @@ def calibrate_from_runs(paths: list[Path], engine: EngineFlags, seed: int) -> Pr
             except ValueError as err:
                 fail(f"--from-run {err}")
             infos.append(run.info)
-    lens = [i.get("endpoint", {}).get("max_model_len") for i in infos]
     names = [(i.get("model") or {}).get("name") for i in infos]
-    return profile_from_client_runs(runs, engine, seed, next((x for x in lens if x), None),
+    return profile_from_client_runs(runs, engine, seed, infos,
                                     str(next((x for x in names if x), "unknown")))
 
 
@@ -1067,6 +1068,7 @@ def fidelity(
         "--result-dir", help="Where real/, sim/, profile.json, fidelity.json and the plots "
         "go (default: results/fidelity-<time>).")] = None,
     plots: _Plots = True,
+    client: Annotated[EndpointFlags, Flags()],
 ) -> None:
     """Replay TRACE on the real backend and simulate it with the profile under the same
     engine flags and KV pool (blocks), then report the simulator's error: per metric (mean,
@@ -1074,12 +1076,16 @@ def fidelity(
 
     Without --profile it calibrates first, by default on replays of other requests like
     TRACE's; with --repeats N it replays N times and reports against their mean, with the
-    real runs' own spread as the noise floor."""
+    real runs' own spread as the noise floor. With --endpoint, all of it against that
+    server, fitted on its client-side timings (the engine flags: the server's)."""
     from sim.calibrate import replay_api_cost
 
     with user_errors():
         how.check(cal.step_drift, noise.step_noise)
     root = result_dir or default_dir("fidelity")
+    if client.endpoint is not None:
+        return _fidelity_endpoint(workload(work, trace_file), model, engine, noise.step_noise,
+                                  how, cal.step_drift, client, work.seed, root, plots)
     with user_errors():
         trace = workload(work, trace_file)
         setup, tokenizer = real_engine(model, engine, real, work.seed)
@@ -1098,6 +1104,29 @@ def fidelity(
         assert profile is not None
         sims = _fidelity_simulate(trace, setup, profile, root, noise.step_noise, how.sim_runs)
         _fidelity_report(reals, sims, profile, root, plots, how.max_error)
+
+
+def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: EngineFlags,
+                       step_noise: bool, how: FidelityFlags, step_drift: bool,
+                       client: EndpointFlags, seed: int, root: Path, plots: bool) -> None:
+    """`rt fidelity --endpoint`: `sim.endpoint_fidelity` with the endpoint replay (as `rt
+    replay --endpoint`) and the run directories wired in, then the report."""
+    from analysis.fidelity import replay_order
+    from sim.endpoint_fidelity import EndpointFidelityPlan as Plan
+    from sim.endpoint_fidelity import check_endpoint_flags, endpoint_fidelity
+
+    settings = client.config_args(None, seed)
+    with user_errors():
+        check_endpoint_flags(how.calibrate_on, step_drift)
+        calibrate = how.profile is None and not how.fit_on_replay
+        plan = Plan(tuple(replay_order(how.repeats, calibrate)), seed, str(model or
+                    "llama-3.1-8b"), how.profile, how.fit_on_replay, step_noise, how.sim_runs)
+        out = endpoint_fidelity(trace, engine, plan, root, lambda t, path, s: run_endpoint(
+            t, {**settings, "seed": s}, path, []), lambda path, twin, setup, sources: save_run(
+            path, "simulate", trace, twin.result, setup.describe(),
+            step_noise_seed=twin.noise_seed, server_config_from=sources))
+        note(out.lines)
+        _fidelity_report(out.reals, out.sims, out.profile, root, plots, how.max_error)
 
 
 def _fidelity_replays(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
