@@ -1111,6 +1111,8 @@ def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: Engin
                        client: EndpointFlags, seed: int, root: Path, plots: bool) -> None:
     """`rt fidelity --endpoint`: `sim.endpoint_fidelity` with the endpoint replay (as `rt
     replay --endpoint`) and the run directories wired in, then the report."""
+    import secrets
+
     from analysis.fidelity import replay_order
     from sim.endpoint_fidelity import EndpointFidelityPlan as Plan
     from sim.endpoint_fidelity import check_endpoint_flags, endpoint_fidelity
@@ -1120,7 +1122,8 @@ def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: Engin
         check_endpoint_flags(how.calibrate_on, step_drift)
         calibrate = how.profile is None and not how.fit_on_replay
         plan = Plan(tuple(replay_order(how.repeats, calibrate)), seed, str(model or
-                    "llama-3.1-8b"), how.profile, how.fit_on_replay, step_noise, how.sim_runs)
+                    "llama-3.1-8b"), secrets.randbits(31), how.profile, how.fit_on_replay,
+                    step_noise, how.sim_runs)  # fresh prompts: the server's cache outlives us
         out = endpoint_fidelity(trace, engine, plan, root, lambda t, path, s: run_endpoint(
             t, {**settings, "seed": s}, path, []), lambda path, twin, setup, sources: save_run(
             path, "simulate", trace, twin.result, setup.describe(),

@@ -2,15 +2,16 @@
 send traffic to but not instrument (a vLLM deployment, `rt serve`).
 
 0. A warm-up replay (`WARMUP_REQUESTS` of a resampled trace, into root/warmup, unused):
-   a server's first requests are slow (connections, caches, a JIT), by 5-60 ms on rt serve.
+   a server's first requests are slow (connections, caches, a JIT): 76 ms TTFT for the
+   first on a fresh rt serve --simulate whose steady TTFT is 12 ms.
 1. Replays, in the order given (`analysis.fidelity.replay_order`: C R, R C, ... so a linear
    drift of the machine falls on calibration and real runs alike): a calibration replay
    (C) of a trace resampled from TRACE (other requests and arrivals, the same lengths and
    mean rate; seed + i + 1) and a real replay (R) of TRACE, each into its run directory by
    the injected `EndpointReplay` (sim/ cannot import the HTTP client in backends/). Each
-   replay draws its prompts' token ids from its own seed (seed + its place in the order):
-   the server's prefix cache outlives a replay, and a replay of the same ids would hit
-   it (a second real run of a 40-request trace: TTFT p50 -30%).
+   replay draws its prompts' token ids from its own seed (`token_seed` + its place in the
+   order): the server's prefix cache outlives a replay, and prompts it has seen are served
+   from it (a second real run of the same ids: TTFT p50 -30% on the loopback truth).
 2. The server's configuration (`sim.endpoint_config`: what its run.json says the endpoint
    exported, else the engine flags) and a profile fitted on the calibration runs' chunk
    times (`sim.client_calibrate`; with `fit_on_replay`, on the real runs: in sample), or
@@ -41,7 +42,7 @@ from sim.fidelity import TwinRun, twin_simulations
 from sim.profile import write_profile
 from workloads import Trace, resample_like
 
-WARMUP_REQUESTS = 16
+WARMUP_REQUESTS = 8
 # Replay the trace into this run directory, its prompts' token ids drawn from this seed.
 EndpointReplay = Callable[[Trace, Path, int], None]
 SaveTwin = Callable[[Path, TwinRun, SimSetup, dict[str, str]], None]  # dir, run, setup, sources
@@ -55,6 +56,9 @@ class EndpointFidelityPlan:
         order: the replays, ("calibration" or "real", repeat index), in the order to run.
         seed: the trace's seed (calibration trace i is resampled with seed + i + 1) and the
             first simulation's step-noise seed.
+        token_seed: the token-id seed of the first replay (the warm-up), the next ones'
+            count up from it; a fresh one for each invocation against a long-lived server,
+            whose prefix cache still holds the prompts of earlier ones.
         model: the simulated model (a preset or config dir: vocabulary and shape only; the
             step times come from the profile).
         profile: a given profile (then `order` should hold no calibration replays), or None
@@ -67,6 +71,7 @@ class EndpointFidelityPlan:
     order: tuple[tuple[str, int], ...]
     seed: int
     model: str
+    token_seed: int = 0
     profile: Path | None = None
     fit_on_replay: bool = False
     step_noise: bool = True
@@ -124,12 +129,12 @@ def _replays(trace: Trace, replay: EndpointReplay, plan: EndpointFidelityPlan, r
              ) -> dict[str, list[tuple[Path, Trace]]]:
     """Run the plan's replays; kind -> [(run directory, trace replayed)] in repeat order."""
     warmup = resample_like(trace, plan.seed + len(plan.order) + 1).requests[:WARMUP_REQUESTS]
-    replay(Trace(warmup, "warm-up"), root / "warmup", plan.seed)
+    replay(Trace(warmup, "warm-up"), root / "warmup", plan.token_seed)
     done: dict[str, list[tuple[int, Path, Trace]]] = {"real": [], "calibration": []}
     for place, (kind, i) in enumerate(plan.order, start=1):
         source = trace if kind == "real" else resample_like(trace, plan.seed + i + 1)
         path = root / (kind + (f"-{i + 1}" if i else ""))
-        replay(source, path, plan.seed + place)
+        replay(source, path, plan.token_seed + place)
         done[kind].append((i, path, source))
     return {kind: [(p, t) for _, p, t in sorted(runs, key=lambda r: r[0])]
             for kind, runs in done.items()}

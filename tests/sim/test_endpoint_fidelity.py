@@ -95,14 +95,14 @@ def test_the_loop_replays_in_abba_order_fits_and_simulates_the_twin(tmp_path: Pa
     endpoint = FakeEndpoint()
     saved: list[tuple[str, dict[str, str]]] = []
     plan = EndpointFidelityPlan(tuple(replay_order(2, True)), 7, "llama-3.1-8b",
-                                step_noise=False, sim_runs=1)
+                                token_seed=7, step_noise=False, sim_runs=1)
     out = endpoint_fidelity(trace, ENGINE, plan, tmp_path, endpoint,
                             lambda path, twin, setup, sources: saved.append(
                                 (path.name, sources)) or save_result(
                                 path, "simulate", {"name": None, "requests": len(trace)},
                                 twin.result, setup.describe()))
     # warm-up, then C R R C, each replay with its own token ids
-    assert endpoint.calls == [("warmup", 16, 7), ("calibration", 60, 8), ("real", 60, 9),
+    assert endpoint.calls == [("warmup", 8, 7), ("calibration", 60, 8), ("real", 60, 9),
                               ("real-2", 60, 10), ("calibration-2", 60, 11)]
     assert out.reals == [tmp_path / "real", tmp_path / "real-2"]
     assert out.calibrations == [tmp_path / "calibration", tmp_path / "calibration-2"]
