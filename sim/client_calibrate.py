@@ -185,7 +185,11 @@ def _scatter(y: np.ndarray, predicted: np.ndarray, follows: np.ndarray, keep: np
     chunks after its end; with j i.i.d., consecutive durations covary by -Var(j), so the
     steps' own variance is Var(e) + 2 Cov(e_m, e_{m-1}) (e: residual seconds), and the
     ratios' quantiles (`ratio_quantiles`) are shrunk toward 1 by sqrt(that / Var(e)). As
-    a factor on whole steps, the jitter made prefill steps up to 50x too short."""
+    a factor on whole steps, the jitter made prefill steps up to 50x too short. Last, the
+    table is scaled to mean Σ observed / Σ predicted over every timed step (the busy
+    span, which late reads do not change): the trimmed fit and the clipped table leave
+    out the long steps of a loaded machine, 29% of the busy time against vLLM at load 8."""
+    bias = float(y.sum() / predicted.sum())
     short = y < CLUSTER_FRACTION * float(np.median(y))
     keep = keep & ~short & ~np.append(short[1:] & follows[1:], False)
     if keep.sum() < 2:
@@ -195,10 +199,10 @@ def _scatter(y: np.ndarray, predicted: np.ndarray, follows: np.ndarray, keep: np
     centred = y - predicted - float((y - predicted)[keep].mean())
     var = float(np.mean(centred[keep] ** 2))
     if len(pairs) < 2 or var <= 0:
-        return tuple(map(float, table)), None
+        return tuple(map(float, bias * table)), None
     cov = float(np.mean(centred[pairs] * centred[pairs - 1]))
     shrink = math.sqrt(max(var + 2.0 * min(cov, 0.0), 0.0) / var)
-    return tuple(map(float, 1.0 + shrink * (table - 1.0))), shrink
+    return tuple(map(float, bias * (1.0 + shrink * (table - 1.0)))), shrink
 
 
 def _nnls_fit(a: np.ndarray, y: np.ndarray, w: np.ndarray, terms: Sequence[str]
