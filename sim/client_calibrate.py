@@ -27,8 +27,8 @@ fit has two stages, each linear given the other:
    TTFT - (simulated TTFT - a - b·p_r) (least squares in seconds, non-negative, over the
    requests within 4 robust standard deviations: the mean TTFT is matched; relative
    weights had pulled a to the short requests, p50 TTFT -14% on the loopback truth) and
-   the run simulated again, a few times; the iterate whose simulated TTFTs are closest to
-   the observed ones (mean squared seconds) is kept.
+   the run simulated again, a few times; the iterate whose simulated TTFT p50 and p90 are
+   closest to the observed ones is kept.
 
 ITL and E2E are matched by stage 1 (E2E is TTFT plus the gaps), TTFT by stage 2.
 Identification: a term the run does not excite (an all-zero column) or cannot separate from
@@ -66,6 +66,7 @@ PRIORITY = ("constant_s", "per_decode_token_s", "per_prefill_token_s", "per_deco
 SEPARABLE = 0.03  # a column whose part outside the kept terms' span is below this is left out
 STEP_TERMS = (*COEFFICIENT_NAMES, "per_output_token_s")  # stage 1's unknowns
 FRONT_END_ITERATIONS = 6
+PERCENTILES = (50.0, 90.0)  # stage 2 keeps the iterate whose TTFT percentiles match best
 TRIM_SIGMAS = 4.0  # stage 1 leaves out steps this far off (chunks read late, bunched)
 
 
@@ -103,8 +104,8 @@ class ClientFit:
         coefficients, api_server: the costs (unidentified terms 0).
         unidentified: term -> why it was not fitted.
         relative_se: identified term -> its standard error / value (None when 0).
-        objective: stage 2's score per iteration (the mean squared TTFT residual of its
-            simulation, s², outliers left out; lower is better), and `best` the kept one's index.
+        objective: stage 2's score per iteration (`_percentile_gap` of its simulation's
+            TTFTs; lower is better), and `best` the kept one's index.
         in_sample: p50/p90 of observed and simulated TTFT and ITL (ms) with the relative
             error, the kept iterate's simulation of the calibration runs.
         step_time_quantiles: the scatter of the observed step durations around the fit
@@ -255,7 +256,7 @@ def _front_end(runs: Sequence[ClientRun], config: SimConfig, coefficients: Profi
         spread = 1.4826 * float(np.median(np.abs(residual - np.median(residual))))
         w = (np.abs(residual - np.median(residual)) <= TRIM_SIGMAS * spread
              if spread > 0 else np.ones(len(residual), bool)).astype(np.float64)
-        scores.append(float(np.sum(w * residual ** 2) / w.sum()))
+        scores.append(_percentile_gap(observed, simulated))
         if best is None or scores[-1] < best[0]:
             best = (scores[-1], api, reasons, se, sims)
         target = observed - simulated + api.per_request_s + api.per_prompt_token_s * lens
@@ -265,6 +266,15 @@ def _front_end(runs: Sequence[ClientRun], config: SimConfig, coefficients: Profi
     assert best is not None
     _, api, reasons, se, sims = best
     return api, reasons, se, scores, scores.index(best[0]), sims
+
+
+def _percentile_gap(observed: np.ndarray, simulated: np.ndarray) -> float:
+    """Stage 2's score: mean |log(simulated / observed)| of the TTFT p50 and p90 (what
+    fidelity is judged on; comparable from one iteration to the next, unlike a residual
+    over the requests each iteration keeps)."""
+    o = np.percentile(observed, PERCENTILES)
+    s = np.percentile(simulated, PERCENTILES)
+    return float(np.mean(np.abs(np.log(np.maximum(s, 1e-9) / np.maximum(o, 1e-9)))))
 
 
 def _percentiles(runs: Sequence[ClientRun], sims: Sequence[SimResult]
