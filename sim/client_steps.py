@@ -4,7 +4,8 @@ A streaming server sends every running request one chunk per engine step, right 
 step: the chunk times of all streams cluster at the step ends. Sorted, the chunk times split
 into clusters where the gap to the previous chunk exceeds `CLUSTER_FRACTION` of the median
 inter-chunk gap of a stream (a cluster also closes when a stream would get a second chunk in
-it); each cluster is a step, ending at its median chunk time. A chunk k >= 1 is a decode of
+it, and two clusters are one when a slow reader split them: `_merge_split`); each cluster is a
+step, ending at its median chunk time. A chunk k >= 1 is a decode of
 that step (context prompt + k); a first chunk ends the request's prefill, whose uncached
 prompt tokens are put in that step and, with chunked prefill, in the steps before it as
 vLLM's token budget (`max_num_batched_tokens`, less the step's decodes and earlier prefills)
