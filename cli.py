@@ -660,7 +660,7 @@ def serve(
         "--model", "--sim-model", help="Local Hugging Face model directory (default: the tiny "
         "random Llama on the CPU); with --simulate, the simulated model (preset or config, "
         "default llama-3.1-8b).", rich_help_panel=SERVER_PANEL)] = None,
-    sim: Annotated[SimFlags, Flags(only=("gpu", "profile"))],
+    sim: Annotated[SimFlags, Flags(only=("gpu", "profile", "step_noise"))],
     engine: Annotated[EngineFlags, Flags()],
     real: Annotated[RealEngineFlags, Flags(exclude=("random_weights",))],
     server: Annotated[ServeFlags, Flags()],
@@ -676,7 +676,7 @@ def serve(
     with user_errors():
         factory, kwargs, name, tokenizer_dir = (
             live_executor_spec(EngineArgs(**dataclasses.asdict(engine)), model, sim.gpu,
-                               sim.profile, seed) if server.simulate
+                               sim.profile, seed, sim.step_noise) if server.simulate
             else real_executor_spec(model, engine, real, seed))
     config = ServeConfig(server.served_model_name or name, factory, kwargs, tokenizer_dir,
                          server.max_num_queued_requests, api_key=server.api_key,
@@ -786,6 +786,7 @@ def fidelity(
         "--result-dir", help="Where real/, sim/, profile.json, fidelity.json and the plots "
         "go (default: results/fidelity-<time>).")] = None,
     plots: _Plots = True,
+    client: Annotated[EndpointFlags, Flags()],
 ) -> None:
     """Replay TRACE on the real backend and simulate it with the profile under the same
     engine flags and KV pool (blocks), then report the simulator's error: per metric (mean,
@@ -793,7 +794,8 @@ def fidelity(
 
     Without --profile it calibrates first, by default on replays of other requests like
     TRACE's; with --repeats N it replays N times and reports against their mean, with the
-    real runs' own spread as the noise floor."""
+    real runs' own spread as the noise floor. With --endpoint, all of it against that
+    server, fitted on its client-side timings (the engine flags: the server's)."""
     from analysis.fidelity import replay_order
     from sim.calibrate import replay_api_cost
     from sim.fidelity_run import FidelityRuns
@@ -801,6 +803,9 @@ def fidelity(
     with user_errors():
         how.check(cal.step_drift, noise.step_noise)
     root = result_dir or default_dir("fidelity")
+    if client.endpoint is not None:
+        return _fidelity_endpoint(workload(work, trace_file), model, engine, noise.step_noise,
+                                  how, cal.step_drift, client, work.seed, root, plots)
     with user_errors():
         trace = workload(work, trace_file)
         setup, tokenizer = real_engine(model, engine, real, work.seed)
@@ -823,6 +828,32 @@ def fidelity(
                                  profile, noise.step_noise, how.sim_runs)
         note(notes)
         _fidelity_report(reals, sims, profile, root, plots, how.max_error)
+
+
+def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: EngineFlags,
+                       step_noise: bool, how: FidelityFlags, step_drift: bool,
+                       client: EndpointFlags, seed: int, root: Path, plots: bool) -> None:
+    """`rt fidelity --endpoint`: `sim.endpoint_fidelity` with the endpoint replay (as `rt
+    replay --endpoint`) and the run directories wired in, then the report."""
+    import secrets
+
+    from analysis.fidelity import replay_order
+    from sim.endpoint_fidelity import EndpointFidelityPlan as Plan
+    from sim.endpoint_fidelity import check_endpoint_flags, endpoint_fidelity
+
+    settings = client.config_args(None, seed)
+    with user_errors():
+        check_endpoint_flags(how.calibrate_on, step_drift)
+        calibrate = how.profile is None and not how.fit_on_replay
+        plan = Plan(tuple(replay_order(how.repeats, calibrate)), seed, str(model or
+                    "llama-3.1-8b"), secrets.randbits(31), how.profile, how.fit_on_replay,
+                    step_noise, how.sim_runs)  # fresh prompts: the server's cache outlives us
+        out = endpoint_fidelity(trace, engine, plan, root, lambda t, path, s: run_endpoint(
+            t, {**settings, "seed": s}, path, []), lambda path, twin, setup, sources: save_run(
+            path, "simulate", trace, twin.result, setup.describe(),
+            step_noise_seed=twin.noise_seed, server_config_from=sources))
+        note(out.lines)
+        _fidelity_report(out.reals, out.sims, out.profile, root, plots, how.max_error)
 
 
 def _fidelity_report(real_dirs: list[Path], sim_dirs: list[Path], profile_path: Path,

@@ -131,7 +131,7 @@ class FidelityReport:
     `metrics` has no `noise` column); `real_runs` and `sim_runs` count the runs."""
 
     metrics: pd.DataFrame  # metric_errors
-    steps: dict[str, float]  # step_errors
+    steps: dict[str, float] | None  # step_errors; None: no steps measured (client timing)
     ttft: dict[str, float]  # ttft_errors
     ttft_noise: dict[str, float] | None = None  # ttft_errors(reals[0], reals[1])
     real_runs: int = 1
@@ -145,7 +145,8 @@ class FidelityReport:
         metrics = {key: {col: clean(float(val)) for col, val in row.items()}
                    for key, row in self.metrics.iterrows()}
         out = {"real_runs": self.real_runs, "sim_runs": self.sim_runs, "metrics": metrics,
-               "steps": {k: clean(v) for k, v in self.steps.items()},
+               "steps": ({k: clean(v) for k, v in self.steps.items()}
+                         if self.steps is not None else None),
                "ttft_per_request": {k: clean(v) for k, v in self.ttft.items()}}
         if self.ttft_noise is not None:
             out["ttft_per_request_noise"] = {k: clean(v) for k, v in self.ttft_noise.items()}
@@ -157,10 +158,11 @@ def fidelity_report(reals: Sequence[Run], sims: Sequence[Run],
                     ) -> FidelityReport:
     """All three views; the step times are the first real run's (measured, and as
     predicted), the per-request view the first real run against the first simulated one.
-    With two or more real runs of the same trace, the noise floor too."""
+    With two or more real runs of the same trace, the noise floor too. No measured steps
+    (a client-timed run): no per-step view."""
     noise = (ttft_errors(reals[0].requests, reals[1].requests) if len(reals) > 1 else None)
-    return FidelityReport(metric_errors(reals, sims),
-                          step_errors(measured_step_s, predicted_step_s),
+    steps = (step_errors(measured_step_s, predicted_step_s) if len(measured_step_s) else None)
+    return FidelityReport(metric_errors(reals, sims), steps,
                           ttft_errors(reals[0].requests, sims[0].requests), noise, len(reals),
                           len(sims))
 
@@ -199,10 +201,14 @@ def render(report: FidelityReport) -> str:
         lines.append(f"{str(key):<28}{row['real']:>12.3f}{row['sim']:>12.3f}"
                      f"{row['error']:>+10.1%}" + "".join(f"{row[c]:>10.1%}" for c in spread))
     s = report.steps
-    lines.append(f"per-step time prediction ({s['steps']:.0f} real steps): MAPE "
-                 f"{s['mape']:.1%}, p50 {s['p50_ape']:.1%}, p90 {s['p90_ape']:.1%}, p99 "
-                 f"{s['p99_ape']:.1%}, worst {s['worst_ape']:.1%}, signed median "
-                 f"{s['median_signed']:+.1%}, total busy time {s['bias_total']:+.1%}")
+    if s is None:
+        lines.append("per-step time prediction: none (client-side timing: the real engine's "
+                     "steps were not measured)")
+    else:
+        lines.append(f"per-step time prediction ({s['steps']:.0f} real steps): MAPE "
+                     f"{s['mape']:.1%}, p50 {s['p50_ape']:.1%}, p90 {s['p90_ape']:.1%}, p99 "
+                     f"{s['p99_ape']:.1%}, worst {s['worst_ape']:.1%}, signed median "
+                     f"{s['median_signed']:+.1%}, total busy time {s['bias_total']:+.1%}")
     lines.append(_ttft_line("per-request TTFT error", report.ttft))
     if report.ttft_noise is not None:
         lines.append(_ttft_line("per-request TTFT noise (real run 2 vs 1)",
@@ -234,10 +240,11 @@ def write_fidelity(reals: Sequence[Run], sims: Sequence[Run], predicted_s: Seque
                    ) -> tuple[str, list[str], dict[str, Any]]:
     """`rt fidelity`'s outputs: writes root/fidelity.json; returns the text table, the gate's
     violations (none without `max_error`) and the overlaid figures (with `plots`).
-    `predicted_s`: the profile's prediction of each of the first real run's steps."""
+    `predicted_s`: the profile's prediction of each of the first real run's steps (none
+    for a client-timed run, whose steps table is empty)."""
     steps = reals[0].steps
-    report = fidelity_report(reals, sims, (steps["end_s"] - steps["start_s"]).to_numpy(),
-                             np.asarray(predicted_s, dtype=np.float64))
+    measured = (steps["end_s"] - steps["start_s"]).to_numpy() if len(steps) else np.empty(0)
+    report = fidelity_report(reals, sims, measured, np.asarray(predicted_s, dtype=np.float64))
     (root / "fidelity.json").write_text(json.dumps(report.to_json_dict(), indent=2) + "\n")
     figures: dict[str, Any] = {}
     if plots:

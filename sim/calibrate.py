@@ -380,7 +380,10 @@ def profile_from_grid(calibration: Any, extra_steps: Sequence[StepSamples] = (),
 
 def predict_step_rows(coefficients: ProfileCoefficients,
                       steps: Mapping[str, Sequence[Any]]) -> np.ndarray:
-    """Predicted seconds of recorded steps (a steps table's columns: BatchFeatures' names)."""
+    """Predicted seconds of recorded steps (a steps table's columns: BatchFeatures' names);
+    empty for an empty table (a client-timed run records no steps)."""
+    if len(steps) == 0:
+        return np.empty(0)
     names = [f.name for f in fields(BatchFeatures)]
     features = [BatchFeatures(**{n: int(v) for n, v in zip(names, row, strict=True)})
                 for row in zip(*(steps[n] for n in names), strict=True)]

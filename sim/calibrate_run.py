@@ -14,8 +14,9 @@ from typing import Any
 
 from runtime.config import EngineFlags
 from sim.calibrate import profile_from_replays
-from sim.client_calibrate import endpoint_configs, profile_from_client_runs
+from sim.client_calibrate import profile_from_client_runs
 from sim.client_steps import client_run
+from sim.endpoint_config import ExportedConfig, endpoint_configs
 from sim.profile import Profile, write_profile
 
 LoadRun = Callable[[Path], tuple[Mapping[str, Sequence[Any]], Mapping[str, Any]]]
@@ -38,9 +39,10 @@ def steps_profile(paths: Sequence[Path], target: str, rt_version: str, api_serve
 
 def runs_profile(paths: Sequence[Path], load: LoadRun, engine: EngineFlags, seed: int,
                  rt_version: str) -> tuple[Profile, list[str]]:
-    """The profile fitted on client-timed runs under the server's engine flags (its
-    max_model_len and model name from the runs when they recorded them), and the fit's lines
-    per term. ValueError naming --from-run on a run without client timings."""
+    """The profile fitted on client-timed runs under the server's configuration (what its
+    endpoint exported, recorded in the runs' run.json, else the engine flags) and model
+    name, and the fit's lines per term. ValueError naming --from-run on a run without
+    client timings."""
     runs, infos = [], []
     for path in paths:
         columns, info = load(path)
@@ -49,9 +51,9 @@ def runs_profile(paths: Sequence[Path], load: LoadRun, engine: EngineFlags, seed
         except ValueError as err:
             raise ValueError(f"--from-run {err}") from None
         infos.append(info)
-    lens = [i.get("endpoint", {}).get("max_model_len") for i in infos]
     names = [(i.get("model") or {}).get("name") for i in infos]
-    scheduler, cache, sources = endpoint_configs(engine, runs, next((x for x in lens if x), None))
+    exported = ExportedConfig.from_run_infos(infos)
+    scheduler, cache, sources = endpoint_configs(engine, runs, exported)
     profile, result = profile_from_client_runs(
         runs, scheduler, cache, model=str(next((x for x in names if x), "unknown")),
         rt_version=rt_version, sources=sources, seed=seed,

@@ -4,7 +4,8 @@ A streaming server sends every running request one chunk per engine step, right 
 step: the chunk times of all streams cluster at the step ends. Sorted, the chunk times split
 into clusters where the gap to the previous chunk exceeds `CLUSTER_FRACTION` of the median
 inter-chunk gap of a stream (a cluster also closes when a stream would get a second chunk in
-it); each cluster is a step, ending at its median chunk time. A chunk k >= 1 is a decode of
+it, and two clusters are one when a slow reader split them: `_merge_split`); each cluster is a
+step, ending at its median chunk time. A chunk k >= 1 is a decode of
 that step (context prompt + k); a first chunk ends the request's prefill, whose uncached
 prompt tokens are put in that step and, with chunked prefill, in the steps before it as
 vLLM's token budget (`max_num_batched_tokens`, less the step's decodes and earlier prefills)
@@ -103,13 +104,16 @@ class ObservedSteps:
     split_streams: int
 
 
-def _clusters(run: ClientRun) -> list[list[tuple[float, str, int]]]:
+Event = tuple[float, str, int]  # (chunk time s, request id, chunk index)
+
+
+def _clusters(run: ClientRun) -> list[list[Event]]:
     events = sorted((t, rid, k) for rid, times in run.token_times_s.items()
                     for k, t in enumerate(times))
     gaps = [b - a for times in run.token_times_s.values()
             for a, b in zip(times, times[1:], strict=False)]
     tau = CLUSTER_FRACTION * float(np.median(gaps)) if gaps else math.inf
-    clusters: list[list[tuple[float, str, int]]] = []
+    clusters: list[list[Event]] = []
     members: set[str] = set()
     last = -math.inf
     for event in events:
@@ -119,7 +123,24 @@ def _clusters(run: ClientRun) -> list[list[tuple[float, str, int]]]:
         clusters[-1].append(event)
         members.add(event[1])
         last = event[0]
-    return clusters
+    return _merge_split(clusters, {rid: len(times) for rid, times in run.token_times_s.items()})
+
+
+def _merge_split(clusters: list[list[Event]], chunks: Mapping[str, int]) -> list[list[Event]]:
+    """Join a cluster to the one before it when their streams are disjoint although a
+    stream of the earlier one has a later chunk: a running stream gets a chunk every step,
+    so the two are one step whose chunks a slow reader read with a gap (on a loaded 2-core
+    VM, 800-1,200 of ~6,000 chunk pairs against vLLM and rt serve)."""
+    out: list[list[Event]] = []
+    for cluster in clusters:
+        if out:
+            before = {rid: k for _, rid, k in out[-1]}
+            continues = any(k + 1 < chunks[rid] for rid, k in before.items())
+            if continues and before.keys().isdisjoint(rid for _, rid, _ in cluster):
+                out[-1] = out[-1] + cluster
+                continue
+        out.append(cluster)
+    return out
 
 
 def _first_possible(m: int, busy: np.ndarray, ends: np.ndarray, arrival_s: float) -> bool:

@@ -6,6 +6,8 @@ executor asks the cost model for the step's time and sleeps until `step.start_s 
 step as long as it is shorter than the step. Tokens are synthetic: a per-request seeded
 stream of ids in [10, vocab_size) that never produces a stop token (nor EOS, ids < 10), so
 requests run to `max_tokens` unless a request asks for a stop token id the stream avoids.
+With step noise (`--step-noise`), step k (counted from the server's start) takes the cost
+model's time times the profile's `StepNoise.factor(k, start_s)`, as in the simulator.
 
 `cli.py` injects `build_live_executor` (a picklable module-level function and its keyword
 arguments) into the engine process; `backends` never imports `sim`.
@@ -24,6 +26,7 @@ from typing import Any
 from runtime import CacheConfig, ScheduledStep, SchedulerConfig, SchedulerOutput
 from sim.cost.base import CostModel
 from sim.engine_args import EngineArgs, build_setup
+from sim.step_noise import StepNoise
 
 _FIRST_ID = 10  # synthetic ids start above the special tokens, as the simulator's
 
@@ -33,8 +36,11 @@ class LiveSimExecutor:
 
     def __init__(self, cost_model: CostModel, vocab_size: int, seed: int = 0,
                  clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 step_noise: StepNoise | None = None) -> None:
         self.cost_model = cost_model
+        self.step_noise = step_noise
+        self.steps = 0  # steps executed (the noise's step index)
         self.vocab_size = vocab_size
         self.seed = seed
         self.clock = clock
@@ -52,6 +58,9 @@ class LiveSimExecutor:
 
     def execute(self, step: ScheduledStep) -> tuple[Mapping[str, Sequence[int]], float]:
         duration = self.cost_model.step_time(step.features)
+        if self.step_noise is not None:
+            duration *= self.step_noise.factor(self.steps, step.start_s)
+        self.steps += 1
         sampled = self.sample(step.output)
         remaining = step.start_s + duration - self.clock()
         if remaining > 0:
@@ -103,24 +112,26 @@ class LiveSimSetup:
 
 
 def build_live_executor(engine_args: EngineArgs, model: str, gpu: str,
-                        profile: str | None = None, seed: int = 0) -> LiveSimSetup:
+                        profile: str | None = None, seed: int = 0,
+                        step_noise: bool = False) -> LiveSimSetup:
     """The executor factory of `rt serve --simulate` (runs in the engine process)."""
-    setup = build_setup(engine_args, model, gpu, profile, seed)
+    setup = build_setup(engine_args, model, gpu, profile, seed, step_noise=step_noise)
     config = setup.config
-    executor = LiveSimExecutor(setup.cost_model, config.vocab_size, seed)
+    executor = LiveSimExecutor(setup.cost_model, config.vocab_size, seed,
+                               step_noise=config.step_noise)
     return LiveSimSetup(executor, config.scheduler, config.cache, config.vocab_size, (),
                         setup.describe())
 
 
 def live_executor_spec(engine_args: EngineArgs, model: str | None, gpu: str,
-                       profile: str | None, seed: int
+                       profile: str | None, seed: int, step_noise: bool = False
                        ) -> tuple[Callable[..., Any], dict[str, Any], str, Path | None]:
     """`rt serve --simulate`'s executor: (factory, its keyword arguments, the served model
     name, the tokenizer's directory if the model is a local one). The setup is built once
     here so that a bad flag is a ValueError before the engine process starts."""
     sim_model = model or "llama-3.1-8b"
-    build_setup(engine_args, sim_model, gpu, profile, seed)
+    build_setup(engine_args, sim_model, gpu, profile, seed, step_noise=step_noise)
     kwargs = {"engine_args": engine_args, "model": sim_model, "gpu": gpu, "profile": profile,
-              "seed": seed}
+              "seed": seed, "step_noise": step_noise}
     return build_live_executor, kwargs, sim_model, (Path(sim_model) if Path(sim_model).is_dir()
                                                     else None)

@@ -308,7 +308,8 @@ def run_info(result: EndpointResult, config: EndpointConfig, info: EndpointInfo
         },
         "endpoint": {"url": info.completions_url, "max_concurrency": config.max_concurrency,
                      "timeout_s": config.timeout_s, "vocab_size": config.vocab_size,
-                     "max_model_len": info.max_model_len},
+                     "max_model_len": info.max_model_len,
+                     "cache_config": dict(info.cache_config)},  # as its /metrics exported
         "model": {"name": info.model},
         "max_concurrency": config.max_concurrency,
         "seed": config.seed,

@@ -1,10 +1,12 @@
 """The endpoint of `rt replay --endpoint`: where it is (its URL in any of the accepted forms)
-and what it serves (`GET /v1/models`: the model name, its max_model_len), checked before a
-replay starts. `EndpointError` is the one-line error for an endpoint that cannot be used."""
+and what it serves (`GET /v1/models`: the model name, its max_model_len; `GET /metrics`:
+vLLM's `vllm:cache_config_info` labels, the KV pool), checked before a replay starts.
+`EndpointError` is the one-line error for an endpoint that cannot be used."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -52,12 +54,15 @@ class EndpointConfig:
 
 @dataclass(frozen=True, slots=True)
 class EndpointInfo:
-    """What `probe` learned: the completions URL, the model name to send, and the served
-    model's `max_model_len` (vLLM lists it in /v1/models; None when not given)."""
+    """What `probe` learned: the completions URL, the model name to send, the served
+    model's `max_model_len` (vLLM lists it in /v1/models; None when not given) and the KV
+    pool the server exports on /metrics (`cache_config`: block_size, num_gpu_blocks (the
+    pool's blocks, vLLM's null block included), enable_prefix_caching; only those found)."""
 
     completions_url: str
     model: str
     max_model_len: int | None
+    cache_config: dict[str, int | bool] = field(default_factory=dict)
 
 
 def completions_url(url: str) -> str:
@@ -102,7 +107,47 @@ def probe(config: EndpointConfig) -> EndpointInfo:
             raise EndpointError(f"{url} does not serve model {name!r} (it serves "
                                 f"{', '.join(models)})")
     max_len = models.get(name)
-    return EndpointInfo(url, name, max_len if isinstance(max_len, int) else None)
+    return EndpointInfo(url, name, max_len if isinstance(max_len, int) else None,
+                        scrape_cache_config(url, config))
+
+
+def metrics_url(completions: str) -> str:
+    """The server's `/metrics` URL (beside its `/v1`) from its `/v1/completions` URL."""
+    return completions.removesuffix("/completions").removesuffix("/v1") + "/metrics"
+
+
+def scrape_cache_config(completions: str, config: EndpointConfig) -> dict[str, int | bool]:
+    """`cache_config_labels` of `GET /metrics`; {} when the server has no /metrics (an
+    endpoint need not export anything: the engine flags are the fallback)."""
+    try:
+        response = httpx.get(metrics_url(completions), headers=config.headers,
+                             timeout=min(config.timeout_s, 30.0))
+    except httpx.HTTPError:
+        return {}
+    return cache_config_labels(response.text) if response.status_code == 200 else {}
+
+
+_INFO_LINE = re.compile(r"^vllm:cache_config_info\{(?P<labels>[^}]*)\}", re.MULTILINE)
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_INT_LABELS = ("block_size", "num_gpu_blocks")
+
+
+def cache_config_labels(text: str) -> dict[str, int | bool]:
+    """block_size, num_gpu_blocks (ints) and enable_prefix_caching (bool) from the first
+    `vllm:cache_config_info{...}` sample of a Prometheus text exposition; a label that is
+    absent or not a number (vLLM writes "None" before the KV pool is sized) is left out."""
+    match = _INFO_LINE.search(text)
+    if match is None:
+        return {}
+    labels = dict(_LABEL.findall(match["labels"]))
+    out: dict[str, int | bool] = {}
+    for name in _INT_LABELS:
+        if labels.get(name, "").isdigit() and int(labels[name]) > 0:
+            out[name] = int(labels[name])
+    flag = labels.get("enable_prefix_caching", "").lower()
+    if flag in ("true", "false"):
+        out["enable_prefix_caching"] = flag == "true"
+    return out
 
 
 def _listed_models(response: httpx.Response) -> dict[str, object]:

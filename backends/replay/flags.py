@@ -16,8 +16,10 @@ class EndpointFlags:
 
     endpoint: str | None = flag(
         None, "--endpoint", "Replay against this OpenAI-compatible server instead "
-        "(http://HOST:PORT, its /v1 or its /v1/completions URL); the engine flags are then "
-        "unused.", ENDPOINT_PANEL)
+        "(http://HOST:PORT, its /v1 or its /v1/completions URL). rt replay: the engine flags "
+        "are then unused; rt fidelity: they are the server's (what it exports on /v1/models "
+        "and /metrics is read: max_model_len, block size, KV blocks, prefix caching).",
+        ENDPOINT_PANEL)
     served_model_name: str | None = flag(
         None, "--served-model-name", "Model name of the request body (default: the first of "
         "GET /v1/models).", ENDPOINT_PANEL)

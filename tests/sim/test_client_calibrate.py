@@ -11,7 +11,7 @@ from sim.client_steps import ClientRun, client_run, observed_steps
 from sim.cost.api_server import ApiServerCost
 from sim.cost.profile_model import ProfileCoefficients, ProfileCostModel
 from sim.simulator import SimConfig, simulate
-from workloads import ArrivalProcess
+from workloads import ArrivalProcess, Trace, TraceRequest
 from workloads.synthetic import RandomLengths, random_trace
 
 TRUE = ProfileCoefficients(constant_s=4e-3, per_prefill_token_s=20e-6,
@@ -49,6 +49,16 @@ def test_steps_are_reconstructed_from_chunk_times() -> None:
     steps = observed_steps(run, SCHED)
     assert steps.split_streams == 0
     assert steps.busy.sum() > 0.9 * len(steps.end_s)
+
+
+def test_a_step_read_with_a_gap_stays_one_step() -> None:
+    # streams a and b run together, a chunk every 10 ms; b's second chunk is read 4 ms late
+    # (past the 3 ms cluster gap) but before a's next one: still the step of a's 10 ms chunk
+    trace = Trace((TraceRequest("a", 0.0, 8, 4), TraceRequest("b", 0.0, 8, 4)))
+    times = {"a": (0.010, 0.020, 0.030, 0.040), "b": (0.0105, 0.024, 0.0305, 0.0405)}
+    steps = observed_steps(ClientRun("late", trace, times, {}), SCHED)
+    assert len(steps.end_s) == 4 and steps.split_streams == 0
+    assert list(steps.decodes) == [0, 2, 2, 2]
 
 
 def test_a_run_without_token_times_is_refused_with_the_reason() -> None:
