@@ -348,7 +348,6 @@ def run_fleet(trace: workloads.Trace, setup: SimSetup, fleet: FleetFlags, pd: PD
     --autoscale, pools scaled in the loop (`sim.autoscale`)."""
     from analysis.fleet import fleet_block
     from analysis.scaling import replica_figure, scaling_block
-    from runtime.router.registry import make_policy
     from sim.autoscale_flags import fixed_scaling, simulate_autoscaled_fleet
     from sim.fleet import simulate_fleet
     from sim.fleet_config import build_fleet, load_fleet
@@ -359,7 +358,7 @@ def run_fleet(trace: workloads.Trace, setup: SimSetup, fleet: FleetFlags, pd: PD
     replicas = (build_fleet(spec, config.seed, config.check_invariants,
                             config.step_noise is not None) if spec else [setup] * fleet.replicas)
     roles = spec.roles() if spec else None
-    policy = make_policy(fleet.router, fleet.router_arg or [], config.seed)  # bad: one line
+    fleet.policies(config.seed)  # a bad --router or --router-arg: one line, before running
     if autoscale.enabled and pd.is_pd(roles):
         raise ValueError("--autoscale does not combine with P/D (--pd-decider, pool roles) yet")
     for line in replicas[0].startup_lines:
@@ -371,8 +370,8 @@ def run_fleet(trace: workloads.Trace, setup: SimSetup, fleet: FleetFlags, pd: PD
         elif pd.is_pd(roles):
             result = simulate_pd_fleet(trace, replicas, roles, fleet, pd, config.seed, update)
         else:
-            result = simulate_fleet(trace, replicas, policy, fleet.router_refresh_ms / 1e3,
-                                    fleet.routing_latency_ms / 1e3, update)
+            result = simulate_fleet(trace, replicas, fleet.policies(config.seed),
+                                    progress=update, **fleet.timing())
     if not autoscale.enabled:
         scaling = fixed_scaling(setup, spec, fleet, autoscale, result)
     run = save_run(path, "simulate", trace, result, replicas[0].describe(),

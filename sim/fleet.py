@@ -38,8 +38,9 @@ from typing import Protocol, cast
 import simpy
 
 from runtime import Request
+from runtime.kv_events import KvEventLog, observe_kv_events
 from runtime.records import RequestRecord
-from runtime.router import MetricsRefresh, ReplicaSnapshot, RouterPolicy, RoutingRequest
+from runtime.router import ReplicaSnapshot, RouterPolicy
 from sim.cost.api_server import ApiServerCost
 from sim.cost.base import CostModel
 from sim.fleet_records import (
@@ -48,6 +49,7 @@ from sim.fleet_records import (
     ReplicaSummary,
     fleet_result,
 )
+from sim.fleet_router import KvEventBus, RouterReplica, make_routers, routing_request
 from sim.simulator import EngineProcess, Progress, SimConfig, make_request
 from workloads import Trace, TraceRequest
 from workloads.tokens import request_token_arrays
@@ -101,6 +103,10 @@ class _Replica(EngineProcess):
         # the step ends so far, seconds (the recorder's own column: it grows in place)
         self.end_s = cast(list[float], self.core.recorder.step_columns["end_s"])
         self.columns = self.core.recorder.step_columns
+        # the pool's KV events, when a router listens (None: the pool is not observed)
+        self.kv_log: KvEventLog | None = (
+            observe_kv_events(self.core.scheduler.kv_cache_manager.block_pool)
+            if fleet.kv_bus else None)
 
     # ---- API server ------------------------------------------------------------------------
 
@@ -131,8 +137,24 @@ class _Replica(EngineProcess):
         super().submit(request, now)
 
     def horizon(self) -> float:
+        if self.kv_log is not None:  # a run's events need their own steps' end times
+            return -math.inf
         head = self.pending[0][0] if self.pending else math.inf
         return min(head, self.fleet.earliest_handover(self.config.api_server))
+
+    # ---- KV events ---------------------------------------------------------------------------
+
+    def one_step(self, clock: float) -> tuple[float, dict[str, list[int]]]:
+        end, sampled = super().one_step(clock)
+        self.publish_kv_events(end)
+        return end, sampled
+
+    def publish_kv_events(self, at_s: float) -> None:
+        """Publish the pool's events since the last call as emitted at `at_s` (the end of
+        the step that produced them), if anyone listens."""
+        log = self.kv_log
+        if log is not None and log.events:
+            self.fleet.kv_bus.publish(self.index, log.take(), at_s)
 
     # ---- hearing back ------------------------------------------------------------------------
 
@@ -169,16 +191,25 @@ class _Replica(EngineProcess):
 
 
 class _Fleet:
-    def __init__(self, trace: Trace, setups: Sequence[ReplicaSetup], policy: RouterPolicy,
-                 refresh_s: float, routing_latency_s: float, progress: Progress | None) -> None:
+    def __init__(self, trace: Trace, setups: Sequence[ReplicaSetup],
+                 policy: RouterPolicy | Sequence[RouterPolicy], refresh_s: float,
+                 routing_latency_s: float, progress: Progress | None,
+                 kv_event_delay_s: float = 0.0,
+                 extra_routers: Sequence[RouterReplica] = ()) -> None:
+        """`extra_routers`: routers taking no arrivals of their own (P/D's prefill router)
+        that are fed KV events too."""
         if not setups:
             raise ValueError("a fleet needs at least one replica, got 0")
         if not (routing_latency_s >= 0.0 and math.isfinite(routing_latency_s)):
             raise ValueError(f"routing_latency_s must be a finite number >= 0, "
                              f"got {routing_latency_s}")
         self.trace = trace
-        self.policy = policy
-        self.refresh = MetricsRefresh(refresh_s)
+        self.routers = make_routers(policy, refresh_s, kv_event_delay_s)
+        self.policy = self.routers[0].policy
+        self.router_of: dict[str, int] = {}  # request id -> its router (with several)
+        self.kv_bus = KvEventBus([r.kv_events for r in (*self.routers, *extra_routers)
+                                  if r.kv_events is not None])
+        self.kv_block_size = _kv_block_size(setups) if self.kv_bus else None
         self.latency_s = routing_latency_s
         self.progress = progress
         self.done = 0
@@ -218,44 +249,58 @@ class _Fleet:
             self.route(req)
             self.next_index = i + 1
 
+    def router_for(self, req: TraceRequest) -> RouterReplica:
+        """The router replica taking the request being routed (round-robin by arrival),
+        its KV events delivered up to now."""
+        router = self.routers[self.next_index % len(self.routers)]
+        if len(self.routers) > 1:
+            self.router_of[req.request_id] = router.index
+        router.deliver_kv_events(req.arrival_s)
+        return router
+
     def route(self, req: TraceRequest) -> None:
         now = req.arrival_s
         first = self.replicas[0].config
         prompt, output = request_token_arrays(req, first.vocab_size, first.seed)
-        snapshots = self.snapshots(now)
+        router = self.router_for(req)
+        snapshots = self.snapshots(now, router)
         serving = self.serving
         candidates = [snapshots[r.index] for r in self.replicas
                       if serving[r.index] and can_ever_fit(r.config, req.prompt_len)] or [
                           snapshots[r.index] for r in self.replicas if serving[r.index]]
-        routing = RoutingRequest(request_id=req.request_id, now_s=now,
-                                 prompt_len=req.prompt_len, token_ids=prompt,
-                                 session_id=req.session_id)
-        decision = self.policy.choose(routing, candidates)
-        self.policy.on_routed(routing, decision.replica)
+        routing = routing_request(req, prompt, self.kv_block_size)
+        decision = router.policy.choose(routing, candidates)
+        router.policy.on_routed(routing, decision.replica)
         replica = self.replicas[decision.replica]
         config = replica.config
         if (config.vocab_size, config.seed) != (first.vocab_size, first.seed):
             prompt, output = request_token_arrays(req, config.vocab_size, config.seed)
         replica.hand_over(req, prompt, output, now + self.latency_s)
 
-    def snapshots(self, now: float) -> Sequence[ReplicaSnapshot]:
-        """Every replica's snapshot as of the last scrape tick at or before `now`."""
-        refresh = self.refresh
+    def snapshots(self, now: float, router: RouterReplica | None = None
+                  ) -> Sequence[ReplicaSnapshot]:
+        """Every replica's snapshot as of `router`'s (default: the first router's) last
+        scrape tick at or before `now`."""
+        refresh = (router or self.routers[0]).refresh
         if refresh.due(now):
-            tick = now
-            if refresh.refresh_s > 0.0:
-                tick = min(now, math.floor(now / refresh.refresh_s) * refresh.refresh_s)
+            tick = refresh.last_tick(now)
             refresh.store([r.snapshot(tick) for r in self.replicas], now)
         return refresh.snapshots
 
+    def policy_of(self, request_id: str) -> RouterPolicy:
+        """The policy of the router that routed the request."""
+        if len(self.routers) == 1:
+            return self.policy
+        return self.routers[self.router_of[request_id]].policy
+
     def first_token(self, replica: _Replica, request_id: str) -> None:
         """`replica` produced the request's first token (at the end of the current step)."""
-        self.policy.on_prefill_done(request_id)
+        self.policy_of(request_id).on_prefill_done(request_id)
 
     def finished(self, replica: _Replica, records: list[RequestRecord]) -> None:
         """`replica` finished these requests (at the end of the current step)."""
         for record in records:
-            self.policy.on_finished(record.request_id)
+            self.policy_of(record.request_id).on_finished(record.request_id)
         self.count_done(len(records))
 
     def count_done(self, count: int) -> None:
@@ -264,23 +309,38 @@ class _Fleet:
             self.progress(self.done, len(self.trace))
 
     def result(self, wall_s: float) -> FleetResult:
-        return fleet_result(self.trace, [(r.index, r.core) for r in self.replicas], wall_s)
+        return fleet_result(self.trace, [(r.index, r.core) for r in self.replicas], wall_s,
+                            self.router_of if len(self.routers) > 1 else None)
 
 
-def simulate_fleet(trace: Trace, replicas: Sequence[ReplicaSetup], policy: RouterPolicy,
-                   refresh_s: float = 0.05, routing_latency_s: float = 0.0,
-                   progress: Progress | None = None) -> FleetResult:
+def _kv_block_size(setups: Sequence[ReplicaSetup]) -> int:
+    """The replicas' common KV block size (a KV-event index keys blocks by it)."""
+    sizes = sorted({setup.config.cache.block_size for setup in setups})
+    if len(sizes) > 1:
+        raise ValueError(f"a router fed by KV events needs one block size across the "
+                         f"replicas, got block_size {sizes}")
+    return sizes[0]
+
+
+def simulate_fleet(trace: Trace, replicas: Sequence[ReplicaSetup],
+                   policy: RouterPolicy | Sequence[RouterPolicy], refresh_s: float = 0.05,
+                   routing_latency_s: float = 0.0, progress: Progress | None = None,
+                   kv_event_delay_s: float = 0.0) -> FleetResult:
     """Run the trace through `replicas` behind `policy` to completion (every request ends
     finished or ignored).
 
     Args:
         replicas: one setup per replica (its `SimConfig` and cost model); replica i is
             `replica_id` i in the router's snapshots and the records' `replica` column.
-        policy: a fresh policy (`runtime.router.make_policy`); the run updates its state.
+        policy: a fresh policy (`runtime.router.make_policy`), or one per router replica
+            (`sim.fleet_router`: requests spread round-robin, rows name their `router`);
+            the run updates their state.
         refresh_s: seconds between metric scrapes (0: every decision sees the current
             metrics).
         routing_latency_s: seconds from arrival to reaching the chosen replica.
         progress: called as (requests finished, requests in the trace).
+        kv_event_delay_s: seconds from a step's end to its KV events reaching the routers
+            whose policy scores with them (then replicas step one by one: no decode runs).
     """
     started = time.perf_counter()
     # Each replica's KV pool is tens of thousands of linked `KVCacheBlock`s living for the
@@ -292,7 +352,8 @@ def simulate_fleet(trace: Trace, replicas: Sequence[ReplicaSetup], policy: Route
     enabled, caller_froze = gc.isenabled(), gc.get_freeze_count() > 0
     gc.disable()
     try:
-        fleet = _Fleet(trace, replicas, policy, refresh_s, routing_latency_s, progress)
+        fleet = _Fleet(trace, replicas, policy, refresh_s, routing_latency_s, progress,
+                       kv_event_delay_s)
         gc.freeze()
     finally:
         if enabled:

@@ -199,5 +199,9 @@ class Llmd(RouterPolicy):
             if len(self._cold_lru) > self.config.no_hit_lru_size:
                 self._cold_lru.popitem(last=False)
 
+    @property
+    def wants_kv_events(self) -> bool:
+        return self.config.precise_prefix_cache > 0
+
     def on_kv_events(self, events: Iterable[KvEvent]) -> None:
         self.precise.apply(events)

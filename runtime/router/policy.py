@@ -63,6 +63,12 @@ class RouterPolicy:
         """The request's response completed (or it was aborted)."""
         self.local.finish(request_id)
 
+    @property
+    def wants_kv_events(self) -> bool:
+        """Whether `on_kv_events` feeds a precise index this policy scores with (a driver
+        not feeding events, e.g. to save work, may skip it when False)."""
+        return False
+
     def on_kv_events(self, events: Iterable[KvEvent]) -> None:
         """KV events now visible to the router; ignored by policies without a precise index."""
 

@@ -115,5 +115,9 @@ class KvAware(RouterPolicy):
         replica = lowest_qps(self.local, ids, request.now_s, cfg.qps_window_s)
         return RoutingDecision(replica, "short match: lowest QPS", matched)
 
+    @property
+    def wants_kv_events(self) -> bool:
+        return True
+
     def on_kv_events(self, events: Iterable[KvEvent]) -> None:
         self.precise.apply(events)
