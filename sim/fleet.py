@@ -1,6 +1,7 @@
-"""The fleet simulator: N engines behind one router, in one SimPy environment.
+"""The fleet simulator: N engines behind K routers (default 1), in one SimPy environment.
 
-    router       requests arrive at their trace times; the policy (`runtime.router`) picks a
+    router       requests arrive at their trace times, request i at router i mod K
+                 (`sim.fleet_router`); its policy (`runtime.router`) picks a
                  replica among those whose KV pool can ever hold the prompt, from replica
                  snapshots (refreshed every `refresh_s`; 0 = oracle) and its own state;
                  `on_routed` at once. After `routing_latency_s` the request reaches the
@@ -18,7 +19,9 @@ step that *ended* by the scrape time (read from the replica's step records), so 
 depend on how far ahead the loop has stepped or fast-forwarded. A replica fast-forwards runs
 of plain decode steps up to the earliest time a request could reach its core: its own next
 pending hand-over, or the earliest hand-over any not yet routed request could have there
-(a suffix minimum over the trace of arrival + latency + API cost).
+(a suffix minimum over the trace of arrival + latency + API cost). When a router scores
+with KV events, every replica's pool publishes them at the end of each step (then replicas
+step one by one, so each step's events carry its own end time).
 
 With one replica and no routing latency the records are those of `sim.simulator.simulate`.
 """
