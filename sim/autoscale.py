@@ -187,6 +187,8 @@ class _Window:
 
 
 class _AutoscaledFleet(_Fleet):
+    routes_ahead = False  # its choices read replica state at the arrival
+
     def __init__(self, trace: Trace, setups: Sequence[ReplicaSetup],
                  router: RouterPolicy | Sequence[RouterPolicy], pools: Sequence[ScalingPool],
                  interval_s: float, refresh_s: float, routing_latency_s: float,

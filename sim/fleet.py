@@ -194,6 +194,16 @@ class _Replica(EngineProcess):
 
 
 class _Fleet:
+    # Whether a request may be routed at its router's last scrape tick before its arrival
+    # when every policy is completion-blind (`RouterPolicy.completion_blind`): its choice
+    # then reads only snapshots taken at that tick, final once the simulation reaches it
+    # (a step's record is written when the step starts), and the dispatches before it. The
+    # request still reaches its replica at arrival + latency; the records are the same, but
+    # replicas' decode runs are cut at ticks and at their own hand-overs, not at every
+    # arrival. Off for drivers whose choices read replica state directly (P/D's decider,
+    # the autoscaler's serving set).
+    routes_ahead = True
+
     def __init__(self, trace: Trace, setups: Sequence[ReplicaSetup],
                  policy: RouterPolicy | Sequence[RouterPolicy], refresh_s: float,
                  routing_latency_s: float, progress: Progress | None,
@@ -246,9 +256,14 @@ class _Fleet:
         return bounds[self.next_index]
 
     def router(self) -> Generator[simpy.Event, object, None]:
+        ahead = self.routes_ahead and all(r.policy.completion_blind for r in self.routers)
+        routers = self.routers
         for i, req in enumerate(self.trace):
-            if req.arrival_s > self.env.now:
-                yield self.env.timeout(req.arrival_s - self.env.now)
+            at = req.arrival_s
+            if ahead:  # decided once the metrics its snapshot reads are final
+                at = routers[i % len(routers)].refresh.last_tick(at)
+            if at > self.env.now:
+                yield self.env.timeout(at - self.env.now)
             self.route(req)
             self.next_index = i + 1
 

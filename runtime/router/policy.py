@@ -64,6 +64,15 @@ class RouterPolicy:
         self.local.finish(request_id)
 
     @property
+    def completion_blind(self) -> bool:
+        """Whether `choose` never reads what `on_prefill_done`, `on_finished` or
+        `on_kv_events` change: its choice for a request depends only on the snapshots, the
+        request and the dispatches before it. A driver may then decide it as soon as the
+        snapshots it reads are final (before the request's arrival). False unless a policy
+        says so."""
+        return False
+
+    @property
     def wants_kv_events(self) -> bool:
         """Whether `on_kv_events` feeds a precise index this policy scores with (a driver
         not feeding events, e.g. to save work, may skip it when False)."""

@@ -51,6 +51,10 @@ class PrefixAware(RouterPolicy):
         self.config = config or PrefixAwareConfig()
         self.trie = PageTrie(self.config.chunk_tokens)
 
+    @property
+    def completion_blind(self) -> bool:
+        return True
+
     def choose(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]
     ) -> RoutingDecision:
