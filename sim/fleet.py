@@ -193,15 +193,22 @@ class _Replica(EngineProcess):
             kv_usage=usage, num_gpu_blocks=blocks)
 
 
+# How long before its arrival a snapshot-blind policy routes a request, simulated seconds:
+# fewer cut runs the longer, but the requests routed and not yet arrived hold their tokens.
+_ROUTE_AHEAD_S = 10.0
+
+
 class _Fleet:
     # Whether a request may be routed at its router's last scrape tick before its arrival
     # when every policy is completion-blind (`RouterPolicy.completion_blind`): its choice
     # then reads only snapshots taken at that tick, final once the simulation reaches it
-    # (a step's record is written when the step starts), and the dispatches before it. The
-    # request still reaches its replica at arrival + latency; the records are the same, but
-    # replicas' decode runs are cut at ticks and at their own hand-overs, not at every
-    # arrival. Off for drivers whose choices read replica state directly (P/D's decider,
-    # the autoscaler's serving set).
+    # (a step's record is written when the step starts), and the dispatches before it;
+    # snapshot-blind policies (round-robin, random, session-hash, prefix-aware) route
+    # `_ROUTE_AHEAD_S` before the arrival. The request still reaches its replica at arrival
+    # + latency; the records are the same, but replicas' decode runs are cut at ticks (every
+    # 10 s when snapshot-blind) and at their own hand-overs, not at every arrival. Off for
+    # drivers whose choices read replica state directly (P/D's decider, the autoscaler's
+    # serving set).
     routes_ahead = True
 
     def __init__(self, trace: Trace, setups: Sequence[ReplicaSetup],
@@ -256,11 +263,15 @@ class _Fleet:
         return bounds[self.next_index]
 
     def router(self) -> Generator[simpy.Event, object, None]:
-        ahead = self.routes_ahead and all(r.policy.completion_blind for r in self.routers)
+        policies = [r.policy for r in self.routers]
+        ahead = self.routes_ahead and all(p.completion_blind for p in policies)
+        at_once = ahead and all(p.snapshot_blind for p in policies)
         routers = self.routers
         for i, req in enumerate(self.trace):
             at = req.arrival_s
-            if ahead:  # decided once the metrics its snapshot reads are final
+            if at_once:  # decided from the dispatches before it only
+                at -= _ROUTE_AHEAD_S
+            elif ahead:  # decided once the metrics its snapshot reads are final
                 at = routers[i % len(routers)].refresh.last_tick(at)
             if at > self.env.now:
                 yield self.env.timeout(at - self.env.now)

@@ -73,6 +73,13 @@ class RouterPolicy:
         return False
 
     @property
+    def snapshot_blind(self) -> bool:
+        """Whether, being completion-blind, `choose` does not read the snapshots' metrics
+        either (only their replica ids): a driver may then decide a request at any time
+        after the dispatches before it. False unless a policy says so."""
+        return False
+
+    @property
     def wants_kv_events(self) -> bool:
         """Whether `on_kv_events` feeds a precise index this policy scores with (a driver
         not feeding events, e.g. to save work, may skip it when False)."""

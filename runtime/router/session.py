@@ -92,6 +92,10 @@ class SessionHash(RouterPolicy):
     def completion_blind(self) -> bool:
         return True
 
+    @property
+    def snapshot_blind(self) -> bool:
+        return True
+
     def choose(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]
     ) -> RoutingDecision:

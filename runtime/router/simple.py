@@ -46,6 +46,10 @@ class RoundRobin(RouterPolicy):
     def completion_blind(self) -> bool:
         return True
 
+    @property
+    def snapshot_blind(self) -> bool:
+        return True
+
     def choose(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]
     ) -> RoutingDecision:
@@ -63,6 +67,10 @@ class Random(RouterPolicy):
 
     @property
     def completion_blind(self) -> bool:
+        return True
+
+    @property
+    def snapshot_blind(self) -> bool:
         return True
 
     def choose(
