@@ -236,6 +236,15 @@ class _Fleet:
         self.env = simpy.Environment()
         self.replicas = [_Replica(self, i, setup) for i, setup in enumerate(setups)]
         self.serving = [True] * len(setups)  # takes new requests (an autoscaler changes it)
+        # the longest prompt every replica can ever hold (candidates: all, when serving)
+        self._fits_all = min(min(r.config.scheduler.max_model_len - 1,
+                                 r.config.cache.num_usable_blocks * r.config.cache.block_size)
+                             for r in self.replicas)
+        # snapshot-blind routers read only the replicas' ids: one fixed set of snapshots
+        self._blind_snapshots = tuple(
+            ReplicaSnapshot(replica_id=r.index, taken_at_s=0.0,
+                            num_gpu_blocks=r.config.cache.num_blocks) for r in self.replicas
+        ) if self.routes_ahead and all(r.policy.snapshot_blind for r in self.routers) else None
         self.next_index = 0  # the first request not yet routed
         # per API cost: suffix minima of arrival + latency + cost(prompt) over the trace
         self._earliest: dict[ApiServerCost, list[float]] = {}
@@ -294,9 +303,11 @@ class _Fleet:
         router = self.router_for(req)
         snapshots = self.snapshots(now, router)
         serving = self.serving
-        candidates = [snapshots[r.index] for r in self.replicas
-                      if serving[r.index] and can_ever_fit(r.config, req.prompt_len)] or [
-                          snapshots[r.index] for r in self.replicas if serving[r.index]]
+        candidates: Sequence[ReplicaSnapshot] = snapshots
+        if req.prompt_len > self._fits_all or False in serving:
+            candidates = [snapshots[r.index] for r in self.replicas
+                          if serving[r.index] and can_ever_fit(r.config, req.prompt_len)] or [
+                              snapshots[r.index] for r in self.replicas if serving[r.index]]
         routing = routing_request(req, prompt, self.kv_block_size)
         decision = router.policy.choose(routing, candidates)
         router.policy.on_routed(routing, decision.replica)
@@ -309,7 +320,9 @@ class _Fleet:
     def snapshots(self, now: float, router: RouterReplica | None = None
                   ) -> Sequence[ReplicaSnapshot]:
         """Every replica's snapshot as of `router`'s (default: the first router's) last
-        scrape tick at or before `now`."""
+        scrape tick at or before `now` (fixed ones when every router is snapshot-blind)."""
+        if self._blind_snapshots is not None:
+            return self._blind_snapshots
         refresh = (router or self.routers[0]).refresh
         if refresh.due(now):
             tick = refresh.last_tick(now)
