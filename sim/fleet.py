@@ -52,7 +52,13 @@ from sim.fleet_records import (
     ReplicaSummary,
     fleet_result,
 )
-from sim.fleet_router import KvEventBus, RouterReplica, make_routers, routing_request
+from sim.fleet_router import (
+    KvEventBus,
+    RouterReplica,
+    common_block_size,
+    make_routers,
+    routing_request,
+)
 from sim.simulator import EngineProcess, Progress, SimConfig, make_request
 from workloads import Trace, TraceRequest
 from workloads.tokens import request_token_arrays
@@ -145,8 +151,6 @@ class _Replica(EngineProcess):
         head = self.pending[0][0] if self.pending else math.inf
         return min(head, self.fleet.earliest_handover(self.config.api_server))
 
-    # ---- KV events ---------------------------------------------------------------------------
-
     def one_step(self, clock: float) -> tuple[float, dict[str, list[int]]]:
         end, sampled = super().one_step(clock)
         self.publish_kv_events(end)
@@ -193,22 +197,16 @@ class _Replica(EngineProcess):
             kv_usage=usage, num_gpu_blocks=blocks)
 
 
-# How long before its arrival a snapshot-blind policy routes a request, simulated seconds:
-# fewer cut runs the longer, but the requests routed and not yet arrived hold their tokens.
-_ROUTE_AHEAD_S = 10.0
+_ROUTE_AHEAD_S = 10.0  # snapshot-blind routing ahead, s (routed requests hold their tokens)
 
 
 class _Fleet:
-    # Whether a request may be routed at its router's last scrape tick before its arrival
-    # when every policy is completion-blind (`RouterPolicy.completion_blind`): its choice
-    # then reads only snapshots taken at that tick, final once the simulation reaches it
-    # (a step's record is written when the step starts), and the dispatches before it;
-    # snapshot-blind policies (round-robin, random, session-hash, prefix-aware) route
-    # `_ROUTE_AHEAD_S` before the arrival. The request still reaches its replica at arrival
-    # + latency; the records are the same, but replicas' decode runs are cut at ticks (every
-    # 10 s when snapshot-blind) and at their own hand-overs, not at every arrival. Off for
-    # drivers whose choices read replica state directly (P/D's decider, the autoscaler's
-    # serving set).
+    # Route ahead (docs/fleet.md): with completion-blind policies a request is decided at
+    # its router's last scrape tick before its arrival (that snapshot is final once the
+    # simulation reaches the tick: a step's record is written when it starts); with
+    # snapshot-blind ones `_ROUTE_AHEAD_S` before. Same records; runs are cut at ticks and
+    # own hand-overs, not at every arrival. Off where choices read replica state (P/D, the
+    # autoscaler's serving set).
     routes_ahead = True
 
     def __init__(self, trace: Trace, setups: Sequence[ReplicaSetup],
@@ -229,7 +227,8 @@ class _Fleet:
         self.router_of: dict[str, int] = {}  # request id -> its router (with several)
         self.kv_bus = KvEventBus([r.kv_events for r in (*self.routers, *extra_routers)
                                   if r.kv_events is not None])
-        self.kv_block_size = _kv_block_size(setups) if self.kv_bus else None
+        self.kv_block_size = (common_block_size([s.config.cache for s in setups])
+                              if self.kv_bus else None)
         self.latency_s = routing_latency_s
         self.progress = progress
         self.done = 0
@@ -353,15 +352,6 @@ class _Fleet:
     def result(self, wall_s: float) -> FleetResult:
         return fleet_result(self.trace, [(r.index, r.core) for r in self.replicas], wall_s,
                             self.router_of if len(self.routers) > 1 else None)
-
-
-def _kv_block_size(setups: Sequence[ReplicaSetup]) -> int:
-    """The replicas' common KV block size (a KV-event index keys blocks by it)."""
-    sizes = sorted({setup.config.cache.block_size for setup in setups})
-    if len(sizes) > 1:
-        raise ValueError(f"a router fed by KV events needs one block size across the "
-                         f"replicas, got block_size {sizes}")
-    return sizes[0]
 
 
 def simulate_fleet(trace: Trace, replicas: Sequence[ReplicaSetup],

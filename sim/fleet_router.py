@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from runtime.config import CacheConfig
 from runtime.kv_events import PoolEvent, prompt_block_hashes
 from runtime.router import KvEvent, KvEventQueue, MetricsRefresh, RouterPolicy, RoutingRequest
 from workloads import TraceRequest
@@ -85,3 +86,13 @@ def routing_request(req: TraceRequest, prompt: Sequence[int],
     return RoutingRequest(request_id=req.request_id, now_s=req.arrival_s,
                           prompt_len=req.prompt_len, token_ids=prompt, block_hashes=hashes,
                           session_id=req.session_id)
+
+
+def common_block_size(caches: Sequence[CacheConfig]) -> int:
+    """The replicas' common KV block size (a KV-event index keys blocks by it); ValueError
+    (one line) when they differ."""
+    sizes = sorted({cache.block_size for cache in caches})
+    if len(sizes) > 1:
+        raise ValueError(f"a router fed by KV events needs one block size across the "
+                         f"replicas, got block_size {sizes}")
+    return sizes[0]
