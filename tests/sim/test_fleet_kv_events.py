@@ -112,3 +112,27 @@ def test_dynamo_costs_with_precise_state_by_hand(delay: float,
     assert dict(policy.decisions[1].scores) == {a: costs[0], 1 - a: costs[1]}
     if delay == 0.0:
         assert result.requests[1].replica == a
+
+
+@pytest.mark.parametrize(("delay", "scores"), [(0.0, (1.0, 0.0)), (1.0, (1.0, 1.0))])
+def test_llmd_precise_scorer_by_hand(delay: float, scores: tuple[float, float]) -> None:
+    """llm-d with only the precise-prefix scorer: leading blocks held, min-max normalised
+    (all equal -> 1). B's 32 blocks are all on A's replica once seen, none elsewhere."""
+    args = ["queue=0", "kv_cache_utilization=0", "prefix_cache=0", "precise_prefix_cache=1"]
+    policy = make_policy("llm-d", args)
+    assert policy.wants_kv_events and not policy.completion_blind
+    decisions: list[RoutingDecision] = []
+    choose = policy.choose
+
+    def recording(request: RoutingRequest,
+                  replicas: Sequence[ReplicaSnapshot]) -> RoutingDecision:
+        decisions.append(choose(request, replicas))
+        return decisions[-1]
+
+    policy.choose = recording  # type: ignore[method-assign]
+    result = simulate_fleet(shared_prompt_trace(0.3), [Replica(config())] * 2, policy, 0.0,
+                            kv_event_delay_s=delay)
+    a = result.requests[0].replica
+    assert dict(decisions[1].scores) == {a: scores[0], 1 - a: scores[1]}
+    if delay == 0.0:
+        assert result.requests[1].replica == a
