@@ -23,9 +23,10 @@ pool's class to `ObservedBlockPool`, whose overrides record and then call the ba
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Literal
 
 from runtime.block_hash import NONE_HASH, BlockHash, block_extra_keys, hash_block_tokens
@@ -64,18 +65,26 @@ class ObservedBlockPool(BlockPool):
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         if num_blocks <= self.free_block_queue.num_free_blocks:
-            self._record_evictions(islice(self.free_block_queue, num_blocks))
+            self._record_evictions(num_blocks)
         return super().get_new_blocks(num_blocks)
 
     def get_new_block(self) -> KVCacheBlock:
-        self._record_evictions(islice(self.free_block_queue, 1))
+        if self.free_block_queue.num_free_blocks:
+            self._record_evictions(1)
         return super().get_new_block()
 
-    def _record_evictions(self, blocks: Iterable[KVCacheBlock]) -> None:
+    def _record_evictions(self, count: int) -> None:
+        """The cached blocks among the next `count` the queue hands out (a walk from its
+        head; never-used blocks, built first if need be, carry no hash)."""
+        queue = self.free_block_queue
+        queue.ensure(count)
         append = self.kv_event_log.events.append
-        for block in blocks:
+        block = queue._head.next
+        for _ in range(count):
+            assert block is not None
             if block.block_hash is not None:
                 append(PoolEvent("removed", (block.block_hash,)))
+            block = block.next
 
     def cache_blocks(self, blocks: Iterable[KVCacheBlock],
                      block_hashes: Iterable[BlockHash]) -> None:
@@ -116,11 +125,18 @@ def prompt_block_hashes(token_ids: Sequence[int], block_size: int,
     """The engine's chained hashes of the prompt's full blocks (what `Request.block_hashes`
     holds once the scheduler has taken the request in, no LoRA): a router's key into a
     KV-event index."""
-    hashes: list[BlockHash] = []
-    parent = NONE_HASH
-    for index in range(len(token_ids) // block_size):
-        block = token_ids[index * block_size : (index + 1) * block_size]
-        parent = hash_block_tokens(parent, block,
-                                   block_extra_keys(index, None, None, cache_salt))
+    num_full = len(token_ids) // block_size
+    if not num_full:
+        return ()
+    # block 0 carries the salt's extra key; the rest hash as `make_block_hasher`'s fast path
+    parent = hash_block_tokens(NONE_HASH, token_ids[:block_size],
+                               block_extra_keys(0, None, None, cache_salt))
+    hashes = [parent]
+    data = array("q", token_ids[block_size : num_full * block_size]).tobytes()
+    length_prefix = block_size.to_bytes(4, "little")
+    block_bytes = 8 * block_size
+    sha256 = hashlib.sha256
+    for offset in range(0, len(data), block_bytes):
+        parent = sha256(parent + length_prefix + data[offset : offset + block_bytes]).digest()
         hashes.append(parent)
     return tuple(hashes)

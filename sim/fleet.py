@@ -1,11 +1,9 @@
 """The fleet simulator: N engines behind K routers (default 1), in one SimPy environment.
 
-    router       requests arrive at their trace times, request i at router i mod K
-                 (`sim.fleet_router`); its policy (`runtime.router`) picks a
-                 replica among those whose KV pool can ever hold the prompt, from replica
-                 snapshots (refreshed every `refresh_s`; 0 = oracle) and its own state;
-                 `on_routed` at once. After `routing_latency_s` the request reaches the
-                 replica's API server.
+    router       request i goes to router i mod K (`sim.fleet_router`), whose policy
+                 (`runtime.router`) picks a replica that can ever hold the prompt, from
+                 snapshots (refreshed every `refresh_s`; 0 = oracle) and its own state. It
+                 reaches the replica's API server `routing_latency_s` after its arrival.
     api server   one FIFO server per replica (Lindley's recursion, as in `sim.simulator`):
                  h = max(h_prev, reached) + cost(prompt); at h the request enters the core.
     engine       per replica, the single-engine simulator's own engine loop
@@ -20,8 +18,8 @@ depend on how far ahead the loop has stepped or fast-forwarded. A replica fast-f
 of plain decode steps up to the earliest time a request could reach its core: its own next
 pending hand-over, or the earliest hand-over any not yet routed request could have there
 (a suffix minimum over the trace of arrival + latency + API cost). When a router scores
-with KV events, every replica's pool publishes them at the end of each step (then replicas
-step one by one, so each step's events carry its own end time).
+with KV events, replicas publish their pools' events at each step's (or run's) end, runs
+ending by the next decision minus the delay (`sim.fleet_kv`).
 
 With one replica and no routing latency the records are those of `sim.simulator.simulate`.
 """
@@ -46,6 +44,7 @@ from runtime.records import RequestRecord
 from runtime.router import ReplicaSnapshot, RouterPolicy
 from sim.cost.api_server import ApiServerCost
 from sim.cost.base import CostModel
+from sim.fleet_kv import run_before
 from sim.fleet_records import (
     FleetRequestRecord,
     FleetResult,
@@ -77,12 +76,15 @@ class ReplicaSetup(Protocol):
     def cost_model(self) -> CostModel: ...
 
 
-def can_ever_fit(config: SimConfig, prompt_len: int) -> bool:
-    """Whether the replica's scheduler would take the prompt in (`Scheduler.add_request`
-    ignores one that leaves no room under max_model_len or outgrows the whole KV pool)."""
+def max_prompt_len(config: SimConfig) -> int:
+    """The longest prompt the replica's scheduler takes in (`Scheduler.add_request` ignores
+    one that leaves no room under max_model_len or outgrows the whole KV pool)."""
     cache = config.cache
-    return (0 < prompt_len < config.scheduler.max_model_len
-            and prompt_len <= cache.num_usable_blocks * cache.block_size)
+    return min(config.scheduler.max_model_len - 1, cache.num_usable_blocks * cache.block_size)
+
+
+def can_ever_fit(config: SimConfig, prompt_len: int) -> bool:
+    return 0 < prompt_len <= max_prompt_len(config)
 
 
 _NOISE_SEED_STRIDE = 0x9E3779B1  # replica i's step-noise seed: the config's + i * this
@@ -117,8 +119,6 @@ class _Replica(EngineProcess):
             observe_kv_events(self.core.scheduler.kv_cache_manager.block_pool)
             if fleet.kv_bus else None)
 
-    # ---- API server ------------------------------------------------------------------------
-
     def hand_over(self, req: TraceRequest, prompt: array[int], output: array[int],
                   reached_s: float, max_tokens: int | None = None) -> None:
         """The request reaches this replica's API server at `reached_s` (now or later);
@@ -146,10 +146,16 @@ class _Replica(EngineProcess):
         super().submit(request, now)
 
     def horizon(self) -> float:
-        if self.kv_log is not None:  # a run's events need their own steps' end times
-            return -math.inf
         head = self.pending[0][0] if self.pending else math.inf
         return min(head, self.fleet.earliest_handover(self.config.api_server))
+
+    def fast_forward(self, clock: float) -> float | None:
+        if self.kv_log is None:
+            return super().fast_forward(clock)
+        end = run_before(self, clock, self.horizon(), self.fleet.kv_run_limit_s())
+        if end is not None:
+            self.publish_kv_events(end)
+        return end
 
     def one_step(self, clock: float) -> tuple[float, dict[str, list[int]]]:
         end, sampled = super().one_step(clock)
@@ -162,8 +168,6 @@ class _Replica(EngineProcess):
         log = self.kv_log
         if log is not None and log.events:
             self.fleet.kv_bus.publish(self.index, log.take(), at_s)
-
-    # ---- hearing back ------------------------------------------------------------------------
 
     def on_step_end(self, sampled: Collection[str]) -> None:
         awaiting = self.awaiting_first
@@ -178,8 +182,6 @@ class _Replica(EngineProcess):
         for record in records:
             self.awaiting_first.discard(record.request_id)
         self.fleet.finished(self, records)
-
-    # ---- what the router sees ------------------------------------------------------------
 
     def snapshot(self, at_s: float) -> ReplicaSnapshot:
         """The metrics as of the last step that ended by `at_s` (seconds)."""
@@ -201,12 +203,10 @@ _ROUTE_AHEAD_S = 10.0  # snapshot-blind routing ahead, s (routed requests hold t
 
 
 class _Fleet:
-    # Route ahead (docs/fleet.md): with completion-blind policies a request is decided at
-    # its router's last scrape tick before its arrival (that snapshot is final once the
-    # simulation reaches the tick: a step's record is written when it starts); with
-    # snapshot-blind ones `_ROUTE_AHEAD_S` before. Same records; runs are cut at ticks and
-    # own hand-overs, not at every arrival. Off where choices read replica state (P/D, the
-    # autoscaler's serving set).
+    # Route ahead (docs/fleet.md): completion-blind policies decide at their router's last
+    # scrape tick before the arrival (its snapshot is final then: a step's record is written
+    # when it starts), snapshot-blind ones `_ROUTE_AHEAD_S` before. Same records, fewer cut
+    # runs. Off where choices read replica state (P/D, the autoscaler's serving set).
     routes_ahead = True
 
     def __init__(self, trace: Trace, setups: Sequence[ReplicaSetup],
@@ -230,15 +230,14 @@ class _Fleet:
         self.kv_block_size = (common_block_size([s.config.cache for s in setups])
                               if self.kv_bus else None)
         self.latency_s = routing_latency_s
+        self.kv_delay_s = kv_event_delay_s
         self.progress = progress
         self.done = 0
         self.env = simpy.Environment()
         self.replicas = [_Replica(self, i, setup) for i, setup in enumerate(setups)]
         self.serving = [True] * len(setups)  # takes new requests (an autoscaler changes it)
         # the longest prompt every replica can ever hold (candidates: all, when serving)
-        self._fits_all = min(min(r.config.scheduler.max_model_len - 1,
-                                 r.config.cache.num_usable_blocks * r.config.cache.block_size)
-                             for r in self.replicas)
+        self._fits_all = min(max_prompt_len(r.config) for r in self.replicas)
         # snapshot-blind routers read only the replicas' ids: one fixed set of snapshots
         self._blind_snapshots = tuple(
             ReplicaSnapshot(replica_id=r.index, taken_at_s=0.0,
@@ -256,6 +255,11 @@ class _Fleet:
         self.env.process(self.router())
         for replica in self.replicas:
             self.env.process(replica.engine())
+
+    def kv_run_limit_s(self) -> float:
+        """The next routing decision minus the KV-event delay (`sim.fleet_kv`), seconds."""
+        i = self.next_index
+        return (self.trace[i].arrival_s if i < len(self.trace) else math.inf) - self.kv_delay_s
 
     def earliest_handover(self, api: ApiServerCost) -> float:
         """The earliest time a request not yet routed could be handed over to a core whose
@@ -372,15 +376,12 @@ def simulate_fleet(trace: Trace, replicas: Sequence[ReplicaSetup],
         routing_latency_s: seconds from arrival to reaching the chosen replica.
         progress: called as (requests finished, requests in the trace).
         kv_event_delay_s: seconds from a step's end to its KV events reaching the routers
-            whose policy scores with them (then replicas step one by one: no decode runs).
+            whose policy scores with them.
     """
     started = time.perf_counter()
-    # Each replica's KV pool is tens of thousands of linked `KVCacheBlock`s living for the
-    # whole run: building them with the cyclic collector on triggered collections walking
-    # every block built so far, and each full collection during the run walked them all
-    # again (about a fifth of a 16-replica run's CPU, growing with the replica count). So
-    # the fleet is built with the collector paused, then frozen (`gc.freeze`: full
-    # collections skip it) until the run ends. Records are unaffected.
+    # KV pools are many linked `KVCacheBlock`s living for the whole run, which the cyclic
+    # collector kept walking (a fifth of a 16-replica run's CPU): the fleet is built with it
+    # paused, then frozen (`gc.freeze`) until the run ends. Records are unaffected.
     enabled, caller_froze = gc.isenabled(), gc.get_freeze_count() > 0
     gc.disable()
     try:

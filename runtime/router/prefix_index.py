@@ -214,14 +214,22 @@ class PreciseIndex:
         self._held: dict[int, dict[BlockHash, int]] = {}  # replica -> hash -> blocks
 
     def apply(self, events: Iterable[KvEvent]) -> None:
+        owners_of = self._owners
         for event in events:
             held = self._held.setdefault(event.replica_id, {})
             if event.kind == "stored":
+                replica = event.replica_id
                 for h in event.block_hashes:
-                    count = held.get(h, 0)
-                    held[h] = count + 1
-                    if not count:
-                        self._owners.setdefault(h, set()).add(event.replica_id)
+                    count = held.get(h)
+                    if count:
+                        held[h] = count + 1
+                        continue
+                    held[h] = 1
+                    owners = owners_of.get(h)
+                    if owners is None:
+                        owners_of[h] = {replica}
+                    else:
+                        owners.add(replica)
             elif event.kind == "removed":
                 for h in event.block_hashes:
                     self._drop(event.replica_id, h, held)

@@ -3,7 +3,8 @@ behaviour unchanged, and an index fed by them holds exactly what the pool caches
 
 from __future__ import annotations
 
-from runtime.block_hash import NONE_HASH, hash_block_tokens
+from runtime import Request, SamplingParams
+from runtime.block_hash import NONE_HASH, hash_block_tokens, make_block_hasher
 from runtime.block_pool import BlockPool
 from runtime.kv_events import ObservedBlockPool, PoolEvent, observe_kv_events, prompt_block_hashes
 from runtime.router import KvEvent
@@ -70,3 +71,7 @@ def test_prompt_block_hashes_are_the_engines() -> None:
     assert prompt_block_hashes(tokens, 16) == (first, hash_block_tokens(first, tokens[16:32]))
     salted = prompt_block_hashes(tokens, 16, cache_salt="s")
     assert salted[0] != first and len(salted) == 2
+    for salt in (None, "s"):  # what the scheduler's hasher gives the request
+        request = Request("r", tokens, SamplingParams(max_tokens=4), cache_salt=salt)
+        request.set_block_hasher(make_block_hasher(16), 16)
+        assert prompt_block_hashes(tokens, 16, salt) == tuple(request.block_hashes)

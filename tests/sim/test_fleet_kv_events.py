@@ -32,11 +32,11 @@ class Replica:
     cost_model: CostModel = COST
 
 
-def config(num_blocks: int = 400) -> SimConfig:
+def config(num_blocks: int = 400, fast_forward: bool = True) -> SimConfig:
     return SimConfig(
         scheduler=SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=16,
                                   max_model_len=16384),
-        cache=CacheConfig(block_size=16, num_blocks=num_blocks))
+        cache=CacheConfig(block_size=16, num_blocks=num_blocks), fast_forward=fast_forward)
 
 
 def shared_prompt_trace(second_at_s: float) -> Trace:
@@ -136,3 +136,18 @@ def test_llmd_precise_scorer_by_hand(delay: float, scores: tuple[float, float]) 
     assert dict(decisions[1].scores) == {a: scores[0], 1 - a: scores[1]}
     if delay == 0.0:
         assert result.requests[1].replica == a
+
+
+@pytest.mark.parametrize(("policy", "delay"), [("dynamo-kv", 0.0), ("dynamo-kv", 0.03),
+                                               ("kv-aware", 0.0), ("kv-aware", 0.2)])
+def test_decode_runs_keep_a_listening_fleets_records(policy: str, delay: float) -> None:
+    """Runs end by the next decision minus the delay, their events stamped with their end:
+    the same choices and records as stepping one by one."""
+    arrivals = ArrivalProcess(request_rate=20.0, burstiness=0.5, seed=5)
+    trace = prefix_repetition_trace(
+        150, PrefixRepetition(prefix_len=160, suffix_len=40, num_prefixes=5, output_len=90),
+        arrivals)
+    runs = [simulate_fleet(trace, [Replica(config(200, fast))] * 3, make_policy(policy, seed=2),
+                           0.02, kv_event_delay_s=delay) for fast in (False, True)]
+    assert [r.to_row() for r in runs[1].requests] == [r.to_row() for r in runs[0].requests]
+    assert runs[1].step_columns == runs[0].step_columns
