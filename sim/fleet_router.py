@@ -9,7 +9,8 @@ events the replicas' block pools publish to them.
   goes to router i mod K, a plain L4 load balancer in front of them; sessions are not
   sticky to a router).
 - `KvEventBus`: each replica's pool events (`runtime.kv_events`), stamped with the end of
-  the step that produced them (vLLM publishes a step's batch after `update_from_output`),
+  the step (or decode run, `sim.fleet_kv`) that produced them (vLLM publishes a step's
+  batch after `update_from_output`),
   go to every subscribed router's queue, where they become visible `kv_event_delay_s`
   later. Only routers whose policy scores with a precise index subscribe.
 """
