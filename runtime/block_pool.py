@@ -7,6 +7,11 @@ reaches the head of the free queue and an allocation pops it (lazy eviction).
 
 Free-queue order (head = next to allocate): unhashed blocks freed most recently, then
 never-used blocks in id order, then hashed blocks in LRU order.
+
+Never-used blocks are built lazily (a pool is tens of thousands of blocks, ~18 ms to build,
+and a fleet simulator builds one per replica): they are consumed only from the front of
+their run, and only once the blocks before them are, so the queue builds them in chunks as
+allocations reach them (`FreeBlockQueue.ensure`); lookups and results are as if built.
 """
 
 from __future__ import annotations
@@ -33,26 +38,78 @@ class KVCacheBlock:
         return f"KVCacheBlock({self.block_id}, ref_cnt={self.ref_cnt}{cached})"
 
 
+_BUILD_CHUNK = 256  # never-used blocks built at once
+
+
 class FreeBlockQueue:
     """Doubly linked list of free blocks; O(1) pop from the head, push at either end, and
-    removal from the middle (a cache hit takes a free block out of the queue)."""
+    removal from the middle (a cache hit takes a free block out of the queue).
 
-    def __init__(self, blocks: Iterable[KVCacheBlock]) -> None:
+    With `unbuilt` ids, never-used blocks not built yet follow the first `_ahead` linked
+    entries (the last of which is `_before_unbuilt`, the head sentinel when none), in id
+    order; they count as free. Invariant: the entries before them are unhashed (freed
+    unhashed blocks go to the head, hashed ones to the tail), so `remove`, which takes out
+    cached blocks only, never touches them. Built blocks are appended to `built`.
+    """
+
+    def __init__(self, blocks: Iterable[KVCacheBlock], unbuilt: range = range(0),
+                 built: list[KVCacheBlock] | None = None) -> None:
         self._head = KVCacheBlock(-1)  # sentinels: real blocks lie strictly between them
         self._tail = KVCacheBlock(-1)
         self._head.next, self._tail.prev = self._tail, self._head
         self.num_free_blocks = 0
         self.append_n(blocks)
+        self._unbuilt = unbuilt
+        self._built = built if built is not None else []
+        self._ahead = self.num_free_blocks
+        self._before_unbuilt = self._tail.prev
+        self.num_free_blocks += len(unbuilt)
+
+    def ensure(self, count: int) -> None:
+        """Build never-used blocks until the first `count` entries are linked."""
+        if count > self._ahead and self._unbuilt:
+            self._build(count - self._ahead)
+
+    def _build(self, count: int) -> None:
+        unbuilt = self._unbuilt
+        take = min(len(unbuilt), max(count, _BUILD_CHUNK))
+        ids, self._unbuilt = unbuilt[:take], unbuilt[take:]
+        new = [KVCacheBlock(block_id) for block_id in ids]
+        self._built.extend(new)
+        prev = self._before_unbuilt
+        following = prev.next
+        assert following is not None
+        for block in new:
+            block.prev, prev.next = prev, block
+            prev = block
+        prev.next, following.prev = following, prev
+        self._before_unbuilt = prev
+        self._ahead += take
+
+    def build_all(self) -> None:
+        if self._unbuilt:
+            self._build(len(self._unbuilt))
+
+    def _taken(self, count: int) -> None:
+        """`count` entries were popped from the head (after `ensure(count)`)."""
+        if self._unbuilt:
+            self._ahead -= count
+            if not self._ahead:
+                self._before_unbuilt = self._head
 
     def popleft(self) -> KVCacheBlock:
+        self.ensure(1)
         block = self._head.next
         if block is self._tail or block is None:
             raise ValueError("no free block to pop")
         self.remove(block)
+        self._taken(1)
         return block
 
     def popleft_n(self, count: int) -> list[KVCacheBlock]:
         """Pop `count` blocks from the head at once (the caller checked there are enough)."""
+        self.ensure(count)
+        self._taken(count)
         blocks = []
         block = self._head.next
         for _ in range(count):
@@ -67,6 +124,7 @@ class FreeBlockQueue:
         return blocks
 
     def remove(self, block: KVCacheBlock) -> None:
+        assert block is not self._before_unbuilt or not self._unbuilt, "removing before unbuilt"
         prev, nxt = block.prev, block.next
         assert prev is not None and nxt is not None, f"{block} is not in the free queue"
         prev.next, nxt.prev = nxt, prev
@@ -84,6 +142,10 @@ class FreeBlockQueue:
 
     def prepend_n(self, blocks: list[KVCacheBlock]) -> None:
         """Push blocks at the head so that `blocks[0]` becomes the new head."""
+        if self._unbuilt and blocks:
+            if not self._ahead:
+                self._before_unbuilt = blocks[-1]
+            self._ahead += len(blocks)
         for block in reversed(blocks):
             first = self._head.next
             assert first is not None
@@ -92,9 +154,16 @@ class FreeBlockQueue:
             self.num_free_blocks += 1
 
     def __iter__(self) -> Iterator[KVCacheBlock]:
+        """Head first; never-used blocks are built when the walk reaches them."""
+        if not self._ahead:
+            self.build_all()
+        seen = 0
         block = self._head.next
         while block is not None and block is not self._tail:
             yield block
+            seen += 1
+            if seen == self._ahead:
+                self.build_all()
             block = block.next
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
@@ -112,11 +181,17 @@ class BlockPool:
     def __init__(self, num_blocks: int, enable_caching: bool) -> None:
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
-        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-        self.free_block_queue = FreeBlockQueue(self.blocks)
-        self.null_block = self.free_block_queue.popleft()  # block 0
+        self.null_block = KVCacheBlock(0)  # never in the free queue
+        self._blocks = [self.null_block]  # by id, as far as built (see FreeBlockQueue)
+        self.free_block_queue = FreeBlockQueue((), range(1, num_blocks), self._blocks)
         self.cached_blocks: dict[BlockHash, KVCacheBlock] = {}  # hash -> the block it hits
         self._more_cached: dict[BlockHash, dict[int, KVCacheBlock]] = {}
+
+    @property
+    def blocks(self) -> list[KVCacheBlock]:
+        """Every block by id (building the never-used ones not built yet)."""
+        self.free_block_queue.build_all()
+        return self._blocks
 
     @property
     def num_free_blocks(self) -> int:
@@ -149,6 +224,8 @@ class BlockPool:
             raise ValueError(f"cannot get {num_blocks} free blocks from the pool")
         # `popleft_n` and `_evict` in one walk (evicting does not touch the queue); `_evict`
         # inlined: a call per evicted block costs ~60-100 ns, this being the prefill path
+        queue.ensure(num_blocks)
+        queue._taken(num_blocks)
         cached_blocks = self.cached_blocks
         more = self._more_cached
         blocks = []
@@ -178,6 +255,8 @@ class BlockPool:
         queue = self.free_block_queue
         if queue.num_free_blocks < 1:
             raise ValueError("cannot get a free block from the pool")
+        queue.ensure(1)
+        queue._taken(1)
         head = queue._head
         block = head.next
         assert block is not None
@@ -275,7 +354,7 @@ class BlockPool:
             return False
         self.cached_blocks.clear()
         self._more_cached.clear()
-        for block in self.blocks:
+        for block in self._blocks:  # never-used blocks carry no hash
             block.block_hash = None
         return True
 

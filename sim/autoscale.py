@@ -187,10 +187,14 @@ class _Window:
 
 
 class _AutoscaledFleet(_Fleet):
-    def __init__(self, trace: Trace, setups: Sequence[ReplicaSetup], router: RouterPolicy,
-                 pools: Sequence[ScalingPool], interval_s: float, refresh_s: float,
-                 routing_latency_s: float, progress: Progress | None) -> None:
-        super().__init__(trace, setups, router, refresh_s, routing_latency_s, progress)
+    routes_ahead = False  # its choices read replica state at the arrival
+
+    def __init__(self, trace: Trace, setups: Sequence[ReplicaSetup],
+                 router: RouterPolicy | Sequence[RouterPolicy], pools: Sequence[ScalingPool],
+                 interval_s: float, refresh_s: float, routing_latency_s: float,
+                 progress: Progress | None, kv_event_delay_s: float = 0.0) -> None:
+        super().__init__(trace, setups, router, refresh_s, routing_latency_s, progress,
+                         kv_event_delay_s)
         if not (math.isfinite(interval_s) and interval_s > 0):
             raise ValueError(f"the autoscaling interval must be > 0 s, got {interval_s}")
         covered = sorted(i for pool in pools for i in pool.replicas)
@@ -302,6 +306,7 @@ class _AutoscaledFleet(_Fleet):
         self.state[i], self.serving[i] = State.STOPPED, False
         reset = self.replicas[i].core.scheduler.reset_prefix_cache()
         assert reset, f"replica {i} stopped holding KV blocks"
+        self.replicas[i].publish_kv_events(now)  # AllBlocksCleared, if a router listens
         self._record(k, now)
 
     def _record(self, k: int, now: float) -> None:
@@ -322,10 +327,12 @@ class _AutoscaledFleet(_Fleet):
         return ScalingTimeline(self.timeline, end, policy, self.interval_s)
 
 
-def simulate_autoscaled(trace: Trace, replicas: Sequence[ReplicaSetup], router: RouterPolicy,
+def simulate_autoscaled(trace: Trace, replicas: Sequence[ReplicaSetup],
+                        router: RouterPolicy | Sequence[RouterPolicy],
                         pools: Sequence[ScalingPool], interval_s: float = 10.0,
                         refresh_s: float = 0.05, routing_latency_s: float = 0.0,
                         progress: Progress | None = None, policy_name: str | None = None,
+                        kv_event_delay_s: float = 0.0,
                         ) -> tuple[FleetResult, ScalingTimeline]:
     """`simulate_fleet` with `pools` autoscaled every `interval_s` (see the module docstring).
 
@@ -337,7 +344,7 @@ def simulate_autoscaled(trace: Trace, replicas: Sequence[ReplicaSetup], router: 
     Returns the records and the scaling timeline (counts, GPU-hours, cost)."""
     started = time.perf_counter()
     fleet = _AutoscaledFleet(trace, replicas, router, pools, interval_s, refresh_s,
-                             routing_latency_s, progress)
+                             routing_latency_s, progress, kv_event_delay_s)
     fleet.run()
     result = fleet.result(time.perf_counter() - started)
     return result, fleet.scaling(result, policy_name)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.flags import flag
-from runtime.router import make_policy
 from sim.autoscale import (
     ScalingPool,
     ScalingTimeline,
@@ -146,10 +145,11 @@ def simulate_autoscaled_fleet(trace: Trace, setup: SimSetup, spec: FleetSpec | N
         scaling.append(ScalingPool(pool.name, indices, policy, startup, pool.gpus,
                                    pool.cost_per_hour, flags.min_replicas))
         setups.extend([pool.setup] * pool.count)
-    router = make_policy(fleet.router, fleet.router_arg or [], setup.config.seed)
-    return simulate_autoscaled(trace, setups, router, scaling, flags.interval_s,
-                               fleet.router_refresh_ms / 1e3, fleet.routing_latency_ms / 1e3,
-                               progress, flags.autoscale)
+    timing = fleet.timing()
+    return simulate_autoscaled(trace, setups, fleet.policies(setup.config.seed), scaling,
+                               flags.interval_s, timing["refresh_s"],
+                               timing["routing_latency_s"], progress, flags.autoscale,
+                               timing["kv_event_delay_s"])
 
 
 def fixed_scaling(setup: SimSetup, spec: FleetSpec | None, fleet: FleetFlags,

@@ -1,10 +1,9 @@
-"""The fleet simulator: N engines behind one router, in one SimPy environment.
+"""The fleet simulator: N engines behind K routers (default 1), in one SimPy environment.
 
-    router       requests arrive at their trace times; the policy (`runtime.router`) picks a
-                 replica among those whose KV pool can ever hold the prompt, from replica
-                 snapshots (refreshed every `refresh_s`; 0 = oracle) and its own state;
-                 `on_routed` at once. After `routing_latency_s` the request reaches the
-                 replica's API server.
+    router       request i goes to router i mod K (`sim.fleet_router`), whose policy
+                 (`runtime.router`) picks a replica that can ever hold the prompt, from
+                 snapshots (refreshed every `refresh_s`; 0 = oracle) and its own state. It
+                 reaches the replica's API server `routing_latency_s` after its arrival.
     api server   one FIFO server per replica (Lindley's recursion, as in `sim.simulator`):
                  h = max(h_prev, reached) + cost(prompt); at h the request enters the core.
     engine       per replica, the single-engine simulator's own engine loop
@@ -18,7 +17,9 @@ step that *ended* by the scrape time (read from the replica's step records), so 
 depend on how far ahead the loop has stepped or fast-forwarded. A replica fast-forwards runs
 of plain decode steps up to the earliest time a request could reach its core: its own next
 pending hand-over, or the earliest hand-over any not yet routed request could have there
-(a suffix minimum over the trace of arrival + latency + API cost).
+(a suffix minimum over the trace of arrival + latency + API cost). When a router scores
+with KV events, replicas publish their pools' events at each step's (or run's) end, runs
+ending by the next decision minus the delay (`sim.fleet_kv`).
 
 With one replica and no routing latency the records are those of `sim.simulator.simulate`.
 """
@@ -38,15 +39,24 @@ from typing import Protocol, cast
 import simpy
 
 from runtime import Request
+from runtime.kv_events import KvEventLog, observe_kv_events
 from runtime.records import RequestRecord
-from runtime.router import MetricsRefresh, ReplicaSnapshot, RouterPolicy, RoutingRequest
+from runtime.router import ReplicaSnapshot, RouterPolicy
 from sim.cost.api_server import ApiServerCost
 from sim.cost.base import CostModel
+from sim.fleet_kv import run_before
 from sim.fleet_records import (
     FleetRequestRecord,
     FleetResult,
     ReplicaSummary,
     fleet_result,
+)
+from sim.fleet_router import (
+    KvEventBus,
+    RouterReplica,
+    common_block_size,
+    make_routers,
+    routing_request,
 )
 from sim.simulator import EngineProcess, Progress, SimConfig, make_request
 from workloads import Trace, TraceRequest
@@ -66,12 +76,15 @@ class ReplicaSetup(Protocol):
     def cost_model(self) -> CostModel: ...
 
 
-def can_ever_fit(config: SimConfig, prompt_len: int) -> bool:
-    """Whether the replica's scheduler would take the prompt in (`Scheduler.add_request`
-    ignores one that leaves no room under max_model_len or outgrows the whole KV pool)."""
+def max_prompt_len(config: SimConfig) -> int:
+    """The longest prompt the replica's scheduler takes in (`Scheduler.add_request` ignores
+    one that leaves no room under max_model_len or outgrows the whole KV pool)."""
     cache = config.cache
-    return (0 < prompt_len < config.scheduler.max_model_len
-            and prompt_len <= cache.num_usable_blocks * cache.block_size)
+    return min(config.scheduler.max_model_len - 1, cache.num_usable_blocks * cache.block_size)
+
+
+def can_ever_fit(config: SimConfig, prompt_len: int) -> bool:
+    return 0 < prompt_len <= max_prompt_len(config)
 
 
 _NOISE_SEED_STRIDE = 0x9E3779B1  # replica i's step-noise seed: the config's + i * this
@@ -101,8 +114,10 @@ class _Replica(EngineProcess):
         # the step ends so far, seconds (the recorder's own column: it grows in place)
         self.end_s = cast(list[float], self.core.recorder.step_columns["end_s"])
         self.columns = self.core.recorder.step_columns
-
-    # ---- API server ------------------------------------------------------------------------
+        # the pool's KV events, when a router listens (None: the pool is not observed)
+        self.kv_log: KvEventLog | None = (
+            observe_kv_events(self.core.scheduler.kv_cache_manager.block_pool)
+            if fleet.kv_bus else None)
 
     def hand_over(self, req: TraceRequest, prompt: array[int], output: array[int],
                   reached_s: float, max_tokens: int | None = None) -> None:
@@ -134,7 +149,25 @@ class _Replica(EngineProcess):
         head = self.pending[0][0] if self.pending else math.inf
         return min(head, self.fleet.earliest_handover(self.config.api_server))
 
-    # ---- hearing back ------------------------------------------------------------------------
+    def fast_forward(self, clock: float) -> float | None:
+        if self.kv_log is None:
+            return super().fast_forward(clock)
+        end = run_before(self, clock, self.horizon(), self.fleet.kv_run_limit_s())
+        if end is not None:
+            self.publish_kv_events(end)
+        return end
+
+    def one_step(self, clock: float) -> tuple[float, dict[str, list[int]]]:
+        end, sampled = super().one_step(clock)
+        self.publish_kv_events(end)
+        return end, sampled
+
+    def publish_kv_events(self, at_s: float) -> None:
+        """Publish the pool's events since the last call as emitted at `at_s` (the end of
+        the step that produced them), if anyone listens."""
+        log = self.kv_log
+        if log is not None and log.events:
+            self.fleet.kv_bus.publish(self.index, log.take(), at_s)
 
     def on_step_end(self, sampled: Collection[str]) -> None:
         awaiting = self.awaiting_first
@@ -149,8 +182,6 @@ class _Replica(EngineProcess):
         for record in records:
             self.awaiting_first.discard(record.request_id)
         self.fleet.finished(self, records)
-
-    # ---- what the router sees ------------------------------------------------------------
 
     def snapshot(self, at_s: float) -> ReplicaSnapshot:
         """The metrics as of the last step that ended by `at_s` (seconds)."""
@@ -168,23 +199,50 @@ class _Replica(EngineProcess):
             kv_usage=usage, num_gpu_blocks=blocks)
 
 
+_ROUTE_AHEAD_S = 10.0  # snapshot-blind routing ahead, s (routed requests hold their tokens)
+
+
 class _Fleet:
-    def __init__(self, trace: Trace, setups: Sequence[ReplicaSetup], policy: RouterPolicy,
-                 refresh_s: float, routing_latency_s: float, progress: Progress | None) -> None:
+    # Route ahead (docs/fleet.md): completion-blind policies decide at their router's last
+    # scrape tick before the arrival (its snapshot is final then: a step's record is written
+    # when it starts), snapshot-blind ones `_ROUTE_AHEAD_S` before. Same records, fewer cut
+    # runs. Off where choices read replica state (P/D, the autoscaler's serving set).
+    routes_ahead = True
+
+    def __init__(self, trace: Trace, setups: Sequence[ReplicaSetup],
+                 policy: RouterPolicy | Sequence[RouterPolicy], refresh_s: float,
+                 routing_latency_s: float, progress: Progress | None,
+                 kv_event_delay_s: float = 0.0,
+                 extra_routers: Sequence[RouterReplica] = ()) -> None:
+        """`extra_routers`: routers taking no arrivals of their own (P/D's prefill router)
+        that are fed KV events too."""
         if not setups:
             raise ValueError("a fleet needs at least one replica, got 0")
         if not (routing_latency_s >= 0.0 and math.isfinite(routing_latency_s)):
             raise ValueError(f"routing_latency_s must be a finite number >= 0, "
                              f"got {routing_latency_s}")
         self.trace = trace
-        self.policy = policy
-        self.refresh = MetricsRefresh(refresh_s)
+        self.routers = make_routers(policy, refresh_s, kv_event_delay_s)
+        self.policy = self.routers[0].policy
+        self.router_of: dict[str, int] = {}  # request id -> its router (with several)
+        self.kv_bus = KvEventBus([r.kv_events for r in (*self.routers, *extra_routers)
+                                  if r.kv_events is not None])
+        self.kv_block_size = (common_block_size([s.config.cache for s in setups])
+                              if self.kv_bus else None)
         self.latency_s = routing_latency_s
+        self.kv_delay_s = kv_event_delay_s
         self.progress = progress
         self.done = 0
         self.env = simpy.Environment()
         self.replicas = [_Replica(self, i, setup) for i, setup in enumerate(setups)]
         self.serving = [True] * len(setups)  # takes new requests (an autoscaler changes it)
+        # the longest prompt every replica can ever hold (candidates: all, when serving)
+        self._fits_all = min(max_prompt_len(r.config) for r in self.replicas)
+        # snapshot-blind routers read only the replicas' ids: one fixed set of snapshots
+        self._blind_snapshots = tuple(
+            ReplicaSnapshot(replica_id=r.index, taken_at_s=0.0,
+                            num_gpu_blocks=r.config.cache.num_blocks) for r in self.replicas
+        ) if self.routes_ahead and all(r.policy.snapshot_blind for r in self.routers) else None
         self.next_index = 0  # the first request not yet routed
         # per API cost: suffix minima of arrival + latency + cost(prompt) over the trace
         self._earliest: dict[ApiServerCost, list[float]] = {}
@@ -197,6 +255,11 @@ class _Fleet:
         self.env.process(self.router())
         for replica in self.replicas:
             self.env.process(replica.engine())
+
+    def kv_run_limit_s(self) -> float:
+        """The next routing decision minus the KV-event delay (`sim.fleet_kv`), seconds."""
+        i = self.next_index
+        return (self.trace[i].arrival_s if i < len(self.trace) else math.inf) - self.kv_delay_s
 
     def earliest_handover(self, api: ApiServerCost) -> float:
         """The earliest time a request not yet routed could be handed over to a core whose
@@ -212,50 +275,77 @@ class _Fleet:
         return bounds[self.next_index]
 
     def router(self) -> Generator[simpy.Event, object, None]:
+        policies = [r.policy for r in self.routers]
+        ahead = self.routes_ahead and all(p.completion_blind for p in policies)
+        at_once = ahead and all(p.snapshot_blind for p in policies)
+        routers = self.routers
         for i, req in enumerate(self.trace):
-            if req.arrival_s > self.env.now:
-                yield self.env.timeout(req.arrival_s - self.env.now)
+            at = req.arrival_s
+            if at_once:  # decided from the dispatches before it only
+                at -= _ROUTE_AHEAD_S
+            elif ahead:  # decided once the metrics its snapshot reads are final
+                at = routers[i % len(routers)].refresh.last_tick(at)
+            if at > self.env.now:
+                yield self.env.timeout(at - self.env.now)
             self.route(req)
             self.next_index = i + 1
+
+    def router_for(self, req: TraceRequest) -> RouterReplica:
+        """The router replica taking the request being routed (round-robin by arrival),
+        its KV events delivered up to now."""
+        router = self.routers[self.next_index % len(self.routers)]
+        if len(self.routers) > 1:
+            self.router_of[req.request_id] = router.index
+        router.deliver_kv_events(req.arrival_s)
+        return router
 
     def route(self, req: TraceRequest) -> None:
         now = req.arrival_s
         first = self.replicas[0].config
         prompt, output = request_token_arrays(req, first.vocab_size, first.seed)
-        snapshots = self.snapshots(now)
+        router = self.router_for(req)
+        snapshots = self.snapshots(now, router)
         serving = self.serving
-        candidates = [snapshots[r.index] for r in self.replicas
-                      if serving[r.index] and can_ever_fit(r.config, req.prompt_len)] or [
-                          snapshots[r.index] for r in self.replicas if serving[r.index]]
-        routing = RoutingRequest(request_id=req.request_id, now_s=now,
-                                 prompt_len=req.prompt_len, token_ids=prompt,
-                                 session_id=req.session_id)
-        decision = self.policy.choose(routing, candidates)
-        self.policy.on_routed(routing, decision.replica)
+        candidates: Sequence[ReplicaSnapshot] = snapshots
+        if req.prompt_len > self._fits_all or False in serving:
+            candidates = [snapshots[r.index] for r in self.replicas
+                          if serving[r.index] and can_ever_fit(r.config, req.prompt_len)] or [
+                              snapshots[r.index] for r in self.replicas if serving[r.index]]
+        routing = routing_request(req, prompt, self.kv_block_size)
+        decision = router.policy.choose(routing, candidates)
+        router.policy.on_routed(routing, decision.replica)
         replica = self.replicas[decision.replica]
         config = replica.config
         if (config.vocab_size, config.seed) != (first.vocab_size, first.seed):
             prompt, output = request_token_arrays(req, config.vocab_size, config.seed)
         replica.hand_over(req, prompt, output, now + self.latency_s)
 
-    def snapshots(self, now: float) -> Sequence[ReplicaSnapshot]:
-        """Every replica's snapshot as of the last scrape tick at or before `now`."""
-        refresh = self.refresh
+    def snapshots(self, now: float, router: RouterReplica | None = None
+                  ) -> Sequence[ReplicaSnapshot]:
+        """Every replica's snapshot as of `router`'s (default: the first router's) last
+        scrape tick at or before `now` (fixed ones when every router is snapshot-blind)."""
+        if self._blind_snapshots is not None:
+            return self._blind_snapshots
+        refresh = (router or self.routers[0]).refresh
         if refresh.due(now):
-            tick = now
-            if refresh.refresh_s > 0.0:
-                tick = min(now, math.floor(now / refresh.refresh_s) * refresh.refresh_s)
+            tick = refresh.last_tick(now)
             refresh.store([r.snapshot(tick) for r in self.replicas], now)
         return refresh.snapshots
 
+    def policy_of(self, request_id: str) -> RouterPolicy:
+        """The policy of the router that routed the request."""
+        if len(self.routers) == 1:
+            return self.policy
+        return self.routers[self.router_of[request_id]].policy
+
     def first_token(self, replica: _Replica, request_id: str) -> None:
         """`replica` produced the request's first token (at the end of the current step)."""
-        self.policy.on_prefill_done(request_id)
+        self.policy_of(request_id).on_prefill_done(request_id)
 
     def finished(self, replica: _Replica, records: list[RequestRecord]) -> None:
         """`replica` finished these requests (at the end of the current step)."""
         for record in records:
-            self.policy.on_finished(record.request_id)
+            self.policy_of(record.request_id).on_finished(record.request_id)
         self.count_done(len(records))
 
     def count_done(self, count: int) -> None:
@@ -264,35 +354,39 @@ class _Fleet:
             self.progress(self.done, len(self.trace))
 
     def result(self, wall_s: float) -> FleetResult:
-        return fleet_result(self.trace, [(r.index, r.core) for r in self.replicas], wall_s)
+        return fleet_result(self.trace, [(r.index, r.core) for r in self.replicas], wall_s,
+                            self.router_of if len(self.routers) > 1 else None)
 
 
-def simulate_fleet(trace: Trace, replicas: Sequence[ReplicaSetup], policy: RouterPolicy,
-                   refresh_s: float = 0.05, routing_latency_s: float = 0.0,
-                   progress: Progress | None = None) -> FleetResult:
+def simulate_fleet(trace: Trace, replicas: Sequence[ReplicaSetup],
+                   policy: RouterPolicy | Sequence[RouterPolicy], refresh_s: float = 0.05,
+                   routing_latency_s: float = 0.0, progress: Progress | None = None,
+                   kv_event_delay_s: float = 0.0) -> FleetResult:
     """Run the trace through `replicas` behind `policy` to completion (every request ends
     finished or ignored).
 
     Args:
         replicas: one setup per replica (its `SimConfig` and cost model); replica i is
             `replica_id` i in the router's snapshots and the records' `replica` column.
-        policy: a fresh policy (`runtime.router.make_policy`); the run updates its state.
+        policy: a fresh policy (`runtime.router.make_policy`), or one per router replica
+            (`sim.fleet_router`: requests spread round-robin, rows name their `router`);
+            the run updates their state.
         refresh_s: seconds between metric scrapes (0: every decision sees the current
             metrics).
         routing_latency_s: seconds from arrival to reaching the chosen replica.
         progress: called as (requests finished, requests in the trace).
+        kv_event_delay_s: seconds from a step's end to its KV events reaching the routers
+            whose policy scores with them.
     """
     started = time.perf_counter()
-    # Each replica's KV pool is tens of thousands of linked `KVCacheBlock`s living for the
-    # whole run: building them with the cyclic collector on triggered collections walking
-    # every block built so far, and each full collection during the run walked them all
-    # again (about a fifth of a 16-replica run's CPU, growing with the replica count). So
-    # the fleet is built with the collector paused, then frozen (`gc.freeze`: full
-    # collections skip it) until the run ends. Records are unaffected.
+    # KV pools are many linked `KVCacheBlock`s living for the whole run, which the cyclic
+    # collector kept walking (a fifth of a 16-replica run's CPU): the fleet is built with it
+    # paused, then frozen (`gc.freeze`) until the run ends. Records are unaffected.
     enabled, caller_froze = gc.isenabled(), gc.get_freeze_count() > 0
     gc.disable()
     try:
-        fleet = _Fleet(trace, replicas, policy, refresh_s, routing_latency_s, progress)
+        fleet = _Fleet(trace, replicas, policy, refresh_s, routing_latency_s, progress,
+                       kv_event_delay_s)
         gc.freeze()
     finally:
         if enabled:

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from runtime.flags import flag
-from runtime.router.registry import policy_names
+from runtime.router.policy import RouterPolicy
+from runtime.router.registry import make_policy, policy_names
 from sim.engine_args import EngineArgs, SimSetup, build_setup
 
 POOL_FIELDS = ("name", "count", "gpu", "model", "tensor_parallel_size", "cost_per_hour",
@@ -202,11 +203,20 @@ class FleetFlags:
                                     "(llm-d's 50; 0 = an oracle).", FLEET_PANEL)
     routing_latency_ms: float = flag(0.0, "--routing-latency-ms", "Time from arrival to the "
                                      "chosen replica's API server.", FLEET_PANEL)
+    kv_event_delay_ms: float = flag(0.0, "--kv-event-delay-ms", "KV events (blocks stored, "
+                                    "removed) reach the routers that score with them this "
+                                    "long after the step that produced them (0 = at once).",
+                                    FLEET_PANEL)
+    routers: int = flag(1, "--routers", "Router replicas, each with private state (in-flight "
+                        "counts, prefix indexes, its own scrape ticks); requests spread "
+                        "round-robin by arrival.", FLEET_PANEL)
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError(f"--replicas must be >= 1, got {self.replicas}")
-        for name in ("router_refresh_ms", "routing_latency_ms"):
+        if self.routers < 1:
+            raise ValueError(f"--routers must be >= 1, got {self.routers}")
+        for name in ("router_refresh_ms", "routing_latency_ms", "kv_event_delay_ms"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
@@ -215,7 +225,19 @@ class FleetFlags:
 
     @property
     def is_fleet(self) -> bool:
-        return self.replicas > 1 or self.fleet is not None
+        return self.replicas > 1 or self.fleet is not None or self.routers > 1
+
+    def policies(self, seed: int) -> list[RouterPolicy]:
+        """One fresh --router policy per router replica: router r seeded seed + r * 7919
+        (router 0 as a single router; ValueError, one line, on a bad name or argument)."""
+        return [make_policy(self.router, self.router_arg or [], seed + r * 7919)
+                for r in range(self.routers)]
+
+    def timing(self) -> dict[str, float]:
+        """`simulate_fleet`'s keyword arguments for what routers see and when, seconds."""
+        return {"refresh_s": self.router_refresh_ms / 1e3,
+                "routing_latency_s": self.routing_latency_ms / 1e3,
+                "kv_event_delay_s": self.kv_event_delay_ms / 1e3}
 
     def describe(self, spec: FleetSpec | None) -> dict[str, Any]:
         """run.json's "fleet" section."""
@@ -223,4 +245,6 @@ class FleetFlags:
         return {"replicas": spec.num_replicas if spec else self.replicas, "router": self.router,
                 "router_args": list(self.router_arg or []),
                 "router_refresh_ms": self.router_refresh_ms,
-                "routing_latency_ms": self.routing_latency_ms, "pools": pools}
+                "routing_latency_ms": self.routing_latency_ms,
+                "kv_event_delay_ms": self.kv_event_delay_ms, "routers": self.routers,
+                "pools": pools}

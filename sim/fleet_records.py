@@ -4,7 +4,7 @@ request went (`replica`) and how long routing took (`routing_s`, a part of E2E o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from runtime import EngineCore
@@ -22,11 +22,14 @@ class FleetRequestRecord(RequestRecord):
 
     replica: int = 0
     routing_s: float = 0.0
+    router: int | None = None  # the router replica that routed it (None: one router)
 
     def to_row(self) -> dict[str, object]:
         row = RequestRecord.to_row(self)
         row["replica"] = self.replica
         row["routing_s"] = self.routing_s
+        if self.router is not None:  # a column only with several routers
+            row["router"] = self.router
         return row
 
 
@@ -83,19 +86,22 @@ class FleetResult(RunResult):
     replicas: list[ReplicaSummary] = field(default_factory=list)
 
 
-def fleet_record(record: RequestRecord, replica: int, arrival_s: float) -> FleetRequestRecord:
+def fleet_record(record: RequestRecord, replica: int, arrival_s: float,
+                 router: int | None = None) -> FleetRequestRecord:
     """The replica's record timed from the trace arrival (the replica saw the request arrive
     when it reached its API server, `routing_s` later)."""
     values = {name: getattr(record, name) for name in REQUEST_FIELDS}
     values["arrival_s"] = arrival_s
-    return FleetRequestRecord(**values, replica=replica, routing_s=record.arrival_s - arrival_s)
+    return FleetRequestRecord(**values, replica=replica, routing_s=record.arrival_s - arrival_s,
+                              router=router)
 
 
 def fleet_result(trace: Trace, replicas: Sequence[tuple[int, EngineCore]],
-                 wall_s: float) -> FleetResult:
+                 wall_s: float, router_of: Mapping[str, int] | None = None) -> FleetResult:
     """The fleet's records from its replicas' engine cores (index, core): requests in trace
     order, timed from their trace arrival; steps replica by replica with a `replica`
-    column; prefix-cache totals; one summary per replica."""
+    column; prefix-cache totals; one summary per replica. With `router_of` (request id ->
+    router replica, several routers), request rows gain a `router` column."""
     order = {req.request_id: i for i, req in enumerate(trace)}
     arrivals = {req.request_id: req.arrival_s for req in trace}
     requests: list[RequestRecord] = []
@@ -106,7 +112,8 @@ def fleet_result(trace: Trace, replicas: Sequence[tuple[int, EngineCore]],
     for index, core in replicas:
         recorder = core.recorder
         assert not recorder.live, f"{len(recorder.live)} requests never finished"
-        requests += [fleet_record(record, index, arrivals[record.request_id])
+        requests += [fleet_record(record, index, arrivals[record.request_id],
+                                  None if router_of is None else router_of[record.request_id])
                      for record in recorder.finished]
         for name, values in recorder.step_columns.items():
             columns[name].extend(values)

@@ -12,7 +12,6 @@ from typing import Any
 
 from runtime.records import RunResult
 from runtime.router.policy import RouterPolicy
-from runtime.router.registry import make_policy
 from sim.autoscale_flags import AutoscaleFlags, fixed_scaling, simulate_autoscaled_fleet
 from sim.engine_args import SimSetup
 from sim.fleet import simulate_fleet
@@ -33,7 +32,7 @@ class FleetRun:
     spec: FleetSpec | None
     replicas: Sequence[SimSetup]
     roles: list[str] | None
-    policy: RouterPolicy
+    policies: Sequence[RouterPolicy]  # one per router replica (--routers)
 
     @classmethod
     def build(cls, setup: SimSetup, fleet: FleetFlags, pd: PDFlags, autoscale: AutoscaleFlags
@@ -45,11 +44,11 @@ class FleetRun:
                                 config.step_noise is not None) if spec
                     else [setup] * fleet.replicas)
         roles = spec.roles() if spec else None
-        policy = make_policy(fleet.router, fleet.router_arg or [], config.seed)
+        policies = fleet.policies(config.seed)  # a bad --router or --router-arg: one line
         if autoscale.enabled and pd.is_pd(roles):
             raise ValueError("--autoscale does not combine with P/D (--pd-decider, pool roles) "
                              "yet")
-        return cls(setup, fleet, pd, autoscale, spec, replicas, roles, policy)
+        return cls(setup, fleet, pd, autoscale, spec, replicas, roles, policies)
 
     def run(self, trace: Trace, progress: Progress | None = None
             ) -> tuple[RunResult, dict[str, Any]]:
@@ -64,9 +63,8 @@ class FleetRun:
                 result = simulate_pd_fleet(trace, self.replicas, self.roles, fleet, pd,
                                            self.setup.config.seed, progress)
             else:
-                result = simulate_fleet(trace, self.replicas, self.policy,
-                                        fleet.router_refresh_ms / 1e3,
-                                        fleet.routing_latency_ms / 1e3, progress)
+                result = simulate_fleet(trace, self.replicas, list(self.policies),
+                                        progress=progress, **fleet.timing())
             scaling = fixed_scaling(self.setup, self.spec, fleet, autoscale, result)
         return result, {"fleet": fleet.describe(self.spec),
                         "pd": pd.describe() if is_pd else None,

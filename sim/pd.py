@@ -57,6 +57,7 @@ from sim.cost.base import CostModel
 from sim.fleet import _Fleet, _Replica, can_ever_fit, make_request
 from sim.fleet_config import ROLES
 from sim.fleet_records import FleetResult, PDRequestRecord, fleet_record
+from sim.fleet_router import RouterReplica, routing_request
 from sim.kv_transfer import KvTransferConfig, KvTransferLink, transfer_bytes
 from sim.model_config import ModelSpec
 from sim.simulator import Progress, SimConfig
@@ -128,17 +129,22 @@ class _Disaggregated:
 
 
 class _PDFleet(_Fleet):
+    routes_ahead = False  # its choices read replica state at the arrival
     def __init__(self, trace: Trace, setups: Sequence[PDSetup], roles: Sequence[str],
                  policy: RouterPolicy, prefill_policy: RouterPolicy | None,
                  decider: PDDecider, transfer: KvTransferConfig, refresh_s: float,
-                 routing_latency_s: float, progress: Progress | None) -> None:
+                 routing_latency_s: float, progress: Progress | None,
+                 kv_event_delay_s: float = 0.0) -> None:
         _check_roles(roles, len(setups), decider)
         if prefill_policy is None and decider.kind != "never":
             raise ValueError("a P/D fleet that disaggregates needs a prefill router policy")
         stepped = [s if decider.kind == "never" or role == "prefill" else
                    _Stepped(dataclasses.replace(s.config, fast_forward=False), s.cost_model)
                    for s, role in zip(setups, roles, strict=True)]
-        super().__init__(trace, stepped, policy, refresh_s, routing_latency_s, progress)
+        self.prefill_router = (None if prefill_policy is None else
+                               RouterReplica(1, prefill_policy, refresh_s, 0.0, kv_event_delay_s))
+        super().__init__(trace, stepped, policy, refresh_s, routing_latency_s, progress,
+                         kv_event_delay_s, [self.prefill_router] if self.prefill_router else [])
         self.decode_ids = [i for i, role in enumerate(roles) if role != "prefill"]
         self.prefill_ids = [i for i, role in enumerate(roles) if role != "decode"]
         self.prefill_policy = prefill_policy
@@ -156,10 +162,14 @@ class _PDFleet(_Fleet):
         now = req.arrival_s
         first = self.replicas[0].config
         prompt, output = request_token_arrays(req, first.vocab_size, first.seed)
+        self.router_for(req)  # KV events up to now to the decode router
+        if self.prefill_router is not None:
+            self.prefill_router.deliver_kv_events(now)
         snapshots = self.snapshots(now)
+        hashes = routing_request(req, prompt, self.kv_block_size).block_hashes
         routing = RoutingRequest(request_id=req.request_id, now_s=now,
                                  prompt_len=req.prompt_len, token_ids=tuple(prompt),
-                                 session_id=req.session_id)
+                                 block_hashes=hashes, session_id=req.session_id)
         decode = self.pick(self.policy, routing, snapshots, self.decode_ids)
         assert decode is not None
         self.decoded_on[req.request_id] = decode
@@ -370,7 +380,7 @@ def simulate_pd(trace: Trace, replicas: Sequence[PDSetup], roles: Sequence[str],
                 policy: RouterPolicy, prefill_policy: RouterPolicy | None = None,
                 decider: PDDecider | None = None, transfer: KvTransferConfig | None = None,
                 refresh_s: float = 0.05, routing_latency_s: float = 0.0,
-                progress: Progress | None = None) -> FleetResult:
+                progress: Progress | None = None, kv_event_delay_s: float = 0.0) -> FleetResult:
     """`sim.fleet.simulate_fleet` with P/D disaggregation: records are `PDRequestRecord`s.
 
     Args:
@@ -385,6 +395,6 @@ def simulate_pd(trace: Trace, replicas: Sequence[PDSetup], roles: Sequence[str],
     transfer = transfer if transfer is not None else KvTransferConfig()
     started = time.perf_counter()
     fleet = _PDFleet(trace, replicas, roles, policy, prefill_policy, decider, transfer,
-                     refresh_s, routing_latency_s, progress)
+                     refresh_s, routing_latency_s, progress, kv_event_delay_s)
     fleet.run()
     return fleet.result(time.perf_counter() - started)

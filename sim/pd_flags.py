@@ -71,11 +71,16 @@ def simulate_pd_fleet(trace: Trace, replicas: Sequence[PDSetup], roles: Sequence
     `--prefill-router` (default `--router`) seeded `seed + 1`; `roles` per replica
     (`FleetSpec.roles()`; None: all "both")."""
     roles = list(roles) if roles is not None else ["both"] * len(replicas)
+    if fleet.routers > 1:
+        raise ValueError(f"--routers {fleet.routers} does not combine with P/D yet (one "
+                         "decode and one prefill router)")
     policy = make_policy(fleet.router, fleet.router_arg or [], seed)
     name = pd.prefill_router or fleet.router
     args = pd.prefill_router_arg if pd.prefill_router_arg is not None else (
         fleet.router_arg if pd.prefill_router is None else None)
     prefill_policy = make_policy(name, args or [], seed + 1)
+    timing = fleet.timing()
     return simulate_pd(trace, replicas, roles, policy, prefill_policy, pd.decider, pd.transfer,
-                       fleet.router_refresh_ms / 1e3, fleet.routing_latency_ms / 1e3, progress)
+                       timing["refresh_s"], timing["routing_latency_s"], progress,
+                       timing["kv_event_delay_s"])
 

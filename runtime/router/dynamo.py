@@ -173,5 +173,9 @@ class DynamoKv(RouterPolicy):
                 del held[h]
         self._unhashed[active.replica] -= active.unhashed_blocks
 
+    @property
+    def wants_kv_events(self) -> bool:
+        return True
+
     def on_kv_events(self, events: Iterable[KvEvent]) -> None:
         self.precise.apply(events)

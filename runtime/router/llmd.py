@@ -113,6 +113,11 @@ class Llmd(RouterPolicy):
         self._cold_lru: OrderedDict[int, None] = OrderedDict()  # oldest first
         self._pending: dict[str, _Pending] = {}
 
+    @property
+    def completion_blind(self) -> bool:
+        cfg = self.config  # the in-flight and KV-event scorers read completions
+        return cfg.active_request == cfg.token_load == cfg.precise_prefix_cache == 0
+
     def choose(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]
     ) -> RoutingDecision:
@@ -198,6 +203,10 @@ class Llmd(RouterPolicy):
             self._cold_lru[replica] = None
             if len(self._cold_lru) > self.config.no_hit_lru_size:
                 self._cold_lru.popitem(last=False)
+
+    @property
+    def wants_kv_events(self) -> bool:
+        return self.config.precise_prefix_cache > 0
 
     def on_kv_events(self, events: Iterable[KvEvent]) -> None:
         self.precise.apply(events)

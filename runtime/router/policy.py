@@ -63,6 +63,28 @@ class RouterPolicy:
         """The request's response completed (or it was aborted)."""
         self.local.finish(request_id)
 
+    @property
+    def completion_blind(self) -> bool:
+        """Whether `choose` never reads what `on_prefill_done`, `on_finished` or
+        `on_kv_events` change: its choice for a request depends only on the snapshots, the
+        request and the dispatches before it. A driver may then decide it as soon as the
+        snapshots it reads are final (before the request's arrival). False unless a policy
+        says so."""
+        return False
+
+    @property
+    def snapshot_blind(self) -> bool:
+        """Whether, being completion-blind, `choose` does not read the snapshots' metrics
+        either (only their replica ids): a driver may then decide a request at any time
+        after the dispatches before it. False unless a policy says so."""
+        return False
+
+    @property
+    def wants_kv_events(self) -> bool:
+        """Whether `on_kv_events` feeds a precise index this policy scores with (a driver
+        not feeding events, e.g. to save work, may skip it when False)."""
+        return False
+
     def on_kv_events(self, events: Iterable[KvEvent]) -> None:
         """KV events now visible to the router; ignored by policies without a precise index."""
 

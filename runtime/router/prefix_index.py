@@ -203,30 +203,49 @@ class PageTrie:
 
 
 class PreciseIndex:
-    """Blocks each engine reported cached, from KV events (as delayed as the queue was)."""
+    """Blocks each engine reported cached, from KV events (as delayed as the queue was).
+
+    A hash is held by a replica while its stored events outnumber its removed ones (an
+    engine may hold one hash in several blocks, each stored and removed on its own).
+    """
 
     def __init__(self) -> None:
         self._owners: dict[BlockHash, set[int]] = {}
-        self._held: dict[int, set[BlockHash]] = {}
+        self._held: dict[int, dict[BlockHash, int]] = {}  # replica -> hash -> blocks
 
     def apply(self, events: Iterable[KvEvent]) -> None:
+        owners_of = self._owners
         for event in events:
-            held = self._held.setdefault(event.replica_id, set())
+            held = self._held.setdefault(event.replica_id, {})
             if event.kind == "stored":
+                replica = event.replica_id
                 for h in event.block_hashes:
-                    held.add(h)
-                    self._owners.setdefault(h, set()).add(event.replica_id)
+                    count = held.get(h)
+                    if count:
+                        held[h] = count + 1
+                        continue
+                    held[h] = 1
+                    owners = owners_of.get(h)
+                    if owners is None:
+                        owners_of[h] = {replica}
+                    else:
+                        owners.add(replica)
             elif event.kind == "removed":
                 for h in event.block_hashes:
                     self._drop(event.replica_id, h, held)
             else:  # cleared
                 for h in list(held):
+                    held[h] = 1
                     self._drop(event.replica_id, h, held)
 
-    def _drop(self, replica: int, h: BlockHash, held: set[BlockHash]) -> None:
-        if h not in held:
+    def _drop(self, replica: int, h: BlockHash, held: dict[BlockHash, int]) -> None:
+        count = held.get(h, 0)
+        if count > 1:
+            held[h] = count - 1
             return
-        held.discard(h)
+        if not count:
+            return
+        del held[h]
         owners = self._owners[h]
         owners.discard(replica)
         if not owners:
@@ -248,4 +267,9 @@ class PreciseIndex:
         return overlap
 
     def num_blocks(self, replica: int) -> int:
+        """Distinct hashes `replica` holds."""
         return len(self._held.get(replica, ()))
+
+    def hashes(self, replica: int) -> set[BlockHash]:
+        """The hashes `replica` holds (a copy)."""
+        return set(self._held.get(replica, ()))

@@ -51,6 +51,14 @@ class PrefixAware(RouterPolicy):
         self.config = config or PrefixAwareConfig()
         self.trie = PageTrie(self.config.chunk_tokens)
 
+    @property
+    def completion_blind(self) -> bool:
+        return True
+
+    @property
+    def snapshot_blind(self) -> bool:
+        return True
+
     def choose(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]
     ) -> RoutingDecision:
@@ -114,6 +122,10 @@ class KvAware(RouterPolicy):
             return RoutingDecision(replica, "short match: session ring", matched)
         replica = lowest_qps(self.local, ids, request.now_s, cfg.qps_window_s)
         return RoutingDecision(replica, "short match: lowest QPS", matched)
+
+    @property
+    def wants_kv_events(self) -> bool:
+        return True
 
     def on_kv_events(self, events: Iterable[KvEvent]) -> None:
         self.precise.apply(events)

@@ -88,6 +88,14 @@ class SessionHash(RouterPolicy):
         self.config = config or SessionHashConfig()
         self._rings = RingCache(self.config.virtual_nodes)
 
+    @property
+    def completion_blind(self) -> bool:
+        return True
+
+    @property
+    def snapshot_blind(self) -> bool:
+        return True
+
     def choose(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]
     ) -> RoutingDecision:

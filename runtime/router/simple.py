@@ -42,6 +42,14 @@ class RoundRobin(RouterPolicy):
         super().__init__(seed)
         self._counter = 0
 
+    @property
+    def completion_blind(self) -> bool:
+        return True
+
+    @property
+    def snapshot_blind(self) -> bool:
+        return True
+
     def choose(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]
     ) -> RoutingDecision:
@@ -56,6 +64,14 @@ class Random(RouterPolicy):
 
     def __init__(self, config: object | None = None, seed: int = 0) -> None:
         super().__init__(seed)
+
+    @property
+    def completion_blind(self) -> bool:
+        return True
+
+    @property
+    def snapshot_blind(self) -> bool:
+        return True
 
     def choose(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]
@@ -111,6 +127,10 @@ class VllmDP(RouterPolicy):
         taken_at, extra = self._extra.get(snap.replica_id, (snap.taken_at_s, 0))
         return snap.num_waiting + (extra if taken_at == snap.taken_at_s else 0)
 
+    @property
+    def completion_blind(self) -> bool:
+        return True
+
     def choose(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]
     ) -> RoutingDecision:
@@ -160,6 +180,10 @@ class PowerOfTwo(RouterPolicy):
         if self.config.load == "snapshot":
             return float(snap.num_running + snap.num_waiting)
         return float(self.local.count.get(snap.replica_id, 0))
+
+    @property
+    def completion_blind(self) -> bool:
+        return self.config.load == "snapshot"
 
     def choose(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]

@@ -13,6 +13,7 @@ Nothing here reads a clock: the driver passes `now_s` (seconds) in and decides w
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -24,29 +25,41 @@ from runtime.router.snapshot import ReplicaSnapshot, RoutingRequest
 
 
 class MetricsRefresh:
-    """The scrape schedule of replica metrics: ticks at k * refresh_s.
+    """The scrape schedule of replica metrics: ticks at phase_s + k * refresh_s.
 
-    A driver asks `due(now_s)` before routing; when True it reads every replica's metrics,
-    passes them to `store`, and the policy then sees `snapshots`. A driver wanting the state
-    exactly at the tick (not at the first decision after it) runs a periodic process that
-    stores at `next_due_s`. With `refresh_s == 0` every decision is due (oracle).
+    A driver asks `due(now_s)` before routing; when True it reads every replica's metrics
+    as of `last_tick(now_s)`, passes them to `store`, and the policy then sees `snapshots`.
+    With `refresh_s == 0` every decision is due (oracle). `phase_s` in [0, refresh_s)
+    offsets the ticks (router replicas scrape on tickers of their own).
     """
 
-    def __init__(self, refresh_s: float) -> None:
+    def __init__(self, refresh_s: float, phase_s: float = 0.0) -> None:
         if not (refresh_s >= 0.0 and math.isfinite(refresh_s)):
             raise ValueError(f"refresh_s must be a finite number >= 0, got {refresh_s}")
+        if not (phase_s == 0.0 or 0.0 < phase_s < refresh_s):
+            raise ValueError(f"phase_s must be in [0, refresh_s={refresh_s}), got {phase_s}")
         self.refresh_s = refresh_s
+        self.phase_s = phase_s
         self.next_due_s = 0.0  # the first decision always scrapes
         self._snapshots: tuple[ReplicaSnapshot, ...] = ()
 
     def due(self, now_s: float) -> bool:
         return self.refresh_s == 0.0 or not self._snapshots or now_s >= self.next_due_s
 
+    def last_tick(self, now_s: float) -> float:
+        """The latest tick at or before `now_s` (`now_s` itself for an oracle; negative
+        before the first tick: nothing has happened yet then)."""
+        if self.refresh_s == 0.0:
+            return now_s
+        ticks = math.floor((now_s - self.phase_s) / self.refresh_s)
+        return min(now_s, ticks * self.refresh_s + self.phase_s)
+
     def store(self, snapshots: Sequence[ReplicaSnapshot], now_s: float) -> None:
         """Keep `snapshots` (taken at `now_s`) until the next tick after `now_s`."""
         self._snapshots = tuple(snapshots)
         if self.refresh_s > 0.0:
-            self.next_due_s = (math.floor(now_s / self.refresh_s) + 1) * self.refresh_s
+            ticks = math.floor((now_s - self.phase_s) / self.refresh_s) + 1
+            self.next_due_s = ticks * self.refresh_s + self.phase_s
 
     @property
     def snapshots(self) -> tuple[ReplicaSnapshot, ...]:
@@ -76,35 +89,40 @@ class KvEvent:
 class KvEventQueue:
     """KV events in flight to the router: each is visible `delay_s` after its emission.
 
-    Engines `publish` in emission order; the driver `drain`s at each decision (or on a
-    timer) and hands the result to `RouterPolicy.on_kv_events`. FIFO because the delay is
-    constant and emission times never decrease.
+    Engines `publish` their events in emission order (each engine on its own: a simulator
+    may run one replica ahead of another); the driver `drain`s at each decision and hands
+    the result to `RouterPolicy.on_kv_events`. Events leave in emission order, an engine's
+    events of one instant in publication order.
     """
 
     def __init__(self, delay_s: float) -> None:
         if not (delay_s >= 0.0 and math.isfinite(delay_s)):
             raise ValueError(f"kv_event_delay_s must be a finite number >= 0, got {delay_s}")
         self.delay_s = delay_s
-        self._queue: deque[KvEvent] = deque()
+        self._heap: list[tuple[float, int, KvEvent]] = []  # (emitted_at_s, serial, event)
+        self._last: dict[int, float] = {}  # replica -> its last emission time, seconds
+        self._serial = 0
 
     def publish(self, event: KvEvent) -> None:
-        if self._queue and event.emitted_at_s < self._queue[-1].emitted_at_s:
+        last = self._last.get(event.replica_id, -math.inf)
+        if event.emitted_at_s < last:
             raise ValueError(
-                f"KV events must be published in time order: {event.emitted_at_s} after "
-                f"{self._queue[-1].emitted_at_s}"
-            )
-        self._queue.append(event)
+                f"replica {event.replica_id}'s KV events must be published in time order: "
+                f"{event.emitted_at_s} after {last}")
+        self._last[event.replica_id] = event.emitted_at_s
+        self._serial += 1
+        heapq.heappush(self._heap, (event.emitted_at_s, self._serial, event))
 
     def drain(self, now_s: float) -> list[KvEvent]:
         """The events due by `now_s` (emitted at or before `now_s - delay_s`), oldest first."""
         due: list[KvEvent] = []
-        queue = self._queue
-        while queue and queue[0].emitted_at_s + self.delay_s <= now_s:
-            due.append(queue.popleft())
+        heap = self._heap
+        while heap and heap[0][0] + self.delay_s <= now_s:
+            due.append(heapq.heappop(heap)[2])
         return due
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return len(self._heap)
 
 
 @dataclass(slots=True)

@@ -1,0 +1,142 @@
+"""KV-cache events of one engine's block pool: vLLM's BlockStored, BlockRemoved and
+AllBlocksCleared (vllm `v1/core/block_pool.py` queues them, the engine core publishes the
+batch after each step; routers with a precise prefix index consume them).
+
+    log = observe_kv_events(scheduler.kv_cache_manager.block_pool)
+    ... steps ...
+    events = log.take()        # the pool's events since the last take, in order
+
+Emitted as vLLM does:
+
+    stored    one event per registration call (`cache_blocks`, `cache_full_block`) listing
+              the hashes of the blocks it newly registers, in table order
+    removed   one event per cached block evicted by an allocation, its hash
+    cleared   `reset_prefix_cache` succeeded
+
+Several blocks may hold one hash (the same prefix computed twice before either was cached);
+each gets its own stored and removed event, so an index that counts references per hash
+knows exactly which hashes the pool still holds.
+
+Zero cost when nobody listens: `BlockPool` itself is untouched; observing switches that one
+pool's class to `ObservedBlockPool`, whose overrides record and then call the base methods.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from runtime.block_hash import NONE_HASH, BlockHash, block_extra_keys, hash_block_tokens
+from runtime.block_pool import BlockPool, KVCacheBlock
+
+PoolEventKind = Literal["stored", "removed", "cleared"]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolEvent:
+    """One event of a pool: its kind and the block hashes concerned (none for "cleared")."""
+
+    kind: PoolEventKind
+    block_hashes: tuple[BlockHash, ...] = ()
+
+
+@dataclass(slots=True)
+class KvEventLog:
+    """The events a pool emitted since the last `take`, oldest first."""
+
+    events: list[PoolEvent] = field(default_factory=list)
+
+    def take(self) -> list[PoolEvent]:
+        events, self.events = self.events, []
+        return events
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+
+class ObservedBlockPool(BlockPool):
+    """A `BlockPool` that records its KV events into `kv_event_log` (see the module
+    docstring); its state and results are exactly the base class's."""
+
+    kv_event_log: KvEventLog
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        if num_blocks <= self.free_block_queue.num_free_blocks:
+            self._record_evictions(num_blocks)
+        return super().get_new_blocks(num_blocks)
+
+    def get_new_block(self) -> KVCacheBlock:
+        if self.free_block_queue.num_free_blocks:
+            self._record_evictions(1)
+        return super().get_new_block()
+
+    def _record_evictions(self, count: int) -> None:
+        """The cached blocks among the next `count` the queue hands out (a walk from its
+        head; never-used blocks, built first if need be, carry no hash)."""
+        queue = self.free_block_queue
+        queue.ensure(count)
+        append = self.kv_event_log.events.append
+        block = queue._head.next
+        for _ in range(count):
+            assert block is not None
+            if block.block_hash is not None:
+                append(PoolEvent("removed", (block.block_hash,)))
+            block = block.next
+
+    def cache_blocks(self, blocks: Iterable[KVCacheBlock],
+                     block_hashes: Iterable[BlockHash]) -> None:
+        blocks, block_hashes = list(blocks), list(block_hashes)
+        self._record_stored(blocks, block_hashes)
+        super().cache_blocks(blocks, block_hashes)
+
+    def cache_full_block(self, block: KVCacheBlock, block_hash: BlockHash) -> None:
+        self._record_stored((block,), (block_hash,))
+        super().cache_full_block(block, block_hash)
+
+    def _record_stored(self, blocks: Sequence[KVCacheBlock],
+                       block_hashes: Sequence[BlockHash]) -> None:
+        null = self.null_block
+        new = tuple(h for block, h in zip(blocks, block_hashes, strict=True)
+                    if block.block_hash is None and block is not null)
+        if new:
+            self.kv_event_log.events.append(PoolEvent("stored", new))
+
+    def reset_prefix_cache(self) -> bool:
+        done = super().reset_prefix_cache()
+        if done:
+            self.kv_event_log.events.append(PoolEvent("cleared"))
+        return done
+
+
+def observe_kv_events(pool: BlockPool) -> KvEventLog:
+    """Start recording `pool`'s KV events (idempotent); returns its log."""
+    if not isinstance(pool, ObservedBlockPool):
+        pool.__class__ = ObservedBlockPool
+        pool.kv_event_log = KvEventLog()  # type: ignore[attr-defined]
+    assert isinstance(pool, ObservedBlockPool)
+    return pool.kv_event_log
+
+
+def prompt_block_hashes(token_ids: Sequence[int], block_size: int,
+                        cache_salt: str | None = None) -> tuple[BlockHash, ...]:
+    """The engine's chained hashes of the prompt's full blocks (what `Request.block_hashes`
+    holds once the scheduler has taken the request in, no LoRA): a router's key into a
+    KV-event index."""
+    num_full = len(token_ids) // block_size
+    if not num_full:
+        return ()
+    # block 0 carries the salt's extra key; the rest hash as `make_block_hasher`'s fast path
+    parent = hash_block_tokens(NONE_HASH, token_ids[:block_size],
+                               block_extra_keys(0, None, None, cache_salt))
+    hashes = [parent]
+    data = array("q", token_ids[block_size : num_full * block_size]).tobytes()
+    length_prefix = block_size.to_bytes(4, "little")
+    block_bytes = 8 * block_size
+    sha256 = hashlib.sha256
+    for offset in range(0, len(data), block_bytes):
+        parent = sha256(parent + length_prefix + data[offset : offset + block_bytes]).digest()
+        hashes.append(parent)
+    return tuple(hashes)

@@ -1,0 +1,96 @@
+"""Routing ahead (a completion-blind policy decides at its router's last scrape tick before
+the arrival): the same records as routing at each arrival, fewer cut decode runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from runtime import CacheConfig, SchedulerConfig
+from runtime.router import make_policy
+from sim import fleet as fleet_module
+from sim.cost.base import CostModel
+from sim.cost.roofline import RooflineCostModel
+from sim.fleet import FleetResult, simulate_fleet
+from sim.hardware import resolve_gpu
+from sim.model_presets import resolve_model
+from sim.simulator import SimConfig
+from workloads import (
+    ArrivalProcess,
+    MultiTurn,
+    RandomLengths,
+    Trace,
+    load_trace,
+    multi_turn_trace,
+    random_trace,
+)
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "traces"
+COST = RooflineCostModel(resolve_model("llama-3.1-8b"), resolve_gpu("h200"))
+
+
+@dataclass(frozen=True)
+class Replica:
+    config: SimConfig
+    cost_model: CostModel = COST
+
+
+def config(num_blocks: int) -> SimConfig:
+    return SimConfig(
+        scheduler=SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=16,
+                                  max_model_len=16384),
+        cache=CacheConfig(block_size=16, num_blocks=num_blocks))
+
+
+def traces() -> dict[str, Trace]:
+    arrivals = ArrivalProcess(request_rate=60.0, burstiness=0.5, seed=11)
+    mooncake = load_trace(FIXTURES / "mooncake_conversation_first300.jsonl").trace
+    return {
+        "random": random_trace(250, RandomLengths(180, 80, range_ratio=0.8), arrivals),
+        "multi_turn": multi_turn_trace(
+            50, MultiTurn(num_turns=3, turn_gap_s=0.02, lengths=RandomLengths(64, 40)),
+            arrivals),
+        "mooncake": Trace(mooncake.requests[:100]),
+    }
+
+
+TRACES = traces()
+
+
+def run(trace: Trace, policy: str, args: list[str], replicas: int, ahead: bool,
+        routers: int = 1) -> FleetResult:
+    saved = fleet_module._Fleet.routes_ahead
+    fleet_module._Fleet.routes_ahead = ahead
+    try:
+        return simulate_fleet(trace, [Replica(config(num_blocks=300))] * replicas,
+                              [make_policy(policy, args, seed=3 + r) for r in range(routers)],
+                              refresh_s=0.02, routing_latency_s=0.001)
+    finally:
+        fleet_module._Fleet.routes_ahead = saved
+
+
+@pytest.mark.parametrize("name", sorted(TRACES))
+@pytest.mark.parametrize(("policy", "args", "replicas", "routers"), [
+    ("round-robin", [], 3, 1), ("random", [], 4, 1), ("vllm-dp", [], 3, 2),
+    ("llm-d", [], 4, 1), ("llm-d", [], 3, 3), ("prefix-aware", [], 2, 1),
+    ("session-hash", [], 3, 1), ("power-of-two", ["load=snapshot"], 4, 1),
+])
+def test_routing_ahead_keeps_the_records(name: str, policy: str, args: list[str],
+                                         replicas: int, routers: int) -> None:
+    assert make_policy(policy, args).completion_blind
+    trace = TRACES[name]
+    at_arrival, ahead = (run(trace, policy, args, replicas, flag, routers)
+                         for flag in (False, True))
+    assert [r.to_row() for r in ahead.requests] == [r.to_row() for r in at_arrival.requests]
+    assert ahead.step_columns == at_arrival.step_columns
+
+
+@pytest.mark.parametrize(("policy", "args"), [
+    ("least-outstanding", []), ("dynamo-kv", []), ("sglang-cache-aware", []),
+    ("kv-aware", []), ("power-of-two", []), ("llm-d", ["active_request=1"]),
+    ("llm-d", ["precise_prefix_cache=1"]),
+])
+def test_policies_reading_completions_are_not_blind(policy: str, args: list[str]) -> None:
+    assert not make_policy(policy, args).completion_blind
