@@ -1060,9 +1060,11 @@ def fidelity(
     real: Annotated[RealEngineFlags, Flags()],
     work: Annotated[WorkloadFlags, Flags(only=("fmt", "first_n", "time_scale", "seed"))],
     engine: Annotated[EngineFlags, Flags()],
-    noise: Annotated[SimFlags, Flags(only=("step_noise",), defaults={"step_noise": True})],
+    noise: Annotated[SimFlags, Flags(only=("step_noise", "gpu"), defaults={"step_noise": True})],
     cal: Annotated[CalibrationFlags, Flags()],
     how: Annotated[FidelityFlags, Flags()],
+    fleet: Annotated[FleetFlags, Flags(only=("replicas", "router", "router_arg",
+                                             "router_refresh_ms"))],
     result_dir: Annotated[Path | None, typer.Option(
         "--result-dir", help="Where real/, sim/, profile.json, fidelity.json and the plots "
         "go (default: results/fidelity-<time>).")] = None,
@@ -1080,6 +1082,18 @@ def fidelity(
     with user_errors():
         how.check(cal.step_drift, noise.step_noise)
     root = result_dir or default_dir("fidelity")
+    if how.fleet:  # rt serve --simulate replicas behind rt route, against sim.fleet
+        from analysis.fleet_fidelity import write_fleet_fidelity
+        from analysis.rundir import save_result
+        from backends.route.fleet_fidelity import fleet_fidelity_plan, run_fleet_fidelity
+        from sim.fidelity import fleet_twin
+        with user_errors(), progress("replaying through the router") as update:
+            trace, args = workload(work, trace_file), (engine, str(model or "llama-3.1-8b"),
+                                                       noise.gpu, how.profile, work.seed)
+            typer.echo(run_fleet_fidelity(fleet_fidelity_plan(Path(__file__), fleet, *args),
+                trace, root, save_result, functools.partial(fleet_twin, trace, fleet, *args),
+                write_fleet_fidelity, update))
+        return
     with user_errors():
         trace = workload(work, trace_file)
         setup, tokenizer = real_engine(model, engine, real, work.seed)

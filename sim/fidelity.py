@@ -2,17 +2,32 @@
 
 `twin_simulations` runs a real replay's trace in the simulator with the real engine's resolved
 scheduler and KV pool (its twin), K times with step-noise seeds seed, seed + 1, ...
+`fleet_twin` simulates the fleet `rt fidelity --fleet` runs for real: N replicas of the engine
+`rt serve --simulate` runs (same flags, model, GPU, profile and seed) behind the same router
+policy, refresh interval and the router's measured routing latency.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from runtime import CacheConfig, SchedulerConfig
+from runtime.config import EngineFlags
 from runtime.flags import flag
 from runtime.records import RunResult
-from sim.engine_args import SimSetup, args_from_configs, build_setup, with_noise_seed
+from runtime.router import make_policy
+from sim.engine_args import (
+    EngineArgs,
+    SimSetup,
+    args_from_configs,
+    build_setup,
+    with_noise_seed,
+)
+from sim.fleet import FleetResult, simulate_fleet
+from sim.fleet_config import FleetFlags
 from sim.profile import load_profile
 from sim.simulator import simulate
 from workloads import Trace
@@ -62,6 +77,13 @@ class FidelityFlags:
         8, "--sim-runs", "Simulations of TRACE, step-time noise drawn from seeds SEED, SEED+1, "
         "...; 'sim' is their mean (as 'real' is of the real runs). One run when simulated "
         "steps are deterministic (--no-step-noise).", CALIBRATION_PANEL)
+    fleet: bool = flag(
+        False, "--fleet", "Fidelity of a fleet instead: --replicas `rt serve --simulate` "
+        "processes (model: --model, default llama-3.1-8b; --gpu, --profile, the engine flags) "
+        "behind `rt route --router` on loopback, TRACE replayed through the router, against "
+        "`rt simulate --replicas` with the same policy, refresh and the router's measured "
+        "routing latency; per-replica share, prefix hit rate, TTFT/ITL, errors and router "
+        "overheads side by side (real/, sim/, fleet_fidelity.json).")
 
     def check(self, step_drift: bool, step_noise: bool) -> None:
         """ValueError for impossible combinations (before any model is loaded)."""
@@ -109,3 +131,21 @@ def twin_simulations(trace: Trace, scheduler: SchedulerConfig, cache: CacheConfi
                      seed + i if step_noise else None)
              for i in range(runs if step_noise else 1)]
     return setup, twins, notes
+
+
+def fleet_twin(trace: Trace, fleet: FleetFlags, engine: EngineFlags, model: str, gpu: str,
+               profile: Path | None, seed: int, routing_latency_s: float
+               ) -> tuple[FleetResult, dict[str, Any]]:
+    """`trace` through `fleet.replicas` replicas of `rt serve --simulate --sim-model MODEL
+    --gpu GPU [--profile P] --seed SEED` with `engine`'s flags (no step-time noise: the
+    live executor has none), behind `fleet.router` (its arguments, seed and refresh
+    interval) with `routing_latency_s` (NaN: 0) from arrival to the replica. Returns the
+    result and run.json's description (with its "fleet" section)."""
+    latency = routing_latency_s if routing_latency_s >= 0 else 0.0  # NaN: none observed
+    setup = build_setup(EngineArgs(**dataclasses.asdict(engine)), model, gpu,
+                        None if profile is None else str(profile), seed)
+    policy = make_policy(fleet.router, fleet.router_arg or [], seed)
+    result = simulate_fleet(trace, [setup] * fleet.replicas, policy,
+                            fleet.router_refresh_ms / 1e3, latency)
+    fleet_info = {**fleet.describe(None), "routing_latency_ms": latency * 1e3}
+    return result, {**setup.describe(), "fleet": fleet_info}

@@ -7,6 +7,11 @@
     GET  /health        200 while at least one backend is up, else 503
     GET  /metrics       the router's own metrics (`backends.route.metrics`)
 
+Every forwarded response (streaming or not, whatever its status) carries `x-rt-replica: I`,
+the index of the backend that answered (its position among `--backend`, 0-based: the
+`replica` of a simulated fleet), so a client can attribute each request to a replica
+(`rt replay --endpoint` records it in the `replica` column).
+
 A request's life: the body is parsed for the prompt (`backends.route.prompt`); the shared
 policy (`runtime.router`) chooses among the backends up, from their last scraped metrics and
 its own state (`on_routed`); the request is sent. If the connection is refused, nothing
@@ -38,6 +43,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from backends.route.backends import Backend, check_backends, healthy, scrape
+from backends.route.flags import REPLICA_HEADER
 from backends.route.metrics import RouterMetrics
 from backends.route.prompt import routing_request
 from backends.serve.openai_protocol import ApiError
@@ -147,6 +153,9 @@ class Router:
         if not candidates:
             return None
         now = time.monotonic()
+        ages = [now - b.scraped_at_s for b in candidates if b.scraped_at_s is not None]
+        if ages:
+            self.metrics.decision_scrape_age.observe(sum(ages) / len(ages))
         decision = self.policy.choose(routing, [b.snapshot(now) for b in candidates])
         self.policy.on_routed(routing, decision.replica)
         self.metrics.decided(decision.reason)
@@ -223,6 +232,7 @@ class Router:
         else:
             backend.succeeded()
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _SKIP}
+        headers[REPLICA_HEADER] = str(backend.replica_id)
         if upstream.headers.get("content-type", "").startswith("text/event-stream"):
             return StreamingResponse(self._relay(backend, upstream, request_id, chat),
                                      status_code=status, headers=headers)

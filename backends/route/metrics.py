@@ -18,6 +18,7 @@ from backends.route.backends import Backend
 
 ROUTING_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                    0.1, 0.25, 1.0)
+AGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 5.0)
 _TIE_NOTE = re.compile(r" \(tie of \d+, seeded draw\)$")
 _NUMBER = re.compile(r"\d+(\.\d+)?")
 
@@ -46,6 +47,11 @@ class RouterMetrics:
             "rt_router_routing_latency_seconds", "From the request reaching the router to its "
             "dispatch to a backend (body read, parse, policy).", buckets=ROUTING_BUCKETS,
             registry=registry)
+        self.decision_scrape_age = Histogram(
+            "rt_router_decision_scrape_age_seconds", "Per routing decision, the mean age of "
+            "the candidates' last /metrics scrape: how stale the signals the policy read were "
+            "(a simulated fleet's refresh tick gives refresh / 2 on average).",
+            buckets=AGE_BUCKETS, registry=registry)
         up = Gauge("rt_router_backend_up", "1 while the backend takes requests.", ["backend"],
                    registry=registry)
         in_flight = Gauge("rt_router_in_flight_requests", "Requests dispatched and not "
