@@ -106,8 +106,9 @@ def render(c: Mapping[str, Any]) -> str:
     lines.append(f"router (measured): routing latency mean {_ms(o['routing_latency_mean_s'])}, "
                  f"p50 {_ms(o['routing_latency_p50_s'])}, p99 "
                  f"{_ms(o['routing_latency_p99_s'])}; scrape age at decisions mean "
-                 f"{_ms(o['scrape_age_mean_s'])}; retries {o['retries']:g}, backend errors "
-                 f"{o['backend_errors']:g}")
+                 f"{_ms(o['scrape_age_mean_s'])} (scrape period "
+                 f"{_ms(o.get('scrape_period_s', math.nan))}); retries {o['retries']:g}, "
+                 f"backend errors {o['backend_errors']:g}")
     lines.append(f"router (simulated): routing latency {_ms(s['routing_latency_s'])}, "
                  f"scrape age mean {_ms(s['scrape_age_mean_s'])} (refresh / 2)")
     met = c["goals"]

@@ -12,10 +12,13 @@ the index of the backend that answered (its position among `--backend`, 0-based:
 `replica` of a simulated fleet), so a client can attribute each request to a replica
 (`rt replay --endpoint` records it in the `replica` column).
 
-A request's life: the body is parsed for the prompt (`backends.route.prompt`); the shared
-policy (`runtime.router`) chooses among the backends up, from their last scraped metrics and
-its own state (`on_routed`); the request is sent. If the connection is refused, nothing
-reached the backend: it counts a failure and the request is routed again among the others.
+A request's life (the two POST routes bypass FastAPI: `backends.route.relay`): the body is
+parsed for the prompt (`backends.route.prompt`); the shared policy (`runtime.router`)
+chooses among the backends up, from their last scraped metrics and its own state
+(`on_routed`); the request is sent. /metrics of each backend is scraped every refresh when
+the policy reads a gauge, else every health check (it is then only a liveness check). If
+the connection is refused, nothing reached the backend: it counts a failure and the request
+is routed again among the others.
 The first SSE event with output (chat: the second, after the role) calls `on_prefill_done`;
 the end of the response, or its failure, `on_finished`. A response cut by its backend (the
 process died, the stream broke, or the backend was taken out while silent) ends with an
@@ -33,25 +36,27 @@ import contextlib
 import itertools
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from backends.route.backends import Backend, check_backends, healthy, scrape
+from backends.route.backends import Backend, check_backends, healthy, needed_signals, scrape
 from backends.route.flags import REPLICA_HEADER
 from backends.route.metrics import RouterMetrics
 from backends.route.prompt import routing_request
+from backends.route.relay import FastPath
 from backends.serve.openai_protocol import ApiError
 from runtime.router import RoutingRequest, make_policy
 
 # hop-by-hop and framing headers: never forwarded either way
 _SKIP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive",
          "upgrade", "te", "trailer", "proxy-connection", "date", "server"}
+_REPLICA = REPLICA_HEADER.encode()
 _SCRAPE_TIMEOUT_S = 5.0  # a backend saturated by load answers /metrics late, not never
 
 
@@ -89,8 +94,12 @@ class Router:
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
         self.policy = make_policy(config.policy, config.policy_args, config.seed)
+        # a policy that reads no gauge (round-robin, prefix-aware, ...) needs /metrics only
+        # as a liveness check: scraped every health check, not every refresh
+        self.reads_metrics = bool(needed_signals(self.policy))
         self.backends = [Backend(i, url) for i, url in enumerate(config.backends)]
-        self.metrics = RouterMetrics(config.policy, self.backends)
+        self.scrape_period_s = config.refresh_s if self.reads_metrics else config.health_check_s
+        self.metrics = RouterMetrics(config.policy, self.backends, self.scrape_period_s)
         self.client: httpx.AsyncClient | None = None
         self._ids = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
@@ -114,11 +123,13 @@ class Router:
             await self.client.aclose()
 
     async def _watch(self, backend: Backend) -> None:
-        """Scrape the backend every refresh while up; probe /health while down."""
+        """Scrape the backend every refresh while up (every health check if the policy
+        reads no gauge); probe /health while down."""
         cfg = self.config
+        period = self.scrape_period_s or cfg.health_check_s  # 0: scraped at decisions
         while True:
             if backend.up:
-                await asyncio.sleep(cfg.refresh_s or cfg.health_check_s)
+                await asyncio.sleep(period)
                 if backend.up:
                     await self._scrape(backend)
                 continue
@@ -147,7 +158,7 @@ class Router:
     async def choose(self, routing: RoutingRequest, tried: set[int]) -> Backend | None:
         """The policy's choice among the backends up and not yet tried, recorded as routed;
         None if there is none."""
-        if self.config.refresh_s == 0:
+        if self.config.refresh_s == 0 and self.reads_metrics:
             await asyncio.gather(*(self._scrape(b) for b in self.backends if b.up))
         candidates = [b for b in self.backends if b.up and b.replica_id not in tried]
         if not candidates:
@@ -167,9 +178,12 @@ class Router:
         self.policy.on_finished(request_id)
         backend.in_flight -= 1
 
-    async def generate(self, request: Request, path: str, chat: bool) -> Response:
-        arrival = time.monotonic()
-        body = await request.body()
+    async def dispatch(self, body: bytes, headers: Mapping[str, str], path: str, chat: bool,
+                       arrival: float) -> tuple[Backend, httpx.Response, str]:
+        """Route the request (body bytes, lower-case headers) and send it: its backend, the
+        backend's response (headers read, body not) and its router id. ApiError (400 bad
+        body, 503 nothing up, 502 the backend failed) otherwise; a refused connection is
+        routed again among the backends not yet tried."""
         try:
             payload = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -177,8 +191,8 @@ class Router:
         if not isinstance(payload, dict):
             raise ApiError(400, "the body must be a JSON object")
         request_id = f"route-{next(self._ids)}"
-        routing = routing_request(payload, chat, request.headers, request_id, arrival)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _SKIP}
+        routing = routing_request(payload, chat, headers, request_id, arrival)
+        forward = {k: v for k, v in headers.items() if k not in _SKIP}
         tried: set[int] = set()
         while True:
             backend = await self.choose(routing, tried)
@@ -186,23 +200,20 @@ class Router:
                 self.metrics.unroutable.inc()
                 raise ApiError(503, "no backend is up; retry later")
             self.metrics.routing_latency.observe(time.monotonic() - arrival)
-            self.metrics.requests.labels(backend.url).inc()
+            self.metrics.dispatched(backend.replica_id)
             try:
-                upstream = await self._send(backend, path, body, headers)
+                return backend, await self._send(backend, path, body, forward), request_id
             except (httpx.ConnectError, httpx.ConnectTimeout):  # nothing reached it
                 self.finish(backend, request_id)
                 self.metrics.errors.labels(backend.url, "connect").inc()
                 backend.failed(self.config.max_failures)
                 self.metrics.retries.inc()
                 tried.add(backend.replica_id)
-                continue
             except (httpx.HTTPError, _BackendDown) as err:
                 self.finish(backend, request_id)
                 self.metrics.errors.labels(backend.url, "stream").inc()
                 raise ApiError(502, f"backend {backend.url} failed: "
                                f"{err or type(err).__name__}") from None
-            break
-        return await self._respond(backend, upstream, request_id, chat)
 
     async def _send(self, backend: Backend, path: str, body: bytes,
                     headers: dict[str, str]) -> httpx.Response:
@@ -212,68 +223,31 @@ class Router:
         outgoing = self.client.build_request("POST", backend.url + path, content=body,
                                              headers=headers)
         send = asyncio.ensure_future(self.client.send(outgoing, stream=True))
-        down = asyncio.ensure_future(backend.down_event.wait())
+        backend.sending.add(send)
         try:
-            await asyncio.wait((send, down), return_when=asyncio.FIRST_COMPLETED)
+            return await send
+        except asyncio.CancelledError:
+            if not backend.up and send.cancelled():  # taken down, not this task cancelled
+                current = asyncio.current_task()
+                if current is None or not current.cancelling():
+                    raise _BackendDown(f"{backend.url} was taken out") from None
+            raise
         finally:
-            down.cancel()
-            if not send.done():
-                send.cancel()
-        if send.cancelled():
-            raise _BackendDown(f"{backend.url} was taken out")
-        return send.result()
+            backend.sending.discard(send)
 
-    async def _respond(self, backend: Backend, upstream: httpx.Response, request_id: str,
-                       chat: bool) -> Response:
+    def answered(self, backend: Backend, upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
+        """Count the backend's status (an engine error, a 5xx other than load shedding's
+        503, is a failure) and return the response headers to forward: the backend's but
+        hop-by-hop and framing ones, plus `x-rt-replica`."""
         status = upstream.status_code
-        if status >= 500 and status != 503:  # an engine error, not load shedding
+        if status >= 500 and status != 503:
             self.metrics.errors.labels(backend.url, "status").inc()
             backend.failed(self.config.max_failures)
         else:
             backend.succeeded()
-        headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _SKIP}
-        headers[REPLICA_HEADER] = str(backend.replica_id)
-        if upstream.headers.get("content-type", "").startswith("text/event-stream"):
-            return StreamingResponse(self._relay(backend, upstream, request_id, chat),
-                                     status_code=status, headers=headers)
-        try:
-            content = await upstream.aread()
-        except httpx.HTTPError as err:
-            self.metrics.errors.labels(backend.url, "stream").inc()
-            raise ApiError(502, f"backend {backend.url} failed: "
-                           f"{err or type(err).__name__}") from None
-        finally:
-            await upstream.aclose()
-            self.policy.on_prefill_done(request_id)
-            self.finish(backend, request_id)
-        return Response(content, status_code=status, headers=headers)
-
-    async def _relay(self, backend: Backend, upstream: httpx.Response, request_id: str,
-                     chat: bool) -> AsyncIterator[bytes]:
-        """The backend's SSE bytes as they come; an error event if the stream is cut."""
-        backend.streams.add(upstream)
-        first_output = 2 if chat else 1  # chat's first event is the role, no output yet
-        events = 0
-        tail = b""
-        try:
-            async for chunk in upstream.aiter_raw():
-                if events < first_output:
-                    events += chunk.count(b"data:")
-                    if events >= first_output:
-                        self.policy.on_prefill_done(request_id)
-                tail = (tail + chunk)[-32:]
-                yield chunk
-            if not backend.up and b"[DONE]" not in tail:
-                raise httpx.ReadError("the backend was taken out")
-        except Exception as err:  # noqa: BLE001 (whatever broke the stream, the client is told)
-            self.metrics.errors.labels(backend.url, "stream").inc()
-            error = ApiError(502, f"backend {backend.url} failed mid-stream: "
-                             f"{err or type(err).__name__}")
-            yield f"data: {json.dumps(error.body())}\n\n".encode()
-        finally:
-            backend.streams.discard(upstream)
-            await upstream.aclose()
-            self.finish(backend, request_id)
+        headers = [(k, v) for k, v in upstream.headers.raw if k.lower().decode() not in _SKIP]
+        headers.append((_REPLICA, str(backend.replica_id).encode()))
+        return headers
 
     async def models(self) -> Response:
         assert self.client is not None
@@ -290,8 +264,9 @@ class Router:
         raise ApiError(503, "no backend is up; retry later")
 
 
-def build_app(config: RouterConfig) -> FastAPI:
-    """The FastAPI app; the HTTP client and the scrapers start with its lifespan."""
+def build_app(config: RouterConfig) -> FastPath:
+    """The ASGI app: the generation routes' fast path (`backends.route.relay`) in front of
+    a FastAPI app for the rest; the HTTP client and the scrapers start with its lifespan."""
     router = Router(config)
 
     @contextlib.asynccontextmanager
@@ -309,14 +284,6 @@ def build_app(config: RouterConfig) -> FastAPI:
     async def api_error(_: Request, err: ApiError) -> JSONResponse:
         return err.response()
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await router.generate(request, "/v1/completions", chat=False)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await router.generate(request, "/v1/chat/completions", chat=True)
-
     @app.get("/v1/models")
     async def models() -> Response:
         return await router.models()
@@ -332,7 +299,7 @@ def build_app(config: RouterConfig) -> FastAPI:
         return Response(generate_latest(router.metrics.registry),
                         media_type=CONTENT_TYPE_LATEST)
 
-    return app
+    return FastPath(app, router)
 
 
 def run_router(config: RouterConfig, host: str, port: int, shutdown_timeout_s: float = 10.0,

@@ -7,14 +7,17 @@ streaming clients sends `num_requests` completions (`max_tokens` tokens each, ig
 straight to the backend, then through the router, then both again (interleaved so that drift
 on a shared machine hits both alike). Per request: time to the first SSE byte (TTFT) and to
 the last (E2E), client-side. The report: requests/s and p50/p99 of both, per path, and the
-router's added p50/p99 (routed minus direct). Every wait is bounded; both processes are
-always stopped.
+router's added p50/p99 (routed minus direct), and the router process's CPU time per routed
+request (from /proc: a cost that, unlike added latency, does not grow with the load other
+processes put on the machine). Every wait is bounded; both processes are always stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import os
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -48,9 +51,19 @@ class RouteBenchConfig:
     request_timeout_s: float = 60.0
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process has used so far (Linux /proc; NaN
+    elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
 def _backend_and_router(config: RouteBenchConfig, ports: tuple[int, int]
-                        ) -> Iterator[tuple[str, str]]:
+                        ) -> Iterator[tuple[str, str, int]]:
     started: list[Replica] = []
     with tempfile.TemporaryDirectory(prefix="rt-bench-route-") as logs:
         try:
@@ -59,7 +72,7 @@ def _backend_and_router(config: RouteBenchConfig, ports: tuple[int, int]
             command = (*config.route_command, "--backend", started[0].url)
             started.append(Replica(command, ports[1], Path(logs)))
             wait_healthy(started, 60)
-            yield started[0].url, started[1].url
+            yield started[0].url, started[1].url, started[1].proc.pid
         finally:
             stop_all(list(reversed(started)), 20)
 
@@ -123,19 +136,26 @@ def _added(direct: dict[str, Any], routed: dict[str, Any]) -> dict[str, Any]:
 def run_route_bench(config: RouteBenchConfig, ports: tuple[int, int]) -> dict[str, Any]:
     """The report (see the module docstring)."""
     results = []
-    with _backend_and_router(config, ports) as (backend, router):
+    with _backend_and_router(config, ports) as (backend, router, router_pid):
         for concurrency in config.concurrencies:
             # a warm-up of each path (connections, first-request costs), not measured
             for url in (backend, router):
                 asyncio.run(_closed_loop(url, concurrency, concurrency, config.max_tokens,
                                          config.request_timeout_s, "warm"))
             runs: dict[str, list[dict[str, Any]]] = {"direct": [], "routed": []}
+            router_cpu = 0.0
             for round_ in range(config.rounds):
                 for path, url in (("direct", backend), ("routed", router)):
+                    cpu = _cpu_s(router_pid)
                     runs[path].append(asyncio.run(_closed_loop(
                         url, concurrency, config.num_requests, config.max_tokens,
                         config.request_timeout_s, f"{path}{round_}")))
+                    router_cpu += (_cpu_s(router_pid) - cpu) if path == "routed" else 0.0
             direct, routed = _summary(runs["direct"]), _summary(runs["routed"])
+            # the router's own CPU per routed request (its scrapes in those rounds too): a
+            # cost that does not depend on how loaded the machine is, unlike added latency
+            routed["router_cpu_ms_per_request"] = round(
+                router_cpu * 1e3 / max(routed["requests"], 1), 3)
             results.append({"concurrency": concurrency, "direct": direct, "routed": routed,
                             "added_ms": _added(direct, routed),
                             "throughput_ratio": round(routed["requests_per_s"]

@@ -28,7 +28,8 @@ def reason_label(reason: str) -> str:
 
 
 class RouterMetrics:
-    def __init__(self, policy: str, backends: Sequence[Backend]) -> None:
+    def __init__(self, policy: str, backends: Sequence[Backend], scrape_period_s: float = 0.0
+                 ) -> None:
         self.registry = registry = CollectorRegistry()
         self.policy = policy
         self.requests = Counter("rt_router_requests", "Requests dispatched, by backend.",
@@ -52,19 +53,27 @@ class RouterMetrics:
             "the candidates' last /metrics scrape: how stale the signals the policy read were "
             "(a simulated fleet's refresh tick gives refresh / 2 on average).",
             buckets=AGE_BUCKETS, registry=registry)
+        period = Gauge("rt_router_scrape_period_seconds", "Seconds between two /metrics scrapes "
+                       "of a backend (0: before every decision; the health-check period when "
+                       "the policy reads no gauge).", registry=registry)
+        period.set(scrape_period_s)
         up = Gauge("rt_router_backend_up", "1 while the backend takes requests.", ["backend"],
                    registry=registry)
         in_flight = Gauge("rt_router_in_flight_requests", "Requests dispatched and not "
                           "finished, by backend.", ["backend"], registry=registry)
         age = Gauge("rt_router_scrape_age_seconds", "Age of the backend's last successful "
                     "/metrics scrape (-1: never).", ["backend"], registry=registry)
+        self._requests = [self.requests.labels(backend.url) for backend in backends]
         for backend in backends:
-            self.requests.labels(backend.url)
             for kind in ("connect", "stream", "status", "scrape", "health"):
                 self.errors.labels(backend.url, kind)
             up.labels(backend.url).set_function(lambda b=backend: float(b.up))
             in_flight.labels(backend.url).set_function(lambda b=backend: float(b.in_flight))
             age.labels(backend.url).set_function(lambda b=backend: _age(b))
+
+    def dispatched(self, replica: int) -> None:
+        """One request sent to backend `replica` (its index)."""
+        self._requests[replica].inc()
 
     def decided(self, reason: str) -> None:
         self.decisions.labels(self.policy, reason_label(reason)).inc()

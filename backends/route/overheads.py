@@ -26,6 +26,8 @@ class RouterOverheads:
         routing_latency_*: request reaching the router -> dispatch (body read, parse,
             policy); mean, and p50/p99 estimated from the histogram's buckets.
         scrape_age_*: per decision, the mean age of the candidates' last /metrics scrape.
+        scrape_period_s: the router's scrape period (the health-check period when the
+            policy reads no gauge; NaN: not exported).
         retries, backend_errors, unroutable: counters (errors of every kind, scrapes too).
     """
 
@@ -35,6 +37,7 @@ class RouterOverheads:
     routing_latency_p99_s: float
     scrape_age_mean_s: float
     scrape_age_p50_s: float
+    scrape_period_s: float
     retries: float
     backend_errors: float
     unroutable: float
@@ -69,6 +72,11 @@ def _histogram(samples: dict[str, list[tuple[dict[str, str], float]]], name: str
     return mean, histogram_quantile(0.5, buckets), histogram_quantile(0.99, buckets)
 
 
+def _gauge(samples: dict[str, list[tuple[dict[str, str], float]]], name: str) -> float:
+    values = samples.get(name)
+    return float(values[0][1]) if values else math.nan
+
+
 def parse_router_metrics(text: str, backends: Sequence[str]) -> RouterOverheads:
     """The overheads in `rt route`'s /metrics text; `backends` are the base URLs in
     `--backend` order."""
@@ -87,6 +95,7 @@ def parse_router_metrics(text: str, backends: Sequence[str]) -> RouterOverheads:
         requests=tuple(float(per_backend.get(url, 0.0)) for url in backends),
         routing_latency_mean_s=routing[0], routing_latency_p50_s=routing[1],
         routing_latency_p99_s=routing[2], scrape_age_mean_s=age[0], scrape_age_p50_s=age[1],
+        scrape_period_s=_gauge(samples, "rt_router_scrape_period_seconds"),
         retries=total("rt_router_retries_total"),
         backend_errors=total("rt_router_backend_errors_total"),
         unroutable=total("rt_router_unroutable_total"))
