@@ -111,6 +111,10 @@ def render(c: Mapping[str, Any]) -> str:
                  f"backend errors {o['backend_errors']:g}")
     lines.append(f"router (simulated): routing latency {_ms(s['routing_latency_s'])}, "
                  f"scrape age mean {_ms(s['scrape_age_mean_s'])} (refresh / 2)")
+    period = o.get("scrape_period_s", math.nan)
+    if math.isfinite(period) and abs(period - 2 * s["scrape_age_mean_s"]) > 1e-9:
+        lines.append("  (the real router scrapes at another period than the refresh: the "
+                     "policy reads no gauge, its scrapes are liveness checks only)")
     met = c["goals"]
     lines.append("goals: " + ", ".join(f"{k} {'met' if v else 'NOT met'}"
                                        for k, v in met.items()))
