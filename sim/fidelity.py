@@ -10,6 +10,8 @@ policy, refresh interval and the router's measured routing latency.
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,18 +136,28 @@ def twin_simulations(trace: Trace, scheduler: SchedulerConfig, cache: CacheConfi
 
 
 def fleet_twin(trace: Trace, fleet: FleetFlags, engine: EngineFlags, model: str, gpu: str,
-               profile: Path | None, seed: int, routing_latency_s: float
+               profile: Path | None, seed: int, overheads: Mapping[str, float]
                ) -> tuple[FleetResult, dict[str, Any]]:
     """`trace` through `fleet.replicas` replicas of `rt serve --simulate --sim-model MODEL
     --gpu GPU [--profile P] --seed SEED` with `engine`'s flags (no step-time noise: the
-    live executor has none), behind `fleet.router` (its arguments, seed and refresh
-    interval) with `routing_latency_s` (NaN: 0) from arrival to the replica. Returns the
-    result and run.json's description (with its "fleet" section)."""
-    latency = routing_latency_s if routing_latency_s >= 0 else 0.0  # NaN: none observed
+    live executor has none), behind `fleet.router` (its arguments and seed), with the real
+    router's measured overheads (`backends.route.overheads.RouterOverheads` as a mapping):
+    its mean routing latency from arrival to the replica, and, for a policy that reads
+    scraped gauges (the real scrape period is the refresh), a refresh of twice the mean
+    scrape age the real router's decisions saw (a tick every R gives R / 2 on average), so
+    the simulated signals are as stale as the real ones. Returns the result and run.json's
+    description (its "fleet" section with the refresh and latency used)."""
+    latency, age, period = (float(overheads.get(k, math.nan)) for k in (
+        "routing_latency_mean_s", "scrape_age_mean_s", "scrape_period_s"))
+    latency = latency if latency >= 0 else 0.0  # NaN: none observed
+    refresh = fleet.router_refresh_ms / 1e3
+    if refresh > 0 and math.isclose(period, refresh) and age > 0:
+        refresh = 2 * age
     setup = build_setup(EngineArgs(**dataclasses.asdict(engine)), model, gpu,
                         None if profile is None else str(profile), seed)
     policy = make_policy(fleet.router, fleet.router_arg or [], seed)
-    result = simulate_fleet(trace, [setup] * fleet.replicas, policy,
-                            fleet.router_refresh_ms / 1e3, latency)
-    fleet_info = {**fleet.describe(None), "routing_latency_ms": latency * 1e3}
+    result = simulate_fleet(trace, [setup] * fleet.replicas, policy, refresh, latency)
+    fleet_info = {**fleet.describe(None), "routing_latency_ms": latency * 1e3,
+                  "router_refresh_ms": refresh * 1e3,
+                  "router_refresh_ms_flag": fleet.router_refresh_ms}
     return result, {**setup.describe(), "fleet": fleet_info}

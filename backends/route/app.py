@@ -136,12 +136,16 @@ class Router:
 
     async def _watch(self, backend: Backend) -> None:
         """Scrape the backend every refresh while up (every health check if the policy
-        reads no gauge); probe /health while down."""
+        reads no gauge), on a fixed tick (a scrape that takes long delays the next one, not
+        every later one: the period stays the refresh, as a simulated fleet's); probe
+        /health while down."""
         cfg = self.config
         period = self.scrape_period_s or cfg.health_check_s  # 0: scraped at decisions
+        tick = time.monotonic()
         while True:
             if backend.up:
-                await asyncio.sleep(period)
+                tick = max(tick + period, time.monotonic())
+                await asyncio.sleep(tick - time.monotonic())
                 if backend.up:
                     await self._scrape(backend)
                 continue

@@ -8,9 +8,9 @@ starts and always stops them), the trace replayed through the router by the endp
 `rt serve` reports). Then the router's own /metrics are read: what the simulated router does not
 model by itself (`RouterOverheads`).
 
-The simulated side is injected (backends never import sim): `simulate(routing_latency_s)`
-returns the fleet simulator's result and its run.json description, given the router's measured
-mean routing latency so that the simulation includes it. Writing run directories (`save`,
+The simulated side is injected (backends never import sim): `simulate(overheads)` returns the
+fleet simulator's result and its run.json description, given the router's measured overheads
+(`RouterOverheads` as a dict) so that the simulation includes them. Writing run directories (`save`,
 `analysis.rundir.save_result`) and the comparison (`compare`) are injected too.
 
 Layout under `root`: real/ (the replay through the router), sim/ (the simulated fleet), and
@@ -37,7 +37,8 @@ from backends.route.overheads import RouterOverheads, parse_router_metrics
 from workloads import Trace, trace_digest
 
 Save = Callable[..., Any]  # (path, kind, trace identity, result, describe) -> a loaded run
-Simulate = Callable[[float], tuple[Any, Mapping[str, Any]]]  # latency s -> (result, describe)
+# the router's overheads (a dict) -> (result, describe)
+Simulate = Callable[[Mapping[str, Any]], tuple[Any, Mapping[str, Any]]]
 Compare = Callable[[Path, Path, Mapping[str, Any], Path], str]  # real, sim, overheads, root
 
 
@@ -139,8 +140,8 @@ def trace_identity(trace: Trace) -> dict[str, Any]:
 def run_fleet_fidelity(plan: FleetFidelityPlan, trace: Trace, root: Path, save: Save,
                        simulate: Simulate, compare: Compare,
                        progress: Callable[[int, int], None] | None = None) -> str:
-    """The real fleet run (root/real), then the simulated one with the router's measured
-    mean routing latency (root/sim), then `compare`'s text. ValueError (one line) when a
+    """The real fleet run (root/real), then the simulated one given the router's measured
+    overheads (root/sim), then `compare`'s text. ValueError (one line) when a
     process does not come up, the router does not answer, or every request failed."""
     root.mkdir(parents=True, exist_ok=True)
     try:
@@ -151,6 +152,6 @@ def run_fleet_fidelity(plan: FleetFidelityPlan, trace: Trace, root: Path, save: 
         first = next(iter(real.result.errors.values()), "?")
         raise ValueError(f"every request through the router failed (first: {first})")
     save(root / "real", "endpoint", trace_identity(trace), real.result, real.info)
-    result, describe = simulate(real.overheads.routing_latency_mean_s)
+    result, describe = simulate(asdict(real.overheads))
     save(root / "sim", "simulate", trace_identity(trace), result, describe)
     return compare(root / "real", root / "sim", asdict(real.overheads), root)

@@ -163,4 +163,5 @@ def test_fidelity_fleet_compares_a_real_fleet_with_its_simulation(tmp_path: Path
     sim = load_run(tmp_path / "out" / "sim")
     latency_ms = report["router_overheads"]["real"]["routing_latency_mean_s"] * 1e3
     assert sim.info["fleet"]["routing_latency_ms"] == pytest.approx(latency_ms)
+    assert sim.info["fleet"]["router_refresh_ms"] == 50.0  # round-robin reads no gauge
     assert "fleet of 2 behind round-robin" in done.stdout
