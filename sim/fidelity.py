@@ -95,6 +95,13 @@ class FidelityFlags:
             raise ValueError(f"--repeats must be >= 1, got {self.repeats}")
         if self.sim_runs < 1:
             raise ValueError(f"--sim-runs must be >= 1, got {self.sim_runs}")
+        unused = [name for name, given in (("--repeats", self.repeats != 1),
+                                           ("--fit-on-replay", self.fit_on_replay),
+                                           ("--max-error", self.max_error is not None))
+                  if given]
+        if self.fleet and unused:
+            raise ValueError(f"--fleet does not take {unused[0]} (one real run against one "
+                             "deterministic simulation)")
         fitted_on_replays = self.profile is None and (self.calibrate_on == "replay"
                                                       or self.fit_on_replay)
         if step_drift and not fitted_on_replays:

@@ -34,6 +34,7 @@ from backends.replay.endpoint import EndpointResult, replay_endpoint, run_info
 from backends.replay.endpoint_probe import EndpointConfig, EndpointError, probe
 from backends.route.fleet import Replica, flag_argv, stop_all, wait_healthy
 from backends.route.overheads import RouterOverheads, parse_router_metrics
+from runtime.router import make_policy
 from workloads import Trace, trace_digest
 
 Save = Callable[..., Any]  # (path, kind, trace identity, result, describe) -> a loaded run
@@ -71,7 +72,9 @@ def fleet_fidelity_plan(cli: Path, policy: Any, engine: Any, model: str, gpu: st
     """The plan of `rt fidelity --fleet`: `cli` is rt's script (run by this interpreter);
     `policy`
     is `FleetFlags` (replicas, router, router_arg, router_refresh_ms) and `engine` the
-    engine flags every replica gets; free ports of 127.0.0.1 for the replicas and router."""
+    engine flags every replica gets; free ports of 127.0.0.1 for the replicas and router.
+    ValueError (one line) for an unknown policy or a bad policy argument."""
+    make_policy(policy.router, policy.router_arg or [], seed)  # bad: one line, nothing started
     rt = (sys.executable, str(cli.resolve()))
     serve = [*rt, "serve", "--simulate", "--sim-model", model, "--gpu", gpu, "--seed",
              str(seed), *flag_argv(engine)]

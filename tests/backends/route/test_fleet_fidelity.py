@@ -165,3 +165,19 @@ def test_fidelity_fleet_compares_a_real_fleet_with_its_simulation(tmp_path: Path
     assert sim.info["fleet"]["routing_latency_ms"] == pytest.approx(latency_ms)
     assert sim.info["fleet"]["router_refresh_ms"] == 50.0  # round-robin reads no gauge
     assert "fleet of 2 behind round-robin" in done.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--repeats", "2"), "--fleet does not take --repeats"),
+    (("--router", "nope"), "unknown router policy 'nope'"),
+    (("--replicas", "0"), "--replicas must be >= 1, got 0"),
+])
+def test_fidelity_fleet_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...],
+                                                          message: str) -> None:
+    trace = tmp_path / "t.jsonl"
+    write_rt_jsonl(conversations(4), trace)
+    done = subprocess.run([sys.executable, "-m", "cli", "fidelity", str(trace), "--fleet", *args,
+                           "--result-dir", str(tmp_path / "out")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
