@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import math
 import os
+import ssl
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import certifi
 import httpx
 import numpy as np
 
@@ -79,36 +81,44 @@ def _backend_and_router(config: RouteBenchConfig, ports: tuple[int, int]
 
 async def _closed_loop(url: str, concurrency: int, num_requests: int, max_tokens: int,
                        timeout_s: float, tag: str) -> dict[str, Any]:
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    """`concurrency` workers, each with its own one-connection client (one shared pool
+    would cost the client O(connections^2) per request: httpcore's pool bookkeeping),
+    sending requests until `num_requests` are done."""
     ttft: list[float] = []
     e2e: list[float] = []
     errors = 0
     counter = iter(range(num_requests))
-    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
-        async def worker() -> None:
-            nonlocal errors
-            for i in counter:
-                body = {"prompt": f"{tag} request {i}: the quick brown fox",
-                        "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
-                start = time.perf_counter()
-                first = None
-                try:
-                    async with client.stream("POST", f"{url}/v1/completions",
-                                             json=body) as response:
-                        async for _ in response.aiter_raw():
-                            first = first or time.perf_counter()
-                        ok = response.status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                end = time.perf_counter()
-                if not ok or first is None:
-                    errors += 1
-                    continue
-                ttft.append(first - start)
-                e2e.append(end - start)
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    tls = ssl.create_default_context(cafile=certifi.where())  # loaded once, not per client
 
+    async def worker(client: httpx.AsyncClient) -> None:
+        nonlocal errors
+        for i in counter:
+            body = {"prompt": f"{tag} request {i}: the quick brown fox",
+                    "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
+            start = time.perf_counter()
+            first = None
+            try:
+                async with client.stream("POST", f"{url}/v1/completions",
+                                         json=body) as response:
+                    async for _ in response.aiter_raw():
+                        first = first or time.perf_counter()
+                    ok = response.status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            end = time.perf_counter()
+            if not ok or first is None:
+                errors += 1
+                continue
+            ttft.append(first - start)
+            e2e.append(end - start)
+
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(
+            httpx.AsyncClient(timeout=timeout_s, limits=limits, verify=tls))
+            for _ in range(concurrency)]
         started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*(worker(client) for client in clients))
         wall = time.perf_counter() - started
     return {"ttft": ttft, "e2e": e2e, "errors": errors, "wall_s": wall}
 
