@@ -142,6 +142,21 @@ def twin_simulations(trace: Trace, scheduler: SchedulerConfig, cache: CacheConfi
     return setup, twins, notes
 
 
+_SERVED = "~served"  # request-id suffix: see served_outputs
+
+
+def served_outputs(trace: Trace) -> Trace:
+    """`trace` as a server replays it: each request generates tokens of its own, not the
+    trace's. A multi-turn trace's next prompt holds the earlier turn's output as the stream
+    `o:<request id>` (`workloads.tokens`), which the simulator emits as that turn's output, so
+    the blocks holding it are prefix-cache hits; a real server (and `rt serve --simulate`)
+    generates other tokens and misses them. Renaming each request (id + "~served") renames
+    its output stream only: prompts given as segments keep their tokens (others keep unique
+    ones), so routing and the prompts' sharing are unchanged."""
+    return Trace(tuple(dataclasses.replace(r, request_id=r.request_id + _SERVED)
+                       for r in trace), trace.name)
+
+
 def fleet_twin(trace: Trace, fleet: FleetFlags, engine: EngineFlags, model: str, gpu: str,
                profile: Path | None, seed: int, overheads: Mapping[str, float]
                ) -> tuple[FleetResult, dict[str, Any]]:
@@ -152,8 +167,10 @@ def fleet_twin(trace: Trace, fleet: FleetFlags, engine: EngineFlags, model: str,
     its mean routing latency from arrival to the replica, and, for a policy that reads
     scraped gauges (the real scrape period is the refresh), a refresh of twice the mean
     scrape age the real router's decisions saw (a tick every R gives R / 2 on average), so
-    the simulated signals are as stale as the real ones. Returns the result and run.json's
-    description (its "fleet" section with the refresh and latency used)."""
+    the simulated signals are as stale as the real ones. The replicas generate outputs of
+    their own (`served_outputs`), as the real ones do. Returns the result (request ids as
+    in `trace`) and run.json's description (its "fleet" section with the refresh and
+    latency used)."""
     latency, age, period = (float(overheads.get(k, math.nan)) for k in (
         "routing_latency_mean_s", "scrape_age_mean_s", "scrape_period_s"))
     latency = latency if latency >= 0 else 0.0  # NaN: none observed
@@ -163,8 +180,12 @@ def fleet_twin(trace: Trace, fleet: FleetFlags, engine: EngineFlags, model: str,
     setup = build_setup(EngineArgs(**dataclasses.asdict(engine)), model, gpu,
                         None if profile is None else str(profile), seed)
     policy = make_policy(fleet.router, fleet.router_arg or [], seed)
-    result = simulate_fleet(trace, [setup] * fleet.replicas, policy, refresh, latency)
+    result = simulate_fleet(served_outputs(trace), [setup] * fleet.replicas, policy, refresh,
+                            latency)
+    for record in result.requests:
+        record.request_id = record.request_id.removesuffix(_SERVED)
     fleet_info = {**fleet.describe(None), "routing_latency_ms": latency * 1e3,
                   "router_refresh_ms": refresh * 1e3,
-                  "router_refresh_ms_flag": fleet.router_refresh_ms}
+                  "router_refresh_ms_flag": fleet.router_refresh_ms,
+                  "outputs": "served (not the trace's)"}
     return result, {**setup.describe(), "fleet": fleet_info}
