@@ -5,6 +5,7 @@ is bounded."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -29,11 +30,18 @@ from workloads import Trace, write_rt_jsonl  # noqa: E402
 from workloads.flags import WorkloadFlags, load_workload  # noqa: E402
 
 
-def conversations(num_prompts: int, rate: float = 4.0) -> Trace:
-    """Multi-turn conversations of 4 turns (0.5 s apart), short outputs."""
+def conversations(num_prompts: int, rate: float = 4.0, spacing_s: float | None = None
+                  ) -> Trace:
+    """Multi-turn conversations of 4 turns (0.5 s apart), short outputs; with `spacing_s`,
+    the same requests in the same order `spacing_s` apart (so that no two can reach a real
+    router in the other order, which would change which replica holds which prefix)."""
     flags = WorkloadFlags(dataset_name="multi_turn", num_prompts=num_prompts, input_len=96,
                           output_len=6, turns=4, turn_gap_s=0.5, request_rate=rate, seed=3)
-    return load_workload(flags).trace
+    trace = load_workload(flags).trace
+    if spacing_s is None:
+        return trace
+    return Trace(tuple(dataclasses.replace(req, arrival_s=i * spacing_s)
+                       for i, req in enumerate(trace)), trace.name)
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +151,7 @@ def _rt_processes(marker: str) -> list[int]:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_fidelity_fleet_compares_a_real_fleet_with_its_simulation(tmp_path: Path) -> None:
     trace = tmp_path / "conversations.jsonl"
-    write_rt_jsonl(conversations(16), trace)
+    write_rt_jsonl(conversations(16, spacing_s=0.2), trace)
     seed = "4243"  # marks this test's processes
     done = subprocess.run(
         [sys.executable, "-m", "cli", "fidelity", str(trace), "--fleet", "--replicas", "2",
