@@ -779,9 +779,11 @@ def fidelity(
     real: Annotated[RealEngineFlags, Flags()],
     work: Annotated[WorkloadFlags, Flags(only=("fmt", "first_n", "time_scale", "seed"))],
     engine: Annotated[EngineFlags, Flags()],
-    noise: Annotated[SimFlags, Flags(only=("step_noise",), defaults={"step_noise": True})],
+    noise: Annotated[SimFlags, Flags(only=("step_noise", "gpu"), defaults={"step_noise": True})],
     cal: Annotated[CalibrationFlags, Flags()],
     how: Annotated[FidelityFlags, Flags()],
+    fleet: Annotated[FleetFlags, Flags(only=("replicas", "router", "router_arg",
+                                             "router_refresh_ms"))],
     result_dir: Annotated[Path | None, typer.Option(
         "--result-dir", help="Where real/, sim/, profile.json, fidelity.json and the plots "
         "go (default: results/fidelity-<time>).")] = None,
@@ -806,6 +808,9 @@ def fidelity(
     if client.endpoint is not None:
         return _fidelity_endpoint(workload(work, trace_file), model, engine, noise.step_noise,
                                   how, cal.step_drift, client, work.seed, root, plots)
+    if how.fleet:  # rt serve --simulate replicas behind rt route, against sim.fleet
+        return _fidelity_fleet(trace_file, work, (engine, str(model or "llama-3.1-8b"),
+                                                  noise.gpu, how.profile, work.seed), fleet, root)
     with user_errors():
         trace = workload(work, trace_file)
         setup, tokenizer = real_engine(model, engine, real, work.seed)
@@ -854,6 +859,23 @@ def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: Engin
             step_noise_seed=twin.noise_seed, server_config_from=sources))
         note(out.lines)
         _fidelity_report(out.reals, out.sims, out.profile, root, plots, how.max_error)
+
+
+def _fidelity_fleet(trace_file: Path, work: WorkloadFlags, args: tuple[Any, ...],
+                    fleet: FleetFlags, root: Path) -> None:
+    """`rt fidelity --fleet`: `backends.route.fleet_fidelity` starts the replicas and the
+    router and replays; `sim.fidelity.fleet_twin` simulates the same fleet; `args` are the
+    engine flags, simulated model, GPU, profile and seed both sides share."""
+    from analysis.fleet_fidelity import write_fleet_fidelity
+    from analysis.rundir import save_result
+    from backends.route.fleet_fidelity import fleet_fidelity_plan, run_fleet_fidelity
+    from sim.fidelity import fleet_twin
+
+    with user_errors(), progress("replaying through the router") as update:
+        trace = workload(work, trace_file)
+        typer.echo(run_fleet_fidelity(fleet_fidelity_plan(Path(__file__), fleet, *args),
+                   trace, root, save_result, functools.partial(fleet_twin, trace, fleet, *args),
+                   write_fleet_fidelity, update))
 
 
 def _fidelity_report(real_dirs: list[Path], sim_dirs: list[Path], profile_path: Path,

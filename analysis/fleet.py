@@ -52,14 +52,20 @@ def replica_table(requests: pd.DataFrame, steps: pd.DataFrame,
                   num_replicas: int | None = None) -> pd.DataFrame:
     """One row per replica: requests (and share), prompt tokens, p50/p99 TTFT (ms) of its
     completed requests, mean KV usage over its steps, its prefix-cache hit rate (cached /
-    prompt tokens) and preemptions."""
-    n = num_replicas or int(max(requests["replica"].max(), steps["replica"].max()) + 1)
+    prompt tokens) and preemptions.
+
+    A real run through `rt route` (`rt replay --endpoint`) has no steps (mean KV usage NaN)
+    and may have requests of unknown replica (null `replica`: counted in no replica's row,
+    but in the shares' denominator); its hit rates are the servers' reported cached tokens."""
+    stepped = "replica" in steps.columns and len(steps)
+    n = num_replicas or int(np.nanmax([requests["replica"].max(), -1.0,
+                                       steps["replica"].max() if stepped else -1.0]) + 1)
     done = completed_requests(requests)
     ttft_ms = (done["first_token_s"] - done["arrival_s"]) * 1e3
     rows = []
     for r in range(n):
         mine, ttft = requests[requests["replica"] == r], ttft_ms[done["replica"] == r]
-        kv = steps.loc[steps["replica"] == r, "kv_usage"]
+        kv = steps.loc[steps["replica"] == r, "kv_usage"] if stepped else pd.Series([], dtype=float)
         prompt = int(mine["prompt_len"].sum())
         rows.append({
             "replica": r, "requests": len(mine), "share": len(mine) / max(len(requests), 1),

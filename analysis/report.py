@@ -201,7 +201,7 @@ def result_dict(run: Run, options: ReportOptions | None = None) -> dict[str, Any
 def _fleet_keys(run: Run) -> dict[str, Any]:
     """A fleet run's figures (`analysis.fleet`): replicas, fleet prefix hit rate, imbalance
     (max/mean) of requests and prompt tokens, Jain's index, and each replica's share."""
-    if "replica" not in run.requests.columns or run.steps.empty:
+    if "replica" not in run.requests.columns or run.requests["replica"].isna().all():
         return {}
     from analysis.fleet import fleet_summary, replica_table
 

@@ -2,17 +2,34 @@
 
 `twin_simulations` runs a real replay's trace in the simulator with the real engine's resolved
 scheduler and KV pool (its twin), K times with step-noise seeds seed, seed + 1, ...
+`fleet_twin` simulates the fleet `rt fidelity --fleet` runs for real: N replicas of the engine
+`rt serve --simulate` runs (same flags, model, GPU, profile and seed) behind the same router
+policy, refresh interval and the router's measured routing latency.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from runtime import CacheConfig, SchedulerConfig
+from runtime.config import EngineFlags
 from runtime.flags import flag
 from runtime.records import RunResult
-from sim.engine_args import SimSetup, args_from_configs, build_setup, with_noise_seed
+from runtime.router import make_policy
+from sim.engine_args import (
+    EngineArgs,
+    SimSetup,
+    args_from_configs,
+    build_setup,
+    with_noise_seed,
+)
+from sim.fleet import FleetResult, simulate_fleet
+from sim.fleet_config import FleetFlags
 from sim.profile import load_profile
 from sim.simulator import simulate
 from workloads import Trace
@@ -62,6 +79,13 @@ class FidelityFlags:
         8, "--sim-runs", "Simulations of TRACE, step-time noise drawn from seeds SEED, SEED+1, "
         "...; 'sim' is their mean (as 'real' is of the real runs). One run when simulated "
         "steps are deterministic (--no-step-noise).", CALIBRATION_PANEL)
+    fleet: bool = flag(
+        False, "--fleet", "Fidelity of a fleet instead: --replicas `rt serve --simulate` "
+        "processes (model: --model, default llama-3.1-8b; --gpu, --profile, the engine flags) "
+        "behind `rt route --router` on loopback, TRACE replayed through the router, against "
+        "`rt simulate --replicas` with the same policy, refresh and the router's measured "
+        "routing latency; per-replica share, prefix hit rate, TTFT/ITL, errors and router "
+        "overheads side by side (real/, sim/, fleet_fidelity.json).")
 
     def check(self, step_drift: bool, step_noise: bool) -> None:
         """ValueError for impossible combinations (before any model is loaded)."""
@@ -71,6 +95,13 @@ class FidelityFlags:
             raise ValueError(f"--repeats must be >= 1, got {self.repeats}")
         if self.sim_runs < 1:
             raise ValueError(f"--sim-runs must be >= 1, got {self.sim_runs}")
+        unused = [name for name, given in (("--repeats", self.repeats != 1),
+                                           ("--fit-on-replay", self.fit_on_replay),
+                                           ("--max-error", self.max_error is not None))
+                  if given]
+        if self.fleet and unused:
+            raise ValueError(f"--fleet does not take {unused[0]} (one real run against one "
+                             "deterministic simulation)")
         fitted_on_replays = self.profile is None and (self.calibrate_on == "replay"
                                                       or self.fit_on_replay)
         if step_drift and not fitted_on_replays:
@@ -109,3 +140,52 @@ def twin_simulations(trace: Trace, scheduler: SchedulerConfig, cache: CacheConfi
                      seed + i if step_noise else None)
              for i in range(runs if step_noise else 1)]
     return setup, twins, notes
+
+
+_SERVED = "~served"  # request-id suffix: see served_outputs
+
+
+def served_outputs(trace: Trace) -> Trace:
+    """`trace` as a server replays it: each request generates tokens of its own, not the
+    trace's. A multi-turn trace's next prompt holds the earlier turn's output as the stream
+    `o:<request id>` (`workloads.tokens`), which the simulator emits as that turn's output, so
+    the blocks holding it are prefix-cache hits; a real server (and `rt serve --simulate`)
+    generates other tokens and misses them. Renaming each request (id + "~served") renames
+    its output stream only: prompts given as segments keep their tokens (others keep unique
+    ones), so routing and the prompts' sharing are unchanged."""
+    return Trace(tuple(dataclasses.replace(r, request_id=r.request_id + _SERVED)
+                       for r in trace), trace.name)
+
+
+def fleet_twin(trace: Trace, fleet: FleetFlags, engine: EngineFlags, model: str, gpu: str,
+               profile: Path | None, seed: int, overheads: Mapping[str, float]
+               ) -> tuple[FleetResult, dict[str, Any]]:
+    """`trace` through `fleet.replicas` replicas of `rt serve --simulate --sim-model MODEL
+    --gpu GPU [--profile P] --seed SEED` with `engine`'s flags (no step-time noise: the
+    live executor has none), behind `fleet.router` (its arguments and seed), with the real
+    router's measured overheads (`backends.route.overheads.RouterOverheads` as a mapping):
+    its mean routing latency from arrival to the replica, and, for a policy that reads
+    scraped gauges (the real scrape period is the refresh), a refresh of twice the mean
+    scrape age the real router's decisions saw (a tick every R gives R / 2 on average), so
+    the simulated signals are as stale as the real ones. The replicas generate outputs of
+    their own (`served_outputs`), as the real ones do. Returns the result (request ids as
+    in `trace`) and run.json's description (its "fleet" section with the refresh and
+    latency used)."""
+    latency, age, period = (float(overheads.get(k, math.nan)) for k in (
+        "routing_latency_mean_s", "scrape_age_mean_s", "scrape_period_s"))
+    latency = latency if latency >= 0 else 0.0  # NaN: none observed
+    refresh = fleet.router_refresh_ms / 1e3
+    if refresh > 0 and math.isclose(period, refresh) and age > 0:
+        refresh = 2 * age
+    setup = build_setup(EngineArgs(**dataclasses.asdict(engine)), model, gpu,
+                        None if profile is None else str(profile), seed)
+    policy = make_policy(fleet.router, fleet.router_arg or [], seed)
+    result = simulate_fleet(served_outputs(trace), [setup] * fleet.replicas, policy, refresh,
+                            latency)
+    for record in result.requests:
+        record.request_id = record.request_id.removesuffix(_SERVED)
+    fleet_info = {**fleet.describe(None), "routing_latency_ms": latency * 1e3,
+                  "router_refresh_ms": refresh * 1e3,
+                  "router_refresh_ms_flag": fleet.router_refresh_ms,
+                  "outputs": "served (not the trace's)"}
+    return result, {**setup.describe(), "fleet": fleet_info}

@@ -24,6 +24,10 @@ the replay; run.json says `"timing": "client"`. The records' columns mean:
     output_len      server: `usage.completion_tokens` of the final usage chunk (when the server
                     sends none: the number of chunks carrying choices)
     cached_tokens   server: `usage.prompt_tokens_details.cached_tokens` when sent, else 0
+    replica         router: the response's `x-rt-replica` header (`rt route`: the index of
+                    the backend that answered), a column only when some response had it,
+                    null for a request whose response did not (so `analysis.fleet` reads a
+                    real fleet run as it reads a simulated one)
 
 Server-side boundaries are not observable from a client, so they are NaN (unknown), never 0:
 `queued_s`, `engine_queued_s`, `first_scheduled_s` and the attribution parts (`api_server_s`
@@ -50,6 +54,7 @@ from typing import Any
 import httpx
 
 from backends.replay.endpoint_probe import EndpointConfig, EndpointInfo, describe_error
+from backends.route.flags import REPLICA_HEADER
 from runtime.records import PART_COLUMNS, RequestRecord
 from workloads import Trace, TraceRequest, prompt_token_ids
 
@@ -58,6 +63,18 @@ NAN = float("nan")
 # Server-side columns a client cannot observe (NaN: unknown).
 UNKNOWN_COLUMNS = ("queued_s", "engine_queued_s", "first_scheduled_s", *PART_COLUMNS)
 _STATUS = {"length": "FINISHED_LENGTH_CAPPED", "stop": "FINISHED_STOPPED"}
+
+
+@dataclass(slots=True)
+class RoutedRequestRecord(RequestRecord):
+    """A request row of a replay through a router: which replica answered (None: unknown)."""
+
+    replica: int | None = None
+
+    def to_row(self) -> dict[str, object]:
+        row = RequestRecord.to_row(self)
+        row["replica"] = self.replica
+        return row
 
 
 @dataclass(slots=True)
@@ -111,6 +128,7 @@ class _Stream:
     stop_reason: str | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None  # None: usage had no prompt_tokens_details.cached_tokens
+    replica: int | None = None  # the router's x-rt-replica header, when sent
     error: str | None = None
     failed_s: float | None = None
 
@@ -160,7 +178,8 @@ async def _replay(trace: Trace, config: EndpointConfig, url: str,
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         wall = time.perf_counter() - start
-    records = [_record(req, streams[req.request_id]) for req in trace
+    routed = any(s.replica is not None for s in streams.values())
+    records = [_record(req, streams[req.request_id], routed) for req in trace
                if req.request_id in streams]
     errors = {rid: s.error for rid, s in streams.items() if s.error is not None}
     missing = sum(s.completion_tokens is None and s.error is None for s in streams.values())
@@ -197,6 +216,7 @@ async def _stream(client: httpx.AsyncClient, url: str, body: dict[str, Any], str
                   start: float) -> None:
     """POST `body` and read its SSE stream into `stream` (errors set `stream.error`)."""
     async with client.stream("POST", url, json=body) as response:
+        stream.replica = _replica(response.headers.get(REPLICA_HEADER))
         if response.status_code != 200:
             text = (await response.aread()).decode(errors="replace")
             stream.error = f"HTTP {response.status_code}: {_error_message(text)}"
@@ -248,8 +268,16 @@ def _take_chunk(chunk: dict[str, Any], stream: _Stream, now_s: float) -> None:
             stream.cached_tokens = int(details["cached_tokens"])
 
 
-def _record(req: TraceRequest, s: _Stream) -> RequestRecord:
-    """The RequestRecord of one sent request (see the module docstring for the columns)."""
+def _replica(value: str | None) -> int | None:
+    """The replica index of an `x-rt-replica` header (None: absent or not an index >= 0)."""
+    if value is None or not value.strip().isdigit():
+        return None
+    return int(value)
+
+
+def _record(req: TraceRequest, s: _Stream, routed: bool) -> RequestRecord:
+    """The record of one sent request (see the module docstring for the columns): a
+    `RoutedRequestRecord` when `routed` (some response of the replay named its replica)."""
     output_len = s.completion_tokens if s.completion_tokens is not None else len(s.chunk_times)
     failed = s.error is not None
     if failed:
@@ -259,13 +287,16 @@ def _record(req: TraceRequest, s: _Stream) -> RequestRecord:
         reason = s.finish_reason or ("length" if output_len >= req.output_len else "stop")
         status = _STATUS.get(reason, "FINISHED_STOPPED")
         finish_reason, stop_reason, finish = reason, s.stop_reason, s.chunk_times[-1]
-    record = RequestRecord(
+    kind = RoutedRequestRecord if routed else RequestRecord
+    record = kind(
         request_id=req.request_id, arrival_s=s.sent_s, prompt_len=req.prompt_len,
         max_tokens=req.output_len,
         first_token_s=s.chunk_times[0] if s.chunk_times else None, finish_s=finish,
         status=status, finish_reason=finish_reason, stop_reason=stop_reason,
         output_len=output_len, cached_tokens=s.cached_tokens or 0,
         token_times_s=list(s.chunk_times))
+    if isinstance(record, RoutedRequestRecord):
+        record.replica = s.replica
     for name in UNKNOWN_COLUMNS:
         setattr(record, name, NAN)
     return record
@@ -318,6 +349,8 @@ def run_info(result: EndpointResult, config: EndpointConfig, info: EndpointInfo
         "failed": result.num_failed,
         "usage_missing": result.usage_missing,
         "cached_tokens_reported": result.cached_tokens_reported,
+        "replica_attributed": sum(getattr(r, "replica", None) is not None
+                              for r in result.requests),
         "errors": dict(result.errors),
     }
 

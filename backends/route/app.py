@@ -7,10 +7,18 @@
     GET  /health        200 while at least one backend is up, else 503
     GET  /metrics       the router's own metrics (`backends.route.metrics`)
 
-A request's life: the body is parsed for the prompt (`backends.route.prompt`); the shared
-policy (`runtime.router`) chooses among the backends up, from their last scraped metrics and
-its own state (`on_routed`); the request is sent. If the connection is refused, nothing
-reached the backend: it counts a failure and the request is routed again among the others.
+Every forwarded response (streaming or not, whatever its status) carries `x-rt-replica: I`,
+the index of the backend that answered (its position among `--backend`, 0-based: the
+`replica` of a simulated fleet), so a client can attribute each request to a replica
+(`rt replay --endpoint` records it in the `replica` column).
+
+A request's life (the two POST routes bypass FastAPI: `backends.route.relay`): the body is
+parsed for the prompt (`backends.route.prompt`); the shared policy (`runtime.router`)
+chooses among the backends up, from their last scraped metrics and its own state
+(`on_routed`); the request is sent. /metrics of each backend is scraped every refresh when
+the policy reads a gauge, else every health check (it is then only a liveness check). If
+the connection is refused, nothing reached the backend: it counts a failure and the request
+is routed again among the others.
 The first SSE event with output (chat: the second, after the role) calls `on_prefill_done`;
 the end of the response, or its failure, `on_finished`. A response cut by its backend (the
 process died, the stream broke, or the backend was taken out while silent) ends with an
@@ -27,26 +35,32 @@ import asyncio
 import contextlib
 import itertools
 import json
+import ssl
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import certifi
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from backends.route.backends import Backend, check_backends, healthy, scrape
+from backends.route.backends import Backend, check_backends, healthy, needed_signals, scrape
+from backends.route.flags import REPLICA_HEADER
 from backends.route.metrics import RouterMetrics
 from backends.route.prompt import routing_request
+from backends.route.relay import FastPath
 from backends.serve.openai_protocol import ApiError
 from runtime.router import RoutingRequest, make_policy
 
 # hop-by-hop and framing headers: never forwarded either way
 _SKIP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive",
          "upgrade", "te", "trailer", "proxy-connection", "date", "server"}
+_REPLICA = REPLICA_HEADER.encode()
 _SCRAPE_TIMEOUT_S = 5.0  # a backend saturated by load answers /metrics late, not never
+_CLIENT_SHARDS = 16  # HTTP clients the requests are spread over (see Router.start)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,18 +97,31 @@ class Router:
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
         self.policy = make_policy(config.policy, config.policy_args, config.seed)
+        # a policy that reads no gauge (round-robin, prefix-aware, ...) needs /metrics only
+        # as a liveness check: scraped every health check, not every refresh
+        self.reads_metrics = bool(needed_signals(self.policy))
         self.backends = [Backend(i, url) for i, url in enumerate(config.backends)]
-        self.metrics = RouterMetrics(config.policy, self.backends)
-        self.client: httpx.AsyncClient | None = None
+        self.scrape_period_s = config.refresh_s if self.reads_metrics else config.health_check_s
+        self.metrics = RouterMetrics(config.policy, self.backends, self.scrape_period_s)
+        self.client: httpx.AsyncClient | None = None  # scrapes, health, /v1/models
+        self._shards: list[httpx.AsyncClient] = []  # requests, round-robin over them
         self._ids = itertools.count()
+        self._shard = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
 
     # ---- lifecycle and backend state -------------------------------------------------------
 
     async def start(self) -> None:
         timeout = httpx.Timeout(self.config.backend_timeout_s, connect=5.0)
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
-        self.client = httpx.AsyncClient(timeout=timeout, limits=limits)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        # httpx's default trust store (certifi), loaded once (0.17 s) for all the clients
+        tls = ssl.create_default_context(cafile=certifi.where())
+        self.client = httpx.AsyncClient(timeout=timeout, limits=limits, verify=tls)
+        # httpcore's pool does O(connections^2) work each time a request starts or ends
+        # (1.2 M is_idle() calls for 500 requests over 50 connections in a profile): the
+        # requests go through _CLIENT_SHARDS clients, so that each pool stays small
+        self._shards = [httpx.AsyncClient(timeout=timeout, limits=limits, verify=tls)
+                        for _ in range(_CLIENT_SHARDS)]
         await asyncio.gather(*(self._scrape(b) for b in self.backends))
         self._tasks = [asyncio.create_task(self._watch(b)) for b in self.backends]
 
@@ -104,15 +131,21 @@ class Router:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self.client is not None:
-            await self.client.aclose()
+        for client in [*self._shards, *([self.client] if self.client else [])]:
+            await client.aclose()
 
     async def _watch(self, backend: Backend) -> None:
-        """Scrape the backend every refresh while up; probe /health while down."""
+        """Scrape the backend every refresh while up (every health check if the policy
+        reads no gauge), on a fixed tick (a scrape that takes long delays the next one, not
+        every later one: the period stays the refresh, as a simulated fleet's); probe
+        /health while down."""
         cfg = self.config
+        period = self.scrape_period_s or cfg.health_check_s  # 0: scraped at decisions
+        tick = time.monotonic()
         while True:
             if backend.up:
-                await asyncio.sleep(cfg.refresh_s or cfg.health_check_s)
+                tick = max(tick + period, time.monotonic())
+                await asyncio.sleep(tick - time.monotonic())
                 if backend.up:
                     await self._scrape(backend)
                 continue
@@ -141,12 +174,15 @@ class Router:
     async def choose(self, routing: RoutingRequest, tried: set[int]) -> Backend | None:
         """The policy's choice among the backends up and not yet tried, recorded as routed;
         None if there is none."""
-        if self.config.refresh_s == 0:
+        if self.config.refresh_s == 0 and self.reads_metrics:
             await asyncio.gather(*(self._scrape(b) for b in self.backends if b.up))
         candidates = [b for b in self.backends if b.up and b.replica_id not in tried]
         if not candidates:
             return None
         now = time.monotonic()
+        ages = [now - b.scraped_at_s for b in candidates if b.scraped_at_s is not None]
+        if ages:
+            self.metrics.decision_scrape_age.observe(sum(ages) / len(ages))
         decision = self.policy.choose(routing, [b.snapshot(now) for b in candidates])
         self.policy.on_routed(routing, decision.replica)
         self.metrics.decided(decision.reason)
@@ -158,9 +194,12 @@ class Router:
         self.policy.on_finished(request_id)
         backend.in_flight -= 1
 
-    async def generate(self, request: Request, path: str, chat: bool) -> Response:
-        arrival = time.monotonic()
-        body = await request.body()
+    async def dispatch(self, body: bytes, headers: Mapping[str, str], path: str, chat: bool,
+                       arrival: float) -> tuple[Backend, httpx.Response, str]:
+        """Route the request (body bytes, lower-case headers) and send it: its backend, the
+        backend's response (headers read, body not) and its router id. ApiError (400 bad
+        body, 503 nothing up, 502 the backend failed) otherwise; a refused connection is
+        routed again among the backends not yet tried."""
         try:
             payload = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -168,8 +207,8 @@ class Router:
         if not isinstance(payload, dict):
             raise ApiError(400, "the body must be a JSON object")
         request_id = f"route-{next(self._ids)}"
-        routing = routing_request(payload, chat, request.headers, request_id, arrival)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _SKIP}
+        routing = routing_request(payload, chat, headers, request_id, arrival)
+        forward = {k: v for k, v in headers.items() if k not in _SKIP}
         tried: set[int] = set()
         while True:
             backend = await self.choose(routing, tried)
@@ -177,93 +216,54 @@ class Router:
                 self.metrics.unroutable.inc()
                 raise ApiError(503, "no backend is up; retry later")
             self.metrics.routing_latency.observe(time.monotonic() - arrival)
-            self.metrics.requests.labels(backend.url).inc()
+            self.metrics.dispatched(backend.replica_id)
             try:
-                upstream = await self._send(backend, path, body, headers)
+                return backend, await self._send(backend, path, body, forward), request_id
             except (httpx.ConnectError, httpx.ConnectTimeout):  # nothing reached it
                 self.finish(backend, request_id)
                 self.metrics.errors.labels(backend.url, "connect").inc()
                 backend.failed(self.config.max_failures)
                 self.metrics.retries.inc()
                 tried.add(backend.replica_id)
-                continue
             except (httpx.HTTPError, _BackendDown) as err:
                 self.finish(backend, request_id)
                 self.metrics.errors.labels(backend.url, "stream").inc()
                 raise ApiError(502, f"backend {backend.url} failed: "
                                f"{err or type(err).__name__}") from None
-            break
-        return await self._respond(backend, upstream, request_id, chat)
 
     async def _send(self, backend: Backend, path: str, body: bytes,
                     headers: dict[str, str]) -> httpx.Response:
         """The backend's response, headers read, body not; `_BackendDown` if it is taken
         out first."""
-        assert self.client is not None
-        outgoing = self.client.build_request("POST", backend.url + path, content=body,
-                                             headers=headers)
-        send = asyncio.ensure_future(self.client.send(outgoing, stream=True))
-        down = asyncio.ensure_future(backend.down_event.wait())
+        client = self._shards[next(self._shard) % len(self._shards)]
+        outgoing = client.build_request("POST", backend.url + path, content=body,
+                                        headers=headers)
+        send = asyncio.ensure_future(client.send(outgoing, stream=True))
+        backend.sending.add(send)
         try:
-            await asyncio.wait((send, down), return_when=asyncio.FIRST_COMPLETED)
+            return await send
+        except asyncio.CancelledError:
+            if not backend.up and send.cancelled():  # taken down, not this task cancelled
+                current = asyncio.current_task()
+                if current is None or not current.cancelling():
+                    raise _BackendDown(f"{backend.url} was taken out") from None
+            raise
         finally:
-            down.cancel()
-            if not send.done():
-                send.cancel()
-        if send.cancelled():
-            raise _BackendDown(f"{backend.url} was taken out")
-        return send.result()
+            backend.sending.discard(send)
 
-    async def _respond(self, backend: Backend, upstream: httpx.Response, request_id: str,
-                       chat: bool) -> Response:
+    def answered(self, backend: Backend, upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
+        """Count the backend's status (an engine error, a 5xx other than load shedding's
+        503, is a failure) and return the response headers to forward: the backend's but
+        hop-by-hop and framing ones, plus `x-rt-replica`."""
         status = upstream.status_code
-        if status >= 500 and status != 503:  # an engine error, not load shedding
+        if status >= 500 and status != 503:
             self.metrics.errors.labels(backend.url, "status").inc()
             backend.failed(self.config.max_failures)
         else:
             backend.succeeded()
-        headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _SKIP}
-        if upstream.headers.get("content-type", "").startswith("text/event-stream"):
-            return StreamingResponse(self._relay(backend, upstream, request_id, chat),
-                                     status_code=status, headers=headers)
-        try:
-            content = await upstream.aread()
-        except httpx.HTTPError as err:
-            self.metrics.errors.labels(backend.url, "stream").inc()
-            raise ApiError(502, f"backend {backend.url} failed: "
-                           f"{err or type(err).__name__}") from None
-        finally:
-            await upstream.aclose()
-            self.policy.on_prefill_done(request_id)
-            self.finish(backend, request_id)
-        return Response(content, status_code=status, headers=headers)
-
-    async def _relay(self, backend: Backend, upstream: httpx.Response, request_id: str,
-                     chat: bool) -> AsyncIterator[bytes]:
-        """The backend's SSE bytes as they come; an error event if the stream is cut."""
-        backend.streams.add(upstream)
-        first_output = 2 if chat else 1  # chat's first event is the role, no output yet
-        events = 0
-        tail = b""
-        try:
-            async for chunk in upstream.aiter_raw():
-                if events < first_output:
-                    events += chunk.count(b"data:")
-                    if events >= first_output:
-                        self.policy.on_prefill_done(request_id)
-                tail = (tail + chunk)[-32:]
-                yield chunk
-            if not backend.up and b"[DONE]" not in tail:
-                raise httpx.ReadError("the backend was taken out")
-        except Exception as err:  # noqa: BLE001 (whatever broke the stream, the client is told)
-            self.metrics.errors.labels(backend.url, "stream").inc()
-            error = ApiError(502, f"backend {backend.url} failed mid-stream: "
-                             f"{err or type(err).__name__}")
-            yield f"data: {json.dumps(error.body())}\n\n".encode()
-        finally:
-            backend.streams.discard(upstream)
-            await upstream.aclose()
-            self.finish(backend, request_id)
+        headers = [(k, v) for k, v in upstream.headers.raw if k.lower().decode() not in _SKIP]
+        headers.append((_REPLICA, str(backend.replica_id).encode()))
+        return headers
 
     async def models(self) -> Response:
         assert self.client is not None
@@ -280,8 +280,9 @@ class Router:
         raise ApiError(503, "no backend is up; retry later")
 
 
-def build_app(config: RouterConfig) -> FastAPI:
-    """The FastAPI app; the HTTP client and the scrapers start with its lifespan."""
+def build_app(config: RouterConfig) -> FastPath:
+    """The ASGI app: the generation routes' fast path (`backends.route.relay`) in front of
+    a FastAPI app for the rest; the HTTP client and the scrapers start with its lifespan."""
     router = Router(config)
 
     @contextlib.asynccontextmanager
@@ -299,14 +300,6 @@ def build_app(config: RouterConfig) -> FastAPI:
     async def api_error(_: Request, err: ApiError) -> JSONResponse:
         return err.response()
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await router.generate(request, "/v1/completions", chat=False)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await router.generate(request, "/v1/chat/completions", chat=True)
-
     @app.get("/v1/models")
     async def models() -> Response:
         return await router.models()
@@ -322,7 +315,7 @@ def build_app(config: RouterConfig) -> FastAPI:
         return Response(generate_latest(router.metrics.registry),
                         media_type=CONTENT_TYPE_LATEST)
 
-    return app
+    return FastPath(app, router)
 
 
 def run_router(config: RouterConfig, host: str, port: int, shutdown_timeout_s: float = 10.0,

@@ -14,6 +14,7 @@ Times are `time.monotonic()` seconds.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -36,30 +37,29 @@ class EngineGauges:
     num_gpu_blocks: int | None = None
 
 
+# a sample line of one of the three gauges (not e.g. num_requests_waiting_by_reason):
+# name, optional {labels}, value
+_GAUGE_LINE = re.compile(r"^(vllm:(?:num_requests_running|num_requests_waiting|"
+                         r"kv_cache_usage_perc))(?:\{[^}\n]*\})?[ \t]+(\S+)", re.MULTILINE)
+_CACHE_INFO_LINE = re.compile(r"^vllm:cache_config_info\{([^}\n]*)\}", re.MULTILINE)
+
+
 def parse_metrics(text: str) -> EngineGauges:
     """vLLM's gauges from Prometheus text, summed over label sets (KV usage averaged: one
-    value per engine of a data-parallel server)."""
+    value per engine of a data-parallel server). Two regular-expression scans, not a loop
+    over every line (a server's /metrics has hundreds of lines, scraped every refresh)."""
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     gauges = EngineGauges()
-    for line in text.splitlines():
-        if not line.startswith("vllm:"):
+    for name, value in _GAUGE_LINE.findall(text):
+        try:
+            number = float(value)
+        except ValueError:
             continue
-        name, _, rest = line.partition("{")
-        if not rest:
-            name, _, value = line.partition(" ")
-        else:
-            labels, _, value = rest.rpartition("}")
-            if name == CACHE_INFO:
-                gauges.num_gpu_blocks = _label_int(labels, "num_gpu_blocks")
-                continue
-        if name in (RUNNING, WAITING, KV_USAGE):
-            try:
-                number = float(value.split()[0])
-            except (ValueError, IndexError):
-                continue
-            sums[name] = sums.get(name, 0.0) + number
-            counts[name] = counts.get(name, 0) + 1
+        sums[name] = sums.get(name, 0.0) + number
+        counts[name] = counts.get(name, 0) + 1
+    for labels in _CACHE_INFO_LINE.findall(text):
+        gauges.num_gpu_blocks = _label_int(labels, "num_gpu_blocks")
     gauges.num_running = sums.get(RUNNING)
     gauges.num_waiting = sums.get(WAITING)
     if KV_USAGE in sums:
@@ -114,7 +114,8 @@ class Backend:
     scraped_at_s: float | None = None  # last successful scrape
     in_flight: int = 0
     streams: set[httpx.Response] = field(default_factory=set)  # responses being relayed
-    down_event: asyncio.Event = field(default_factory=asyncio.Event)  # set while down
+    # requests being sent to it, headers not yet back: cancelled when it is taken down
+    sending: set[asyncio.Future[httpx.Response]] = field(default_factory=set)
 
     def snapshot(self, now_s: float) -> ReplicaSnapshot:
         g = self.gauges
@@ -137,14 +138,14 @@ class Backend:
 
     def take_down(self) -> None:
         self.up = False
-        self.down_event.set()
+        for send in list(self.sending):
+            send.cancel()
         for response in list(self.streams):  # their relays see the stream closed
             asyncio.get_running_loop().create_task(response.aclose())
 
     def put_back(self) -> None:
         self.up = True
         self.failures = 0
-        self.down_event = asyncio.Event()
 
 
 def normalize_url(url: str) -> str:

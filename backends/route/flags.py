@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from runtime.flags import flag
 
 ROUTE_PANEL = "Router"
+# The response header naming the backend that answered: its index among --backend (0-based,
+# a simulated fleet's `replica`), on every forwarded response; `rt replay --endpoint` reads it.
+REPLICA_HEADER = "x-rt-replica"
 
 
 @dataclass(frozen=True, slots=True)

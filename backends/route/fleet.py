@@ -85,7 +85,7 @@ def wait_healthy(replicas: Sequence[Replica], timeout_s: float) -> None:
         for replica in list(pending):
             if replica.proc.poll() is not None:
                 raise RuntimeError(f"replica {replica.url} exited ({replica.proc.returncode}):"
-                                   f" {replica.log_tail()}")
+                                   f" {replica.log_tail().strip()}")
             if replica.healthy():
                 pending.remove(replica)
         if pending and time.monotonic() > deadline:

@@ -1,0 +1,148 @@
+"""`rt fidelity --fleet`'s comparison: a real fleet run against the simulated fleet.
+
+Both runs have a `replica` column (the real one from the router's `x-rt-replica` header) and
+per-request cached tokens (the real one as the servers reported them), so both are read the
+same way (`analysis.fleet`). Side by side:
+
+* per replica: request share (fractions; difference in points, sim - real), also as sorted
+  shares: a prefix-aware policy breaking a tie by a draw may put the same groups of
+  conversations on other replica indexes, a relabelling that changes nothing else;
+* the fleet prefix hit rate (cached / prompt tokens; difference in points);
+* p50/p90/p99 of TTFT and ITL (ms; relative error (sim - real) / real);
+* failed requests;
+* the router's measured overheads (`backends.route.overheads.RouterOverheads` as a dict) and
+  what the simulation assumed of them (its routing latency; its scrape staleness: a tick
+  every refresh, refresh / 2 on average; `sim.fidelity.fleet_twin` sets both from the
+  measured ones).
+
+`GOALS` are the issue's: shares within 5 points, hit rate within 3, p50/p90 TTFT within 10%.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from analysis.fidelity import metric_errors
+from analysis.fleet import fleet_summary, replica_table
+from analysis.rundir import Run, load_run
+
+LATENCY_KEYS = tuple(f"p{q}_{m}_ms" for m in ("ttft", "itl") for q in (50, 90, 99))
+GOALS = {"share_points": 5.0, "hit_rate_points": 3.0, "p50_ttft_ms": 0.10,
+         "p90_ttft_ms": 0.10}
+
+
+def _failed(run: Run) -> int:
+    return int((run.requests["status"] == "FINISHED_ABORTED").sum())
+
+
+def compare_fleets(real: Run, sim: Run, overheads: Mapping[str, Any]) -> dict[str, Any]:
+    """The side-by-side figures (JSON-ready; NaN as null)."""
+    fleet = sim.info.get("fleet") or {}
+    n = int(fleet.get("replicas") or 1)
+    tables = {name: replica_table(run.requests, run.steps, n)
+              for name, run in (("real", real), ("sim", sim))}
+    shares = {name: [float(x) for x in t["share"]] for name, t in tables.items()}
+    diff = [100 * (s - r) for r, s in zip(shares["real"], shares["sim"], strict=True)]
+    sorted_diff = [100 * (s - r) for r, s in zip(sorted(shares["real"]),
+                                                 sorted(shares["sim"]), strict=True)]
+    hits = {name: fleet_summary(t)["prefix_hit_rate"] for name, t in tables.items()}
+    latency = metric_errors([real], [sim]).loc[list(LATENCY_KEYS)]
+    refresh_ms = float(fleet.get("router_refresh_ms", math.nan))
+    out: dict[str, Any] = {
+        "replicas": n, "router": fleet.get("router"), "router_args": fleet.get("router_args"),
+        "share": {**shares, "points": diff, "max_points": max(map(abs, diff), default=0.0),
+                  "sorted_max_points": max(map(abs, sorted_diff), default=0.0)},
+        "replica_hit_rate": {name: [float(x) for x in t["prefix_hit_rate"]]
+                             for name, t in tables.items()},
+        "prefix_hit_rate": {**hits, "points": 100 * (hits["sim"] - hits["real"])},
+        "latency": {key: {col: float(row[col]) for col in ("real", "sim", "error")}
+                    for key, row in latency.iterrows()},
+        "failed": {"real": _failed(real), "sim": _failed(sim)},
+        "router_overheads": {"real": dict(overheads),
+                             "sim": {"routing_latency_s": fleet.get("routing_latency_ms",
+                                                                    0.0) / 1e3,
+                                     "scrape_age_mean_s": refresh_ms / 2e3,
+                                     "refresh_s": refresh_ms / 1e3,
+                                     "refresh_flag_s": float(fleet.get(
+                                         "router_refresh_ms_flag", refresh_ms)) / 1e3}},
+        "cached_tokens_reported": real.info.get("cached_tokens_reported"),
+    }
+    out["goals"] = _goals(out)
+    return out
+
+
+def _goals(c: Mapping[str, Any]) -> dict[str, bool]:
+    """Each goal met? (shares: as sorted shares, indexes may be relabelled)."""
+    return {"share_within_5_points": c["share"]["sorted_max_points"] <= GOALS["share_points"],
+            "hit_rate_within_3_points": abs(c["prefix_hit_rate"]["points"])
+            <= GOALS["hit_rate_points"],
+            "p50_ttft_within_10pct": abs(c["latency"]["p50_ttft_ms"]["error"])
+            <= GOALS["p50_ttft_ms"],
+            "p90_ttft_within_10pct": abs(c["latency"]["p90_ttft_ms"]["error"])
+            <= GOALS["p90_ttft_ms"]}
+
+
+def render(c: Mapping[str, Any]) -> str:
+    """Fixed-width text of `compare_fleets`' figures."""
+    lines = [f"fleet of {c['replicas']} behind {c['router']}: real (rt serve --simulate "
+             f"behind rt route) vs simulated",
+             f"{'replica':<10}{'real share':>12}{'sim share':>12}{'points':>8}"
+             f"{'real hits':>11}{'sim hits':>10}"]
+    share, hits = c["share"], c["replica_hit_rate"]
+    for r in range(c["replicas"]):
+        lines.append(f"{r:<10}{share['real'][r]:>12.1%}{share['sim'][r]:>12.1%}"
+                     f"{share['points'][r]:>+8.1f}{hits['real'][r]:>11.1%}"
+                     f"{hits['sim'][r]:>10.1%}")
+    lines.append(f"share: max |difference| {share['max_points']:.1f} points by index, "
+                 f"{share['sorted_max_points']:.1f} as sorted shares")
+    p = c["prefix_hit_rate"]
+    lines.append(f"fleet prefix hit rate: real {p['real']:.1%}, sim {p['sim']:.1%} "
+                 f"({p['points']:+.1f} points)")
+    lines.append(f"{'latency':<16}{'real':>10}{'sim':>10}{'error':>9}")
+    for key, row in c["latency"].items():
+        lines.append(f"{key:<16}{row['real']:>10.2f}{row['sim']:>10.2f}{row['error']:>+9.1%}")
+    lines.append(f"failed requests: real {c['failed']['real']}, sim {c['failed']['sim']}")
+    o, s = c["router_overheads"]["real"], c["router_overheads"]["sim"]
+    lines.append(f"router (measured): routing latency mean {_ms(o['routing_latency_mean_s'])}, "
+                 f"p50 {_ms(o['routing_latency_p50_s'])}, p99 "
+                 f"{_ms(o['routing_latency_p99_s'])}; scrape age at decisions mean "
+                 f"{_ms(o['scrape_age_mean_s'])} (scrape period "
+                 f"{_ms(o.get('scrape_period_s', math.nan))}); retries {o['retries']:g}, "
+                 f"backend errors {o['backend_errors']:g}")
+    lines.append(f"router (simulated): routing latency {_ms(s['routing_latency_s'])}, "
+                 f"refresh {_ms(s['refresh_s'])}, scrape age mean "
+                 f"{_ms(s['scrape_age_mean_s'])} (refresh / 2)")
+    period = o.get("scrape_period_s", math.nan)
+    if math.isfinite(period) and not math.isclose(period, s["refresh_flag_s"]):
+        lines.append("  (the real router scrapes at another period than the refresh: the "
+                     "policy reads no gauge, its scrapes are liveness checks only)")
+    met = c["goals"]
+    lines.append("goals: " + ", ".join(f"{k} {'met' if v else 'NOT met'}"
+                                       for k, v in met.items()))
+    return "\n".join(lines)
+
+
+def _ms(seconds: float) -> str:
+    return "n/a" if not math.isfinite(seconds) else f"{seconds * 1e3:.2f} ms"
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write_fleet_fidelity(real_dir: Path, sim_dir: Path, overheads: Mapping[str, Any],
+                         root: Path) -> str:
+    """Compare the two run directories; writes root/fleet_fidelity.json; returns the text."""
+    comparison = compare_fleets(load_run(real_dir), load_run(sim_dir), overheads)
+    (root / "fleet_fidelity.json").write_text(json.dumps(_clean(comparison), indent=2) + "\n")
+    return render(comparison)
