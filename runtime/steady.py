@@ -130,24 +130,30 @@ class SteadyDecodes:
                 preempted.append(victim.request_id)
             if members.get(req_id) is member:  # not preempted (now or by an earlier taker)
                 member.table.append(get_new_block())
-        if kv.enable_caching:
-            for member in self._buckets[(g + 1) % self.block_size]:
-                self._materialise(member, g)
-                kv.cache_full_blocks(member.request, member.table, member.request.num_tokens)
+        self._fill(g)
         return preempted
 
     def _advance(self, g: int) -> None:
         """The members' scheduling in step g: blocks taken, then blocks filled, each in
         running order (a pop and a registration commute: registrations touch blocks in
         use, evictions free ones)."""
+        takers = self._buckets[g % self.block_size]
+        if len(takers) > 1:  # the pops of `get_new_block` one by one, in one walk
+            blocks = self.scheduler.kv_cache_manager.block_pool.get_new_blocks(len(takers))
+            for member, block in zip(takers, blocks, strict=True):
+                member.table.append(block)
+        elif takers:
+            takers[0].table.append(self.scheduler.kv_cache_manager.block_pool.get_new_block())
+        self._fill(g)
+
+    def _fill(self, g: int) -> None:
+        """The members whose token of step g fills a block register it, in running order."""
         kv = self.scheduler.kv_cache_manager
-        get_new_block = kv.block_pool.get_new_block
-        for member in self._buckets[g % self.block_size]:
-            member.table.append(get_new_block())
         if kv.enable_caching:
+            cache_full_blocks = kv.cache_full_blocks
             for member in self._buckets[(g + 1) % self.block_size]:
                 self._materialise(member, g)
-                kv.cache_full_blocks(member.request, member.table, member.request.num_tokens)
+                cache_full_blocks(member.request, member.table, member.request.num_tokens)
 
     # ---- runs of steps without explicit requests -------------------------------------------
 
