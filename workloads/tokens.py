@@ -56,6 +56,7 @@ _MIX2 = np.uint64(0x94D049BB133111EB)
 _ONE_TO_N = np.arange(1, 1 << 16, dtype=np.uint64)  # 1..65535: a stream's first counters
 _ONE_TO_N.flags.writeable = False
 _ZEROS = (0,)
+_FEW_PIECES = 4  # up to this many pieces, per-piece numpy calls are cheaper than whole-array
 
 
 def prompt_token_ids(req: TraceRequest, vocab_size: int, seed: int) -> list[int]:
@@ -149,18 +150,20 @@ def _fill_streams(out: np.ndarray, pieces: Sequence[tuple[str, int]], vocab_size
         raise TraceError(f"vocab size must be an integer > {RESERVED_TOKEN_IDS}",
                          column="vocab_size", value=vocab_size)
     # counter of token j of a stream with base b: b + (j + 1) * golden (wrapping)
-    if len(pieces) == 1:  # one stream: no per-token base or counter offsets to build
-        key, length = pieces[0]
-        np.multiply(_positions(_check_length(key, length)), _GOLDEN, out=out)
-        out += np.uint64(_stream_base(key, seed))
-    elif pieces:  # several (hash-id blocks, segments): whole-array operations
+    if len(pieces) <= _FEW_PIECES:  # piece by piece: three numpy calls each
+        start = 0
+        for key, length in pieces:
+            piece = out[start : start + _check_length(key, length)]
+            np.multiply(_positions(length), _GOLDEN, out=piece)
+            piece += np.uint64(_stream_base(key, seed))
+            start += length
+    else:  # many (hash-id blocks, segments): whole-array operations, a constant number
         lengths = np.array([_check_length(key, length) for key, length in pieces],
                            dtype=np.int64)
         bases = np.array([_stream_base(key, seed) for key, _ in pieces], dtype=np.uint64)
-        starts = np.cumsum(lengths) - lengths  # each piece's first index in `out`
-        # j + 1 for token j of its piece: the position, less the piece's start, plus one
-        np.subtract(_positions(out.size), np.repeat(starts.astype(np.uint64), lengths),
-                    out=out)
+        starts = (np.cumsum(lengths) - lengths).astype(np.uint64)  # pieces' first indices
+        # j + 1 for token j of its piece: its position (1-based) less the piece's start
+        np.subtract(_positions(out.size), np.repeat(starts, lengths), out=out)
         out *= _GOLDEN
         out += np.repeat(bases, lengths)
     _splitmix64_inplace(out)
