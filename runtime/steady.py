@@ -149,11 +149,25 @@ class SteadyDecodes:
     def _fill(self, g: int) -> None:
         """The members whose token of step g fills a block register it, in running order."""
         kv = self.scheduler.kv_cache_manager
-        if kv.enable_caching:
-            cache_full_blocks = kv.cache_full_blocks
-            for member in self._buckets[(g + 1) % self.block_size]:
-                self._materialise(member, g)
-                cache_full_blocks(member.request, member.table, member.request.num_tokens)
+        fillers = self._buckets[(g + 1) % self.block_size]
+        if not (kv.enable_caching and fillers):
+            return
+        # `_materialise` and `KVCacheManager.cache_full_blocks` inlined for the one block a
+        # member fills: a member has registered every full block it had when it joined
+        # (`_can_join`) and each one it filled since, so the new one is block c // B.
+        upcoming, block_size = self.upcoming, self.block_size
+        cache_full_block = kv.block_pool.cache_full_block
+        num_cached_block = kv.num_cached_block
+        for member in fillers:
+            request = member.request
+            computed = member.c_minus_g + g
+            missing = computed + 1 - request.num_tokens
+            if missing > 0:
+                request.extend_output_tokens(upcoming(request, missing))  # hashes the block
+            request.num_computed_tokens = computed
+            index = computed // block_size
+            cache_full_block(member.table[index], request.block_hashes[index])
+            num_cached_block[request.request_id] = index + 1
 
     # ---- runs of steps without explicit requests -------------------------------------------
 
