@@ -7,6 +7,7 @@ it holds blocks: block `i` holds the KV of tokens `[i * block_size, (i + 1) * bl
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import islice
 
 from runtime.block_pool import BlockPool, KVCacheBlock
 from runtime.config import CacheConfig
@@ -50,8 +51,9 @@ class KVCacheManager:
             return [], 0
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         hits: list[KVCacheBlock] = []
-        for block_hash in request.block_hashes[:max_hit_blocks]:
-            block = self.block_pool.get_cached_block(block_hash)
+        lookup = self.block_pool.cached_blocks.get  # `BlockPool.get_cached_block`, inlined
+        for block_hash in islice(request.block_hashes, max_hit_blocks):
+            block = lookup(block_hash)
             if block is None:  # chained hashes: every later block misses too
                 break
             hits.append(block)

@@ -192,7 +192,7 @@ class Scheduler:
 
     # ---- schedule ----------------------------------------------------------------------------
 
-    def schedule(self, num_steady: int = 0) -> SchedulerOutput:
+    def schedule(self, num_steady: int = 0, preempted: Sequence[str] = ()) -> SchedulerOutput:
         """Choose this step's tokens per request and allocate their KV slots.
 
         `num_computed_tokens` of every scheduled request is advanced now, before execution.
@@ -201,12 +201,15 @@ class Scheduler:
         requests are steady decodes whose token, block and registration for this step the
         caller has already handled; they only take their share of the budget and are left
         out of the output, which is then partial. The caller has checked that nothing will
-        be preempted (`running_block_demand`).
+        be preempted (`running_block_demand`), or (FCFS) has made the steady decodes' own
+        preemptions (`preempt_newest`), whose ids are `preempted`, before the call.
         """
         cfg = self.scheduler_config
         step = _Step(cfg.max_num_batched_tokens - num_steady, self._long_prefill_cap())
+        step.preempted_req_ids.extend(preempted)
         self._schedule_running(step, num_steady)
-        assert not (num_steady and step.preempted_req_ids), "a steady step preempted"
+        assert not (num_steady and step.preempted_req_ids and cfg.policy != "fcfs"), \
+            "a steady step preempted under the priority policy"
         if step.preempted_req_ids:
             wait_reason = WaitReason.PREEMPTED_THIS_STEP if self.waiting else None
         else:
@@ -334,6 +337,15 @@ class Scheduler:
         self._preempt(victim)
         step.preempted_req_ids.append(victim.request_id)
         return victim, index
+
+    def preempt_newest(self) -> Request:
+        """FCFS preemption of the newest running request before `schedule(num_steady, ...)`
+        (steady decodes, `runtime.steady`): what `_preempt_victim` does to a request not
+        yet scheduled in the step. The caller passes its id to `schedule`."""
+        assert self.scheduler_config.policy == "fcfs"
+        victim = self.running.pop()
+        self._preempt(victim)
+        return victim
 
     def _preempt(self, request: Request) -> None:
         """Recompute preemption: free all KV, keep the outputs, requeue at the front."""

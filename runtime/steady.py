@@ -81,16 +81,24 @@ class SteadyDecodes:
     def schedule(self) -> SchedulerOutput | None:
         """Schedule the next step with the members advanced implicitly: their blocks taken
         and filled, then `Scheduler.schedule(len(self))` for the rest. None, with nothing
-        done, when the step is not steady (the members exceed the budget, or the blocks
-        the step may take exceed the free ones: a preemption is possible)."""
+        done, when the step is not steady: the members exceed the budget, or (priority
+        policy) the blocks the step may take exceed the free ones, so that a member could
+        be a victim. Under FCFS a victim is always the newest running request, so the
+        members' own preemptions are made here (`_advance_preempting`) and the explicit
+        requests' by `Scheduler.schedule`, as stepping one by one would."""
         scheduler = self.scheduler
         num_steady = len(self._members)
         if not num_steady or num_steady > scheduler.scheduler_config.max_num_batched_tokens:
             return None
-        kv = scheduler.kv_cache_manager
-        pool = kv.block_pool
+        pool = scheduler.kv_cache_manager.block_pool
         g = self._step
         takers = self._buckets[g % self.block_size]
+        if scheduler.scheduler_config.policy == "fcfs":
+            if len(takers) <= pool.num_free_blocks:
+                self._advance(g)
+                return scheduler.schedule(num_steady)
+            preempted = self._advance_preempting(g)
+            return scheduler.schedule(len(self._members), preempted)
         budget_left = scheduler.scheduler_config.max_num_batched_tokens - num_steady
         demand = len(takers) + scheduler.running_block_demand(num_steady, budget_left)
         if demand > pool.num_free_blocks:
@@ -98,18 +106,68 @@ class SteadyDecodes:
         self._advance(g)
         return scheduler.schedule(num_steady)
 
+    def _advance_preempting(self, g: int) -> list[str]:
+        """`_advance(g)` when the free blocks do not cover the members taking one (FCFS):
+        before each such member takes its block, the newest running requests are preempted
+        until one is free, as `Scheduler._preempt_until_fits` would: explicit requests
+        first (they run behind the members), then members from the newest, which leave
+        first; a member that is itself the newest left is preempted and takes nothing.
+        Returns the preempted request ids, in order."""
+        scheduler = self.scheduler
+        kv = scheduler.kv_cache_manager
+        queue = kv.block_pool.free_block_queue
+        get_new_block = kv.block_pool.get_new_block
+        running, members = scheduler.running, self._members
+        preempted: list[str] = []
+        for member in list(self._buckets[g % self.block_size]):  # victims leave the bucket
+            req_id = member.request.request_id
+            while queue.num_free_blocks < 1 and members.get(req_id) is member:
+                victim = running[-1]
+                left = members.get(victim.request_id)
+                if left is not None:
+                    self._leave(left, g)
+                scheduler.preempt_newest()
+                preempted.append(victim.request_id)
+            if members.get(req_id) is member:  # not preempted (now or by an earlier taker)
+                member.table.append(get_new_block())
+        self._fill(g)
+        return preempted
+
     def _advance(self, g: int) -> None:
         """The members' scheduling in step g: blocks taken, then blocks filled, each in
         running order (a pop and a registration commute: registrations touch blocks in
         use, evictions free ones)."""
+        takers = self._buckets[g % self.block_size]
+        if len(takers) > 1:  # the pops of `get_new_block` one by one, in one walk
+            blocks = self.scheduler.kv_cache_manager.block_pool.get_new_blocks(len(takers))
+            for member, block in zip(takers, blocks, strict=True):
+                member.table.append(block)
+        elif takers:
+            takers[0].table.append(self.scheduler.kv_cache_manager.block_pool.get_new_block())
+        self._fill(g)
+
+    def _fill(self, g: int) -> None:
+        """The members whose token of step g fills a block register it, in running order."""
         kv = self.scheduler.kv_cache_manager
-        get_new_block = kv.block_pool.get_new_block
-        for member in self._buckets[g % self.block_size]:
-            member.table.append(get_new_block())
-        if kv.enable_caching:
-            for member in self._buckets[(g + 1) % self.block_size]:
-                self._materialise(member, g)
-                kv.cache_full_blocks(member.request, member.table, member.request.num_tokens)
+        fillers = self._buckets[(g + 1) % self.block_size]
+        if not (kv.enable_caching and fillers):
+            return
+        # `_materialise` and `KVCacheManager.cache_full_blocks` inlined for the one block a
+        # member fills: a member has registered every full block it had when it joined
+        # (`_can_join`) and each one it filled since, so the new one is block c // B.
+        upcoming, block_size = self.upcoming, self.block_size
+        cache_full_block = kv.block_pool.cache_full_block
+        num_cached_block = kv.num_cached_block
+        for member in fillers:
+            request = member.request
+            computed = member.c_minus_g + g
+            missing = computed + 1 - request.num_tokens
+            if missing > 0:
+                request.extend_output_tokens(upcoming(request, missing))  # hashes the block
+            request.num_computed_tokens = computed
+            index = computed // block_size
+            cache_full_block(member.table[index], request.block_hashes[index])
+            num_cached_block[request.request_id] = index + 1
 
     # ---- runs of steps without explicit requests -------------------------------------------
 
@@ -120,7 +178,7 @@ class SteadyDecodes:
         if not self._members or len(self._members) != len(self.scheduler.running):
             return 0
         g = self._step
-        limit = self._finishes[0][0] - g
+        limit = self._live_finishes()[0][0] - g
         free = self.scheduler.kv_cache_manager.block_pool.num_free_blocks
         block_size, buckets = self.block_size, self._buckets
         per_cycle = len(self._members)  # every member takes one block per cycle
@@ -168,15 +226,24 @@ class SteadyDecodes:
         materialised through the step and no longer members. The caller finishes them
         (`Scheduler.finish_decoded`) before the step's other requests."""
         g = self._step
-        finishes = self._finishes
+        finishes = self._live_finishes()
         done = []
         while finishes and finishes[0][0] == g:
             member = heapq.heappop(finishes)[2]
+            if self._members.get(member.request.request_id) is not member:
+                continue  # it left earlier
             self._remove(member)
             self._materialise(member, g + 1)
             done.append(member.request)
-        assert not finishes or finishes[0][0] > g, "a steady decode missed its finish"
+        assert not self._live_finishes() or finishes[0][0] > g, "a steady decode missed its finish"
         return done
+
+    def _live_finishes(self) -> list[tuple[int, int, _Member]]:
+        """`_finishes` with the entries of members that left popped off its top."""
+        finishes, members = self._finishes, self._members
+        while finishes and members.get(finishes[0][2].request.request_id) is not finishes[0][2]:
+            heapq.heappop(finishes)
+        return finishes
 
     # ---- joining and leaving ---------------------------------------------------------------
 
@@ -219,7 +286,15 @@ class SteadyDecodes:
         self._kv_base += c_minus_g + 1
         self.recorder.steady_enter(request.request_id)
 
+    def _leave(self, member: _Member, g: int) -> None:
+        """One member leaves before step g (a preemption victim): materialised, explicit."""
+        self._remove(member)
+        self._materialise(member, g)
+        self.recorder.steady_leave(member.request.request_id)
+
     def _remove(self, member: _Member) -> None:
+        """Drop a member; its entry in `_finishes` stays until it reaches the top, where
+        `_live_finishes` discards it (it no longer is `_members`' entry for its id)."""
         del self._members[member.request.request_id]
         self._buckets[-member.c_minus_g % self.block_size].remove(member)
         self._kv_base -= member.c_minus_g + 1
@@ -240,7 +315,8 @@ class SteadyDecodes:
         self._kv_base = 0
 
     def next_finish_step(self) -> int | None:
-        return self._finishes[0][0] if self._finishes else None
+        finishes = self._live_finishes()
+        return finishes[0][0] if finishes else None
 
     def _materialise(self, member: _Member, g: int) -> None:
         """Bring the member's request to its state before step g: c = c_minus_g + g

@@ -56,6 +56,7 @@ _MIX2 = np.uint64(0x94D049BB133111EB)
 _ONE_TO_N = np.arange(1, 1 << 16, dtype=np.uint64)  # 1..65535: a stream's first counters
 _ONE_TO_N.flags.writeable = False
 _ZEROS = (0,)
+_FEW_PIECES = 4  # up to this many pieces, per-piece numpy calls are cheaper than whole-array
 
 
 def prompt_token_ids(req: TraceRequest, vocab_size: int, seed: int) -> list[int]:
@@ -149,19 +150,36 @@ def _fill_streams(out: np.ndarray, pieces: Sequence[tuple[str, int]], vocab_size
         raise TraceError(f"vocab size must be an integer > {RESERVED_TOKEN_IDS}",
                          column="vocab_size", value=vocab_size)
     # counter of token j of a stream with base b: b + (j + 1) * golden (wrapping)
-    start = 0
-    for key, length in pieces:
-        if length < 0:
-            raise ValueError(f"negative piece length {length} for stream {key!r}")
-        piece = out[start : start + length]
-        ones = _ONE_TO_N[:length] if length <= _ONE_TO_N.size else \
-            np.arange(1, length + 1, dtype=np.uint64)
-        np.multiply(ones, _GOLDEN, out=piece)
-        piece += np.uint64(_stream_base(key, seed))
-        start += length
+    if len(pieces) <= _FEW_PIECES:  # piece by piece: three numpy calls each
+        start = 0
+        for key, length in pieces:
+            piece = out[start : start + _check_length(key, length)]
+            np.multiply(_positions(length), _GOLDEN, out=piece)
+            piece += np.uint64(_stream_base(key, seed))
+            start += length
+    else:  # many (hash-id blocks, segments): whole-array operations, a constant number
+        lengths = np.array([_check_length(key, length) for key, length in pieces],
+                           dtype=np.int64)
+        bases = np.array([_stream_base(key, seed) for key, _ in pieces], dtype=np.uint64)
+        starts = (np.cumsum(lengths) - lengths).astype(np.uint64)  # pieces' first indices
+        # j + 1 for token j of its piece: its position (1-based) less the piece's start
+        np.subtract(_positions(out.size), np.repeat(starts, lengths), out=out)
+        out *= _GOLDEN
+        out += np.repeat(bases, lengths)
     _splitmix64_inplace(out)
     out %= np.uint64(vocab_size - RESERVED_TOKEN_IDS)
     out += np.uint64(RESERVED_TOKEN_IDS)
+
+
+def _check_length(key: str, length: int) -> int:
+    if length < 0:
+        raise ValueError(f"negative piece length {length} for stream {key!r}")
+    return length
+
+
+def _positions(n: int) -> np.ndarray:
+    """1..n (uint64)."""
+    return _ONE_TO_N[:n] if n <= _ONE_TO_N.size else np.arange(1, n + 1, dtype=np.uint64)
 
 
 def _splitmix64_inplace(z: np.ndarray) -> np.ndarray:

@@ -77,6 +77,8 @@ CASES = [  # (max_num_batched_tokens, max_num_seqs, num_blocks, policy, long_pre
     (128, 8, 60, "fcfs", 24, 0),  # per-request chunk cap: chunks beside later admissions
     (256, 12, 50, "fcfs", 0, 7),  # aborts
     (20, 16, 120, "priority", 8, 5),  # all of it
+    (512, 32, 24, "fcfs", 0, 0),  # KV-bound: steady decodes preempt others and each other
+    (512, 32, 30, "fcfs", 16, 9),  # the same with chunk caps and aborts
 ]
 
 
