@@ -97,6 +97,20 @@ class RouterPolicy:
         return decision
 
 
+class SnapshotBlindPolicy(RouterPolicy):
+    """A policy whose choice reads only the candidates' replica ids and its own state
+    (round-robin, random, session hashing, production-stack's prefix trie): completion-
+    and snapshot-blind, so a driver may decide it any time after the dispatches before it."""
+
+    @property
+    def completion_blind(self) -> bool:
+        return True
+
+    @property
+    def snapshot_blind(self) -> bool:
+        return True
+
+
 def candidate_ids(replicas: Sequence[ReplicaSnapshot]) -> list[int]:
     """The candidates' ids in increasing order; ValueError if none or duplicated."""
     ids = sorted(r.replica_id for r in replicas)

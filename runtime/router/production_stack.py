@@ -22,7 +22,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from runtime.router.policy import RouterPolicy, candidate_ids, pick_max, require, tie_note
+from runtime.router.policy import (
+    RouterPolicy,
+    SnapshotBlindPolicy,
+    candidate_ids,
+    pick_max,
+    require,
+    tie_note,
+)
 from runtime.router.prefix_index import PageTrie, PreciseIndex
 from runtime.router.session import RingCache, lowest_qps
 from runtime.router.snapshot import ReplicaSnapshot, RoutingDecision, RoutingRequest
@@ -42,7 +49,7 @@ class PrefixAwareConfig:
         require(self.qps_window_s > 0, f"qps_window_s must be > 0, got {self.qps_window_s}")
 
 
-class PrefixAware(RouterPolicy):
+class PrefixAware(SnapshotBlindPolicy):
     name: ClassVar[str] = "prefix-aware"
     config_type: ClassVar[type[PrefixAwareConfig]] = PrefixAwareConfig
 
@@ -50,14 +57,6 @@ class PrefixAware(RouterPolicy):
         super().__init__(seed)
         self.config = config or PrefixAwareConfig()
         self.trie = PageTrie(self.config.chunk_tokens)
-
-    @property
-    def completion_blind(self) -> bool:
-        return True
-
-    @property
-    def snapshot_blind(self) -> bool:
-        return True
 
     def choose(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from runtime.router.policy import RouterPolicy, candidate_ids, first_min, require
+from runtime.router.policy import SnapshotBlindPolicy, candidate_ids, first_min, require
 from runtime.router.snapshot import ReplicaSnapshot, RoutingDecision, RoutingRequest
 from runtime.router.state import RouterLocal
 
@@ -79,7 +79,7 @@ class SessionHashConfig:
         require(self.qps_window_s > 0, f"qps_window_s must be > 0, got {self.qps_window_s}")
 
 
-class SessionHash(RouterPolicy):
+class SessionHash(SnapshotBlindPolicy):
     name: ClassVar[str] = "session-hash"
     config_type: ClassVar[type[SessionHashConfig]] = SessionHashConfig
 
@@ -87,14 +87,6 @@ class SessionHash(RouterPolicy):
         super().__init__(seed)
         self.config = config or SessionHashConfig()
         self._rings = RingCache(self.config.virtual_nodes)
-
-    @property
-    def completion_blind(self) -> bool:
-        return True
-
-    @property
-    def snapshot_blind(self) -> bool:
-        return True
 
     def choose(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]

@@ -27,6 +27,7 @@ from typing import ClassVar
 
 from runtime.router.policy import (
     RouterPolicy,
+    SnapshotBlindPolicy,
     by_id,
     candidate_ids,
     first_min,
@@ -35,20 +36,12 @@ from runtime.router.policy import (
 from runtime.router.snapshot import ReplicaSnapshot, RoutingDecision, RoutingRequest
 
 
-class RoundRobin(RouterPolicy):
+class RoundRobin(SnapshotBlindPolicy):
     name: ClassVar[str] = "round-robin"
 
     def __init__(self, config: object | None = None, seed: int = 0) -> None:
         super().__init__(seed)
         self._counter = 0
-
-    @property
-    def completion_blind(self) -> bool:
-        return True
-
-    @property
-    def snapshot_blind(self) -> bool:
-        return True
 
     def choose(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]
@@ -59,19 +52,11 @@ class RoundRobin(RouterPolicy):
         return RoutingDecision(replica, "next in turn")
 
 
-class Random(RouterPolicy):
+class Random(SnapshotBlindPolicy):
     name: ClassVar[str] = "random"
 
     def __init__(self, config: object | None = None, seed: int = 0) -> None:
         super().__init__(seed)
-
-    @property
-    def completion_blind(self) -> bool:
-        return True
-
-    @property
-    def snapshot_blind(self) -> bool:
-        return True
 
     def choose(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]
