@@ -150,6 +150,10 @@ def user_errors(*also: type[Exception]) -> Iterator[None]:
         fail(f"{err.filename}: {err.strerror}")
 
 
+def say(line: str) -> None:
+    typer.echo(f"rt: {line}", err=True)  # a progress or status line
+
+
 def note(lines: typing.Iterable[str]) -> None:
     for line in lines:
         typer.echo(f"rt: note: {line}", err=True)
@@ -169,7 +173,7 @@ def save_figures(figures: Mapping[str, Any], directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     for stem, figure in figures.items():
         figure.savefig(directory / f"{stem}.png", dpi=90)
-    typer.echo(f"rt: wrote {', '.join(f'{s}.png' for s in figures)} to {directory}", err=True)
+    say(f"wrote {', '.join(f'{s}.png' for s in figures)} to {directory}")
 
 
 def default_dir(kind: str) -> Path:
@@ -341,15 +345,6 @@ def run_simulation(trace: workloads.Trace, setup: SimSetup, fleet: FleetRun | No
 # ---- rt report / compare / sweep (analysis) ----
 
 
-def load_checked(path: Path) -> Run:
-    from analysis.report import check_run
-    from analysis.rundir import load_run
-
-    run = load_run(path)
-    check_run(run)
-    return run
-
-
 @app.command("report")
 @with_flags
 def report(
@@ -363,7 +358,7 @@ def report(
     TPOT = (E2EL - TTFT) / (output tokens - 1), vLLM's (guidellm calls it ITL); ITL = every
     gap between consecutive tokens, pooled.
     """
-    from analysis.report import report_run
+    from analysis.report import load_checked, report_run
 
     with user_errors():
         home = run_dir if run_dir.is_dir() else run_dir.with_suffix("")  # a vLLM JSON: FILE/
@@ -371,7 +366,7 @@ def report(
                                             home)
         typer.echo(text)
         for path in written:
-            typer.echo(f"rt: wrote {path}", err=True)
+            say(f"wrote {path}")
         save_figures(figures, files.plot_dir or home / "plots")
 
 
@@ -388,6 +383,7 @@ def compare(
     ratio column against the first run; overlaid percentile curves and CDFs whose legend
     names what differs (budget, model, sim vs real...)."""
     from analysis.compare import compare_runs, render_table
+    from analysis.report import load_checked
 
     with user_errors():
         if len(run_dirs) < 2:
@@ -400,8 +396,7 @@ def compare(
         if files.html is not None:
             from analysis.html_report import write_html_report
 
-            typer.echo(f"rt: wrote {write_html_report(runs, files.html, flags.options())}",
-                       err=True)
+            say(f"wrote {write_html_report(runs, files.html, flags.options())}")
         save_figures(figures, files.plot_dir or default_dir("compare"))
 
 
@@ -518,7 +513,7 @@ def plan(
     typer.echo(text)
     save_figures(figures, root)
     ranked = cheapest(searches, prices)
-    typer.echo(f"rt: {len(records)} shapes simulated, {len(pruned)} candidates pruned", err=True)
+    say(f"{len(records)} shapes simulated, {len(pruned)} candidates pruned")
     if not ranked:
         fail(f"no shape within --max-gpus {space.max_gpus} meets {space.slo} (closest: "
              f"{closest})")
@@ -689,12 +684,12 @@ def serve(
 
 def until_stopped(started: str, what: str, run: Callable[[], None]) -> None:
     """Say what serves where, run it until it stops (a RuntimeError: one line, exit 2)."""
-    typer.echo(f"rt: {started}", err=True)
+    say(started)
     try:
         run()
     except RuntimeError as err:
         fail(str(err))
-    typer.echo(f"rt: {what} stopped", err=True)
+    say(f"{what} stopped")
 
 
 # ---- rt calibrate / fidelity ----
@@ -767,7 +762,7 @@ def calibrate(
             setup, tokenizer = real_engine(model, engine, real, seed)
             profile = calibrate_grid(setup, tokenizer, cal, sources.from_steps or [])
         write_profile(profile, output)
-    typer.echo(f"rt: wrote {output}", err=True)
+    say(f"wrote {output}")
 
 
 @app.command("fidelity")
@@ -797,57 +792,58 @@ def fidelity(
     real runs' own spread as the noise floor. With --endpoint, all of it against that
     server, fitted on its client-side timings (the engine flags: the server's)."""
     from analysis.fidelity import replay_order
-    from sim.calibrate import replay_api_cost
-    from sim.fidelity_run import FidelityRuns
 
     with user_errors():
         how.check(cal.step_drift, noise.step_noise)
     root = result_dir or default_dir("fidelity")
+    order = replay_order(how.repeats, how.calibration_replays())
     if client.endpoint is not None:
         return _fidelity_endpoint(workload(work, trace_file), model, engine, noise.step_noise,
-                                  how, cal.step_drift, client, work.seed, root, plots)
+                                  how, cal.step_drift, order, client, work.seed, root, plots)
     with user_errors():
         trace = workload(work, trace_file)
         setup, tokenizer = real_engine(model, engine, real, work.seed)
         workloads.check_max_model_len(trace, setup.scheduler.max_model_len)
         root.mkdir(parents=True, exist_ok=True)
-        profile = how.profile
-        if profile is None and how.calibrate_on == "grid" and not how.fit_on_replay:
-            profile = write_profile(calibrate_grid(setup, tokenizer, cal, []),
-                                    root / "profile.json")
-        runs = FidelityRuns(trace, root, setup.args.seed, setup.describe(), functools.partial(
-            replay_on, setup=setup, tokenizer=tokenizer, stop_if_interrupted=True), save_run,
-            lambda line: typer.echo(f"rt: {line}", err=True))
-        reals, calibrations = runs.replays(replay_order(how.repeats, profile is None and not (
-            how.fit_on_replay) and how.calibrate_on == "replay"), tokenizer=tokenizer is not None)
-        if replays := calibrations or (reals if how.fit_on_replay else []):
-            profile = write_profile(profile_from_steps(replays, "wall", replay_api_cost(replays),
-                                                       cal.step_drift), root / "profile.json")
-        assert profile is not None
-        sims, notes = runs.twins(setup.scheduler, setup.cache, str(setup.args.model_dir),
-                                 profile, noise.step_noise, how.sim_runs)
-        note(notes)
-        _fidelity_report(reals, sims, profile, root, plots, how.max_error)
+        _fidelity_real(trace, setup, tokenizer, cal, how, order, noise.step_noise, root, plots)
+
+
+def _fidelity_real(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
+                   cal: CalibrationFlags, how: FidelityFlags, order: list[tuple[str, int]],
+                   step_noise: bool, root: Path, plots: bool) -> None:
+    """`rt fidelity` on the real engine: `sim.fidelity_run.RealFidelity` with the engine's
+    replay, grid calibration and the run directories wired in, then the report."""
+    from sim.fidelity_run import FidelityRuns, RealFidelity
+
+    runs = FidelityRuns(trace, root, setup.args.seed, setup.describe(), functools.partial(
+        replay_on, setup=setup, tokenizer=tokenizer, stop_if_interrupted=True), save_run, say)
+    twin = RealFidelity(runs, setup.scheduler, setup.cache, str(setup.args.model_dir),
+                        functools.partial(calibrate_grid, setup, tokenizer, cal, []),
+                        lambda paths, api, drift: profile_from_steps(paths, "wall", api, drift),
+                        write_profile)
+    reals, sims, profile, notes = twin.run(how, order, cal.step_drift, step_noise,
+                                           tokenizer=tokenizer is not None)
+    note(notes)
+    _fidelity_report(reals, sims, profile, root, plots, how.max_error)
 
 
 def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: EngineFlags,
                        step_noise: bool, how: FidelityFlags, step_drift: bool,
-                       client: EndpointFlags, seed: int, root: Path, plots: bool) -> None:
+                       order: list[tuple[str, int]], client: EndpointFlags, seed: int,
+                       root: Path, plots: bool) -> None:
     """`rt fidelity --endpoint`: `sim.endpoint_fidelity` with the endpoint replay (as `rt
     replay --endpoint`) and the run directories wired in, then the report."""
     import secrets
 
-    from analysis.fidelity import replay_order
     from sim.endpoint_fidelity import EndpointFidelityPlan as Plan
     from sim.endpoint_fidelity import check_endpoint_flags, endpoint_fidelity
 
     settings = client.config_args(None, seed)
     with user_errors():
         check_endpoint_flags(how.calibrate_on, step_drift)
-        calibrate = how.profile is None and not how.fit_on_replay
-        plan = Plan(tuple(replay_order(how.repeats, calibrate)), seed, str(model or
-                    "llama-3.1-8b"), secrets.randbits(31), how.profile, how.fit_on_replay,
-                    step_noise, how.sim_runs)  # fresh prompts: the server's cache outlives us
+        plan = Plan(tuple(order), seed, str(model or "llama-3.1-8b"), secrets.randbits(31),
+                    how.profile, how.fit_on_replay, step_noise,
+                    how.sim_runs)  # fresh prompts: the server's cache outlives us
         out = endpoint_fidelity(trace, engine, plan, root, lambda t, path, s: run_endpoint(
             t, {**settings, "seed": s}, path, []), lambda path, twin, setup, sources: save_run(
             path, "simulate", trace, twin.result, setup.describe(),
@@ -858,18 +854,18 @@ def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: Engin
 
 def _fidelity_report(real_dirs: list[Path], sim_dirs: list[Path], profile_path: Path,
                      root: Path, plots: bool, max_error: float | None) -> None:
-    from analysis.fidelity import write_fidelity
+    """Write and print the report (`analysis.fidelity`), the plots; exit 1 past --max-error."""
+    from analysis.fidelity import write_fidelity_dirs
     from sim.fidelity_run import predicted_steps
 
-    reals = [load_checked(path) for path in real_dirs]
-    text, violations, figures = write_fidelity(
-        reals, [load_checked(p) for p in sim_dirs], predicted_steps(profile_path, reals[0].steps),
-        root, plots, max_error)
+    text, violations, figures = write_fidelity_dirs(
+        real_dirs, sim_dirs, functools.partial(predicted_steps, profile_path), root, plots,
+        max_error)
     typer.echo(text)
     save_figures(figures, root / "plots")
-    typer.echo(f"rt: wrote {root}/fidelity.json", err=True)
+    say(f"wrote {root}/fidelity.json")
     for line in violations:
-        typer.echo(f"rt: fidelity: {line}", err=True)
+        say(f"fidelity: {line}")
     if violations:
         raise typer.Exit(code=1)
 
@@ -973,7 +969,7 @@ def bench_gpu(flags: Annotated[GpuBenchFlags, Flags()], out: _Out = None) -> Non
     except ImportError as err:
         fail(f"rt bench gpu needs the real extra (torch, triton): {err}")
     with user_errors(GpuUnavailable):
-        report = gpu_bench(flags, out, lambda line: typer.echo(f"rt: {line}", err=True))
+        report = gpu_bench(flags, out, say)
     write_json(report, None)
 
 
@@ -1052,7 +1048,7 @@ def fleet_up(
     with user_errors(RuntimeError):
         run_fleet(plan, functools.partial(route_until_stopped, policy=policy, route=route,
                                           seed=seed, print_url=True),
-                  lambda line: typer.echo(f"rt: {line}", err=True))
+                  say)
 
 
 @bench_app.command("route")

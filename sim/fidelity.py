@@ -63,6 +63,11 @@ class FidelityFlags:
         "...; 'sim' is their mean (as 'real' is of the real runs). One run when simulated "
         "steps are deterministic (--no-step-noise).", CALIBRATION_PANEL)
 
+    def calibration_replays(self) -> bool:
+        """Whether calibration replays (of traces resampled from TRACE) go with the real
+        ones: no --profile, no --fit-on-replay, --calibrate-on replay."""
+        return self.profile is None and not self.fit_on_replay and self.calibrate_on == "replay"
+
     def check(self, step_drift: bool, step_noise: bool) -> None:
         """ValueError for impossible combinations (before any model is loaded)."""
         if self.calibrate_on not in ("grid", "replay"):
