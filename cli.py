@@ -423,20 +423,15 @@ def sweep(
     results table and draw latency against each swept flag and against rate (knee marked).
 
     With --slo and --find-max-rate: bisect the rate for the highest one meeting every SLO."""
-    from analysis.sweep import parse_slo, write_sweep
+    from analysis.sweep import sweep_slos, write_sweep
     from analysis.sweep_run import run_sweep
-    from sim.sweep import SweepPlan, sweep_configs
+    from sim.sweep import SweepPlan
 
     with user_errors():
-        slos = parse_slo(how.slo) if how.slo is not None else None
-        if how.find_max_rate and not slos:
-            raise ValueError("--find-max-rate needs --slo")
-        scaled = how.axis()[0] == "time_scale"  # (an axis error before the grid's)
-        plan = SweepPlan(sweep_configs(grid, targets["model"], targets["gpu"],
-                                       fleets.get("replicas", [1]),
-                                       fleets.get("router", ["round-robin"])),
-                         *_sweep_workload(trace_file, work, scaled), sim.profile, work.seed,
-                         result_dir or default_dir("sweep"))
+        slos = sweep_slos(how.slo, how.find_max_rate)
+        plan, notes = SweepPlan.build(trace_file, work, grid, targets, fleets, sim.profile, how,
+                                      result_dir or default_dir("sweep"))
+        note(notes)
         records, lines = run_sweep(plan, point_runner(how, flags.options(), slos, "sweep"),
                                    how, slos)
         for line in lines:
@@ -444,17 +439,6 @@ def sweep(
         text, figures = write_sweep(records, plan.root, GRID_ENGINE_FLAGS, slos, plots)
     typer.echo(text)
     save_figures(figures, plan.root)
-
-
-def _sweep_workload(trace_file: Path | None, work: WorkloadFlags, scaled: bool
-                    ) -> tuple[workloads.Trace | None, WorkloadFlags | None]:
-    """The sweep's base trace (a file, windowed) or its synthetic workload."""
-    if work.dataset_name is None:
-        return workload(work, trace_file), None
-    if work.dataset_name != "random" or trace_file is not None or scaled:
-        raise ValueError("sweep's synthetic workload is --dataset-name random, without "
-                         "--trace or --time-scale")
-    return None, work
 
 
 def point_runner(how: SweepFlags, options: ReportOptions, slos: dict[str, float] | None,

@@ -22,7 +22,7 @@ from runtime.flags import comma_list, flag
 from sim.engine_args import EngineArgs, SimSetup, build_setup
 from sim.simulator import SimResult, simulate
 from workloads import ArrivalProcess, Trace, TransformSpec, apply_transforms, random_trace
-from workloads.flags import WorkloadFlags
+from workloads.flags import WorkloadFlags, load_workload
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -241,6 +241,26 @@ class SweepPlan:
     seed: int
     root: Path
     made: int = 0
+
+    @classmethod
+    def build(cls, trace_file: Path | None, work: WorkloadFlags,
+              grid: Mapping[str, Sequence[Any]], targets: Mapping[str, Sequence[str]],
+              fleets: Mapping[str, Sequence[Any]], profile: str | None, how: SweepFlags,
+              root: Path) -> tuple[SweepPlan, list[str]]:
+        """`rt sweep`'s plan from its flags (the comma lists as {field: [values]}): every
+        configuration of the grid x models x GPUs x fleets, on the trace file (windowed; the
+        loader's notes are returned) or the synthetic workload. ValueError on a bad axis,
+        grid or workload."""
+        scaled = how.axis()[0] == "time_scale"  # (an axis error before the grid's)
+        configs = sweep_configs(grid, targets["model"], targets["gpu"],
+                                fleets.get("replicas", [1]), fleets.get("router", ["round-robin"]))
+        if work.dataset_name is None:
+            loaded = load_workload(work, trace_file)
+            return cls(configs, loaded.trace, None, profile, work.seed, root), list(loaded.notes)
+        if work.dataset_name != "random" or trace_file is not None or scaled:
+            raise ValueError("sweep's synthetic workload is --dataset-name random, without "
+                             "--trace or --time-scale")
+        return cls(configs, None, work, profile, work.seed, root), []
 
     def trace(self, key: str | None, value: float | None) -> Trace:
         if self.synthetic is not None:
