@@ -33,7 +33,7 @@ from analysis.compare import CompareFiles
 from analysis.progress import progress
 from analysis.report import ReportFiles, ReportFlags
 from backends.bench.flags import GpuBenchFlags, ServeBenchFlags, ServeLoadFlags
-from backends.engine.flags import RealEngineFlags
+from backends.engine.flags import ModelDirFlags, RealEngineFlags
 from backends.replay.flags import EndpointFlags
 from backends.route.flags import ROUTE_PANEL, RouteBenchFlags, RouteFlags
 from backends.serve.flags import SERVER_PANEL, ServeFlags
@@ -49,7 +49,7 @@ from sim.fleet_config import FleetFlags
 from sim.pd_flags import PDFlags
 from sim.plan import PlanFlags
 from sim.sweep import GRID_ENGINE_FLAGS, GRID_PANEL, SWEEP_WORKLOAD_FLAGS, SweepFlags
-from workloads.flags import WorkloadFlags, load_workload
+from workloads.flags import TraceFileFlags, WorkloadFlags, load_workload
 from workloads.trace_flags import FILE_FLAGS, SYNTHETIC_FLAGS, ConvertFlags, InspectFlags
 
 if TYPE_CHECKING:
@@ -274,17 +274,14 @@ def trace_gen(
 
 # ---- rt simulate ----
 
-_Trace = Annotated[Path | None, typer.Option(
-    "--trace", help="Trace file (any `rt trace` format). Default: the embedded excerpt of the "
-    "Azure conversation trace (first 10 min), unless --dataset-name is given.",
-    rich_help_panel="Workload")]
+_Trace = Annotated[TraceFileFlags, Flags(inline=True)]
 
 
 @app.command()
 @with_flags
 def simulate(
     *,
-    trace_file: _Trace = None,
+    trace_file: _Trace,
     work: Annotated[WorkloadFlags, Flags(exclude=("max_model_len",))],
     engine: Annotated[EngineArgs, Flags()],
     sim: Annotated[SimFlags, Flags()],
@@ -307,7 +304,7 @@ def simulate(
 
     with user_errors():
         percentiles = report.options().percentiles
-        trace = workload(work, trace_file)
+        trace = workload(work, trace_file.trace)
         setup = build_setup(engine, sim.model, sim.gpu, sim.profile, work.seed,
                             check_invariants, sim.step_noise)
         rate = work.request_rate if work.dataset_name is not None else None
@@ -404,7 +401,7 @@ def compare(
 @with_flags
 def sweep(
     *,
-    trace_file: _Trace = None,
+    trace_file: _Trace,
     work: Annotated[WorkloadFlags, Flags(only=SWEEP_WORKLOAD_FLAGS)],
     grid: Annotated[EngineArgs, Flags(only=GRID_ENGINE_FLAGS, lists=True, panel=GRID_PANEL)],
     targets: Annotated[SimFlags, Flags(only=("model", "gpu"), lists=True, panel=GRID_PANEL,
@@ -429,8 +426,8 @@ def sweep(
 
     with user_errors():
         slos = sweep_slos(how.slo, how.find_max_rate)
-        plan, notes = SweepPlan.build(trace_file, work, grid, targets, fleets, sim.profile, how,
-                                      result_dir or default_dir("sweep"))
+        plan, notes = SweepPlan.build(trace_file.trace, work, grid, targets, fleets,
+                                      sim.profile, how, result_dir or default_dir("sweep"))
         note(notes)
         records, lines = run_sweep(plan, point_runner(how, flags.options(), slos, "sweep"),
                                    how, slos)
@@ -509,13 +506,9 @@ def plan(
 
 # ---- rt replay (backends) ----
 
-_REAL = "Real engine"
 _DEFAULT_REPLAY = WorkloadFlags(dataset_name="random", num_prompts=32, input_len=96,
                                 output_len=24, range_ratio=0.5, request_rate=8.0)
-_ModelDir = Annotated[Path | None, typer.Option(
-    "--model", help="Local Hugging Face model directory (Llama, Mistral, Qwen2, Qwen3). "
-    "Default: a tiny random Llama, built once in ~/.cache/rt/tiny-llama-v2.",
-    rich_help_panel=_REAL)]
+_ModelDir = Annotated[ModelDirFlags, Flags(inline=True)]
 
 
 @app.command()
@@ -526,7 +519,7 @@ def replay(
         help="Trace file (any `rt trace` format). Default: a small synthetic trace "
         f"({_DEFAULT_REPLAY.num_prompts} random requests at {_DEFAULT_REPLAY.request_rate:g} "
         "req/s), unless --dataset-name is given.", show_default=False)] = None,
-    model: _ModelDir = None,
+    checkpoint: _ModelDir,
     work: Annotated[WorkloadFlags, Flags(exclude=("max_model_len",))],
     engine: Annotated[EngineFlags, Flags()],
     real: Annotated[RealEngineFlags, Flags()],
@@ -549,10 +542,11 @@ def replay(
                                        time_scale=work.time_scale)
         trace = workload(work, trace_file)
         if client.endpoint is not None:
-            settings = client.config_args(str(model) if model else None, work.seed)
+            settings = client.config_args(str(checkpoint.model) if checkpoint.model else None,
+                                          work.seed)
             run_endpoint(trace, settings, result_dir or default_dir("endpoint"), percentiles)
             return
-        setup, tokenizer = real_engine(model, engine, real, work.seed)
+        setup, tokenizer = real_engine(checkpoint.model, engine, real, work.seed)
         workloads.check_max_model_len(trace, setup.scheduler.max_model_len)
         run_replay(trace, setup, tokenizer, result_dir or default_dir("replay"), percentiles,
                    check_invariants)
@@ -718,7 +712,7 @@ def write_profile(profile: Profile, path: Path) -> Path:
 def calibrate(
     *,
     output: Annotated[Path, typer.Option("-o", "--output", help="Profile JSON to write.")],
-    model: _ModelDir = None,
+    checkpoint: _ModelDir,
     real: Annotated[RealEngineFlags, Flags()],
     engine: Annotated[EngineFlags, Flags()],
     cal: Annotated[CalibrationFlags, Flags()],
@@ -733,7 +727,7 @@ def calibrate(
     from sim.calibrate_run import runs_profile
 
     with user_errors():
-        mode = sources.mode(model is not None, cal.step_drift)
+        mode = sources.mode(checkpoint.model is not None, cal.step_drift)
         if mode == "runs":
             profile, lines = runs_profile(sources.from_run or [], request_columns, engine, seed,
                                           rt_version())
@@ -743,7 +737,7 @@ def calibrate(
             profile = profile_from_steps(sources.from_steps or [], sources.target,
                                          drift=cal.step_drift)
         else:
-            setup, tokenizer = real_engine(model, engine, real, seed)
+            setup, tokenizer = real_engine(checkpoint.model, engine, real, seed)
             profile = calibrate_grid(setup, tokenizer, cal, sources.from_steps or [])
         write_profile(profile, output)
     say(f"wrote {output}")
@@ -754,7 +748,7 @@ def calibrate(
 def fidelity(
     *,
     trace_file: Annotated[Path, typer.Argument(help="Trace file (any `rt trace` format).")],
-    model: _ModelDir = None,
+    checkpoint: _ModelDir,
     real: Annotated[RealEngineFlags, Flags()],
     work: Annotated[WorkloadFlags, Flags(only=("fmt", "first_n", "time_scale", "seed"))],
     engine: Annotated[EngineFlags, Flags()],
@@ -782,11 +776,12 @@ def fidelity(
     root = result_dir or default_dir("fidelity")
     order = replay_order(how.repeats, how.calibration_replays())
     if client.endpoint is not None:
-        return _fidelity_endpoint(workload(work, trace_file), model, engine, noise.step_noise,
-                                  how, cal.step_drift, order, client, work.seed, root, plots)
+        return _fidelity_endpoint(workload(work, trace_file), checkpoint.model, engine,
+                                  noise.step_noise, how, cal.step_drift, order, client,
+                                  work.seed, root, plots)
     with user_errors():
         trace = workload(work, trace_file)
-        setup, tokenizer = real_engine(model, engine, real, work.seed)
+        setup, tokenizer = real_engine(checkpoint.model, engine, real, work.seed)
         workloads.check_max_model_len(trace, setup.scheduler.max_model_len)
         root.mkdir(parents=True, exist_ok=True)
         _fidelity_real(trace, setup, tokenizer, cal, how, order, noise.step_noise, root, plots)
