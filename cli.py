@@ -59,8 +59,6 @@ if TYPE_CHECKING:
     from backends.engine.setup import RealSetup
     from backends.replay.api_process import Tokenizer
     from runtime.records import RunResult
-    from sim.engine_args import SimSetup
-    from sim.fleet_run import FleetRun
     from sim.profile import Profile
 
 app = typer.Typer(
@@ -299,44 +297,26 @@ def simulate(
     went. TPOT = (E2EL - TTFT) / (output tokens - 1), vLLM's definition (guidellm calls
     this ITL); ITL = every gap between consecutive tokens.
     """
-    from sim.engine_args import build_setup
-    from sim.fleet_run import FleetRun
+    from analysis.scaling import fleet_outputs
+    from sim.fleet_run import SimulateRun
 
     with user_errors():
         percentiles = report.options().percentiles
         trace = workload(work, trace_file.trace)
-        setup = build_setup(engine, sim.model, sim.gpu, sim.profile, work.seed,
-                            check_invariants, sim.step_noise)
+        run = SimulateRun.build(engine, sim, fleet, pd, autoscale, work.seed, check_invariants)
         rate = work.request_rate if work.dataset_name is not None else None
-        if not (fleet.is_fleet or autoscale.enabled) and pd.pd_decider != "never":
-            raise ValueError("--pd-decider needs a fleet: --replicas N or --fleet FILE")
-        run = (FleetRun.build(setup, fleet, pd, autoscale)
-               if fleet.is_fleet or autoscale.enabled else None)
-        run_simulation(trace, setup, run, result_dir or default_dir("simulate"),
-                       list(percentiles), rate)
-
-
-def run_simulation(trace: workloads.Trace, setup: SimSetup, fleet: FleetRun | None,
-                   path: Path, percentiles: list[float], request_rate: float | None) -> None:
-    """Simulate one engine (or the fleet), write the run directory, print the blocks."""
-    from analysis.fleet import fleet_block
-    from analysis.scaling import replica_figure, scaling_block
-    from sim.simulator import simulate as run
-
-    describe = (fleet.replicas[0] if fleet else setup).describe()
-    for line in (fleet.replicas[0] if fleet else setup).startup_lines:
-        typer.echo(line, err=True)
-    with progress("simulating", len(trace)) as update:
-        result, extra = (fleet.run(trace, update) if fleet else
-                         (run(trace, setup.config, setup.cost_model, update), {}))
-    run_dir = save_run(path, "simulate", trace, result, describe, **extra)
-    print_run(run_dir, result, percentiles, request_rate)
-    if fleet:
-        typer.echo(fleet_block(run_dir.requests, run_dir.steps))
-        typer.echo(scaling_block(run_dir.info["scaling"]))
-    if fleet and fleet.autoscale.enabled:
-        save_figures({"replicas": replica_figure(run_dir.info["scaling"], run_dir.requests)},
-                     run_dir.path / "plots")
+        path, describe = result_dir or default_dir("simulate"), run.first.describe()
+        for line in run.first.startup_lines:
+            typer.echo(line, err=True)
+        with progress("simulating", len(trace)) as update:
+            result, extra = run.run(trace, update)
+        run_dir = save_run(path, "simulate", trace, result, describe, **extra)
+        print_run(run_dir, result, list(percentiles), rate)
+        if run.fleet:
+            text, figures = fleet_outputs(run_dir.requests, run_dir.steps,
+                                          run_dir.info["scaling"], autoscale.enabled)
+            typer.echo(text)
+            save_figures(figures, run_dir.path / "plots")
 
 
 # ---- rt report / compare / sweep (analysis) ----
