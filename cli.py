@@ -120,6 +120,13 @@ def with_flags(command: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 
+def command(group: typer.Typer, name: str | None = None
+            ) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Register a function as command `name` of `group`, its flag groups expanded
+    (`with_flags`)."""
+    return lambda function: group.command(name)(with_flags(function))
+
+
 def _group(hint: Any) -> Flags | None:
     return next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Flags)),
                 None)
@@ -222,8 +229,7 @@ _Seed = Annotated[int, typer.Option("--seed", help="Seed of every random draw (a
 # ---- rt trace ... (workloads) ----
 
 
-@trace_app.command("inspect")
-@with_flags
+@command(trace_app, "inspect")
 def trace_inspect(
     file: Path,
     flags: Annotated[WorkloadFlags, Flags(only=FILE_FLAGS)],
@@ -241,8 +247,7 @@ def trace_inspect(
         typer.echo("\n".join(render_stats(stats, f"{file} ({kind})")))
 
 
-@trace_app.command("convert")
-@with_flags
+@command(trace_app, "convert")
 def trace_convert(
     src: Path, dst: Path,
     flags: Annotated[WorkloadFlags, Flags(only=FILE_FLAGS)],
@@ -256,8 +261,7 @@ def trace_convert(
     typer.echo(f"wrote {len(trace)} requests to {dst} ({out.to})")
 
 
-@trace_app.command("gen")
-@with_flags
+@command(trace_app, "gen")
 def trace_gen(
     output: Annotated[Path, typer.Option("-o", "--output", help="rt JSONL file to write.")],
     flags: Annotated[WorkloadFlags, Flags(only=SYNTHETIC_FLAGS,
@@ -275,8 +279,7 @@ def trace_gen(
 _Trace = Annotated[TraceFileFlags, Flags(inline=True)]
 
 
-@app.command()
-@with_flags
+@command(app)
 def simulate(
     *,
     trace_file: _Trace,
@@ -322,8 +325,7 @@ def simulate(
 # ---- rt report / compare / sweep (analysis) ----
 
 
-@app.command("report")
-@with_flags
+@command(app, "report")
 def report(
     run_dir: Annotated[Path, typer.Argument(help="Run directory (rt simulate / rt replay).")],
     flags: Annotated[ReportFlags, Flags()],
@@ -347,8 +349,7 @@ def report(
         save_figures(figures, files.plot_dir or home / "plots")
 
 
-@app.command("compare")
-@with_flags
+@command(app, "compare")
 def compare(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run directories (two or more).")],
     flags: Annotated[ReportFlags, Flags(defaults={"percentile_metrics": "ttft,tpot,itl,e2el",
@@ -377,8 +378,7 @@ def compare(
         save_figures(figures, files.plot_dir or default_dir("compare"))
 
 
-@app.command("sweep")
-@with_flags
+@command(app, "sweep")
 def sweep(
     *,
     trace_file: _Trace,
@@ -435,8 +435,7 @@ def point_runner(how: SweepFlags, options: ReportOptions, slos: dict[str, float]
 # ---- rt plan (sim + analysis) ----
 
 
-@app.command("plan")
-@with_flags
+@command(app, "plan")
 def plan(
     *,
     trace_file: Annotated[Path | None, typer.Argument(
@@ -491,8 +490,7 @@ _DEFAULT_REPLAY = WorkloadFlags(dataset_name="random", num_prompts=32, input_len
 _ModelDir = Annotated[ModelDirFlags, Flags(inline=True)]
 
 
-@app.command()
-@with_flags
+@command(app)
 def replay(
     *,
     trace_file: Annotated[Path | None, typer.Argument(
@@ -605,8 +603,7 @@ def run_endpoint(trace: workloads.Trace, settings: dict[str, Any], path: Path,
 # ---- rt serve (backends; --simulate: sim) ----
 
 
-@app.command()
-@with_flags
+@command(app)
 def serve(
     *,
     model: Annotated[str | None, typer.Option(
@@ -687,8 +684,7 @@ def write_profile(profile: Profile, path: Path) -> Path:
     return save_profile(profile, path)
 
 
-@app.command("calibrate")
-@with_flags
+@command(app, "calibrate")
 def calibrate(
     *,
     output: Annotated[Path, typer.Option("-o", "--output", help="Profile JSON to write.")],
@@ -723,8 +719,7 @@ def calibrate(
     say(f"wrote {output}")
 
 
-@app.command("fidelity")
-@with_flags
+@command(app, "fidelity")
 def fidelity(
     *,
     trace_file: Annotated[Path, typer.Argument(help="Trace file (any `rt trace` format).")],
@@ -832,8 +827,7 @@ def _fidelity_report(real_dirs: list[Path], sim_dirs: list[Path], profile_path: 
 # ---- rt bench ... ----
 
 
-@bench_app.command("scheduler")
-@with_flags
+@command(bench_app, "scheduler")
 def bench_scheduler(flags: Annotated[SchedulerBenchFlags, Flags(inline=True)],
                     out: _Out = None) -> None:
     """Microseconds per step of schedule() + update_from_output(): 64/256/1024 running
@@ -843,8 +837,7 @@ def bench_scheduler(flags: Annotated[SchedulerBenchFlags, Flags(inline=True)],
     write_json(run(seed=flags.seed, quick=flags.quick), out)
 
 
-@bench_app.command("sim")
-@with_flags
+@command(bench_app, "sim")
 def bench_sim(
     sim: Annotated[SimFlags, Flags(only=("model", "gpu"))],
     flags: Annotated[SimBenchFlags, Flags(inline=True)],
@@ -858,8 +851,7 @@ def bench_sim(
     write_json(report, out)
 
 
-@bench_app.command("serve")
-@with_flags
+@command(bench_app, "serve")
 def bench_serve(
     work: Annotated[WorkloadFlags, Flags(only=("request_rate", "input_len", "output_len",
                                                "seed"),
@@ -897,8 +889,7 @@ def bench_serve(
         raise typer.Exit(code=1)
 
 
-@bench_app.command("fleet")
-@with_flags
+@command(bench_app, "fleet")
 def bench_fleet(
     sim: Annotated[SimFlags, Flags(only=("model", "gpu"))],
     flags: Annotated[FleetBenchFlags, Flags(inline=True)],
@@ -917,8 +908,7 @@ def bench_fleet(
     write_json(report, out)
 
 
-@bench_app.command("gpu")
-@with_flags
+@command(bench_app, "gpu")
 def bench_gpu(flags: Annotated[GpuBenchFlags, Flags()], out: _Out = None) -> None:
     """Kernel correctness in bf16, decode attention bandwidth and prefill TFLOP/s against a
     copy and a matmul measured in the same run, and engine tokens/s against transformers
@@ -953,8 +943,7 @@ def route_until_stopped(urls: list[str], policy: FleetFlags, route: RouteFlags, 
                                      route.uvicorn_log_level))
 
 
-@app.command("route")
-@with_flags
+@command(app, "route")
 def route_command(
     *,
     route: Annotated[RouteFlags, Flags()],
@@ -975,8 +964,7 @@ app.add_typer(fleet_app, name="fleet")
 _FLEET_SERVER = Flags(only=("simulate", "max_num_queued_requests"))
 
 
-@fleet_app.command("up")
-@with_flags
+@command(fleet_app, "up")
 def fleet_up(
     *,
     policy: Annotated[FleetFlags, Flags(only=("replicas", "router", "router_arg",
@@ -1010,8 +998,7 @@ def fleet_up(
                   say)
 
 
-@bench_app.command("route")
-@with_flags
+@command(bench_app, "route")
 def bench_route(
     *,
     policy: _RouterPolicy,
