@@ -868,22 +868,14 @@ def bench_serve(
     with `rt simulate`'s core, and report errors, throughput, each process's CPU seconds and
     the latency the server path adds (server minus simulated, ms). With --soak, hold
     --concurrency streams for SECONDS instead. Exit 1 on any error."""
-    from backends.bench.serve_run import SimulatedServer, failed, serve_bench, soak_bench
-    from sim.engine_args import build_setup
-    from sim.simulator import simulate as run_simulate
+    from backends.bench.serve_run import SimulatedServer, failed, run_serve_bench
+    from sim.benchmarks import serve_twin
 
     with user_errors(RuntimeError):  # RuntimeError: the server did not start
-        work = dataclasses.replace(work, dataset_name="random",
-                                   num_prompts=load.num_prompts or load.concurrency)
-        trace = workload(work)
-        args = EngineArgs(max_num_seqs=engine.max_num_seqs, max_model_len=engine.max_model_len)
-        setup = build_setup(args, sim.model, sim.gpu, sim.profile, work.seed)
         server = SimulatedServer(sys.executable, sim.model, sim.gpu, sim.profile, work.seed,
                                  engine.max_model_len, engine.max_num_seqs)
-        vocab = setup.config.vocab_size
-        report = (soak_bench(work, server, load, bench, vocab) if bench.soak is not None else
-                  serve_bench(trace, work, server, load, bench, vocab, functools.partial(
-                      run_simulate, config=setup.config, cost_model=setup.cost_model)))
+        report = run_serve_bench(work, server, load, bench,
+                                 functools.partial(serve_twin, sim, engine, work.seed))
     write_json(report, out)
     if failed(report):
         raise typer.Exit(code=1)
