@@ -31,12 +31,12 @@ import typer
 import workloads
 from analysis.compare import CompareFiles
 from analysis.progress import progress
-from analysis.report import ReportFiles, ReportFlags
+from analysis.report import TABLE_DEFAULTS, ReportFiles, ReportFlags
 from backends.bench.flags import GpuBenchFlags, ServeBenchFlags, ServeLoadFlags
 from backends.engine.flags import ModelDirFlags, RealEngineFlags
 from backends.replay.flags import EndpointFlags
-from backends.route.flags import ROUTE_PANEL, RouteBenchFlags, RouteFlags
-from backends.serve.flags import SERVER_PANEL, ServeFlags
+from backends.route.flags import FleetModelFlags, RouteBenchFlags, RouteFlags
+from backends.serve.flags import ServeFlags, ServeModelFlags
 from runtime.config import EngineFlags
 from runtime.flags import FlagGroup as Flags
 from runtime.flags import FlagSpec, build_group, group_specs
@@ -45,10 +45,10 @@ from sim.bench_flags import FleetBenchFlags, SchedulerBenchFlags, SimBenchFlags
 from sim.calibrate_flags import CalibrationSources
 from sim.engine_args import EngineArgs, SimFlags
 from sim.fidelity import CalibrationFlags, FidelityFlags
-from sim.fleet_config import FleetFlags
+from sim.fleet_config import FLEET_UP_POLICY, ROUTER_POLICY, FleetFlags
 from sim.pd_flags import PDFlags
-from sim.plan import PlanFlags
-from sim.sweep import GRID_ENGINE_FLAGS, GRID_PANEL, SWEEP_WORKLOAD_FLAGS, SweepFlags
+from sim.plan import PLAN_WORKLOAD, PlanFlags
+from sim.sweep import SWEEP_FLEETS, SWEEP_GRID, SWEEP_TARGETS, SWEEP_WORKLOAD, SweepFlags
 from workloads.flags import TraceFileFlags, WorkloadFlags, load_workload
 from workloads.trace_flags import FILE_FLAGS, SYNTHETIC_FLAGS, ConvertFlags, InspectFlags
 
@@ -352,8 +352,7 @@ def report(
 @command(app, "compare")
 def compare(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run directories (two or more).")],
-    flags: Annotated[ReportFlags, Flags(defaults={"percentile_metrics": "ttft,tpot,itl,e2el",
-                                                  "metric_percentiles": "50,90,99"})],
+    flags: Annotated[ReportFlags, Flags(defaults=TABLE_DEFAULTS)],
     files: Annotated[CompareFiles, Flags(inline=True)],
     plots: _Plots = True,
 ) -> None:
@@ -382,15 +381,12 @@ def compare(
 def sweep(
     *,
     trace_file: _Trace,
-    work: Annotated[WorkloadFlags, Flags(only=SWEEP_WORKLOAD_FLAGS)],
-    grid: Annotated[EngineArgs, Flags(only=GRID_ENGINE_FLAGS, lists=True, panel=GRID_PANEL)],
-    targets: Annotated[SimFlags, Flags(only=("model", "gpu"), lists=True, panel=GRID_PANEL,
-                                       defaults={"model": "llama-3.1-8b", "gpu": "h200"})],
-    fleets: Annotated[FleetFlags, Flags(only=("replicas", "router"), lists=True,
-                                        panel=GRID_PANEL)],
+    work: Annotated[WorkloadFlags, SWEEP_WORKLOAD],
+    grid: Annotated[EngineArgs, SWEEP_GRID],
+    targets: Annotated[SimFlags, SWEEP_TARGETS],
+    fleets: Annotated[FleetFlags, SWEEP_FLEETS],
     sim: Annotated[SimFlags, Flags(only=("profile",))],
-    flags: Annotated[ReportFlags, Flags(defaults={"percentile_metrics": "ttft,tpot,itl,e2el",
-                                                  "metric_percentiles": "50,90,99"})],
+    flags: Annotated[ReportFlags, Flags(defaults=TABLE_DEFAULTS)],
     how: Annotated[SweepFlags, Flags()],
     result_dir: Annotated[Path | None, typer.Option(
         "--result-dir", help="Sweep directory (default: results/sweep-<time>).")] = None,
@@ -402,7 +398,7 @@ def sweep(
     With --slo and --find-max-rate: bisect the rate for the highest one meeting every SLO."""
     from analysis.sweep import sweep_slos, write_sweep
     from analysis.sweep_run import run_sweep
-    from sim.sweep import SweepPlan
+    from sim.sweep import GRID_ENGINE_FLAGS, SweepPlan
 
     with user_errors():
         slos = sweep_slos(how.slo, how.find_max_rate)
@@ -440,8 +436,7 @@ def plan(
     *,
     trace_file: Annotated[Path | None, typer.Argument(
         help="Trace file (default: the embedded excerpt).", show_default=False)] = None,
-    work: Annotated[WorkloadFlags, Flags(only=("fmt", "start_s", "duration_s", "first_n",
-                                               "time_scale", "target_rate", "seed"))],
+    work: Annotated[WorkloadFlags, PLAN_WORKLOAD],
     space: Annotated[PlanFlags, Flags()],
     how: Annotated[SweepFlags, Flags(only=("executor", "address", "jobs"))],
     result_dir: Annotated[Path | None, typer.Option(
@@ -606,10 +601,7 @@ def run_endpoint(trace: workloads.Trace, settings: dict[str, Any], path: Path,
 @command(app)
 def serve(
     *,
-    model: Annotated[str | None, typer.Option(
-        "--model", "--sim-model", help="Local Hugging Face model directory (default: the tiny "
-        "random Llama on the CPU); with --simulate, the simulated model (preset or config, "
-        "default llama-3.1-8b).", rich_help_panel=SERVER_PANEL)] = None,
+    model: Annotated[ServeModelFlags, Flags(inline=True)],
     sim: Annotated[SimFlags, Flags(only=("gpu", "profile", "step_noise"))],
     engine: Annotated[EngineFlags, Flags()],
     real: Annotated[RealEngineFlags, Flags(exclude=("random_weights",))],
@@ -625,9 +617,9 @@ def serve(
 
     with user_errors():
         factory, kwargs, name, tokenizer_dir = (
-            live_executor_spec(EngineArgs(**dataclasses.asdict(engine)), model, sim.gpu,
+            live_executor_spec(EngineArgs(**dataclasses.asdict(engine)), model.model, sim.gpu,
                                sim.profile, seed, sim.step_noise) if server.simulate
-            else real_executor_spec(model, engine, real, seed))
+            else real_executor_spec(model.model, engine, real, seed))
     config = ServeConfig(server.served_model_name or name, factory, kwargs, tokenizer_dir,
                          server.max_num_queued_requests, api_key=server.api_key,
                          max_request_bytes=server.max_request_bytes)
@@ -916,7 +908,7 @@ def bench_gpu(flags: Annotated[GpuBenchFlags, Flags()], out: _Out = None) -> Non
 
 # ---- rt route, rt fleet up (backends.route) ----
 
-_RouterPolicy = Annotated[FleetFlags, Flags(only=("router", "router_arg", "router_refresh_ms"))]
+_RouterPolicy = Annotated[FleetFlags, ROUTER_POLICY]
 
 
 def route_until_stopped(urls: list[str], policy: FleetFlags, route: RouteFlags, seed: int,
@@ -959,11 +951,8 @@ _FLEET_SERVER = Flags(only=("simulate", "max_num_queued_requests"))
 @command(fleet_app, "up")
 def fleet_up(
     *,
-    policy: Annotated[FleetFlags, Flags(only=("replicas", "router", "router_arg",
-                                              "router_refresh_ms"))],
-    model: Annotated[str | None, typer.Option(
-        "--model", "--sim-model", help="As rt serve's --model (with --simulate, the "
-        "simulated model).", rich_help_panel=ROUTE_PANEL)] = None,
+    policy: Annotated[FleetFlags, FLEET_UP_POLICY],
+    model: Annotated[FleetModelFlags, Flags(inline=True)],
     server: Annotated[ServeFlags, _FLEET_SERVER],
     sim: Annotated[SimFlags, Flags(only=("gpu", "profile"))],
     engine: Annotated[EngineFlags, Flags()],
@@ -979,7 +968,7 @@ def fleet_up(
 
     command = [*RT, "serve", "--seed", str(seed), *flag_argv(server, _FLEET_SERVER),
                *flag_argv(sim, Flags(only=("gpu", "profile"))), *flag_argv(engine),
-               *(["--model", model] if model else [])]
+               *(["--model", model.model] if model.model else [])]
     with user_errors():  # a bad policy or argument: one line before anything starts
         make_policy(policy.router, policy.router_arg or [], seed)
     plan = FleetPlan(tuple(command), tuple(free_port() for _ in range(policy.replicas)),

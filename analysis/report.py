@@ -55,6 +55,11 @@ class ReportOptions:
     goodput: dict[str, float] = field(default_factory=dict)
 
 
+# The report options of a table of runs (`rt compare`, `rt sweep`): four metrics, three
+# percentiles.
+TABLE_DEFAULTS = {"percentile_metrics": "ttft,tpot,itl,e2el", "metric_percentiles": "50,90,99"}
+
+
 def _flag(default: Any, option: str, help: str) -> Any:
     return field(default=default, metadata={"flag": option, "help": help, "panel": None})
 

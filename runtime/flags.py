@@ -20,7 +20,8 @@ from typing import Any
 def flag(default: Any, option: str, help: str | None = None, panel: str | None = None,
          **extra: Any) -> Any:
     """A dataclass field that is also a command-line flag. `option` is e.g. "--block-size" or
-    "--enable-x/--no-enable-x" for a boolean pair; `extra` passes on short="-tp",
+    "--enable-x/--no-enable-x" for a boolean pair; `extra` passes on short="-tp" (or
+    alias="--sim-model": a second spelling),
     envvar="NAME" or min=1 (the parser refuses a smaller value)."""
     return field(default=default, metadata={"flag": option, "help": help, "panel": panel,
                                             **extra})
@@ -73,7 +74,7 @@ def group_specs(cls: type, group: FlagGroup) -> list[FlagSpec]:
         default = group.defaults.get(f.name, None if group.lists else f.default)
         specs.append(FlagSpec(
             f.name, str(meta["flag"]).split("/")[0].lstrip("-").replace("-", "_"),
-            (meta["flag"], *([meta["short"]] if "short" in meta else [])),
+            (meta["flag"], *(meta[k] for k in ("short", "alias") if k in meta)),
             str | None if group.lists else hint, scalar, default, meta.get("help"),
             group.panel or meta.get("panel"), meta.get("envvar"), meta.get("min")))
     return specs

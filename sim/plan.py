@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime import BatchFeatures
-from runtime.flags import comma_list, flag
+from runtime.flags import FlagGroup, comma_list, flag
 from runtime.records import RunResult
 from runtime.router.registry import policy_names
 from sim.engine_args import EngineArgs, SimSetup, build_setup
@@ -41,6 +41,11 @@ PLAN_PANEL = "Plan (search space)"
 DEFAULT_GPU_COST = {"a100-80gb": 1.30, "h100-sxm": 3.00, "h200": 4.00, "b200": 6.00,
                     "l40s": 1.00}
 PEAK_THROUGHPUT_SLACK = 1.25  # the replica bound assumes 25% more than the peak: stays safe
+
+
+# The workload flags `rt plan` offers: a trace file, windowed and rescaled.
+PLAN_WORKLOAD = FlagGroup(only=("fmt", "start_s", "duration_s", "first_n", "time_scale",
+                                "target_rate", "seed"))
 
 
 @dataclass(frozen=True, slots=True)
