@@ -359,21 +359,12 @@ def compare(
     """Compare runs of one workload side by side: rows = metrics, columns = runs, and a
     ratio column against the first run; overlaid percentile curves and CDFs whose legend
     names what differs (budget, model, sim vs real...)."""
-    from analysis.compare import compare_runs, render_table
-    from analysis.report import load_checked
+    from analysis.compare import compare_dirs
 
     with user_errors():
-        if len(run_dirs) < 2:
-            raise ValueError("compare needs two or more run directories")
-        runs = [load_checked(p) for p in run_dirs]
-        table, figures = compare_runs(runs, flags.options(), plots)
-        typer.echo(render_table(table))
-        if files.csv is not None:
-            table.to_csv(files.csv)
-        if files.html is not None:
-            from analysis.html_report import write_html_report
-
-            say(f"wrote {write_html_report(runs, files.html, flags.options())}")
+        html, figures = compare_dirs(run_dirs, flags.options(), files, plots, typer.echo)
+        if html is not None:
+            say(f"wrote {html}")
         save_figures(figures, files.plot_dir or default_dir("compare"))
 
 
