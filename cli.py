@@ -440,33 +440,26 @@ def plan(
     prunes what cannot work before simulating, and bisects each candidate's replica count."""
     from analysis.plan import write_plan
     from analysis.sweep import parse_slo
-    from sim.plan import cheapest, search
 
     with user_errors():
         if space.slo is None:
             raise ValueError("--slo is required, e.g. p99_ttft_ms=500,p99_itl_ms=50")
-        slos, prices = parse_slo(space.slo), space.prices()
-        trace, root = workload(work, trace_file), result_dir or default_dir("plan")
-        records: list[dict[str, Any]] = []
+        slos, trace = parse_slo(space.slo), workload(work, trace_file)
+        root, records = result_dir or default_dir("plan"), []
         runner = point_runner(how, ReportFlags(percentile_metrics="ttft,tpot,itl,e2el").options(),
                               slos, "plan")
-        searches, pruned = search(space.candidates(), trace, space.max_gpus, prices,
-                                  functools.partial(runner.judge, trace=trace, seed=work.seed,
-                                                    root=root, slos=slos, records=records),
-                                  work.seed)
+        ranked, pruned = space.plan(trace, work.seed, functools.partial(
+            runner.judge, trace=trace, seed=work.seed, root=root, slos=slos, records=records))
     note([f"pruned {p.candidate.name()}: {p.reason}" for p in pruned])
     text, closest, figures = write_plan(records, slos, root)
     typer.echo(text)
     save_figures(figures, root)
-    ranked = cheapest(searches, prices)
     say(f"{len(records)} shapes simulated, {len(pruned)} candidates pruned")
     if not ranked:
         fail(f"no shape within --max-gpus {space.max_gpus} meets {space.slo} (closest: "
              f"{closest})")
     (root / "fleet.toml").write_text(ranked[0].fleet_toml())
-    typer.echo(f"cheapest: {ranked[0].name()} at ${ranked[0].cost_per_hour:.2f}/h "
-               f"({ranked[0].gpus} GPUs, router {ranked[0].candidate.router}) -> "
-               f"{root / 'fleet.toml'}")
+    typer.echo(f"cheapest: {ranked[0].summary()} -> {root / 'fleet.toml'}")
 
 
 # ---- rt replay (backends) ----

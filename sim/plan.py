@@ -89,6 +89,13 @@ class PlanFlags:
                     raise ValueError(f"--gpu-cost: expected NAME=USD, got {item!r}") from None
         return prices
 
+    def plan(self, trace: Trace, seed: int, judge: Judge) -> tuple[list[Shape], list[Pruned]]:
+        """Search every candidate (`search`): the shapes that met the SLOs, cheapest first
+        (`cheapest`), and the candidates pruned."""
+        prices = self.prices()
+        searches, pruned = search(self.candidates(), trace, self.max_gpus, prices, judge, seed)
+        return cheapest(searches, prices), pruned
+
     def candidates(self) -> list[Candidate]:
         """Every combination, in flag order (GPU outermost; aggregated before P:D splits)."""
         lists = [_items("--gpus", self.gpus, str), _items("--models", self.models, str),
@@ -182,6 +189,10 @@ class Shape:
 
     def name(self) -> str:
         return f"{self.candidate.name()}-x{self.num_replicas}"
+
+    def summary(self) -> str:
+        return (f"{self.name()} at ${self.cost_per_hour:.2f}/h ({self.gpus} GPUs, router "
+                f"{self.candidate.router})")
 
     def fleet_toml(self) -> str:
         """The fleet file of this shape, for `rt simulate --fleet` (router: --router)."""
