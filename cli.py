@@ -929,7 +929,9 @@ def route_command(
 fleet_app = typer.Typer(help="A fleet of rt serve replicas behind rt route, on loopback.",
                         no_args_is_help=True)
 app.add_typer(fleet_app, name="fleet")
+# What `rt fleet up` passes on to each replica's `rt serve`.
 _FLEET_SERVER = Flags(only=("simulate", "max_num_queued_requests"))
+_FLEET_SIM = Flags(only=("gpu", "profile"))
 
 
 @command(fleet_app, "up")
@@ -938,7 +940,7 @@ def fleet_up(
     policy: Annotated[FleetFlags, FLEET_UP_POLICY],
     model: Annotated[FleetModelFlags, Flags(inline=True)],
     server: Annotated[ServeFlags, _FLEET_SERVER],
-    sim: Annotated[SimFlags, Flags(only=("gpu", "profile"))],
+    sim: Annotated[SimFlags, _FLEET_SIM],
     engine: Annotated[EngineFlags, Flags()],
     route: Annotated[RouteFlags, Flags(exclude=("backend",))],
     seed: _Seed = 0,
@@ -946,21 +948,16 @@ def fleet_up(
     """Start --replicas `rt serve` processes (free ports of 127.0.0.1) and `rt route` in
     front of them on --port; print the router URL; on Ctrl-C/SIGTERM stop everything (no
     process is left behind)."""
-    from backends.bench.serve_load import free_port
-    from backends.route.fleet import FleetPlan, flag_argv, run_fleet
+    from backends.route.fleet import FleetPlan, run_fleet
     from runtime.router import make_policy
 
-    command = [*RT, "serve", "--seed", str(seed), *flag_argv(server, _FLEET_SERVER),
-               *flag_argv(sim, Flags(only=("gpu", "profile"))), *flag_argv(engine),
-               *(["--model", model.model] if model.model else [])]
     with user_errors():  # a bad policy or argument: one line before anything starts
         make_policy(policy.router, policy.router_arg or [], seed)
-    plan = FleetPlan(tuple(command), tuple(free_port() for _ in range(policy.replicas)),
-                     stop_timeout_s=route.shutdown_timeout + 10)
+    plan = FleetPlan.of(RT, seed, [(server, _FLEET_SERVER), (sim, _FLEET_SIM), (engine, None),
+                                   (model, None)], policy.replicas, route.shutdown_timeout)
     with user_errors(RuntimeError):
         run_fleet(plan, functools.partial(route_until_stopped, policy=policy, route=route,
-                                          seed=seed, print_url=True),
-                  say)
+                                          seed=seed, print_url=True), say)
 
 
 @command(bench_app, "route")
