@@ -600,13 +600,10 @@ def serve(
     from sim.live_executor import live_executor_spec
 
     with user_errors():
-        factory, kwargs, name, tokenizer_dir = (
+        config = ServeConfig.of(server, *(
             live_executor_spec(EngineArgs(**dataclasses.asdict(engine)), model.model, sim.gpu,
                                sim.profile, seed, sim.step_noise) if server.simulate
-            else real_executor_spec(model.model, engine, real, seed))
-    config = ServeConfig(server.served_model_name or name, factory, kwargs, tokenizer_dir,
-                         server.max_num_queued_requests, api_key=server.api_key,
-                         max_request_bytes=server.max_request_bytes)
+            else real_executor_spec(model.model, engine, real, seed)))
     until_stopped(f"serving {config.model_name} on http://{server.host}:{server.port}/v1",
                   "server", lambda: run_server(config, server.host, server.port,
                                                server.shutdown_timeout,
