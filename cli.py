@@ -39,7 +39,7 @@ from backends.route.flags import FleetModelFlags, RouteBenchFlags, RouteFlags
 from backends.serve.flags import ServeFlags, ServeModelFlags
 from runtime.config import EngineFlags
 from runtime.flags import FlagGroup as Flags
-from runtime.flags import FlagSpec, build_group, group_specs
+from runtime.flags import FlagSpec, build_group, command_layout
 from sim.autoscale_flags import AutoscaleFlags
 from sim.bench_flags import FleetBenchFlags, SchedulerBenchFlags, SimBenchFlags
 from sim.calibrate_flags import CalibrationSources
@@ -91,28 +91,16 @@ def with_flags(command: Callable[..., None]) -> Callable[..., None]:
     the command is called with the built dataclasses. Options are listed: the command's own
     and its `inline` groups' in signature order, then the other groups'."""
     hints = typing.get_type_hints(command, include_extras=True)
-    signature = list(inspect.signature(command).parameters.values())
-    own = {p.name: p.replace(annotation=hints[p.name], kind=inspect.Parameter.KEYWORD_ONLY)
-           for p in signature if not _group(hints[p.name])}
-    seen, groups = set(own), []
-
-    def expand(name: str) -> list[inspect.Parameter]:
-        cls, group = typing.get_args(hints[name])[0], _group(hints[name])
-        specs = group_specs(cls, group)
-        options = [_option(s) for s in specs if s.name not in seen]
-        seen.update(s.name for s in specs)
-        groups.append((name, cls, group, specs))
-        return options
-
-    inline = [p.name for p in signature if p.name in own or _group(hints[p.name]).inline]
-    params = [q for name in inline for q in ([own[name]] if name in own else expand(name))]
-    params += [q for p in signature if p.name not in inline for q in expand(p.name)]
+    signature = {p.name: p for p in inspect.signature(command).parameters.values()}
+    order, groups = command_layout([(name, _flags(hints[name])) for name in signature])
+    own = set(signature) - {g.name for g in groups}
+    params = [_option(x) if isinstance(x, FlagSpec) else signature[x].replace(
+        annotation=hints[x], kind=inspect.Parameter.KEYWORD_ONLY) for x in order]
 
     @functools.wraps(command)
     def wrapper(**kwargs: Any) -> None:
         with user_errors():
-            built = {name: build_group(cls, group, specs, kwargs)
-                     for name, cls, group, specs in groups}
+            built = {g.name: build_group(g.cls, g.group, g.specs, kwargs) for g in groups}
         command(**{k: v for k, v in kwargs.items() if k in own}, **built)
 
     wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
@@ -120,16 +108,17 @@ def with_flags(command: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 
+def _flags(hint: Any) -> tuple[type, Flags] | None:
+    """(flag class, group) of a parameter annotated `Annotated[FlagClass, Flags(...)]`."""
+    group = next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Flags)), None)
+    return (typing.get_args(hint)[0], group) if group is not None else None
+
+
 def command(group: typer.Typer, name: str | None = None
             ) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Register a function as command `name` of `group`, its flag groups expanded
     (`with_flags`)."""
     return lambda function: group.command(name)(with_flags(function))
-
-
-def _group(hint: Any) -> Flags | None:
-    return next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Flags)),
-                None)
 
 
 # ---- output and errors ----
