@@ -710,14 +710,13 @@ def fidelity(
 
     with user_errors():
         how.check(cal.step_drift, noise.step_noise)
+        trace = workload(work, trace_file)  # (a bad trace: one line, --endpoint or not)
     root = result_dir or default_dir("fidelity")
     order = replay_order(how.repeats, how.calibration_replays())
     if client.endpoint is not None:
-        return _fidelity_endpoint(workload(work, trace_file), checkpoint.model, engine,
-                                  noise.step_noise, how, cal.step_drift, order, client,
-                                  work.seed, root, plots)
+        return _fidelity_endpoint(trace, checkpoint.model, engine, noise.step_noise, how,
+                                  cal.step_drift, order, client, work.seed, root, plots)
     with user_errors():
-        trace = workload(work, trace_file)
         setup, tokenizer = real_engine(checkpoint.model, engine, real, work.seed)
         workloads.check_max_model_len(trace, setup.scheduler.max_model_len)
         root.mkdir(parents=True, exist_ok=True)
