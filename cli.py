@@ -34,7 +34,7 @@ from analysis.progress import progress
 from analysis.report import TABLE_DEFAULTS, ReportFiles, ReportFlags
 from backends.bench.flags import GpuBenchFlags, ServeBenchFlags, ServeLoadFlags
 from backends.engine.flags import ModelDirFlags, RealEngineFlags
-from backends.replay.flags import EndpointFlags
+from backends.replay.flags import DEFAULT_REPLAY, EndpointFlags, replay_workload
 from backends.route.flags import FleetModelFlags, RouteBenchFlags, RouteFlags
 from backends.serve.flags import ServeFlags, ServeModelFlags
 from runtime.config import EngineFlags
@@ -453,8 +453,6 @@ def plan(
 
 # ---- rt replay (backends) ----
 
-_DEFAULT_REPLAY = WorkloadFlags(dataset_name="random", num_prompts=32, input_len=96,
-                                output_len=24, range_ratio=0.5, request_rate=8.0)
 _ModelDir = Annotated[ModelDirFlags, Flags(inline=True)]
 
 
@@ -463,7 +461,7 @@ def replay(
     *,
     trace_file: Annotated[Path | None, typer.Argument(
         help="Trace file (any `rt trace` format). Default: a small synthetic trace "
-        f"({_DEFAULT_REPLAY.num_prompts} random requests at {_DEFAULT_REPLAY.request_rate:g} "
+        f"({DEFAULT_REPLAY.num_prompts} random requests at {DEFAULT_REPLAY.request_rate:g} "
         "req/s), unless --dataset-name is given.", show_default=False)] = None,
     checkpoint: _ModelDir,
     work: Annotated[WorkloadFlags, Flags(exclude=("max_model_len",))],
@@ -483,10 +481,7 @@ def replay(
     """
     with user_errors():
         percentiles = list(report.options().percentiles)
-        if trace_file is None and work.dataset_name is None:
-            work = dataclasses.replace(_DEFAULT_REPLAY, seed=work.seed, first_n=work.first_n,
-                                       time_scale=work.time_scale)
-        trace = workload(work, trace_file)
+        trace = workload(replay_workload(work, trace_file), trace_file)
         if client.endpoint is not None:
             settings = client.config_args(str(checkpoint.model) if checkpoint.model else None,
                                           work.seed)
@@ -518,10 +513,9 @@ def replay_on(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | N
     from backends.replay.driver import ReplayConfig
     from backends.replay.driver import replay as run
 
-    config = ReplayConfig(setup.scheduler, setup.cache, setup.shape.vocab_size,
-                          setup.args.seed, check_invariants)
     with progress("replaying", len(trace)) as update:
-        result = run(trace, config, setup.runner, tokenizer, update)
+        result = run(trace, ReplayConfig.of(setup, check_invariants), setup.runner, tokenizer,
+                     update)
     if result.interrupted and stop_if_interrupted:
         raise typer.Exit(code=130)
     return result
