@@ -31,25 +31,25 @@ import typer
 import workloads
 from analysis.compare import CompareFiles
 from analysis.progress import progress
-from analysis.report import ReportFiles, ReportFlags
+from analysis.report import TABLE_DEFAULTS, ReportFiles, ReportFlags
 from backends.bench.flags import GpuBenchFlags, ServeBenchFlags, ServeLoadFlags
-from backends.engine.flags import RealEngineFlags
-from backends.replay.flags import EndpointFlags
-from backends.route.flags import ROUTE_PANEL, RouteBenchFlags, RouteFlags
-from backends.serve.flags import SERVER_PANEL, ServeFlags
+from backends.engine.flags import ModelDirFlags, RealEngineFlags
+from backends.replay.flags import DEFAULT_REPLAY, EndpointFlags, replay_workload
+from backends.route.flags import FleetModelFlags, RouteBenchFlags, RouteFlags
+from backends.serve.flags import ServeFlags, ServeModelFlags
 from runtime.config import EngineFlags
 from runtime.flags import FlagGroup as Flags
-from runtime.flags import FlagSpec, build_group, group_specs
+from runtime.flags import FlagSpec, build_group, command_layout
 from sim.autoscale_flags import AutoscaleFlags
 from sim.bench_flags import FleetBenchFlags, SchedulerBenchFlags, SimBenchFlags
 from sim.calibrate_flags import CalibrationSources
 from sim.engine_args import EngineArgs, SimFlags
 from sim.fidelity import CalibrationFlags, FidelityFlags
-from sim.fleet_config import FleetFlags
+from sim.fleet_config import FLEET_UP_POLICY, ROUTER_POLICY, FleetFlags
 from sim.pd_flags import PDFlags
-from sim.plan import PlanFlags
-from sim.sweep import GRID_ENGINE_FLAGS, GRID_PANEL, SWEEP_WORKLOAD_FLAGS, SweepFlags
-from workloads.flags import WorkloadFlags, load_workload
+from sim.plan import PLAN_WORKLOAD, PlanFlags
+from sim.sweep import SWEEP_FLEETS, SWEEP_GRID, SWEEP_TARGETS, SWEEP_WORKLOAD, SweepFlags
+from workloads.flags import TraceFileFlags, WorkloadFlags, load_workload
 from workloads.trace_flags import FILE_FLAGS, SYNTHETIC_FLAGS, ConvertFlags, InspectFlags
 
 if TYPE_CHECKING:
@@ -59,8 +59,6 @@ if TYPE_CHECKING:
     from backends.engine.setup import RealSetup
     from backends.replay.api_process import Tokenizer
     from runtime.records import RunResult
-    from sim.engine_args import SimSetup
-    from sim.fleet_run import FleetRun
     from sim.profile import Profile
 
 app = typer.Typer(
@@ -93,28 +91,16 @@ def with_flags(command: Callable[..., None]) -> Callable[..., None]:
     the command is called with the built dataclasses. Options are listed: the command's own
     and its `inline` groups' in signature order, then the other groups'."""
     hints = typing.get_type_hints(command, include_extras=True)
-    signature = list(inspect.signature(command).parameters.values())
-    own = {p.name: p.replace(annotation=hints[p.name], kind=inspect.Parameter.KEYWORD_ONLY)
-           for p in signature if not _group(hints[p.name])}
-    seen, groups = set(own), []
-
-    def expand(name: str) -> list[inspect.Parameter]:
-        cls, group = typing.get_args(hints[name])[0], _group(hints[name])
-        specs = group_specs(cls, group)
-        options = [_option(s) for s in specs if s.name not in seen]
-        seen.update(s.name for s in specs)
-        groups.append((name, cls, group, specs))
-        return options
-
-    inline = [p.name for p in signature if p.name in own or _group(hints[p.name]).inline]
-    params = [q for name in inline for q in ([own[name]] if name in own else expand(name))]
-    params += [q for p in signature if p.name not in inline for q in expand(p.name)]
+    signature = {p.name: p for p in inspect.signature(command).parameters.values()}
+    order, groups = command_layout([(name, _flags(hints[name])) for name in signature])
+    own = set(signature) - {g.name for g in groups}
+    params = [_option(x) if isinstance(x, FlagSpec) else signature[x].replace(
+        annotation=hints[x], kind=inspect.Parameter.KEYWORD_ONLY) for x in order]
 
     @functools.wraps(command)
     def wrapper(**kwargs: Any) -> None:
         with user_errors():
-            built = {name: build_group(cls, group, specs, kwargs)
-                     for name, cls, group, specs in groups}
+            built = {g.name: build_group(g.cls, g.group, g.specs, kwargs) for g in groups}
         command(**{k: v for k, v in kwargs.items() if k in own}, **built)
 
     wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
@@ -122,9 +108,17 @@ def with_flags(command: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 
-def _group(hint: Any) -> Flags | None:
-    return next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Flags)),
-                None)
+def _flags(hint: Any) -> tuple[type, Flags] | None:
+    """(flag class, group) of a parameter annotated `Annotated[FlagClass, Flags(...)]`."""
+    group = next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Flags)), None)
+    return (typing.get_args(hint)[0], group) if group is not None else None
+
+
+def command(group: typer.Typer, name: str | None = None
+            ) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Register a function as command `name` of `group`, its flag groups expanded
+    (`with_flags`)."""
+    return lambda function: group.command(name)(with_flags(function))
 
 
 # ---- output and errors ----
@@ -150,6 +144,10 @@ def user_errors(*also: type[Exception]) -> Iterator[None]:
         fail(f"{err.filename}: {err.strerror}")
 
 
+def say(line: str) -> None:
+    typer.echo(f"rt: {line}", err=True)  # a progress or status line
+
+
 def note(lines: typing.Iterable[str]) -> None:
     for line in lines:
         typer.echo(f"rt: note: {line}", err=True)
@@ -169,7 +167,7 @@ def save_figures(figures: Mapping[str, Any], directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     for stem, figure in figures.items():
         figure.savefig(directory / f"{stem}.png", dpi=90)
-    typer.echo(f"rt: wrote {', '.join(f'{s}.png' for s in figures)} to {directory}", err=True)
+    say(f"wrote {', '.join(f'{s}.png' for s in figures)} to {directory}")
 
 
 def default_dir(kind: str) -> Path:
@@ -220,8 +218,7 @@ _Seed = Annotated[int, typer.Option("--seed", help="Seed of every random draw (a
 # ---- rt trace ... (workloads) ----
 
 
-@trace_app.command("inspect")
-@with_flags
+@command(trace_app, "inspect")
 def trace_inspect(
     file: Path,
     flags: Annotated[WorkloadFlags, Flags(only=FILE_FLAGS)],
@@ -239,8 +236,7 @@ def trace_inspect(
         typer.echo("\n".join(render_stats(stats, f"{file} ({kind})")))
 
 
-@trace_app.command("convert")
-@with_flags
+@command(trace_app, "convert")
 def trace_convert(
     src: Path, dst: Path,
     flags: Annotated[WorkloadFlags, Flags(only=FILE_FLAGS)],
@@ -254,8 +250,7 @@ def trace_convert(
     typer.echo(f"wrote {len(trace)} requests to {dst} ({out.to})")
 
 
-@trace_app.command("gen")
-@with_flags
+@command(trace_app, "gen")
 def trace_gen(
     output: Annotated[Path, typer.Option("-o", "--output", help="rt JSONL file to write.")],
     flags: Annotated[WorkloadFlags, Flags(only=SYNTHETIC_FLAGS,
@@ -270,17 +265,13 @@ def trace_gen(
 
 # ---- rt simulate ----
 
-_Trace = Annotated[Path | None, typer.Option(
-    "--trace", help="Trace file (any `rt trace` format). Default: the embedded excerpt of the "
-    "Azure conversation trace (first 10 min), unless --dataset-name is given.",
-    rich_help_panel="Workload")]
+_Trace = Annotated[TraceFileFlags, Flags(inline=True)]
 
 
-@app.command()
-@with_flags
+@command(app)
 def simulate(
     *,
-    trace_file: _Trace = None,
+    trace_file: _Trace,
     work: Annotated[WorkloadFlags, Flags(exclude=("max_model_len",))],
     engine: Annotated[EngineArgs, Flags()],
     sim: Annotated[SimFlags, Flags()],
@@ -298,60 +289,32 @@ def simulate(
     went. TPOT = (E2EL - TTFT) / (output tokens - 1), vLLM's definition (guidellm calls
     this ITL); ITL = every gap between consecutive tokens.
     """
-    from sim.engine_args import build_setup
-    from sim.fleet_run import FleetRun
+    from analysis.scaling import fleet_outputs
+    from sim.fleet_run import SimulateRun
 
     with user_errors():
         percentiles = report.options().percentiles
-        trace = workload(work, trace_file)
-        setup = build_setup(engine, sim.model, sim.gpu, sim.profile, work.seed,
-                            check_invariants, sim.step_noise)
+        trace = workload(work, trace_file.trace)
+        run = SimulateRun.build(engine, sim, fleet, pd, autoscale, work.seed, check_invariants)
         rate = work.request_rate if work.dataset_name is not None else None
-        if not (fleet.is_fleet or autoscale.enabled) and pd.pd_decider != "never":
-            raise ValueError("--pd-decider needs a fleet: --replicas N or --fleet FILE")
-        run = (FleetRun.build(setup, fleet, pd, autoscale)
-               if fleet.is_fleet or autoscale.enabled else None)
-        run_simulation(trace, setup, run, result_dir or default_dir("simulate"),
-                       list(percentiles), rate)
-
-
-def run_simulation(trace: workloads.Trace, setup: SimSetup, fleet: FleetRun | None,
-                   path: Path, percentiles: list[float], request_rate: float | None) -> None:
-    """Simulate one engine (or the fleet), write the run directory, print the blocks."""
-    from analysis.fleet import fleet_block
-    from analysis.scaling import replica_figure, scaling_block
-    from sim.simulator import simulate as run
-
-    describe = (fleet.replicas[0] if fleet else setup).describe()
-    for line in (fleet.replicas[0] if fleet else setup).startup_lines:
-        typer.echo(line, err=True)
-    with progress("simulating", len(trace)) as update:
-        result, extra = (fleet.run(trace, update) if fleet else
-                         (run(trace, setup.config, setup.cost_model, update), {}))
-    run_dir = save_run(path, "simulate", trace, result, describe, **extra)
-    print_run(run_dir, result, percentiles, request_rate)
-    if fleet:
-        typer.echo(fleet_block(run_dir.requests, run_dir.steps))
-        typer.echo(scaling_block(run_dir.info["scaling"]))
-    if fleet and fleet.autoscale.enabled:
-        save_figures({"replicas": replica_figure(run_dir.info["scaling"], run_dir.requests)},
-                     run_dir.path / "plots")
+        path, describe = result_dir or default_dir("simulate"), run.first.describe()
+        for line in run.first.startup_lines:
+            typer.echo(line, err=True)
+        with progress("simulating", len(trace)) as update:
+            result, extra = run.run(trace, update)
+        run_dir = save_run(path, "simulate", trace, result, describe, **extra)
+        print_run(run_dir, result, list(percentiles), rate)
+        if run.fleet:
+            text, figures = fleet_outputs(run_dir.requests, run_dir.steps,
+                                          run_dir.info["scaling"], autoscale.enabled)
+            typer.echo(text)
+            save_figures(figures, run_dir.path / "plots")
 
 
 # ---- rt report / compare / sweep (analysis) ----
 
 
-def load_checked(path: Path) -> Run:
-    from analysis.report import check_run
-    from analysis.rundir import load_run
-
-    run = load_run(path)
-    check_run(run)
-    return run
-
-
-@app.command("report")
-@with_flags
+@command(app, "report")
 def report(
     run_dir: Annotated[Path, typer.Argument(help="Run directory (rt simulate / rt replay).")],
     flags: Annotated[ReportFlags, Flags()],
@@ -363,7 +326,7 @@ def report(
     TPOT = (E2EL - TTFT) / (output tokens - 1), vLLM's (guidellm calls it ITL); ITL = every
     gap between consecutive tokens, pooled.
     """
-    from analysis.report import report_run
+    from analysis.report import load_checked, report_run
 
     with user_errors():
         home = run_dir if run_dir.is_dir() else run_dir.with_suffix("")  # a vLLM JSON: FILE/
@@ -371,54 +334,39 @@ def report(
                                             home)
         typer.echo(text)
         for path in written:
-            typer.echo(f"rt: wrote {path}", err=True)
+            say(f"wrote {path}")
         save_figures(figures, files.plot_dir or home / "plots")
 
 
-@app.command("compare")
-@with_flags
+@command(app, "compare")
 def compare(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run directories (two or more).")],
-    flags: Annotated[ReportFlags, Flags(defaults={"percentile_metrics": "ttft,tpot,itl,e2el",
-                                                  "metric_percentiles": "50,90,99"})],
+    flags: Annotated[ReportFlags, Flags(defaults=TABLE_DEFAULTS)],
     files: Annotated[CompareFiles, Flags(inline=True)],
     plots: _Plots = True,
 ) -> None:
     """Compare runs of one workload side by side: rows = metrics, columns = runs, and a
     ratio column against the first run; overlaid percentile curves and CDFs whose legend
     names what differs (budget, model, sim vs real...)."""
-    from analysis.compare import compare_runs, render_table
+    from analysis.compare import compare_dirs
 
     with user_errors():
-        if len(run_dirs) < 2:
-            raise ValueError("compare needs two or more run directories")
-        runs = [load_checked(p) for p in run_dirs]
-        table, figures = compare_runs(runs, flags.options(), plots)
-        typer.echo(render_table(table))
-        if files.csv is not None:
-            table.to_csv(files.csv)
-        if files.html is not None:
-            from analysis.html_report import write_html_report
-
-            typer.echo(f"rt: wrote {write_html_report(runs, files.html, flags.options())}",
-                       err=True)
+        html, figures = compare_dirs(run_dirs, flags.options(), files, plots, typer.echo)
+        if html is not None:
+            say(f"wrote {html}")
         save_figures(figures, files.plot_dir or default_dir("compare"))
 
 
-@app.command("sweep")
-@with_flags
+@command(app, "sweep")
 def sweep(
     *,
-    trace_file: _Trace = None,
-    work: Annotated[WorkloadFlags, Flags(only=SWEEP_WORKLOAD_FLAGS)],
-    grid: Annotated[EngineArgs, Flags(only=GRID_ENGINE_FLAGS, lists=True, panel=GRID_PANEL)],
-    targets: Annotated[SimFlags, Flags(only=("model", "gpu"), lists=True, panel=GRID_PANEL,
-                                       defaults={"model": "llama-3.1-8b", "gpu": "h200"})],
-    fleets: Annotated[FleetFlags, Flags(only=("replicas", "router"), lists=True,
-                                        panel=GRID_PANEL)],
+    trace_file: _Trace,
+    work: Annotated[WorkloadFlags, SWEEP_WORKLOAD],
+    grid: Annotated[EngineArgs, SWEEP_GRID],
+    targets: Annotated[SimFlags, SWEEP_TARGETS],
+    fleets: Annotated[FleetFlags, SWEEP_FLEETS],
     sim: Annotated[SimFlags, Flags(only=("profile",))],
-    flags: Annotated[ReportFlags, Flags(defaults={"percentile_metrics": "ttft,tpot,itl,e2el",
-                                                  "metric_percentiles": "50,90,99"})],
+    flags: Annotated[ReportFlags, Flags(defaults=TABLE_DEFAULTS)],
     how: Annotated[SweepFlags, Flags()],
     result_dir: Annotated[Path | None, typer.Option(
         "--result-dir", help="Sweep directory (default: results/sweep-<time>).")] = None,
@@ -428,20 +376,15 @@ def sweep(
     results table and draw latency against each swept flag and against rate (knee marked).
 
     With --slo and --find-max-rate: bisect the rate for the highest one meeting every SLO."""
-    from analysis.sweep import parse_slo, write_sweep
+    from analysis.sweep import sweep_slos, write_sweep
     from analysis.sweep_run import run_sweep
-    from sim.sweep import SweepPlan, sweep_configs
+    from sim.sweep import GRID_ENGINE_FLAGS, SweepPlan
 
     with user_errors():
-        slos = parse_slo(how.slo) if how.slo is not None else None
-        if how.find_max_rate and not slos:
-            raise ValueError("--find-max-rate needs --slo")
-        scaled = how.axis()[0] == "time_scale"  # (an axis error before the grid's)
-        plan = SweepPlan(sweep_configs(grid, targets["model"], targets["gpu"],
-                                       fleets.get("replicas", [1]),
-                                       fleets.get("router", ["round-robin"])),
-                         *_sweep_workload(trace_file, work, scaled), sim.profile, work.seed,
-                         result_dir or default_dir("sweep"))
+        slos = sweep_slos(how.slo, how.find_max_rate)
+        plan, notes = SweepPlan.build(trace_file.trace, work, grid, targets, fleets,
+                                      sim.profile, how, result_dir or default_dir("sweep"))
+        note(notes)
         records, lines = run_sweep(plan, point_runner(how, flags.options(), slos, "sweep"),
                                    how, slos)
         for line in lines:
@@ -449,17 +392,6 @@ def sweep(
         text, figures = write_sweep(records, plan.root, GRID_ENGINE_FLAGS, slos, plots)
     typer.echo(text)
     save_figures(figures, plan.root)
-
-
-def _sweep_workload(trace_file: Path | None, work: WorkloadFlags, scaled: bool
-                    ) -> tuple[workloads.Trace | None, WorkloadFlags | None]:
-    """The sweep's base trace (a file, windowed) or its synthetic workload."""
-    if work.dataset_name is None:
-        return workload(work, trace_file), None
-    if work.dataset_name != "random" or trace_file is not None or scaled:
-        raise ValueError("sweep's synthetic workload is --dataset-name random, without "
-                         "--trace or --time-scale")
-    return None, work
 
 
 def point_runner(how: SweepFlags, options: ReportOptions, slos: dict[str, float] | None,
@@ -479,14 +411,12 @@ def point_runner(how: SweepFlags, options: ReportOptions, slos: dict[str, float]
 # ---- rt plan (sim + analysis) ----
 
 
-@app.command("plan")
-@with_flags
+@command(app, "plan")
 def plan(
     *,
     trace_file: Annotated[Path | None, typer.Argument(
         help="Trace file (default: the embedded excerpt).", show_default=False)] = None,
-    work: Annotated[WorkloadFlags, Flags(only=("fmt", "start_s", "duration_s", "first_n",
-                                               "time_scale", "target_rate", "seed"))],
+    work: Annotated[WorkloadFlags, PLAN_WORKLOAD],
     space: Annotated[PlanFlags, Flags()],
     how: Annotated[SweepFlags, Flags(only=("executor", "address", "jobs"))],
     result_dir: Annotated[Path | None, typer.Option(
@@ -499,55 +429,41 @@ def plan(
     prunes what cannot work before simulating, and bisects each candidate's replica count."""
     from analysis.plan import write_plan
     from analysis.sweep import parse_slo
-    from sim.plan import cheapest, search
 
     with user_errors():
         if space.slo is None:
             raise ValueError("--slo is required, e.g. p99_ttft_ms=500,p99_itl_ms=50")
-        slos, prices = parse_slo(space.slo), space.prices()
-        trace, root = workload(work, trace_file), result_dir or default_dir("plan")
-        records: list[dict[str, Any]] = []
+        slos, trace = parse_slo(space.slo), workload(work, trace_file)
+        root, records = result_dir or default_dir("plan"), []
         runner = point_runner(how, ReportFlags(percentile_metrics="ttft,tpot,itl,e2el").options(),
                               slos, "plan")
-        searches, pruned = search(space.candidates(), trace, space.max_gpus, prices,
-                                  functools.partial(runner.judge, trace=trace, seed=work.seed,
-                                                    root=root, slos=slos, records=records),
-                                  work.seed)
+        ranked, pruned = space.plan(trace, work.seed, functools.partial(
+            runner.judge, trace=trace, seed=work.seed, root=root, slos=slos, records=records))
     note([f"pruned {p.candidate.name()}: {p.reason}" for p in pruned])
     text, closest, figures = write_plan(records, slos, root)
     typer.echo(text)
     save_figures(figures, root)
-    ranked = cheapest(searches, prices)
-    typer.echo(f"rt: {len(records)} shapes simulated, {len(pruned)} candidates pruned", err=True)
+    say(f"{len(records)} shapes simulated, {len(pruned)} candidates pruned")
     if not ranked:
         fail(f"no shape within --max-gpus {space.max_gpus} meets {space.slo} (closest: "
              f"{closest})")
     (root / "fleet.toml").write_text(ranked[0].fleet_toml())
-    typer.echo(f"cheapest: {ranked[0].name()} at ${ranked[0].cost_per_hour:.2f}/h "
-               f"({ranked[0].gpus} GPUs, router {ranked[0].candidate.router}) -> "
-               f"{root / 'fleet.toml'}")
+    typer.echo(f"cheapest: {ranked[0].summary()} -> {root / 'fleet.toml'}")
 
 
 # ---- rt replay (backends) ----
 
-_REAL = "Real engine"
-_DEFAULT_REPLAY = WorkloadFlags(dataset_name="random", num_prompts=32, input_len=96,
-                                output_len=24, range_ratio=0.5, request_rate=8.0)
-_ModelDir = Annotated[Path | None, typer.Option(
-    "--model", help="Local Hugging Face model directory (Llama, Mistral, Qwen2, Qwen3). "
-    "Default: a tiny random Llama, built once in ~/.cache/rt/tiny-llama-v2.",
-    rich_help_panel=_REAL)]
+_ModelDir = Annotated[ModelDirFlags, Flags(inline=True)]
 
 
-@app.command()
-@with_flags
+@command(app)
 def replay(
     *,
     trace_file: Annotated[Path | None, typer.Argument(
         help="Trace file (any `rt trace` format). Default: a small synthetic trace "
-        f"({_DEFAULT_REPLAY.num_prompts} random requests at {_DEFAULT_REPLAY.request_rate:g} "
+        f"({DEFAULT_REPLAY.num_prompts} random requests at {DEFAULT_REPLAY.request_rate:g} "
         "req/s), unless --dataset-name is given.", show_default=False)] = None,
-    model: _ModelDir = None,
+    checkpoint: _ModelDir,
     work: Annotated[WorkloadFlags, Flags(exclude=("max_model_len",))],
     engine: Annotated[EngineFlags, Flags()],
     real: Annotated[RealEngineFlags, Flags()],
@@ -565,15 +481,13 @@ def replay(
     """
     with user_errors():
         percentiles = list(report.options().percentiles)
-        if trace_file is None and work.dataset_name is None:
-            work = dataclasses.replace(_DEFAULT_REPLAY, seed=work.seed, first_n=work.first_n,
-                                       time_scale=work.time_scale)
-        trace = workload(work, trace_file)
+        trace = workload(replay_workload(work, trace_file), trace_file)
         if client.endpoint is not None:
-            settings = client.config_args(str(model) if model else None, work.seed)
+            settings = client.config_args(str(checkpoint.model) if checkpoint.model else None,
+                                          work.seed)
             run_endpoint(trace, settings, result_dir or default_dir("endpoint"), percentiles)
             return
-        setup, tokenizer = real_engine(model, engine, real, work.seed)
+        setup, tokenizer = real_engine(checkpoint.model, engine, real, work.seed)
         workloads.check_max_model_len(trace, setup.scheduler.max_model_len)
         run_replay(trace, setup, tokenizer, result_dir or default_dir("replay"), percentiles,
                    check_invariants)
@@ -599,10 +513,9 @@ def replay_on(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | N
     from backends.replay.driver import ReplayConfig
     from backends.replay.driver import replay as run
 
-    config = ReplayConfig(setup.scheduler, setup.cache, setup.shape.vocab_size,
-                          setup.args.seed, check_invariants)
     with progress("replaying", len(trace)) as update:
-        result = run(trace, config, setup.runner, tokenizer, update)
+        result = run(trace, ReplayConfig.of(setup, check_invariants), setup.runner, tokenizer,
+                     update)
     if result.interrupted and stop_if_interrupted:
         raise typer.Exit(code=130)
     return result
@@ -652,14 +565,10 @@ def run_endpoint(trace: workloads.Trace, settings: dict[str, Any], path: Path,
 # ---- rt serve (backends; --simulate: sim) ----
 
 
-@app.command()
-@with_flags
+@command(app)
 def serve(
     *,
-    model: Annotated[str | None, typer.Option(
-        "--model", "--sim-model", help="Local Hugging Face model directory (default: the tiny "
-        "random Llama on the CPU); with --simulate, the simulated model (preset or config, "
-        "default llama-3.1-8b).", rich_help_panel=SERVER_PANEL)] = None,
+    model: Annotated[ServeModelFlags, Flags(inline=True)],
     sim: Annotated[SimFlags, Flags(only=("gpu", "profile", "step_noise"))],
     engine: Annotated[EngineFlags, Flags()],
     real: Annotated[RealEngineFlags, Flags(exclude=("random_weights",))],
@@ -674,13 +583,10 @@ def serve(
     from sim.live_executor import live_executor_spec
 
     with user_errors():
-        factory, kwargs, name, tokenizer_dir = (
-            live_executor_spec(EngineArgs(**dataclasses.asdict(engine)), model, sim.gpu,
+        config = ServeConfig.of(server, *(
+            live_executor_spec(EngineArgs(**dataclasses.asdict(engine)), model.model, sim.gpu,
                                sim.profile, seed, sim.step_noise) if server.simulate
-            else real_executor_spec(model, engine, real, seed))
-    config = ServeConfig(server.served_model_name or name, factory, kwargs, tokenizer_dir,
-                         server.max_num_queued_requests, api_key=server.api_key,
-                         max_request_bytes=server.max_request_bytes)
+            else real_executor_spec(model.model, engine, real, seed)))
     until_stopped(f"serving {config.model_name} on http://{server.host}:{server.port}/v1",
                   "server", lambda: run_server(config, server.host, server.port,
                                                server.shutdown_timeout,
@@ -689,12 +595,12 @@ def serve(
 
 def until_stopped(started: str, what: str, run: Callable[[], None]) -> None:
     """Say what serves where, run it until it stops (a RuntimeError: one line, exit 2)."""
-    typer.echo(f"rt: {started}", err=True)
+    say(started)
     try:
         run()
     except RuntimeError as err:
         fail(str(err))
-    typer.echo(f"rt: {what} stopped", err=True)
+    say(f"{what} stopped")
 
 
 # ---- rt calibrate / fidelity ----
@@ -734,12 +640,11 @@ def write_profile(profile: Profile, path: Path) -> Path:
     return save_profile(profile, path)
 
 
-@app.command("calibrate")
-@with_flags
+@command(app, "calibrate")
 def calibrate(
     *,
     output: Annotated[Path, typer.Option("-o", "--output", help="Profile JSON to write.")],
-    model: _ModelDir = None,
+    checkpoint: _ModelDir,
     real: Annotated[RealEngineFlags, Flags()],
     engine: Annotated[EngineFlags, Flags()],
     cal: Annotated[CalibrationFlags, Flags()],
@@ -754,7 +659,7 @@ def calibrate(
     from sim.calibrate_run import runs_profile
 
     with user_errors():
-        mode = sources.mode(model is not None, cal.step_drift)
+        mode = sources.mode(checkpoint.model is not None, cal.step_drift)
         if mode == "runs":
             profile, lines = runs_profile(sources.from_run or [], request_columns, engine, seed,
                                           rt_version())
@@ -764,18 +669,17 @@ def calibrate(
             profile = profile_from_steps(sources.from_steps or [], sources.target,
                                          drift=cal.step_drift)
         else:
-            setup, tokenizer = real_engine(model, engine, real, seed)
+            setup, tokenizer = real_engine(checkpoint.model, engine, real, seed)
             profile = calibrate_grid(setup, tokenizer, cal, sources.from_steps or [])
         write_profile(profile, output)
-    typer.echo(f"rt: wrote {output}", err=True)
+    say(f"wrote {output}")
 
 
-@app.command("fidelity")
-@with_flags
+@command(app, "fidelity")
 def fidelity(
     *,
     trace_file: Annotated[Path, typer.Argument(help="Trace file (any `rt trace` format).")],
-    model: _ModelDir = None,
+    checkpoint: _ModelDir,
     real: Annotated[RealEngineFlags, Flags()],
     work: Annotated[WorkloadFlags, Flags(only=("fmt", "first_n", "time_scale", "seed"))],
     engine: Annotated[EngineFlags, Flags()],
@@ -799,60 +703,61 @@ def fidelity(
     real runs' own spread as the noise floor. With --endpoint, all of it against that
     server, fitted on its client-side timings (the engine flags: the server's)."""
     from analysis.fidelity import replay_order
-    from sim.calibrate import replay_api_cost
-    from sim.fidelity_run import FidelityRuns
 
     with user_errors():
         how.check(cal.step_drift, noise.step_noise)
+        trace = workload(work, trace_file)  # (a bad trace: one line, --endpoint or not)
     root = result_dir or default_dir("fidelity")
+    order = replay_order(how.repeats, how.calibration_replays())
     if client.endpoint is not None:
-        return _fidelity_endpoint(workload(work, trace_file), model, engine, noise.step_noise,
-                                  how, cal.step_drift, client, work.seed, root, plots)
+        return _fidelity_endpoint(trace, checkpoint.model, engine, noise.step_noise, how,
+                                  cal.step_drift, order, client, work.seed, root, plots)
     if how.fleet:  # rt serve --simulate replicas behind rt route, against sim.fleet
-        return _fidelity_fleet(trace_file, work, (engine, str(model or "llama-3.1-8b"),
-                                                  noise.gpu, how.profile, work.seed), fleet, root)
+        return _fidelity_fleet(trace, (engine, str(checkpoint.model or "llama-3.1-8b"),
+                                       noise.gpu, how.profile, work.seed), fleet, root)
     with user_errors():
-        trace = workload(work, trace_file)
-        setup, tokenizer = real_engine(model, engine, real, work.seed)
+        setup, tokenizer = real_engine(checkpoint.model, engine, real, work.seed)
         workloads.check_max_model_len(trace, setup.scheduler.max_model_len)
         root.mkdir(parents=True, exist_ok=True)
-        profile = how.profile
-        if profile is None and how.calibrate_on == "grid" and not how.fit_on_replay:
-            profile = write_profile(calibrate_grid(setup, tokenizer, cal, []),
-                                    root / "profile.json")
-        runs = FidelityRuns(trace, root, setup.args.seed, setup.describe(), functools.partial(
-            replay_on, setup=setup, tokenizer=tokenizer, stop_if_interrupted=True), save_run,
-            lambda line: typer.echo(f"rt: {line}", err=True))
-        reals, calibrations = runs.replays(replay_order(how.repeats, profile is None and not (
-            how.fit_on_replay) and how.calibrate_on == "replay"), tokenizer=tokenizer is not None)
-        if replays := calibrations or (reals if how.fit_on_replay else []):
-            profile = write_profile(profile_from_steps(replays, "wall", replay_api_cost(replays),
-                                                       cal.step_drift), root / "profile.json")
-        assert profile is not None
-        sims, notes = runs.twins(setup.scheduler, setup.cache, str(setup.args.model_dir),
-                                 profile, noise.step_noise, how.sim_runs)
-        note(notes)
-        _fidelity_report(reals, sims, profile, root, plots, how.max_error)
+        _fidelity_real(trace, setup, tokenizer, cal, how, order, noise.step_noise, root, plots)
+
+
+def _fidelity_real(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
+                   cal: CalibrationFlags, how: FidelityFlags, order: list[tuple[str, int]],
+                   step_noise: bool, root: Path, plots: bool) -> None:
+    """`rt fidelity` on the real engine: `sim.fidelity_run.RealFidelity` with the engine's
+    replay, grid calibration and the run directories wired in, then the report."""
+    from sim.fidelity_run import FidelityRuns, RealFidelity
+
+    runs = FidelityRuns(trace, root, setup.args.seed, setup.describe(), functools.partial(
+        replay_on, setup=setup, tokenizer=tokenizer, stop_if_interrupted=True), save_run, say)
+    twin = RealFidelity(runs, setup.scheduler, setup.cache, str(setup.args.model_dir),
+                        functools.partial(calibrate_grid, setup, tokenizer, cal, []),
+                        lambda paths, api, drift: profile_from_steps(paths, "wall", api, drift),
+                        write_profile)
+    reals, sims, profile, notes = twin.run(how, order, cal.step_drift, step_noise,
+                                           tokenizer=tokenizer is not None)
+    note(notes)
+    _fidelity_report(reals, sims, profile, root, plots, how.max_error)
 
 
 def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: EngineFlags,
                        step_noise: bool, how: FidelityFlags, step_drift: bool,
-                       client: EndpointFlags, seed: int, root: Path, plots: bool) -> None:
+                       order: list[tuple[str, int]], client: EndpointFlags, seed: int,
+                       root: Path, plots: bool) -> None:
     """`rt fidelity --endpoint`: `sim.endpoint_fidelity` with the endpoint replay (as `rt
     replay --endpoint`) and the run directories wired in, then the report."""
     import secrets
 
-    from analysis.fidelity import replay_order
     from sim.endpoint_fidelity import EndpointFidelityPlan as Plan
     from sim.endpoint_fidelity import check_endpoint_flags, endpoint_fidelity
 
     settings = client.config_args(None, seed)
     with user_errors():
         check_endpoint_flags(how.calibrate_on, step_drift)
-        calibrate = how.profile is None and not how.fit_on_replay
-        plan = Plan(tuple(replay_order(how.repeats, calibrate)), seed, str(model or
-                    "llama-3.1-8b"), secrets.randbits(31), how.profile, how.fit_on_replay,
-                    step_noise, how.sim_runs)  # fresh prompts: the server's cache outlives us
+        plan = Plan(tuple(order), seed, str(model or "llama-3.1-8b"), secrets.randbits(31),
+                    how.profile, how.fit_on_replay, step_noise,
+                    how.sim_runs)  # fresh prompts: the server's cache outlives us
         out = endpoint_fidelity(trace, engine, plan, root, lambda t, path, s: run_endpoint(
             t, {**settings, "seed": s}, path, []), lambda path, twin, setup, sources: save_run(
             path, "simulate", trace, twin.result, setup.describe(),
@@ -861,8 +766,8 @@ def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: Engin
         _fidelity_report(out.reals, out.sims, out.profile, root, plots, how.max_error)
 
 
-def _fidelity_fleet(trace_file: Path, work: WorkloadFlags, args: tuple[Any, ...],
-                    fleet: FleetFlags, root: Path) -> None:
+def _fidelity_fleet(trace: workloads.Trace, args: tuple[Any, ...], fleet: FleetFlags,
+                    root: Path) -> None:
     """`rt fidelity --fleet`: `backends.route.fleet_fidelity` starts the replicas and the
     router and replays; `sim.fidelity.fleet_twin` simulates the same fleet; `args` are the
     engine flags, simulated model, GPU, profile and seed both sides share."""
@@ -872,7 +777,6 @@ def _fidelity_fleet(trace_file: Path, work: WorkloadFlags, args: tuple[Any, ...]
     from sim.fidelity import fleet_twin
 
     with user_errors(), progress("replaying through the router") as update:
-        trace = workload(work, trace_file)
         typer.echo(run_fleet_fidelity(fleet_fidelity_plan(Path(__file__), fleet, *args),
                    trace, root, save_result, functools.partial(fleet_twin, trace, fleet, *args),
                    write_fleet_fidelity, update))
@@ -880,18 +784,18 @@ def _fidelity_fleet(trace_file: Path, work: WorkloadFlags, args: tuple[Any, ...]
 
 def _fidelity_report(real_dirs: list[Path], sim_dirs: list[Path], profile_path: Path,
                      root: Path, plots: bool, max_error: float | None) -> None:
-    from analysis.fidelity import write_fidelity
+    """Write and print the report (`analysis.fidelity`), the plots; exit 1 past --max-error."""
+    from analysis.fidelity import write_fidelity_dirs
     from sim.fidelity_run import predicted_steps
 
-    reals = [load_checked(path) for path in real_dirs]
-    text, violations, figures = write_fidelity(
-        reals, [load_checked(p) for p in sim_dirs], predicted_steps(profile_path, reals[0].steps),
-        root, plots, max_error)
+    text, violations, figures = write_fidelity_dirs(
+        real_dirs, sim_dirs, functools.partial(predicted_steps, profile_path), root, plots,
+        max_error)
     typer.echo(text)
     save_figures(figures, root / "plots")
-    typer.echo(f"rt: wrote {root}/fidelity.json", err=True)
+    say(f"wrote {root}/fidelity.json")
     for line in violations:
-        typer.echo(f"rt: fidelity: {line}", err=True)
+        say(f"fidelity: {line}")
     if violations:
         raise typer.Exit(code=1)
 
@@ -899,8 +803,7 @@ def _fidelity_report(real_dirs: list[Path], sim_dirs: list[Path], profile_path: 
 # ---- rt bench ... ----
 
 
-@bench_app.command("scheduler")
-@with_flags
+@command(bench_app, "scheduler")
 def bench_scheduler(flags: Annotated[SchedulerBenchFlags, Flags(inline=True)],
                     out: _Out = None) -> None:
     """Microseconds per step of schedule() + update_from_output(): 64/256/1024 running
@@ -910,8 +813,7 @@ def bench_scheduler(flags: Annotated[SchedulerBenchFlags, Flags(inline=True)],
     write_json(run(seed=flags.seed, quick=flags.quick), out)
 
 
-@bench_app.command("sim")
-@with_flags
+@command(bench_app, "sim")
 def bench_sim(
     sim: Annotated[SimFlags, Flags(only=("model", "gpu"))],
     flags: Annotated[SimBenchFlags, Flags(inline=True)],
@@ -925,8 +827,7 @@ def bench_sim(
     write_json(report, out)
 
 
-@bench_app.command("serve")
-@with_flags
+@command(bench_app, "serve")
 def bench_serve(
     work: Annotated[WorkloadFlags, Flags(only=("request_rate", "input_len", "output_len",
                                                "seed"),
@@ -943,29 +844,20 @@ def bench_serve(
     with `rt simulate`'s core, and report errors, throughput, each process's CPU seconds and
     the latency the server path adds (server minus simulated, ms). With --soak, hold
     --concurrency streams for SECONDS instead. Exit 1 on any error."""
-    from backends.bench.serve_run import SimulatedServer, failed, serve_bench, soak_bench
-    from sim.engine_args import build_setup
-    from sim.simulator import simulate as run_simulate
+    from backends.bench.serve_run import SimulatedServer, failed, run_serve_bench
+    from sim.benchmarks import serve_twin
 
     with user_errors(RuntimeError):  # RuntimeError: the server did not start
-        work = dataclasses.replace(work, dataset_name="random",
-                                   num_prompts=load.num_prompts or load.concurrency)
-        trace = workload(work)
-        args = EngineArgs(max_num_seqs=engine.max_num_seqs, max_model_len=engine.max_model_len)
-        setup = build_setup(args, sim.model, sim.gpu, sim.profile, work.seed)
         server = SimulatedServer(sys.executable, sim.model, sim.gpu, sim.profile, work.seed,
                                  engine.max_model_len, engine.max_num_seqs)
-        vocab = setup.config.vocab_size
-        report = (soak_bench(work, server, load, bench, vocab) if bench.soak is not None else
-                  serve_bench(trace, work, server, load, bench, vocab, functools.partial(
-                      run_simulate, config=setup.config, cost_model=setup.cost_model)))
+        report = run_serve_bench(work, server, load, bench,
+                                 functools.partial(serve_twin, sim, engine, work.seed))
     write_json(report, out)
     if failed(report):
         raise typer.Exit(code=1)
 
 
-@bench_app.command("fleet")
-@with_flags
+@command(bench_app, "fleet")
 def bench_fleet(
     sim: Annotated[SimFlags, Flags(only=("model", "gpu"))],
     flags: Annotated[FleetBenchFlags, Flags(inline=True)],
@@ -984,8 +876,7 @@ def bench_fleet(
     write_json(report, out)
 
 
-@bench_app.command("gpu")
-@with_flags
+@command(bench_app, "gpu")
 def bench_gpu(flags: Annotated[GpuBenchFlags, Flags()], out: _Out = None) -> None:
     """Kernel correctness in bf16, decode attention bandwidth and prefill TFLOP/s against a
     copy and a matmul measured in the same run, and engine tokens/s against transformers
@@ -995,13 +886,13 @@ def bench_gpu(flags: Annotated[GpuBenchFlags, Flags()], out: _Out = None) -> Non
     except ImportError as err:
         fail(f"rt bench gpu needs the real extra (torch, triton): {err}")
     with user_errors(GpuUnavailable):
-        report = gpu_bench(flags, out, lambda line: typer.echo(f"rt: {line}", err=True))
+        report = gpu_bench(flags, out, say)
     write_json(report, None)
 
 
 # ---- rt route, rt fleet up (backends.route) ----
 
-_RouterPolicy = Annotated[FleetFlags, Flags(only=("router", "router_arg", "router_refresh_ms"))]
+_RouterPolicy = Annotated[FleetFlags, ROUTER_POLICY]
 
 
 def route_until_stopped(urls: list[str], policy: FleetFlags, route: RouteFlags, seed: int,
@@ -1020,8 +911,7 @@ def route_until_stopped(urls: list[str], policy: FleetFlags, route: RouteFlags, 
                                      route.uvicorn_log_level))
 
 
-@app.command("route")
-@with_flags
+@command(app, "route")
 def route_command(
     *,
     route: Annotated[RouteFlags, Flags()],
@@ -1039,20 +929,18 @@ def route_command(
 fleet_app = typer.Typer(help="A fleet of rt serve replicas behind rt route, on loopback.",
                         no_args_is_help=True)
 app.add_typer(fleet_app, name="fleet")
+# What `rt fleet up` passes on to each replica's `rt serve`.
 _FLEET_SERVER = Flags(only=("simulate", "max_num_queued_requests"))
+_FLEET_SIM = Flags(only=("gpu", "profile"))
 
 
-@fleet_app.command("up")
-@with_flags
+@command(fleet_app, "up")
 def fleet_up(
     *,
-    policy: Annotated[FleetFlags, Flags(only=("replicas", "router", "router_arg",
-                                              "router_refresh_ms"))],
-    model: Annotated[str | None, typer.Option(
-        "--model", "--sim-model", help="As rt serve's --model (with --simulate, the "
-        "simulated model).", rich_help_panel=ROUTE_PANEL)] = None,
+    policy: Annotated[FleetFlags, FLEET_UP_POLICY],
+    model: Annotated[FleetModelFlags, Flags(inline=True)],
     server: Annotated[ServeFlags, _FLEET_SERVER],
-    sim: Annotated[SimFlags, Flags(only=("gpu", "profile"))],
+    sim: Annotated[SimFlags, _FLEET_SIM],
     engine: Annotated[EngineFlags, Flags()],
     route: Annotated[RouteFlags, Flags(exclude=("backend",))],
     seed: _Seed = 0,
@@ -1060,25 +948,19 @@ def fleet_up(
     """Start --replicas `rt serve` processes (free ports of 127.0.0.1) and `rt route` in
     front of them on --port; print the router URL; on Ctrl-C/SIGTERM stop everything (no
     process is left behind)."""
-    from backends.bench.serve_load import free_port
-    from backends.route.fleet import FleetPlan, flag_argv, run_fleet
+    from backends.route.fleet import FleetPlan, run_fleet
     from runtime.router import make_policy
 
-    command = [*RT, "serve", "--seed", str(seed), *flag_argv(server, _FLEET_SERVER),
-               *flag_argv(sim, Flags(only=("gpu", "profile"))), *flag_argv(engine),
-               *(["--model", model] if model else [])]
     with user_errors():  # a bad policy or argument: one line before anything starts
         make_policy(policy.router, policy.router_arg or [], seed)
-    plan = FleetPlan(tuple(command), tuple(free_port() for _ in range(policy.replicas)),
-                     stop_timeout_s=route.shutdown_timeout + 10)
+    plan = FleetPlan.of(RT, seed, [(server, _FLEET_SERVER), (sim, _FLEET_SIM), (engine, None),
+                                   (model, None)], policy.replicas, route.shutdown_timeout)
     with user_errors(RuntimeError):
         run_fleet(plan, functools.partial(route_until_stopped, policy=policy, route=route,
-                                          seed=seed, print_url=True),
-                  lambda line: typer.echo(f"rt: {line}", err=True))
+                                          seed=seed, print_url=True), say)
 
 
-@bench_app.command("route")
-@with_flags
+@command(bench_app, "route")
 def bench_route(
     *,
     policy: _RouterPolicy,

@@ -3,7 +3,7 @@ first run), the compatibility check, and legend labels naming what differs betwe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,3 +197,22 @@ def compare_runs(runs: Sequence[Run], options: Any, plots: bool
 
     series = {label: latency_values(r.requests) for label, r in zip(labels, runs, strict=True)}
     return table, {"percentiles": percentile_curves(series), "cdf": cdfs(series)}
+
+
+def compare_dirs(paths: Sequence[Path], options: Any, files: CompareFiles, plots: bool,
+                 show: Callable[[str], None]) -> tuple[Path | None, dict[str, Any]]:
+    """`rt compare`: the run directories (two or more, checked as `rt report` does) compared;
+    the table goes to `show`, then to --csv and --html. Returns the HTML page written (if
+    any) and the figures. ValueError on fewer than two runs or a bad one."""
+    from analysis.html_report import write_html_report
+    from analysis.report import load_checked
+
+    if len(paths) < 2:
+        raise ValueError("compare needs two or more run directories")
+    runs = [load_checked(p) for p in paths]
+    table, figures = compare_runs(runs, options, plots)
+    show(render_table(table))
+    if files.csv is not None:
+        table.to_csv(files.csv)
+    html = write_html_report(runs, files.html, options) if files.html is not None else None
+    return html, figures

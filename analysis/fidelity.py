@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.metrics import per_request_latencies
-from analysis.report import ReportOptions, result_dict
+from analysis.report import ReportOptions, load_checked, result_dict
 from analysis.rundir import Run
 
 METRICS = ("ttft", "itl", "tpot", "e2el")
@@ -256,3 +256,14 @@ def write_fidelity(reals: Sequence[Run], sims: Sequence[Run], predicted_s: Seque
         figures = {"percentiles": percentile_curves(series), "cdf": cdfs(series)}
     violations = gate(report, max_error) if max_error is not None else []
     return render(report), violations, figures
+
+
+def write_fidelity_dirs(real_dirs: Sequence[Path], sim_dirs: Sequence[Path],
+                        predict: Callable[[pd.DataFrame], Sequence[float]], root: Path,
+                        plots: bool, max_error: float | None
+                        ) -> tuple[str, list[str], dict[str, Any]]:
+    """`write_fidelity` on run directories (checked as `rt report` does); `predict(steps)`:
+    the profile's seconds of each step of the first real run."""
+    reals = [load_checked(path) for path in real_dirs]
+    return write_fidelity(reals, [load_checked(path) for path in sim_dirs],
+                          predict(reals[0].steps), root, plots, max_error)

@@ -33,7 +33,7 @@ from analysis.metrics import (
     request_goodput,
     summarize,
 )
-from analysis.rundir import Run
+from analysis.rundir import Run, load_run
 
 REQUEST_COLUMNS = (
     "request_id", "arrival_s", "prompt_len", "engine_queued_s", "first_scheduled_s",
@@ -53,6 +53,11 @@ class ReportOptions:
     percentile_metrics: Sequence[str] = DEFAULT_PERCENTILE_METRICS
     percentiles: Sequence[float] = (99.0,)
     goodput: dict[str, float] = field(default_factory=dict)
+
+
+# The report options of a table of runs (`rt compare`, `rt sweep`): four metrics, three
+# percentiles.
+TABLE_DEFAULTS = {"percentile_metrics": "ttft,tpot,itl,e2el", "metric_percentiles": "50,90,99"}
 
 
 def _flag(default: Any, option: str, help: str) -> Any:
@@ -138,6 +143,13 @@ def check_run(run: Run) -> None:
         missing = [c for c in STEP_COLUMNS if c not in run.steps.columns]
         if missing:
             raise ValueError(f"{run.path}: steps.parquet lacks columns {', '.join(missing)}")
+
+
+def load_checked(path: Path) -> Run:
+    """The run directory at `path` (or a vLLM result JSON), checked by `check_run`."""
+    run = load_run(path)
+    check_run(run)
+    return run
 
 
 def metric_keys(name: str, stats: dict[str, float]) -> dict[str, float]:

@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from analysis.fleet import fleet_block
+
 
 def scaling_block(scaling: dict[str, Any]) -> str:
     policy = scaling.get("policy") or "none (fixed fleet)"
@@ -62,3 +64,10 @@ def replica_figure(scaling: dict[str, Any], requests: pd.DataFrame,
     top.set_title(f"replicas over time ({policy}): {scaling['gpu_hours']:.3f} GPU-h, "
                   f"cost {scaling['cost']:.2f}")
     return fig
+
+
+def fleet_outputs(requests: pd.DataFrame, steps: pd.DataFrame, scaling: dict[str, Any],
+                  autoscaled: bool) -> tuple[str, dict[str, Figure]]:
+    """A fleet run's blocks (routing, scaling) and, when autoscaled, the replica figure."""
+    text = f"{fleet_block(requests, steps)}\n{scaling_block(scaling)}"
+    return text, {"replicas": replica_figure(scaling, requests)} if autoscaled else {}

@@ -20,6 +20,14 @@ _SLO_METRICS = (*METRICS, "request_queue_time", "request_prefill_time",
                 "request_decode_time", "request_inference_time")
 
 
+def sweep_slos(slo: str | None, find_max_rate: bool) -> dict[str, float] | None:
+    """--slo parsed (None without it); ValueError for --find-max-rate without --slo."""
+    slos = parse_slo(slo) if slo is not None else None
+    if find_max_rate and not slos:
+        raise ValueError("--find-max-rate needs --slo")
+    return slos
+
+
 def parse_slo(text: str) -> dict[str, float]:
     """`p99_ttft_ms=500,p99_itl_ms=50`: result keys and their upper bounds (ms). ValueError
     on an unknown key or a bad value."""

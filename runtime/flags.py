@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +20,8 @@ from typing import Any
 def flag(default: Any, option: str, help: str | None = None, panel: str | None = None,
          **extra: Any) -> Any:
     """A dataclass field that is also a command-line flag. `option` is e.g. "--block-size" or
-    "--enable-x/--no-enable-x" for a boolean pair; `extra` passes on short="-tp",
+    "--enable-x/--no-enable-x" for a boolean pair; `extra` passes on short="-tp" (or
+    alias="--sim-model": a second spelling),
     envvar="NAME" or min=1 (the parser refuses a smaller value)."""
     return field(default=default, metadata={"flag": option, "help": help, "panel": panel,
                                             **extra})
@@ -73,10 +74,44 @@ def group_specs(cls: type, group: FlagGroup) -> list[FlagSpec]:
         default = group.defaults.get(f.name, None if group.lists else f.default)
         specs.append(FlagSpec(
             f.name, str(meta["flag"]).split("/")[0].lstrip("-").replace("-", "_"),
-            (meta["flag"], *([meta["short"]] if "short" in meta else [])),
+            (meta["flag"], *(meta[k] for k in ("short", "alias") if k in meta)),
             str | None if group.lists else hint, scalar, default, meta.get("help"),
             group.panel or meta.get("panel"), meta.get("envvar"), meta.get("min")))
     return specs
+
+
+@dataclass(frozen=True, slots=True)
+class GroupParam:
+    """A command parameter that takes a flag dataclass: its name, the class, how the command
+    offers it, and every option that fills it (a shared one included)."""
+
+    name: str
+    cls: type
+    group: FlagGroup
+    specs: list[FlagSpec]
+
+
+def command_layout(params: Sequence[tuple[str, tuple[type, FlagGroup] | None]]
+                   ) -> tuple[list[str | FlagSpec], list[GroupParam]]:
+    """A command's options in listing order, from its parameters (name, and (flag class,
+    group) or None for a plain parameter): the plain parameters' and `inline` groups'
+    options in parameter order, then the other groups'; an option two groups share (e.g.
+    --seed) is listed once, where it first appears. Returns that order (a plain parameter
+    by its name) and the group parameters."""
+    seen = {name for name, flags in params if flags is None}
+    groups: list[GroupParam] = []
+
+    def expand(name: str, flags: tuple[type, FlagGroup]) -> list[str | FlagSpec]:
+        specs = group_specs(*flags)
+        fresh: list[str | FlagSpec] = [s for s in specs if s.name not in seen]
+        seen.update(s.name for s in specs)
+        groups.append(GroupParam(name, *flags, specs))
+        return fresh
+
+    first = [(n, f) for n, f in params if f is None or f[1].inline]
+    order = [x for n, f in first for x in ([n] if f is None else expand(n, f))]
+    order += [x for n, f in params if f is not None and not f[1].inline for x in expand(n, f)]
+    return order, groups
 
 
 def build_group(cls: type, group: FlagGroup, specs: list[FlagSpec],

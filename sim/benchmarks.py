@@ -16,9 +16,15 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime import CacheConfig, Request, SamplingParams, Scheduler, SchedulerConfig
+
+if TYPE_CHECKING:
+    from runtime.config import EngineFlags
+    from runtime.records import RunResult
+    from sim.engine_args import SimFlags
+    from workloads import Trace
 
 EOS_FREE_TOKEN = 1000  # any id; requests run with ignore_eos
 
@@ -337,3 +343,16 @@ def _fleet_row(fleet: Callable[[int], tuple[Any, float, float]], count: int, n: 
     row["vs_single_engine_per_request"] = round(single_cpu / (cpu / n), 3)
     row["cpu_s_per_request"] = cpu / n
     return row
+
+
+def serve_twin(sim: SimFlags, engine: EngineFlags, seed: int
+               ) -> tuple[int, Callable[[Trace], RunResult]]:
+    """`rt bench serve`'s simulation of the arrivals the server was sent, under the server's
+    limits: the model's vocabulary size and `trace -> RunResult`."""
+    from sim.engine_args import EngineArgs, build_setup
+    from sim.simulator import simulate
+
+    args = EngineArgs(max_num_seqs=engine.max_num_seqs, max_model_len=engine.max_model_len)
+    setup = build_setup(args, sim.model, sim.gpu, sim.profile, seed)
+    return setup.config.vocab_size, functools.partial(
+        simulate, config=setup.config, cost_model=setup.cost_model)

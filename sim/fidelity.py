@@ -87,6 +87,11 @@ class FidelityFlags:
         "routing latency; per-replica share, prefix hit rate, TTFT/ITL, errors and router "
         "overheads side by side (real/, sim/, fleet_fidelity.json).")
 
+    def calibration_replays(self) -> bool:
+        """Whether calibration replays (of traces resampled from TRACE) go with the real
+        ones: no --profile, no --fit-on-replay, --calibrate-on replay."""
+        return self.profile is None and not self.fit_on_replay and self.calibrate_on == "replay"
+
     def check(self, step_drift: bool, step_noise: bool) -> None:
         """ValueError for impossible combinations (before any model is loaded)."""
         if self.calibrate_on not in ("grid", "replay"):

@@ -17,9 +17,9 @@ import numpy as np
 
 from runtime import CacheConfig, SchedulerConfig
 from runtime.records import RunResult
-from sim.calibrate import predict_step_rows
-from sim.fidelity import twin_simulations
-from sim.profile import load_profile
+from sim.calibrate import predict_step_rows, replay_api_cost
+from sim.fidelity import FidelityFlags, twin_simulations
+from sim.profile import Profile, load_profile
 from workloads import Trace, resample_like
 
 Replay = Callable[[Trace], RunResult]
@@ -70,3 +70,35 @@ class FidelityRuns:
 def predicted_steps(profile: Path, steps: Mapping[str, Sequence[Any]]) -> np.ndarray:
     """The profile's predicted seconds of each recorded step."""
     return predict_step_rows(load_profile(profile).coefficients, steps)
+
+
+@dataclass(frozen=True)
+class RealFidelity:
+    """`rt fidelity` on the real engine: its `runs` (replays and twins), the engine's configs
+    and model, and the profile's injected sources: `grid()` (the calibration grid measured on
+    the engine and fitted), `fit(paths, api_server, drift)` (a fit on replay steps) and
+    `write(profile, path)` (printed and written)."""
+
+    runs: FidelityRuns
+    scheduler: SchedulerConfig
+    cache: CacheConfig
+    model: str
+    grid: Callable[[], Profile]
+    fit: Callable[[list[Path], Any, bool], Profile]
+    write: Callable[[Profile, Path], Path]
+
+    def run(self, how: FidelityFlags, order: Sequence[tuple[str, int]], step_drift: bool,
+            step_noise: bool, **extra: Any) -> tuple[list[Path], list[Path], Path, list[str]]:
+        """Calibrate (on the grid before the replays, or on calibration/real replays after),
+        replay in `order`, simulate the twins. Returns the real and twin run directories, the
+        profile's path and notes."""
+        profile, path = how.profile, self.runs.root / "profile.json"
+        if profile is None and how.calibrate_on == "grid" and not how.fit_on_replay:
+            profile = self.write(self.grid(), path)
+        reals, calibrations = self.runs.replays(order, **extra)
+        if replays := calibrations or (reals if how.fit_on_replay else []):
+            profile = self.write(self.fit(replays, replay_api_cost(replays), step_drift), path)
+        assert profile is not None  # the grid's, the replays' or --profile
+        sims, notes = self.runs.twins(self.scheduler, self.cache, self.model, profile,
+                                      step_noise, how.sim_runs)
+        return reals, sims, profile, notes

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.flags import flag
+from runtime.flags import FlagGroup, flag
 from runtime.router.policy import RouterPolicy
 from runtime.router.registry import make_policy, policy_names
 from sim.engine_args import EngineArgs, SimSetup, build_setup
@@ -183,6 +183,10 @@ def build_fleet(spec: FleetSpec, seed: int = 0, check_invariants: bool = False,
 
 
 FLEET_PANEL = "Fleet (replicas behind a router)"
+# The router policy as the live router offers it (`rt route`, `rt bench route`), and with the
+# replica count (`rt fleet up`).
+ROUTER_POLICY = FlagGroup(only=("router", "router_arg", "router_refresh_ms"))
+FLEET_UP_POLICY = FlagGroup(only=("replicas", "router", "router_arg", "router_refresh_ms"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,11 +13,11 @@ from typing import Any
 from runtime.records import RunResult
 from runtime.router.policy import RouterPolicy
 from sim.autoscale_flags import AutoscaleFlags, fixed_scaling, simulate_autoscaled_fleet
-from sim.engine_args import SimSetup
+from sim.engine_args import EngineArgs, SimFlags, SimSetup, build_setup
 from sim.fleet import simulate_fleet
 from sim.fleet_config import FleetFlags, FleetSpec, build_fleet, load_fleet
 from sim.pd_flags import PDFlags, simulate_pd_fleet
-from sim.simulator import Progress
+from sim.simulator import Progress, simulate
 from workloads import Trace
 
 
@@ -70,3 +70,34 @@ class FleetRun:
                         "pd": pd.describe() if is_pd else None,
                         "autoscale": autoscale.describe() if autoscale.enabled else None,
                         "scaling": scaling.to_json()}
+
+
+@dataclass(frozen=True)
+class SimulateRun:
+    """`rt simulate`'s run: one engine (`setup`), or with `fleet` that fleet of them."""
+
+    setup: SimSetup
+    fleet: FleetRun | None
+
+    @classmethod
+    def build(cls, engine: EngineArgs, sim: SimFlags, fleet: FleetFlags, pd: PDFlags,
+              autoscale: AutoscaleFlags, seed: int, check_invariants: bool) -> SimulateRun:
+        """ValueError (one line) on a bad flag, fleet file or combination."""
+        setup = build_setup(engine, sim.model, sim.gpu, sim.profile, seed, check_invariants,
+                            sim.step_noise)
+        is_fleet = fleet.is_fleet or autoscale.enabled
+        if not is_fleet and pd.pd_decider != "never":
+            raise ValueError("--pd-decider needs a fleet: --replicas N or --fleet FILE")
+        return cls(setup, FleetRun.build(setup, fleet, pd, autoscale) if is_fleet else None)
+
+    @property
+    def first(self) -> SimSetup:
+        """The engine whose start-up lines and run.json sections stand for the run."""
+        return self.fleet.replicas[0] if self.fleet else self.setup
+
+    def run(self, trace: Trace, progress: Progress | None = None
+            ) -> tuple[RunResult, dict[str, Any]]:
+        """The records, and run.json's extra sections (a fleet's; none for one engine)."""
+        if self.fleet:
+            return self.fleet.run(trace, progress)
+        return simulate(trace, self.setup.config, self.setup.cost_model, progress), {}

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime import BatchFeatures
-from runtime.flags import comma_list, flag
+from runtime.flags import FlagGroup, comma_list, flag
 from runtime.records import RunResult
 from runtime.router.registry import policy_names
 from sim.engine_args import EngineArgs, SimSetup, build_setup
@@ -41,6 +41,11 @@ PLAN_PANEL = "Plan (search space)"
 DEFAULT_GPU_COST = {"a100-80gb": 1.30, "h100-sxm": 3.00, "h200": 4.00, "b200": 6.00,
                     "l40s": 1.00}
 PEAK_THROUGHPUT_SLACK = 1.25  # the replica bound assumes 25% more than the peak: stays safe
+
+
+# The workload flags `rt plan` offers: a trace file, windowed and rescaled.
+PLAN_WORKLOAD = FlagGroup(only=("fmt", "start_s", "duration_s", "first_n", "time_scale",
+                                "target_rate", "seed"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +88,13 @@ class PlanFlags:
                 except ValueError:
                     raise ValueError(f"--gpu-cost: expected NAME=USD, got {item!r}") from None
         return prices
+
+    def plan(self, trace: Trace, seed: int, judge: Judge) -> tuple[list[Shape], list[Pruned]]:
+        """Search every candidate (`search`): the shapes that met the SLOs, cheapest first
+        (`cheapest`), and the candidates pruned."""
+        prices = self.prices()
+        searches, pruned = search(self.candidates(), trace, self.max_gpus, prices, judge, seed)
+        return cheapest(searches, prices), pruned
 
     def candidates(self) -> list[Candidate]:
         """Every combination, in flag order (GPU outermost; aggregated before P:D splits)."""
@@ -177,6 +189,10 @@ class Shape:
 
     def name(self) -> str:
         return f"{self.candidate.name()}-x{self.num_replicas}"
+
+    def summary(self) -> str:
+        return (f"{self.name()} at ${self.cost_per_hour:.2f}/h ({self.gpus} GPUs, router "
+                f"{self.candidate.router})")
 
     def fleet_toml(self) -> str:
         """The fleet file of this shape, for `rt simulate --fleet` (router: --router)."""

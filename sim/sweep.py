@@ -18,11 +18,11 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, TypeVar
 
-from runtime.flags import comma_list, flag
+from runtime.flags import FlagGroup, comma_list, flag
 from sim.engine_args import EngineArgs, SimSetup, build_setup
 from sim.simulator import SimResult, simulate
 from workloads import ArrivalProcess, Trace, TransformSpec, apply_transforms, random_trace
-from workloads.flags import WorkloadFlags
+from workloads.flags import WorkloadFlags, load_workload
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -35,6 +35,12 @@ GRID_ENGINE_FLAGS = ("max_num_batched_tokens", "max_num_seqs", "long_prefill_tok
                      "num_gpu_blocks_override", "block_size")
 SWEEP_WORKLOAD_FLAGS = ("fmt", "dataset_name", "num_prompts", "input_len", "output_len",
                         "range_ratio", "burstiness", "seed", "start_s", "duration_s", "first_n")
+# How the grid is offered: the engine flags, models x GPUs and fleets, as comma lists.
+SWEEP_WORKLOAD = FlagGroup(only=SWEEP_WORKLOAD_FLAGS)
+SWEEP_GRID = FlagGroup(only=GRID_ENGINE_FLAGS, lists=True, panel=GRID_PANEL)
+SWEEP_TARGETS = FlagGroup(only=("model", "gpu"), lists=True, panel=GRID_PANEL,
+                          defaults={"model": "llama-3.1-8b", "gpu": "h200"})
+SWEEP_FLEETS = FlagGroup(only=("replicas", "router"), lists=True, panel=GRID_PANEL)
 SEARCH_PANEL = "SLO search"
 
 
@@ -241,6 +247,26 @@ class SweepPlan:
     seed: int
     root: Path
     made: int = 0
+
+    @classmethod
+    def build(cls, trace_file: Path | None, work: WorkloadFlags,
+              grid: Mapping[str, Sequence[Any]], targets: Mapping[str, Sequence[str]],
+              fleets: Mapping[str, Sequence[Any]], profile: str | None, how: SweepFlags,
+              root: Path) -> tuple[SweepPlan, list[str]]:
+        """`rt sweep`'s plan from its flags (the comma lists as {field: [values]}): every
+        configuration of the grid x models x GPUs x fleets, on the trace file (windowed; the
+        loader's notes are returned) or the synthetic workload. ValueError on a bad axis,
+        grid or workload."""
+        scaled = how.axis()[0] == "time_scale"  # (an axis error before the grid's)
+        configs = sweep_configs(grid, targets["model"], targets["gpu"],
+                                fleets.get("replicas", [1]), fleets.get("router", ["round-robin"]))
+        if work.dataset_name is None:
+            loaded = load_workload(work, trace_file)
+            return cls(configs, loaded.trace, None, profile, work.seed, root), list(loaded.notes)
+        if work.dataset_name != "random" or trace_file is not None or scaled:
+            raise ValueError("sweep's synthetic workload is --dataset-name random, without "
+                             "--trace or --time-scale")
+        return cls(configs, None, work, profile, work.seed, root), []
 
     def trace(self, key: str | None, value: float | None) -> Trace:
         if self.synthetic is not None:

@@ -42,6 +42,15 @@ def _flag(default: Any, option: str, help: str | None = None) -> Any:
 
 
 @dataclass(frozen=True, slots=True)
+class TraceFileFlags:
+    """`--trace`: the trace file of a command that defaults to the embedded excerpt."""
+
+    trace: Path | None = _flag(
+        None, "--trace", "Trace file (any `rt trace` format). Default: the embedded excerpt of "
+        "the Azure conversation trace (first 10 min), unless --dataset-name is given.")
+
+
+@dataclass(frozen=True, slots=True)
 class WorkloadFlags:
     """Where requests come from (file or synthetic), when they arrive, and which are kept.
     Lengths in tokens, times in seconds, rates in requests per second."""

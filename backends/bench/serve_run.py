@@ -4,6 +4,7 @@ lives in sim/, which backends/ does not import): `simulate(trace) -> RunResult`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from backends.bench.serve_load import (
 )
 from runtime.records import RunResult
 from workloads import Trace
-from workloads.flags import WorkloadFlags
+from workloads.flags import WorkloadFlags, load_workload
 
 Simulate = Callable[[Trace], RunResult]  # arrivals -> the simulator's run
 
@@ -68,6 +69,21 @@ def soak_bench(work: WorkloadFlags, server: SimulatedServer, load: ServeLoadFlag
     report = run_soak_load(server.load_config(load, bench, vocab_size), bench.soak,
                            work.input_len, work.output_len)
     return {"command": "rt bench serve --soak", **report}
+
+
+def run_serve_bench(work: WorkloadFlags, server: SimulatedServer, load: ServeLoadFlags,
+                    bench: ServeBenchFlags, twin: Callable[[], tuple[int, Simulate]]
+                    ) -> dict[str, Any]:
+    """`rt bench serve`: the random requests of `work` (--num-prompts, default
+    --concurrency), then the load test or with --soak the soak. `twin()`: the simulator's
+    vocabulary size and simulation. RuntimeError when the server does not start."""
+    work = dataclasses.replace(work, dataset_name="random",
+                               num_prompts=load.num_prompts or load.concurrency)
+    trace = load_workload(work).trace
+    vocab, simulate = twin()
+    if bench.soak is not None:
+        return soak_bench(work, server, load, bench, vocab)
+    return serve_bench(trace, work, server, load, bench, vocab, simulate)
 
 
 def failed(report: dict[str, Any]) -> bool:

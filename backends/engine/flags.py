@@ -5,6 +5,7 @@ model directory and a seed they make a `backends.engine.setup.RealEngineArgs`.""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from runtime.flags import flag
 
@@ -26,3 +27,12 @@ class RealEngineFlags:
         False, "--random-weights", "Read only the model's config.json and initialise its "
         "weights at random from --seed on the device (seconds for an 8B model); --model may "
         "then also be a preset shape: llama-3.2-1b, llama-3.2-3b or llama-3.1-8b.", REAL_PANEL)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDirFlags:
+    """`--model`: the real engine's checkpoint (`backends.engine.setup.load_real_engine`)."""
+
+    model: Path | None = flag(
+        None, "--model", "Local Hugging Face model directory (Llama, Mistral, Qwen2, Qwen3). "
+        "Default: a tiny random Llama, built once in ~/.cache/rt/tiny-llama-v2.", REAL_PANEL)

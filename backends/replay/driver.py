@@ -27,6 +27,7 @@ import time
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from backends.engine.model_runner import ModelRunner
 from backends.replay.api_process import ApiServerFailed, ApiServerProcess, Done, HandOver, Tokenizer
@@ -41,6 +42,9 @@ from runtime import (
 )
 from runtime.records import RunResult
 from workloads import Trace
+
+if TYPE_CHECKING:
+    from backends.engine.setup import RealSetup
 
 Progress = Callable[[int, int], None]  # (requests finished, requests in the trace)
 
@@ -80,6 +84,12 @@ class ReplayConfig:
     def __post_init__(self) -> None:
         if self.vocab_size <= 10:
             raise ValueError(f"vocab_size must be > 10, got {self.vocab_size}")
+
+    @classmethod
+    def of(cls, setup: RealSetup, check_invariants: bool = False) -> ReplayConfig:
+        """A loaded real engine's configs, vocabulary size and seed."""
+        return cls(setup.scheduler, setup.cache, setup.shape.vocab_size, setup.args.seed,
+                   check_invariants)
 
 
 ReplayResult = RunResult  # the records of one replay (the simulator's shape)

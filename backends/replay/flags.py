@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from runtime.flags import flag
+from workloads.flags import WorkloadFlags
 
 ENDPOINT_PANEL = "OpenAI-compatible endpoint (--endpoint)"
+# `rt replay`'s workload without a trace file or --dataset-name: a small synthetic trace.
+DEFAULT_REPLAY = WorkloadFlags(dataset_name="random", num_prompts=32, input_len=96,
+                               output_len=24, range_ratio=0.5, request_rate=8.0)
+
+
+def replay_workload(work: WorkloadFlags, trace_file: Path | None) -> WorkloadFlags:
+    """`work`, or without a trace file or --dataset-name `DEFAULT_REPLAY` (with --seed,
+    --first-n and --time-scale)."""
+    if trace_file is not None or work.dataset_name is not None:
+        return work
+    return dataclasses.replace(DEFAULT_REPLAY, seed=work.seed, first_n=work.first_n,
+                               time_scale=work.time_scale)
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,3 +57,11 @@ class RouteBenchFlags:
     max_tokens: int = flag(4, "--max-tokens", min=1)
     rounds: int = flag(2, "--rounds", "Direct-then-routed rounds (interleaved against drift).",
                        min=1)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetModelFlags:
+    """`rt fleet up --model`: its replicas' `rt serve --model`."""
+
+    model: str | None = flag(None, "--model", "As rt serve's --model (with --simulate, the "
+                             "simulated model).", ROUTE_PANEL, alias="--sim-model")

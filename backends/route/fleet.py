@@ -141,6 +141,19 @@ class FleetPlan:
     start_timeout_s: float = 180.0
     stop_timeout_s: float = 20.0
 
+    @classmethod
+    def of(cls, rt: Sequence[str], seed: int, flags: Sequence[tuple[Any, FlagGroup | None]],
+           replicas: int, shutdown_timeout_s: float) -> FleetPlan:
+        """`rt serve --seed SEED` (`rt` the command line that starts rt) with each of `flags`
+        passed on (`flag_argv`), on `replicas` free ports; the drain bounded by the router's
+        shutdown timeout plus 10 s."""
+        from backends.bench.serve_load import free_port
+
+        command = [*rt, "serve", "--seed", str(seed), *(
+            arg for values, group in flags for arg in flag_argv(values, group))]
+        return cls(tuple(command), tuple(free_port() for _ in range(replicas)),
+                   stop_timeout_s=shutdown_timeout_s + 10)
+
 
 def run_fleet(plan: FleetPlan, serve_router: Callable[[list[str]], None],
               log: Callable[[str], None]) -> None:

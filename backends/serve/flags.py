@@ -39,3 +39,13 @@ class ServeFlags:
             raise ValueError(f"--max-request-bytes must be >= 1, got {self.max_request_bytes}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("--api-key must not be empty")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeModelFlags:
+    """`--model`: what `rt serve` serves, a checkpoint or with --simulate a simulated model."""
+
+    model: str | None = flag(
+        None, "--model", "Local Hugging Face model directory (default: the tiny random Llama "
+        "on the CPU); with --simulate, the simulated model (preset or config, default "
+        "llama-3.1-8b).", SERVER_PANEL, alias="--sim-model")

@@ -19,6 +19,7 @@ from typing import Any
 from backends.engine.text import ByteTokenizer, IncrementalDecoder, TextCodec
 from backends.serve.engine_client import EngineClient
 from backends.serve.engine_process import ExecutorFactory
+from backends.serve.flags import ServeFlags
 from backends.serve.messages import EngineInfo, EngineOutputs, EngineRequest, RequestOutput
 from backends.serve.metrics import ServeMetrics
 from backends.serve.openai_protocol import ApiError, EngineDeadError, Parsed, RequestParser
@@ -48,6 +49,15 @@ class ServeConfig:
     engine_start_timeout_s: float = 300.0
     api_key: str | None = None
     max_request_bytes: int = 1 << 20
+
+    @classmethod
+    def of(cls, flags: ServeFlags, factory: ExecutorFactory, factory_kwargs: dict[str, Any],
+           model_name: str, tokenizer_dir: Path | None) -> ServeConfig:
+        """From `rt serve`'s flags and the engine's executor spec (--served-model-name, if
+        given, names the model)."""
+        return cls(flags.served_model_name or model_name, factory, factory_kwargs,
+                   tokenizer_dir, flags.max_num_queued_requests, api_key=flags.api_key,
+                   max_request_bytes=flags.max_request_bytes)
 
 
 # ---- responses -------------------------------------------------------------------------------

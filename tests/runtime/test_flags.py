@@ -8,7 +8,14 @@ from dataclasses import dataclass
 import pytest
 
 from runtime.config import EngineFlags
-from runtime.flags import FlagGroup, build_group, comma_list, flag, group_specs
+from runtime.flags import (
+    FlagGroup,
+    build_group,
+    comma_list,
+    command_layout,
+    flag,
+    group_specs,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,3 +82,20 @@ def test_every_engine_flag_is_declared_with_vllms_name() -> None:
                      "--block-size", "--enable-prefix-caching/--no-enable-prefix-caching",
                      "--enable-chunked-prefill/--no-enable-chunked-prefill",
                      "--long-prefill-token-threshold", "--policy", "--num-gpu-blocks-override"]
+
+
+@dataclass(frozen=True, slots=True)
+class Other:
+    caching: bool = flag(True, "--caching/--no-caching")  # shared with Demo
+    model: str | None = flag(None, "--model", None, "Real engine", alias="--sim-model")
+
+
+def test_layout_lists_own_and_inline_options_first_and_a_shared_one_once() -> None:
+    order, groups = command_layout([
+        ("demo", (Demo, FlagGroup(only=("rate", "caching")))), ("path", None),
+        ("other", (Other, FlagGroup(inline=True))), ("out", None)])
+    names = [x if isinstance(x, str) else x.name for x in order]
+    assert names == ["path", "caching", "model", "out", "request_rate"]
+    assert [(g.name, [s.name for s in g.specs]) for g in groups] == [
+        ("other", ["caching", "model"]), ("demo", ["request_rate", "caching"])]
+    assert groups[0].specs[1].decls == ("--model", "--sim-model")
