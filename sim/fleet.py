@@ -137,9 +137,18 @@ class _Replica(EngineProcess):
         return handover
 
     def _submit_head(self, _: simpy.Event) -> None:
-        """One hand-over is due: the oldest pending request enters the core (FIFO)."""
-        handover, request = self.pending.popleft()
-        self.submit(request, handover)
+        """One hand-over is due: the oldest pending request enters the core (FIFO), unless
+        the engine, stepping ahead, took it in already (`take_due`)."""
+        if self.pending and self.pending[0][0] <= self.env.now:
+            handover, request = self.pending.popleft()
+            self.submit(request, handover)
+
+    def take_due(self, clock: float) -> None:
+        pending = self.pending
+        if self.fleet.steps_ahead:
+            while pending and pending[0][0] <= clock:
+                handover, request = pending.popleft()
+                self.submit(request, handover)
 
     def submit(self, request: Request, now: float) -> None:
         self.awaiting_first.add(request.request_id)
@@ -148,6 +157,14 @@ class _Replica(EngineProcess):
     def horizon(self) -> float:
         head = self.pending[0][0] if self.pending else math.inf
         return min(head, self.fleet.earliest_handover(self.config.api_server))
+
+    def steps_ahead_until(self) -> float:
+        # routers that read no completions or KV events and route ahead: what the replica
+        # reports at a step's end can come early; snapshots read records by time
+        # and due hand-overs are taken in by the engine itself (`take_due`)
+        if not self.fleet.steps_ahead:
+            return -math.inf
+        return self.fleet.earliest_handover(self.config.api_server)
 
     def fast_forward(self, clock: float) -> float | None:
         if self.kv_log is None:
@@ -244,6 +261,9 @@ class _Fleet:
                             num_gpu_blocks=r.config.cache.num_blocks) for r in self.replicas
         ) if self.routes_ahead and all(r.policy.snapshot_blind for r in self.routers) else None
         self.next_index = 0  # the first request not yet routed
+        # replicas step ahead of the event loop up to their horizon (docs/fleet.md)
+        self.steps_ahead = (self.routes_ahead and not self.kv_bus
+                            and all(r.policy.completion_blind for r in self.routers))
         # per API cost: suffix minima of arrival + latency + cost(prompt) over the trace
         self._earliest: dict[ApiServerCost, list[float]] = {}
 
