@@ -13,13 +13,11 @@
                  token or finished the request.
 
 A snapshot is what vLLM's /metrics would show: waiting, running and KV usage as of the last
-step that *ended* by the scrape time (read from the replica's step records), so it does not
-depend on how far ahead the loop has stepped or fast-forwarded. A replica fast-forwards runs
-of plain decode steps up to the earliest time a request could reach its core: its own next
-pending hand-over, or the earliest hand-over any not yet routed request could have there
-(a suffix minimum over the trace of arrival + latency + API cost). When a router scores
-with KV events, replicas publish their pools' events at each step's (or run's) end, runs
-ending by the next decision minus the delay (`sim.fleet_kv`).
+step that *ended* by the scrape time (the replica's step records), however far ahead the
+replica has stepped. A replica fast-forwards plain decode runs up to its next pending
+hand-over or the earliest one any unrouted request could have (a suffix minimum over the
+trace of arrival + latency + API cost). With KV events, replicas publish their pools'
+events at each step's (or run's) end, runs ending by the next decision minus the delay.
 
 With one replica and no routing latency the records are those of `sim.simulator.simulate`.
 """
@@ -54,8 +52,10 @@ from sim.fleet_records import (
 from sim.fleet_router import (
     KvEventBus,
     RouterReplica,
+    can_ever_fit,
     common_block_size,
     make_routers,
+    max_prompt_len,
     routing_request,
 )
 from sim.simulator import EngineProcess, Progress, SimConfig, make_request
@@ -74,17 +74,6 @@ class ReplicaSetup(Protocol):
 
     @property
     def cost_model(self) -> CostModel: ...
-
-
-def max_prompt_len(config: SimConfig) -> int:
-    """The longest prompt the replica's scheduler takes in (`Scheduler.add_request` ignores
-    one that leaves no room under max_model_len or outgrows the whole KV pool)."""
-    cache = config.cache
-    return min(config.scheduler.max_model_len - 1, cache.num_usable_blocks * cache.block_size)
-
-
-def can_ever_fit(config: SimConfig, prompt_len: int) -> bool:
-    return 0 < prompt_len <= max_prompt_len(config)
 
 
 _NOISE_SEED_STRIDE = 0x9E3779B1  # replica i's step-noise seed: the config's + i * this
@@ -137,9 +126,16 @@ class _Replica(EngineProcess):
         return handover
 
     def _submit_head(self, _: simpy.Event) -> None:
-        """One hand-over is due: the oldest pending request enters the core (FIFO)."""
-        handover, request = self.pending.popleft()
-        self.submit(request, handover)
+        """A hand-over is due: the oldest pending request enters the core, unless taken."""
+        if self.pending and self.pending[0][0] <= self.env.now:
+            handover, request = self.pending.popleft()
+            self.submit(request, handover)
+
+    def take_due(self, clock: float) -> None:
+        pending = self.pending
+        while self.fleet.steps_ahead and pending and pending[0][0] <= clock:
+            handover, request = pending.popleft()
+            self.submit(request, handover)
 
     def submit(self, request: Request, now: float) -> None:
         self.awaiting_first.add(request.request_id)
@@ -148,6 +144,11 @@ class _Replica(EngineProcess):
     def horizon(self) -> float:
         head = self.pending[0][0] if self.pending else math.inf
         return min(head, self.fleet.earliest_handover(self.config.api_server))
+
+    def steps_ahead_until(self) -> float:
+        # docs/fleet.md, stepping ahead: due hand-overs enter through `take_due`
+        steps_ahead = self.fleet.steps_ahead
+        return self.fleet.earliest_handover(self.config.api_server) if steps_ahead else -math.inf
 
     def fast_forward(self, clock: float) -> float | None:
         if self.kv_log is None:
@@ -203,10 +204,8 @@ _ROUTE_AHEAD_S = 10.0  # snapshot-blind routing ahead, s (routed requests hold t
 
 
 class _Fleet:
-    # Route ahead (docs/fleet.md): completion-blind policies decide at their router's last
-    # scrape tick before the arrival (its snapshot is final then: a step's record is written
-    # when it starts), snapshot-blind ones `_ROUTE_AHEAD_S` before. Same records, fewer cut
-    # runs. Off where choices read replica state (P/D, the autoscaler's serving set).
+    # Route (and step) ahead, docs/fleet.md: same records, fewer cut runs. Off where choices
+    # read replica state at the arrival (P/D, the autoscaler's serving set).
     routes_ahead = True
 
     def __init__(self, trace: Trace, setups: Sequence[ReplicaSetup],
@@ -244,6 +243,8 @@ class _Fleet:
                             num_gpu_blocks=r.config.cache.num_blocks) for r in self.replicas
         ) if self.routes_ahead and all(r.policy.snapshot_blind for r in self.routers) else None
         self.next_index = 0  # the first request not yet routed
+        self.steps_ahead = (self.routes_ahead and not self.kv_bus  # docs/fleet.md
+                            and all(r.policy.completion_blind for r in self.routers))
         # per API cost: suffix minima of arrival + latency + cost(prompt) over the trace
         self._earliest: dict[ApiServerCost, list[float]] = {}
 

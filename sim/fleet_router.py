@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from runtime.config import CacheConfig
 from runtime.kv_events import PoolEvent, prompt_block_hashes
 from runtime.router import KvEvent, KvEventQueue, MetricsRefresh, RouterPolicy, RoutingRequest
+from sim.simulator import SimConfig
 from workloads import TraceRequest
 
 
@@ -97,3 +98,15 @@ def common_block_size(caches: Sequence[CacheConfig]) -> int:
         raise ValueError(f"a router fed by KV events needs one block size across the "
                          f"replicas, got block_size {sizes}")
     return sizes[0]
+
+
+def max_prompt_len(config: SimConfig) -> int:
+    """The longest prompt the replica's scheduler takes in (`Scheduler.add_request` ignores
+    one that leaves no room under max_model_len or outgrows the whole KV pool)."""
+    cache = config.cache
+    return min(config.scheduler.max_model_len - 1, cache.num_usable_blocks * cache.block_size)
+
+
+def can_ever_fit(config: SimConfig, prompt_len: int) -> bool:
+    """Whether a replica of `config` can ever take in a prompt of `prompt_len` tokens."""
+    return 0 < prompt_len <= max_prompt_len(config)

@@ -127,6 +127,16 @@ class EngineProcess:
     def on_finished(self, records: list[RequestRecord]) -> None:
         """These requests finished (or were refused), now."""
 
+    def take_due(self, clock: float) -> None:
+        """Before a step at `clock`: requests due by then that the driver holds enter the
+        core (default: none; they are submitted by the driver's own process)."""
+
+    def steps_ahead_until(self) -> float:
+        """A step ending before this time (seconds) is followed by the next one without
+        waiting for the event loop to reach its end: nothing can enter the core, nor read
+        what it reports at a step's end, before then (default: never; `sim.fleet`)."""
+        return -math.inf
+
     # ---- the loop ----------------------------------------------------------------------------
 
     def submit(self, request: Request, now: float) -> None:
@@ -137,10 +147,12 @@ class EngineProcess:
 
     def engine(self) -> Generator[simpy.Event, object, None]:
         """The engine-core loop. `clock` is the engine's own time: step ends are computed as
-        start + duration, so stepping one by one and fast-forwarding give the same floats."""
+        start + duration, so stepping one by one and fast-forwarding give the same floats;
+        it runs ahead of the event loop's time while `steps_ahead_until` allows."""
         core, env = self.core, self.env
         clock = 0.0
         while True:
+            self.take_due(clock)
             if not core.has_work():
                 self.wake = env.event()
                 yield self.wake
@@ -149,7 +161,7 @@ class EngineProcess:
             sampled: Collection[str] = ()
             if end is None:
                 end, sampled = self.one_step(clock)
-            if end > env.now:
+            if end > env.now and end >= self.steps_ahead_until():
                 yield env.timeout(end - env.now)
             clock = end
             self.on_step_end(sampled)

@@ -19,14 +19,16 @@ def test_bench_fleet_report() -> None:
     assert [r["run"] for r in runs] == [
         "single engine, trace as recorded", "2 replicas, trace x2 faster",
         "1 replicas, trace x1 faster", "3 replicas, trace x3 faster",
-        "2 replicas stepping one by one"]
+        "2 replicas' shares on one engine each", "2 replicas stepping one by one"]
     assert all(r["requests"] == 40 for r in runs)
     # one replica on the trace as recorded is the single engine: the same steps
     assert runs[2]["steps"] == runs[0]["steps"]
-    assert runs[4]["steps"] == runs[1]["steps"]  # fast-forward changes no record
+    # each replica is a single engine on its share of the requests: the same steps
+    assert runs[4]["steps"] == runs[1]["steps"]
+    assert runs[5]["steps"] == runs[1]["steps"]  # fast-forward changes no record
     assert set(report) >= {"fleet_vs_single_engine_per_request", "meets_goal_rate",
                            "cost_per_request_3_vs_1", "meets_goal_scaling",
-                           "speedup_vs_stepped"}
+                           "speedup_vs_stepped", "fleet_vs_replica_engines_per_request"}
     json.dumps(report)
 
 

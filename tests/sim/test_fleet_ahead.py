@@ -94,3 +94,25 @@ def test_routing_ahead_keeps_the_records(name: str, policy: str, args: list[str]
 ])
 def test_policies_reading_completions_are_not_blind(policy: str, args: list[str]) -> None:
     assert not make_policy(policy, args).completion_blind
+
+
+@pytest.mark.parametrize(("policy", "ahead", "expected"), [
+    ("round-robin", True, True), ("llm-d", True, True), ("round-robin", False, False),
+    ("least-outstanding", True, False),
+])
+def test_replicas_step_ahead_of_the_event_loop(policy: str, ahead: bool, expected: bool,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Routing ahead with a completion-blind policy, a replica takes its due hand-overs in
+    itself and runs steps without waiting for the event loop (same records, above)."""
+    taken: list[str] = []
+    submit = fleet_module._Replica.submit
+
+    def counting(self: fleet_module._Replica, request: object, now: float) -> None:
+        if self.env.now < now:  # submitted before the event loop reached the hand-over
+            taken.append(request.request_id)  # type: ignore[attr-defined]
+        submit(self, request, now)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fleet_module._Replica, "submit", counting)
+    result = run(TRACES["random"], policy, [], 3, ahead)
+    assert len(result.requests) == len(TRACES["random"])
+    assert bool(taken) is expected
