@@ -867,7 +867,7 @@ def bench_fleet(
     N times faster (each replica carries one engine's load) against one engine on the trace
     as recorded, in the same run; and the cost per request of the smallest and largest
     --scaling fleets. Rates per wall and per CPU second."""
-    from sim.benchmarks import bench_fleet as run
+    from sim.bench_fleet import bench_fleet as run
 
     with user_errors():
         trace, name = flags.load()

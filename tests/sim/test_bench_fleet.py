@@ -1,4 +1,4 @@
-"""`rt bench fleet`'s report (sim.benchmarks.bench_fleet) on a few requests."""
+"""`rt bench fleet`'s report (sim.bench_fleet.bench_fleet) on a few requests."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 import cli
 import workloads
-from sim.benchmarks import bench_fleet
+from sim.bench_fleet import bench_fleet
 
 
 def test_bench_fleet_report() -> None:

@@ -1,0 +1,133 @@
+"""`rt bench fleet`: simulated requests per CPU second of the fleet simulator (`sim.fleet`)
+against the single engine's on the same trace, against the same work on one engine per
+replica (each replica's share, as routed), and across replica counts; JSON-ready dicts."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gc
+import platform
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sim.benchmarks import rate_row, timed
+from workloads import Trace, TraceRequest
+
+
+def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "h200",
+                replicas: int = 16, scaling: tuple[int, ...] = (4, 64),
+                router: str = "round-robin", router_args: tuple[str, ...] = (),
+                refresh_s: float = 0.05, baseline: bool = True) -> dict[str, object]:
+    """The `rt bench fleet` report: simulated requests per second of the fleet simulator.
+
+    A fleet of N replicas replays the trace N times faster (arrival times x 1/N), so every
+    replica carries the load one engine carries on the trace as recorded; one engine on the
+    trace as recorded is the reference, in the same process. Rates are per wall second and
+    per CPU second of this process (CPU time is steadier on a shared machine); the goals
+    compare CPU seconds per request:
+
+    - `replicas` (16): the fleet's rate per request >= the single engine's (routing and the
+      fleet's bookkeeping are not the bottleneck);
+    - `scaling` (4, 64): the largest fleet costs no more per request than the smallest;
+    - with `baseline`: the `replicas` fleet stepping one by one (no decode-run
+      fast-forward), and the speed-up of fast-forwarding.
+    """
+    from sim.engine_args import EngineArgs, build_setup
+    from sim.simulator import simulate
+    from workloads.transforms import scale_time
+
+    setup = build_setup(EngineArgs(), model, gpu)
+    n = len(trace)
+    fleet = functools.partial(_fleet_run, trace, setup, router, router_args, refresh_s)
+    single, wall, cpu = timed(lambda: simulate(trace, setup.config, setup.cost_model))
+    rows = [rate_row("single engine, trace as recorded", n, single.num_steps, wall, cpu)]
+    single_cpu = cpu / n
+    per_request: dict[int, float] = {}
+    shares: list[Trace] = []
+    for count in dict.fromkeys((replicas, *scaling)):
+        result, row = _fleet_row(fleet, count, n, single_cpu)
+        rows.append(row)
+        per_request[count] = float(row["cpu_s_per_request"])
+        if count == replicas:
+            shares = _replica_shares(scale_time(trace, 1.0 / count), result)
+    rows.append(_engines_row(shares, setup, f"{replicas} replicas' shares on one engine each"))
+    engines_cpu = float(rows[-1]["cpu_s"]) / n
+    report: dict[str, object] = {
+        "benchmark": "fleet", "python": sys.version.split()[0],
+        "machine": platform.machine(), "model": model, "gpu": gpu, "trace": name,
+        "requests": n, "router": router, "router_args": list(router_args),
+        "router_refresh_ms": refresh_s * 1e3, "runs": rows,
+        "fleet_vs_single_engine_per_request": round(single_cpu / per_request[replicas], 3),
+        "meets_goal_rate": per_request[replicas] <= single_cpu,
+        # the same engine work without the fleet: routing and bookkeeping's cost
+        "fleet_vs_replica_engines_per_request": round(engines_cpu / per_request[replicas], 3),
+    }
+    small, large = min(scaling), max(scaling)
+    ratio = per_request[large] / per_request[small]
+    report[f"cost_per_request_{large}_vs_{small}"] = round(ratio, 3)
+    report["meets_goal_scaling"] = per_request[large] <= per_request[small]
+    if baseline:
+        result, wall, cpu = fleet(replicas, dataclasses.replace(setup.config, fast_forward=False))
+        steps = sum(r.num_steps for r in result.replicas)
+        rows.append(rate_row(f"{replicas} replicas stepping one by one", n, steps, wall, cpu))
+        report["speedup_vs_stepped"] = round(cpu / n / per_request[replicas], 2)
+    report["goals"] = (f"{replicas} replicas: CPU per request <= the single engine's; "
+                       f"{large} replicas: CPU per request <= {small} replicas'")
+    return report
+
+
+def _fleet_run(trace: Any, setup: Any, router: str, router_args: tuple[str, ...],
+               refresh_s: float, count: int, config: Any = None) -> tuple[Any, float, float]:
+    """`count` replicas of `setup` (with `config` instead of its own, if given) on the trace
+    replayed `count` times faster: the result, wall and CPU seconds."""
+    from runtime.router.registry import make_policy
+    from sim.fleet import simulate_fleet
+    from workloads.transforms import scale_time
+
+    scaled = scale_time(trace, 1.0 / count)
+    one = setup if config is None else dataclasses.replace(setup, config=config)
+    policy = make_policy(router, router_args, setup.config.seed)
+    return timed(lambda: simulate_fleet(scaled, [one] * count, policy, refresh_s))
+
+
+def _fleet_row(fleet: Callable[[int], tuple[Any, float, float]], count: int, n: int,
+               single_cpu: float) -> tuple[Any, dict[str, object]]:
+    """The fleet's result and its report row."""
+    result, wall, cpu = fleet(count)
+    steps = sum(r.num_steps for r in result.replicas)
+    row = rate_row(f"{count} replicas, trace x{count} faster", n, steps, wall, cpu)
+    row["replicas"] = count
+    row["vs_single_engine_per_request"] = round(single_cpu / (cpu / n), 3)
+    row["cpu_s_per_request"] = cpu / n
+    return result, row
+
+
+def _replica_shares(scaled: Trace, result: Any) -> list[Trace]:
+    """Each replica's requests of the fleet's (scaled) trace, in trace order, as routed."""
+    where = {record.request_id: record.replica for record in result.requests}
+    shares: list[list[TraceRequest]] = [[] for _ in result.replicas]
+    for req in scaled:
+        shares[where[req.request_id]].append(req)
+    return [Trace(tuple(share)) for share in shares]
+
+
+def _engines_row(shares: Sequence[Trace], setup: Any, label: str) -> dict[str, object]:
+    """Each share on a single engine, one after another, with the collector treated as
+    `simulate_fleet` treats it (the objects already there frozen): the report row. With no
+    routing latency or step noise these are the fleet's replicas, step for step
+    (tests/sim/test_fleet_shares.py): the fleet's work without routing, hand-overs or cut
+    runs."""
+    from sim.simulator import simulate
+
+    caller_froze = gc.get_freeze_count() > 0
+    gc.freeze()
+    try:
+        results, wall, cpu = timed(lambda: [simulate(share, setup.config, setup.cost_model)
+                                             for share in shares])
+    finally:
+        if not caller_froze:
+            gc.unfreeze()
+    requests = sum(len(share) for share in shares)
+    return rate_row(label, requests, sum(r.num_steps for r in results), wall, cpu)
