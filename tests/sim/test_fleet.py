@@ -6,8 +6,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -21,13 +19,10 @@ from runtime.router import (
     make_policy,
 )
 from sim.cost.api_server import ApiServerCost
-from sim.cost.base import CostModel
-from sim.cost.roofline import RooflineCostModel
 from sim.fleet import FleetResult, can_ever_fit, simulate_fleet
-from sim.hardware import resolve_gpu
-from sim.model_presets import resolve_model
 from sim.simulator import SimConfig, simulate
 from sim.step_noise import StepNoise
+from tests.sim.fleet_support import COST, FIXTURES, Replica
 from workloads import (
     ArrivalProcess,
     MultiTurn,
@@ -41,16 +36,10 @@ from workloads import (
     random_trace,
 )
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "traces"
-COST = RooflineCostModel(resolve_model("llama-3.1-8b"), resolve_gpu("h200"))
 POLICIES = ("round-robin", "random", "least-outstanding", "vllm-dp", "llm-d", "dynamo-kv",
             "sglang-cache-aware", "prefix-aware", "kv-aware", "power-of-two", "session-hash")
 
 
-@dataclass(frozen=True)
-class Replica:
-    config: SimConfig
-    cost_model: CostModel = COST
 
 
 def config(num_blocks: int = 3000, max_num_seqs: int = 32, budget: int = 1024,

@@ -3,20 +3,14 @@ the arrival): the same records as routing at each arrival, fewer cut decode runs
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
 import pytest
 
 from runtime import CacheConfig, SchedulerConfig
 from runtime.router import make_policy
 from sim import fleet as fleet_module
-from sim.cost.base import CostModel
-from sim.cost.roofline import RooflineCostModel
 from sim.fleet import FleetResult, simulate_fleet
-from sim.hardware import resolve_gpu
-from sim.model_presets import resolve_model
 from sim.simulator import SimConfig
+from tests.sim.fleet_support import FIXTURES, Replica
 from workloads import (
     ArrivalProcess,
     MultiTurn,
@@ -26,15 +20,6 @@ from workloads import (
     multi_turn_trace,
     random_trace,
 )
-
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "traces"
-COST = RooflineCostModel(resolve_model("llama-3.1-8b"), resolve_gpu("h200"))
-
-
-@dataclass(frozen=True)
-class Replica:
-    config: SimConfig
-    cost_model: CostModel = COST
 
 
 def config(num_blocks: int) -> SimConfig:

@@ -5,31 +5,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from runtime import CacheConfig, SchedulerConfig
 from runtime.router import ReplicaSnapshot, RoutingDecision, RoutingRequest, make_policy
 from runtime.router.dynamo import DynamoKv
-from sim.cost.base import CostModel
-from sim.cost.roofline import RooflineCostModel
 from sim.fleet import _Fleet, simulate_fleet
-from sim.hardware import resolve_gpu
-from sim.model_presets import resolve_model
 from sim.simulator import SimConfig
+from tests.sim.fleet_support import FIXTURES, Replica
 from workloads import PrefixRepetition, Trace, TraceRequest, load_trace, prefix_repetition_trace
 from workloads.arrivals import ArrivalProcess
-
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "traces"
-COST = RooflineCostModel(resolve_model("llama-3.1-8b"), resolve_gpu("h200"))
-
-
-@dataclass(frozen=True)
-class Replica:
-    config: SimConfig
-    cost_model: CostModel = COST
 
 
 def config(num_blocks: int = 400, fast_forward: bool = True) -> SimConfig:

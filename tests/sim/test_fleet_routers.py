@@ -3,7 +3,6 @@ rows naming their router; one router is today's run exactly."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -13,13 +12,10 @@ from analysis.rundir import load_run
 from cli import app
 from runtime import CacheConfig, SchedulerConfig
 from runtime.router import MetricsRefresh, make_policy
-from sim.cost.base import CostModel
-from sim.cost.roofline import RooflineCostModel
 from sim.fleet import simulate_fleet
 from sim.fleet_router import make_routers
-from sim.hardware import resolve_gpu
-from sim.model_presets import resolve_model
 from sim.simulator import SimConfig
+from tests.sim.fleet_support import Replica
 from workloads import (
     ArrivalProcess,
     RandomLengths,
@@ -28,15 +24,6 @@ from workloads import (
     random_trace,
     write_rt_jsonl,
 )
-
-COST = RooflineCostModel(resolve_model("llama-3.1-8b"), resolve_gpu("h200"))
-
-
-@dataclass(frozen=True)
-class Replica:
-    config: SimConfig
-    cost_model: CostModel = COST
-
 
 CONFIG = SimConfig(scheduler=SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=16,
                                              max_model_len=16384),
