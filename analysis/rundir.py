@@ -210,8 +210,16 @@ def save_result(path: Path, kind: str, trace: Mapping[str, Any], result: Any,
     """Write a driver's result (`runtime.records.RunResult`: request records, step columns,
     wall time, prefix-cache counts) as a run directory, with `describe` (every config value)
     and `extra` in run.json, and read it back."""
+    write_result(path, kind, trace, result, describe, **extra)
+    return load_run(path)
+
+
+def write_result(path: Path, kind: str, trace: Mapping[str, Any], result: Any,
+                 describe: Mapping[str, Any], **extra: Any) -> None:
+    """`save_result` without the read-back: a caller that drops `result` (keeping
+    `result.summary()`) before `load_run(path)` never holds the records twice (the
+    records and step columns of a 1 M-request run are ~2 GB, the frames as much again)."""
     info = run_info(kind, path.name, trace, wall_s=round(result.wall_s, 3), **extra,
                     prefix_cache={"queries": result.prefix_cache_queries,
                                   "hits": result.prefix_cache_hits}, **describe)
     write_run(path, _RecordRows(result.requests), result.step_columns, info)
-    return load_run(path)

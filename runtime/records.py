@@ -195,3 +195,20 @@ class RunResult:
     @property
     def steps(self) -> list[StepRecord]:
         return steps_from_columns(self.step_columns)
+
+    def summary(self) -> RunSummary:
+        """The run's counts without its records (what the report needs once they are
+        written)."""
+        return RunSummary(self.num_steps, self.prefix_cache_queries, self.prefix_cache_hits,
+                          self.wall_s, self.interrupted)
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """A `RunResult`'s counts and wall seconds, without the records."""
+
+    num_steps: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    wall_s: float
+    interrupted: bool = False
