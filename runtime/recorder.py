@@ -17,16 +17,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from runtime.batch import BatchFeatures
 from runtime.outputs import WaitReason
 from runtime.records import (
     PART_COLUMNS,
     QUEUE_COLUMNS,
-    STEP_FIELDS,
     WAIT_REASONS,
     RequestRecord,
     StepRecord,
+    StepTimes,
+    new_step_columns,
     steps_from_columns,
 )
 from runtime.request import Request, RequestStatus, finish_reason
@@ -56,8 +58,9 @@ class Recorder:
         self.live: dict[str, _Live] = {}
         self.finished: list[RequestRecord] = []
         # Steps as columns, in StepRecord's field order: a run of decode steps extends them.
-        self.step_columns: dict[str, list[object]] = {name: [] for name in STEP_FIELDS}
+        self.step_columns = new_step_columns()
         self._columns = list(self.step_columns.values())
+        self._ends = cast(Sequence[float], self.step_columns["end_s"])  # array("d")
         self._span_total = 0.0  # S
         self._span_total_before_step = 0.0  # S at the start of the step being closed
         self._queue_totals = [0.0] * len(WAIT_REASONS)  # Q
@@ -86,8 +89,15 @@ class Recorder:
 
     def arrived(self, request_id: str, arrival_s: float, prompt_len: int,
                 max_tokens: int) -> None:
-        self.live[request_id] = _Live(RequestRecord(request_id, arrival_s, prompt_len,
-                                                    max_tokens))
+        record = RequestRecord(request_id, arrival_s, prompt_len, max_tokens)
+        record.token_times_s = StepTimes(self._ends)
+        self.live[request_id] = _Live(record)
+
+    @staticmethod
+    def _times(record: RequestRecord) -> StepTimes:
+        times = record.token_times_s
+        assert isinstance(times, StepTimes), record.request_id
+        return times
 
     def queued(self, request_id: str, now: float) -> None:
         """Handed from the API server to the engine's input queue."""
@@ -210,11 +220,12 @@ class Recorder:
         self._span_total += span
         for req_id, kind in kinds.items():
             self._schedule(self.live[req_id], kind, self._span_total)
+        step = self.num_steps  # this step's row, appended below
         for req_id in token_owners:
             record = self.live[req_id].record
             if record.first_token_s is None:
                 record.first_token_s = end
-            record.token_times_s.append(end)
+            self._times(record).add_steps(step, step + 1)
         kv_usage, num_running, num_waiting, num_preempted, wait_reason = stats
         if wait_reason is not None:
             self._queue_totals[WAIT_REASONS.index(wait_reason)] += span
@@ -222,7 +233,7 @@ class Recorder:
         for request in finished:
             if request.request_id in self._steady_since:  # it decoded in this step too
                 self.steady_leave(request.request_id)
-                self.live[request.request_id].record.token_times_s.append(end)
+                self._times(self.live[request.request_id].record).add_steps(step, step + 1)
             self._finish(request, end)
         self._last_end = end if (num_running or num_waiting) else None
         self._last_reason = wait_reason
@@ -266,8 +277,7 @@ class Recorder:
         have: their ends are its token times, and its decode run extends to now."""
         live = self.live[request_id]
         since = self._steady_since.pop(request_id)
-        ends = self.step_columns["end_s"][since:]  # floats: the end_s column
-        live.record.token_times_s.extend(ends)  # type: ignore[arg-type]
+        self._times(live.record).add_steps(since, self.num_steps)
         live.run_end = self._span_total
 
     # ---- fast-forwarded decode runs ------------------------------------------------------
@@ -296,6 +306,7 @@ class Recorder:
             self._queue_totals[index] = queued
         self._last_end = ends[-1]
         count = len(ends)
+        first_step = self.num_steps
         decode_kv = range(decode_kv_tokens, decode_kv_tokens + count * num_seqs, num_seqs) \
             if num_seqs else [decode_kv_tokens] * count
         zeros = [0] * count
@@ -318,7 +329,7 @@ class Recorder:
                 live.run_end = total  # its open decode run goes on: `_schedule`'s no-op case
             else:
                 self._schedule(live, "decode", total)
-            live.record.token_times_s.extend(ends)
+            self._times(live.record).add_steps(first_step, first_step + count)
         self._interval_start = self._last_end
         self._last_reason = wait_reason
 

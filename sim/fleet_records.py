@@ -4,11 +4,12 @@ request went (`replica`) and how long routing took (`routing_s`, a part of E2E o
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from runtime import EngineCore
-from runtime.records import REQUEST_FIELDS, STEP_FIELDS, RequestRecord, RunResult
+from runtime.records import REQUEST_FIELDS, RequestRecord, RunResult, new_step_columns
 from workloads import Trace
 
 
@@ -107,8 +108,8 @@ def fleet_result(trace: Trace, replicas: Sequence[tuple[int, EngineCore]],
     requests: list[RequestRecord] = []
     summaries = []
     queries = hits = 0
-    columns: dict[str, list[object]] = {name: [] for name in STEP_FIELDS}
-    columns["replica"] = []
+    columns = new_step_columns()  # typed as a single engine's (8 bytes a value)
+    columns["replica"] = array("q")
     for index, core in replicas:
         recorder = core.recorder
         assert not recorder.live, f"{len(recorder.live)} requests never finished"
@@ -117,7 +118,7 @@ def fleet_result(trace: Trace, replicas: Sequence[tuple[int, EngineCore]],
                      for record in recorder.finished]
         for name, values in recorder.step_columns.items():
             columns[name].extend(values)
-        columns["replica"].extend([index] * recorder.num_steps)
+        columns["replica"].extend(array("q", [index]) * recorder.num_steps)
         stats = core.scheduler.prefix_cache_stats
         queries += stats.queries
         hits += stats.hits

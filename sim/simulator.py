@@ -319,7 +319,7 @@ def deliver_to_clients(records: Sequence[RequestRecord], api_server: ApiServerCo
     per_step = Counter(t for record in records for t in record.token_times_s)
     for record in records:
         times = [t + api_server.delivery_delay(per_step[t]) for t in record.token_times_s]
-        record.token_times_s = times
+        record.token_times_s = array("d", times)
         if times:
             record.first_token_s = times[0]
             if record.finish_s is not None:

@@ -331,7 +331,7 @@ class EngineLoop:
         recorder.finished.clear()
         if self.steps % _TRIM_EVERY_STEPS == 0:
             for column in recorder.step_columns.values():
-                column.clear()
+                del column[:]  # typed arrays have no clear()
 
 
 def run_engine_process(factory: ExecutorFactory, factory_kwargs: dict[str, Any],

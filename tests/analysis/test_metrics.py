@@ -105,3 +105,17 @@ def test_unknown_percentile_metric_is_rejected() -> None:
         parse_percentile_metrics("ttft,ttfb")
     with pytest.raises(ValueError, match="--goodput"):
         parse_goodput(["itl:5"])
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 16_384])
+def test_itl_and_peak_rate_in_chunks(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pandas as pd
+
+    from analysis import metrics
+
+    monkeypatch.setattr(metrics, "_CHUNK_ROWS", chunk)
+    done = pd.DataFrame({"status": ["FINISHED_LENGTH_CAPPED"] * 5, "output_len": [1] * 5,
+                         "arrival_s": [0.0] * 5,
+                         "token_times_s": [[], [1.0], [2.0, 2.5, 3.0], [], [3.2, 3.45]]})
+    assert metrics.inter_token_latencies(done).tolist() == pytest.approx([500, 500, 250])
+    assert metrics._peak_tokens_per_second(done, 0.0) == 3.0  # 3.0, 3.2, 3.45
