@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from analysis.sweep_run import PointRunner
     from backends.engine.setup import RealSetup
     from backends.replay.api_process import Tokenizer
-    from runtime.records import RunResult
+    from runtime.records import RunResult, RunSummary
     from sim.profile import Profile
 
 app = typer.Typer(
@@ -182,9 +182,10 @@ def save_run(path: Path, kind: str, trace: workloads.Trace, result: RunResult,
     return save_result(path, kind, workloads.trace_info(trace), result, describe, **extra)
 
 
-def print_run(run: Run, result: RunResult | None, percentiles: list[float],
+def print_run(run: Run, result: RunResult | RunSummary | None, percentiles: list[float],
               request_rate: float | None = None) -> None:
-    """`analysis.console.run_blocks`, then (with the engine's `result`) the run's line."""
+    """`analysis.console.run_blocks`, then (with the engine's `result` or its summary) the
+    run's line."""
     from analysis.console import run_blocks
 
     if len(run.requests):
@@ -289,6 +290,7 @@ def simulate(
     went. TPOT = (E2EL - TTFT) / (output tokens - 1), vLLM's definition (guidellm calls
     this ITL); ITL = every gap between consecutive tokens.
     """
+    from analysis.rundir import load_run, write_result
     from analysis.scaling import fleet_outputs
     from sim.fleet_run import SimulateRun
 
@@ -302,8 +304,11 @@ def simulate(
             typer.echo(line, err=True)
         with progress("simulating", len(trace)) as update:
             result, extra = run.run(trace, update)
-        run_dir = save_run(path, "simulate", trace, result, describe, **extra)
-        print_run(run_dir, result, list(percentiles), rate)
+        summary = result.summary()
+        write_result(path, "simulate", workloads.trace_info(trace), result, describe, **extra)
+        del result  # on disk now: the records and their frames are never held at once
+        run_dir = load_run(path)
+        print_run(run_dir, summary, list(percentiles), rate)
         if run.fleet:
             text, figures = fleet_outputs(run_dir.requests, run_dir.steps,
                                           run_dir.info["scaling"], autoscale.enabled)
