@@ -42,5 +42,5 @@ def test_each_replica_is_one_engine_on_its_share(policy: str, name: str) -> None
         expected = simulate(share, cfg, COST)
         requests, steps = replica_rows(result, index)
         assert requests == [r.to_row() for r in expected.requests]
-        assert steps == expected.step_columns
+        assert steps == {name: list(values) for name, values in expected.step_columns.items()}
         assert result.replicas[index].num_steps == expected.num_steps
