@@ -325,7 +325,10 @@ class EngineLoop:
     def _trim(self) -> None:
         """Forget old records: the server keeps no run directory. Finished requests' records
         (each with its token times) go at every step: kept for 2048 steps, ~2,000 of them at
-        100 requests/s held several MiB that `rt bench serve --soak` read as growth."""
+        100 requests/s held several MiB that `rt bench serve --soak` read as growth.
+        Clearing the step columns leaves live requests' token-time spans (`StepTimes`) and
+        steady-decode step indices pointing at cleared rows: the server never reads them (it
+        keeps no records), so the trim must stay here and never reach a run directory."""
         self.steps += 1
         recorder = self.core.recorder
         recorder.finished.clear()
