@@ -39,6 +39,7 @@ class _Live:
     """Accounting state of a request while the engine holds it."""
 
     record: RequestRecord
+    times: StepTimes  # record.token_times_s, typed: its token times as step runs
     wait_snapshot: list[float] | None = None  # Q when it started waiting (not preempted)
     preempted_at: float | None = None  # interval start of the step that preempted it
     kind: str | None = None  # kind of its open run; None while not running
@@ -90,14 +91,8 @@ class Recorder:
     def arrived(self, request_id: str, arrival_s: float, prompt_len: int,
                 max_tokens: int) -> None:
         record = RequestRecord(request_id, arrival_s, prompt_len, max_tokens)
-        record.token_times_s = StepTimes(self._ends)
-        self.live[request_id] = _Live(record)
-
-    @staticmethod
-    def _times(record: RequestRecord) -> StepTimes:
-        times = record.token_times_s
-        assert isinstance(times, StepTimes), record.request_id
-        return times
+        record.token_times_s = times = StepTimes(self._ends)
+        self.live[request_id] = _Live(record, times)
 
     def queued(self, request_id: str, now: float) -> None:
         """Handed from the API server to the engine's input queue."""
@@ -222,10 +217,10 @@ class Recorder:
             self._schedule(self.live[req_id], kind, self._span_total)
         step = self.num_steps  # this step's row, appended below
         for req_id in token_owners:
-            record = self.live[req_id].record
-            if record.first_token_s is None:
-                record.first_token_s = end
-            self._times(record).add_steps(step, step + 1)
+            live = self.live[req_id]
+            if live.record.first_token_s is None:
+                live.record.first_token_s = end
+            live.times.add_steps(step, step + 1)
         kv_usage, num_running, num_waiting, num_preempted, wait_reason = stats
         if wait_reason is not None:
             self._queue_totals[WAIT_REASONS.index(wait_reason)] += span
@@ -233,7 +228,7 @@ class Recorder:
         for request in finished:
             if request.request_id in self._steady_since:  # it decoded in this step too
                 self.steady_leave(request.request_id)
-                self._times(self.live[request.request_id].record).add_steps(step, step + 1)
+                self.live[request.request_id].times.add_steps(step, step + 1)
             self._finish(request, end)
         self._last_end = end if (num_running or num_waiting) else None
         self._last_reason = wait_reason
@@ -277,7 +272,7 @@ class Recorder:
         have: their ends are its token times, and its decode run extends to now."""
         live = self.live[request_id]
         since = self._steady_since.pop(request_id)
-        self._times(live.record).add_steps(since, self.num_steps)
+        live.times.add_steps(since, self.num_steps)
         live.run_end = self._span_total
 
     # ---- fast-forwarded decode runs ------------------------------------------------------
@@ -329,7 +324,7 @@ class Recorder:
                 live.run_end = total  # its open decode run goes on: `_schedule`'s no-op case
             else:
                 self._schedule(live, "decode", total)
-            self._times(live.record).add_steps(first_step, first_step + count)
+            live.times.add_steps(first_step, first_step + count)
         self._interval_start = self._last_end
         self._last_reason = wait_reason
 
