@@ -15,14 +15,17 @@ fit has two stages, each linear given the other:
    pairs, decode KV tokens), c: the six step coefficients (`ProfileCoefficients`), n_m: the
    tokens step m delivered, d: the front end's output cost per delivered token (a step's
    chunks leave d·n_m after it ends, so consecutive ends differ by the change of that
-   delay). Non-negative least squares in seconds (a chunk read late shortens one gap and
-   lengthens the next by as much, so the errors cancel in the sum), each row weighted by the
-   square root of its decodes so each ITL gap counts once; then once more without the steps
-   more than 4 robust standard deviations off (bunched reads, a cluster split by jitter).
+   delay). Non-negative least squares in seconds, each row weighted by the square root of
+   its decodes so each ITL gap counts once; then once more without the steps more than 4
+   robust σ off (stalls, bunched reads). Disturbed periods (windows of steps far slower
+   than the runs' usual, `sim.client_noise.disturbed_windows`) are judged on that fit and
+   left out, with the requests running then, and stage 1 refitted. The residuals give
+   the step-time noise (`sim.client_noise.step_scatter`): a scatter table on every step
+   and additive stalls with their probability.
 2. Front-end input costs a (per request) and b (per prompt token). The run's arrivals are
    simulated (`sim.simulator.simulate`) under the server's engine flags with the step costs
-   of stage 1 and their scatter (as the twin will be: waiting for a step in progress
-   takes E[S](1 + CV²)/2, longer than with exact steps); each request's simulated TTFT is
+   of stage 1 and their noise (as the twin will be: waiting for a step in progress takes
+   E[S](1 + CV²)/2, longer than with exact steps); each request's simulated TTFT is
    a + b·p_r plus what the engine and the queues add, so a, b are refitted on observed
    TTFT - (simulated TTFT - a - b·p_r) (least squares in seconds, non-negative, over the
    requests within 4 robust standard deviations: the mean TTFT is matched; relative
@@ -50,12 +53,19 @@ import numpy as np
 
 from runtime import CacheConfig, SchedulerConfig
 from sim.calibrate import COEFFICIENT_NAMES, nnls
-from sim.client_steps import CLUSTER_FRACTION, ClientRun, ObservedSteps, observed_steps
+from sim.client_noise import (
+    Disturbance,
+    StepScatter,
+    disturbed_windows,
+    noise_lines,
+    step_scatter,
+)
+from sim.client_steps import ClientRun, ObservedSteps, observed_steps
 from sim.cost.api_server import ApiServerCost
 from sim.cost.profile_model import ProfileCoefficients, ProfileCostModel
 from sim.profile import Profile
 from sim.simulator import SimConfig, SimResult, simulate
-from sim.step_noise import StepNoise, ratio_quantiles
+from sim.step_noise import StepNoise
 
 FRONT_END_NAMES = ("per_request_s", "per_prompt_token_s", "per_output_token_s")
 TERMS = (*COEFFICIENT_NAMES, *FRONT_END_NAMES)
@@ -108,9 +118,10 @@ class ClientFit:
             TTFTs; lower is better), and `best` the kept one's index.
         in_sample: p50/p90 of observed and simulated TTFT and ITL (ms) with the relative
             error, the kept iterate's simulation of the calibration runs.
-        step_time_quantiles: the scatter of the observed step durations around the fit
-            without the delivery jitter (`_scatter`), or None with too few.
+        scatter: the step-time scatter and stalls (`sim.client_noise.step_scatter`), or
+            None with too few steps.
         counts: requests, steps reconstructed and timed, streams split, requests skipped.
+        disturbed: the disturbed windows left out (`sim.client_noise.disturbed_windows`).
     """
 
     coefficients: ProfileCoefficients
@@ -120,16 +131,17 @@ class ClientFit:
     objective: list[float]
     best: int
     in_sample: dict[str, dict[str, float]]
-    step_time_quantiles: tuple[float, ...] | None
+    scatter: StepScatter | None
     counts: dict[str, int]
-    scatter_shrink: float | None = None  # `_scatter`'s; None: not estimated
+    disturbed: tuple[Disturbance, ...] = ()
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready: the profile's "fit" section."""
         return {"objective": "client", "iterations": self.objective, "best_iteration":
                 self.best, "unidentified": self.unidentified, "relative_se": self.relative_se,
-                "in_sample": self.in_sample, "scatter_shrink": self.scatter_shrink,
-                **self.counts}
+                "in_sample": self.in_sample,
+                **(self.scatter.describe() if self.scatter is not None else {}),
+                "disturbed": [asdict(d) for d in self.disturbed], **self.counts}
 
     def lines(self) -> list[str]:
         """What to tell the user: each term with its error, the unidentified ones, and the
@@ -146,64 +158,53 @@ class ClientFit:
                 se = self.relative_se.get(name)
                 err = f"± {se:.1%}" if se is not None else "(fitted 0)"
                 out.append(f"  {name:<30} {values[name]:<12.4g} {err}")
+        out += noise_lines(self.scatter, self.disturbed)
         for key, row in self.in_sample.items():
             out.append(f"  in sample {key}: observed {row['observed']:.3f} ms, simulated "
                        f"{row['simulated']:.3f} ms ({row['error']:+.1%})")
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class StepRows:
+    """Stage 1's rows, one per step timed back to back: a [m, 7] (`STEP_TERMS`), y the
+    observed durations (s), w the row weights (the square root of the step's decodes),
+    follows whether the row before is the step just before (the two share a step end),
+    run the run's index and end_s the step's end on that run's clock (s)."""
+
+    a: np.ndarray
+    y: np.ndarray
+    w: np.ndarray
+    follows: np.ndarray
+    run: np.ndarray
+    end_s: np.ndarray
+
+    def without(self, drop: np.ndarray) -> StepRows:
+        """The rows not in `drop` (a row whose predecessor is dropped no longer follows)."""
+        ok = ~drop
+        follows = self.follows & np.roll(ok, 1)
+        return StepRows(self.a[ok], self.y[ok], self.w[ok], follows[ok], self.run[ok],
+                        self.end_s[ok])
 
 
-def _step_rows(steps: Sequence[ObservedSteps]
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Stage 1's rows over every back-to-back step: A [m, 7] (`STEP_TERMS`), the observed
-    durations, the row weights (the square root of the step's decodes) and whether the row
-    before is the step just before (the two durations share a step end)."""
-    rows, durations, weights, follows = [], [], [], []
-    for run in steps:
+def _step_rows(steps: Sequence[ObservedSteps]) -> StepRows:
+    """Stage 1's rows over every back-to-back step of every run."""
+    rows, durations, weights, follows, index, ends = [], [], [], [], [], []
+    for i, run in enumerate(steps):
         previous = -2
         for m in np.flatnonzero(run.busy):
             rows.append(np.append(run.features[m], run.sampled[m] - run.sampled[m - 1]))
             durations.append(run.end_s[m] - run.end_s[m - 1])
             weights.append(math.sqrt(max(run.decodes[m], 1.0)))
             follows.append(m == previous + 1)
+            index.append(i)
+            ends.append(run.end_s[m])
             previous = m
     if len(rows) < len(STEP_TERMS):
         raise ValueError(f"{len(rows)} steps timed back to back in these runs (chunk times "
                          f"of streams running together), at least {len(STEP_TERMS)} are needed")
-    return np.vstack(rows), np.asarray(durations), np.asarray(weights), np.asarray(follows)
-
-
-def _scatter(y: np.ndarray, predicted: np.ndarray, follows: np.ndarray, keep: np.ndarray
-             ) -> tuple[tuple[float, ...] | None, float | None]:
-    """The step-time scatter without the delivery jitter, and the shrink applied.
-
-    A chunk read late (the client, the server's output path) lands next to the following
-    step's chunk of its stream, which splits its cluster: one observed duration far too
-    long, the next one a fraction of a step. Such pairs (a duration under
-    `CLUSTER_FRACTION` of the median, and the row before it) are left out. The rest: an
-    observed duration is the step's time plus j_m - j_{m-1}, j_m the delay of step m's
-    chunks after its end; with j i.i.d., consecutive durations covary by -Var(j), so the
-    steps' own variance is Var(e) + 2 Cov(e_m, e_{m-1}) (e: residual seconds), and the
-    ratios' quantiles (`ratio_quantiles`) are shrunk toward 1 by sqrt(that / Var(e)). As
-    a factor on whole steps, the jitter made prefill steps up to 50x too short. Last, the
-    table is scaled to mean Σ observed / Σ predicted over every timed step (the busy
-    span, which late reads do not change): the trimmed fit and the clipped table leave
-    out the long steps of a loaded machine, 29% of the busy time against vLLM at load 8."""
-    bias = float(y.sum() / predicted.sum())
-    short = y < CLUSTER_FRACTION * float(np.median(y))
-    keep = keep & ~short & ~np.append(short[1:] & follows[1:], False)
-    if keep.sum() < 2:
-        return None, None
-    table = np.asarray(ratio_quantiles(y[keep], predicted[keep]))
-    pairs = np.flatnonzero(follows & keep & np.roll(keep, 1))
-    centred = y - predicted - float((y - predicted)[keep].mean())
-    var = float(np.mean(centred[keep] ** 2))
-    if len(pairs) < 2 or var <= 0:
-        return tuple(map(float, bias * table)), None
-    cov = float(np.mean(centred[pairs] * centred[pairs - 1]))
-    shrink = math.sqrt(max(var + 2.0 * min(cov, 0.0), 0.0) / var)
-    return tuple(map(float, bias * (1.0 + shrink * (table - 1.0)))), shrink
+    return StepRows(np.vstack(rows), np.asarray(durations), np.asarray(weights),
+                    np.asarray(follows), np.asarray(index), np.asarray(ends))
 
 
 def _nnls_fit(a: np.ndarray, y: np.ndarray, w: np.ndarray, terms: Sequence[str]
@@ -224,11 +225,29 @@ def _nnls_fit(a: np.ndarray, y: np.ndarray, w: np.ndarray, terms: Sequence[str]
     return x, reasons, se
 
 
-def _ttfts(runs: Sequence[ClientRun], sims: Sequence[SimResult]
+Skip = Sequence[frozenset[str]]  # per run, the requests the fit leaves out (disturbed)
+
+
+def _disturbed_requests(runs: Sequence[ClientRun], windows: Sequence[Disturbance]) -> Skip:
+    """Per run, the requests running (sent to last chunk) during one of its disturbed
+    windows."""
+    out = []
+    for i, run in enumerate(runs):
+        spans = [(w.start_s, w.end_s) for w in windows if w.run == i]
+        out.append(frozenset(r.request_id for r in run.trace if any(
+            r.arrival_s < end and run.token_times_s[r.request_id][-1] >= start
+            for start, end in spans)))
+    return out
+
+
+def _ttfts(runs: Sequence[ClientRun], sims: Sequence[SimResult], skip: Skip
            ) -> Iterator[tuple[float, float, int]]:
-    """(observed TTFT, simulated TTFT, prompt length) of every request, seconds."""
-    for run, sim in zip(runs, sims, strict=True):
+    """(observed TTFT, simulated TTFT, prompt length) of every request not in `skip`,
+    seconds."""
+    for run, sim, left_out in zip(runs, sims, skip, strict=True):
         for record in sim.requests:
+            if record.request_id in left_out:
+                continue
             observed = run.token_times_s[record.request_id][0]
             arrival = record.arrival_s
             yield (observed - arrival, float(record.first_token_s) - arrival,
@@ -236,7 +255,7 @@ def _ttfts(runs: Sequence[ClientRun], sims: Sequence[SimResult]
 
 
 def _front_end(runs: Sequence[ClientRun], config: SimConfig, coefficients: ProfileCoefficients,
-               per_output_token_s: float
+               per_output_token_s: float, skip: Skip
                ) -> tuple[ApiServerCost, dict[str, str], dict[str, float | None], list[float],
                           int, list[SimResult]]:
     """Stage 2 (module docstring): the front end's a and b, why either was not fitted, their
@@ -250,7 +269,7 @@ def _front_end(runs: Sequence[ClientRun], config: SimConfig, coefficients: Profi
     se: dict[str, float | None] = {}
     for _ in range(FRONT_END_ITERATIONS):
         sims = [simulate(run.trace, replace(config, api_server=api), model) for run in runs]
-        rows = np.asarray(list(_ttfts(runs, sims)))
+        rows = np.asarray(list(_ttfts(runs, sims, skip)))
         observed, simulated, lens = rows[:, 0], rows[:, 1], rows[:, 2]
         residual = observed - simulated
         spread = 1.4826 * float(np.median(np.abs(residual - np.median(residual))))
@@ -277,13 +296,16 @@ def _percentile_gap(observed: np.ndarray, simulated: np.ndarray) -> float:
     return float(np.mean(np.abs(np.log(np.maximum(s, 1e-9) / np.maximum(o, 1e-9)))))
 
 
-def _percentiles(runs: Sequence[ClientRun], sims: Sequence[SimResult]
+def _percentiles(runs: Sequence[ClientRun], sims: Sequence[SimResult], skip: Skip
                  ) -> dict[str, dict[str, float]]:
-    """p50/p90 of TTFT and ITL (ms), observed and simulated, and the relative error."""
-    ttft = np.asarray([(o, s) for o, s, _ in _ttfts(runs, sims)])
-    gaps_obs = [b - a for run in runs for t in run.token_times_s.values()
+    """p50/p90 of TTFT and ITL (ms), observed and simulated, and the relative error, over
+    the requests not in `skip`."""
+    ttft = np.asarray([(o, s) for o, s, _ in _ttfts(runs, sims, skip)])
+    gaps_obs = [b - a for run, left_out in zip(runs, skip, strict=True)
+                for rid, t in run.token_times_s.items() if rid not in left_out
                 for a, b in zip(t, t[1:], strict=False)]
-    gaps_sim = [b - a for sim in sims for r in sim.requests
+    gaps_sim = [b - a for sim, left_out in zip(sims, skip, strict=True) for r in sim.requests
+                if r.request_id not in left_out
                 for a, b in zip(r.token_times_s, r.token_times_s[1:], strict=False)]
     out = {}
     for metric, observed, simulated in (("ttft", ttft[:, 0], ttft[:, 1]),
@@ -311,27 +333,45 @@ def _fit_steps(a: np.ndarray, y: np.ndarray, w: np.ndarray
     return x, reasons, se, keep
 
 
+def _screened_steps(rows: StepRows
+                    ) -> tuple[StepRows, np.ndarray, dict[str, str], dict[str, float | None],
+                               np.ndarray, list[Disturbance]]:
+    """Stage 1 with the disturbed windows (`sim.client_noise`) judged on a first fit and
+    left out: the rows kept, the solution, unidentified terms, errors, the trim's mask and
+    the windows."""
+    x, reasons, se, keep = _fit_steps(rows.a, rows.y, rows.w)
+    drop, windows = disturbed_windows(rows.run, rows.end_s, rows.y, rows.a @ x)
+    if windows:
+        rows = rows.without(drop)
+        x, reasons, se, keep = _fit_steps(rows.a, rows.y, rows.w)
+    return rows, x, reasons, se, keep, windows
+
+
 def fit_client_runs(runs: Sequence[ClientRun], scheduler: SchedulerConfig,
                     cache: CacheConfig, *, vocab_size: int = 32_000, seed: int = 0) -> ClientFit:
     """The estimator of the module docstring over the pooled runs. ValueError when the runs
     time too few steps to fit."""
     steps = [observed_steps(run, scheduler) for run in runs]
-    a, y, w, follows = _step_rows(steps)
-    x, reasons, se, keep = _fit_steps(a, y, w)
+    rows, x, reasons, se, keep, windows = _screened_steps(_step_rows(steps))
     coefficients = ProfileCoefficients(**dict(zip(COEFFICIENT_NAMES, map(float, x[:6]),
                                                   strict=True)))
-    quantiles, shrink = _scatter(y, a @ x, follows, keep)
-    noise = StepNoise(quantiles, seed) if quantiles is not None else None
+    scatter = step_scatter(rows.y, rows.a @ x, rows.follows, keep)
+    noise = (StepNoise(scatter.quantiles, seed, stall_probability=scatter.stall_probability,
+                       stall_quantiles_s=scatter.stall_quantiles_s)
+             if scatter is not None else None)
     config = SimConfig(scheduler, cache, vocab_size=vocab_size, seed=seed, step_noise=noise)
-    api, front_reasons, front_se, scores, best, sims = _front_end(runs, config, coefficients,
-                                                                 float(x[6]))
+    skip = _disturbed_requests(runs, windows)
+    api, front_reasons, front_se, scores, best, sims = _front_end(
+        runs, config, coefficients, float(x[6]), skip)
     counts = {"requests": sum(len(run.token_times_s) for run in runs),
-              "steps": sum(len(s.end_s) for s in steps), "timed_steps": len(y),
-              "trimmed_steps": int(len(y) - keep.sum()),
+              "steps": sum(len(s.end_s) for s in steps), "timed_steps": len(rows.y),
+              "trimmed_steps": int(len(rows.y) - keep.sum()),
               "split_streams": sum(s.split_streams for s in steps),
-              "skipped_requests": sum(run.skipped for run in runs)}
+              "skipped_requests": sum(run.skipped for run in runs),
+              "disturbed_requests": sum(len(s) for s in skip)}
     return ClientFit(coefficients, api, {**reasons, **front_reasons}, {**se, **front_se},
-                     scores, best, _percentiles(runs, sims), quantiles, counts, shrink)
+                     scores, best, _percentiles(runs, sims, skip), scatter, counts,
+                     tuple(windows))
 
 
 def profile_from_client_runs(runs: Sequence[ClientRun], scheduler: SchedulerConfig,
@@ -345,7 +385,9 @@ def profile_from_client_runs(runs: Sequence[ClientRun], scheduler: SchedulerConf
     return Profile(
         device="endpoint", model=model, dtype="unknown", versions={"rt": rt_version},
         date=date, coefficients=fit.coefficients, api_server=fit.api_server,
-        step_time_quantiles=fit.step_time_quantiles,
+        step_time_quantiles=fit.scatter.quantiles if fit.scatter is not None else None,
+        step_time_stall_probability=fit.scatter.stall_probability if fit.scatter else 0.0,
+        step_time_stall_quantiles_s=fit.scatter.stall_quantiles_s if fit.scatter else None,
         fit={**fit.describe(), "target": "client", "sources": [run.name for run in runs],
              "server_config": {"scheduler": asdict(scheduler), "cache": asdict(cache),
                                "from": dict(sources or {})}}), fit

@@ -151,7 +151,9 @@ def build_setup(args: EngineArgs, model: str, gpu: str, profile: str | None = No
                 raise ValueError(f"--step-noise: {profile} has no step_time_quantiles (a "
                                  "profile fitted on replay steps has them)")
             noise = StepNoise(loaded.step_time_quantiles, seed,
-                              loaded.step_time_drift_quantiles, loaded.step_time_drift_window_s)
+                              loaded.step_time_drift_quantiles, loaded.step_time_drift_window_s,
+                              loaded.step_time_stall_probability,
+                              loaded.step_time_stall_quantiles_s)
         config = SimConfig(scheduler, cache, api_server=loaded.api_server,
                            vocab_size=model_spec.vocab_size, seed=seed,
                            check_invariants=check_invariants, step_noise=noise)

@@ -7,7 +7,7 @@ step as long as it is shorter than the step. Tokens are synthetic: a per-request
 stream of ids in [10, vocab_size) that never produces a stop token (nor EOS, ids < 10), so
 requests run to `max_tokens` unless a request asks for a stop token id the stream avoids.
 With step noise (`--step-noise`), step k (counted from the server's start) takes the cost
-model's time times the profile's `StepNoise.factor(k, start_s)`, as in the simulator.
+model's time through the profile's `StepNoise.duration` (factor, stall), as in the simulator.
 
 `cli.py` injects `build_live_executor` (a picklable module-level function and its keyword
 arguments) into the engine process; `backends` never imports `sim`.
@@ -59,7 +59,7 @@ class LiveSimExecutor:
     def execute(self, step: ScheduledStep) -> tuple[Mapping[str, Sequence[int]], float]:
         duration = self.cost_model.step_time(step.features)
         if self.step_noise is not None:
-            duration *= self.step_noise.factor(self.steps, step.start_s)
+            duration = self.step_noise.duration(duration, self.steps, step.start_s)
         self.steps += 1
         sampled = self.sample(step.output)
         remaining = step.start_s + duration - self.clock()

@@ -1,6 +1,7 @@
 """The JSON profile a calibration run writes and `ProfileCostModel` reads.
 
-    {"format": "rt-profile", "version": 1,
+    {"format": "rt-profile", "version": 2,   # 1: no step_time_stalls
+
      "device": "H200-SXM-141GB", "model": "Llama-3.1-8B", "dtype": "bfloat16",
      "versions": {"vllm": "...", "torch": "..."}, "date": "2026-05-01T12:00:00Z",
      "coefficients": {"constant_s": ..., "per_prefill_token_s": ..., "per_decode_token_s": ...,
@@ -11,10 +12,14 @@
      "step_time_quantiles": [...],       # optional: measured/predicted step-time ratios
      "step_time_drift_quantiles": [...], # optional, with the next and step_time_quantiles:
      "step_time_drift_window_s": 0.25,   #   the slow factor of all steps in one window
+     "step_time_stalls": {"probability": 0.04, "quantiles_s": [...]},  # optional (version 2,
+                                         #   with step_time_quantiles): additive stalls
      "fit": {...}}                       # optional, free-form (residuals, sample counts)
 
 Every coefficient is seconds per unit and must be a finite number >= 0. A bad file gives a
-ValueError of one line naming the file, the field and the value.
+ValueError of one line naming the file, the field and the value. Version 1 files (written
+before stalls existed) still load; a profile is written as version 2 only when it has stalls,
+so one without them stays readable by older rt.
 """
 
 from __future__ import annotations
@@ -27,10 +32,11 @@ from typing import Any
 
 from sim.cost.api_server import ApiServerCost
 from sim.cost.profile_model import ProfileCoefficients, ProfileCostModel
-from sim.step_noise import MIN_DRIFT_WINDOW_S
+from sim.step_noise import MIN_DRIFT_WINDOW_S, check_stalls
 
 PROFILE_FORMAT = "rt-profile"
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2  # the newest this rt reads and writes
+PROFILE_VERSIONS = (1, 2)  # readable; 2 added step_time_stalls
 _TOP_LEVEL = (
     "format",
     "version",
@@ -44,6 +50,7 @@ _TOP_LEVEL = (
     "step_time_quantiles",
     "step_time_drift_quantiles",
     "step_time_drift_window_s",
+    "step_time_stalls",
     "fit",
 )
 
@@ -69,6 +76,11 @@ class Profile:
             Set together with `step_time_drift_window_s`, and only with
             `step_time_quantiles`.
         step_time_drift_window_s: the drift windows' length, seconds (> 0).
+        step_time_stall_probability: the chance that a step stalls (an additive delay on top
+            of the scatter, `sim.step_noise`), in [0, 1]; 0: no stalls.
+        step_time_stall_quantiles_s: the stalls' quantile function (seconds, evenly spaced
+            probabilities 0..1); set when the probability is > 0, only with
+            `step_time_quantiles`.
         fit: optional free-form fit diagnostics (JSON-ready).
     """
 
@@ -82,6 +94,8 @@ class Profile:
     step_time_quantiles: tuple[float, ...] | None = None
     step_time_drift_quantiles: tuple[float, ...] | None = None
     step_time_drift_window_s: float | None = None
+    step_time_stall_probability: float = 0.0
+    step_time_stall_quantiles_s: tuple[float, ...] | None = None
     fit: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -90,12 +104,20 @@ class Profile:
                              "step_time_drift_window_s must be set together (both or neither)")
         if self.step_time_drift_quantiles is not None and self.step_time_quantiles is None:
             raise ValueError("Profile.step_time_drift_quantiles needs step_time_quantiles")
+        if self.step_time_stall_quantiles_s is not None and self.step_time_quantiles is None:
+            raise ValueError("Profile.step_time_stall_quantiles_s needs step_time_quantiles")
+        check_stalls(self.step_time_stall_probability, self.step_time_stall_quantiles_s,
+                      "Profile")
+
+    def has_stalls(self) -> bool:
+        """Whether the profile carries a stall table (then it is written as version 2)."""
+        return self.step_time_stall_quantiles_s is not None
 
     def to_json_dict(self) -> dict[str, Any]:
         """The profile as the JSON object `write_profile` writes."""
         data: dict[str, Any] = {
             "format": PROFILE_FORMAT,
-            "version": PROFILE_VERSION,
+            "version": PROFILE_VERSION if self.has_stalls() else 1,
             "device": self.device,
             "model": self.model,
             "dtype": self.dtype,
@@ -110,6 +132,9 @@ class Profile:
             data["step_time_drift_quantiles"] = list(self.step_time_drift_quantiles)
         if self.step_time_drift_window_s is not None:
             data["step_time_drift_window_s"] = self.step_time_drift_window_s
+        if self.step_time_stall_quantiles_s is not None:
+            data["step_time_stalls"] = {"probability": self.step_time_stall_probability,
+                                        "quantiles_s": list(self.step_time_stall_quantiles_s)}
         if self.fit is not None:
             data["fit"] = self.fit
         return data
@@ -179,8 +204,9 @@ class _Reader:
         if (fmt := self.get(top, "format")) != PROFILE_FORMAT:
             raise self.fail(f"field 'format' must be {PROFILE_FORMAT!r}, got {fmt!r}")
         version = self.get(top, "version")
-        if isinstance(version, bool) or version != PROFILE_VERSION:
-            raise self.fail(f"field 'version' must be {PROFILE_VERSION}, got {version!r}")
+        if isinstance(version, bool) or version not in PROFILE_VERSIONS:
+            raise self.fail(f"field 'version' must be one of {list(PROFILE_VERSIONS)}, got "
+                            f"{version!r}")
         versions = self.as_object(self.get(top, "versions"), "versions")
         for name, value in versions.items():
             if not isinstance(value, str):
@@ -192,6 +218,7 @@ class _Reader:
         if quantiles is not None:
             quantiles = self.quantiles(quantiles, "step_time_quantiles")
         drift, window = self.drift(top, quantiles is not None)
+        stall_p, stalls = self.stalls(top, version, quantiles is not None)
         coefficient_names = tuple(f.name for f in fields(ProfileCoefficients))
         api_names = tuple(f.name for f in fields(ApiServerCost))
         return Profile(
@@ -208,6 +235,8 @@ class _Reader:
             step_time_quantiles=quantiles,
             step_time_drift_quantiles=drift,
             step_time_drift_window_s=window,
+            step_time_stall_probability=stall_p,
+            step_time_stall_quantiles_s=stalls,
             fit=fit,
         )
 
@@ -233,6 +262,32 @@ class _Reader:
             raise self.fail("field 'step_time_drift_window_s' must be a finite number >= "
                             f"{MIN_DRIFT_WINDOW_S:g} (seconds), got {window!r}")
         return table, seconds
+
+    def stalls(self, top: dict[str, Any], version: object, has_quantiles: bool
+               ) -> tuple[float, tuple[float, ...] | None]:
+        """step_time_stalls: {"probability": p in [0, 1], "quantiles_s": a table of >= 2
+        numbers >= 0, non-decreasing}; only in version 2, only with step_time_quantiles."""
+        section = top.get("step_time_stalls")
+        if section is None:
+            return 0.0, None
+        if version == 1:
+            raise self.fail("field 'step_time_stalls' needs 'version' 2 (got 1)")
+        if not has_quantiles:
+            raise self.fail("field 'step_time_stalls' needs field 'step_time_quantiles'")
+        section = self.as_object(section, "step_time_stalls")
+        self.no_unknown(section, ("probability", "quantiles_s"), "step_time_stalls.")
+        p = _finite(self.get(section, "probability", "step_time_stalls."))
+        if p is None or not 0.0 <= p <= 1.0:
+            raise self.fail("field 'step_time_stalls.probability' must be a number in [0, 1], "
+                            f"got {section['probability']!r}")
+        table = self.get(section, "quantiles_s", "step_time_stalls.")
+        ok = (isinstance(table, list) and len(table) >= 2
+              and all((f := _finite(v)) is not None and f >= 0 for v in table)
+              and all(b >= a for a, b in zip(table, table[1:], strict=False)))
+        if not ok:
+            raise self.fail("field 'step_time_stalls.quantiles_s' must be a list of 2 or more "
+                            f"numbers >= 0 in non-decreasing order, got {table!r}")
+        return p, tuple(float(v) for v in table)  # type: ignore[union-attr]
 
     def quantiles(self, value: object, name: str) -> tuple[float, ...]:
         """A quantile table (field `name`): >= 2 positive finite numbers, non-decreasing."""

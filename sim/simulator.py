@@ -66,8 +66,8 @@ class SimConfig:
         fast_forward: advance runs of plain decode steps together (`runtime.decode_run`);
             the records are identical either way, only faster.
         step_noise: multiply the predicted time of step k, starting at t seconds, by
-            `step_noise.factor(k, t)` (None: every step takes exactly the cost model's
-            time).
+            `step_noise.factor(k, t)` and add its stall (`StepNoise.duration`; None: every
+            step takes exactly the cost model's time).
     """
 
     scheduler: SchedulerConfig
@@ -195,7 +195,7 @@ class EngineProcess:
         model's time, times the step's noise factor when the run has step noise."""
         duration = self.cost_model.step_time(features)
         noise = self.config.step_noise
-        return duration if noise is None else duration * noise.factor(step, start_s)
+        return duration if noise is None else noise.duration(duration, step, start_s)
 
     def one_step(self, clock: float) -> tuple[float, dict[str, list[int]]]:
         """Run one step from `clock`: its end (`clock` if there was nothing to run) and the

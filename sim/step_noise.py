@@ -28,6 +28,13 @@ a drift table the factor is Q(u_k). Because the factor is a function of the step
 and start, not of a random stream, stepping one by one and fast-forwarding a run of
 decode steps give the same durations.
 
+Stalls (optional, `rt calibrate --from-run`): besides the scatter a step may stall, an
+additive delay independent of its size (the OS deschedules the server; a 5 ms stall hits a
+1.7 ms decode step as it does an 8 ms prefill), drawn with probability `stall_probability`
+from the quantile table `stall_quantiles_s` (seconds) on a third independent stream:
+
+    duration(k, t) = predicted · factor(k, t) + [w_k < p] · S(w_k / p)
+
 Measured (README, "Calibration and fidelity"): over six 8-run sets on this project's CPU VM
 the drift did not beat i.i.d. scatter (mean |error| of p50/p90 TTFT and ITL 3.3% vs 1.6%
 in-sample), so profiles are fitted without it unless asked.
@@ -44,6 +51,7 @@ import numpy as np
 _MASK = (1 << 64) - 1
 _SEED_MULTIPLIER = 0x100000001B3  # spreads the seed over the 64-bit key (FNV-1a's prime)
 _DRIFT_SALT = 0xD6E8FEB86659FD93  # separates the window stream v from the step stream u
+_STALL_SALT = 0x8CB92BA72F3D8DD7  # separates the stall stream w from u and v
 MIN_DRIFT_WINDOW_S = 1e-6  # drift windows shorter than a microsecond are a malformed profile
 
 # One run's steps for `fit_step_noise`: (start_s, measured_s, predicted_s), seconds, equal
@@ -78,6 +86,20 @@ def _check_table(name: str, table: tuple[float, ...]) -> None:
         raise ValueError(f"{name} must be finite and > 0")
     if any(b < a for a, b in zip(table, table[1:], strict=False)):
         raise ValueError(f"{name} must be non-decreasing")
+
+
+def check_stalls(probability: float, table: tuple[float, ...] | None, owner: str) -> None:
+    """A probability in [0, 1] and, when it is > 0, a stall table: >= 2 finite values >= 0,
+    non-decreasing (seconds)."""
+    if not (isinstance(probability, int | float) and 0.0 <= probability <= 1.0):
+        raise ValueError(f"{owner}.stall_probability must be in [0, 1], got {probability!r}")
+    if probability > 0 and table is None:
+        raise ValueError(f"{owner}.stall_probability > 0 needs stall_quantiles_s")
+    if table is not None:
+        if len(table) < 2 or not all(math.isfinite(v) and v >= 0 for v in table):
+            raise ValueError(f"{owner}.stall_quantiles_s needs >= 2 finite values >= 0")
+        if any(b < a for a, b in zip(table, table[1:], strict=False)):
+            raise ValueError(f"{owner}.stall_quantiles_s must be non-decreasing")
 
 
 def _check_drift(drift_quantiles: tuple[float, ...] | None, drift_window_s: float | None,
@@ -139,16 +161,23 @@ class StepNoise:
             that start in one time window; None: no drift (the factor is Q alone).
         drift_window_s: the drift windows' length, seconds (> 0); set with
             `drift_quantiles`, both or neither.
+        stall_probability: the chance that a step stalls, in [0, 1] (0: never).
+        stall_quantiles_s: the stall's quantile function (seconds, >= 0, evenly spaced
+            probabilities 0..1), added to a stalling step's time; needed when
+            `stall_probability` > 0.
     """
 
     quantiles: tuple[float, ...]
     seed: int = 0
     drift_quantiles: tuple[float, ...] | None = None
     drift_window_s: float | None = None
+    stall_probability: float = 0.0
+    stall_quantiles_s: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         _check_table("StepNoise.quantiles", self.quantiles)
         _check_drift(self.drift_quantiles, self.drift_window_s, "StepNoise")
+        check_stalls(self.stall_probability, self.stall_quantiles_s, "StepNoise")
 
     def uniform(self, step: int) -> float:
         """u in [0, 1) for step index `step`, a pure function of (seed, step)."""
@@ -179,6 +208,22 @@ class StepNoise:
         `step`, which starts at `start_s` seconds; Q(u(step)) alone without drift."""
         fast = _interpolate(self.quantiles, self.uniform(step))
         return fast if self.drift_quantiles is None else fast * self.drift(start_s)
+
+    def stall(self, step: int) -> float:
+        """Seconds step `step` stalls: S(w / p) when w < p, else 0; w in [0, 1) a pure
+        function of (seed, step) on a stream independent of `uniform`'s and the drift's."""
+        if self.stall_probability <= 0 or self.stall_quantiles_s is None:
+            return 0.0
+        key = _splitmix64((self.seed * _SEED_MULTIPLIER) ^ _STALL_SALT)
+        w = _splitmix64(key ^ (step & _MASK)) / 2.0**64
+        if w >= self.stall_probability:
+            return 0.0
+        return _interpolate(self.stall_quantiles_s, w / self.stall_probability)
+
+    def duration(self, predicted_s: float, step: int, start_s: float) -> float:
+        """The noisy time of step `step` (starting at `start_s`) predicted to take
+        `predicted_s` seconds: predicted · factor + stall (module docstring)."""
+        return predicted_s * self.factor(step, start_s) + self.stall(step)
 
 
 @dataclass(frozen=True, slots=True)

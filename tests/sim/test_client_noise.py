@@ -1,0 +1,154 @@
+"""The step-time noise of a client-timed fit (`sim.client_noise`) and the stalls it adds to
+`sim.step_noise.StepNoise`: a known scatter, stall rate and stall size are recovered, a
+disturbed period is found and left out, and a simulation with the fitted noise reproduces the
+known quantiles of the step times."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runtime import CacheConfig, SchedulerConfig
+from sim.client_noise import MIN_SLOWDOWN, disturbed_windows, step_scatter
+from sim.cost.profile_model import ProfileCoefficients, ProfileCostModel
+from sim.engine_args import EngineArgs, build_setup
+from sim.profile import Profile, load_profile, write_profile
+from sim.simulator import SimConfig, simulate
+from sim.step_noise import StepNoise
+from workloads import Trace, TraceRequest
+
+STEP_S = 2e-3  # predicted step time
+STALL_P = 0.05  # stall probability
+STALL_LO, STALL_HI = 3e-3, 7e-3  # stalls uniform in these seconds
+
+
+def _known_steps(n: int = 20_000) -> tuple[np.ndarray, np.ndarray]:
+    """Observed and predicted durations: factor uniform in 0.8-1.2 times STEP_S, plus a
+    stall (uniform STALL_LO-STALL_HI) on a STALL_P share of the steps."""
+    rng = np.random.default_rng(7)
+    predicted = np.full(n, STEP_S)
+    stall = np.where(rng.random(n) < STALL_P, rng.uniform(STALL_LO, STALL_HI, n), 0.0)
+    return predicted * rng.uniform(0.8, 1.2, n) + stall, predicted
+
+
+def test_a_known_scatter_and_stalls_are_recovered() -> None:
+    y, predicted = _known_steps()
+    residual = y - predicted
+    sigma = 1.4826 * float(np.median(np.abs(residual)))
+    keep = np.abs(residual) <= 4 * sigma  # stage 1's trim
+    follows = np.ones(len(y), dtype=bool)
+    fit = step_scatter(y, predicted, follows, keep)
+    assert fit is not None and fit.stall_quantiles_s is not None
+    assert fit.stall_probability == pytest.approx(STALL_P, rel=0.05)
+    stalls = np.asarray(fit.stall_quantiles_s)
+    # excess over the prediction: the stall plus the step's scatter (+-0.4 ms)
+    assert stalls[50] == pytest.approx((STALL_LO + STALL_HI) / 2, rel=0.05)
+    assert stalls[10] == pytest.approx(STALL_LO + 0.1 * (STALL_HI - STALL_LO), rel=0.1)
+    body = np.asarray(fit.quantiles)
+    for i, expected in ((10, 0.84), (50, 1.0), (90, 1.16)):  # uniform 0.8-1.2
+        assert body[i] == pytest.approx(expected, abs=0.01), i
+    # busy time unbiased: mean factor times the predictions plus the stalls' seconds
+    busy = body.mean() * predicted.sum() + fit.stall_probability * len(y) * stalls.mean()
+    assert busy == pytest.approx(y.sum(), rel=0.01)
+
+
+def test_noise_free_steps_have_no_stalls_and_a_flat_scatter() -> None:
+    predicted = np.full(500, STEP_S)
+    y = predicted * (1 + 1e-9 * np.arange(500))
+    fit = step_scatter(y, predicted, np.ones(500, dtype=bool), np.ones(500, dtype=bool))
+    assert fit is not None
+    assert fit.stall_probability == 0.0 and fit.stall_quantiles_s is None
+    assert fit.quantiles[0] == pytest.approx(1.0) and fit.quantiles[-1] == pytest.approx(1.0)
+
+
+def test_a_disturbed_period_is_found_and_nothing_on_a_steady_server() -> None:
+    y, predicted = _known_steps(6_000)
+    end_s = np.cumsum(y)  # one run, ~14 s
+    run = np.zeros(len(y), dtype=np.int64)
+    slow = (end_s >= 5.0) & (end_s < 7.0)
+    disturbed_y = np.where(slow, 2.0 * y, y)
+    drop, windows = disturbed_windows(run, end_s, disturbed_y, predicted)
+    assert [(w.start_s, w.end_s) for w in windows] == [(5.0, 6.0), (6.0, 7.0)]
+    assert all(w.slowdown > MIN_SLOWDOWN for w in windows)
+    assert drop.sum() == slow.sum() and (drop == slow).all()
+    drop, windows = disturbed_windows(run, end_s, y, predicted)
+    assert windows == [] and not drop.any()
+
+
+def test_stalls_are_drawn_with_their_probability_and_size() -> None:
+    table = tuple(np.linspace(STALL_LO, STALL_HI, 101))
+    noise = StepNoise((0.8, 1.2), seed=3, stall_probability=STALL_P, stall_quantiles_s=table)
+    steps = np.asarray([noise.stall(k) for k in range(40_000)])
+    assert (steps > 0).mean() == pytest.approx(STALL_P, rel=0.05)
+    assert np.median(steps[steps > 0]) == pytest.approx((STALL_LO + STALL_HI) / 2, rel=0.03)
+    # the stall stream is independent of the scatter's: same factors with or without stalls
+    plain = StepNoise((0.8, 1.2), seed=3)
+    assert [noise.factor(k, 0.0) for k in range(100)] == [plain.factor(k, 0.0)
+                                                          for k in range(100)]
+    assert noise.duration(STEP_S, 5, 0.0) == STEP_S * noise.factor(5, 0.0) + noise.stall(5)
+    with pytest.raises(ValueError, match="stall_probability > 0 needs stall_quantiles_s"):
+        StepNoise((1.0, 1.0), stall_probability=0.1)
+    with pytest.raises(ValueError, match=r"stall_probability must be in \[0, 1\]"):
+        StepNoise((1.0, 1.0), stall_probability=1.5, stall_quantiles_s=table)
+
+
+def test_a_simulation_with_the_fitted_noise_reproduces_the_known_quantiles() -> None:
+    """One long decode stream: every simulated step is a decode of one sequence, so the
+    simulated step times are draws of the fitted model; their p50/p90/p99 match those of the
+    known steps the model was fitted on."""
+    y, predicted = _known_steps()
+    residual = y - predicted
+    keep = np.abs(residual) <= 4 * 1.4826 * float(np.median(np.abs(residual)))
+    fit = step_scatter(y, predicted, np.ones(len(y), dtype=bool), keep)
+    assert fit is not None
+    noise = StepNoise(fit.quantiles, seed=11, stall_probability=fit.stall_probability,
+                      stall_quantiles_s=fit.stall_quantiles_s)
+    cost = ProfileCostModel(ProfileCoefficients(STEP_S, 0.0, 0.0, 0.0, 0.0, 0.0))
+    config = SimConfig(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4,
+                                       max_model_len=20_000),
+                       CacheConfig(block_size=16, num_blocks=2_000),
+                       vocab_size=512, step_noise=noise)
+    result = simulate(Trace((TraceRequest("a", 0.0, 8, 12_000),)), config, cost)
+    times = np.asarray(result.requests[0].token_times_s)
+    gaps = np.diff(times)
+    for q in (50, 90, 99):
+        assert np.percentile(gaps, q) == pytest.approx(np.percentile(y, q), rel=0.03), q
+
+
+def _profile(stalls: tuple[float, ...] | None, probability: float = 0.0) -> Profile:
+    return Profile(device="endpoint", model="tiny", dtype="unknown", versions={},
+                   date="2026-12-01", coefficients=ProfileCoefficients(STEP_S, 0, 0, 0, 0, 0),
+                   step_time_quantiles=(0.8, 1.2), step_time_stall_probability=probability,
+                   step_time_stall_quantiles_s=stalls)
+
+
+def test_a_profile_carries_its_stalls_as_version_2_and_version_1_still_loads(
+        tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    with_stalls = _profile((STALL_LO, STALL_HI), STALL_P)
+    write_profile(with_stalls, path)
+    data = json.loads(path.read_text())
+    assert data["version"] == 2
+    assert data["step_time_stalls"] == {"probability": STALL_P,
+                                        "quantiles_s": [STALL_LO, STALL_HI]}
+    assert load_profile(path) == with_stalls
+    setup = build_setup(EngineArgs(num_gpu_blocks_override=200), "llama-3.1-8b", "h200",
+                        str(path), seed=5, step_noise=True)
+    assert setup.config.step_noise == StepNoise((0.8, 1.2), 5, None, None, STALL_P,
+                                                (STALL_LO, STALL_HI))
+    write_profile(_profile(None), path)  # no stalls: version 1, as before
+    data = json.loads(path.read_text())
+    assert data["version"] == 1 and "step_time_stalls" not in data
+    assert load_profile(path) == _profile(None)
+    data.update(version=2, step_time_stalls={"probability": 1.5, "quantiles_s": [0.0, 1.0]})
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"'step_time_stalls.probability' must be a number "
+                       r"in \[0, 1\], got 1.5"):
+        load_profile(path)
+    data["step_time_stalls"] = {"probability": 0.1, "quantiles_s": [1.0, 0.5]}
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="'step_time_stalls.quantiles_s' must be a list"):
+        load_profile(path)
