@@ -29,9 +29,9 @@ fit has two stages, each linear given the other:
    a + b·p_r plus what the engine and the queues add, so a, b are refitted on observed
    TTFT - (simulated TTFT - a - b·p_r) (least squares in seconds, non-negative, over the
    requests within 4 robust standard deviations: the mean TTFT is matched; relative
-   weights had pulled a to the short requests, p50 TTFT -14% on the loopback truth) and
-   the run simulated again, a few times; the iterate whose simulated TTFT p50 and p90 are
-   closest to the observed ones is kept.
+   weights had pulled a to the short requests, p50 TTFT -14% on the loopback truth; each
+   run simulated with `FRONT_END_SEEDS` noise seeds, pooled) and again, a few times; the
+   iterate whose simulated TTFT p50 and p90 are closest to the observed ones is kept.
 
 ITL and E2E are matched by stage 1 (E2E is TTFT plus the gaps), TTFT by stage 2.
 Identification: a term the run does not excite (an all-zero column) or cannot separate from
@@ -63,6 +63,7 @@ from sim.client_noise import (
 from sim.client_steps import ClientRun, ObservedSteps, observed_steps
 from sim.cost.api_server import ApiServerCost
 from sim.cost.profile_model import ProfileCoefficients, ProfileCostModel
+from sim.engine_args import with_noise_seed
 from sim.profile import Profile
 from sim.simulator import SimConfig, SimResult, simulate
 from sim.step_noise import StepNoise
@@ -76,6 +77,7 @@ PRIORITY = ("constant_s", "per_decode_token_s", "per_prefill_token_s", "per_deco
 SEPARABLE = 0.03  # a column whose part outside the kept terms' span is below this is left out
 STEP_TERMS = (*COEFFICIENT_NAMES, "per_output_token_s")  # stage 1's unknowns
 FRONT_END_ITERATIONS = 6
+FRONT_END_SEEDS = 4  # each run simulated with this many step-noise seeds per iteration
 PERCENTILES = (50.0, 90.0)  # stage 2 keeps the iterate whose TTFT percentiles match best
 TRIM_SIGMAS = 4.0  # stage 1 leaves out steps this far off (chunks read late, bunched)
 
@@ -267,8 +269,11 @@ def _front_end(runs: Sequence[ClientRun], config: SimConfig, coefficients: Profi
                 list[SimResult]] | None = None
     reasons: dict[str, str] = {}
     se: dict[str, float | None] = {}
+    runs, skip = list(runs) * FRONT_END_SEEDS, list(skip) * FRONT_END_SEEDS
+    seeds = [config.seed + i // (len(runs) // FRONT_END_SEEDS) for i in range(len(runs))]
     for _ in range(FRONT_END_ITERATIONS):
-        sims = [simulate(run.trace, replace(config, api_server=api), model) for run in runs]
+        sims = [simulate(run.trace, with_noise_seed(replace(config, api_server=api), seed),
+                         model) for run, seed in zip(runs, seeds, strict=True)]
         rows = np.asarray(list(_ttfts(runs, sims, skip)))
         observed, simulated, lens = rows[:, 0], rows[:, 1], rows[:, 2]
         residual = observed - simulated
@@ -370,7 +375,8 @@ def fit_client_runs(runs: Sequence[ClientRun], scheduler: SchedulerConfig,
               "skipped_requests": sum(run.skipped for run in runs),
               "disturbed_requests": sum(len(s) for s in skip)}
     return ClientFit(coefficients, api, {**reasons, **front_reasons}, {**se, **front_se},
-                     scores, best, _percentiles(runs, sims, skip), scatter, counts,
+                     scores, best, _percentiles(list(runs) * FRONT_END_SEEDS, sims,
+                                                list(skip) * FRONT_END_SEEDS), scatter, counts,
                      tuple(windows))
 
 

@@ -44,8 +44,8 @@ from sim.step_noise import ratio_quantiles
 
 WINDOW_S = 1.0  # disturbance windows, seconds of a run's clock
 MIN_WINDOW_STEPS = 20  # windows with fewer timed steps are not judged
-SIGMAS = 3.5  # a window this many robust σ slower than the typical one is disturbed ...
-MIN_SLOWDOWN = 1.3  # ... and at least this many times slower (σ is ~0 on a quiet server)
+SIGMAS = 4.0  # a window this many robust σ slower than the typical one is disturbed ...
+MIN_SLOWDOWN = 1.5  # ... and at least this many times slower (σ is ~0 on a quiet server)
 MAX_DISTURBED = 0.25  # more flagged windows than this share: slowness is the usual state
 STALL_RATIO = 1.5  # a trimmed slow step is a stall when observed >= this x predicted
 TABLE_POINTS = 101
@@ -98,6 +98,7 @@ class StepScatter:
     shrink: float | None
     stall_probability: float
     stall_quantiles_s: tuple[float, ...] | None
+    steps: int = 0  # body steps and stalls the probability was counted over
 
     def describe(self) -> dict[str, float | int | None]:
         """JSON-ready summary for the profile's fit section."""
@@ -105,7 +106,7 @@ class StepScatter:
         stalls = self.stall_quantiles_s
         return {"scatter_p10": q[len(q) // 10], "scatter_p50": q[len(q) // 2],
                 "scatter_p90": q[-1 - len(q) // 10], "scatter_shrink": self.shrink,
-                "stall_probability": self.stall_probability,
+                "stall_probability": self.stall_probability, "stall_steps": self.steps,
                 "stall_p50_ms": stalls[len(stalls) // 2] * 1e3 if stalls else None,
                 "stall_p90_ms": stalls[-1 - len(stalls) // 10] * 1e3 if stalls else None}
 
@@ -117,7 +118,8 @@ def noise_lines(scatter: StepScatter | None, disturbed: Sequence[Disturbance]) -
         d = scatter.describe()
         out.append(f"  step scatter (x fitted time): p10/p50/p90 {d['scatter_p10']:.3f}/"
                    f"{d['scatter_p50']:.3f}/{d['scatter_p90']:.3f}")
-        out.append(f"  stalls: {d['stall_probability']:.2%} of steps, + p50/p90 "
+        p, n = scatter.stall_probability, max(scatter.steps, 1)
+        out.append(f"  stalls: {p:.2%} ± {math.sqrt(p * (1 - p) / n):.2%} of {n} steps, + p50/p90 "
                    f"{d['stall_p50_ms']:.2f}/{d['stall_p90_ms']:.2f} ms"
                    if d["stall_p50_ms"] is not None else "  stalls: none observed")
     for w in disturbed:
@@ -178,4 +180,5 @@ def step_scatter(y: np.ndarray, predicted: np.ndarray, follows: np.ndarray, keep
     stalls = (tuple(float(v) for v in np.quantile(seconds, np.linspace(0, 1, TABLE_POINTS)))
               if len(seconds) else None)
     probability = float(len(seconds) / (body.sum() + len(seconds))) if stalls else 0.0
-    return StepScatter(tuple(float(v) for v in scale * table), shrink, probability, stalls)
+    return StepScatter(tuple(float(v) for v in scale * table), shrink, probability, stalls,
+                       int(body.sum() + len(seconds)))
