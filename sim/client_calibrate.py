@@ -269,8 +269,9 @@ def _front_end(runs: Sequence[ClientRun], config: SimConfig, coefficients: Profi
                 list[SimResult]] | None = None
     reasons: dict[str, str] = {}
     se: dict[str, float | None] = {}
-    runs, skip = list(runs) * FRONT_END_SEEDS, list(skip) * FRONT_END_SEEDS
-    seeds = [config.seed + i // (len(runs) // FRONT_END_SEEDS) for i in range(len(runs))]
+    draws = FRONT_END_SEEDS if config.step_noise is not None else 1
+    seeds = [config.seed + i // len(runs) for i in range(len(runs) * draws)]
+    runs, skip = list(runs) * draws, list(skip) * draws
     for _ in range(FRONT_END_ITERATIONS):
         sims = [simulate(run.trace, with_noise_seed(replace(config, api_server=api), seed),
                          model) for run, seed in zip(runs, seeds, strict=True)]
@@ -374,10 +375,10 @@ def fit_client_runs(runs: Sequence[ClientRun], scheduler: SchedulerConfig,
               "split_streams": sum(s.split_streams for s in steps),
               "skipped_requests": sum(run.skipped for run in runs),
               "disturbed_requests": sum(len(s) for s in skip)}
+    draws = len(sims) // len(runs)  # the simulations pool `draws` noise seeds per run
+    in_sample = _percentiles(list(runs) * draws, sims, list(skip) * draws)
     return ClientFit(coefficients, api, {**reasons, **front_reasons}, {**se, **front_se},
-                     scores, best, _percentiles(list(runs) * FRONT_END_SEEDS, sims,
-                                                list(skip) * FRONT_END_SEEDS), scatter, counts,
-                     tuple(windows))
+                     scores, best, in_sample, scatter, counts, tuple(windows))
 
 
 def profile_from_client_runs(runs: Sequence[ClientRun], scheduler: SchedulerConfig,

@@ -6,8 +6,9 @@ step durations are not that state's scatter, and a table of ratios fitted around
 reproduces both badly (on a quiet machine against vLLM, in sample: p50 ITL +8%, p90 ITL -16%):
 
 * *Disturbed periods.* For a second or more something else takes the machine and every step
-  is slow (a calibration replay against vLLM had 3 s at 1.5-2.1x the median speed, 20-28% of
-  its steps stalled, where its other 10 s and the real replays around it ran at 0.8-1.2x).
+  is slow (a calibration replay against vLLM had 3 s at 1.6-2.4x the usual step time, 20-28%
+  of its steps stalled, where its other 10 s and the real replays around it ran at 0.8-1.45x
+  per second).
   `disturbed_windows` splits each run into `WINDOW_S` windows, takes each window's median
   ratio observed / predicted, and flags the windows slower than the runs' typical window by
   more than `SIGMAS` robust standard deviations of the windows' log medians and by at least
@@ -23,10 +24,11 @@ reproduces both badly (on a quiet machine against vLLM, in sample: p50 ITL +8%, 
 `step_scatter` therefore splits stage 1's timed steps (after the trim at 4 robust σ) into
 the body, the steps the trim kept, whose ratios observed / predicted give the scatter table
 (no clip: the trim already dropped the outliers), and the stalls, the steps the trim left
-out on the slow side that are also `STALL_RATIO` times their prediction or more: the stall
-probability is their share, and their excess seconds (observed - predicted) give the stall
-table. The body's table is then scaled so that the busy time is unbiased: predicted · E[Q]
-plus the stalls' seconds equals the observed busy span. Identified from the residuals: the
+out on the slow side that are also `STALL_RATIO` times their prediction or more after what
+the next step gives back (`_given_back`: then it was a late read, not a stall): the stall
+probability is their share, and their excess seconds give the stall table. The body's
+table is then scaled so that the busy time is unbiased: predicted · E[Q] plus the stalls'
+seconds equals the observed busy span. Identified from the residuals: the
 probability (a count), the stall sizes' distribution (with 2 or more stalls) and the body's
 quantiles; with no stall the profile has none.
 """

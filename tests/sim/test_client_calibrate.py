@@ -3,6 +3,8 @@ simulated run with known costs, read as a client would see it, gives the costs b
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from runtime import CacheConfig, SchedulerConfig
@@ -69,3 +71,35 @@ def test_a_run_without_token_times_is_refused_with_the_reason() -> None:
     del columns["token_times_s"]
     with pytest.raises(ValueError, match="RUN: no token_times_s column"):
         client_run("RUN", columns)
+
+
+def _warped(run: ClientRun, start_s: float, end_s: float, slowdown: float) -> ClientRun:
+    """`run` as if everything (server and client) had run `slowdown` times slower from
+    `start_s` to `end_s` of its clock: a disturbed period."""
+    def warp(t: float) -> float:
+        if t < start_s:
+            return t
+        return start_s + slowdown * (min(t, end_s) - start_s) + max(t - end_s, 0.0)
+
+    trace = Trace(tuple(replace(r, arrival_s=warp(r.arrival_s)) for r in run.trace))
+    times = {rid: tuple(warp(t) for t in ts) for rid, ts in run.token_times_s.items()}
+    return ClientRun(run.name, trace, times, {})
+
+
+def test_a_disturbed_period_is_left_out_and_the_costs_still_come_back() -> None:
+    clean = _client_view(240)  # ~20 s at 12 req/s
+    fit = fit_client_runs([_warped(clean, 8.0, 10.0, 2.5)], SCHED, CACHE)
+    # 8-10 s of the server's time last 8-13 s on the warped clock: whole windows in it
+    # flagged at 2.5x (a window of fewer than 20 timed steps is not judged)
+    assert [(w.start_s, w.end_s) for w in fit.disturbed][:2] == [(8.0, 9.0), (9.0, 10.0)]
+    assert all(8.0 <= w.start_s and w.end_s <= 13.0 for w in fit.disturbed)
+    assert all(w.slowdown == pytest.approx(2.5, rel=0.01) for w in fit.disturbed)
+    assert fit.counts["disturbed_requests"] > 0
+    c = fit.coefficients
+    assert c.constant_s == pytest.approx(TRUE.constant_s, rel=0.05)
+    assert c.per_decode_token_s == pytest.approx(TRUE.per_decode_token_s, rel=0.05)
+    # the steps straddling the disturbance's edges look like stalls (0.4% here)
+    assert fit.scatter is not None and fit.scatter.stall_probability < 0.01
+    assert clean.token_times_s == _client_view(240).token_times_s  # (deterministic)
+    undisturbed = fit_client_runs([clean], SCHED, CACHE)
+    assert undisturbed.disturbed == () and undisturbed.counts["disturbed_requests"] == 0
