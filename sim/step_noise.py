@@ -222,7 +222,10 @@ class StepNoise:
 
     def duration(self, predicted_s: float, step: int, start_s: float) -> float:
         """The noisy time of step `step` (starting at `start_s`) predicted to take
-        `predicted_s` seconds: predicted · factor + stall (module docstring)."""
+        `predicted_s` seconds: predicted · factor + stall (module docstring); an empty step
+        (predicted 0) stays 0."""
+        if predicted_s <= 0:
+            return predicted_s * self.factor(step, start_s)
         return predicted_s * self.factor(step, start_s) + self.stall(step)
 
 

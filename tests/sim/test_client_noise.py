@@ -89,6 +89,8 @@ def test_stalls_are_drawn_with_their_probability_and_size() -> None:
     assert [noise.factor(k, 0.0) for k in range(100)] == [plain.factor(k, 0.0)
                                                           for k in range(100)]
     assert noise.duration(STEP_S, 5, 0.0) == STEP_S * noise.factor(5, 0.0) + noise.stall(5)
+    stalled = next(k for k in range(1000) if noise.stall(k) > 0)
+    assert noise.duration(0.0, stalled, 0.0) == 0.0  # an empty step takes no time
     with pytest.raises(ValueError, match="stall_probability > 0 needs stall_quantiles_s"):
         StepNoise((1.0, 1.0), stall_probability=0.1)
     with pytest.raises(ValueError, match=r"stall_probability must be in \[0, 1\]"):
