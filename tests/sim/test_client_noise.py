@@ -6,6 +6,7 @@ known quantiles of the step times."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,8 @@ from sim.engine_args import EngineArgs, build_setup
 from sim.profile import Profile, load_profile, write_profile
 from sim.simulator import SimConfig, simulate
 from sim.step_noise import StepNoise
-from workloads import Trace, TraceRequest
+from workloads import ArrivalProcess, Trace, TraceRequest
+from workloads.synthetic import RandomLengths, random_trace
 
 STEP_S = 2e-3  # predicted step time
 STALL_P = 0.05  # stall probability
@@ -154,3 +156,19 @@ def test_a_profile_carries_its_stalls_as_version_2_and_version_1_still_loads(
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="'step_time_stalls.quantiles_s' must be a list"):
         load_profile(path)
+
+
+def test_stalls_give_the_same_records_with_and_without_fast_forward() -> None:
+    trace = random_trace(150, RandomLengths(300, 64, 0.8), ArrivalProcess(10.0, 1.0, 3))
+    noise = StepNoise((0.8, 1.0, 1.2), 4, stall_probability=0.05,
+                      stall_quantiles_s=(1e-3, 5e-3))
+    config = SimConfig(SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=64,
+                                       max_model_len=4096),
+                       CacheConfig(block_size=16, num_blocks=4000), step_noise=noise)
+    cost = ProfileCostModel(ProfileCoefficients(4e-3, 2e-5, 1.5e-4, 0.0, 0.0, 5e-7))
+    fast = simulate(trace, config, cost)
+    slow = simulate(trace, replace(config, fast_forward=False), cost)
+    assert [list(r.token_times_s) for r in fast.requests] == [
+        list(r.token_times_s) for r in slow.requests]
+    plain = simulate(trace, replace(config, step_noise=StepNoise((0.8, 1.0, 1.2), 4)), cost)
+    assert plain.requests[-1].finish_s < fast.requests[-1].finish_s  # the stalls cost time
