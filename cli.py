@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import functools
 import inspect
 import json
@@ -30,6 +29,7 @@ import typer
 
 import workloads
 from analysis.compare import CompareFiles
+from analysis.output import JsonOut, default_dir, save_figures
 from analysis.progress import progress
 from analysis.report import TABLE_DEFAULTS, ReportFiles, ReportFlags
 from backends.bench.flags import GpuBenchFlags, ServeBenchFlags, ServeLoadFlags
@@ -153,27 +153,6 @@ def note(lines: typing.Iterable[str]) -> None:
         typer.echo(f"rt: note: {line}", err=True)
 
 
-def write_json(data: object, out: Path | None) -> None:
-    text = json.dumps(data, indent=2)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n")
-    sys.stdout.write(text + "\n")
-
-
-def save_figures(figures: Mapping[str, Any], directory: Path) -> None:
-    if not figures:
-        return
-    directory.mkdir(parents=True, exist_ok=True)
-    for stem, figure in figures.items():
-        figure.savefig(directory / f"{stem}.png", dpi=90)
-    say(f"wrote {', '.join(f'{s}.png' for s in figures)} to {directory}")
-
-
-def default_dir(kind: str) -> Path:
-    return Path("results") / f"{kind}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
-
-
 def save_run(path: Path, kind: str, trace: workloads.Trace, result: RunResult,
              describe: Mapping[str, Any], **extra: Any) -> Run:
     """Write a run directory (`analysis.rundir.save_result`) and read it back."""
@@ -202,7 +181,7 @@ def workload(flags: WorkloadFlags, path: Path | None = None) -> workloads.Trace:
 
 
 _Percentiles = Annotated[ReportFlags, Flags(only=("metric_percentiles",))]
-_Out = Annotated[Path | None, typer.Option("--out", "-o", help="Also write the JSON here.")]
+_Out = Annotated[JsonOut, Flags(inline=True)]
 _Plots = Annotated[bool, typer.Option("--plots/--no-plots", help="Draw the PNGs.")]
 
 
@@ -232,7 +211,8 @@ def trace_inspect(
         stats, kind, notes = how.stats(flags, file)
     note(notes)
     if how.json:
-        write_json({"file": str(file), "format": kind, **stats.to_dict()}, None)
+        typer.echo(json.dumps({"file": str(file), "format": kind, **stats.to_dict()},
+                              indent=2))
     else:
         typer.echo("\n".join(render_stats(stats, f"{file} ({kind})")))
 
@@ -313,7 +293,7 @@ def simulate(
             text, figures = fleet_outputs(run_dir.requests, run_dir.steps,
                                           run_dir.info["scaling"], autoscale.enabled)
             typer.echo(text)
-            save_figures(figures, run_dir.path / "plots")
+            save_figures(figures, run_dir.path / "plots", say)
 
 
 # ---- rt report / compare / sweep (analysis) ----
@@ -340,7 +320,7 @@ def report(
         typer.echo(text)
         for path in written:
             say(f"wrote {path}")
-        save_figures(figures, files.plot_dir or home / "plots")
+        save_figures(figures, files.plot_dir or home / "plots", say)
 
 
 @command(app, "compare")
@@ -359,7 +339,7 @@ def compare(
         html, figures = compare_dirs(run_dirs, flags.options(), files, plots, typer.echo)
         if html is not None:
             say(f"wrote {html}")
-        save_figures(figures, files.plot_dir or default_dir("compare"))
+        save_figures(figures, files.plot_dir or default_dir("compare"), say)
 
 
 @command(app, "sweep")
@@ -396,7 +376,7 @@ def sweep(
             typer.echo(line)
         text, figures = write_sweep(records, plan.root, GRID_ENGINE_FLAGS, slos, plots)
     typer.echo(text)
-    save_figures(figures, plan.root)
+    save_figures(figures, plan.root, say)
 
 
 def point_runner(how: SweepFlags, options: ReportOptions, slos: dict[str, float] | None,
@@ -447,7 +427,7 @@ def plan(
     note([f"pruned {p.candidate.name()}: {p.reason}" for p in pruned])
     text, closest, figures = write_plan(records, slos, root)
     typer.echo(text)
-    save_figures(figures, root)
+    save_figures(figures, root, say)
     say(f"{len(records)} shapes simulated, {len(pruned)} candidates pruned")
     if not ranked:
         fail(f"no shape within --max-gpus {space.max_gpus} meets {space.slo} (closest: "
@@ -707,31 +687,38 @@ def fidelity(
     TRACE's; with --repeats N it replays N times and reports against their mean, with the
     real runs' own spread as the noise floor. With --endpoint, all of it against that
     server, fitted on its client-side timings (the engine flags: the server's)."""
-    from analysis.fidelity import replay_order
+    from analysis.fidelity import replay_order, report_fidelity_dirs
+    from sim.fidelity_run import predicted_steps
 
     with user_errors():
         how.check(cal.step_drift, noise.step_noise)
         trace = workload(work, trace_file)  # (a bad trace: one line, --endpoint or not)
     root = result_dir or default_dir("fidelity")
     order = replay_order(how.repeats, how.calibration_replays())
-    if client.endpoint is not None:
-        return _fidelity_endpoint(trace, checkpoint.model, engine, noise.step_noise, how,
-                                  cal.step_drift, order, client, work.seed, root, plots)
-    if how.fleet:  # rt serve --simulate replicas behind rt route, against sim.fleet
+    if how.fleet and client.endpoint is None:  # rt serve --simulate replicas behind rt route
         return _fidelity_fleet(trace, (engine, str(checkpoint.model or "llama-3.1-8b"),
                                        noise.gpu, how.profile, work.seed), fleet, root)
     with user_errors():
-        setup, tokenizer = real_engine(checkpoint.model, engine, real, work.seed)
-        workloads.check_max_model_len(trace, setup.scheduler.max_model_len)
-        root.mkdir(parents=True, exist_ok=True)
-        _fidelity_real(trace, setup, tokenizer, cal, how, order, noise.step_noise, root, plots)
+        if client.endpoint is not None:
+            dirs = _fidelity_endpoint(trace, checkpoint.model, engine, noise.step_noise, how,
+                                      cal.step_drift, order, client, work.seed, root)
+        else:
+            setup, tokenizer = real_engine(checkpoint.model, engine, real, work.seed)
+            workloads.check_max_model_len(trace, setup.scheduler.max_model_len)
+            root.mkdir(parents=True, exist_ok=True)
+            dirs = _fidelity_real(trace, setup, tokenizer, cal, how, order, noise.step_noise,
+                                  root)
+        if report_fidelity_dirs(*dirs[:2], functools.partial(predicted_steps, dirs[2]), root,
+                                plots, how.max_error, typer.echo, say):
+            raise typer.Exit(code=1)
 
 
 def _fidelity_real(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
                    cal: CalibrationFlags, how: FidelityFlags, order: list[tuple[str, int]],
-                   step_noise: bool, root: Path, plots: bool) -> None:
+                   step_noise: bool, root: Path) -> tuple[list[Path], list[Path], Path]:
     """`rt fidelity` on the real engine: `sim.fidelity_run.RealFidelity` with the engine's
-    replay, grid calibration and the run directories wired in, then the report."""
+    replay, grid calibration and the run directories wired in; the real and twin run
+    directories and the profile."""
     from sim.fidelity_run import FidelityRuns, RealFidelity
 
     runs = FidelityRuns(trace, root, setup.args.seed, setup.describe(), functools.partial(
@@ -743,32 +730,31 @@ def _fidelity_real(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenize
     reals, sims, profile, notes = twin.run(how, order, cal.step_drift, step_noise,
                                            tokenizer=tokenizer is not None)
     note(notes)
-    _fidelity_report(reals, sims, profile, root, plots, how.max_error)
+    return reals, sims, profile
 
 
 def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: EngineFlags,
                        step_noise: bool, how: FidelityFlags, step_drift: bool,
                        order: list[tuple[str, int]], client: EndpointFlags, seed: int,
-                       root: Path, plots: bool) -> None:
+                       root: Path) -> tuple[list[Path], list[Path], Path]:
     """`rt fidelity --endpoint`: `sim.endpoint_fidelity` with the endpoint replay (as `rt
-    replay --endpoint`) and the run directories wired in, then the report."""
+    replay --endpoint`) and the run directories wired in; as `_fidelity_real`."""
     import secrets
 
     from sim.endpoint_fidelity import EndpointFidelityPlan as Plan
     from sim.endpoint_fidelity import check_endpoint_flags, endpoint_fidelity
 
     settings = client.config_args(None, seed)
-    with user_errors():
-        check_endpoint_flags(how.calibrate_on, step_drift)
-        plan = Plan(tuple(order), seed, str(model or "llama-3.1-8b"), secrets.randbits(31),
-                    how.profile, how.fit_on_replay, step_noise,
-                    how.sim_runs)  # fresh prompts: the server's cache outlives us
-        out = endpoint_fidelity(trace, engine, plan, root, lambda t, path, s: run_endpoint(
-            t, {**settings, "seed": s}, path, []), lambda path, twin, setup, sources: save_run(
-            path, "simulate", trace, twin.result, setup.describe(),
-            step_noise_seed=twin.noise_seed, server_config_from=sources))
-        note(out.lines)
-        _fidelity_report(out.reals, out.sims, out.profile, root, plots, how.max_error)
+    check_endpoint_flags(how.calibrate_on, step_drift)
+    plan = Plan(tuple(order), seed, str(model or "llama-3.1-8b"), secrets.randbits(31),
+                how.profile, how.fit_on_replay, step_noise,
+                how.sim_runs)  # fresh prompts: the server's cache outlives us
+    out = endpoint_fidelity(trace, engine, plan, root, lambda t, path, s: run_endpoint(
+        t, {**settings, "seed": s}, path, []), lambda path, twin, setup, sources: save_run(
+        path, "simulate", trace, twin.result, setup.describe(),
+        step_noise_seed=twin.noise_seed, server_config_from=sources))
+    note(out.lines)
+    return out.reals, out.sims, out.profile
 
 
 def _fidelity_fleet(trace: workloads.Trace, args: tuple[Any, ...], fleet: FleetFlags,
@@ -787,49 +773,31 @@ def _fidelity_fleet(trace: workloads.Trace, args: tuple[Any, ...], fleet: FleetF
                    write_fleet_fidelity, update))
 
 
-def _fidelity_report(real_dirs: list[Path], sim_dirs: list[Path], profile_path: Path,
-                     root: Path, plots: bool, max_error: float | None) -> None:
-    """Write and print the report (`analysis.fidelity`), the plots; exit 1 past --max-error."""
-    from analysis.fidelity import write_fidelity_dirs
-    from sim.fidelity_run import predicted_steps
-
-    text, violations, figures = write_fidelity_dirs(
-        real_dirs, sim_dirs, functools.partial(predicted_steps, profile_path), root, plots,
-        max_error)
-    typer.echo(text)
-    save_figures(figures, root / "plots")
-    say(f"wrote {root}/fidelity.json")
-    for line in violations:
-        say(f"fidelity: {line}")
-    if violations:
-        raise typer.Exit(code=1)
-
-
 # ---- rt bench ... ----
 
 
 @command(bench_app, "scheduler")
 def bench_scheduler(flags: Annotated[SchedulerBenchFlags, Flags(inline=True)],
-                    out: _Out = None) -> None:
+                    out: _Out) -> None:
     """Microseconds per step of schedule() + update_from_output(): 64/256/1024 running
     decodes with prefix caching, and a mixed chunked-prefill workload."""
     from sim.benchmarks import bench_scheduler as run
 
-    write_json(run(seed=flags.seed, quick=flags.quick), out)
+    typer.echo(out.write(run(seed=flags.seed, quick=flags.quick)))
 
 
 @command(bench_app, "sim")
 def bench_sim(
     sim: Annotated[SimFlags, Flags(only=("model", "gpu"))],
     flags: Annotated[SimBenchFlags, Flags(inline=True)],
-    out: _Out = None,
+    out: _Out,
 ) -> None:
     """Simulated requests per wall-clock second, fast-forwarding vs stepping one by one."""
     from sim.benchmarks import bench_sim as run
 
     with user_errors():
         report = run(flags.traces(), sim.model, sim.gpu, flags.baseline)
-    write_json(report, out)
+    typer.echo(out.write(report))
 
 
 @command(bench_app, "serve")
@@ -842,7 +810,7 @@ def bench_serve(
                                          defaults={"max_model_len": 4096})],
     load: Annotated[ServeLoadFlags, Flags(inline=True)],
     bench: Annotated[ServeBenchFlags, Flags()],
-    out: _Out = None,
+    out: _Out,
 ) -> None:
     """Load-test `rt serve --simulate` on a free loopback port (bounded; the server is always
     stopped): replay random requests through the chosen client, simulate the same arrivals
@@ -857,7 +825,7 @@ def bench_serve(
                                  engine.max_model_len, engine.max_num_seqs)
         report = run_serve_bench(work, server, load, bench,
                                  functools.partial(serve_twin, sim, engine, work.seed))
-    write_json(report, out)
+    typer.echo(out.write(report))
     if failed(report):
         raise typer.Exit(code=1)
 
@@ -866,7 +834,7 @@ def bench_serve(
 def bench_fleet(
     sim: Annotated[SimFlags, Flags(only=("model", "gpu"))],
     flags: Annotated[FleetBenchFlags, Flags(inline=True)],
-    out: _Out = None,
+    out: _Out,
 ) -> None:
     """Simulated requests per second of the fleet simulator: N replicas on the trace replayed
     N times faster (each replica carries one engine's load) against one engine on the trace
@@ -878,11 +846,11 @@ def bench_fleet(
         trace, name = flags.load()
         report = run(trace, name, sim.model, sim.gpu, flags.replicas, flags.sizes(),
                      flags.router, tuple(flags.router_arg or ()), baseline=flags.baseline)
-    write_json(report, out)
+    typer.echo(out.write(report))
 
 
 @command(bench_app, "gpu")
-def bench_gpu(flags: Annotated[GpuBenchFlags, Flags()], out: _Out = None) -> None:
+def bench_gpu(flags: Annotated[GpuBenchFlags, Flags()], out: _Out) -> None:
     """Kernel correctness in bf16, decode attention bandwidth and prefill TFLOP/s against a
     copy and a matmul measured in the same run, and engine tokens/s against transformers
     (a CUDA device; under 10 minutes)."""
@@ -891,8 +859,8 @@ def bench_gpu(flags: Annotated[GpuBenchFlags, Flags()], out: _Out = None) -> Non
     except ImportError as err:
         fail(f"rt bench gpu needs the real extra (torch, triton): {err}")
     with user_errors(GpuUnavailable):
-        report = gpu_bench(flags, out, say)
-    write_json(report, None)
+        report = gpu_bench(flags, out.out, say)
+    typer.echo(json.dumps(report, indent=2))
 
 
 # ---- rt route, rt fleet up (backends.route) ----
@@ -972,7 +940,7 @@ def bench_route(
     sim: Annotated[SimFlags, Flags(only=("model", "gpu", "profile"))],
     flags: Annotated[RouteBenchFlags, Flags(inline=True)],
     seed: _Seed = 0,
-    out: _Out = None,
+    out: _Out,
 ) -> None:
     """The router's overhead: one `rt serve --simulate` backend, `rt route` in front of it,
     the same streaming requests straight to the backend and through the router in the same
@@ -984,8 +952,8 @@ def bench_route(
                                 policy.router_arg or [], policy.router_refresh_ms, flags)
     with user_errors(RuntimeError):
         report = run_route_bench(config, (free_port(), free_port()))
-    write_json({"command": "rt bench route", "router": policy.router, "model": sim.model,
-                "gpu": sim.gpu, **report}, out)
+    typer.echo(out.write({"command": "rt bench route", "router": policy.router,
+                          "model": sim.model, "gpu": sim.gpu, **report}))
 
 
 def main() -> None:
