@@ -21,7 +21,7 @@ import inspect
 import json
 import sys
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -54,11 +54,10 @@ from workloads.trace_flags import FILE_FLAGS, SYNTHETIC_FLAGS, ConvertFlags, Ins
 
 if TYPE_CHECKING:
     from analysis.report import ReportOptions
-    from analysis.rundir import Run
     from analysis.sweep_run import PointRunner
     from backends.engine.setup import RealSetup
     from backends.replay.api_process import Tokenizer
-    from runtime.records import RunResult, RunSummary
+    from runtime.records import RunResult
     from sim.profile import Profile
 
 app = typer.Typer(
@@ -151,27 +150,6 @@ def say(line: str) -> None:
 def note(lines: typing.Iterable[str]) -> None:
     for line in lines:
         typer.echo(f"rt: note: {line}", err=True)
-
-
-def save_run(path: Path, kind: str, trace: workloads.Trace, result: RunResult,
-             describe: Mapping[str, Any], **extra: Any) -> Run:
-    """Write a run directory (`analysis.rundir.save_result`) and read it back."""
-    from analysis.rundir import save_result
-
-    return save_result(path, kind, workloads.trace_info(trace), result, describe, **extra)
-
-
-def print_run(run: Run, result: RunResult | RunSummary | None, percentiles: list[float],
-              request_rate: float | None = None) -> None:
-    """`analysis.console.run_blocks`, then (with the engine's `result` or its summary) the
-    run's line."""
-    from analysis.console import run_blocks
-
-    if len(run.requests):
-        typer.echo(run_blocks(run.requests, run.steps, percentiles, request_rate, result))
-    if result is not None:
-        typer.echo(f"rt: wrote {run.path} ({len(run.requests)} requests, {result.num_steps} "
-                   f"steps, {result.wall_s:.2f} s wall)", err=True)
 
 
 def workload(flags: WorkloadFlags, path: Path | None = None) -> workloads.Trace:
@@ -270,6 +248,7 @@ def simulate(
     went. TPOT = (E2EL - TTFT) / (output tokens - 1), vLLM's definition (guidellm calls
     this ITL); ITL = every gap between consecutive tokens.
     """
+    from analysis.console import show_run
     from analysis.rundir import load_run, write_result
     from analysis.scaling import fleet_outputs
     from sim.fleet_run import SimulateRun
@@ -288,7 +267,7 @@ def simulate(
         write_result(path, "simulate", workloads.trace_info(trace), result, describe, **extra)
         del result  # on disk now: the records and their frames are never held at once
         run_dir = load_run(path)
-        print_run(run_dir, summary, list(percentiles), rate)
+        show_run(run_dir, summary, percentiles, rate, typer.echo, say)
         if run.fleet:
             text, figures = fleet_outputs(run_dir.requests, run_dir.steps,
                                           run_dir.info["scaling"], autoscale.enabled)
@@ -508,6 +487,8 @@ def replay_on(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | N
 
 def run_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
                path: Path, percentiles: list[float], check_invariants: bool) -> None:
+    from analysis.console import show_run
+    from analysis.rundir import save_result
     from sim.cost.kv_cache_sizing import startup_lines
 
     cache, sched = setup.cache, setup.scheduler
@@ -516,9 +497,9 @@ def run_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | 
     note([f"model {setup.args.model_dir} ({setup.shape.model_type}) on {setup.args.device}, "
           f"{setup.dtype}, attention: {setup.attention}"])
     result = replay_on(trace, setup, tokenizer, check_invariants)
-    run = save_run(path, "replay", trace, result, setup.describe(),
-                   interrupted=result.interrupted, tokenizer=tokenizer is not None)
-    print_run(run, result, percentiles)
+    run = save_result(path, "replay", workloads.trace_info(trace), result, setup.describe(),
+                      interrupted=result.interrupted, tokenizer=tokenizer is not None)
+    show_run(run, result, percentiles, None, typer.echo, say)
     if result.interrupted:
         typer.echo("rt: interrupted: records of the requests so far were written", err=True)
         raise typer.Exit(code=130)
@@ -531,6 +512,7 @@ def run_endpoint(trace: workloads.Trace, settings: dict[str, Any], path: Path,
         from backends.replay.endpoint_run import EndpointRun, connect
     except ImportError as err:
         fail(f"--endpoint needs {err.name}: pip install 'rt[serve]'")
+    from analysis.console import show_run
     from analysis.rundir import load_run, run_info, write_run
 
     config, info = connect(trace, settings)
@@ -540,7 +522,7 @@ def run_endpoint(trace: workloads.Trace, settings: dict[str, Any], path: Path,
     write_run(path, run.rows(), {}, run_info("endpoint", path.name, workloads.trace_info(trace),
                                              **run.run_json()))
     if run.answered:
-        print_run(load_run(path), None, percentiles)
+        show_run(load_run(path), None, percentiles, None, typer.echo, say)
     for line in run.messages(path):
         typer.echo(f"rt: {line}", err=True)
     if run.exit_code:
@@ -719,10 +701,12 @@ def _fidelity_real(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenize
     """`rt fidelity` on the real engine: `sim.fidelity_run.RealFidelity` with the engine's
     replay, grid calibration and the run directories wired in; the real and twin run
     directories and the profile."""
+    from analysis.rundir import save_result
     from sim.fidelity_run import FidelityRuns, RealFidelity
 
     runs = FidelityRuns(trace, root, setup.args.seed, setup.describe(), functools.partial(
-        replay_on, setup=setup, tokenizer=tokenizer, stop_if_interrupted=True), save_run, say)
+        replay_on, setup=setup, tokenizer=tokenizer, stop_if_interrupted=True), save_result,
+        say)
     twin = RealFidelity(runs, setup.scheduler, setup.cache, str(setup.args.model_dir),
                         functools.partial(calibrate_grid, setup, tokenizer, cal, []),
                         lambda paths, api, drift: profile_from_steps(paths, "wall", api, drift),
@@ -741,6 +725,7 @@ def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: Engin
     replay --endpoint`) and the run directories wired in; as `_fidelity_real`."""
     import secrets
 
+    from analysis.rundir import save_result
     from sim.endpoint_fidelity import EndpointFidelityPlan as Plan
     from sim.endpoint_fidelity import check_endpoint_flags, endpoint_fidelity
 
@@ -750,8 +735,8 @@ def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: Engin
                 how.profile, how.fit_on_replay, step_noise,
                 how.sim_runs)  # fresh prompts: the server's cache outlives us
     out = endpoint_fidelity(trace, engine, plan, root, lambda t, path, s: run_endpoint(
-        t, {**settings, "seed": s}, path, []), lambda path, twin, setup, sources: save_run(
-        path, "simulate", trace, twin.result, setup.describe(),
+        t, {**settings, "seed": s}, path, []), lambda path, twin, setup, sources: save_result(
+        path, "simulate", workloads.trace_info(trace), twin.result, setup.describe(),
         step_noise_seed=twin.noise_seed, server_config_from=sources))
     note(out.lines)
     return out.reals, out.sims, out.profile

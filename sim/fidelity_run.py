@@ -4,7 +4,8 @@ configs, each written as a run directory under one root.
 
 The real replay (backends/, which sim/ does not import) and the writing of a run directory
 (analysis/) are the caller's, injected: `replay(trace) -> RunResult` (it raises to stop, e.g.
-on Ctrl-C) and `save(path, kind, trace, result, describe, **extra)`."""
+on Ctrl-C) and `save(path, kind, trace_info, result, describe, **extra)` (the signature of
+`analysis.rundir.save_result`; `trace_info`: `workloads.trace_info` of the run's trace)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from runtime.records import RunResult
 from sim.calibrate import predict_step_rows, replay_api_cost
 from sim.fidelity import FidelityFlags, twin_simulations
 from sim.profile import Profile, load_profile
-from workloads import Trace, resample_like
+from workloads import Trace, resample_like, trace_info
 
 Replay = Callable[[Trace], RunResult]
 Save = Callable[..., Any]
@@ -49,7 +50,7 @@ class FidelityRuns:
             path = self.root / (kind + (f"-{i + 1}" if i else ""))
             source = self.trace if kind == "real" else resample_like(self.trace, self.seed + i + 1)
             result = self.replay(source)
-            self.save(path, "replay", source, result, self.describe, **extra)
+            self.save(path, "replay", trace_info(source), result, self.describe, **extra)
             self.log(f"replayed {len(source)} requests, {result.num_steps} steps, "
                      f"{result.wall_s:.2f} s wall -> {path}")
             dirs[kind].append(path)
@@ -62,7 +63,7 @@ class FidelityRuns:
         sim, twins, notes = twin_simulations(self.trace, scheduler, cache, model, profile,
                                              self.seed, step_noise, runs)
         for twin in twins:
-            self.save(self.root / twin.name, "simulate", self.trace, twin.result,
+            self.save(self.root / twin.name, "simulate", trace_info(self.trace), twin.result,
                       sim.describe(), step_noise_seed=twin.noise_seed)
         return [self.root / twin.name for twin in twins], notes
 
