@@ -147,6 +147,9 @@ def say(line: str) -> None:
     typer.echo(f"rt: {line}", err=True)  # a progress or status line
 
 
+tell = functools.partial(typer.echo, err=True)  # a plain line on stderr
+
+
 def note(lines: typing.Iterable[str]) -> None:
     for line in lines:
         typer.echo(f"rt: note: {line}", err=True)
@@ -260,7 +263,7 @@ def simulate(
         rate = work.request_rate if work.dataset_name is not None else None
         path, describe = result_dir or default_dir("simulate"), run.first.describe()
         for line in run.first.startup_lines:
-            typer.echo(line, err=True)
+            tell(line)
         with progress("simulating", len(trace)) as update:
             result, extra = run.run(trace, update)
         summary = result.summary()
@@ -493,7 +496,7 @@ def run_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | 
 
     cache, sched = setup.cache, setup.scheduler
     for line in startup_lines(cache.num_blocks, cache.block_size, sched.max_model_len):
-        typer.echo(line, err=True)
+        tell(line)
     note([f"model {setup.args.model_dir} ({setup.shape.model_type}) on {setup.args.device}, "
           f"{setup.dtype}, attention: {setup.attention}"])
     result = replay_on(trace, setup, tokenizer, check_invariants)
@@ -501,7 +504,7 @@ def run_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | 
                       interrupted=result.interrupted, tokenizer=tokenizer is not None)
     show_run(run, result, percentiles, None, typer.echo, say)
     if result.interrupted:
-        typer.echo("rt: interrupted: records of the requests so far were written", err=True)
+        say("interrupted: records of the requests so far were written")
         raise typer.Exit(code=130)
 
 
@@ -524,7 +527,7 @@ def run_endpoint(trace: workloads.Trace, settings: dict[str, Any], path: Path,
     if run.answered:
         show_run(load_run(path), None, percentiles, None, typer.echo, say)
     for line in run.messages(path):
-        typer.echo(f"rt: {line}", err=True)
+        say(line)
     if run.exit_code:
         raise typer.Exit(code=run.exit_code)
 
@@ -598,15 +601,6 @@ def profile_from_steps(paths: list[Path], target: str, api_server: Any = None,
     return profile
 
 
-def write_profile(profile: Profile, path: Path) -> Path:
-    """Print the fit's quality and coefficients, write the profile."""
-    from sim.calibrate_run import fit_lines, save_profile
-
-    for line in fit_lines(profile):
-        typer.echo(line, err=True)
-    return save_profile(profile, path)
-
-
 @command(app, "calibrate")
 def calibrate(
     *,
@@ -623,7 +617,7 @@ def calibrate(
     non-negative least-squares fit of the six coefficients, its held-out error. Writes a
     profile for `rt simulate --profile`."""
     from analysis.rundir import request_columns, rt_version
-    from sim.calibrate_run import runs_profile
+    from sim.calibrate_run import runs_profile, save_profile
 
     with user_errors():
         mode = sources.mode(checkpoint.model is not None, cal.step_drift)
@@ -631,14 +625,14 @@ def calibrate(
             profile, lines = runs_profile(sources.from_run or [], request_columns, engine, seed,
                                           rt_version())
             for line in lines:
-                typer.echo(line, err=True)
+                tell(line)
         elif mode == "steps":
             profile = profile_from_steps(sources.from_steps or [], sources.target,
                                          drift=cal.step_drift)
         else:
             setup, tokenizer = real_engine(checkpoint.model, engine, real, seed)
             profile = calibrate_grid(setup, tokenizer, cal, sources.from_steps or [])
-        write_profile(profile, output)
+        save_profile(profile, output, tell)
     say(f"wrote {output}")
 
 
@@ -653,8 +647,7 @@ def fidelity(
     noise: Annotated[SimFlags, Flags(only=("step_noise", "gpu"), defaults={"step_noise": True})],
     cal: Annotated[CalibrationFlags, Flags()],
     how: Annotated[FidelityFlags, Flags()],
-    fleet: Annotated[FleetFlags, Flags(only=("replicas", "router", "router_arg",
-                                             "router_refresh_ms"))],
+    fleet: Annotated[FleetFlags, FLEET_UP_POLICY],
     result_dir: Annotated[Path | None, typer.Option(
         "--result-dir", help="Where real/, sim/, profile.json, fidelity.json and the plots "
         "go (default: results/fidelity-<time>).")] = None,
@@ -702,6 +695,7 @@ def _fidelity_real(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenize
     replay, grid calibration and the run directories wired in; the real and twin run
     directories and the profile."""
     from analysis.rundir import save_result
+    from sim.calibrate_run import save_profile
     from sim.fidelity_run import FidelityRuns, RealFidelity
 
     runs = FidelityRuns(trace, root, setup.args.seed, setup.describe(), functools.partial(
@@ -710,7 +704,7 @@ def _fidelity_real(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenize
     twin = RealFidelity(runs, setup.scheduler, setup.cache, str(setup.args.model_dir),
                         functools.partial(calibrate_grid, setup, tokenizer, cal, []),
                         lambda paths, api, drift: profile_from_steps(paths, "wall", api, drift),
-                        write_profile)
+                        functools.partial(save_profile, log=tell))
     reals, sims, profile, notes = twin.run(how, order, cal.step_drift, step_noise,
                                            tokenizer=tokenizer is not None)
     note(notes)
@@ -766,9 +760,7 @@ def bench_scheduler(flags: Annotated[SchedulerBenchFlags, Flags(inline=True)],
                     out: _Out) -> None:
     """Microseconds per step of schedule() + update_from_output(): 64/256/1024 running
     decodes with prefix caching, and a mixed chunked-prefill workload."""
-    from sim.benchmarks import bench_scheduler as run
-
-    typer.echo(out.write(run(seed=flags.seed, quick=flags.quick)))
+    typer.echo(out.write(flags.report()))
 
 
 @command(bench_app, "sim")
@@ -778,10 +770,8 @@ def bench_sim(
     out: _Out,
 ) -> None:
     """Simulated requests per wall-clock second, fast-forwarding vs stepping one by one."""
-    from sim.benchmarks import bench_sim as run
-
     with user_errors():
-        report = run(flags.traces(), sim.model, sim.gpu, flags.baseline)
+        report = flags.report(sim.model, sim.gpu)
     typer.echo(out.write(report))
 
 
@@ -825,12 +815,8 @@ def bench_fleet(
     N times faster (each replica carries one engine's load) against one engine on the trace
     as recorded, in the same run; and the cost per request of the smallest and largest
     --scaling fleets. Rates per wall and per CPU second."""
-    from sim.bench_fleet import bench_fleet as run
-
     with user_errors():
-        trace, name = flags.load()
-        report = run(trace, name, sim.model, sim.gpu, flags.replicas, flags.sizes(),
-                     flags.router, tuple(flags.router_arg or ()), baseline=flags.baseline)
+        report = flags.report(sim.model, sim.gpu)
     typer.echo(out.write(report))
 
 
