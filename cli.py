@@ -590,17 +590,6 @@ def calibrate_grid(setup: RealSetup, tokenizer: Tokenizer | None, cal: Calibrati
         return profile_from_grid(measured, steps, rt_version())
 
 
-def profile_from_steps(paths: list[Path], target: str, api_server: Any = None,
-                       drift: bool = False) -> Profile:
-    from analysis.rundir import rt_version
-    from sim.calibrate_run import steps_profile
-
-    with user_errors():
-        profile, notes = steps_profile(paths, target, rt_version(), api_server, drift)
-    note(notes)
-    return profile
-
-
 @command(app, "calibrate")
 def calibrate(
     *,
@@ -617,7 +606,7 @@ def calibrate(
     non-negative least-squares fit of the six coefficients, its held-out error. Writes a
     profile for `rt simulate --profile`."""
     from analysis.rundir import request_columns, rt_version
-    from sim.calibrate_run import runs_profile, save_profile
+    from sim.calibrate_run import runs_profile, save_profile, steps_profile
 
     with user_errors():
         mode = sources.mode(checkpoint.model is not None, cal.step_drift)
@@ -627,8 +616,9 @@ def calibrate(
             for line in lines:
                 tell(line)
         elif mode == "steps":
-            profile = profile_from_steps(sources.from_steps or [], sources.target,
-                                         drift=cal.step_drift)
+            profile, notes = steps_profile(sources.from_steps or [], sources.target,
+                                           rt_version(), drift=cal.step_drift)
+            note(notes)
         else:
             setup, tokenizer = real_engine(checkpoint.model, engine, real, seed)
             profile = calibrate_grid(setup, tokenizer, cal, sources.from_steps or [])
@@ -694,8 +684,8 @@ def _fidelity_real(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenize
     """`rt fidelity` on the real engine: `sim.fidelity_run.RealFidelity` with the engine's
     replay, grid calibration and the run directories wired in; the real and twin run
     directories and the profile."""
-    from analysis.rundir import save_result
-    from sim.calibrate_run import save_profile
+    from analysis.rundir import rt_version, save_result
+    from sim.calibrate_run import save_profile, steps_profile
     from sim.fidelity_run import FidelityRuns, RealFidelity
 
     runs = FidelityRuns(trace, root, setup.args.seed, setup.describe(), functools.partial(
@@ -703,7 +693,8 @@ def _fidelity_real(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenize
         say)
     twin = RealFidelity(runs, setup.scheduler, setup.cache, str(setup.args.model_dir),
                         functools.partial(calibrate_grid, setup, tokenizer, cal, []),
-                        lambda paths, api, drift: profile_from_steps(paths, "wall", api, drift),
+                        lambda paths, api, drift: steps_profile(paths, "wall", rt_version(), api,
+                                                                drift),
                         functools.partial(save_profile, log=tell))
     reals, sims, profile, notes = twin.run(how, order, cal.step_drift, step_noise,
                                            tokenizer=tokenizer is not None)

@@ -77,15 +77,16 @@ def predicted_steps(profile: Path, steps: Mapping[str, Sequence[Any]]) -> np.nda
 class RealFidelity:
     """`rt fidelity` on the real engine: its `runs` (replays and twins), the engine's configs
     and model, and the profile's injected sources: `grid()` (the calibration grid measured on
-    the engine and fitted), `fit(paths, api_server, drift)` (a fit on replay steps) and
-    `write(profile, path)` (printed and written)."""
+    the engine and fitted), `fit(paths, api_server, drift)` (a fit on replay steps, and its
+    notes: `sim.calibrate_run.steps_profile`) and `write(profile, path)` (printed and
+    written)."""
 
     runs: FidelityRuns
     scheduler: SchedulerConfig
     cache: CacheConfig
     model: str
     grid: Callable[[], Profile]
-    fit: Callable[[list[Path], Any, bool], Profile]
+    fit: Callable[[list[Path], Any, bool], tuple[Profile, list[str]]]
     write: Callable[[Profile, Path], Path]
 
     def run(self, how: FidelityFlags, order: Sequence[tuple[str, int]], step_drift: bool,
@@ -97,9 +98,11 @@ class RealFidelity:
         if profile is None and how.calibrate_on == "grid" and not how.fit_on_replay:
             profile = self.write(self.grid(), path)
         reals, calibrations = self.runs.replays(order, **extra)
+        fit_notes: list[str] = []
         if replays := calibrations or (reals if how.fit_on_replay else []):
-            profile = self.write(self.fit(replays, replay_api_cost(replays), step_drift), path)
+            fitted, fit_notes = self.fit(replays, replay_api_cost(replays), step_drift)
+            profile = self.write(fitted, path)
         assert profile is not None  # the grid's, the replays' or --profile
         sims, notes = self.runs.twins(self.scheduler, self.cache, self.model, profile,
                                       step_noise, how.sim_runs)
-        return reals, sims, profile, notes
+        return reals, sims, profile, fit_notes + notes
