@@ -186,16 +186,10 @@ def trace_inspect(
     how: Annotated[InspectFlags, Flags()],
 ) -> None:
     """Print a trace's statistics: rows, span, rates, burstiness, lengths, prefix reuse."""
-    from workloads.report import render_stats
-
     with user_errors():
-        stats, kind, notes = how.stats(flags, file)
+        text, notes = how.report(flags, file)
     note(notes)
-    if how.json:
-        typer.echo(json.dumps({"file": str(file), "format": kind, **stats.to_dict()},
-                              indent=2))
-    else:
-        typer.echo("\n".join(render_stats(stats, f"{file} ({kind})")))
+    typer.echo(text)
 
 
 @command(trace_app, "convert")
@@ -708,17 +702,12 @@ def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: Engin
                        root: Path) -> tuple[list[Path], list[Path], Path]:
     """`rt fidelity --endpoint`: `sim.endpoint_fidelity` with the endpoint replay (as `rt
     replay --endpoint`) and the run directories wired in; as `_fidelity_real`."""
-    import secrets
-
     from analysis.rundir import save_result
-    from sim.endpoint_fidelity import EndpointFidelityPlan as Plan
-    from sim.endpoint_fidelity import check_endpoint_flags, endpoint_fidelity
+    from sim.endpoint_fidelity import EndpointFidelityPlan, endpoint_fidelity
 
     settings = client.config_args(None, seed)
-    check_endpoint_flags(how.calibrate_on, step_drift)
-    plan = Plan(tuple(order), seed, str(model or "llama-3.1-8b"), secrets.randbits(31),
-                how.profile, how.fit_on_replay, step_noise,
-                how.sim_runs)  # fresh prompts: the server's cache outlives us
+    plan = EndpointFidelityPlan.of(how, order, seed, model and str(model), step_noise,
+                                   step_drift)
     out = endpoint_fidelity(trace, engine, plan, root, lambda t, path, s: run_endpoint(
         t, {**settings, "seed": s}, path, []), lambda path, twin, setup, sources: save_result(
         path, "simulate", workloads.trace_info(trace), twin.result, setup.describe(),
