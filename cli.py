@@ -247,7 +247,7 @@ def simulate(
     """
     from analysis.console import show_run
     from analysis.rundir import load_run, write_result
-    from analysis.scaling import fleet_outputs
+    from analysis.scaling import show_fleet
     from sim.fleet_run import SimulateRun
 
     with user_errors():
@@ -266,10 +266,7 @@ def simulate(
         run_dir = load_run(path)
         show_run(run_dir, summary, percentiles, rate, typer.echo, say)
         if run.fleet:
-            text, figures = fleet_outputs(run_dir.requests, run_dir.steps,
-                                          run_dir.info["scaling"], autoscale.enabled)
-            typer.echo(text)
-            save_figures(figures, run_dir.path / "plots", say)
+            show_fleet(run_dir, autoscale.enabled, typer.echo, say)
 
 
 # ---- rt report / compare / sweep (analysis) ----
@@ -388,7 +385,7 @@ def plan(
     """The cheapest fleet that meets every SLO on a trace, with no failed request: searches
     GPU kinds x models x tensor parallelism x token budgets x max_num_seqs x routers,
     prunes what cannot work before simulating, and bisects each candidate's replica count."""
-    from analysis.plan import write_plan
+    from analysis.plan import report_plan
     from analysis.sweep import parse_slo
 
     with user_errors():
@@ -401,15 +398,10 @@ def plan(
         ranked, pruned = space.plan(trace, work.seed, functools.partial(
             runner.judge, trace=trace, seed=work.seed, root=root, slos=slos, records=records))
     note([f"pruned {p.candidate.name()}: {p.reason}" for p in pruned])
-    text, closest, figures = write_plan(records, slos, root)
-    typer.echo(text)
-    save_figures(figures, root, say)
-    say(f"{len(records)} shapes simulated, {len(pruned)} candidates pruned")
-    if not ranked:
+    closest = report_plan(records, slos, root, ranked, len(pruned), typer.echo, say)
+    if closest is not None:
         fail(f"no shape within --max-gpus {space.max_gpus} meets {space.slo} (closest: "
              f"{closest})")
-    (root / "fleet.toml").write_text(ranked[0].fleet_toml())
-    typer.echo(f"cheapest: {ranked[0].summary()} -> {root / 'fleet.toml'}")
 
 
 # ---- rt replay (backends) ----
