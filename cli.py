@@ -698,8 +698,8 @@ def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: Engin
     from sim.endpoint_fidelity import EndpointFidelityPlan, endpoint_fidelity
 
     settings = client.config_args(None, seed)
-    plan = EndpointFidelityPlan.of(how, order, seed, model and str(model), step_noise,
-                                   step_drift)
+    plan = EndpointFidelityPlan.of(how, order, seed, str(model) if model else None,
+                                   step_noise, step_drift)
     out = endpoint_fidelity(trace, engine, plan, root, lambda t, path, s: run_endpoint(
         t, {**settings, "seed": s}, path, []), lambda path, twin, setup, sources: save_result(
         path, "simulate", workloads.trace_info(trace), twin.result, setup.describe(),

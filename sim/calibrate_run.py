@@ -79,8 +79,9 @@ def save_profile(profile: Profile, path: Path, log: Callable[[str], None] | None
                  ) -> Path:
     """Write the profile to `path` (its directory made), after each of its `fit_lines` to
     `log`; returns `path`."""
-    for line in fit_lines(profile) if log is not None else []:
-        log(line)
+    if log is not None:
+        for line in fit_lines(profile):
+            log(line)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_profile(profile, path)
     return path
