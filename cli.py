@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import functools
 import inspect
 import json
 import sys
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -30,6 +29,7 @@ import typer
 
 import workloads
 from analysis.compare import CompareFiles
+from analysis.output import JsonOut, default_dir, save_figures
 from analysis.progress import progress
 from analysis.report import TABLE_DEFAULTS, ReportFiles, ReportFlags
 from backends.bench.flags import GpuBenchFlags, ServeBenchFlags, ServeLoadFlags
@@ -54,11 +54,10 @@ from workloads.trace_flags import FILE_FLAGS, SYNTHETIC_FLAGS, ConvertFlags, Ins
 
 if TYPE_CHECKING:
     from analysis.report import ReportOptions
-    from analysis.rundir import Run
     from analysis.sweep_run import PointRunner
     from backends.engine.setup import RealSetup
     from backends.replay.api_process import Tokenizer
-    from runtime.records import RunResult, RunSummary
+    from runtime.records import RunResult
     from sim.profile import Profile
 
 app = typer.Typer(
@@ -148,51 +147,12 @@ def say(line: str) -> None:
     typer.echo(f"rt: {line}", err=True)  # a progress or status line
 
 
+tell = functools.partial(typer.echo, err=True)  # a plain line on stderr
+
+
 def note(lines: typing.Iterable[str]) -> None:
     for line in lines:
         typer.echo(f"rt: note: {line}", err=True)
-
-
-def write_json(data: object, out: Path | None) -> None:
-    text = json.dumps(data, indent=2)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n")
-    sys.stdout.write(text + "\n")
-
-
-def save_figures(figures: Mapping[str, Any], directory: Path) -> None:
-    if not figures:
-        return
-    directory.mkdir(parents=True, exist_ok=True)
-    for stem, figure in figures.items():
-        figure.savefig(directory / f"{stem}.png", dpi=90)
-    say(f"wrote {', '.join(f'{s}.png' for s in figures)} to {directory}")
-
-
-def default_dir(kind: str) -> Path:
-    return Path("results") / f"{kind}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
-
-
-def save_run(path: Path, kind: str, trace: workloads.Trace, result: RunResult,
-             describe: Mapping[str, Any], **extra: Any) -> Run:
-    """Write a run directory (`analysis.rundir.save_result`) and read it back."""
-    from analysis.rundir import save_result
-
-    return save_result(path, kind, workloads.trace_info(trace), result, describe, **extra)
-
-
-def print_run(run: Run, result: RunResult | RunSummary | None, percentiles: list[float],
-              request_rate: float | None = None) -> None:
-    """`analysis.console.run_blocks`, then (with the engine's `result` or its summary) the
-    run's line."""
-    from analysis.console import run_blocks
-
-    if len(run.requests):
-        typer.echo(run_blocks(run.requests, run.steps, percentiles, request_rate, result))
-    if result is not None:
-        typer.echo(f"rt: wrote {run.path} ({len(run.requests)} requests, {result.num_steps} "
-                   f"steps, {result.wall_s:.2f} s wall)", err=True)
 
 
 def workload(flags: WorkloadFlags, path: Path | None = None) -> workloads.Trace:
@@ -202,7 +162,7 @@ def workload(flags: WorkloadFlags, path: Path | None = None) -> workloads.Trace:
 
 
 _Percentiles = Annotated[ReportFlags, Flags(only=("metric_percentiles",))]
-_Out = Annotated[Path | None, typer.Option("--out", "-o", help="Also write the JSON here.")]
+_Out = Annotated[JsonOut, Flags(inline=True)]
 _Plots = Annotated[bool, typer.Option("--plots/--no-plots", help="Draw the PNGs.")]
 
 
@@ -226,15 +186,10 @@ def trace_inspect(
     how: Annotated[InspectFlags, Flags()],
 ) -> None:
     """Print a trace's statistics: rows, span, rates, burstiness, lengths, prefix reuse."""
-    from workloads.report import render_stats
-
     with user_errors():
-        stats, kind, notes = how.stats(flags, file)
+        text, notes = how.report(flags, file)
     note(notes)
-    if how.json:
-        write_json({"file": str(file), "format": kind, **stats.to_dict()}, None)
-    else:
-        typer.echo("\n".join(render_stats(stats, f"{file} ({kind})")))
+    typer.echo(text)
 
 
 @command(trace_app, "convert")
@@ -290,8 +245,9 @@ def simulate(
     went. TPOT = (E2EL - TTFT) / (output tokens - 1), vLLM's definition (guidellm calls
     this ITL); ITL = every gap between consecutive tokens.
     """
+    from analysis.console import show_run
     from analysis.rundir import load_run, write_result
-    from analysis.scaling import fleet_outputs
+    from analysis.scaling import show_fleet
     from sim.fleet_run import SimulateRun
 
     with user_errors():
@@ -301,19 +257,16 @@ def simulate(
         rate = work.request_rate if work.dataset_name is not None else None
         path, describe = result_dir or default_dir("simulate"), run.first.describe()
         for line in run.first.startup_lines:
-            typer.echo(line, err=True)
+            tell(line)
         with progress("simulating", len(trace)) as update:
             result, extra = run.run(trace, update)
         summary = result.summary()
         write_result(path, "simulate", workloads.trace_info(trace), result, describe, **extra)
         del result  # on disk now: the records and their frames are never held at once
         run_dir = load_run(path)
-        print_run(run_dir, summary, list(percentiles), rate)
+        show_run(run_dir, summary, percentiles, rate, typer.echo, say)
         if run.fleet:
-            text, figures = fleet_outputs(run_dir.requests, run_dir.steps,
-                                          run_dir.info["scaling"], autoscale.enabled)
-            typer.echo(text)
-            save_figures(figures, run_dir.path / "plots")
+            show_fleet(run_dir, autoscale.enabled, typer.echo, say)
 
 
 # ---- rt report / compare / sweep (analysis) ----
@@ -340,7 +293,7 @@ def report(
         typer.echo(text)
         for path in written:
             say(f"wrote {path}")
-        save_figures(figures, files.plot_dir or home / "plots")
+        save_figures(figures, files.plot_dir or home / "plots", say)
 
 
 @command(app, "compare")
@@ -359,7 +312,7 @@ def compare(
         html, figures = compare_dirs(run_dirs, flags.options(), files, plots, typer.echo)
         if html is not None:
             say(f"wrote {html}")
-        save_figures(figures, files.plot_dir or default_dir("compare"))
+        save_figures(figures, files.plot_dir or default_dir("compare"), say)
 
 
 @command(app, "sweep")
@@ -396,7 +349,7 @@ def sweep(
             typer.echo(line)
         text, figures = write_sweep(records, plan.root, GRID_ENGINE_FLAGS, slos, plots)
     typer.echo(text)
-    save_figures(figures, plan.root)
+    save_figures(figures, plan.root, say)
 
 
 def point_runner(how: SweepFlags, options: ReportOptions, slos: dict[str, float] | None,
@@ -432,7 +385,7 @@ def plan(
     """The cheapest fleet that meets every SLO on a trace, with no failed request: searches
     GPU kinds x models x tensor parallelism x token budgets x max_num_seqs x routers,
     prunes what cannot work before simulating, and bisects each candidate's replica count."""
-    from analysis.plan import write_plan
+    from analysis.plan import report_plan
     from analysis.sweep import parse_slo
 
     with user_errors():
@@ -445,15 +398,10 @@ def plan(
         ranked, pruned = space.plan(trace, work.seed, functools.partial(
             runner.judge, trace=trace, seed=work.seed, root=root, slos=slos, records=records))
     note([f"pruned {p.candidate.name()}: {p.reason}" for p in pruned])
-    text, closest, figures = write_plan(records, slos, root)
-    typer.echo(text)
-    save_figures(figures, root)
-    say(f"{len(records)} shapes simulated, {len(pruned)} candidates pruned")
-    if not ranked:
+    closest = report_plan(records, slos, root, ranked, len(pruned), typer.echo, say)
+    if closest is not None:
         fail(f"no shape within --max-gpus {space.max_gpus} meets {space.slo} (closest: "
              f"{closest})")
-    (root / "fleet.toml").write_text(ranked[0].fleet_toml())
-    typer.echo(f"cheapest: {ranked[0].summary()} -> {root / 'fleet.toml'}")
 
 
 # ---- rt replay (backends) ----
@@ -528,19 +476,21 @@ def replay_on(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | N
 
 def run_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
                path: Path, percentiles: list[float], check_invariants: bool) -> None:
+    from analysis.console import show_run
+    from analysis.rundir import save_result
     from sim.cost.kv_cache_sizing import startup_lines
 
     cache, sched = setup.cache, setup.scheduler
     for line in startup_lines(cache.num_blocks, cache.block_size, sched.max_model_len):
-        typer.echo(line, err=True)
+        tell(line)
     note([f"model {setup.args.model_dir} ({setup.shape.model_type}) on {setup.args.device}, "
           f"{setup.dtype}, attention: {setup.attention}"])
     result = replay_on(trace, setup, tokenizer, check_invariants)
-    run = save_run(path, "replay", trace, result, setup.describe(),
-                   interrupted=result.interrupted, tokenizer=tokenizer is not None)
-    print_run(run, result, percentiles)
+    run = save_result(path, "replay", workloads.trace_info(trace), result, setup.describe(),
+                      interrupted=result.interrupted, tokenizer=tokenizer is not None)
+    show_run(run, result, percentiles, None, typer.echo, say)
     if result.interrupted:
-        typer.echo("rt: interrupted: records of the requests so far were written", err=True)
+        say("interrupted: records of the requests so far were written")
         raise typer.Exit(code=130)
 
 
@@ -551,6 +501,7 @@ def run_endpoint(trace: workloads.Trace, settings: dict[str, Any], path: Path,
         from backends.replay.endpoint_run import EndpointRun, connect
     except ImportError as err:
         fail(f"--endpoint needs {err.name}: pip install 'rt[serve]'")
+    from analysis.console import show_run
     from analysis.rundir import load_run, run_info, write_run
 
     config, info = connect(trace, settings)
@@ -560,9 +511,9 @@ def run_endpoint(trace: workloads.Trace, settings: dict[str, Any], path: Path,
     write_run(path, run.rows(), {}, run_info("endpoint", path.name, workloads.trace_info(trace),
                                              **run.run_json()))
     if run.answered:
-        print_run(load_run(path), None, percentiles)
+        show_run(load_run(path), None, percentiles, None, typer.echo, say)
     for line in run.messages(path):
-        typer.echo(f"rt: {line}", err=True)
+        say(line)
     if run.exit_code:
         raise typer.Exit(code=run.exit_code)
 
@@ -625,26 +576,6 @@ def calibrate_grid(setup: RealSetup, tokenizer: Tokenizer | None, cal: Calibrati
         return profile_from_grid(measured, steps, rt_version())
 
 
-def profile_from_steps(paths: list[Path], target: str, api_server: Any = None,
-                       drift: bool = False) -> Profile:
-    from analysis.rundir import rt_version
-    from sim.calibrate_run import steps_profile
-
-    with user_errors():
-        profile, notes = steps_profile(paths, target, rt_version(), api_server, drift)
-    note(notes)
-    return profile
-
-
-def write_profile(profile: Profile, path: Path) -> Path:
-    """Print the fit's quality and coefficients, write the profile."""
-    from sim.calibrate_run import fit_lines, save_profile
-
-    for line in fit_lines(profile):
-        typer.echo(line, err=True)
-    return save_profile(profile, path)
-
-
 @command(app, "calibrate")
 def calibrate(
     *,
@@ -661,7 +592,7 @@ def calibrate(
     non-negative least-squares fit of the six coefficients, its held-out error. Writes a
     profile for `rt simulate --profile`."""
     from analysis.rundir import request_columns, rt_version
-    from sim.calibrate_run import runs_profile
+    from sim.calibrate_run import runs_profile, save_profile, steps_profile
 
     with user_errors():
         mode = sources.mode(checkpoint.model is not None, cal.step_drift)
@@ -669,14 +600,15 @@ def calibrate(
             profile, lines = runs_profile(sources.from_run or [], request_columns, engine, seed,
                                           rt_version())
             for line in lines:
-                typer.echo(line, err=True)
+                tell(line)
         elif mode == "steps":
-            profile = profile_from_steps(sources.from_steps or [], sources.target,
-                                         drift=cal.step_drift)
+            profile, notes = steps_profile(sources.from_steps or [], sources.target,
+                                           rt_version(), drift=cal.step_drift)
+            note(notes)
         else:
             setup, tokenizer = real_engine(checkpoint.model, engine, real, seed)
             profile = calibrate_grid(setup, tokenizer, cal, sources.from_steps or [])
-        write_profile(profile, output)
+        save_profile(profile, output, tell)
     say(f"wrote {output}")
 
 
@@ -691,8 +623,7 @@ def fidelity(
     noise: Annotated[SimFlags, Flags(only=("step_noise", "gpu"), defaults={"step_noise": True})],
     cal: Annotated[CalibrationFlags, Flags()],
     how: Annotated[FidelityFlags, Flags()],
-    fleet: Annotated[FleetFlags, Flags(only=("replicas", "router", "router_arg",
-                                             "router_refresh_ms"))],
+    fleet: Annotated[FleetFlags, FLEET_UP_POLICY],
     result_dir: Annotated[Path | None, typer.Option(
         "--result-dir", help="Where real/, sim/, profile.json, fidelity.json and the plots "
         "go (default: results/fidelity-<time>).")] = None,
@@ -707,68 +638,74 @@ def fidelity(
     TRACE's; with --repeats N it replays N times and reports against their mean, with the
     real runs' own spread as the noise floor. With --endpoint, all of it against that
     server, fitted on its client-side timings (the engine flags: the server's)."""
-    from analysis.fidelity import replay_order
+    from analysis.fidelity import replay_order, report_fidelity_dirs
+    from sim.fidelity_run import predicted_steps
 
     with user_errors():
         how.check(cal.step_drift, noise.step_noise)
         trace = workload(work, trace_file)  # (a bad trace: one line, --endpoint or not)
     root = result_dir or default_dir("fidelity")
     order = replay_order(how.repeats, how.calibration_replays())
-    if client.endpoint is not None:
-        return _fidelity_endpoint(trace, checkpoint.model, engine, noise.step_noise, how,
-                                  cal.step_drift, order, client, work.seed, root, plots)
-    if how.fleet:  # rt serve --simulate replicas behind rt route, against sim.fleet
+    if how.fleet and client.endpoint is None:  # rt serve --simulate replicas behind rt route
         return _fidelity_fleet(trace, (engine, str(checkpoint.model or "llama-3.1-8b"),
                                        noise.gpu, how.profile, work.seed), fleet, root)
     with user_errors():
-        setup, tokenizer = real_engine(checkpoint.model, engine, real, work.seed)
-        workloads.check_max_model_len(trace, setup.scheduler.max_model_len)
-        root.mkdir(parents=True, exist_ok=True)
-        _fidelity_real(trace, setup, tokenizer, cal, how, order, noise.step_noise, root, plots)
+        if client.endpoint is not None:
+            dirs = _fidelity_endpoint(trace, checkpoint.model, engine, noise.step_noise, how,
+                                      cal.step_drift, order, client, work.seed, root)
+        else:
+            setup, tokenizer = real_engine(checkpoint.model, engine, real, work.seed)
+            workloads.check_max_model_len(trace, setup.scheduler.max_model_len)
+            root.mkdir(parents=True, exist_ok=True)
+            dirs = _fidelity_real(trace, setup, tokenizer, cal, how, order, noise.step_noise,
+                                  root)
+        if report_fidelity_dirs(*dirs[:2], functools.partial(predicted_steps, dirs[2]), root,
+                                plots, how.max_error, typer.echo, say):
+            raise typer.Exit(code=1)
 
 
 def _fidelity_real(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
                    cal: CalibrationFlags, how: FidelityFlags, order: list[tuple[str, int]],
-                   step_noise: bool, root: Path, plots: bool) -> None:
+                   step_noise: bool, root: Path) -> tuple[list[Path], list[Path], Path]:
     """`rt fidelity` on the real engine: `sim.fidelity_run.RealFidelity` with the engine's
-    replay, grid calibration and the run directories wired in, then the report."""
+    replay, grid calibration and the run directories wired in; the real and twin run
+    directories and the profile."""
+    from analysis.rundir import rt_version, save_result
+    from sim.calibrate_run import save_profile, steps_profile
     from sim.fidelity_run import FidelityRuns, RealFidelity
 
     runs = FidelityRuns(trace, root, setup.args.seed, setup.describe(), functools.partial(
-        replay_on, setup=setup, tokenizer=tokenizer, stop_if_interrupted=True), save_run, say)
+        replay_on, setup=setup, tokenizer=tokenizer, stop_if_interrupted=True), save_result,
+        say)
     twin = RealFidelity(runs, setup.scheduler, setup.cache, str(setup.args.model_dir),
                         functools.partial(calibrate_grid, setup, tokenizer, cal, []),
-                        lambda paths, api, drift: profile_from_steps(paths, "wall", api, drift),
-                        write_profile)
+                        lambda paths, api, drift: steps_profile(paths, "wall", rt_version(), api,
+                                                                drift),
+                        functools.partial(save_profile, log=tell))
     reals, sims, profile, notes = twin.run(how, order, cal.step_drift, step_noise,
                                            tokenizer=tokenizer is not None)
     note(notes)
-    _fidelity_report(reals, sims, profile, root, plots, how.max_error)
+    return reals, sims, profile
 
 
 def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: EngineFlags,
                        step_noise: bool, how: FidelityFlags, step_drift: bool,
                        order: list[tuple[str, int]], client: EndpointFlags, seed: int,
-                       root: Path, plots: bool) -> None:
+                       root: Path) -> tuple[list[Path], list[Path], Path]:
     """`rt fidelity --endpoint`: `sim.endpoint_fidelity` with the endpoint replay (as `rt
-    replay --endpoint`) and the run directories wired in, then the report."""
-    import secrets
-
-    from sim.endpoint_fidelity import EndpointFidelityPlan as Plan
-    from sim.endpoint_fidelity import check_endpoint_flags, endpoint_fidelity
+    replay --endpoint`) and the run directories wired in; as `_fidelity_real`."""
+    from analysis.rundir import save_result
+    from sim.endpoint_fidelity import EndpointFidelityPlan, endpoint_fidelity
 
     settings = client.config_args(None, seed)
-    with user_errors():
-        check_endpoint_flags(how.calibrate_on, step_drift)
-        plan = Plan(tuple(order), seed, str(model or "llama-3.1-8b"), secrets.randbits(31),
-                    how.profile, how.fit_on_replay, step_noise,
-                    how.sim_runs)  # fresh prompts: the server's cache outlives us
-        out = endpoint_fidelity(trace, engine, plan, root, lambda t, path, s: run_endpoint(
-            t, {**settings, "seed": s}, path, []), lambda path, twin, setup, sources: save_run(
-            path, "simulate", trace, twin.result, setup.describe(),
-            step_noise_seed=twin.noise_seed, server_config_from=sources))
-        note(out.lines)
-        _fidelity_report(out.reals, out.sims, out.profile, root, plots, how.max_error)
+    plan = EndpointFidelityPlan.of(how, order, seed, str(model) if model else None,
+                                   step_noise, step_drift)
+    out = endpoint_fidelity(trace, engine, plan, root, lambda t, path, s: run_endpoint(
+        t, {**settings, "seed": s}, path, []), lambda path, twin, setup, sources: save_result(
+        path, "simulate", workloads.trace_info(trace), twin.result, setup.describe(),
+        step_noise_seed=twin.noise_seed, server_config_from=sources))
+    note(out.lines)
+    return out.reals, out.sims, out.profile
 
 
 def _fidelity_fleet(trace: workloads.Trace, args: tuple[Any, ...], fleet: FleetFlags,
@@ -787,49 +724,27 @@ def _fidelity_fleet(trace: workloads.Trace, args: tuple[Any, ...], fleet: FleetF
                    write_fleet_fidelity, update))
 
 
-def _fidelity_report(real_dirs: list[Path], sim_dirs: list[Path], profile_path: Path,
-                     root: Path, plots: bool, max_error: float | None) -> None:
-    """Write and print the report (`analysis.fidelity`), the plots; exit 1 past --max-error."""
-    from analysis.fidelity import write_fidelity_dirs
-    from sim.fidelity_run import predicted_steps
-
-    text, violations, figures = write_fidelity_dirs(
-        real_dirs, sim_dirs, functools.partial(predicted_steps, profile_path), root, plots,
-        max_error)
-    typer.echo(text)
-    save_figures(figures, root / "plots")
-    say(f"wrote {root}/fidelity.json")
-    for line in violations:
-        say(f"fidelity: {line}")
-    if violations:
-        raise typer.Exit(code=1)
-
-
 # ---- rt bench ... ----
 
 
 @command(bench_app, "scheduler")
 def bench_scheduler(flags: Annotated[SchedulerBenchFlags, Flags(inline=True)],
-                    out: _Out = None) -> None:
+                    out: _Out) -> None:
     """Microseconds per step of schedule() + update_from_output(): 64/256/1024 running
     decodes with prefix caching, and a mixed chunked-prefill workload."""
-    from sim.benchmarks import bench_scheduler as run
-
-    write_json(run(seed=flags.seed, quick=flags.quick), out)
+    typer.echo(out.write(flags.report()))
 
 
 @command(bench_app, "sim")
 def bench_sim(
     sim: Annotated[SimFlags, Flags(only=("model", "gpu"))],
     flags: Annotated[SimBenchFlags, Flags(inline=True)],
-    out: _Out = None,
+    out: _Out,
 ) -> None:
     """Simulated requests per wall-clock second, fast-forwarding vs stepping one by one."""
-    from sim.benchmarks import bench_sim as run
-
     with user_errors():
-        report = run(flags.traces(), sim.model, sim.gpu, flags.baseline)
-    write_json(report, out)
+        report = flags.report(sim.model, sim.gpu)
+    typer.echo(out.write(report))
 
 
 @command(bench_app, "serve")
@@ -842,7 +757,7 @@ def bench_serve(
                                          defaults={"max_model_len": 4096})],
     load: Annotated[ServeLoadFlags, Flags(inline=True)],
     bench: Annotated[ServeBenchFlags, Flags()],
-    out: _Out = None,
+    out: _Out,
 ) -> None:
     """Load-test `rt serve --simulate` on a free loopback port (bounded; the server is always
     stopped): replay random requests through the chosen client, simulate the same arrivals
@@ -857,7 +772,7 @@ def bench_serve(
                                  engine.max_model_len, engine.max_num_seqs)
         report = run_serve_bench(work, server, load, bench,
                                  functools.partial(serve_twin, sim, engine, work.seed))
-    write_json(report, out)
+    typer.echo(out.write(report))
     if failed(report):
         raise typer.Exit(code=1)
 
@@ -866,23 +781,19 @@ def bench_serve(
 def bench_fleet(
     sim: Annotated[SimFlags, Flags(only=("model", "gpu"))],
     flags: Annotated[FleetBenchFlags, Flags(inline=True)],
-    out: _Out = None,
+    out: _Out,
 ) -> None:
     """Simulated requests per second of the fleet simulator: N replicas on the trace replayed
     N times faster (each replica carries one engine's load) against one engine on the trace
     as recorded, in the same run; and the cost per request of the smallest and largest
     --scaling fleets. Rates per wall and per CPU second."""
-    from sim.bench_fleet import bench_fleet as run
-
     with user_errors():
-        trace, name = flags.load()
-        report = run(trace, name, sim.model, sim.gpu, flags.replicas, flags.sizes(),
-                     flags.router, tuple(flags.router_arg or ()), baseline=flags.baseline)
-    write_json(report, out)
+        report = flags.report(sim.model, sim.gpu)
+    typer.echo(out.write(report))
 
 
 @command(bench_app, "gpu")
-def bench_gpu(flags: Annotated[GpuBenchFlags, Flags()], out: _Out = None) -> None:
+def bench_gpu(flags: Annotated[GpuBenchFlags, Flags()], out: _Out) -> None:
     """Kernel correctness in bf16, decode attention bandwidth and prefill TFLOP/s against a
     copy and a matmul measured in the same run, and engine tokens/s against transformers
     (a CUDA device; under 10 minutes)."""
@@ -891,8 +802,8 @@ def bench_gpu(flags: Annotated[GpuBenchFlags, Flags()], out: _Out = None) -> Non
     except ImportError as err:
         fail(f"rt bench gpu needs the real extra (torch, triton): {err}")
     with user_errors(GpuUnavailable):
-        report = gpu_bench(flags, out, say)
-    write_json(report, None)
+        report = gpu_bench(flags, out.out, say)
+    typer.echo(json.dumps(report, indent=2))
 
 
 # ---- rt route, rt fleet up (backends.route) ----
@@ -972,7 +883,7 @@ def bench_route(
     sim: Annotated[SimFlags, Flags(only=("model", "gpu", "profile"))],
     flags: Annotated[RouteBenchFlags, Flags(inline=True)],
     seed: _Seed = 0,
-    out: _Out = None,
+    out: _Out,
 ) -> None:
     """The router's overhead: one `rt serve --simulate` backend, `rt route` in front of it,
     the same streaming requests straight to the backend and through the router in the same
@@ -984,8 +895,8 @@ def bench_route(
                                 policy.router_arg or [], policy.router_refresh_ms, flags)
     with user_errors(RuntimeError):
         report = run_route_bench(config, (free_port(), free_port()))
-    write_json({"command": "rt bench route", "router": policy.router, "model": sim.model,
-                "gpu": sim.gpu, **report}, out)
+    typer.echo(out.write({"command": "rt bench route", "router": policy.router,
+                          "model": sim.model, "gpu": sim.gpu, **report}))
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pandas as pd
@@ -125,3 +125,15 @@ def run_blocks(requests: pd.DataFrame, steps: pd.DataFrame, percentiles: Sequenc
         hits = result.prefix_cache_hits / max(result.prefix_cache_queries, 1)
         blocks.append(rt_block(requests, steps, hits))
     return "\n".join(blocks)
+
+
+def show_run(run: Any, result: Any, percentiles: Sequence[float], request_rate: float | None,
+             echo: Callable[[str], None], log: Callable[[str], None]) -> None:
+    """A written run (`analysis.rundir.Run`) on the console: `run_blocks` to `echo` (when it
+    has requests), then, given the driver's `result` (a `RunResult` or its summary: steps
+    and wall seconds), where it was written to `log`."""
+    if len(run.requests):
+        echo(run_blocks(run.requests, run.steps, percentiles, request_rate, result))
+    if result is not None:
+        log(f"wrote {run.path} ({len(run.requests)} requests, {result.num_steps} steps, "
+            f"{result.wall_s:.2f} s wall)")

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.metrics import per_request_latencies
+from analysis.output import save_figures
 from analysis.report import ReportOptions, load_checked, result_dict
 from analysis.rundir import Run
 
@@ -258,12 +259,21 @@ def write_fidelity(reals: Sequence[Run], sims: Sequence[Run], predicted_s: Seque
     return render(report), violations, figures
 
 
-def write_fidelity_dirs(real_dirs: Sequence[Path], sim_dirs: Sequence[Path],
-                        predict: Callable[[pd.DataFrame], Sequence[float]], root: Path,
-                        plots: bool, max_error: float | None
-                        ) -> tuple[str, list[str], dict[str, Any]]:
-    """`write_fidelity` on run directories (checked as `rt report` does); `predict(steps)`:
-    the profile's seconds of each step of the first real run."""
+def report_fidelity_dirs(real_dirs: Sequence[Path], sim_dirs: Sequence[Path],
+                         predict: Callable[[pd.DataFrame], Sequence[float]], root: Path,
+                         plots: bool, max_error: float | None, echo: Callable[[str], None],
+                         log: Callable[[str], None]) -> bool:
+    """`write_fidelity` on run directories (checked as `rt report` does), its table to `echo`,
+    its figures to root/plots, then what was written and each --max-error violation to
+    `log`; True when there was one. `predict(steps)`: the profile's seconds of each step of
+    the first real run."""
     reals = [load_checked(path) for path in real_dirs]
-    return write_fidelity(reals, [load_checked(path) for path in sim_dirs],
-                          predict(reals[0].steps), root, plots, max_error)
+    text, violations, figures = write_fidelity(
+        reals, [load_checked(path) for path in sim_dirs], predict(reals[0].steps), root, plots,
+        max_error)
+    echo(text)
+    save_figures(figures, root / "plots", log)
+    log(f"wrote {root}/fidelity.json")
+    for line in violations:
+        log(f"fidelity: {line}")
+    return bool(violations)

@@ -7,7 +7,7 @@ own keys (`shape`, `gpu`, `model`, `tp`, `replicas`, `gpus`, `cost_per_hour`, `m
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import pandas as pd
 
 from analysis.attribution import attribution_summary
 from analysis.metrics import PARTS
+from analysis.output import save_figures
 
 EXECUTION = ("prefill_ms", "decode_ms")
 
@@ -92,3 +93,21 @@ def write_plan(records: Sequence[dict[str, Any]], slos: dict[str, float], root: 
     table.to_csv(root / "plan.csv", index=False)
     closest = str(table.iloc[0]["shape"]) if len(table) else "none simulated"
     return render_plan(table), closest, {"pareto": pareto_figure(records)}
+
+
+def report_plan(records: Sequence[dict[str, Any]], slos: dict[str, float], root: Path,
+                ranked: Sequence[Any], pruned: int, echo: Callable[[str], None],
+                log: Callable[[str], None]) -> str | None:
+    """`write_plan`'s table to `echo`, its figure under `root`, the counts (shapes simulated,
+    `pruned` candidates) to `log`; then the cheapest of the `ranked` shapes (`sim.plan`'s,
+    cheapest first: `fleet_toml()`, `summary()`) as root/fleet.toml. Returns None, or with
+    no shape ranked the closest one."""
+    text, closest, figures = write_plan(records, slos, root)
+    echo(text)
+    save_figures(figures, root, log)
+    log(f"{len(records)} shapes simulated, {pruned} candidates pruned")
+    if not ranked:
+        return closest
+    (root / "fleet.toml").write_text(ranked[0].fleet_toml())
+    echo(f"cheapest: {ranked[0].summary()} -> {root / 'fleet.toml'}")
+    return None

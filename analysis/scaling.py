@@ -5,10 +5,13 @@ written by `rt simulate` for every fleet run: a fixed fleet has one entry per po
                      cost; the fleet's GPU-hours and cost
     replica_figure   replicas serving and provisioned per pool over time (steps), under the
                      request arrival rate
+    show_fleet       what `rt simulate` shows of a fleet run: the routing and scaling
+                     blocks, the replica figure when autoscaled
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -16,6 +19,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis.fleet import fleet_block
+from analysis.output import save_figures
+from analysis.rundir import Run
 
 
 def scaling_block(scaling: dict[str, Any]) -> str:
@@ -66,8 +71,12 @@ def replica_figure(scaling: dict[str, Any], requests: pd.DataFrame,
     return fig
 
 
-def fleet_outputs(requests: pd.DataFrame, steps: pd.DataFrame, scaling: dict[str, Any],
-                  autoscaled: bool) -> tuple[str, dict[str, Figure]]:
-    """A fleet run's blocks (routing, scaling) and, when autoscaled, the replica figure."""
-    text = f"{fleet_block(requests, steps)}\n{scaling_block(scaling)}"
-    return text, {"replicas": replica_figure(scaling, requests)} if autoscaled else {}
+def show_fleet(run: Run, autoscaled: bool, echo: Callable[[str], None],
+               log: Callable[[str], None]) -> None:
+    """A fleet run's blocks (routing, scaling) to `echo`; when autoscaled, the replica
+    figure into the run's plots/ (`log` says so)."""
+    scaling = run.info["scaling"]
+    echo(f"{fleet_block(run.requests, run.steps)}\n{scaling_block(scaling)}")
+    if autoscaled:
+        save_figures({"replicas": replica_figure(scaling, run.requests)}, run.path / "plots",
+                     log)

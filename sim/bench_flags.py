@@ -18,6 +18,12 @@ class SchedulerBenchFlags:
     seed: int = flag(0, "--seed", "Seed of the synthetic prompts.")
     quick: bool = flag(False, "--quick/--no-quick", "Fewer steps (a smoke run).")
 
+    def report(self) -> dict[str, object]:
+        """`sim.benchmarks.bench_scheduler`'s report under these flags."""
+        from sim.benchmarks import bench_scheduler
+
+        return bench_scheduler(seed=self.seed, quick=self.quick)
+
 
 @dataclass(frozen=True, slots=True)
 class SimBenchFlags:
@@ -30,6 +36,12 @@ class SimBenchFlags:
         """The traces by name: each --trace file, or the embedded excerpt."""
         loaded = {str(path): workloads.load_trace(path).trace for path in self.trace or []}
         return loaded or {DEFAULT_TRACE_NAME: workloads.default_trace()}
+
+    def report(self, model: str, gpu: str) -> dict[str, object]:
+        """`sim.benchmarks.bench_sim`'s report on these traces, `model` on `gpu`."""
+        from sim.benchmarks import bench_sim
+
+        return bench_sim(self.traces(), model, gpu, self.baseline)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,3 +75,11 @@ class FleetBenchFlags:
         if self.first_n is not None:
             trace, name = workloads.first_n(trace, self.first_n), f"{name}, first {self.first_n}"
         return trace, name
+
+    def report(self, model: str, gpu: str) -> dict[str, object]:
+        """`sim.bench_fleet.bench_fleet`'s report under these flags, `model` on `gpu`."""
+        from sim.bench_fleet import bench_fleet
+
+        trace, name = self.load()
+        return bench_fleet(trace, name, model, gpu, self.replicas, self.sizes(), self.router,
+                           tuple(self.router_arg or ()), baseline=self.baseline)

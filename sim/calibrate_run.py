@@ -75,7 +75,13 @@ def fit_lines(profile: Profile) -> list[str]:
     return lines
 
 
-def save_profile(profile: Profile, path: Path) -> Path:
+def save_profile(profile: Profile, path: Path, log: Callable[[str], None] | None = None
+                 ) -> Path:
+    """Write the profile to `path` (its directory made), after each of its `fit_lines` to
+    `log`; returns `path`."""
+    if log is not None:
+        for line in fit_lines(profile):
+            log(line)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_profile(profile, path)
     return path

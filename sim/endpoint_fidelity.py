@@ -38,7 +38,7 @@ from sim.client_calibrate import profile_from_client_runs
 from sim.client_steps import REQUIRED_COLUMNS, ClientRun, client_run
 from sim.endpoint_config import ExportedConfig, endpoint_configs
 from sim.engine_args import SimSetup
-from sim.fidelity import TwinRun, twin_simulations
+from sim.fidelity import FidelityFlags, TwinRun, twin_simulations
 from sim.profile import write_profile
 from workloads import Trace, resample_like
 
@@ -85,6 +85,18 @@ class EndpointFidelityPlan:
             raise ValueError("rt fidelity --endpoint: no profile and no calibration replay")
         if self.sim_runs < 1:
             raise ValueError(f"--sim-runs must be >= 1, got {self.sim_runs}")
+
+    @classmethod
+    def of(cls, how: FidelityFlags, order: Sequence[tuple[str, int]], seed: int,
+           model: str | None, step_noise: bool, step_drift: bool) -> EndpointFidelityPlan:
+        """`rt fidelity --endpoint`'s plan from its flags (ValueError on what an endpoint
+        cannot honour: `check_endpoint_flags`), with a fresh token seed: the server's prefix
+        cache outlives this invocation."""
+        import secrets
+
+        check_endpoint_flags(how.calibrate_on, step_drift)
+        return cls(tuple(order), seed, model or "llama-3.1-8b", secrets.randbits(31),
+                   how.profile, how.fit_on_replay, step_noise, how.sim_runs)
 
 
 @dataclass(frozen=True, slots=True)

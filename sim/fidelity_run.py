@@ -4,7 +4,8 @@ configs, each written as a run directory under one root.
 
 The real replay (backends/, which sim/ does not import) and the writing of a run directory
 (analysis/) are the caller's, injected: `replay(trace) -> RunResult` (it raises to stop, e.g.
-on Ctrl-C) and `save(path, kind, trace, result, describe, **extra)`."""
+on Ctrl-C) and `save(path, kind, trace_info, result, describe, **extra)` (the signature of
+`analysis.rundir.save_result`; `trace_info`: `workloads.trace_info` of the run's trace)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from runtime.records import RunResult
 from sim.calibrate import predict_step_rows, replay_api_cost
 from sim.fidelity import FidelityFlags, twin_simulations
 from sim.profile import Profile, load_profile
-from workloads import Trace, resample_like
+from workloads import Trace, resample_like, trace_info
 
 Replay = Callable[[Trace], RunResult]
 Save = Callable[..., Any]
@@ -49,7 +50,7 @@ class FidelityRuns:
             path = self.root / (kind + (f"-{i + 1}" if i else ""))
             source = self.trace if kind == "real" else resample_like(self.trace, self.seed + i + 1)
             result = self.replay(source)
-            self.save(path, "replay", source, result, self.describe, **extra)
+            self.save(path, "replay", trace_info(source), result, self.describe, **extra)
             self.log(f"replayed {len(source)} requests, {result.num_steps} steps, "
                      f"{result.wall_s:.2f} s wall -> {path}")
             dirs[kind].append(path)
@@ -62,7 +63,7 @@ class FidelityRuns:
         sim, twins, notes = twin_simulations(self.trace, scheduler, cache, model, profile,
                                              self.seed, step_noise, runs)
         for twin in twins:
-            self.save(self.root / twin.name, "simulate", self.trace, twin.result,
+            self.save(self.root / twin.name, "simulate", trace_info(self.trace), twin.result,
                       sim.describe(), step_noise_seed=twin.noise_seed)
         return [self.root / twin.name for twin in twins], notes
 
@@ -76,15 +77,16 @@ def predicted_steps(profile: Path, steps: Mapping[str, Sequence[Any]]) -> np.nda
 class RealFidelity:
     """`rt fidelity` on the real engine: its `runs` (replays and twins), the engine's configs
     and model, and the profile's injected sources: `grid()` (the calibration grid measured on
-    the engine and fitted), `fit(paths, api_server, drift)` (a fit on replay steps) and
-    `write(profile, path)` (printed and written)."""
+    the engine and fitted), `fit(paths, api_server, drift)` (a fit on replay steps, and its
+    notes: `sim.calibrate_run.steps_profile`) and `write(profile, path)` (printed and
+    written)."""
 
     runs: FidelityRuns
     scheduler: SchedulerConfig
     cache: CacheConfig
     model: str
     grid: Callable[[], Profile]
-    fit: Callable[[list[Path], Any, bool], Profile]
+    fit: Callable[[list[Path], Any, bool], tuple[Profile, list[str]]]
     write: Callable[[Profile, Path], Path]
 
     def run(self, how: FidelityFlags, order: Sequence[tuple[str, int]], step_drift: bool,
@@ -96,9 +98,11 @@ class RealFidelity:
         if profile is None and how.calibrate_on == "grid" and not how.fit_on_replay:
             profile = self.write(self.grid(), path)
         reals, calibrations = self.runs.replays(order, **extra)
+        fit_notes: list[str] = []
         if replays := calibrations or (reals if how.fit_on_replay else []):
-            profile = self.write(self.fit(replays, replay_api_cost(replays), step_drift), path)
+            fitted, fit_notes = self.fit(replays, replay_api_cost(replays), step_drift)
+            profile = self.write(fitted, path)
         assert profile is not None  # the grid's, the replays' or --profile
         sims, notes = self.runs.twins(self.scheduler, self.cache, self.model, profile,
                                       step_noise, how.sim_runs)
-        return reals, sims, profile, notes
+        return reals, sims, profile, fit_notes + notes

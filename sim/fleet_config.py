@@ -184,7 +184,7 @@ def build_fleet(spec: FleetSpec, seed: int = 0, check_invariants: bool = False,
 
 FLEET_PANEL = "Fleet (replicas behind a router)"
 # The router policy as the live router offers it (`rt route`, `rt bench route`), and with the
-# replica count (`rt fleet up`).
+# replica count (`rt fleet up`, and `rt fidelity --fleet`'s fleet).
 ROUTER_POLICY = FlagGroup(only=("router", "router_arg", "router_refresh_ms"))
 FLEET_UP_POLICY = FlagGroup(only=("replicas", "router", "router_arg", "router_refresh_ms"))
 

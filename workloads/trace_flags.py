@@ -3,6 +3,7 @@ format a trace is written in."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,17 @@ class InspectFlags:
             return stats, kind, ()
         loaded = load_workload(workload, path)
         return trace_stats(loaded.trace, self.block_size), loaded.format, loaded.notes
+
+    def report(self, workload: WorkloadFlags, path: Path) -> tuple[str, tuple[str, ...]]:
+        """What `rt trace inspect` prints (the statistics as JSON with --json, else the
+        table `workloads.report.render_stats`) and the loader's notes."""
+        from workloads.report import render_stats
+
+        stats, kind, notes = self.stats(workload, path)
+        if self.json:
+            data = {"file": str(path), "format": kind, **stats.to_dict()}
+            return json.dumps(data, indent=2), notes
+        return "\n".join(render_stats(stats, f"{path} ({kind})")), notes
 
 
 @dataclass(frozen=True, slots=True)
