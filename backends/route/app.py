@@ -1,4 +1,4 @@
-"""`rt route`: an OpenAI-compatible router over OpenAI servers (FastAPI + httpx).
+"""`rt route`: an OpenAI-compatible router over OpenAI servers.
 
     POST /v1/completions, /v1/chat/completions   forwarded byte for byte (body, status,
                                                   content type; SSE chunk by chunk) to the
@@ -15,10 +15,12 @@ the index of the backend that answered (its position among `--backend`, 0-based:
 A request's life (the two POST routes bypass FastAPI: `backends.route.relay`): the body is
 parsed for the prompt (`backends.route.prompt`); the shared policy (`runtime.router`)
 chooses among the backends up, from their last scraped metrics and its own state
-(`on_routed`); the request is sent. /metrics of each backend is scraped every refresh when
-the policy reads a gauge, else every health check (it is then only a liveness check). If
-the connection is refused, nothing reached the backend: it counts a failure and the request
-is routed again among the others.
+(`on_routed`); the request is sent, its body as received (never re-serialized), on a
+keep-alive connection of the backend's own pool (`backends.route.upstream`; httpx serves
+only the scrapes, health checks and /v1/models). /metrics of each backend is scraped every
+refresh when the policy reads a gauge, else every health check (it is then only a liveness
+check). If the connection is refused, nothing reached the backend: it counts a failure and
+the request is routed again among the others.
 The first SSE event with output (chat: the second, after the role) calls `on_prefill_done`;
 the end of the response, or its failure, `on_finished`. A response cut by its backend (the
 process died, the stream broke, or the backend was taken out while silent) ends with an
@@ -37,9 +39,10 @@ import itertools
 import json
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import certifi
 import httpx
@@ -52,15 +55,27 @@ from backends.route.flags import REPLICA_HEADER
 from backends.route.metrics import RouterMetrics
 from backends.route.prompt import routing_request
 from backends.route.relay import FastPath
+from backends.route.upstream import (
+    ConnectFailed,
+    Exchange,
+    UpstreamConfig,
+    UpstreamFailed,
+    UpstreamPool,
+    request_head,
+)
 from backends.serve.openai_protocol import ApiError
 from runtime.router import RoutingRequest, make_policy
 
-# hop-by-hop and framing headers: never forwarded either way
-_SKIP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive",
-         "upgrade", "te", "trailer", "proxy-connection", "date", "server"}
+# hop-by-hop and framing headers: never forwarded either way (and `expect`: the router has
+# the whole body before it sends)
+_SKIP = frozenset({b"host", b"content-length", b"transfer-encoding", b"connection",
+                   b"keep-alive", b"upgrade", b"te", b"trailer", b"proxy-connection", b"date",
+                   b"server", b"expect"})
 _REPLICA = REPLICA_HEADER.encode()
+_SESSION = b"x-session-id"
 _SCRAPE_TIMEOUT_S = 5.0  # a backend saturated by load answers /metrics late, not never
-_CLIENT_SHARDS = 16  # HTTP clients the requests are spread over (see Router.start)
+_CONNECT_TIMEOUT_S = 5.0
+_MAX_IDLE = 128  # idle keep-alive connections kept per backend
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +102,6 @@ class RouterConfig:
     backend_timeout_s: float = 300.0
 
 
-class _BackendDown(Exception):
-    """The backend was taken out while the request waited for its headers."""
-
-
 class Router:
     """The handlers' shared state: policy, backends, HTTP client, metrics."""
 
@@ -104,24 +115,22 @@ class Router:
         self.scrape_period_s = config.refresh_s if self.reads_metrics else config.health_check_s
         self.metrics = RouterMetrics(config.policy, self.backends, self.scrape_period_s)
         self.client: httpx.AsyncClient | None = None  # scrapes, health, /v1/models
-        self._shards: list[httpx.AsyncClient] = []  # requests, round-robin over them
+        # the requests' connections, per backend (index = replica id), and the path each
+        # backend's URL puts before /v1/...
+        https = any(url.startswith("https:") for url in config.backends)
+        # the default trust store (certifi), loaded once (0.17 s) for all the backends
+        tls = ssl.create_default_context(cafile=certifi.where()) if https else None
+        self.pools = [UpstreamPool(_upstream(url, tls, config.backend_timeout_s))
+                      for url in config.backends]
+        self._prefixes = [urlsplit(url).path.encode() for url in config.backends]
         self._ids = itertools.count()
-        self._shard = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
 
     # ---- lifecycle and backend state -------------------------------------------------------
 
     async def start(self) -> None:
-        timeout = httpx.Timeout(self.config.backend_timeout_s, connect=5.0)
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-        # httpx's default trust store (certifi), loaded once (0.17 s) for all the clients
-        tls = ssl.create_default_context(cafile=certifi.where())
-        self.client = httpx.AsyncClient(timeout=timeout, limits=limits, verify=tls)
-        # httpcore's pool does O(connections^2) work each time a request starts or ends
-        # (1.2 M is_idle() calls for 500 requests over 50 connections in a profile): the
-        # requests go through _CLIENT_SHARDS clients, so that each pool stays small
-        self._shards = [httpx.AsyncClient(timeout=timeout, limits=limits, verify=tls)
-                        for _ in range(_CLIENT_SHARDS)]
+        timeout = httpx.Timeout(self.config.backend_timeout_s, connect=_CONNECT_TIMEOUT_S)
+        self.client = httpx.AsyncClient(timeout=timeout)
         await asyncio.gather(*(self._scrape(b) for b in self.backends))
         self._tasks = [asyncio.create_task(self._watch(b)) for b in self.backends]
 
@@ -131,8 +140,10 @@ class Router:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for client in [*self._shards, *([self.client] if self.client else [])]:
-            await client.aclose()
+        for pool in self.pools:
+            pool.close()
+        if self.client is not None:
+            await self.client.aclose()
 
     async def _watch(self, backend: Backend) -> None:
         """Scrape the backend every refresh while up (every health check if the policy
@@ -194,12 +205,12 @@ class Router:
         self.policy.on_finished(request_id)
         backend.in_flight -= 1
 
-    async def dispatch(self, body: bytes, headers: Mapping[str, str], path: str, chat: bool,
-                       arrival: float) -> tuple[Backend, httpx.Response, str]:
-        """Route the request (body bytes, lower-case headers) and send it: its backend, the
-        backend's response (headers read, body not) and its router id. ApiError (400 bad
-        body, 503 nothing up, 502 the backend failed) otherwise; a refused connection is
-        routed again among the backends not yet tried."""
+    async def dispatch(self, body: bytes, headers: list[tuple[bytes, bytes]], path: str,
+                       chat: bool, arrival: float) -> tuple[Backend, Exchange, str]:
+        """Route the request (body bytes, ASGI headers: lower-case names) and send it: its
+        backend, the exchange with the backend's response head read, and its router id.
+        ApiError (400 bad body, 503 nothing up, 502 the backend failed) otherwise; a refused
+        connection is routed again among the backends not yet tried."""
         try:
             payload = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -207,8 +218,9 @@ class Router:
         if not isinstance(payload, dict):
             raise ApiError(400, "the body must be a JSON object")
         request_id = f"route-{next(self._ids)}"
-        routing = routing_request(payload, chat, headers, request_id, arrival)
-        forward = {k: v for k, v in headers.items() if k not in _SKIP}
+        session = [v.decode("latin-1") for k, v in headers if k == _SESSION][:1]
+        routing = routing_request(payload, chat, {"x-session-id": session[0]} if session
+                                  else {}, request_id, arrival)
         tried: set[int] = set()
         while True:
             backend = await self.choose(routing, tried)
@@ -218,50 +230,47 @@ class Router:
             self.metrics.routing_latency.observe(time.monotonic() - arrival)
             self.metrics.dispatched(backend.replica_id)
             try:
-                return backend, await self._send(backend, path, body, forward), request_id
-            except (httpx.ConnectError, httpx.ConnectTimeout):  # nothing reached it
+                return backend, await self._send(backend, path, body, headers), request_id
+            except ConnectFailed:  # nothing reached it
                 self.finish(backend, request_id)
                 self.metrics.errors.labels(backend.url, "connect").inc()
                 backend.failed(self.config.max_failures)
                 self.metrics.retries.inc()
                 tried.add(backend.replica_id)
-            except (httpx.HTTPError, _BackendDown) as err:
+            except UpstreamFailed as err:
                 self.finish(backend, request_id)
                 self.metrics.errors.labels(backend.url, "stream").inc()
-                raise ApiError(502, f"backend {backend.url} failed: "
-                               f"{err or type(err).__name__}") from None
+                raise ApiError(502, f"backend {backend.url} failed: {err}") from None
 
     async def _send(self, backend: Backend, path: str, body: bytes,
-                    headers: dict[str, str]) -> httpx.Response:
-        """The backend's response, headers read, body not; `_BackendDown` if it is taken
-        out first."""
-        client = self._shards[next(self._shard) % len(self._shards)]
-        outgoing = client.build_request("POST", backend.url + path, content=body,
-                                        headers=headers)
-        send = asyncio.ensure_future(client.send(outgoing, stream=True))
-        backend.sending.add(send)
+                    headers: list[tuple[bytes, bytes]]) -> Exchange:
+        """The exchange with the backend's response head read (registered in
+        `backend.streams` until the relay is done with it, so that taking the backend out
+        fails it)."""
+        pool = self.pools[backend.replica_id]
+        head = request_head(b"POST", self._prefixes[backend.replica_id] + path.encode(),
+                            pool.host_header, len(body), headers, _SKIP)
+        exchange = pool.exchange()
+        backend.streams.add(exchange)
         try:
-            return await send
-        except asyncio.CancelledError:
-            if not backend.up and send.cancelled():  # taken down, not this task cancelled
-                current = asyncio.current_task()
-                if current is None or not current.cancelling():
-                    raise _BackendDown(f"{backend.url} was taken out") from None
+            await exchange.start(head, body)
+        except BaseException:
+            backend.streams.discard(exchange)
+            exchange.close()
             raise
-        finally:
-            backend.sending.discard(send)
+        return exchange
 
-    def answered(self, backend: Backend, upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
+    def answered(self, backend: Backend, upstream: Exchange) -> list[tuple[bytes, bytes]]:
         """Count the backend's status (an engine error, a 5xx other than load shedding's
         503, is a failure) and return the response headers to forward: the backend's but
         hop-by-hop and framing ones, plus `x-rt-replica`."""
-        status = upstream.status_code
+        status = upstream.status
         if status >= 500 and status != 503:
             self.metrics.errors.labels(backend.url, "status").inc()
             backend.failed(self.config.max_failures)
         else:
             backend.succeeded()
-        headers = [(k, v) for k, v in upstream.headers.raw if k.lower().decode() not in _SKIP]
+        headers = [(k, v) for k, v in upstream.headers if k not in _SKIP]
         headers.append((_REPLICA, str(backend.replica_id).encode()))
         return headers
 
@@ -278,6 +287,14 @@ class Router:
             return Response(response.content, status_code=response.status_code,
                             media_type=response.headers.get("content-type"))
         raise ApiError(503, "no backend is up; retry later")
+
+
+def _upstream(url: str, tls: ssl.SSLContext | None, timeout_s: float) -> UpstreamConfig:
+    """The pool settings for a backend's base URL (http or https)."""
+    parts = urlsplit(url)
+    https = parts.scheme == "https"
+    return UpstreamConfig(parts.hostname or "127.0.0.1", parts.port or (443 if https else 80),
+                          tls if https else None, _MAX_IDLE, _CONNECT_TIMEOUT_S, timeout_s)
 
 
 def build_app(config: RouterConfig) -> FastPath:

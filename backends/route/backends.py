@@ -13,10 +13,10 @@ Times are `time.monotonic()` seconds.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -25,6 +25,10 @@ from runtime.router import ReplicaSnapshot, RouterPolicy
 RUNNING, WAITING, KV_USAGE = ("vllm:num_requests_running", "vllm:num_requests_waiting",
                               "vllm:kv_cache_usage_perc")
 CACHE_INFO = "vllm:cache_config_info"
+TAKEN_OUT = "the backend was taken out"
+
+if TYPE_CHECKING:
+    from backends.route.upstream import Exchange
 
 
 @dataclass(slots=True)
@@ -113,9 +117,9 @@ class Backend:
     gauges: EngineGauges = field(default_factory=EngineGauges)
     scraped_at_s: float | None = None  # last successful scrape
     in_flight: int = 0
-    streams: set[httpx.Response] = field(default_factory=set)  # responses being relayed
-    # requests being sent to it, headers not yet back: cancelled when it is taken down
-    sending: set[asyncio.Future[httpx.Response]] = field(default_factory=set)
+    # its requests in flight, from their sending to the end of their relay: failed (their
+    # connections closed) when it is taken down
+    streams: set[Exchange] = field(default_factory=set)
 
     def snapshot(self, now_s: float) -> ReplicaSnapshot:
         g = self.gauges
@@ -138,10 +142,8 @@ class Backend:
 
     def take_down(self) -> None:
         self.up = False
-        for send in list(self.sending):
-            send.cancel()
-        for response in list(self.streams):  # their relays see the stream closed
-            asyncio.get_running_loop().create_task(response.aclose())
+        for exchange in list(self.streams):  # their waits fail: a 502 or an error event
+            exchange.close(TAKEN_OUT)
 
     def put_back(self) -> None:
         self.up = True

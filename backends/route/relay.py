@@ -3,15 +3,14 @@
 In front of the FastAPI app (which keeps /v1/models, /health, /metrics and the lifespan),
 `FastPath` takes the two generation routes itself: the body is read from the ASGI messages,
 routed and sent (`Router.dispatch`), and the backend's answer is written back as ASGI
-messages: a body at once, or an SSE stream chunk by chunk as the backend's bytes arrive
-(uvicorn frames it with chunked transfer encoding). This skips FastAPI's routing and
-Starlette's `StreamingResponse` (a task group per response), most of the router's own CPU
-time per request.
+messages: a body at once, or an SSE stream as the backend's bytes arrive (what arrived
+together goes out in one message; uvicorn frames it with chunked transfer encoding). This
+skips FastAPI's routing and Starlette's `StreamingResponse` (a task group per response).
 
 Stream semantics are `backends.route.app`'s: the first event with output calls the policy's
 `on_prefill_done` (chat: the second, after the role), the end or failure `on_finished`; a
 stream cut by its backend ends with an OpenAI-style `data: {"error": ...}` event. A client
-that disconnects is noticed at the backend's next chunk: the backend's response is closed
+that disconnects is noticed at the backend's next chunk: the backend's connection is closed
 (its request aborted).
 """
 
@@ -23,13 +22,13 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
+from backends.route.upstream import UpstreamFailed
 from backends.serve.openai_protocol import ApiError
 
 if TYPE_CHECKING:
     from backends.route.app import Router
     from backends.route.backends import Backend
+    from backends.route.upstream import Exchange
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -38,6 +37,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 PATHS = {"/v1/completions": False, "/v1/chat/completions": True}  # path -> chat
 _JSON = (b"content-type", b"application/json")
+_SSE = b"text/event-stream"
 
 
 class FastPath:
@@ -54,15 +54,14 @@ class FastPath:
             return
         arrival = time.monotonic()
         body = await _read_body(receive)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         try:
             backend, upstream, request_id = await self.router.dispatch(
-                body, headers, scope["path"], chat, arrival)
+                body, scope["headers"], scope["path"], chat, arrival)
         except ApiError as err:
             await _send_json(send, err.status, err.body())
             return
         forward = self.router.answered(backend, upstream)
-        if upstream.headers.get("content-type", "").startswith("text/event-stream"):
+        if any(k == b"content-type" and v.startswith(_SSE) for k, v in upstream.headers):
             await _relay(self.router, backend, upstream, request_id, chat, forward, receive,
                          send)
         else:
@@ -88,22 +87,23 @@ async def _send_json(send: Send, status: int, obj: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def _whole(router: Router, backend: Backend, upstream: httpx.Response, request_id: str,
+async def _whole(router: Router, backend: Backend, upstream: Exchange, request_id: str,
                  headers: list[tuple[bytes, bytes]], send: Send) -> None:
     """A non-streaming answer: read it all, then write it (502 if the backend fails)."""
     try:
-        content = await upstream.aread()
-    except httpx.HTTPError as err:
+        content = await upstream.read_all()
+    except UpstreamFailed as err:
         router.metrics.errors.labels(backend.url, "stream").inc()
-        error = ApiError(502, f"backend {backend.url} failed: {err or type(err).__name__}")
+        error = ApiError(502, f"backend {backend.url} failed: {err}")
         await _send_json(send, 502, error.body())
         return
     finally:
-        await upstream.aclose()
+        upstream.close()
+        backend.streams.discard(upstream)
         router.policy.on_prefill_done(request_id)
         router.finish(backend, request_id)
     headers.append((b"content-length", str(len(content)).encode()))
-    await send({"type": "http.response.start", "status": upstream.status_code,
+    await send({"type": "http.response.start", "status": upstream.status,
                 "headers": headers})
     await send({"type": "http.response.body", "body": content})
 
@@ -114,30 +114,25 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-async def _relay(router: Router, backend: Backend, upstream: httpx.Response, request_id: str,
+async def _relay(router: Router, backend: Backend, upstream: Exchange, request_id: str,
                  chat: bool, headers: list[tuple[bytes, bytes]], receive: Receive,
                  send: Send) -> None:
     """The backend's SSE bytes as they come; an error event if the stream is cut."""
-    await send({"type": "http.response.start", "status": upstream.status_code,
+    await send({"type": "http.response.start", "status": upstream.status,
                 "headers": headers})
-    backend.streams.add(upstream)
     gone = asyncio.ensure_future(_disconnected(receive))
     first_output = 2 if chat else 1  # chat's first event is the role, no output yet
     events = 0
-    tail = b""
     try:
         try:
-            async for chunk in upstream.aiter_raw():
+            while chunk := await upstream.read():
                 if events < first_output:
                     events += chunk.count(b"data:")
                     if events >= first_output:
                         router.policy.on_prefill_done(request_id)
-                tail = (tail + chunk)[-32:]
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                if gone.done():  # the client left: closing the response aborts the request
+                if gone.done():  # the client left: closing the exchange aborts the request
                     break
-            if not backend.up and b"[DONE]" not in tail and not gone.done():
-                raise httpx.ReadError("the backend was taken out")
         except Exception as err:  # noqa: BLE001 (whatever broke the stream, the client is told)
             router.metrics.errors.labels(backend.url, "stream").inc()
             error = ApiError(502, f"backend {backend.url} failed mid-stream: "
@@ -147,6 +142,6 @@ async def _relay(router: Router, backend: Backend, upstream: httpx.Response, req
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     finally:
         gone.cancel()
+        upstream.close()
         backend.streams.discard(upstream)
-        await upstream.aclose()
         router.finish(backend, request_id)

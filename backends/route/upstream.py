@@ -1,0 +1,444 @@
+"""The router's HTTP/1.1 client to one backend: a keep-alive connection pool on asyncio
+protocols (no streams, no task per request, no per-request pool bookkeeping).
+
+    pool = UpstreamPool(UpstreamConfig("127.0.0.1", 8001))
+    exchange = pool.exchange()
+    await exchange.start(head, body)    # the request in one write; the response head parsed
+    exchange.status, exchange.headers   # int, [(lower-case name, value)] as bytes
+    while chunk := await exchange.read():   # the body as it arrives (chunked framing
+        ...                                 # removed; pieces that arrived together joined)
+    exchange.close()                    # idempotent; an unfinished response is aborted
+
+Framing: Content-Length, chunked (trailers skipped), or read until the backend closes; no
+body for 1xx (skipped), 204 and 304. A connection goes back to the pool the moment its
+response's last byte is parsed, unless the backend said `connection: close`, spoke
+HTTP/1.0, framed the body by closing, or sent more than the response; the pool keeps at
+most `max_idle` idle connections (the rest are closed), the most recently used first.
+
+Failures: `ConnectFailed` when nothing reached the backend (refused, unreachable, connect
+timeout: the router may send the request elsewhere), `UpstreamFailed` for everything after
+(closed or cut mid-response, malformed answer, silent for `read_timeout_s` before the head
+or between two pieces of the body, or closed by `close(reason)`, which the router uses when
+it takes a backend out). A reused keep-alive connection that the backend closed before
+answering anything is retried once on a new connection (the backend closes idle
+connections after its keep-alive timeout: the close can cross the request). Times are
+seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from dataclasses import dataclass
+
+_MAX_HEAD = 64 * 1024  # bytes of a response head (or of a chunk-size line) at most
+_HIGH_WATER = 256 * 1024  # buffered body bytes above which the socket stops being read
+
+
+class UpstreamError(Exception):
+    """The backend did not answer as HTTP/1.1 should."""
+
+
+class ConnectFailed(UpstreamError):
+    """No connection: the request reached nothing."""
+
+
+class UpstreamFailed(UpstreamError):
+    """The request was sent (or may have been) and its response failed."""
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamConfig:
+    """Attributes:
+    host, port: the backend's address.
+    tls: a TLS context for an https:// backend, else None.
+    max_idle: idle keep-alive connections kept at most.
+    connect_timeout_s: longest wait for a connection.
+    read_timeout_s: longest silence of the backend, before the head or within the body.
+    """
+
+    host: str
+    port: int
+    tls: ssl.SSLContext | None = None
+    max_idle: int = 32
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.port <= 65535:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if self.max_idle < 0:
+            raise ValueError(f"max_idle must be >= 0, got {self.max_idle}")
+        if not (self.connect_timeout_s > 0 and self.read_timeout_s > 0):
+            raise ValueError("connect_timeout_s and read_timeout_s must be > 0, got "
+                             f"{self.connect_timeout_s}, {self.read_timeout_s}")
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection; feeds what it reads to its current exchange."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.exchange: Exchange | None = None
+        self.closed = False
+        self.reusable = True  # false once a response forbids reuse
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.exchange is None:  # bytes nobody asked for: the connection is unusable
+            self.abort()
+            return
+        self.exchange._feed(data)
+
+    def eof_received(self) -> bool:
+        return False  # close the transport; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.exchange is not None:
+            self.exchange._lost(exc)
+
+    def abort(self) -> None:
+        self.reusable = False
+        if self.transport is not None and not self.closed:
+            self.transport.abort()
+
+
+class UpstreamPool:
+    """Keep-alive connections to one backend (see the module docstring)."""
+
+    def __init__(self, config: UpstreamConfig) -> None:
+        self.config = config
+        self.host_header = f"{config.host}:{config.port}".encode()
+        self.opened = 0  # connections opened so far (reuse shows as fewer)
+        self._idle: list[_Connection] = []
+
+    @property
+    def idle(self) -> int:
+        return len(self._idle)
+
+    def exchange(self) -> Exchange:
+        return Exchange(self)
+
+    async def _acquire(self) -> tuple[_Connection, bool]:
+        """An open connection and whether it was reused; ConnectFailed otherwise."""
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed and conn.reusable:
+                return conn, True
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(loop.create_connection(
+                _Connection, cfg.host, cfg.port, ssl=cfg.tls), cfg.connect_timeout_s)
+        except OSError as err:  # TimeoutError included
+            raise ConnectFailed(f"cannot connect to {cfg.host}:{cfg.port}: "
+                                f"{err or type(err).__name__}") from None
+        self.opened += 1
+        return conn, False
+
+    def _release(self, conn: _Connection) -> None:
+        conn.exchange = None
+        if conn.closed or not conn.reusable:
+            conn.abort()
+        elif len(self._idle) >= self.config.max_idle:
+            assert conn.transport is not None
+            conn.transport.close()
+        else:
+            self._idle.append(conn)
+
+    def close(self) -> None:
+        """Close the idle connections (exchanges in flight keep theirs)."""
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.transport is not None:
+                conn.transport.close()
+
+
+class Exchange:
+    """One request and its response on a pooled connection (see the module docstring)."""
+
+    def __init__(self, pool: UpstreamPool) -> None:
+        self._pool = pool
+        self._conn: _Connection | None = None
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self._head_done = False
+        self._ended = False  # the whole body was received
+        self._error: UpstreamError | None = None
+        self._received = 0  # response bytes seen (a retry is safe only at 0)
+        self._buf = b""  # unparsed bytes (head or chunk framing)
+        self._body: list[bytes] = []  # parsed body bytes not yet read
+        self._buffered = 0
+        self._mode = ""  # "length", "chunked" or "close" once the head is parsed
+        self._left = 0  # length: body bytes to come; chunked: bytes left in this chunk
+        self._crlf = False  # chunked: the CRLF after a chunk's data is due
+        self._trailers = False  # chunked: past the last chunk, reading trailer lines
+        self._waiter: asyncio.Future[None] | None = None
+        self._closed_by_caller = False
+        self._dropped = False  # the connection closed before any byte of the response
+
+    # ---- the caller's side -----------------------------------------------------------------
+
+    async def start(self, head: bytes, body: bytes) -> None:
+        """Send the request (`head`: request line and headers, CRLF-terminated, blank line
+        included) and wait for the response head."""
+        conn, reused = await self._pool._acquire()
+        try:
+            await self._send(conn, head + body)
+        except UpstreamFailed:
+            if not (reused and self._dropped and not self._closed_by_caller):
+                raise
+            self._reset()  # a keep-alive connection closed under us: once more, anew
+            conn, _ = await self._pool._acquire()
+            await self._send(conn, head + body)
+
+    async def _send(self, conn: _Connection, data: bytes) -> None:
+        if self._error is not None:  # closed by the caller before a connection came
+            conn.exchange = None
+            self._pool._release(conn)
+            raise self._error
+        self._conn = conn
+        conn.exchange = self
+        assert conn.transport is not None
+        conn.transport.write(data)
+        while not self._head_done:
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+
+    def _reset(self) -> None:
+        self._conn, self._error, self._dropped = None, None, False
+
+    async def read(self) -> bytes:
+        """The body bytes that arrived since the last read (waiting for some); b"" once
+        the body is complete; UpstreamFailed if it fails (after the bytes before it)."""
+        while not self._body:
+            if self._error is not None:
+                raise self._error
+            if self._ended:
+                return b""
+            await self._wait()
+        data = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        self._body.clear()
+        paused, self._buffered = self._buffered > _HIGH_WATER, 0
+        if paused and self._conn is not None and not self._conn.closed:
+            assert self._conn.transport is not None
+            self._conn.transport.resume_reading()
+        return data
+
+    async def read_all(self) -> bytes:
+        parts = []
+        while chunk := await self.read():
+            parts.append(chunk)
+        return b"".join(parts)
+
+    @property
+    def complete(self) -> bool:
+        return self._ended
+
+    def close(self, reason: str = "closed") -> None:
+        """Done with the exchange: an unfinished response is aborted (its connection
+        closed, so the backend sees the client gone) and a waiting caller gets
+        UpstreamFailed(reason)."""
+        if self._ended or self._error is not None:
+            return
+        self._closed_by_caller = True
+        self._fail(UpstreamFailed(reason))
+
+    # ---- waiting ---------------------------------------------------------------------------
+
+    async def _wait(self) -> None:
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(self._pool.config.read_timeout_s, self._timed_out, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _timed_out(self, waiter: asyncio.Future[None]) -> None:
+        if waiter is self._waiter:
+            seconds = self._pool.config.read_timeout_s
+            self._fail(UpstreamFailed(f"no answer from the backend within {seconds:g} s"))
+
+    def _fail(self, error: UpstreamError) -> None:
+        self._error = error
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.exchange = None
+            conn.abort()
+        self._wake()
+
+    # ---- the connection's side -------------------------------------------------------------
+
+    def _lost(self, exc: Exception | None) -> None:
+        if self._mode == "close" and exc is None:  # the body was framed by the close
+            self._finish()
+            self._wake()
+            return
+        self._dropped = self._received == 0
+        what = "mid-response" if self._received else "before answering"
+        self._fail(UpstreamFailed(f"the backend closed the connection {what}"
+                                  + (f": {exc}" if exc else "")))
+
+    def _feed(self, data: bytes) -> None:
+        conn = self._conn
+        self._received += len(data)
+        try:
+            if not self._head_done:
+                data = self._feed_head(data)
+            if data:
+                if self._ended:
+                    raise UpstreamFailed("the backend sent bytes after its response")
+                self._feed_body(data)
+        except UpstreamFailed as err:
+            if not self._ended:
+                self._fail(err)
+                return
+            if conn is not None:  # the response is whole; its connection is not reusable
+                conn.abort()
+        if self._buffered > _HIGH_WATER and self._conn is not None:
+            assert self._conn.transport is not None
+            self._conn.transport.pause_reading()
+        self._wake()
+
+    def _feed_head(self, data: bytes) -> bytes:
+        """Parse the head once it is all there; returns the bytes after it."""
+        buf = self._buf + data if self._buf else data
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(buf) > _MAX_HEAD:
+                raise UpstreamFailed(f"response head over {_MAX_HEAD} bytes")
+            self._buf = buf
+            return b""
+        self._buf = b""
+        lines = buf[:end].split(b"\r\n")
+        version, _, rest = lines[0].partition(b" ")
+        code = rest[:3]
+        if not (version.startswith(b"HTTP/1.") and code.isdigit()):
+            raise UpstreamFailed(f"not an HTTP/1.x response: {lines[0][:80]!r}")
+        if code[:1] == b"1":  # 100 Continue and the like: the real head follows
+            return self._feed_head(buf[end + 4:]) if len(buf) > end + 4 else b""
+        self.status = int(code)
+        self.headers = [_header(line) for line in lines[1:] if line]
+        self._framing(version)
+        self._head_done = True
+        return buf[end + 4:]
+
+    def _framing(self, version: bytes) -> None:
+        fields = {name: value for name, value in self.headers}
+        assert self._conn is not None
+        if version != b"HTTP/1.1" or b"close" in fields.get(b"connection", b"").lower():
+            self._conn.reusable = False
+        if self.status in (204, 304):
+            self._finish()
+        elif b"chunked" in fields.get(b"transfer-encoding", b"").lower():
+            self._mode = "chunked"
+        elif b"content-length" in fields:
+            try:
+                self._left = int(fields[b"content-length"])
+            except ValueError:
+                raise UpstreamFailed("bad content-length "
+                                     f"{fields[b'content-length'][:40]!r}") from None
+            self._mode = "length"
+            if self._left == 0:
+                self._finish()
+        else:
+            self._mode = "close"
+            self._conn.reusable = False
+
+    def _feed_body(self, data: bytes) -> None:
+        if self._mode == "chunked":
+            self._feed_chunked(data)
+        elif self._mode == "length":
+            take = min(len(data), self._left)
+            self._left -= take
+            self._push(data[:take] if take < len(data) else data)
+            if self._left == 0:
+                self._finish()
+                if take < len(data):
+                    raise UpstreamFailed("the backend sent more than its content-length")
+        else:
+            self._push(data)
+
+    def _feed_chunked(self, data: bytes) -> None:
+        buf = self._buf + data if self._buf else data
+        pos, size = 0, len(buf)
+        while pos < size and not self._ended:
+            if self._left:
+                take = min(self._left, size - pos)
+                self._push(buf[pos:pos + take])
+                pos += take
+                self._left -= take
+                self._crlf = self._left == 0
+                continue
+            if self._crlf:
+                if size - pos < 2:
+                    break
+                if buf[pos:pos + 2] != b"\r\n":
+                    raise UpstreamFailed("a chunk's data is not followed by CRLF")
+                pos, self._crlf = pos + 2, False
+                continue
+            end = buf.find(b"\r\n", pos)
+            if end < 0:
+                if size - pos > _MAX_HEAD:
+                    raise UpstreamFailed("a chunk-size line too long")
+                break
+            self._chunk_line(buf[pos:end])
+            pos = end + 2
+        if self._ended and pos < size:
+            raise UpstreamFailed("the backend sent bytes after its response")
+        self._buf = buf[pos:]
+
+    def _chunk_line(self, line: bytes) -> None:
+        if self._trailers:  # trailer fields, then an empty line ends the body
+            if not line:
+                self._finish()
+            return
+        try:
+            self._left = int(line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            raise UpstreamFailed(f"bad chunk size {line[:40]!r}") from None
+        if self._left < 0:
+            raise UpstreamFailed(f"bad chunk size {line[:40]!r}")
+        self._trailers = self._left == 0
+
+    def _push(self, data: bytes) -> None:
+        if data:
+            self._body.append(data)
+            self._buffered += len(data)
+
+    def _finish(self) -> None:
+        self._ended = True
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            if conn.transport is not None and self._buffered > _HIGH_WATER:
+                conn.transport.resume_reading()
+            self._pool._release(conn)
+
+
+def request_head(method: bytes, target: bytes, host: bytes, length: int,
+                 headers: list[tuple[bytes, bytes]], skip: frozenset[bytes]) -> bytes:
+    """An HTTP/1.1 request head: `headers` (lower-case names) but those in `skip`, with
+    `host` and `content-length` of its own."""
+    parts = [b"%s %s HTTP/1.1\r\nhost: %s\r\ncontent-length: %d\r\n"
+             % (method, target, host, length)]
+    parts += [b"%s: %s\r\n" % (name, value) for name, value in headers if name not in skip]
+    parts.append(b"\r\n")
+    return b"".join(parts)
+
+
+def _header(line: bytes) -> tuple[bytes, bytes]:
+    name, colon, value = line.partition(b":")
+    if not colon:
+        raise UpstreamFailed(f"a malformed header line {line[:80]!r}")
+    return name.strip().lower(), value.strip()
