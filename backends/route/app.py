@@ -35,32 +35,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
+import signal
 import ssl
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import certifi
 import httpx
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from backends.route.backends import Backend, check_backends, healthy, needed_signals, scrape
+from backends.route.backends import Backend, check_backends, healthy, needed_signals
 from backends.route.flags import REPLICA_HEADER
 from backends.route.metrics import RouterMetrics
 from backends.route.prompt import routing_request
-from backends.route.relay import FastPath
+from backends.route.relay import handle
+from backends.route.server import serve
 from backends.route.upstream import (
     ConnectFailed,
     Exchange,
     UpstreamConfig,
+    UpstreamError,
     UpstreamFailed,
     UpstreamPool,
+    get,
     request_head,
 )
 from backends.serve.openai_protocol import ApiError
@@ -169,8 +171,14 @@ class Router:
                 self.metrics.errors.labels(backend.url, "health").inc()
 
     async def _scrape(self, backend: Backend) -> None:
-        assert self.client is not None
-        if await scrape(self.client, backend, _SCRAPE_TIMEOUT_S):
+        """/metrics of the backend, on a connection of its pool, into it."""
+        target = self._prefixes[backend.replica_id] + b"/metrics"
+        try:
+            status, text = await get(self.pools[backend.replica_id], target, _SCRAPE_TIMEOUT_S)
+        except UpstreamError:
+            status, text = 0, b""
+        if status == 200:
+            backend.scraped(text.decode("utf-8", "replace"))
             backend.succeeded()
         else:
             self.metrics.errors.labels(backend.url, "scrape").inc()
@@ -205,10 +213,11 @@ class Router:
         self.policy.on_finished(request_id)
         backend.in_flight -= 1
 
-    async def dispatch(self, body: bytes, headers: list[tuple[bytes, bytes]], path: str,
+    async def dispatch(self, body: bytes, headers: list[tuple[bytes, bytes]], target: bytes,
                        chat: bool, arrival: float) -> tuple[Backend, Exchange, str]:
-        """Route the request (body bytes, ASGI headers: lower-case names) and send it: its
-        backend, the exchange with the backend's response head read, and its router id.
+        """Route the request (body bytes, headers with lower-case names, the target path
+        and query) and send it: its backend, the exchange with the backend's response head
+        read, and its router id.
         ApiError (400 bad body, 503 nothing up, 502 the backend failed) otherwise; a refused
         connection is routed again among the backends not yet tried."""
         try:
@@ -230,7 +239,7 @@ class Router:
             self.metrics.routing_latency.observe(time.monotonic() - arrival)
             self.metrics.dispatched(backend.replica_id)
             try:
-                return backend, await self._send(backend, path, body, headers), request_id
+                return backend, await self._send(backend, target, body, headers), request_id
             except ConnectFailed:  # nothing reached it
                 self.finish(backend, request_id)
                 self.metrics.errors.labels(backend.url, "connect").inc()
@@ -242,13 +251,13 @@ class Router:
                 self.metrics.errors.labels(backend.url, "stream").inc()
                 raise ApiError(502, f"backend {backend.url} failed: {err}") from None
 
-    async def _send(self, backend: Backend, path: str, body: bytes,
+    async def _send(self, backend: Backend, target: bytes, body: bytes,
                     headers: list[tuple[bytes, bytes]]) -> Exchange:
         """The exchange with the backend's response head read (registered in
         `backend.streams` until the relay is done with it, so that taking the backend out
         fails it)."""
         pool = self.pools[backend.replica_id]
-        head = request_head(b"POST", self._prefixes[backend.replica_id] + path.encode(),
+        head = request_head(b"POST", self._prefixes[backend.replica_id] + target,
                             pool.host_header, len(body), headers, _SKIP)
         exchange = pool.exchange()
         backend.streams.add(exchange)
@@ -274,7 +283,8 @@ class Router:
         headers.append((_REPLICA, str(backend.replica_id).encode()))
         return headers
 
-    async def models(self) -> Response:
+    async def models(self) -> tuple[int, bytes, bytes]:
+        """The first backend up's answer to GET /v1/models: status, content type, body."""
         assert self.client is not None
         for backend in self.backends:
             if not backend.up:
@@ -284,8 +294,8 @@ class Router:
                                                  timeout=_SCRAPE_TIMEOUT_S)
             except httpx.HTTPError:
                 continue
-            return Response(response.content, status_code=response.status_code,
-                            media_type=response.headers.get("content-type"))
+            content_type = response.headers.get("content-type", "").encode("latin-1")
+            return response.status_code, content_type, response.content
         raise ApiError(503, "no backend is up; retry later")
 
 
@@ -297,60 +307,28 @@ def _upstream(url: str, tls: ssl.SSLContext | None, timeout_s: float) -> Upstrea
                           tls if https else None, _MAX_IDLE, _CONNECT_TIMEOUT_S, timeout_s)
 
 
-def build_app(config: RouterConfig) -> FastPath:
-    """The ASGI app: the generation routes' fast path (`backends.route.relay`) in front of
-    a FastAPI app for the rest; the HTTP client and the scrapers start with its lifespan."""
-    router = Router(config)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await router.start()
-        try:
-            yield
-        finally:
-            await router.stop()
-
-    app = FastAPI(title="rt route", lifespan=lifespan)
-    app.state.router = router
-
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, err: ApiError) -> JSONResponse:
-        return err.response()
-
-    @app.get("/v1/models")
-    async def models() -> Response:
-        return await router.models()
-
-    @app.get("/health")
-    async def health() -> Response:
-        if router.any_up:
-            return Response(status_code=200)
-        return ApiError(503, "no backend is up").response()
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(router.metrics.registry),
-                        media_type=CONTENT_TYPE_LATEST)
-
-    return FastPath(app, router)
-
-
 def run_router(config: RouterConfig, host: str, port: int, shutdown_timeout_s: float = 10.0,
                log_level: str = "warning") -> None:
     """Serve until SIGINT/SIGTERM: then stop accepting, let responses in flight finish for
-    up to `shutdown_timeout_s` (then they are cut), close the client and return."""
-    import uvicorn
+    up to `shutdown_timeout_s` (then they are cut), close the clients and return.
+    RuntimeError (one line) if host:port cannot be bound. `log_level` is unused: the
+    router's own server (`backends.route.server`) logs nothing."""
+    del log_level
+    asyncio.run(_serve(config, host, port, shutdown_timeout_s))
 
-    from backends.serve.api_server import _quiet_server_class
 
-    server_class: Any = _quiet_server_class()
-    uv_config = uvicorn.Config(build_app(config), host=host, port=port, log_level=log_level,
-                               timeout_graceful_shutdown=max(int(shutdown_timeout_s), 1),
-                               access_log=False)
-    server = server_class(uv_config)
-    server.run()
-    if not server.started:
-        raise RuntimeError("the router did not start (see the messages above)")
+async def _serve(config: RouterConfig, host: str, port: int, shutdown_timeout_s: float
+                 ) -> None:
+    router = Router(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await router.start()
+    try:
+        await serve(functools.partial(handle, router), host, port, shutdown_timeout_s, stop)
+    finally:
+        await router.stop()
 
 
 def router_config(urls: Sequence[str], policy: str, policy_args: Sequence[str],

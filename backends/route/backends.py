@@ -129,6 +129,11 @@ class Backend:
             num_waiting=int(g.num_waiting or 0), num_running=int(g.num_running or 0),
             kv_usage=g.kv_usage or 0.0, num_gpu_blocks=g.num_gpu_blocks)
 
+    def scraped(self, text: str) -> None:
+        """A successful scrape of its /metrics (`text`), now."""
+        self.gauges = parse_metrics(text)
+        self.scraped_at_s = time.monotonic()
+
     def succeeded(self) -> None:
         self.failures = 0
 
@@ -203,19 +208,6 @@ def _check_one(client: httpx.Client, base: str, policy: str, needed: tuple[str, 
     if missing:
         raise ValueError(f"router policy {policy} needs {', '.join(missing)} from /metrics, "
                          f"which backend {base} does not export")
-
-
-async def scrape(client: httpx.AsyncClient, backend: Backend, timeout_s: float) -> bool:
-    """Read the backend's /metrics into it; False on any failure."""
-    try:
-        response = await client.get(f"{backend.url}/metrics", timeout=timeout_s)
-    except httpx.HTTPError:
-        return False
-    if response.status_code != 200:
-        return False
-    backend.gauges = parse_metrics(response.text)
-    backend.scraped_at_s = time.monotonic()
-    return True
 
 
 async def healthy(client: httpx.AsyncClient, backend: Backend, timeout_s: float) -> bool:

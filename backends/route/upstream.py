@@ -31,7 +31,15 @@ import asyncio
 import ssl
 from dataclasses import dataclass
 
-_MAX_HEAD = 64 * 1024  # bytes of a response head (or of a chunk-size line) at most
+from backends.route.http1 import (
+    MAX_HEAD,
+    ChunkedDecoder,
+    ProtocolError,
+    content_length,
+    field,
+    split_head,
+)
+
 _HIGH_WATER = 256 * 1024  # buffered body bytes above which the socket stops being read
 
 
@@ -120,8 +128,9 @@ class UpstreamPool:
     def idle(self) -> int:
         return len(self._idle)
 
-    def exchange(self) -> Exchange:
-        return Exchange(self)
+    def exchange(self, read_timeout_s: float | None = None) -> Exchange:
+        """A new exchange; `read_timeout_s` overrides the pool's for it."""
+        return Exchange(self, read_timeout_s or self.config.read_timeout_s)
 
     async def _acquire(self) -> tuple[_Connection, bool]:
         """An open connection and whether it was reused; ConnectFailed otherwise."""
@@ -161,8 +170,9 @@ class UpstreamPool:
 class Exchange:
     """One request and its response on a pooled connection (see the module docstring)."""
 
-    def __init__(self, pool: UpstreamPool) -> None:
+    def __init__(self, pool: UpstreamPool, read_timeout_s: float) -> None:
         self._pool = pool
+        self._timeout_s = read_timeout_s
         self._conn: _Connection | None = None
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
@@ -174,9 +184,8 @@ class Exchange:
         self._body: list[bytes] = []  # parsed body bytes not yet read
         self._buffered = 0
         self._mode = ""  # "length", "chunked" or "close" once the head is parsed
-        self._left = 0  # length: body bytes to come; chunked: bytes left in this chunk
-        self._crlf = False  # chunked: the CRLF after a chunk's data is due
-        self._trailers = False  # chunked: past the last chunk, reading trailer lines
+        self._left = 0  # length: body bytes to come
+        self._chunked = ChunkedDecoder()
         self._waiter: asyncio.Future[None] | None = None
         self._closed_by_caller = False
         self._dropped = False  # the connection closed before any byte of the response
@@ -222,6 +231,12 @@ class Exchange:
             if self._ended:
                 return b""
             await self._wait()
+        return self.read_nowait()
+
+    def read_nowait(self) -> bytes:
+        """The body bytes that arrived since the last read, maybe none; never waits."""
+        if not self._body:
+            return b""
         data = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         self._body.clear()
         paused, self._buffered = self._buffered > _HIGH_WATER, 0
@@ -254,7 +269,7 @@ class Exchange:
     async def _wait(self) -> None:
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(self._pool.config.read_timeout_s, self._timed_out, waiter)
+        timer = loop.call_later(self._timeout_s, self._timed_out, waiter)
         try:
             await waiter
         finally:
@@ -267,7 +282,7 @@ class Exchange:
 
     def _timed_out(self, waiter: asyncio.Future[None]) -> None:
         if waiter is self._waiter:
-            seconds = self._pool.config.read_timeout_s
+            seconds = self._timeout_s
             self._fail(UpstreamFailed(f"no answer from the backend within {seconds:g} s"))
 
     def _fail(self, error: UpstreamError) -> None:
@@ -300,9 +315,9 @@ class Exchange:
                 if self._ended:
                     raise UpstreamFailed("the backend sent bytes after its response")
                 self._feed_body(data)
-        except UpstreamFailed as err:
+        except (UpstreamFailed, ProtocolError) as err:
             if not self._ended:
-                self._fail(err)
+                self._fail(err if isinstance(err, UpstreamFailed) else UpstreamFailed(str(err)))
                 return
             if conn is not None:  # the response is whole; its connection is not reusable
                 conn.abort()
@@ -316,39 +331,36 @@ class Exchange:
         buf = self._buf + data if self._buf else data
         end = buf.find(b"\r\n\r\n")
         if end < 0:
-            if len(buf) > _MAX_HEAD:
-                raise UpstreamFailed(f"response head over {_MAX_HEAD} bytes")
+            if len(buf) > MAX_HEAD:
+                raise UpstreamFailed(f"response head over {MAX_HEAD} bytes")
             self._buf = buf
             return b""
         self._buf = b""
-        lines = buf[:end].split(b"\r\n")
-        version, _, rest = lines[0].partition(b" ")
+        first, headers = split_head(buf[:end])
+        version, _, rest = first.partition(b" ")
         code = rest[:3]
         if not (version.startswith(b"HTTP/1.") and code.isdigit()):
-            raise UpstreamFailed(f"not an HTTP/1.x response: {lines[0][:80]!r}")
+            raise UpstreamFailed(f"not an HTTP/1.x response: {first[:80]!r}")
         if code[:1] == b"1":  # 100 Continue and the like: the real head follows
             return self._feed_head(buf[end + 4:]) if len(buf) > end + 4 else b""
         self.status = int(code)
-        self.headers = [_header(line) for line in lines[1:] if line]
+        self.headers = headers
         self._framing(version)
         self._head_done = True
         return buf[end + 4:]
 
     def _framing(self, version: bytes) -> None:
-        fields = {name: value for name, value in self.headers}
         assert self._conn is not None
-        if version != b"HTTP/1.1" or b"close" in fields.get(b"connection", b"").lower():
+        if version != b"HTTP/1.1" or b"close" in (field(self.headers, b"connection")
+                                                  or b"").lower():
             self._conn.reusable = False
+        length = field(self.headers, b"content-length")
         if self.status in (204, 304):
             self._finish()
-        elif b"chunked" in fields.get(b"transfer-encoding", b"").lower():
+        elif b"chunked" in (field(self.headers, b"transfer-encoding") or b"").lower():
             self._mode = "chunked"
-        elif b"content-length" in fields:
-            try:
-                self._left = int(fields[b"content-length"])
-            except ValueError:
-                raise UpstreamFailed("bad content-length "
-                                     f"{fields[b'content-length'][:40]!r}") from None
+        elif length is not None:
+            self._left = content_length(length)
             self._mode = "length"
             if self._left == 0:
                 self._finish()
@@ -371,46 +383,13 @@ class Exchange:
             self._push(data)
 
     def _feed_chunked(self, data: bytes) -> None:
-        buf = self._buf + data if self._buf else data
-        pos, size = 0, len(buf)
-        while pos < size and not self._ended:
-            if self._left:
-                take = min(self._left, size - pos)
-                self._push(buf[pos:pos + take])
-                pos += take
-                self._left -= take
-                self._crlf = self._left == 0
-                continue
-            if self._crlf:
-                if size - pos < 2:
-                    break
-                if buf[pos:pos + 2] != b"\r\n":
-                    raise UpstreamFailed("a chunk's data is not followed by CRLF")
-                pos, self._crlf = pos + 2, False
-                continue
-            end = buf.find(b"\r\n", pos)
-            if end < 0:
-                if size - pos > _MAX_HEAD:
-                    raise UpstreamFailed("a chunk-size line too long")
-                break
-            self._chunk_line(buf[pos:end])
-            pos = end + 2
-        if self._ended and pos < size:
-            raise UpstreamFailed("the backend sent bytes after its response")
-        self._buf = buf[pos:]
-
-    def _chunk_line(self, line: bytes) -> None:
-        if self._trailers:  # trailer fields, then an empty line ends the body
-            if not line:
-                self._finish()
-            return
-        try:
-            self._left = int(line.split(b";", 1)[0].strip(), 16)
-        except ValueError:
-            raise UpstreamFailed(f"bad chunk size {line[:40]!r}") from None
-        if self._left < 0:
-            raise UpstreamFailed(f"bad chunk size {line[:40]!r}")
-        self._trailers = self._left == 0
+        decoder = self._chunked
+        for piece in decoder.feed(data):
+            self._push(piece)
+        if decoder.done:
+            self._finish()
+            if decoder.leftover:
+                raise UpstreamFailed("the backend sent bytes after its response")
 
     def _push(self, data: bytes) -> None:
         if data:
@@ -426,6 +405,18 @@ class Exchange:
             self._pool._release(conn)
 
 
+async def get(pool: UpstreamPool, target: bytes, timeout_s: float) -> tuple[int, bytes]:
+    """GET `target` (path and query): the status and the whole body; UpstreamError if it
+    fails, every wait bounded by `timeout_s`."""
+    exchange = pool.exchange(timeout_s)
+    try:
+        await exchange.start(b"GET %s HTTP/1.1\r\nhost: %s\r\n\r\n" % (target, pool.host_header),
+                             b"")
+        return exchange.status, await exchange.read_all()
+    finally:
+        exchange.close()
+
+
 def request_head(method: bytes, target: bytes, host: bytes, length: int,
                  headers: list[tuple[bytes, bytes]], skip: frozenset[bytes]) -> bytes:
     """An HTTP/1.1 request head: `headers` (lower-case names) but those in `skip`, with
@@ -435,10 +426,3 @@ def request_head(method: bytes, target: bytes, host: bytes, length: int,
     parts += [b"%s: %s\r\n" % (name, value) for name, value in headers if name not in skip]
     parts.append(b"\r\n")
     return b"".join(parts)
-
-
-def _header(line: bytes) -> tuple[bytes, bytes]:
-    name, colon, value = line.partition(b":")
-    if not colon:
-        raise UpstreamFailed(f"a malformed header line {line[:80]!r}")
-    return name.strip().lower(), value.strip()
