@@ -148,12 +148,14 @@ class Connection(asyncio.Protocol):
 
     def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         self._responded = True
+        self._close_after |= self._state.stopping
         self._write(response_head(status, headers, b"content-length: %d\r\n" % len(body),
                                   self._close_after) + body)
 
     def start_stream(self, status: int, headers: list[tuple[bytes, bytes]],
                      first: bytes) -> None:
         self._responded = True
+        self._close_after |= self._state.stopping
         framing = b"transfer-encoding: chunked\r\n" if self._chunked else b""
         self._close_after |= not self._chunked  # the close frames the body
         head = response_head(status, headers, framing, self._close_after)
