@@ -51,6 +51,7 @@ import httpx
 
 from backends.route.backends import Backend, check_backends, healthy, needed_signals
 from backends.route.flags import REPLICA_HEADER
+from backends.route.http1 import request_head
 from backends.route.metrics import RouterMetrics
 from backends.route.prompt import routing_request
 from backends.route.relay import handle
@@ -63,7 +64,6 @@ from backends.route.upstream import (
     UpstreamFailed,
     UpstreamPool,
     get,
-    request_head,
 )
 from backends.serve.openai_protocol import ApiError
 from runtime.router import RoutingRequest, make_policy

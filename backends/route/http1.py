@@ -42,6 +42,35 @@ def content_length(value: bytes) -> int:
     return int(value)
 
 
+def body_framing(headers: list[tuple[bytes, bytes]]) -> tuple[str, int]:
+    """How a message's body is framed: ("chunked", 0), ("length", bytes) or ("none", 0)
+    (a request: no body; a response: until the close)."""
+    if b"chunked" in (field(headers, b"transfer-encoding") or b"").lower():
+        return "chunked", 0
+    length = field(headers, b"content-length")
+    return ("none", 0) if length is None else ("length", content_length(length))
+
+
+def status_line(line: bytes) -> tuple[bytes, int]:
+    """The version and status code of a response's first line."""
+    version, _, rest = line.partition(b" ")
+    code = rest[:3]
+    if not (version.startswith(b"HTTP/1.") and code.isdigit() and rest[3:4] in (b"", b" ")):
+        raise ProtocolError(f"not an HTTP/1.x response: {line[:80]!r}")
+    return version, int(code)
+
+
+def request_head(method: bytes, target: bytes, host: bytes, length: int,
+                 headers: list[tuple[bytes, bytes]], skip: frozenset[bytes]) -> bytes:
+    """An HTTP/1.1 request head: `headers` (lower-case names) but those in `skip`, with
+    `host` and `content-length` of its own."""
+    parts = [b"%s %s HTTP/1.1\r\nhost: %s\r\ncontent-length: %d\r\n"
+             % (method, target, host, length)]
+    parts += [b"%s: %s\r\n" % (name, value) for name, value in headers if name not in skip]
+    parts.append(b"\r\n")
+    return b"".join(parts)
+
+
 def chunk(data: bytes) -> bytes:
     """`data` as one chunk of a chunked body (empty data: nothing, not the last chunk)."""
     return b"%x\r\n%s\r\n" % (len(data), data) if data else b""

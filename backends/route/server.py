@@ -36,8 +36,8 @@ from backends.route.http1 import (
     MAX_HEAD,
     ChunkedDecoder,
     ProtocolError,
+    body_framing,
     chunk,
-    content_length,
     field,
     split_head,
 )
@@ -221,16 +221,14 @@ class Connection(asyncio.Protocol):
 
     def _body(self, headers: list[tuple[bytes, bytes]], start: int) -> tuple[bytes | None, int]:
         """The body once it is all here (None before) and where the request ends."""
-        coding = (field(headers, b"transfer-encoding") or b"").lower()
-        if b"chunked" in coding:
+        mode, size = body_framing(headers)
+        if mode == "chunked":
             decoder = ChunkedDecoder()
             pieces = decoder.feed(self._buf[start:])
             if not decoder.done:
                 self._expect_continue(headers, len(self._buf) - start)
                 return None, 0
             return b"".join(pieces), len(self._buf) - len(decoder.leftover)
-        length = field(headers, b"content-length")
-        size = content_length(length) if length is not None else 0
         if size > MAX_BODY:
             raise ProtocolError(f"a request body of {size} bytes (at most {MAX_BODY})")
         if len(self._buf) - start < size:

@@ -1,28 +1,22 @@
 """The router's HTTP/1.1 client to one backend: a keep-alive connection pool on asyncio
 protocols (no streams, no task per request, no per-request pool bookkeeping).
 
-    pool = UpstreamPool(UpstreamConfig("127.0.0.1", 8001))
-    exchange = pool.exchange()
-    await exchange.start(head, body)    # the request in one write; the response head parsed
-    exchange.status, exchange.headers   # int, [(lower-case name, value)] as bytes
-    while chunk := await exchange.read():   # the body as it arrives (chunked framing
-        ...                                 # removed; pieces that arrived together joined)
-    exchange.close()                    # idempotent; an unfinished response is aborted
+    exchange = UpstreamPool(UpstreamConfig("127.0.0.1", 8001)).exchange()
+    await exchange.start(head, body)      # the request in one write; the response head read
+    exchange.status, exchange.headers     # int, [(lower-case name, value)] as bytes
+    while chunk := await exchange.read(): # the body as it arrives, de-chunked, what arrived
+        ...                               # together joined
+    exchange.close()                      # idempotent; an unfinished response is aborted
 
-Framing: Content-Length, chunked (trailers skipped), or read until the backend closes; no
-body for 1xx (skipped), 204 and 304. A connection goes back to the pool the moment its
-response's last byte is parsed, unless the backend said `connection: close`, spoke
-HTTP/1.0, framed the body by closing, or sent more than the response; the pool keeps at
-most `max_idle` idle connections (the rest are closed), the most recently used first.
-
-Failures: `ConnectFailed` when nothing reached the backend (refused, unreachable, connect
-timeout: the router may send the request elsewhere), `UpstreamFailed` for everything after
-(closed or cut mid-response, malformed answer, silent for `read_timeout_s` before the head
-or between two pieces of the body, or closed by `close(reason)`, which the router uses when
-it takes a backend out). A reused keep-alive connection that the backend closed before
-answering anything is retried once on a new connection (the backend closes idle
-connections after its keep-alive timeout: the close can cross the request). Times are
-seconds.
+Framing: Content-Length, chunked, or until the backend closes; no body for 204 and 304, 1xx
+skipped. A connection returns to the pool when its response's last byte is parsed, unless
+the response forbids reuse (`connection: close`, HTTP/1.0, framed by the close, bytes past
+its end); at most `max_idle` idle connections are kept, the most recently used first.
+`ConnectFailed`: nothing reached the backend (the router may send the request elsewhere);
+`UpstreamFailed`: anything after (cut, malformed, silent for `read_timeout_s` before the
+head or between two pieces of the body, or `close(reason)`, as when the router takes the
+backend out). A reused connection the backend closed before answering (its keep-alive
+timeout crossing the request) is retried once on a new one. Times are seconds.
 """
 
 from __future__ import annotations
@@ -35,9 +29,10 @@ from backends.route.http1 import (
     MAX_HEAD,
     ChunkedDecoder,
     ProtocolError,
-    content_length,
+    body_framing,
     field,
     split_head,
+    status_line,
 )
 
 _HIGH_WATER = 256 * 1024  # buffered body bytes above which the socket stops being read
@@ -96,10 +91,10 @@ class _Connection(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        if self.exchange is None:  # bytes nobody asked for: the connection is unusable
-            self.abort()
-            return
-        self.exchange._feed(data)
+        if self.exchange is None:
+            self.abort()  # bytes nobody asked for: the connection is unusable
+        else:
+            self.exchange._feed(data)
 
     def eof_received(self) -> bool:
         return False  # close the transport; connection_lost follows
@@ -176,8 +171,7 @@ class Exchange:
         self._conn: _Connection | None = None
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
-        self._head_done = False
-        self._ended = False  # the whole body was received
+        self._head_done = self._ended = False  # ended: the whole body was received
         self._error: UpstreamError | None = None
         self._received = 0  # response bytes seen (a retry is safe only at 0)
         self._buf = b""  # unparsed bytes (head or chunk framing)
@@ -187,8 +181,8 @@ class Exchange:
         self._left = 0  # length: body bytes to come
         self._chunked = ChunkedDecoder()
         self._waiter: asyncio.Future[None] | None = None
-        self._closed_by_caller = False
-        self._dropped = False  # the connection closed before any byte of the response
+        # closed by close(); dropped: the connection closed before any response byte
+        self._closed_by_caller = self._dropped = False
 
     # ---- the caller's side -----------------------------------------------------------------
 
@@ -201,7 +195,8 @@ class Exchange:
         except UpstreamFailed:
             if not (reused and self._dropped and not self._closed_by_caller):
                 raise
-            self._reset()  # a keep-alive connection closed under us: once more, anew
+            # a keep-alive connection closed under us: once more, anew
+            self._conn, self._error, self._dropped = None, None, False
             conn, _ = await self._pool._acquire()
             await self._send(conn, head + body)
 
@@ -218,9 +213,6 @@ class Exchange:
             if self._error is not None:
                 raise self._error
             await self._wait()
-
-    def _reset(self) -> None:
-        self._conn, self._error, self._dropped = None, None, False
 
     async def read(self) -> bytes:
         """The body bytes that arrived since the last read (waiting for some); b"" once
@@ -246,9 +238,9 @@ class Exchange:
         return data
 
     async def read_all(self) -> bytes:
-        parts = []
-        while chunk := await self.read():
-            parts.append(chunk)
+        parts = [await self.read()]
+        while parts[-1]:
+            parts.append(await self.read())
         return b"".join(parts)
 
     @property
@@ -337,14 +329,10 @@ class Exchange:
             return b""
         self._buf = b""
         first, headers = split_head(buf[:end])
-        version, _, rest = first.partition(b" ")
-        code = rest[:3]
-        if not (version.startswith(b"HTTP/1.") and code.isdigit()):
-            raise UpstreamFailed(f"not an HTTP/1.x response: {first[:80]!r}")
-        if code[:1] == b"1":  # 100 Continue and the like: the real head follows
+        version, status = status_line(first)
+        if status < 200:  # 100 Continue and the like: the real head follows
             return self._feed_head(buf[end + 4:]) if len(buf) > end + 4 else b""
-        self.status = int(code)
-        self.headers = headers
+        self.status, self.headers = status, headers
         self._framing(version)
         self._head_done = True
         return buf[end + 4:]
@@ -354,19 +342,11 @@ class Exchange:
         if version != b"HTTP/1.1" or b"close" in (field(self.headers, b"connection")
                                                   or b"").lower():
             self._conn.reusable = False
-        length = field(self.headers, b"content-length")
-        if self.status in (204, 304):
+        self._mode, self._left = body_framing(self.headers)
+        if self.status in (204, 304) or self._mode == "length" and self._left == 0:
             self._finish()
-        elif b"chunked" in (field(self.headers, b"transfer-encoding") or b"").lower():
-            self._mode = "chunked"
-        elif length is not None:
-            self._left = content_length(length)
-            self._mode = "length"
-            if self._left == 0:
-                self._finish()
-        else:
-            self._mode = "close"
-            self._conn.reusable = False
+        elif self._mode == "none":  # the close ends the body
+            self._mode, self._conn.reusable = "close", False
 
     def _feed_body(self, data: bytes) -> None:
         if self._mode == "chunked":
@@ -415,14 +395,3 @@ async def get(pool: UpstreamPool, target: bytes, timeout_s: float) -> tuple[int,
         return exchange.status, await exchange.read_all()
     finally:
         exchange.close()
-
-
-def request_head(method: bytes, target: bytes, host: bytes, length: int,
-                 headers: list[tuple[bytes, bytes]], skip: frozenset[bytes]) -> bytes:
-    """An HTTP/1.1 request head: `headers` (lower-case names) but those in `skip`, with
-    `host` and `content-length` of its own."""
-    parts = [b"%s %s HTTP/1.1\r\nhost: %s\r\ncontent-length: %d\r\n"
-             % (method, target, host, length)]
-    parts += [b"%s: %s\r\n" % (name, value) for name, value in headers if name not in skip]
-    parts.append(b"\r\n")
-    return b"".join(parts)

@@ -11,13 +11,8 @@ from typing import Any
 
 import pytest
 
-from backends.route.upstream import (
-    ConnectFailed,
-    UpstreamConfig,
-    UpstreamFailed,
-    UpstreamPool,
-    request_head,
-)
+from backends.route.http1 import request_head
+from backends.route.upstream import ConnectFailed, UpstreamConfig, UpstreamFailed, UpstreamPool
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 HEAD = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n"
