@@ -49,7 +49,13 @@ from urllib.parse import urlsplit
 import certifi
 import httpx
 
-from backends.route.backends import Backend, check_backends, healthy, needed_signals
+from backends.route.backends import (
+    Backend,
+    check_backends,
+    healthy,
+    needed_signals,
+    reads_token_ids,
+)
 from backends.route.flags import REPLICA_HEADER
 from backends.route.http1 import request_head
 from backends.route.metrics import RouterMetrics
@@ -113,6 +119,7 @@ class Router:
         # a policy that reads no gauge (round-robin, prefix-aware, ...) needs /metrics only
         # as a liveness check: scraped every health check, not every refresh
         self.reads_metrics = bool(needed_signals(self.policy))
+        self.reads_ids = reads_token_ids(self.policy)
         self.backends = [Backend(i, url) for i, url in enumerate(config.backends)]
         self.scrape_period_s = config.refresh_s if self.reads_metrics else config.health_check_s
         self.metrics = RouterMetrics(config.policy, self.backends, self.scrape_period_s)
@@ -229,7 +236,7 @@ class Router:
         request_id = f"route-{next(self._ids)}"
         session = [v.decode("latin-1") for k, v in headers if k == _SESSION][:1]
         routing = routing_request(payload, chat, {"x-session-id": session[0]} if session
-                                  else {}, request_id, arrival)
+                                  else {}, request_id, arrival, self.reads_ids)
         tried: set[int] = set()
         while True:
             backend = await self.choose(routing, tried)
