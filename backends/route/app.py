@@ -1,8 +1,8 @@
 """`rt route`: an OpenAI-compatible router over OpenAI servers.
 
     POST /v1/completions, /v1/chat/completions   forwarded byte for byte (body, status,
-                                                  content type; SSE chunk by chunk) to the
-                                                  backend the policy chooses
+                                                  content type; SSE bytes as they arrive)
+                                                  to the backend the policy chooses
     GET  /v1/models     the first backend up's answer
     GET  /health        200 while at least one backend is up, else 503
     GET  /metrics       the router's own metrics (`backends.route.metrics`)
@@ -12,15 +12,18 @@ the index of the backend that answered (its position among `--backend`, 0-based:
 `replica` of a simulated fleet), so a client can attribute each request to a replica
 (`rt replay --endpoint` records it in the `replica` column).
 
-A request's life (the two POST routes bypass FastAPI: `backends.route.relay`): the body is
-parsed for the prompt (`backends.route.prompt`); the shared policy (`runtime.router`)
-chooses among the backends up, from their last scraped metrics and its own state
-(`on_routed`); the request is sent, its body as received (never re-serialized), on a
-keep-alive connection of the backend's own pool (`backends.route.upstream`; httpx serves
-only the scrapes, health checks and /v1/models). /metrics of each backend is scraped every
-refresh when the policy reads a gauge, else every health check (it is then only a liveness
-check). If the connection is refused, nothing reached the backend: it counts a failure and
-the request is routed again among the others.
+HTTP is the router's own both ways: `backends.route.server` (clients) and
+`backends.route.upstream` (backends); the handler is `backends.route.relay`.
+
+A request's life: the body is parsed for the prompt (`backends.route.prompt`); the shared
+policy (`runtime.router`) chooses among the backends up, from their last scraped metrics
+and its own state (`on_routed`); the request is sent, its body as received (never
+re-serialized), on a keep-alive connection of the backend's own pool (httpx serves only the
+start-up check, /v1/models and the /health probes of a backend taken out). /metrics of each
+backend (on its pool too) is scraped every refresh when the policy reads a gauge, else
+every health check (it is then only a liveness check). If the connection is refused,
+nothing reached the backend: it counts a failure and the request is routed again among the
+others.
 The first SSE event with output (chat: the second, after the role) calls `on_prefill_done`;
 the end of the response, or its failure, `on_finished`. A response cut by its backend (the
 process died, the stream broke, or the backend was taken out while silent) ends with an
