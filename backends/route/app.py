@@ -1,8 +1,8 @@
-"""`rt route`: an OpenAI-compatible router over OpenAI servers (FastAPI + httpx).
+"""`rt route`: an OpenAI-compatible router over OpenAI servers.
 
     POST /v1/completions, /v1/chat/completions   forwarded byte for byte (body, status,
-                                                  content type; SSE chunk by chunk) to the
-                                                  backend the policy chooses
+                                                  content type; SSE bytes as they arrive)
+                                                  to the backend the policy chooses
     GET  /v1/models     the first backend up's answer
     GET  /health        200 while at least one backend is up, else 503
     GET  /metrics       the router's own metrics (`backends.route.metrics`)
@@ -12,13 +12,18 @@ the index of the backend that answered (its position among `--backend`, 0-based:
 `replica` of a simulated fleet), so a client can attribute each request to a replica
 (`rt replay --endpoint` records it in the `replica` column).
 
-A request's life (the two POST routes bypass FastAPI: `backends.route.relay`): the body is
-parsed for the prompt (`backends.route.prompt`); the shared policy (`runtime.router`)
-chooses among the backends up, from their last scraped metrics and its own state
-(`on_routed`); the request is sent. /metrics of each backend is scraped every refresh when
-the policy reads a gauge, else every health check (it is then only a liveness check). If
-the connection is refused, nothing reached the backend: it counts a failure and the request
-is routed again among the others.
+HTTP is the router's own both ways: `backends.route.server` (clients) and
+`backends.route.upstream` (backends); the handler is `backends.route.relay`.
+
+A request's life: the body is parsed for the prompt (`backends.route.prompt`); the shared
+policy (`runtime.router`) chooses among the backends up, from their last scraped metrics
+and its own state (`on_routed`); the request is sent, its body as received (never
+re-serialized), on a keep-alive connection of the backend's own pool (httpx serves only the
+start-up check, /v1/models and the /health probes of a backend taken out). /metrics of each
+backend (on its pool too) is scraped every refresh when the policy reads a gauge, else
+every health check (it is then only a liveness check). If the connection is refused,
+nothing reached the backend: it counts a failure and the request is routed again among the
+others.
 The first SSE event with output (chat: the second, after the role) calls `on_prefill_done`;
 the end of the response, or its failure, `on_finished`. A response cut by its backend (the
 process died, the stream broke, or the backend was taken out while silent) ends with an
@@ -33,34 +38,55 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
+import signal
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import certifi
 import httpx
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from backends.route.backends import Backend, check_backends, healthy, needed_signals, scrape
+from backends.route.backends import (
+    Backend,
+    check_backends,
+    healthy,
+    needed_signals,
+    reads_token_ids,
+)
 from backends.route.flags import REPLICA_HEADER
+from backends.route.http1 import request_head
 from backends.route.metrics import RouterMetrics
 from backends.route.prompt import routing_request
-from backends.route.relay import FastPath
+from backends.route.relay import handle
+from backends.route.server import serve
+from backends.route.upstream import (
+    ConnectFailed,
+    Exchange,
+    UpstreamConfig,
+    UpstreamError,
+    UpstreamFailed,
+    UpstreamPool,
+    get,
+)
 from backends.serve.openai_protocol import ApiError
 from runtime.router import RoutingRequest, make_policy
 
-# hop-by-hop and framing headers: never forwarded either way
-_SKIP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive",
-         "upgrade", "te", "trailer", "proxy-connection", "date", "server"}
+# hop-by-hop and framing headers: never forwarded either way (and `expect`: the router has
+# the whole body before it sends)
+_SKIP = frozenset({b"host", b"content-length", b"transfer-encoding", b"connection",
+                   b"keep-alive", b"upgrade", b"te", b"trailer", b"proxy-connection", b"date",
+                   b"server", b"expect"})
 _REPLICA = REPLICA_HEADER.encode()
+_SESSION = b"x-session-id"
 _SCRAPE_TIMEOUT_S = 5.0  # a backend saturated by load answers /metrics late, not never
-_CLIENT_SHARDS = 16  # HTTP clients the requests are spread over (see Router.start)
+_CONNECT_TIMEOUT_S = 5.0
+_MAX_IDLE = 128  # idle keep-alive connections kept per backend
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +113,6 @@ class RouterConfig:
     backend_timeout_s: float = 300.0
 
 
-class _BackendDown(Exception):
-    """The backend was taken out while the request waited for its headers."""
-
-
 class Router:
     """The handlers' shared state: policy, backends, HTTP client, metrics."""
 
@@ -100,28 +122,27 @@ class Router:
         # a policy that reads no gauge (round-robin, prefix-aware, ...) needs /metrics only
         # as a liveness check: scraped every health check, not every refresh
         self.reads_metrics = bool(needed_signals(self.policy))
+        self.reads_ids = reads_token_ids(self.policy)
         self.backends = [Backend(i, url) for i, url in enumerate(config.backends)]
         self.scrape_period_s = config.refresh_s if self.reads_metrics else config.health_check_s
         self.metrics = RouterMetrics(config.policy, self.backends, self.scrape_period_s)
         self.client: httpx.AsyncClient | None = None  # scrapes, health, /v1/models
-        self._shards: list[httpx.AsyncClient] = []  # requests, round-robin over them
+        # the requests' connections, per backend (index = replica id), and the path each
+        # backend's URL puts before /v1/...
+        https = any(url.startswith("https:") for url in config.backends)
+        # the default trust store (certifi), loaded once (0.17 s) for all the backends
+        tls = ssl.create_default_context(cafile=certifi.where()) if https else None
+        self.pools = [UpstreamPool(_upstream(url, tls, config.backend_timeout_s))
+                      for url in config.backends]
+        self._prefixes = [urlsplit(url).path.encode() for url in config.backends]
         self._ids = itertools.count()
-        self._shard = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
 
     # ---- lifecycle and backend state -------------------------------------------------------
 
     async def start(self) -> None:
-        timeout = httpx.Timeout(self.config.backend_timeout_s, connect=5.0)
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-        # httpx's default trust store (certifi), loaded once (0.17 s) for all the clients
-        tls = ssl.create_default_context(cafile=certifi.where())
-        self.client = httpx.AsyncClient(timeout=timeout, limits=limits, verify=tls)
-        # httpcore's pool does O(connections^2) work each time a request starts or ends
-        # (1.2 M is_idle() calls for 500 requests over 50 connections in a profile): the
-        # requests go through _CLIENT_SHARDS clients, so that each pool stays small
-        self._shards = [httpx.AsyncClient(timeout=timeout, limits=limits, verify=tls)
-                        for _ in range(_CLIENT_SHARDS)]
+        timeout = httpx.Timeout(self.config.backend_timeout_s, connect=_CONNECT_TIMEOUT_S)
+        self.client = httpx.AsyncClient(timeout=timeout)
         await asyncio.gather(*(self._scrape(b) for b in self.backends))
         self._tasks = [asyncio.create_task(self._watch(b)) for b in self.backends]
 
@@ -131,8 +152,10 @@ class Router:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for client in [*self._shards, *([self.client] if self.client else [])]:
-            await client.aclose()
+        for pool in self.pools:
+            pool.close()
+        if self.client is not None:
+            await self.client.aclose()
 
     async def _watch(self, backend: Backend) -> None:
         """Scrape the backend every refresh while up (every health check if the policy
@@ -158,8 +181,14 @@ class Router:
                 self.metrics.errors.labels(backend.url, "health").inc()
 
     async def _scrape(self, backend: Backend) -> None:
-        assert self.client is not None
-        if await scrape(self.client, backend, _SCRAPE_TIMEOUT_S):
+        """/metrics of the backend, on a connection of its pool, into it."""
+        target = self._prefixes[backend.replica_id] + b"/metrics"
+        try:
+            status, text = await get(self.pools[backend.replica_id], target, _SCRAPE_TIMEOUT_S)
+        except UpstreamError:
+            status, text = 0, b""
+        if status == 200:
+            backend.scraped(text.decode("utf-8", "replace"))
             backend.succeeded()
         else:
             self.metrics.errors.labels(backend.url, "scrape").inc()
@@ -194,12 +223,13 @@ class Router:
         self.policy.on_finished(request_id)
         backend.in_flight -= 1
 
-    async def dispatch(self, body: bytes, headers: Mapping[str, str], path: str, chat: bool,
-                       arrival: float) -> tuple[Backend, httpx.Response, str]:
-        """Route the request (body bytes, lower-case headers) and send it: its backend, the
-        backend's response (headers read, body not) and its router id. ApiError (400 bad
-        body, 503 nothing up, 502 the backend failed) otherwise; a refused connection is
-        routed again among the backends not yet tried."""
+    async def dispatch(self, body: bytes, headers: list[tuple[bytes, bytes]], target: bytes,
+                       chat: bool, arrival: float) -> tuple[Backend, Exchange, str]:
+        """Route the request (body bytes, headers with lower-case names, the target path
+        and query) and send it: its backend, the exchange with the backend's response head
+        read, and its router id.
+        ApiError (400 bad body, 503 nothing up, 502 the backend failed) otherwise; a refused
+        connection is routed again among the backends not yet tried."""
         try:
             payload = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -207,8 +237,9 @@ class Router:
         if not isinstance(payload, dict):
             raise ApiError(400, "the body must be a JSON object")
         request_id = f"route-{next(self._ids)}"
-        routing = routing_request(payload, chat, headers, request_id, arrival)
-        forward = {k: v for k, v in headers.items() if k not in _SKIP}
+        session = [v.decode("latin-1") for k, v in headers if k == _SESSION][:1]
+        routing = routing_request(payload, chat, {"x-session-id": session[0]} if session
+                                  else {}, request_id, arrival, self.reads_ids)
         tried: set[int] = set()
         while True:
             backend = await self.choose(routing, tried)
@@ -218,54 +249,52 @@ class Router:
             self.metrics.routing_latency.observe(time.monotonic() - arrival)
             self.metrics.dispatched(backend.replica_id)
             try:
-                return backend, await self._send(backend, path, body, forward), request_id
-            except (httpx.ConnectError, httpx.ConnectTimeout):  # nothing reached it
+                return backend, await self._send(backend, target, body, headers), request_id
+            except ConnectFailed:  # nothing reached it
                 self.finish(backend, request_id)
                 self.metrics.errors.labels(backend.url, "connect").inc()
                 backend.failed(self.config.max_failures)
                 self.metrics.retries.inc()
                 tried.add(backend.replica_id)
-            except (httpx.HTTPError, _BackendDown) as err:
+            except UpstreamFailed as err:
                 self.finish(backend, request_id)
                 self.metrics.errors.labels(backend.url, "stream").inc()
-                raise ApiError(502, f"backend {backend.url} failed: "
-                               f"{err or type(err).__name__}") from None
+                raise ApiError(502, f"backend {backend.url} failed: {err}") from None
 
-    async def _send(self, backend: Backend, path: str, body: bytes,
-                    headers: dict[str, str]) -> httpx.Response:
-        """The backend's response, headers read, body not; `_BackendDown` if it is taken
-        out first."""
-        client = self._shards[next(self._shard) % len(self._shards)]
-        outgoing = client.build_request("POST", backend.url + path, content=body,
-                                        headers=headers)
-        send = asyncio.ensure_future(client.send(outgoing, stream=True))
-        backend.sending.add(send)
+    async def _send(self, backend: Backend, target: bytes, body: bytes,
+                    headers: list[tuple[bytes, bytes]]) -> Exchange:
+        """The exchange with the backend's response head read (registered in
+        `backend.streams` until the relay is done with it, so that taking the backend out
+        fails it)."""
+        pool = self.pools[backend.replica_id]
+        head = request_head(b"POST", self._prefixes[backend.replica_id] + target,
+                            pool.host_header, len(body), headers, _SKIP)
+        exchange = pool.exchange()
+        backend.streams.add(exchange)
         try:
-            return await send
-        except asyncio.CancelledError:
-            if not backend.up and send.cancelled():  # taken down, not this task cancelled
-                current = asyncio.current_task()
-                if current is None or not current.cancelling():
-                    raise _BackendDown(f"{backend.url} was taken out") from None
+            await exchange.start(head, body)
+        except BaseException:
+            backend.streams.discard(exchange)
+            exchange.close()
             raise
-        finally:
-            backend.sending.discard(send)
+        return exchange
 
-    def answered(self, backend: Backend, upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
+    def answered(self, backend: Backend, upstream: Exchange) -> list[tuple[bytes, bytes]]:
         """Count the backend's status (an engine error, a 5xx other than load shedding's
         503, is a failure) and return the response headers to forward: the backend's but
         hop-by-hop and framing ones, plus `x-rt-replica`."""
-        status = upstream.status_code
+        status = upstream.status
         if status >= 500 and status != 503:
             self.metrics.errors.labels(backend.url, "status").inc()
             backend.failed(self.config.max_failures)
         else:
             backend.succeeded()
-        headers = [(k, v) for k, v in upstream.headers.raw if k.lower().decode() not in _SKIP]
+        headers = [(k, v) for k, v in upstream.headers if k not in _SKIP]
         headers.append((_REPLICA, str(backend.replica_id).encode()))
         return headers
 
-    async def models(self) -> Response:
+    async def models(self) -> tuple[int, bytes, bytes]:
+        """The first backend up's answer to GET /v1/models: status, content type, body."""
         assert self.client is not None
         for backend in self.backends:
             if not backend.up:
@@ -275,65 +304,41 @@ class Router:
                                                  timeout=_SCRAPE_TIMEOUT_S)
             except httpx.HTTPError:
                 continue
-            return Response(response.content, status_code=response.status_code,
-                            media_type=response.headers.get("content-type"))
+            content_type = response.headers.get("content-type", "").encode("latin-1")
+            return response.status_code, content_type, response.content
         raise ApiError(503, "no backend is up; retry later")
 
 
-def build_app(config: RouterConfig) -> FastPath:
-    """The ASGI app: the generation routes' fast path (`backends.route.relay`) in front of
-    a FastAPI app for the rest; the HTTP client and the scrapers start with its lifespan."""
-    router = Router(config)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await router.start()
-        try:
-            yield
-        finally:
-            await router.stop()
-
-    app = FastAPI(title="rt route", lifespan=lifespan)
-    app.state.router = router
-
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, err: ApiError) -> JSONResponse:
-        return err.response()
-
-    @app.get("/v1/models")
-    async def models() -> Response:
-        return await router.models()
-
-    @app.get("/health")
-    async def health() -> Response:
-        if router.any_up:
-            return Response(status_code=200)
-        return ApiError(503, "no backend is up").response()
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(router.metrics.registry),
-                        media_type=CONTENT_TYPE_LATEST)
-
-    return FastPath(app, router)
+def _upstream(url: str, tls: ssl.SSLContext | None, timeout_s: float) -> UpstreamConfig:
+    """The pool settings for a backend's base URL (http or https)."""
+    parts = urlsplit(url)
+    https = parts.scheme == "https"
+    return UpstreamConfig(parts.hostname or "127.0.0.1", parts.port or (443 if https else 80),
+                          tls if https else None, _MAX_IDLE, _CONNECT_TIMEOUT_S, timeout_s)
 
 
 def run_router(config: RouterConfig, host: str, port: int, shutdown_timeout_s: float = 10.0,
                log_level: str = "warning") -> None:
     """Serve until SIGINT/SIGTERM: then stop accepting, let responses in flight finish for
-    up to `shutdown_timeout_s` (then they are cut), close the client and return."""
-    import uvicorn
+    up to `shutdown_timeout_s` (then they are cut), close the clients and return.
+    RuntimeError (one line) if host:port cannot be bound. `log_level` is unused: the
+    router's own server (`backends.route.server`) logs nothing."""
+    del log_level
+    asyncio.run(_serve(config, host, port, shutdown_timeout_s))
 
-    from backends.serve.api_server import _quiet_server_class
 
-    server_class: Any = _quiet_server_class()
-    uv_config = uvicorn.Config(build_app(config), host=host, port=port, log_level=log_level,
-                               timeout_graceful_shutdown=max(int(shutdown_timeout_s), 1),
-                               access_log=False)
-    server = server_class(uv_config)
-    server.run()
-    if not server.started:
-        raise RuntimeError("the router did not start (see the messages above)")
+async def _serve(config: RouterConfig, host: str, port: int, shutdown_timeout_s: float
+                 ) -> None:
+    router = Router(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await router.start()
+    try:
+        await serve(functools.partial(handle, router), host, port, shutdown_timeout_s, stop)
+    finally:
+        await router.stop()
 
 
 def router_config(urls: Sequence[str], policy: str, policy_args: Sequence[str],

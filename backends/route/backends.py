@@ -13,10 +13,10 @@ Times are `time.monotonic()` seconds.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -25,6 +25,10 @@ from runtime.router import ReplicaSnapshot, RouterPolicy
 RUNNING, WAITING, KV_USAGE = ("vllm:num_requests_running", "vllm:num_requests_waiting",
                               "vllm:kv_cache_usage_perc")
 CACHE_INFO = "vllm:cache_config_info"
+TAKEN_OUT = "the backend was taken out"
+
+if TYPE_CHECKING:
+    from backends.route.upstream import Exchange
 
 
 @dataclass(slots=True)
@@ -79,6 +83,16 @@ def _label_int(labels: str, key: str) -> int | None:
     return None
 
 
+# the modules of policies that never read RoutingRequest.token_ids (round-robin, random,
+# least-outstanding, vllm-dp, power-of-two, session-hash); tested against their source
+ID_BLIND_MODULES = ("runtime.router.simple", "runtime.router.session")
+
+
+def reads_token_ids(policy: RouterPolicy) -> bool:
+    """Whether the policy may read the prompt's token ids (else the router skips them)."""
+    return type(policy).__module__ not in ID_BLIND_MODULES
+
+
 def needed_signals(policy: RouterPolicy) -> tuple[str, ...]:
     """The /metrics gauges `policy` reads (load-only and router-index policies: none).
     ValueError for a policy that needs the engines' KV events, which rt route does not read."""
@@ -113,9 +127,9 @@ class Backend:
     gauges: EngineGauges = field(default_factory=EngineGauges)
     scraped_at_s: float | None = None  # last successful scrape
     in_flight: int = 0
-    streams: set[httpx.Response] = field(default_factory=set)  # responses being relayed
-    # requests being sent to it, headers not yet back: cancelled when it is taken down
-    sending: set[asyncio.Future[httpx.Response]] = field(default_factory=set)
+    # its requests in flight, from their sending to the end of their relay: failed (their
+    # connections closed) when it is taken down
+    streams: set[Exchange] = field(default_factory=set)
 
     def snapshot(self, now_s: float) -> ReplicaSnapshot:
         g = self.gauges
@@ -124,6 +138,11 @@ class Backend:
             taken_at_s=self.scraped_at_s if self.scraped_at_s is not None else now_s,
             num_waiting=int(g.num_waiting or 0), num_running=int(g.num_running or 0),
             kv_usage=g.kv_usage or 0.0, num_gpu_blocks=g.num_gpu_blocks)
+
+    def scraped(self, text: str) -> None:
+        """A successful scrape of its /metrics (`text`), now."""
+        self.gauges = parse_metrics(text)
+        self.scraped_at_s = time.monotonic()
 
     def succeeded(self) -> None:
         self.failures = 0
@@ -138,10 +157,8 @@ class Backend:
 
     def take_down(self) -> None:
         self.up = False
-        for send in list(self.sending):
-            send.cancel()
-        for response in list(self.streams):  # their relays see the stream closed
-            asyncio.get_running_loop().create_task(response.aclose())
+        for exchange in list(self.streams):  # their waits fail: a 502 or an error event
+            exchange.close(TAKEN_OUT)
 
     def put_back(self) -> None:
         self.up = True
@@ -201,19 +218,6 @@ def _check_one(client: httpx.Client, base: str, policy: str, needed: tuple[str, 
     if missing:
         raise ValueError(f"router policy {policy} needs {', '.join(missing)} from /metrics, "
                          f"which backend {base} does not export")
-
-
-async def scrape(client: httpx.AsyncClient, backend: Backend, timeout_s: float) -> bool:
-    """Read the backend's /metrics into it; False on any failure."""
-    try:
-        response = await client.get(f"{backend.url}/metrics", timeout=timeout_s)
-    except httpx.HTTPError:
-        return False
-    if response.status_code != 200:
-        return False
-    backend.gauges = parse_metrics(response.text)
-    backend.scraped_at_s = time.monotonic()
-    return True
 
 
 async def healthy(client: httpx.AsyncClient, backend: Backend, timeout_s: float) -> bool:

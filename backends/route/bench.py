@@ -5,11 +5,15 @@ One `rt serve` backend (the command is given, e.g. `--simulate`) and one `rt rou
 of it start on free ports of 127.0.0.1. For each concurrency, a closed loop of `concurrency`
 streaming clients sends `num_requests` completions (`max_tokens` tokens each, ignore_eos)
 straight to the backend, then through the router, then both again (interleaved so that drift
-on a shared machine hits both alike). Per request: time to the first SSE byte (TTFT) and to
-the last (E2E), client-side. The report: requests/s and p50/p99 of both, per path, and the
-router's added p50/p99 (routed minus direct), and the router process's CPU time per routed
-request (from /proc: a cost that, unlike added latency, does not grow with the load other
-processes put on the machine). Every wait is bounded; both processes are always stopped.
+on a shared machine hits both alike). At concurrency 1 the two paths alternate request by
+request instead (one client each; which goes first alternates too), so that the load other
+processes put on the machine, which moves within seconds, hits both alike; requests/s is
+then that of the path's own requests (1 / their mean duration). Per request: time to the
+first SSE byte (TTFT) and to the last (E2E), client-side. The report: requests/s and
+p50/p99 of both, per path, and the router's added p50/p99 (routed minus direct), and the
+router process's CPU time per routed request (from /proc: a cost that, unlike added latency,
+does not grow with the load other processes put on the machine; its scrapes during the
+measured requests included). Every wait is bounded; both processes are always stopped.
 """
 
 from __future__ import annotations
@@ -112,24 +116,12 @@ async def _closed_loop(url: str, concurrency: int, num_requests: int, max_tokens
     async def worker(client: httpx.AsyncClient) -> None:
         nonlocal errors
         for i in counter:
-            body = {"prompt": f"{tag} request {i}: the quick brown fox",
-                    "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
-            start = time.perf_counter()
-            first = None
-            try:
-                async with client.stream("POST", f"{url}/v1/completions",
-                                         json=body) as response:
-                    async for _ in response.aiter_raw():
-                        first = first or time.perf_counter()
-                    ok = response.status_code == 200
-            except httpx.HTTPError:
-                ok = False
-            end = time.perf_counter()
-            if not ok or first is None:
+            timed = await _timed_request(client, url, f"{tag} request {i}", max_tokens)
+            if timed is None:
                 errors += 1
                 continue
-            ttft.append(first - start)
-            e2e.append(end - start)
+            ttft.append(timed[0])
+            e2e.append(timed[1])
 
     async with contextlib.AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(
@@ -139,6 +131,52 @@ async def _closed_loop(url: str, concurrency: int, num_requests: int, max_tokens
         await asyncio.gather(*(worker(client) for client in clients))
         wall = time.perf_counter() - started
     return {"ttft": ttft, "e2e": e2e, "errors": errors, "wall_s": wall}
+
+
+async def _timed_request(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int
+                         ) -> tuple[float, float] | None:
+    """One streamed completion: (seconds to the first body byte, to the last), None if it
+    failed."""
+    body = {"prompt": f"{prompt}: the quick brown fox", "max_tokens": max_tokens,
+            "stream": True, "ignore_eos": True}
+    start = time.perf_counter()
+    first = None
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+            async for _ in response.aiter_raw():
+                first = first or time.perf_counter()
+            ok = response.status_code == 200
+    except httpx.HTTPError:
+        ok = False
+    end = time.perf_counter()
+    return (first - start, end - start) if ok and first is not None else None
+
+
+async def _alternating(urls: dict[str, str], num_requests: int, max_tokens: int,
+                       timeout_s: float, tag: str) -> dict[str, dict[str, Any]]:
+    """Concurrency 1, the paths (name -> URL) taking turns request by request: per path,
+    the `_closed_loop` record, its wall time the sum of its requests' durations."""
+    runs: dict[str, dict[str, Any]] = {path: {"ttft": [], "e2e": [], "errors": 0,
+                                              "wall_s": 0.0} for path in urls}
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    tls = ssl.create_default_context(cafile=certifi.where())
+    async with contextlib.AsyncExitStack() as stack:
+        clients = {path: await stack.enter_async_context(
+            httpx.AsyncClient(timeout=timeout_s, limits=limits, verify=tls)) for path in urls}
+        order = list(urls)
+        for i in range(num_requests):
+            for path in order if i % 2 == 0 else order[::-1]:
+                start = time.perf_counter()
+                timed = await _timed_request(clients[path], urls[path], f"{tag}{path} {i}",
+                                             max_tokens)
+                run = runs[path]
+                run["wall_s"] += time.perf_counter() - start
+                if timed is None:
+                    run["errors"] += 1
+                else:
+                    run["ttft"].append(timed[0])
+                    run["e2e"].append(timed[1])
+    return runs
 
 
 def _summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -161,34 +199,43 @@ def _added(direct: dict[str, Any], routed: dict[str, Any]) -> dict[str, Any]:
             for metric in ("ttft_ms", "e2e_ms")}
 
 
+def _measure(config: RouteBenchConfig, concurrency: int, backend: str, router: str,
+             router_pid: int) -> dict[str, Any]:
+    """One concurrency's result: both paths, interleaved (the module docstring)."""
+    for url in (backend, router):  # a warm-up of each path (connections, first requests)
+        asyncio.run(_closed_loop(url, concurrency, concurrency, config.max_tokens,
+                                 config.request_timeout_s, "warm"))
+    runs: dict[str, list[dict[str, Any]]] = {"direct": [], "routed": []}
+    router_cpu = 0.0
+    for round_ in range(config.rounds):
+        if concurrency == 1:  # request by request
+            cpu = _cpu_s(router_pid)
+            both = asyncio.run(_alternating({"direct": backend, "routed": router},
+                                            config.num_requests, config.max_tokens,
+                                            config.request_timeout_s, str(round_)))
+            router_cpu += _cpu_s(router_pid) - cpu
+            for path, run in both.items():
+                runs[path].append(run)
+            continue
+        for path, url in (("direct", backend), ("routed", router)):
+            cpu = _cpu_s(router_pid)
+            runs[path].append(asyncio.run(_closed_loop(
+                url, concurrency, config.num_requests, config.max_tokens,
+                config.request_timeout_s, f"{path}{round_}")))
+            router_cpu += (_cpu_s(router_pid) - cpu) if path == "routed" else 0.0
+    direct, routed = _summary(runs["direct"]), _summary(runs["routed"])
+    routed["router_cpu_ms_per_request"] = round(router_cpu * 1e3 / max(routed["requests"], 1),
+                                                3)
+    ratio = (round(routed["requests_per_s"] / direct["requests_per_s"], 3)
+             if direct["requests_per_s"] and routed["requests_per_s"] else None)
+    return {"concurrency": concurrency, "direct": direct, "routed": routed,
+            "added_ms": _added(direct, routed), "throughput_ratio": ratio}
+
+
 def run_route_bench(config: RouteBenchConfig, ports: tuple[int, int]) -> dict[str, Any]:
     """The report (see the module docstring)."""
-    results = []
     with _backend_and_router(config, ports) as (backend, router, router_pid):
-        for concurrency in config.concurrencies:
-            # a warm-up of each path (connections, first-request costs), not measured
-            for url in (backend, router):
-                asyncio.run(_closed_loop(url, concurrency, concurrency, config.max_tokens,
-                                         config.request_timeout_s, "warm"))
-            runs: dict[str, list[dict[str, Any]]] = {"direct": [], "routed": []}
-            router_cpu = 0.0
-            for round_ in range(config.rounds):
-                for path, url in (("direct", backend), ("routed", router)):
-                    cpu = _cpu_s(router_pid)
-                    runs[path].append(asyncio.run(_closed_loop(
-                        url, concurrency, config.num_requests, config.max_tokens,
-                        config.request_timeout_s, f"{path}{round_}")))
-                    router_cpu += (_cpu_s(router_pid) - cpu) if path == "routed" else 0.0
-            direct, routed = _summary(runs["direct"]), _summary(runs["routed"])
-            # the router's own CPU per routed request (its scrapes in those rounds too): a
-            # cost that does not depend on how loaded the machine is, unlike added latency
-            routed["router_cpu_ms_per_request"] = round(
-                router_cpu * 1e3 / max(routed["requests"], 1), 3)
-            results.append({"concurrency": concurrency, "direct": direct, "routed": routed,
-                            "added_ms": _added(direct, routed),
-                            "throughput_ratio": round(routed["requests_per_s"]
-                                                      / direct["requests_per_s"], 3)
-                            if direct["requests_per_s"] and routed["requests_per_s"]
-                            else None})
+        results = [_measure(config, concurrency, backend, router, router_pid)
+                   for concurrency in config.concurrencies]
     return {"num_requests": config.num_requests, "rounds": config.rounds,
             "max_tokens": config.max_tokens, "results": results}

@@ -1,152 +1,140 @@
-"""The router's hot path as a bare ASGI app: POST /v1/completions and /v1/chat/completions.
+"""The router's request handler (`backends.route.server`'s): the two generation routes,
+POST /v1/completions and /v1/chat/completions, relayed to a backend, and GET /v1/models,
+/health and /metrics.
 
-In front of the FastAPI app (which keeps /v1/models, /health, /metrics and the lifespan),
-`FastPath` takes the two generation routes itself: the body is read from the ASGI messages,
-routed and sent (`Router.dispatch`), and the backend's answer is written back as ASGI
-messages: a body at once, or an SSE stream chunk by chunk as the backend's bytes arrive
-(uvicorn frames it with chunked transfer encoding). This skips FastAPI's routing and
-Starlette's `StreamingResponse` (a task group per response), most of the router's own CPU
-time per request.
+A generation request is routed and sent (`Router.dispatch`); the backend's answer goes back
+as it came: a whole body in one write, or an SSE stream as its bytes arrive (what arrived
+together goes out together: the head with the bytes that came with the backend's head, then
+each later piece, the last with the end of the body), chunk-framed anew for the client (the
+backend's chunk boundaries are not kept; its bytes are).
 
-Stream semantics are `backends.route.app`'s: the first event with output calls the policy's
-`on_prefill_done` (chat: the second, after the role), the end or failure `on_finished`; a
-stream cut by its backend ends with an OpenAI-style `data: {"error": ...}` event. A client
-that disconnects is noticed at the backend's next chunk: the backend's response is closed
-(its request aborted).
+Stream semantics: the first event with output calls the policy's `on_prefill_done` (chat:
+the second, after the role), the end or failure `on_finished`; a stream cut by its backend
+ends with an OpenAI-style `data: {"error": ...}` event. A client that disconnects closes the
+backend's connection at once (its request is aborted there).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import httpx
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from backends.route.upstream import UpstreamFailed
 from backends.serve.openai_protocol import ApiError
 
 if TYPE_CHECKING:
     from backends.route.app import Router
     from backends.route.backends import Backend
-
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+    from backends.route.server import Connection, Request
+    from backends.route.upstream import Exchange
 
 PATHS = {"/v1/completions": False, "/v1/chat/completions": True}  # path -> chat
 _JSON = (b"content-type", b"application/json")
+_SSE = b"text/event-stream"
 
 
-class FastPath:
-    """ASGI: the generation routes to `router`, everything else to `app`."""
-
-    def __init__(self, app: ASGIApp, router: Router) -> None:
-        self.app = app
-        self.router = router
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        chat = PATHS.get(scope.get("path", "")) if scope["type"] == "http" else None
-        if chat is None or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        arrival = time.monotonic()
-        body = await _read_body(receive)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        try:
-            backend, upstream, request_id = await self.router.dispatch(
-                body, headers, scope["path"], chat, arrival)
-        except ApiError as err:
-            await _send_json(send, err.status, err.body())
-            return
-        forward = self.router.answered(backend, upstream)
-        if upstream.headers.get("content-type", "").startswith("text/event-stream"):
-            await _relay(self.router, backend, upstream, request_id, chat, forward, receive,
-                         send)
+async def handle(router: Router, request: Request, conn: Connection) -> None:
+    """Answer one request."""
+    chat = PATHS.get(request.path)
+    if chat is not None and request.method == b"POST":
+        await _generate(router, request, conn, chat)
+    elif request.method == b"GET" and request.path == "/health":
+        if router.any_up:
+            conn.respond(200, [], b"")
         else:
-            await _whole(self.router, backend, upstream, request_id, forward, send)
+            _error(conn, ApiError(503, "no backend is up"))
+    elif request.method == b"GET" and request.path == "/metrics":
+        conn.respond(200, [(b"content-type", CONTENT_TYPE_LATEST.encode())],
+                     generate_latest(router.metrics.registry))
+    elif request.method == b"GET" and request.path == "/v1/models":
+        try:
+            status, content_type, body = await router.models()
+        except ApiError as err:
+            _error(conn, err)
+            return
+        conn.respond(status, [(b"content-type", content_type)] if content_type else [], body)
+    elif chat is not None or request.path in ("/health", "/metrics", "/v1/models"):
+        _error(conn, ApiError(405, f"{request.method.decode('latin-1')} is not allowed on "
+                                   f"{request.path}", kind="MethodNotAllowed"))
+    else:
+        _error(conn, ApiError(404, f"no route {request.path}"))
 
 
-async def _read_body(receive: Receive) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":  # the client left before sending it all
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
+def _error(conn: Connection, err: ApiError) -> None:
+    conn.respond(err.status, [_JSON], json.dumps(err.body()).encode())
 
 
-async def _send_json(send: Send, status: int, obj: Any) -> None:
-    body = json.dumps(obj).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [_JSON, (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _whole(router: Router, backend: Backend, upstream: httpx.Response, request_id: str,
-                 headers: list[tuple[bytes, bytes]], send: Send) -> None:
-    """A non-streaming answer: read it all, then write it (502 if the backend fails)."""
+async def _generate(router: Router, request: Request, conn: Connection, chat: bool) -> None:
     try:
-        content = await upstream.aread()
-    except httpx.HTTPError as err:
-        router.metrics.errors.labels(backend.url, "stream").inc()
-        error = ApiError(502, f"backend {backend.url} failed: {err or type(err).__name__}")
-        await _send_json(send, 502, error.body())
+        backend, upstream, request_id = await router.dispatch(
+            request.body, request.headers, request.target, chat, request.arrival_s)
+    except ApiError as err:
+        _error(conn, err)
+        return
+    forward = router.answered(backend, upstream)
+    try:
+        if any(k == b"content-type" and v.startswith(_SSE) for k, v in upstream.headers):
+            await _relay(router, backend, upstream, request_id, chat, forward, conn)
+        else:
+            await _whole(router, backend, upstream, request_id, forward, conn)
+    finally:
+        upstream.close()
+        backend.streams.discard(upstream)
+        router.finish(backend, request_id)
+
+
+async def _whole(router: Router, backend: Backend, upstream: Exchange, request_id: str,
+                 headers: list[tuple[bytes, bytes]], conn: Connection) -> None:
+    """A non-streaming answer: read it all, then write it (502 if the backend fails)."""
+    conn.on_lost = upstream.close
+    try:
+        content = await upstream.read_all()
+    except UpstreamFailed as err:
+        if not conn.gone:
+            router.metrics.errors.labels(backend.url, "stream").inc()
+            _error(conn, ApiError(502, f"backend {backend.url} failed: {err}"))
         return
     finally:
-        await upstream.aclose()
         router.policy.on_prefill_done(request_id)
-        router.finish(backend, request_id)
-    headers.append((b"content-length", str(len(content)).encode()))
-    await send({"type": "http.response.start", "status": upstream.status_code,
-                "headers": headers})
-    await send({"type": "http.response.body", "body": content})
+    conn.respond(upstream.status, headers, content)
 
 
-async def _disconnected(receive: Receive) -> None:
-    """Returns when the client has gone (or the response is complete)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _relay(router: Router, backend: Backend, upstream: httpx.Response, request_id: str,
-                 chat: bool, headers: list[tuple[bytes, bytes]], receive: Receive,
-                 send: Send) -> None:
+async def _relay(router: Router, backend: Backend, upstream: Exchange, request_id: str,
+                 chat: bool, headers: list[tuple[bytes, bytes]], conn: Connection) -> None:
     """The backend's SSE bytes as they come; an error event if the stream is cut."""
-    await send({"type": "http.response.start", "status": upstream.status_code,
-                "headers": headers})
-    backend.streams.add(upstream)
-    gone = asyncio.ensure_future(_disconnected(receive))
-    first_output = 2 if chat else 1  # chat's first event is the role, no output yet
-    events = 0
-    tail = b""
+    conn.on_lost = upstream.close  # the client left: the backend's request is aborted
+    output = _Output(router, request_id, 2 if chat else 1)  # chat: the role event first
+    data = upstream.read_nowait()  # what came with the backend's head
+    conn.start_stream(upstream.status, headers, data)
+    output.seen(data)
     try:
-        try:
-            async for chunk in upstream.aiter_raw():
-                if events < first_output:
-                    events += chunk.count(b"data:")
-                    if events >= first_output:
-                        router.policy.on_prefill_done(request_id)
-                tail = (tail + chunk)[-32:]
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                if gone.done():  # the client left: closing the response aborts the request
-                    break
-            if not backend.up and b"[DONE]" not in tail and not gone.done():
-                raise httpx.ReadError("the backend was taken out")
-        except Exception as err:  # noqa: BLE001 (whatever broke the stream, the client is told)
-            router.metrics.errors.labels(backend.url, "stream").inc()
-            error = ApiError(502, f"backend {backend.url} failed mid-stream: "
-                             f"{err or type(err).__name__}")
-            event = f"data: {json.dumps(error.body())}\n\n".encode()
-            await send({"type": "http.response.body", "body": event, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-    finally:
-        gone.cancel()
-        backend.streams.discard(upstream)
-        await upstream.aclose()
-        router.finish(backend, request_id)
+        while not upstream.complete:
+            if conn.paused:
+                await conn.drain()
+            data = await upstream.read()  # every byte that has come; b"": the end
+            output.seen(data)
+            conn.send(data, last=upstream.complete)
+            if upstream.complete:
+                return
+        conn.send(upstream.read_nowait(), last=True)
+    except UpstreamFailed as err:
+        if conn.gone:
+            return
+        router.metrics.errors.labels(backend.url, "stream").inc()
+        error = ApiError(502, f"backend {backend.url} failed mid-stream: {err}")
+        conn.send(f"data: {json.dumps(error.body())}\n\n".encode(), last=True)
+
+
+class _Output:
+    """Counts the stream's events until the first with output: then `on_prefill_done`."""
+
+    def __init__(self, router: Router, request_id: str, first_output: int) -> None:
+        self.router, self.request_id, self.left = router, request_id, first_output
+
+    def seen(self, data: bytes) -> None:
+        if self.left > 0 and data:
+            self.left -= data.count(b"data:")
+            if self.left <= 0:
+                self.router.policy.on_prefill_done(self.request_id)

@@ -128,6 +128,33 @@ def test_a_stream_is_forwarded_byte_for_byte(backends: list[Rt]) -> None:
         router.stop()
 
 
+def _running(backend: Rt) -> float:
+    text = httpx.get(f"{backend.url}/metrics", timeout=5).text
+    return sum(s.value for family in prometheus_parser.text_string_to_metric_families(text)
+               for s in family.samples if s.name == "vllm:num_requests_running")
+
+
+def test_a_client_that_leaves_mid_stream_aborts_its_backend_request(backends: list[Rt]
+                                                                    ) -> None:
+    router = route(backends[:1])
+    try:
+        body = {"model": MODEL, "prompt": "long", "max_tokens": 3000, "stream": True,
+                "ignore_eos": True}
+        with httpx.Client(timeout=30) as http_client, \
+                http_client.stream("POST", f"{router.url}/v1/completions", json=body) as out:
+            chunks = out.iter_raw()  # (kept: a dropped iterator closes the response)
+            next(chunks)  # streaming: the backend runs it
+            in_flight = ("rt_router_in_flight_requests", (("backend", backends[0].url),))
+            assert (samples(router)[in_flight], _running(backends[0])) == (1, 1)
+        deadline = time.monotonic() + 20  # the client is gone: so is the backend's request
+        while samples(router)[in_flight] != 0 or _running(backends[0]) != 0:
+            assert time.monotonic() < deadline, (samples(router)[in_flight],
+                                                 _running(backends[0]))
+            time.sleep(0.05)
+    finally:
+        router.stop()
+
+
 @pytest.mark.parametrize("policy", ["prefix-aware", "sglang-cache-aware"])
 def test_a_prefix_aware_policy_keeps_a_conversation_on_one_backend(
         backends: list[Rt], policy: str) -> None:

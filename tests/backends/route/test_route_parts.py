@@ -80,3 +80,24 @@ def test_flags_passed_on_to_replicas_are_those_changed() -> None:
     assert flag_argv(EngineFlags()) == []
     argv = flag_argv(EngineFlags(max_num_seqs=8, enable_prefix_caching=False))
     assert argv == ["--max-num-seqs", "8", "--no-enable-prefix-caching"]
+
+
+def test_policies_the_router_builds_no_token_ids_for_never_read_them() -> None:
+    import importlib
+    import inspect
+
+    from backends.route.backends import ID_BLIND_MODULES, reads_token_ids
+
+    for module in ID_BLIND_MODULES:
+        assert "token_ids" not in inspect.getsource(importlib.import_module(module)), module
+    assert not reads_token_ids(make_policy("round-robin", [], 0))
+    assert not reads_token_ids(make_policy("session-hash", [], 0))
+    assert reads_token_ids(make_policy("prefix-aware", [], 0))
+    assert reads_token_ids(make_policy("llm-d", [], 0))
+    body = {"prompt": "héllo", "user": "u"}
+    full = routing_request(body, False, {}, "r", 1.0)
+    bare = routing_request(body, False, {}, "r", 1.0, with_ids=False)
+    assert (bare.prompt_len, bare.token_ids, bare.session_id) == (6, None, "u")
+    assert full.prompt_len == 6 and full.token_ids is not None and len(full.token_ids) == 6
+    ids = routing_request({"prompt": [5, 6, 7]}, False, {}, "r", 1.0, with_ids=False)
+    assert (ids.prompt_len, ids.token_ids) == (3, None)

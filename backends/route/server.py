@@ -1,0 +1,321 @@
+"""The router's HTTP/1.1 server: asyncio protocols, one task per request, no ASGI layer.
+
+    await serve(handler, host, port, shutdown_timeout_s, stop)
+
+Each connection parses its requests (head, then a Content-Length or chunked body; `Expect:
+100-continue` answered) and runs `handler(request, connection)` for one at a time (bytes of
+a pipelined next request wait). The handler answers through the connection:
+
+    connection.respond(status, headers, body)        # a whole body: one write
+    connection.start_stream(status, headers, first)  # head and first bytes: one write
+    connection.send(data, last)                      # a piece (chunk-framed for HTTP/1.1;
+    await connection.drain()                         #   last: the final chunk too)
+    connection.on_lost = callback                    # called once if the client goes
+
+An HTTP/1.0 client (or one that sent `connection: close`) gets `connection: close` and, for a
+stream, a body framed by the close. A connection idle (no request, or a request's bytes
+stalled) for `KEEP_ALIVE_S` is closed. A malformed request gets a 400 and the close.
+
+Shutdown (`stop` set): the listening socket closes, idle connections close, requests in
+flight may finish for `shutdown_timeout_s`, then their connections are cut (the handlers'
+`on_lost` callbacks run) and their tasks cancelled. Times are seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from backends.route.http1 import (
+    LAST_CHUNK,
+    MAX_HEAD,
+    ChunkedDecoder,
+    ProtocolError,
+    body_framing,
+    chunk,
+    field,
+    split_head,
+)
+
+KEEP_ALIVE_S = 5.0  # as uvicorn's default
+MAX_BODY = 64 * 1024 * 1024  # bytes of a request body at most (413 above)
+_PHRASES = {s.value: s.phrase.encode() for s in http.HTTPStatus}
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """Attributes:
+    method, target: as sent (target: path and query).
+    path: the target without its query, as text.
+    headers: (lower-case name, value) in order.
+    body: the whole body (de-chunked).
+    arrival_s: time.monotonic() when its head was complete.
+    """
+
+    method: bytes
+    target: bytes
+    path: str
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    arrival_s: float
+
+
+Handler = Callable[[Request, "Connection"], Awaitable[None]]
+
+
+class _State:
+    """The server's connections and the requests running on them."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.connections: set[Connection] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.stopping = False
+
+
+def response_head(status: int, headers: list[tuple[bytes, bytes]], framing: bytes,
+                  close: bool) -> bytes:
+    """A response head: `framing` is the content-length or transfer-encoding line (or
+    nothing)."""
+    parts = [b"HTTP/1.1 %d %s\r\n" % (status, _PHRASES.get(status, b"Unknown"))]
+    parts += [b"%s: %s\r\n" % (name, value) for name, value in headers]
+    parts.append(framing)
+    parts.append(b"connection: close\r\n\r\n" if close else b"\r\n")
+    return b"".join(parts)
+
+
+class Connection(asyncio.Protocol):
+    """One client connection (see the module docstring)."""
+
+    def __init__(self, state: _State) -> None:
+        self._state = state
+        self.transport: asyncio.Transport | None = None
+        self.gone = False  # the client's connection is closed
+        self.on_lost: Callable[[], None] | None = None
+        self._buf = b""  # bytes not yet parsed (a partial or next request)
+        self._busy = False  # a request is being handled
+        self._close_after = False  # close once the current response is done
+        self._chunked = True  # frame streams with chunks (HTTP/1.1 client)
+        self._responded = False  # the current request's response has started
+        self._paused = False  # the transport's write buffer is full
+        self._drained: asyncio.Future[None] | None = None
+        self._idle: asyncio.TimerHandle | None = None
+
+    # ---- asyncio callbacks -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self._state.connections.add(self)
+        self._arm_idle()
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        if not self._busy:
+            self._arm_idle()
+            self._parse()
+        elif len(self._buf) > MAX_HEAD + MAX_BODY:  # a pipelining client: wait for us
+            self.transport.pause_reading()  # type: ignore[union-attr]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.gone = True
+        self._state.connections.discard(self)
+        if self._idle is not None:
+            self._idle.cancel()
+        self._wake_drain()
+        callback, self.on_lost = self.on_lost, None
+        if callback is not None:
+            callback()
+
+    @property
+    def paused(self) -> bool:
+        """The client's socket buffer is full: `drain` before writing more."""
+        return self._paused
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._wake_drain()
+
+    # ---- the handler's side ----------------------------------------------------------------
+
+    def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self._responded = True
+        self._close_after |= self._state.stopping
+        self._write(response_head(status, headers, b"content-length: %d\r\n" % len(body),
+                                  self._close_after) + body)
+
+    def start_stream(self, status: int, headers: list[tuple[bytes, bytes]],
+                     first: bytes) -> None:
+        self._responded = True
+        self._close_after |= self._state.stopping
+        framing = b"transfer-encoding: chunked\r\n" if self._chunked else b""
+        self._close_after |= not self._chunked  # the close frames the body
+        head = response_head(status, headers, framing, self._close_after)
+        self._write(head + (chunk(first) if self._chunked else first))
+
+    def send(self, data: bytes, last: bool = False) -> None:
+        if self._chunked:
+            data = chunk(data) + LAST_CHUNK if last else chunk(data)
+        if data:
+            self._write(data)
+
+    async def drain(self) -> None:
+        """Wait while the client's socket buffer is full (returns if the client goes)."""
+        while self._paused and not self.gone:
+            self._drained = asyncio.get_running_loop().create_future()
+            await self._drained
+
+    def _write(self, data: bytes) -> None:
+        if not self.gone:
+            assert self.transport is not None
+            self.transport.write(data)
+
+    def _wake_drain(self) -> None:
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    # ---- requests --------------------------------------------------------------------------
+
+    def _parse(self) -> None:
+        """Start the next request if its bytes are all here."""
+        try:
+            request = self._next_request()
+        except ProtocolError as err:
+            self._reject(400, str(err))
+            return
+        if request is None:
+            return
+        self._busy = True
+        if self._idle is not None:
+            self._idle.cancel()
+        task = asyncio.get_running_loop().create_task(self._run(request))
+        self._state.tasks.add(task)
+        task.add_done_callback(self._state.tasks.discard)
+
+    def _next_request(self) -> Request | None:
+        end = self._buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self._buf) > MAX_HEAD:
+                raise ProtocolError(f"a request head over {MAX_HEAD} bytes")
+            return None
+        first, headers = split_head(self._buf[:end])
+        method, target, version = _request_line(first)
+        body, used = self._body(headers, end + 4)
+        if body is None:
+            return None
+        self._buf = self._buf[used:]
+        self._chunked = version == b"HTTP/1.1"  # an HTTP/1.0 client: one request
+        self._close_after = not self._chunked or b"close" in (field(headers, b"connection")
+                                                              or b"").lower()
+        self._responded = False
+        path = target.split(b"?", 1)[0].decode("latin-1")
+        return Request(method, target, path, headers, body, time.monotonic())
+
+    def _body(self, headers: list[tuple[bytes, bytes]], start: int) -> tuple[bytes | None, int]:
+        """The body once it is all here (None before) and where the request ends."""
+        mode, size = body_framing(headers)
+        if mode == "chunked":
+            decoder = ChunkedDecoder()
+            pieces = decoder.feed(self._buf[start:])
+            if not decoder.done:
+                self._expect_continue(headers, len(self._buf) - start)
+                return None, 0
+            return b"".join(pieces), len(self._buf) - len(decoder.leftover)
+        if size > MAX_BODY:
+            raise ProtocolError(f"a request body of {size} bytes (at most {MAX_BODY})")
+        if len(self._buf) - start < size:
+            self._expect_continue(headers, len(self._buf) - start)
+            return None, 0
+        return self._buf[start:start + size], start + size
+
+    def _expect_continue(self, headers: list[tuple[bytes, bytes]], received: int) -> None:
+        if received == 0 and (field(headers, b"expect") or b"").lower() == b"100-continue":
+            self._write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    async def _run(self, request: Request) -> None:
+        try:
+            await self._state.handler(request, self)
+        except Exception as err:  # noqa: BLE001 (a bug must not take the server down)
+            if self._responded and self.transport is not None:
+                self.transport.abort()  # a response cut in the middle: the client sees it
+            elif not self.gone:
+                self._reject(500, f"the router failed: {type(err).__name__}: {err}")
+            return
+        finally:
+            self.on_lost = None
+            self._busy = False
+        if self.gone:
+            return
+        if self._close_after or self._state.stopping:
+            assert self.transport is not None
+            self.transport.close()
+            return
+        self._arm_idle()
+        self.transport.resume_reading()  # type: ignore[union-attr]
+        if self._buf:
+            self._parse()
+
+    def _reject(self, status: int, message: str) -> None:
+        kind = "BadRequestError" if status < 500 else "InternalServerError"
+        body = json.dumps({"error": {"message": message, "type": kind, "param": None,
+                                     "code": status}}).encode()
+        self._close_after = True
+        self.respond(status, [(b"content-type", b"application/json")], body)
+        assert self.transport is not None
+        self.transport.close()
+
+    def _arm_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+        assert self.transport is not None
+        self._idle = asyncio.get_running_loop().call_later(KEEP_ALIVE_S, self.transport.close)
+
+    def close_if_idle(self) -> None:
+        if not self._busy and self.transport is not None:
+            self.transport.close()
+
+
+def _request_line(line: bytes) -> tuple[bytes, bytes, bytes]:
+    parts = line.split(b" ")
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1.") or not parts[1]:
+        raise ProtocolError(f"not an HTTP/1.x request line: {line[:80]!r}")
+    return parts[0], parts[1], parts[2]
+
+
+async def serve(handler: Handler, host: str, port: int, shutdown_timeout_s: float,
+                stop: asyncio.Event) -> None:
+    """Serve on host:port until `stop` is set, then drain (see the module docstring);
+    RuntimeError (one line) if the address cannot be bound."""
+    state = _State(handler)
+    loop = asyncio.get_running_loop()
+    try:
+        server = await loop.create_server(lambda: Connection(state), host, port,
+                                          reuse_address=True)
+    except OSError as err:
+        raise RuntimeError(f"the router cannot listen on {host}:{port}: {err}") from None
+    try:
+        await stop.wait()
+    finally:
+        state.stopping = True
+        server.close()
+        for connection in list(state.connections):
+            connection.close_if_idle()
+        deadline = time.monotonic() + shutdown_timeout_s
+        while state.tasks and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for connection in list(state.connections):  # cut what did not finish
+            if connection.transport is not None:
+                connection.transport.abort()
+        for task in list(state.tasks):
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*state.tasks, return_exceptions=True)
+        await server.wait_closed()
