@@ -823,8 +823,7 @@ def route_until_stopped(urls: list[str], policy: FleetFlags, route: RouteFlags, 
         typer.echo(f"http://{route.host}:{route.port}/v1")
     until_stopped(f"routing ({config.policy}) over {len(config.backends)} backends on "
                   f"http://{route.host}:{route.port}/v1", "router",
-                  lambda: run_router(config, route.host, route.port, route.shutdown_timeout,
-                                     route.uvicorn_log_level))
+                  lambda: run_router(config, route.host, route.port, route.shutdown_timeout))
 
 
 @command(app, "route")

@@ -317,13 +317,12 @@ def _upstream(url: str, tls: ssl.SSLContext | None, timeout_s: float) -> Upstrea
                           tls if https else None, _MAX_IDLE, _CONNECT_TIMEOUT_S, timeout_s)
 
 
-def run_router(config: RouterConfig, host: str, port: int, shutdown_timeout_s: float = 10.0,
-               log_level: str = "warning") -> None:
+def run_router(config: RouterConfig, host: str, port: int, shutdown_timeout_s: float = 10.0
+               ) -> None:
     """Serve until SIGINT/SIGTERM: then stop accepting, let responses in flight finish for
     up to `shutdown_timeout_s` (then they are cut), close the clients and return.
-    RuntimeError (one line) if host:port cannot be bound. `log_level` is unused: the
-    router's own server (`backends.route.server`) logs nothing."""
-    del log_level
+    RuntimeError (one line) if host:port cannot be bound. The router's own server
+    (`backends.route.server`) logs nothing."""
     asyncio.run(_serve(config, host, port, shutdown_timeout_s))
 
 

@@ -35,7 +35,6 @@ class RouteFlags:
                                   "its request fails.", ROUTE_PANEL)
     shutdown_timeout: float = flag(10.0, "--shutdown-timeout", "On SIGTERM, seconds in-flight "
                                    "requests may finish before they are cut.", ROUTE_PANEL)
-    uvicorn_log_level: str = flag("warning", "--uvicorn-log-level", None, ROUTE_PANEL)
 
     def __post_init__(self) -> None:
         if self.max_failures < 1:
