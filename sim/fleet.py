@@ -40,6 +40,7 @@ from runtime import Request
 from runtime.kv_events import KvEventLog, observe_kv_events
 from runtime.records import RequestRecord
 from runtime.router import ReplicaSnapshot, RouterPolicy
+from sim.block_ids import TraceBlockIds
 from sim.cost.api_server import ApiServerCost
 from sim.cost.base import CostModel
 from sim.fleet_kv import run_before
@@ -94,7 +95,8 @@ class _Replica(EngineProcess):
     reporting first tokens and finishes to the fleet when the step that produced them ends."""
 
     def __init__(self, fleet: _Fleet, index: int, setup: ReplicaSetup) -> None:
-        super().__init__(fleet.env, _own_noise(setup.config, index), setup.cost_model)
+        super().__init__(fleet.env, _own_noise(setup.config, index), setup.cost_model,
+                         fleet.block_ids)
         self.fleet = fleet
         self.index = index
         self.pending: deque[tuple[float, Request]] = deque()  # routed, not yet handed over
@@ -109,14 +111,17 @@ class _Replica(EngineProcess):
             if fleet.kv_bus else None)
 
     def hand_over(self, req: TraceRequest, prompt: array[int], output: array[int],
-                  reached_s: float, max_tokens: int | None = None) -> None:
+                  reached_s: float, max_tokens: int | None = None,
+                  hashes: Sequence[bytes] = ()) -> None:
         """The request reaches this replica's API server at `reached_s` (now or later);
-        `max_tokens` defaults to the trace's output length."""
+        `max_tokens` defaults to the trace's output length. `hashes`: the prompt's block
+        hashes as this replica's pool names them, if the router computed them already."""
         max_tokens = req.output_len if max_tokens is None else max_tokens
         self.core.recorder.arrived(req.request_id, reached_s, req.prompt_len, max_tokens)
         handover = self.api_handover(reached_s, req.prompt_len)
         self.outputs[req.request_id] = output
-        self.pending.append((handover, make_request(req, prompt, max_tokens)))
+        known = hashes or self.known_hashes(req)
+        self.pending.append((handover, make_request(req, prompt, max_tokens, known)))
         self.env.timeout(handover - self.env.now).callbacks.append(self._submit_head)
 
     def api_handover(self, reached_s: float, prompt_len: int) -> float:
@@ -233,6 +238,7 @@ class _Fleet:
         self.progress = progress
         self.done = 0
         self.env = simpy.Environment()
+        self.block_ids = TraceBlockIds()  # one naming for every replica and router
         self.replicas = [_Replica(self, i, setup) for i, setup in enumerate(setups)]
         self.serving = [True] * len(setups)  # takes new requests (an autoscaler changes it)
         # the longest prompt every replica can ever hold (candidates: all, when serving)
@@ -312,14 +318,27 @@ class _Fleet:
             candidates = [snapshots[r.index] for r in self.replicas
                           if serving[r.index] and can_ever_fit(r.config, req.prompt_len)] or [
                               snapshots[r.index] for r in self.replicas if serving[r.index]]
-        routing = routing_request(req, prompt, self.kv_block_size)
+        routing = routing_request(req, prompt, self.kv_block_size, self.router_known(req))
         decision = router.policy.choose(routing, candidates)
         router.policy.on_routed(routing, decision.replica)
         replica = self.replicas[decision.replica]
         config = replica.config
         if (config.vocab_size, config.seed) != (first.vocab_size, first.seed):
             prompt, output = request_token_arrays(req, config.vocab_size, config.seed)
-        replica.hand_over(req, prompt, output, now + self.latency_s)
+            replica.hand_over(req, prompt, output, now + self.latency_s)
+            return
+        # the router's hashes are the replica's own (same tokens, block size, naming)
+        hashes = routing.block_hashes if config.cache.enable_prefix_caching else ()
+        replica.hand_over(req, prompt, output, now + self.latency_s, hashes=hashes)
+
+    def router_known(self, req: TraceRequest) -> list[bytes]:
+        """The identities of the prompt's leading blocks as the replicas' pools name them
+        (`EngineProcess.known_hashes`; the routers hash the first replica's tokens)."""
+        first = self.replicas[0].config
+        if self.kv_block_size is None or not first.trace_block_ids:
+            return []
+        return self.block_ids.prompt_ids(req, self.kv_block_size, first.vocab_size,
+                                         first.seed)
 
     def snapshots(self, now: float, router: RouterReplica | None = None
                   ) -> Sequence[ReplicaSnapshot]:

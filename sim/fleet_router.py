@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from runtime.block_hash import BlockHash
 from runtime.config import CacheConfig
 from runtime.kv_events import PoolEvent, prompt_block_hashes
 from runtime.router import KvEvent, KvEventQueue, MetricsRefresh, RouterPolicy, RoutingRequest
@@ -79,12 +80,13 @@ class KvEventBus:
                 queue.publish(stamped)
 
 
-def routing_request(req: TraceRequest, prompt: Sequence[int],
-                    block_size: int | None) -> RoutingRequest:
+def routing_request(req: TraceRequest, prompt: Sequence[int], block_size: int | None,
+                    known: Sequence[BlockHash] = ()) -> RoutingRequest:
     """What a router is given about `req` (its prompt's engine block hashes when
-    `block_size` is given: the key of a KV-event index)."""
+    `block_size` is given: the key of a KV-event index; `known`: the leading blocks' given
+    identities, `sim.block_ids`)."""
     hashes = () if block_size is None else prompt_block_hashes(prompt, block_size,
-                                                                req.cache_salt)
+                                                                req.cache_salt, known)
     return RoutingRequest(request_id=req.request_id, now_s=req.arrival_s,
                           prompt_len=req.prompt_len, token_ids=prompt, block_hashes=hashes,
                           session_id=req.session_id)

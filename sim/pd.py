@@ -166,7 +166,8 @@ class _PDFleet(_Fleet):
         if self.prefill_router is not None:
             self.prefill_router.deliver_kv_events(now)
         snapshots = self.snapshots(now)
-        hashes = routing_request(req, prompt, self.kv_block_size).block_hashes
+        hashes = routing_request(req, prompt, self.kv_block_size,
+                                 self.router_known(req)).block_hashes
         routing = RoutingRequest(request_id=req.request_id, now_s=now,
                                  prompt_len=req.prompt_len, token_ids=tuple(prompt),
                                  block_hashes=hashes, session_id=req.session_id)
@@ -234,7 +235,7 @@ class _PDFleet(_Fleet):
         if hasher is None:
             hasher = self._hashers[cache.block_size] = make_block_hasher(cache.block_size)
         probe = Request(req.request_id, prompt, SamplingParams(max_tokens=1),
-                        cache_salt=req.cache_salt)
+                        cache_salt=req.cache_salt, block_hashes=replica.known_hashes(req))
         probe.set_block_hasher(hasher, cache.block_size)
         return replica.core.scheduler.kv_cache_manager.get_computed_blocks(probe)[1]
 
@@ -278,7 +279,7 @@ class _PDFleet(_Fleet):
         replica.core.recorder.arrived(req.request_id, prefilled_s, req.prompt_len,
                                       req.output_len)
         replica.outputs[req.request_id] = job.output
-        request = make_request(req, job.prompt, req.output_len)
+        request = make_request(req, job.prompt, req.output_len, replica.known_hashes(req))
         request.num_external_computed_tokens = req.prompt_len - 1
         job.handover_s = replica.api_handover(prefilled_s, req.prompt_len)
         wait = self.env.timeout(job.handover_s - self.env.now)

@@ -44,6 +44,7 @@ from runtime import (
     SchedulerConfig,
 )
 from runtime.records import RequestRecord, RunResult
+from sim.block_ids import TraceBlockIds
 from sim.cost.api_server import ApiServerCost
 from sim.cost.base import CostModel, decode_run_timer
 from sim.step_noise import StepNoise
@@ -68,6 +69,8 @@ class SimConfig:
         step_noise: multiply the predicted time of step k, starting at t seconds, by
             `step_noise.factor(k, t)` (None: every step takes exactly the cost model's
             time).
+        trace_block_ids: name the KV blocks of hash-id prompts by the trace's coordinates
+            instead of SHA-256 (`sim.block_ids`); the records are identical either way.
     """
 
     scheduler: SchedulerConfig
@@ -78,6 +81,7 @@ class SimConfig:
     check_invariants: bool = False
     fast_forward: bool = True
     step_noise: StepNoise | None = None
+    trace_block_ids: bool = True
 
     def __post_init__(self) -> None:
         if self.vocab_size <= 10:
@@ -99,8 +103,10 @@ class EngineProcess:
     end which requests got a token, `on_finished` which requests finished (records).
     """
 
-    def __init__(self, env: simpy.Environment, config: SimConfig,
-                 cost_model: CostModel) -> None:
+    def __init__(self, env: simpy.Environment, config: SimConfig, cost_model: CostModel,
+                 block_ids: TraceBlockIds | None = None) -> None:
+        """`block_ids`: the simulation's shared block identities (a fleet's engines and
+        routers share one); by default the engine's own."""
         self.env = env
         self.config = config
         self.cost_model = cost_model
@@ -112,6 +118,16 @@ class EngineProcess:
         # Durations of a decode run in bulk; with step noise each step is timed on its own.
         self.run_times = decode_run_timer(cost_model) if config.step_noise is None else None
         self.notified = 0  # finished records already passed to `on_finished`
+        self.block_ids = block_ids if block_ids is not None else TraceBlockIds()
+
+    def known_hashes(self, req: TraceRequest) -> list[bytes]:
+        """The identities of the request's leading prompt blocks that this engine takes as
+        given (`sim.block_ids`; none without prefix caching or with `trace_block_ids` off)."""
+        config = self.config
+        if not (config.trace_block_ids and config.cache.enable_prefix_caching):
+            return []
+        return self.block_ids.prompt_ids(req, config.cache.block_size, config.vocab_size,
+                                         config.seed)
 
     # ---- what a driver provides ----------------------------------------------------------
 
@@ -237,10 +253,13 @@ class EngineProcess:
         self.on_finished(records)
 
 
-def make_request(req: TraceRequest, prompt: array[int], max_tokens: int) -> Request:
-    """The engine-core request of a trace request (its output length: `max_tokens`)."""
+def make_request(req: TraceRequest, prompt: array[int], max_tokens: int,
+                 known_hashes: Sequence[bytes] = ()) -> Request:
+    """The engine-core request of a trace request (its output length: `max_tokens`), with
+    the identities of its leading prompt blocks if known (`EngineProcess.known_hashes`)."""
     return Request(req.request_id, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                   arrival_time=req.arrival_s, priority=req.priority, cache_salt=req.cache_salt)
+                   arrival_time=req.arrival_s, priority=req.priority, cache_salt=req.cache_salt,
+                   block_hashes=known_hashes)
 
 
 class _Simulation(EngineProcess):
@@ -279,7 +298,8 @@ class _Simulation(EngineProcess):
             prompt, self.outputs[req.request_id] = request_token_arrays(req, cfg.vocab_size,
                                                                         cfg.seed)
             self.next_handover = handovers[i + 1] if i + 1 < len(handovers) else math.inf
-            self.submit(make_request(req, prompt, req.output_len), handovers[i])
+            self.submit(make_request(req, prompt, req.output_len, self.known_hashes(req)),
+                        handovers[i])
 
     def horizon(self) -> float:
         return self.next_handover
