@@ -40,7 +40,7 @@ from runtime import Request
 from runtime.kv_events import KvEventLog, observe_kv_events
 from runtime.records import RequestRecord
 from runtime.router import ReplicaSnapshot, RouterPolicy
-from sim.block_ids import TraceBlockIds
+from sim.block_ids import TraceBlockIds, own_streams_only
 from sim.cost.api_server import ApiServerCost
 from sim.cost.base import CostModel
 from sim.fleet_kv import run_before
@@ -120,8 +120,8 @@ class _Replica(EngineProcess):
         self.core.recorder.arrived(req.request_id, reached_s, req.prompt_len, max_tokens)
         handover = self.api_handover(reached_s, req.prompt_len)
         self.outputs[req.request_id] = output
-        known = hashes or self.known_hashes(req)
-        self.pending.append((handover, make_request(req, prompt, max_tokens, known)))
+        self.pending.append((handover, self.make_request(req, prompt, max_tokens,
+                                                         hashes or None)))
         self.env.timeout(handover - self.env.now).callbacks.append(self._submit_head)
 
     def api_handover(self, reached_s: float, prompt_len: int) -> float:
@@ -238,7 +238,8 @@ class _Fleet:
         self.progress = progress
         self.done = 0
         self.env = simpy.Environment()
-        self.block_ids = TraceBlockIds()  # one naming for every replica and router
+        # one naming for every replica and router
+        self.block_ids = TraceBlockIds(own_streams_only(trace))
         self.replicas = [_Replica(self, i, setup) for i, setup in enumerate(setups)]
         self.serving = [True] * len(setups)  # takes new requests (an autoscaler changes it)
         # the longest prompt every replica can ever hold (candidates: all, when serving)

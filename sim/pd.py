@@ -54,7 +54,7 @@ from runtime.request import BlockHasher
 from runtime.router import RouterPolicy, RoutingRequest
 from runtime.router.snapshot import ReplicaSnapshot
 from sim.cost.base import CostModel
-from sim.fleet import _Fleet, _Replica, can_ever_fit, make_request
+from sim.fleet import _Fleet, _Replica, can_ever_fit
 from sim.fleet_config import ROLES
 from sim.fleet_records import FleetResult, PDRequestRecord, fleet_record
 from sim.fleet_router import RouterReplica, routing_request
@@ -279,7 +279,7 @@ class _PDFleet(_Fleet):
         replica.core.recorder.arrived(req.request_id, prefilled_s, req.prompt_len,
                                       req.output_len)
         replica.outputs[req.request_id] = job.output
-        request = make_request(req, job.prompt, req.output_len, replica.known_hashes(req))
+        request = replica.make_request(req, job.prompt, req.output_len)
         request.num_external_computed_tokens = req.prompt_len - 1
         job.handover_s = replica.api_handover(prefilled_s, req.prompt_len)
         wait = self.env.timeout(job.handover_s - self.env.now)

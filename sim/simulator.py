@@ -44,7 +44,7 @@ from runtime import (
     SchedulerConfig,
 )
 from runtime.records import RequestRecord, RunResult
-from sim.block_ids import TraceBlockIds
+from sim.block_ids import TraceBlockIds, own_streams_only
 from sim.cost.api_server import ApiServerCost
 from sim.cost.base import CostModel, decode_run_timer
 from sim.step_noise import StepNoise
@@ -128,6 +128,18 @@ class EngineProcess:
             return []
         return self.block_ids.prompt_ids(req, config.cache.block_size, config.vocab_size,
                                          config.seed)
+
+    def make_request(self, req: TraceRequest, prompt: array[int], max_tokens: int,
+                     known: Sequence[bytes] | None = None) -> Request:
+        """`make_request` with this engine's block naming (`known`: the prompt's block
+        identities if already computed, `known_hashes`)."""
+        config = self.config
+        key = None
+        if config.trace_block_ids and config.cache.enable_prefix_caching:
+            key = self.block_ids.own_key(req, config.cache.block_size, config.vocab_size,
+                                         config.seed)
+        known = self.known_hashes(req) if known is None else known
+        return make_request(req, prompt, max_tokens, known, key)
 
     # ---- what a driver provides ----------------------------------------------------------
 
@@ -254,12 +266,13 @@ class EngineProcess:
 
 
 def make_request(req: TraceRequest, prompt: array[int], max_tokens: int,
-                 known_hashes: Sequence[bytes] = ()) -> Request:
+                 known_hashes: Sequence[bytes] = (), block_key: bytes | None = None) -> Request:
     """The engine-core request of a trace request (its output length: `max_tokens`), with
-    the identities of its leading prompt blocks if known (`EngineProcess.known_hashes`)."""
+    the identities of its leading prompt blocks if known and its own blocks' key
+    (`EngineProcess.make_request`)."""
     return Request(req.request_id, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
                    arrival_time=req.arrival_s, priority=req.priority, cache_salt=req.cache_salt,
-                   block_hashes=known_hashes)
+                   block_hashes=known_hashes, block_key=block_key)
 
 
 class _Simulation(EngineProcess):
@@ -267,7 +280,8 @@ class _Simulation(EngineProcess):
 
     def __init__(self, trace: Trace, config: SimConfig, cost_model: CostModel,
                  progress: Progress | None) -> None:
-        super().__init__(simpy.Environment(), config, cost_model)
+        super().__init__(simpy.Environment(), config, cost_model,
+                         TraceBlockIds(own_streams_only(trace)))
         self.trace = trace
         self.progress = progress
         self.handovers = self._handover_times()
@@ -298,8 +312,7 @@ class _Simulation(EngineProcess):
             prompt, self.outputs[req.request_id] = request_token_arrays(req, cfg.vocab_size,
                                                                         cfg.seed)
             self.next_handover = handovers[i + 1] if i + 1 < len(handovers) else math.inf
-            self.submit(make_request(req, prompt, req.output_len, self.known_hashes(req)),
-                        handovers[i])
+            self.submit(self.make_request(req, prompt, req.output_len), handovers[i])
 
     def horizon(self) -> float:
         return self.next_handover
