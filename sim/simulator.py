@@ -19,7 +19,9 @@ steps and the attribution parts stay engine-side.
 
 Tokens are the trace's deterministic ids (`workloads.prompt_token_ids` / `output_token_ids`),
 so the prefix cache sees exactly the trace's sharing; every request runs with `ignore_eos`
-and `max_tokens` = its trace output length.
+and `max_tokens` = its trace output length. Blocks are named from the trace's coordinates
+where that is exact (`sim.block_ids`); a request all of whose blocks are named gets
+placeholder token ids, which nothing reads (`_Simulation.token_arrays`).
 """
 
 from __future__ import annotations
@@ -304,15 +306,26 @@ class _Simulation(EngineProcess):
     def api_server(self) -> Generator[simpy.Event, object, None]:
         recorder = self.core.recorder
         handovers = self.handovers
-        cfg = self.config
         for i, req in enumerate(self.trace):
             recorder.arrived(req.request_id, req.arrival_s, req.prompt_len, req.output_len)
             if handovers[i] > self.env.now:
                 yield self.env.timeout(handovers[i] - self.env.now)
-            prompt, self.outputs[req.request_id] = request_token_arrays(req, cfg.vocab_size,
-                                                                        cfg.seed)
+            prompt, self.outputs[req.request_id] = self.token_arrays(req)
             self.next_handover = handovers[i + 1] if i + 1 < len(handovers) else math.inf
             self.submit(self.make_request(req, prompt, req.output_len), handovers[i])
+
+    def token_arrays(self, req: TraceRequest) -> tuple[array[int], array[int]]:
+        """The request's prompt and output token ids: the trace's, or placeholders (zeros)
+        when nothing will read them. The engine reads token values only to hash blocks and
+        to check stop tokens; the simulator's requests have no stop tokens (`ignore_eos`),
+        and with prefix caching off, or every block named (`EngineProcess.make_request`:
+        trace-named and own blocks), no block is hashed. Only one engine reads them here
+        (a fleet's routers read them too)."""
+        cfg = self.config
+        if cfg.trace_block_ids and (not cfg.cache.enable_prefix_caching or self.block_ids.own_key(
+                req, cfg.cache.block_size, cfg.vocab_size, cfg.seed) is not None):
+            return array("q", bytes(8 * req.prompt_len)), array("q", bytes(8 * req.output_len))
+        return request_token_arrays(req, cfg.vocab_size, cfg.seed)
 
     def horizon(self) -> float:
         return self.next_handover
