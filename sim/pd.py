@@ -58,6 +58,7 @@ from sim.fleet import _Fleet, _Replica, can_ever_fit
 from sim.fleet_config import ROLES
 from sim.fleet_records import FleetResult, PDRequestRecord, fleet_record
 from sim.fleet_router import RouterReplica, routing_request
+from sim.fleet_tokens import routing_tokens
 from sim.kv_transfer import KvTransferConfig, KvTransferLink, transfer_bytes
 from sim.model_config import ModelSpec
 from sim.simulator import Progress, SimConfig
@@ -160,14 +161,12 @@ class _PDFleet(_Fleet):
 
     def route(self, req: TraceRequest) -> None:
         now = req.arrival_s
-        first = self.replicas[0].config
-        prompt, output = request_token_arrays(req, first.vocab_size, first.seed)
+        prompt, output, known, _ = routing_tokens(self.replicas[0], req, self.kv_block_size, False)
         self.router_for(req)  # KV events up to now to the decode router
         if self.prefill_router is not None:
             self.prefill_router.deliver_kv_events(now)
         snapshots = self.snapshots(now)
-        hashes = routing_request(req, prompt, self.kv_block_size,
-                                 self.router_known(req)).block_hashes
+        hashes = routing_request(req, prompt, self.kv_block_size, known).block_hashes
         routing = RoutingRequest(request_id=req.request_id, now_s=now,
                                  prompt_len=req.prompt_len, token_ids=tuple(prompt),
                                  block_hashes=hashes, session_id=req.session_id)

@@ -21,7 +21,7 @@ Tokens are the trace's deterministic ids (`workloads.prompt_token_ids` / `output
 so the prefix cache sees exactly the trace's sharing; every request runs with `ignore_eos`
 and `max_tokens` = its trace output length. Blocks are named from the trace's coordinates
 where that is exact (`sim.block_ids`); a request all of whose blocks are named gets
-placeholder token ids, which nothing reads (`_Simulation.token_arrays`).
+placeholder token ids, which nothing reads (`EngineProcess.token_arrays`).
 """
 
 from __future__ import annotations
@@ -130,6 +130,24 @@ class EngineProcess:
             return []
         return self.block_ids.prompt_ids(req, config.cache.block_size, config.vocab_size,
                                          config.seed)
+
+    def tokens_unread(self, req: TraceRequest) -> bool:
+        """Whether this engine never reads the request's token values: it reads them only
+        to hash blocks and to check stop tokens; the simulator's requests have no stop
+        tokens (`ignore_eos`), and with prefix caching off, or every block named (trace
+        coordinates and own names, `make_request`), no block is hashed."""
+        cfg = self.config
+        if not cfg.cache.enable_prefix_caching:
+            return cfg.trace_block_ids
+        key = self.block_ids.own_key(req, cfg.cache.block_size, cfg.vocab_size, cfg.seed)
+        return cfg.trace_block_ids and key is not None
+
+    def token_arrays(self, req: TraceRequest) -> tuple[array[int], array[int]]:
+        """The request's prompt and output token ids for this engine: the trace's, or
+        placeholders (zeros) when it never reads them (`tokens_unread`)."""
+        if self.tokens_unread(req):
+            return array("q", bytes(8 * req.prompt_len)), array("q", bytes(8 * req.output_len))
+        return request_token_arrays(req, self.config.vocab_size, self.config.seed)
 
     def make_request(self, req: TraceRequest, prompt: array[int], max_tokens: int,
                      known: Sequence[bytes] | None = None) -> Request:
@@ -313,19 +331,6 @@ class _Simulation(EngineProcess):
             prompt, self.outputs[req.request_id] = self.token_arrays(req)
             self.next_handover = handovers[i + 1] if i + 1 < len(handovers) else math.inf
             self.submit(self.make_request(req, prompt, req.output_len), handovers[i])
-
-    def token_arrays(self, req: TraceRequest) -> tuple[array[int], array[int]]:
-        """The request's prompt and output token ids: the trace's, or placeholders (zeros)
-        when nothing will read them. The engine reads token values only to hash blocks and
-        to check stop tokens; the simulator's requests have no stop tokens (`ignore_eos`),
-        and with prefix caching off, or every block named (`EngineProcess.make_request`:
-        trace-named and own blocks), no block is hashed. Only one engine reads them here
-        (a fleet's routers read them too)."""
-        cfg = self.config
-        if cfg.trace_block_ids and (not cfg.cache.enable_prefix_caching or self.block_ids.own_key(
-                req, cfg.cache.block_size, cfg.vocab_size, cfg.seed) is not None):
-            return array("q", bytes(8 * req.prompt_len)), array("q", bytes(8 * req.output_len))
-        return request_token_arrays(req, cfg.vocab_size, cfg.seed)
 
     def horizon(self) -> float:
         return self.next_handover

@@ -182,9 +182,13 @@ def test_a_single_engine_gives_the_same_records(seed: int, num_blocks: int,
     assert sum(r["num_preemptions"] for r in on) > 0 or num_blocks > 100
 
 
-@pytest.mark.parametrize("policy", ["dynamo-kv", "kv-aware", "llm-d"])
-def test_a_fleet_with_kv_event_routers_gives_the_same_records(policy: str) -> None:
-    trace = hash_id_trace(6, 160, 32, rate=300.0)
+@pytest.mark.parametrize(("policy", "seed"), [("dynamo-kv", 6), ("kv-aware", 6), ("llm-d", 6),
+                                              ("round-robin", 7), ("round-robin", 6),
+                                              ("least-outstanding", 8)])
+def test_a_fleet_with_kv_event_routers_gives_the_same_records(policy: str, seed: int) -> None:
+    """With token-blind routers (all but llm-d here) and named blocks, replicas get
+    placeholder token ids: records equal the trace's tokens and SHA-256's."""
+    trace = mixed_traces(seed) if seed != 6 else hash_id_trace(6, 160, 32, rate=300.0)
     args = ("precise_prefix_cache=3",) if policy == "llm-d" else ()
 
     def run(cfg):  # type: ignore[no-untyped-def]
