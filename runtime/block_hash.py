@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from runtime.request import BlockHasher, Request
 
-BlockHash = bytes  # 32 bytes
+BlockHash = bytes  # 32 bytes (SHA-256); names a driver gives may differ (`Request.block_key`)
 
 NONE_HASH: BlockHash = hashlib.sha256(b"rt-none-hash").digest()
 
