@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from runtime.request import BlockHasher, Request
 
-BlockHash = bytes  # 32 bytes
+BlockHash = bytes  # 32 bytes (SHA-256); names a driver gives may differ (`Request.block_key`)
 
 NONE_HASH: BlockHash = hashlib.sha256(b"rt-none-hash").digest()
 
@@ -68,6 +68,8 @@ def make_block_hasher(block_size: int) -> BlockHasher:
         last = request.num_tokens // block_size  # blocks [first, last) are new
         if last <= first:
             return []
+        if request.block_key is not None:  # blocks no other request holds: named
+            return own_block_names(request.block_key, first, last)
         tokens = request.all_token_ids[first * block_size : last * block_size]
         data = (tokens if isinstance(tokens, array) else array("q", tokens)).tobytes()
         parent = block_hashes[-1] if first else NONE_HASH
@@ -92,6 +94,13 @@ def make_block_hasher(block_size: int) -> BlockHasher:
         return hashes
 
     return new_block_hashes
+
+
+def own_block_names(block_key: bytes, first: int, last: int) -> list[BlockHash]:
+    """Names of blocks [first, last) of a request whose blocks there no other request can
+    hold (`Request.block_key`): equal exactly when the index is, within the request, as
+    its hashes would be (its tokens are fixed)."""
+    return [index.to_bytes(8, "little") + block_key for index in range(first, last)]
 
 
 def _hash_packed(parent: BlockHash, packed: bytes, extra_keys: ExtraKeys | None) -> BlockHash:

@@ -121,18 +121,21 @@ def observe_kv_events(pool: BlockPool) -> KvEventLog:
 
 
 def prompt_block_hashes(token_ids: Sequence[int], block_size: int,
-                        cache_salt: str | None = None) -> tuple[BlockHash, ...]:
+                        cache_salt: str | None = None,
+                        known: Sequence[BlockHash] = ()) -> tuple[BlockHash, ...]:
     """The engine's chained hashes of the prompt's full blocks (what `Request.block_hashes`
     holds once the scheduler has taken the request in, no LoRA): a router's key into a
-    KV-event index."""
+    KV-event index. `known`: the leading blocks' given identities (`Request(block_hashes=)`),
+    which the rest chain on from."""
     num_full = len(token_ids) // block_size
     if not num_full:
         return ()
-    # block 0 carries the salt's extra key; the rest hash as `make_block_hasher`'s fast path
-    parent = hash_block_tokens(NONE_HASH, token_ids[:block_size],
-                               block_extra_keys(0, None, None, cache_salt))
-    hashes = [parent]
-    data = array("q", token_ids[block_size : num_full * block_size]).tobytes()
+    hashes = list(known)
+    if not hashes:  # block 0 carries the salt's extra key; the rest hash as the fast path
+        hashes.append(hash_block_tokens(NONE_HASH, token_ids[:block_size],
+                                        block_extra_keys(0, None, None, cache_salt)))
+    parent = hashes[-1]
+    data = array("q", token_ids[len(hashes) * block_size : num_full * block_size]).tobytes()
     length_prefix = block_size.to_bytes(4, "little")
     block_bytes = 8 * block_size
     sha256 = hashlib.sha256

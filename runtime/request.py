@@ -86,7 +86,11 @@ class Request:
     length. `num_computed_tokens` counts the leading tokens whose KV is (or, once the current
     step has run, will be) in the cache; the scheduler advances it when it schedules.
     `block_hashes[i]` is the chained hash of full block i of `all_token_ids`, kept up to date
-    on every append when prefix caching is on.
+    on every append when prefix caching is on. A driver may give the leading ones
+    (`block_hashes=`): any identity of the blocks' token prefixes that is equal exactly when
+    the prefixes are (the simulator's `sim.block_ids`); the rest are hashed after them, or,
+    with a `block_key` (no other request can hold a block equal to one of them), named
+    `index (8 bytes, little endian) || block_key` (`runtime.block_hash.own_block_names`).
     """
 
     __slots__ = (
@@ -95,6 +99,7 @@ class Request:
         "num_preemptions", "num_cached_tokens", "block_hashes", "_all_token_ids",
         "_block_hasher", "_hash_block_size", "max_tokens", "num_prompt_tokens", "num_tokens",
         "eos_token_id", "stop_token_ids", "stop_length", "num_external_computed_tokens",
+        "block_key",
     )
 
     def __init__(
@@ -107,6 +112,8 @@ class Request:
         cache_salt: str | None = None,
         lora_name: str | None = None,
         lora_path: str | None = None,
+        block_hashes: Sequence[bytes] = (),
+        block_key: bytes | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids  # the caller's sequence, not copied
@@ -136,7 +143,12 @@ class Request:
         self.num_preemptions = 0
         # Prefix-cache hit tokens at the first admission; None until admitted.
         self.num_cached_tokens: int | None = None
-        self.block_hashes: list[bytes] = []
+        # Given hashes of the prompt's leading full blocks (a driver that knows its blocks'
+        # identities: `sim.block_ids`); the scheduler's hasher chains on from the last.
+        self.block_hashes: list[bytes] = list(block_hashes)
+        # Set when no other request's block can equal one of this request's blocks past the
+        # given hashes (the simulator's own-stream tokens): those are named, not hashed.
+        self.block_key = block_key
         # 8 bytes per token: a simulator holds thousands of long prompts in its queues.
         self._all_token_ids = array("q", prompt_token_ids)
         self._block_hasher: BlockHasher | None = None

@@ -161,12 +161,17 @@ class SteadyDecodes:
         for member in fillers:
             request = member.request
             computed = member.c_minus_g + g
-            missing = computed + 1 - request.num_tokens
-            if missing > 0:
-                request.extend_output_tokens(upcoming(request, missing))  # hashes the block
-            request.num_computed_tokens = computed
             index = computed // block_size
-            cache_full_block(member.table[index], request.block_hashes[index])
+            key = request.block_key
+            if key is None:
+                missing = computed + 1 - request.num_tokens
+                if missing > 0:
+                    request.extend_output_tokens(upcoming(request, missing))  # hashes it
+                block_hash = request.block_hashes[index]
+            else:  # named without its tokens (`own_block_names`); they come at `_materialise`
+                block_hash = index.to_bytes(8, "little") + key
+            request.num_computed_tokens = computed
+            cache_full_block(member.table[index], block_hash)
             num_cached_block[request.request_id] = index + 1
 
     # ---- runs of steps without explicit requests -------------------------------------------

@@ -93,7 +93,7 @@ def bench_decode(num_running: int, num_steps: int, seed: int) -> dict[str, float
 
 
 def bench_steady_decode(num_running: int, num_steps: int, seed: int,
-                        prefix_caching: bool = True) -> dict[str, float]:
+                        prefix_caching: bool = True, named: bool = False) -> dict[str, float]:
     """`bench_decode`'s steady decodes through the engine core with steady decodes on
     (`runtime.steady`, as the simulator runs them): a step's schedule, update and records
     (`begin_step` + `end_step`) cost what changes in it, not the number running.
@@ -102,7 +102,9 @@ def bench_steady_decode(num_running: int, num_steps: int, seed: int,
     decodes cross a block boundary per step, each taking a block and (prefix caching on)
     filling one, which costs its tokens, a SHA-256 of the block and a hash-map insert
     (vLLM does the same per filled block). Without prefix caching only the blocks taken
-    remain: the fixed per-step cost then dominates up to ~1,024 running."""
+    remain: the fixed per-step cost then dominates up to ~1,024 running. With `named`, the
+    requests' blocks are named by a key of their own (`Request.block_key`), as the simulator
+    names a plain trace's: a fill is then a name and a hash-map insert, without its tokens."""
     from array import array
 
     from runtime import EngineCore
@@ -122,7 +124,8 @@ def bench_steady_decode(num_running: int, num_steps: int, seed: int,
     ), upcoming=upcoming)
     for i in range(num_running):
         request = Request(f"r{i}", _prompt(rng, rng.randint(100, 300)),
-                          SamplingParams(max_tokens=num_steps + 64, ignore_eos=True))
+                          SamplingParams(max_tokens=num_steps + 64, ignore_eos=True),
+                          block_key=f"bench:r{i}".encode() if named else None)
         core.recorder.arrived(request.request_id, 0.0, request.num_prompt_tokens,
                               request.max_tokens)
         core.submit(request, 0.0)
@@ -142,7 +145,8 @@ def bench_steady_decode(num_running: int, num_steps: int, seed: int,
             cpu.append(c1 - c0)
     wall_us, cpu_us = statistics.median(wall) * 1e6, statistics.median(cpu) * 1e6
     return {"num_running": num_running, "steps": num_steps, "prefix_caching": prefix_caching,
-            "us_per_step_median": round(wall_us, 2), "cpu_us_per_step_median": round(cpu_us, 2)}
+            "named_blocks": named, "us_per_step_median": round(wall_us, 2),
+            "cpu_us_per_step_median": round(cpu_us, 2)}
 
 
 def bench_mixed(num_requests: int, seed: int) -> dict[str, float]:
@@ -185,8 +189,9 @@ def bench_scheduler(seed: int = 0, quick: bool = False) -> dict[str, object]:
     running decodes."""
     decode_steps = 50 if quick else 400
     decode = [bench_decode(n, decode_steps, seed) for n in (64, 256, 1024)]
-    steady = [bench_steady_decode(n, decode_steps, seed, caching)
-              for caching in (True, False) for n in (64, 1024)]
+    steady = [bench_steady_decode(n, decode_steps, seed, caching, named)
+              for caching, named in ((True, False), (False, False), (True, True))
+              for n in (64, 1024)]
     mixed = bench_mixed(100 if quick else 1000, seed)
     at_256 = next(d for d in decode if d["num_running"] == 256)
     best_256 = min(at_256["us_per_request_step"], at_256["cpu_us_per_request_step"])
@@ -204,6 +209,8 @@ def bench_scheduler(seed: int = 0, quick: bool = False) -> dict[str, object]:
         "steady_decode": steady,
         "steady_cpu_ratio_1024_vs_64": _cpu_ratio(steady[1], steady[0]),
         "steady_cpu_ratio_1024_vs_64_no_prefix_caching": _cpu_ratio(steady[3], steady[2]),
+        # blocks named as the simulator names a plain trace's (`sim.block_ids`)
+        "steady_cpu_ratio_1024_vs_64_named_blocks": _cpu_ratio(steady[5], steady[4]),
         "plain_cpu_ratio_1024_vs_64": _cpu_ratio(decode[2], decode[0]),
         "mixed_chunked_prefill": mixed,
         "goal_us_per_request_step_at_256": 2.0,

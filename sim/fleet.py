@@ -40,6 +40,7 @@ from runtime import Request
 from runtime.kv_events import KvEventLog, observe_kv_events
 from runtime.records import RequestRecord
 from runtime.router import ReplicaSnapshot, RouterPolicy
+from sim.block_ids import TraceBlockIds, own_streams_only
 from sim.cost.api_server import ApiServerCost
 from sim.cost.base import CostModel
 from sim.fleet_kv import run_before
@@ -54,13 +55,14 @@ from sim.fleet_router import (
     RouterReplica,
     can_ever_fit,
     common_block_size,
+    earliest_handovers,
     make_routers,
     max_prompt_len,
     routing_request,
 )
+from sim.fleet_tokens import replica_inputs, routing_tokens
 from sim.simulator import EngineProcess, Progress, SimConfig, make_request
 from workloads import Trace, TraceRequest
-from workloads.tokens import request_token_arrays
 
 __all__ = ["FleetRequestRecord", "FleetResult", "ReplicaSetup", "ReplicaSummary",
            "can_ever_fit", "make_request", "simulate_fleet"]
@@ -94,7 +96,8 @@ class _Replica(EngineProcess):
     reporting first tokens and finishes to the fleet when the step that produced them ends."""
 
     def __init__(self, fleet: _Fleet, index: int, setup: ReplicaSetup) -> None:
-        super().__init__(fleet.env, _own_noise(setup.config, index), setup.cost_model)
+        super().__init__(fleet.env, _own_noise(setup.config, index), setup.cost_model,
+                         fleet.block_ids)
         self.fleet = fleet
         self.index = index
         self.pending: deque[tuple[float, Request]] = deque()  # routed, not yet handed over
@@ -109,14 +112,15 @@ class _Replica(EngineProcess):
             if fleet.kv_bus else None)
 
     def hand_over(self, req: TraceRequest, prompt: array[int], output: array[int],
-                  reached_s: float, max_tokens: int | None = None) -> None:
+                  reached_s: float, max_tokens: int | None = None,
+                  hashes: Sequence[bytes] = ()) -> None:
         """The request reaches this replica's API server at `reached_s` (now or later);
-        `max_tokens` defaults to the trace's output length."""
+        `max_tokens` defaults to the trace's output length; `hashes`: its block names."""
         max_tokens = req.output_len if max_tokens is None else max_tokens
         self.core.recorder.arrived(req.request_id, reached_s, req.prompt_len, max_tokens)
         handover = self.api_handover(reached_s, req.prompt_len)
         self.outputs[req.request_id] = output
-        self.pending.append((handover, make_request(req, prompt, max_tokens)))
+        self.pending.append((handover, self.make_request(req, prompt, max_tokens, hashes or None)))
         self.env.timeout(handover - self.env.now).callbacks.append(self._submit_head)
 
     def api_handover(self, reached_s: float, prompt_len: int) -> float:
@@ -233,6 +237,7 @@ class _Fleet:
         self.progress = progress
         self.done = 0
         self.env = simpy.Environment()
+        self.block_ids = TraceBlockIds(own_streams_only(trace))  # every replica's and router's
         self.replicas = [_Replica(self, i, setup) for i, setup in enumerate(setups)]
         self.serving = [True] * len(setups)  # takes new requests (an autoscaler changes it)
         # the longest prompt every replica can ever hold (candidates: all, when serving)
@@ -243,6 +248,7 @@ class _Fleet:
                             num_gpu_blocks=r.config.cache.num_blocks) for r in self.replicas
         ) if self.routes_ahead and all(r.policy.snapshot_blind for r in self.routers) else None
         self.next_index = 0  # the first request not yet routed
+        self.token_blind = not any(r.policy.reads_token_ids for r in self.routers)
         self.steps_ahead = (self.routes_ahead and not self.kv_bus  # docs/fleet.md
                             and all(r.policy.completion_blind for r in self.routers))
         # per API cost: suffix minima of arrival + latency + cost(prompt) over the trace
@@ -267,12 +273,7 @@ class _Fleet:
         API server costs `api` (seconds; inf once all are routed)."""
         bounds = self._earliest.get(api)
         if bounds is None:
-            bounds = [math.inf] * (len(self.trace) + 1)
-            for i in range(len(self.trace) - 1, -1, -1):
-                req = self.trace[i]
-                reached = req.arrival_s + self.latency_s
-                bounds[i] = min(bounds[i + 1], reached + api.time(req.prompt_len))
-            self._earliest[api] = bounds
+            bounds = self._earliest[api] = earliest_handovers(self.trace, self.latency_s, api)
         return bounds[self.next_index]
 
     def router(self) -> Generator[simpy.Event, object, None]:
@@ -302,8 +303,9 @@ class _Fleet:
 
     def route(self, req: TraceRequest) -> None:
         now = req.arrival_s
-        first = self.replicas[0].config
-        prompt, output = request_token_arrays(req, first.vocab_size, first.seed)
+        first = self.replicas[0]
+        prompt, output, known, placeholders = routing_tokens(first, req, self.kv_block_size,
+                                                             self.token_blind)
         router = self.router_for(req)
         snapshots = self.snapshots(now, router)
         serving = self.serving
@@ -312,14 +314,11 @@ class _Fleet:
             candidates = [snapshots[r.index] for r in self.replicas
                           if serving[r.index] and can_ever_fit(r.config, req.prompt_len)] or [
                               snapshots[r.index] for r in self.replicas if serving[r.index]]
-        routing = routing_request(req, prompt, self.kv_block_size)
-        decision = router.policy.choose(routing, candidates)
-        router.policy.on_routed(routing, decision.replica)
-        replica = self.replicas[decision.replica]
-        config = replica.config
-        if (config.vocab_size, config.seed) != (first.vocab_size, first.seed):
-            prompt, output = request_token_arrays(req, config.vocab_size, config.seed)
-        replica.hand_over(req, prompt, output, now + self.latency_s)
+        routing = routing_request(req, prompt, self.kv_block_size, known)
+        replica = self.replicas[router.policy.route(routing, candidates).replica]
+        prompt, output, hashes = replica_inputs(replica, first.config, req, prompt, output,
+                                                placeholders, routing.block_hashes)
+        replica.hand_over(req, prompt, output, now + self.latency_s, hashes=hashes)
 
     def snapshots(self, now: float, router: RouterReplica | None = None
                   ) -> Sequence[ReplicaSnapshot]:

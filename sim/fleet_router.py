@@ -20,9 +20,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from runtime.block_hash import BlockHash
 from runtime.config import CacheConfig
 from runtime.kv_events import PoolEvent, prompt_block_hashes
 from runtime.router import KvEvent, KvEventQueue, MetricsRefresh, RouterPolicy, RoutingRequest
+from sim.cost.api_server import ApiServerCost
 from sim.simulator import SimConfig
 from workloads import TraceRequest
 
@@ -79,15 +81,27 @@ class KvEventBus:
                 queue.publish(stamped)
 
 
-def routing_request(req: TraceRequest, prompt: Sequence[int],
-                    block_size: int | None) -> RoutingRequest:
+def routing_request(req: TraceRequest, prompt: Sequence[int], block_size: int | None,
+                    known: Sequence[BlockHash] = ()) -> RoutingRequest:
     """What a router is given about `req` (its prompt's engine block hashes when
-    `block_size` is given: the key of a KV-event index)."""
+    `block_size` is given: the key of a KV-event index; `known`: the leading blocks' given
+    identities, `sim.block_ids`)."""
     hashes = () if block_size is None else prompt_block_hashes(prompt, block_size,
-                                                                req.cache_salt)
+                                                                req.cache_salt, known)
     return RoutingRequest(request_id=req.request_id, now_s=req.arrival_s,
                           prompt_len=req.prompt_len, token_ids=prompt, block_hashes=hashes,
                           session_id=req.session_id)
+
+
+def earliest_handovers(trace: Sequence[TraceRequest], latency_s: float,
+                       api: ApiServerCost) -> list[float]:
+    """bounds[i]: the earliest time request i or a later one could be handed over to a core
+    whose API server costs `api` (seconds; inf past the last)."""
+    bounds = [math.inf] * (len(trace) + 1)
+    for i in range(len(trace) - 1, -1, -1):
+        req = trace[i]
+        bounds[i] = min(bounds[i + 1], req.arrival_s + latency_s + api.time(req.prompt_len))
+    return bounds
 
 
 def common_block_size(caches: Sequence[CacheConfig]) -> int:

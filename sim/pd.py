@@ -54,10 +54,11 @@ from runtime.request import BlockHasher
 from runtime.router import RouterPolicy, RoutingRequest
 from runtime.router.snapshot import ReplicaSnapshot
 from sim.cost.base import CostModel
-from sim.fleet import _Fleet, _Replica, can_ever_fit, make_request
+from sim.fleet import _Fleet, _Replica, can_ever_fit
 from sim.fleet_config import ROLES
 from sim.fleet_records import FleetResult, PDRequestRecord, fleet_record
 from sim.fleet_router import RouterReplica, routing_request
+from sim.fleet_tokens import routing_tokens
 from sim.kv_transfer import KvTransferConfig, KvTransferLink, transfer_bytes
 from sim.model_config import ModelSpec
 from sim.simulator import Progress, SimConfig
@@ -160,13 +161,12 @@ class _PDFleet(_Fleet):
 
     def route(self, req: TraceRequest) -> None:
         now = req.arrival_s
-        first = self.replicas[0].config
-        prompt, output = request_token_arrays(req, first.vocab_size, first.seed)
+        prompt, output, known, _ = routing_tokens(self.replicas[0], req, self.kv_block_size, False)
         self.router_for(req)  # KV events up to now to the decode router
         if self.prefill_router is not None:
             self.prefill_router.deliver_kv_events(now)
         snapshots = self.snapshots(now)
-        hashes = routing_request(req, prompt, self.kv_block_size).block_hashes
+        hashes = routing_request(req, prompt, self.kv_block_size, known).block_hashes
         routing = RoutingRequest(request_id=req.request_id, now_s=now,
                                  prompt_len=req.prompt_len, token_ids=tuple(prompt),
                                  block_hashes=hashes, session_id=req.session_id)
@@ -234,7 +234,7 @@ class _PDFleet(_Fleet):
         if hasher is None:
             hasher = self._hashers[cache.block_size] = make_block_hasher(cache.block_size)
         probe = Request(req.request_id, prompt, SamplingParams(max_tokens=1),
-                        cache_salt=req.cache_salt)
+                        cache_salt=req.cache_salt, block_hashes=replica.known_hashes(req))
         probe.set_block_hasher(hasher, cache.block_size)
         return replica.core.scheduler.kv_cache_manager.get_computed_blocks(probe)[1]
 
@@ -278,7 +278,7 @@ class _PDFleet(_Fleet):
         replica.core.recorder.arrived(req.request_id, prefilled_s, req.prompt_len,
                                       req.output_len)
         replica.outputs[req.request_id] = job.output
-        request = make_request(req, job.prompt, req.output_len)
+        request = replica.make_request(req, job.prompt, req.output_len)
         request.num_external_computed_tokens = req.prompt_len - 1
         job.handover_s = replica.api_handover(prefilled_s, req.prompt_len)
         wait = self.env.timeout(job.handover_s - self.env.now)

@@ -19,7 +19,9 @@ steps and the attribution parts stay engine-side.
 
 Tokens are the trace's deterministic ids (`workloads.prompt_token_ids` / `output_token_ids`),
 so the prefix cache sees exactly the trace's sharing; every request runs with `ignore_eos`
-and `max_tokens` = its trace output length.
+and `max_tokens` = its trace output length. Blocks are named from the trace's coordinates
+where that is exact (`sim.block_ids`); a request all of whose blocks are named gets
+placeholder token ids, which nothing reads (`EngineProcess.token_arrays`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from runtime import (
     SchedulerConfig,
 )
 from runtime.records import RequestRecord, RunResult
+from sim.block_ids import TraceBlockIds, own_streams_only
 from sim.cost.api_server import ApiServerCost
 from sim.cost.base import CostModel, decode_run_timer
 from sim.step_noise import StepNoise
@@ -68,6 +71,8 @@ class SimConfig:
         step_noise: multiply the predicted time of step k, starting at t seconds, by
             `step_noise.factor(k, t)` and add its stall (`StepNoise.duration`; None: every
             step takes exactly the cost model's time).
+        trace_block_ids: name the KV blocks of hash-id prompts by the trace's coordinates
+            instead of SHA-256 (`sim.block_ids`); the records are identical either way.
     """
 
     scheduler: SchedulerConfig
@@ -78,6 +83,7 @@ class SimConfig:
     check_invariants: bool = False
     fast_forward: bool = True
     step_noise: StepNoise | None = None
+    trace_block_ids: bool = True
 
     def __post_init__(self) -> None:
         if self.vocab_size <= 10:
@@ -99,8 +105,10 @@ class EngineProcess:
     end which requests got a token, `on_finished` which requests finished (records).
     """
 
-    def __init__(self, env: simpy.Environment, config: SimConfig,
-                 cost_model: CostModel) -> None:
+    def __init__(self, env: simpy.Environment, config: SimConfig, cost_model: CostModel,
+                 block_ids: TraceBlockIds | None = None) -> None:
+        """`block_ids`: the simulation's shared block identities (a fleet's engines and
+        routers share one); by default the engine's own."""
         self.env = env
         self.config = config
         self.cost_model = cost_model
@@ -112,6 +120,46 @@ class EngineProcess:
         # Durations of a decode run in bulk; with step noise each step is timed on its own.
         self.run_times = decode_run_timer(cost_model) if config.step_noise is None else None
         self.notified = 0  # finished records already passed to `on_finished`
+        self.block_ids = block_ids if block_ids is not None else TraceBlockIds()
+
+    def known_hashes(self, req: TraceRequest) -> list[bytes]:
+        """The identities of the request's leading prompt blocks that this engine takes as
+        given (`sim.block_ids`; none without prefix caching or with `trace_block_ids` off)."""
+        config = self.config
+        if not (config.trace_block_ids and config.cache.enable_prefix_caching):
+            return []
+        return self.block_ids.prompt_ids(req, config.cache.block_size, config.vocab_size,
+                                         config.seed)
+
+    def tokens_unread(self, req: TraceRequest) -> bool:
+        """Whether this engine never reads the request's token values: it reads them only
+        to hash blocks and to check stop tokens; the simulator's requests have no stop
+        tokens (`ignore_eos`), and with prefix caching off, or every block named (trace
+        coordinates and own names, `make_request`), no block is hashed."""
+        cfg = self.config
+        if not cfg.cache.enable_prefix_caching:
+            return cfg.trace_block_ids
+        key = self.block_ids.own_key(req, cfg.cache.block_size, cfg.vocab_size, cfg.seed)
+        return cfg.trace_block_ids and key is not None
+
+    def token_arrays(self, req: TraceRequest) -> tuple[array[int], array[int]]:
+        """The request's prompt and output token ids for this engine: the trace's, or
+        placeholders (zeros) when it never reads them (`tokens_unread`)."""
+        if self.tokens_unread(req):
+            return array("q", bytes(8 * req.prompt_len)), array("q", bytes(8 * req.output_len))
+        return request_token_arrays(req, self.config.vocab_size, self.config.seed)
+
+    def make_request(self, req: TraceRequest, prompt: array[int], max_tokens: int,
+                     known: Sequence[bytes] | None = None) -> Request:
+        """`make_request` with this engine's block naming (`known`: the prompt's block
+        identities if already computed, `known_hashes`)."""
+        config = self.config
+        key = None
+        if config.trace_block_ids and config.cache.enable_prefix_caching:
+            key = self.block_ids.own_key(req, config.cache.block_size, config.vocab_size,
+                                         config.seed)
+        known = self.known_hashes(req) if known is None else known
+        return make_request(req, prompt, max_tokens, known, key)
 
     # ---- what a driver provides ----------------------------------------------------------
 
@@ -237,10 +285,14 @@ class EngineProcess:
         self.on_finished(records)
 
 
-def make_request(req: TraceRequest, prompt: array[int], max_tokens: int) -> Request:
-    """The engine-core request of a trace request (its output length: `max_tokens`)."""
+def make_request(req: TraceRequest, prompt: array[int], max_tokens: int,
+                 known_hashes: Sequence[bytes] = (), block_key: bytes | None = None) -> Request:
+    """The engine-core request of a trace request (its output length: `max_tokens`), with
+    the identities of its leading prompt blocks if known and its own blocks' key
+    (`EngineProcess.make_request`)."""
     return Request(req.request_id, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                   arrival_time=req.arrival_s, priority=req.priority, cache_salt=req.cache_salt)
+                   arrival_time=req.arrival_s, priority=req.priority, cache_salt=req.cache_salt,
+                   block_hashes=known_hashes, block_key=block_key)
 
 
 class _Simulation(EngineProcess):
@@ -248,7 +300,8 @@ class _Simulation(EngineProcess):
 
     def __init__(self, trace: Trace, config: SimConfig, cost_model: CostModel,
                  progress: Progress | None) -> None:
-        super().__init__(simpy.Environment(), config, cost_model)
+        super().__init__(simpy.Environment(), config, cost_model,
+                         TraceBlockIds(own_streams_only(trace)))
         self.trace = trace
         self.progress = progress
         self.handovers = self._handover_times()
@@ -271,15 +324,13 @@ class _Simulation(EngineProcess):
     def api_server(self) -> Generator[simpy.Event, object, None]:
         recorder = self.core.recorder
         handovers = self.handovers
-        cfg = self.config
         for i, req in enumerate(self.trace):
             recorder.arrived(req.request_id, req.arrival_s, req.prompt_len, req.output_len)
             if handovers[i] > self.env.now:
                 yield self.env.timeout(handovers[i] - self.env.now)
-            prompt, self.outputs[req.request_id] = request_token_arrays(req, cfg.vocab_size,
-                                                                        cfg.seed)
+            prompt, self.outputs[req.request_id] = self.token_arrays(req)
             self.next_handover = handovers[i + 1] if i + 1 < len(handovers) else math.inf
-            self.submit(make_request(req, prompt, req.output_len), handovers[i])
+            self.submit(self.make_request(req, prompt, req.output_len), handovers[i])
 
     def horizon(self) -> float:
         return self.next_handover

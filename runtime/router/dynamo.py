@@ -99,6 +99,10 @@ class DynamoKv(RouterPolicy):
     name: ClassVar[str] = "dynamo-kv"
     config_type: ClassVar[type[DynamoConfig]] = DynamoConfig
 
+    @property
+    def reads_token_ids(self) -> bool:
+        return False
+
     def __init__(self, config: DynamoConfig | None = None, seed: int = 0) -> None:
         super().__init__(seed)
         self.config = config or DynamoConfig()

@@ -80,6 +80,12 @@ class RouterPolicy:
         return False
 
     @property
+    def reads_token_ids(self) -> bool:
+        """Whether `choose` or `on_routed` may read `RoutingRequest.token_ids` (a driver
+        may pass placeholders when no policy does). True unless a policy says otherwise."""
+        return True
+
+    @property
     def wants_kv_events(self) -> bool:
         """Whether `on_kv_events` feeds a precise index this policy scores with (a driver
         not feeding events, e.g. to save work, may skip it when False)."""

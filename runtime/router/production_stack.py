@@ -97,6 +97,10 @@ class KvAware(RouterPolicy):
     name: ClassVar[str] = "kv-aware"
     config_type: ClassVar[type[KvAwareConfig]] = KvAwareConfig
 
+    @property
+    def reads_token_ids(self) -> bool:
+        return False
+
     def __init__(self, config: KvAwareConfig | None = None, seed: int = 0) -> None:
         super().__init__(seed)
         self.config = config or KvAwareConfig()

@@ -83,6 +83,10 @@ class SessionHash(SnapshotBlindPolicy):
     name: ClassVar[str] = "session-hash"
     config_type: ClassVar[type[SessionHashConfig]] = SessionHashConfig
 
+    @property
+    def reads_token_ids(self) -> bool:
+        return False
+
     def __init__(self, config: SessionHashConfig | None = None, seed: int = 0) -> None:
         super().__init__(seed)
         self.config = config or SessionHashConfig()

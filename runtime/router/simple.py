@@ -39,6 +39,10 @@ from runtime.router.snapshot import ReplicaSnapshot, RoutingDecision, RoutingReq
 class RoundRobin(SnapshotBlindPolicy):
     name: ClassVar[str] = "round-robin"
 
+    @property
+    def reads_token_ids(self) -> bool:
+        return False
+
     def __init__(self, config: object | None = None, seed: int = 0) -> None:
         super().__init__(seed)
         self._counter = 0
@@ -55,6 +59,10 @@ class RoundRobin(SnapshotBlindPolicy):
 class Random(SnapshotBlindPolicy):
     name: ClassVar[str] = "random"
 
+    @property
+    def reads_token_ids(self) -> bool:
+        return False
+
     def __init__(self, config: object | None = None, seed: int = 0) -> None:
         super().__init__(seed)
 
@@ -66,6 +74,10 @@ class Random(SnapshotBlindPolicy):
 
 class LeastOutstanding(RouterPolicy):
     name: ClassVar[str] = "least-outstanding"
+
+    @property
+    def reads_token_ids(self) -> bool:
+        return False
 
     def __init__(self, config: object | None = None, seed: int = 0) -> None:
         super().__init__(seed)
@@ -100,6 +112,10 @@ class VllmDPConfig:
 class VllmDP(RouterPolicy):
     name: ClassVar[str] = "vllm-dp"
     config_type: ClassVar[type[VllmDPConfig]] = VllmDPConfig
+
+    @property
+    def reads_token_ids(self) -> bool:
+        return False
 
     def __init__(self, config: VllmDPConfig | None = None, seed: int = 0) -> None:
         super().__init__(seed)
@@ -156,6 +172,10 @@ class PowerOfTwoConfig:
 class PowerOfTwo(RouterPolicy):
     name: ClassVar[str] = "power-of-two"
     config_type: ClassVar[type[PowerOfTwoConfig]] = PowerOfTwoConfig
+
+    @property
+    def reads_token_ids(self) -> bool:
+        return False
 
     def __init__(self, config: PowerOfTwoConfig | None = None, seed: int = 0) -> None:
         super().__init__(seed)

@@ -28,7 +28,9 @@ def _trace(rng: random.Random, num: int, block_size: int) -> list[Arrival]:
 
 
 def _drive(trace: list[Arrival], scheduler_config: SchedulerConfig,
-           cache_config: CacheConfig, steady: bool, abort_every: int) -> EngineCore:
+           cache_config: CacheConfig, steady: bool, abort_every: int,
+           keyed: frozenset[str] = frozenset()) -> EngineCore:
+    """`keyed`: requests whose blocks are named by `Request.block_key` (their own)."""
     outputs = {req_id: array("q", (1000 + (7 * j + len(req_id)) % 500 for j in range(n)))
                for _, req_id, _, n, _ in trace}
 
@@ -45,8 +47,9 @@ def _drive(trace: list[Arrival], scheduler_config: SchedulerConfig,
         while pending and pending[0][0] <= now:
             arrival, req_id, prompt, output_len, priority = pending.pop(0)
             recorder.arrived(req_id, arrival, len(prompt), output_len)
+            key = b"own:" + req_id.encode() if req_id in keyed else None
             core.submit(Request(req_id, prompt, SamplingParams(output_len, ignore_eos=True),
-                                arrival_time=arrival, priority=priority), now)
+                                arrival_time=arrival, priority=priority, block_key=key), now)
         k += 1
         if abort_every and k % abort_every == 0 and scheduler.running:
             core.sync()  # an abort reads and frees a running request
@@ -82,10 +85,11 @@ CASES = [  # (max_num_batched_tokens, max_num_seqs, num_blocks, policy, long_pre
 ]
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("case", CASES)
 def test_steady_decodes_equal_stepping_one_by_one(
         case: tuple[int, int, int, str, int, int], seed: int) -> None:
+    """Seeds 6 and 7: half the requests have their blocks named (`Request.block_key`)."""
     budget, max_seqs, num_blocks, policy, long_prefill, abort_every = case
     block_size = (4, 16, 1)[seed % 3]
     trace = _trace(random.Random(seed), 60, block_size)
@@ -94,7 +98,8 @@ def test_steady_decodes_equal_stepping_one_by_one(
         policy=policy, long_prefill_token_threshold=long_prefill)  # type: ignore[arg-type]
     cache_config = CacheConfig(block_size=block_size,
                                num_blocks=num_blocks * (16 // block_size + 1) // 2)
-    slow, fast = (_drive(trace, scheduler_config, cache_config, steady, abort_every)
+    keyed = frozenset(req_id for _, req_id, _, _, _ in trace[::2]) if seed >= 6 else frozenset()
+    slow, fast = (_drive(trace, scheduler_config, cache_config, steady, abort_every, keyed)
                   for steady in (False, True))
     assert fast.steady is not None and slow.steady is None
     assert fast.recorder.step_columns == slow.recorder.step_columns
