@@ -7,7 +7,6 @@ Times are monotonic seconds.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -17,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from backends.engine.text import ByteTokenizer, IncrementalDecoder, TextCodec
+from backends.serve import sse
 from backends.serve.engine_client import EngineClient
 from backends.serve.engine_process import ExecutorFactory
 from backends.serve.flags import ServeFlags
 from backends.serve.messages import EngineInfo, EngineOutputs, EngineRequest, RequestOutput
 from backends.serve.metrics import ServeMetrics
 from backends.serve.openai_protocol import ApiError, EngineDeadError, Parsed, RequestParser
+from backends.serve.sse import ChunkEncoder
 
 logger = logging.getLogger("rt.serve")
 
@@ -86,11 +87,6 @@ class _Generation:
                 "prompt_tokens_details": {"cached_tokens": self.cached}}
 
 
-def _sse(data: dict[str, Any] | str) -> str:
-    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    return f"data: {text}\n\n"
-
-
 class Server:
     """Handlers and the state they share."""
 
@@ -138,28 +134,33 @@ class Server:
     # ---- engine outputs -> metrics -------------------------------------------------------
 
     def on_outputs(self, batch: EngineOutputs) -> None:
+        """One engine step's outputs into the metrics, in bulk (one generation-token
+        increment and one ITL pass per step; a request's first output: its prompt counters
+        and TTFT)."""
         metrics = self.metrics
         assert metrics is not None
         s = batch.stats
         metrics.on_stats(s.num_running, s.num_waiting, s.kv_cache_usage,
                          s.prefix_cache_queries, s.prefix_cache_hits, s.num_preemptions)
-        now = time.monotonic()
-        iteration = 0
+        now, step_s = time.monotonic(), batch.timestamp
+        new_tokens = prefill_tokens = 0
+        itls: list[float] = []  # seconds, in output order
+        gens = self.gens
         for out in batch.outputs:
-            gen = self.gens.get(out.request_id)
+            gen = gens.get(out.request_id)
             if gen is None or not out.new_token_ids:
                 continue
-            iteration += len(out.new_token_ids)
+            new_tokens += len(out.new_token_ids)
             if gen.last_output_s is None:
                 self.awaiting_first -= 1
                 prompt_len = len(gen.parsed.prompt_ids)
-                iteration += prompt_len - out.num_cached_tokens
+                prefill_tokens += prompt_len - out.num_cached_tokens
                 metrics.on_first_output(prompt_len, out.num_cached_tokens, now - gen.arrival_s)
-                metrics.on_tokens(len(out.new_token_ids), None)
             else:
-                metrics.on_tokens(len(out.new_token_ids), batch.timestamp - gen.last_output_s)
-            gen.last_output_s = batch.timestamp
-        metrics.on_iteration(iteration)
+                itls.append(step_s - gen.last_output_s)
+            gen.last_output_s = step_s
+        metrics.on_tokens(new_tokens, itls)
+        metrics.on_iteration(new_tokens + prefill_tokens)
 
     def _finished(self, gen: _Generation, out: RequestOutput) -> None:
         """Record a finished request's metrics and forget it."""
@@ -236,35 +237,30 @@ class Server:
             self._forget(gen, abort=True)
         return "".join(parts)
 
-    async def stream(self, gen: _Generation, model: str, chat: bool) -> AsyncIterator[str]:
-        """SSE chunks as vLLM emits them; a disconnect (cancellation) aborts the request."""
+    async def stream(self, gen: _Generation, model: str, chat: bool) -> AsyncIterator[bytes]:
+        """SSE events as vLLM emits them (`sse`); a disconnect (cancellation) aborts the
+        request."""
         rid = ("chatcmpl-" if chat else "cmpl-") + gen.request_id
-        created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
-        head = {"id": rid, "object": obj, "created": created, "model": model}
+        encoder = ChunkEncoder(rid, obj, int(time.time()), model, chat)
         parsed = gen.parsed
-        first = True
+        first = chat  # the chat stream's role chunk goes out with the first output
         try:
             async for text, out in self.outputs(gen):
-                if chat and first:
-                    yield _sse(self._role_chunk(gen, head))
-                first = False
-                choice: dict[str, Any] = {"index": 0, "logprobs": None,
-                                          "finish_reason": out.finish_reason,
-                                          "stop_reason": out.stop_reason}
-                if chat:
-                    choice["delta"] = {"content": text}
+                if first:
+                    yield sse.event(self._role_chunk(gen, encoder.head))
+                    first = False
+                if out.finish_reason is None and out.stop_reason is None \
+                        and not parsed.continuous_usage:
+                    yield encoder.token(text)
                 else:
-                    choice["text"] = text
-                chunk = {**head, "choices": [choice]}
-                if parsed.continuous_usage:
-                    chunk["usage"] = gen.usage()
-                yield _sse(chunk)
+                    yield encoder.chunk(text, out.finish_reason, out.stop_reason,
+                                        gen.usage() if parsed.continuous_usage else None)
             if parsed.include_usage:
-                yield _sse({**head, "choices": [], "usage": gen.usage()})
-            yield _sse("[DONE]")
+                yield sse.event({**encoder.head, "choices": [], "usage": gen.usage()})
+            yield sse.DONE
         except ApiError as err:
-            yield _sse(err.body())
+            yield sse.event(err.body())
         finally:
             self._forget(gen, abort=True)
 

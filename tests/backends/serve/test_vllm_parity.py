@@ -44,7 +44,8 @@ def test_chat_role_chunk_waits_for_the_first_token() -> None:
         chunks: list[tuple[bool, dict]] = []
 
         async def consume() -> None:
-            async for text in server.stream(gen, "m", chat=True):
+            async for data in server.stream(gen, "m", chat=True):
+                text = data.decode()
                 if text.startswith("data: {"):
                     chunks.append((token_sent, json.loads(text[6:])))
 
