@@ -6,18 +6,17 @@ Times are monotonic seconds.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from backends.engine.text import ByteTokenizer, IncrementalDecoder, TextCodec
 from backends.serve import sse
-from backends.serve.engine_client import EngineClient
+from backends.serve.engine_client import EngineClient, OutputQueue
 from backends.serve.engine_process import ExecutorFactory
 from backends.serve.flags import ServeFlags
 from backends.serve.messages import EngineInfo, EngineOutputs, EngineRequest, RequestOutput
@@ -72,7 +71,7 @@ class _Generation:
     parsed: Parsed
     arrival_s: float
     decoder: IncrementalDecoder
-    queue: asyncio.Queue[RequestOutput | Exception]
+    queue: OutputQueue
     output_len: int = 0
     cached: int = 0
     last_output_s: float | None = None
@@ -208,24 +207,31 @@ class Server:
         self.awaiting_first += 1
         return gen
 
+    def _next(self, gen: _Generation) -> tuple[str, RequestOutput]:
+        """The (text delta, output) of the outputs queued for `gen` (merged, see `_take`);
+        the error that ended it raised. Only when `_ready(gen)`."""
+        item = gen.deferred if gen.deferred is not None else _take(gen, gen.queue.get_nowait())
+        if isinstance(item, Exception):
+            self._forget(gen, abort=False)
+            raise item
+        gen.output_len += len(item.new_token_ids)
+        gen.cached = item.num_cached_tokens or gen.cached
+        text = gen.decoder.step(item.new_token_ids)
+        if item.finish_reason is not None:
+            gen.finish_reason, gen.stop_reason = item.finish_reason, item.stop_reason
+            self._finished(gen, item)
+        return text, item
+
     async def outputs(self, gen: _Generation) -> AsyncIterator[tuple[str, RequestOutput]]:
         """(text delta, output) per engine output until the request finishes; the outputs
         that queued up while the stream was writing come merged into one (see `_take`)."""
         while True:
-            item = gen.deferred if gen.deferred is not None else \
-                _take(gen, await gen.queue.get())
-            if isinstance(item, Exception):
-                self._forget(gen, abort=False)
-                raise item
-            gen.output_len += len(item.new_token_ids)
-            gen.cached = item.num_cached_tokens or gen.cached
-            text = gen.decoder.step(item.new_token_ids)
-            if item.finish_reason is not None:
-                gen.finish_reason, gen.stop_reason = item.finish_reason, item.stop_reason
-                self._finished(gen, item)
-                yield text, item
-                return
+            if not _ready(gen):
+                await gen.queue.wait()
+            text, item = self._next(gen)
             yield text, item
+            if item.finish_reason is not None:
+                return
 
     async def complete(self, gen: _Generation) -> str:
         """All of a request's text (non-streaming); aborts it if the handler is cancelled."""
@@ -237,7 +243,8 @@ class Server:
             self._forget(gen, abort=True)
         return "".join(parts)
 
-    async def stream(self, gen: _Generation, model: str, chat: bool) -> AsyncIterator[bytes]:
+    async def stream(self, gen: _Generation, model: str, chat: bool
+                     ) -> AsyncGenerator[bytes, None]:
         """SSE events as vLLM emits them (`sse`); a disconnect (cancellation) aborts the
         request."""
         rid = ("chatcmpl-" if chat else "cmpl-") + gen.request_id
@@ -246,16 +253,21 @@ class Server:
         parsed = gen.parsed
         first = chat  # the chat stream's role chunk goes out with the first output
         try:
-            async for text, out in self.outputs(gen):
+            while True:  # `outputs` inlined: one async generator less per chunk
+                if not _ready(gen):
+                    await gen.queue.wait()
+                text, out = self._next(gen)
                 if first:
                     yield sse.event(self._role_chunk(gen, encoder.head))
                     first = False
                 if out.finish_reason is None and out.stop_reason is None \
                         and not parsed.continuous_usage:
                     yield encoder.token(text)
-                else:
-                    yield encoder.chunk(text, out.finish_reason, out.stop_reason,
-                                        gen.usage() if parsed.continuous_usage else None)
+                    continue
+                yield encoder.chunk(text, out.finish_reason, out.stop_reason,
+                                    gen.usage() if parsed.continuous_usage else None)
+                if out.finish_reason is not None:
+                    break
             if parsed.include_usage:
                 yield sse.event({**encoder.head, "choices": [], "usage": gen.usage()})
             yield sse.DONE
@@ -292,6 +304,11 @@ class Server:
         return {"id": rid, "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()), "model": model, "choices": [choice],
                 "usage": gen.usage()}
+
+
+def _ready(gen: _Generation) -> bool:
+    """Whether `gen` has an output or an error to take without waiting."""
+    return gen.deferred is not None or not gen.queue.empty()
 
 
 def _take(gen: _Generation, item: RequestOutput | Exception) -> RequestOutput | Exception:

@@ -18,6 +18,7 @@ from starlette.responses import StreamingResponse
 
 from backends.engine.sampling_options import SamplingOptions
 from backends.engine.text import ByteTokenizer
+from backends.serve.engine_client import OutputQueue
 from backends.serve.messages import RequestOutput
 from backends.serve.metrics import ITL_BUCKETS, ServeMetrics, observe_all
 from backends.serve.openai_protocol import EngineDeadError, Parsed
@@ -88,7 +89,7 @@ def _stream(chat: bool, items: list[RequestOutput | Exception], include_usage: b
         server = _server()
         parsed = Parsed([5, 6, 7], SamplingParams(max_tokens=9), SamplingOptions(), True,
                         include_usage, continuous)
-        gen = _Generation("r", parsed, 0.0, ByteTokenizer(512).decoder(), asyncio.Queue())
+        gen = _Generation("r", parsed, 0.0, ByteTokenizer(512).decoder(), OutputQueue())
         server.gens["r"] = gen
         server.awaiting_first = 1
         events = []
