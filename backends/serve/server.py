@@ -6,6 +6,7 @@ Times are monotonic seconds.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 import uuid
@@ -112,6 +113,12 @@ class Server:
                                     info.cache.enable_prefix_caching)
         self.engine.on_outputs = self.on_outputs
         self.engine.on_dead = self.on_engine_dead
+        # What exists now (modules, the app, the tokenizer) lives as long as the server: out
+        # of the collector's way, a full collection no longer walks it (measured at 200
+        # streams: 2 full collections of ~70 ms each in a 10 s run before, 1 of 6 ms after;
+        # vLLM's API server freezes its startup heap too).
+        gc.collect()
+        gc.freeze()
 
     def on_engine_dead(self) -> None:
         """The engine process is gone: streams in flight already got their error event;
