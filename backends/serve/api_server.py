@@ -15,7 +15,9 @@ unknown model; 401 without the API key (`--api-key`) and 413 past `--max-request
 token yet); 500 once the engine process is dead (`/health` then answers 503, streams in
 flight end with an error event, and the server stops, exiting non-zero). A client that
 disconnects aborts its request in the engine at once. The handlers' shared state is
-`server.Server`. Times are monotonic seconds.
+`server.Server`. The two generation routes are served by `stream_path.StreamPath`, a bare-ASGI
+middleware behind the guard (FastAPI keeps them for `/openapi.json`). Times are monotonic
+seconds.
 """
 
 from __future__ import annotations
