@@ -116,7 +116,7 @@ class Server:
         # What exists now (modules, the app, the tokenizer) lives as long as the server: out
         # of the collector's way, a full collection no longer walks it (measured at 200
         # streams: 2 full collections of ~70 ms each in a 10 s run before, 1 of 6 ms after;
-        # vLLM's API server freezes its startup heap too).
+        # vLLM's API server does the same in its lifespan, launchers/utils/server_utils.py).
         gc.collect()
         gc.freeze()
 
