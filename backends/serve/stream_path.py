@@ -34,9 +34,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 Generate = Callable[[Request, bool], Awaitable[Response | AsyncGenerator[bytes, None]]]
 
 PATHS = {"/v1/completions": False, "/v1/chat/completions": True}  # path -> chat
-_SSE_START = {"type": "http.response.start", "status": 200,
-              "headers": [(b"content-type", b"text/event-stream; charset=utf-8")]}
-_END = {"type": "http.response.body", "body": b"", "more_body": False}
+_SSE_TYPE = (b"content-type", b"text/event-stream; charset=utf-8")
 
 
 class StreamPath:
@@ -87,11 +85,12 @@ async def stream(events: AsyncGenerator[bytes, None], receive: Receive, send: Se
     watch = _Watch(task)
     watcher = asyncio.ensure_future(watch.run(receive))
     try:
-        await send(_SSE_START)
+        # fresh messages per stream: a wrapper of `send` may add headers to them
+        await send({"type": "http.response.start", "status": 200, "headers": [_SSE_TYPE]})
         async for data in events:
             await send({"type": "http.response.body", "body": data, "more_body": True})
         watch.done = True
-        await send(_END)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
     except asyncio.CancelledError:
         if not watch.gone or task.cancelling() > 1:
             raise  # not (only) the client leaving: a shutdown
