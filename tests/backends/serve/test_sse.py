@@ -257,3 +257,22 @@ def test_the_stream_path_sends_what_streaming_response_sent(hold: bool) -> None:
     assert sent_new[0] == {"type": "http.response.start", "status": 200, "headers": [
         (b"content-type", b"text/event-stream; charset=utf-8")]}
     assert sent_new[-1]["more_body"] is (True if hold else False)
+
+
+def test_request_outputs_survive_the_wire_with_every_field() -> None:
+    """`RequestOutput.__reduce__` lists the fields by hand: a field it forgets is lost."""
+    import dataclasses
+
+    from backends.serve.messages import EngineOutputs, SchedulerStats, decode, encode
+
+    values: dict[str, Any] = {"request_id": "r", "new_token_ids": [7, 8],
+                              "finish_reason": "stop", "stop_reason": "END"}
+    for i, f in enumerate(dataclasses.fields(RequestOutput)):
+        values.setdefault(f.name, i + 0.5 if "_s" in f.name else i + 1)
+    out = RequestOutput(**values)
+    batch = EngineOutputs(1.5, [out, RequestOutput("q", [1])],
+                          SchedulerStats(1, 0, 0.5, 10, 2, 0))
+    kind, back = decode(encode(("outputs", batch)))
+    assert kind == "outputs" and back == batch
+    assert [dataclasses.astuple(o) for o in back.outputs] == \
+        [dataclasses.astuple(o) for o in batch.outputs]
