@@ -228,6 +228,8 @@ def latency_summary(records: Sequence[RequestRecord]) -> dict[str, Any]:
                                                   strict=False)]
     return {
         "completed": len(done),
+        "output_tokens": output,
+        "chunks": sum(len(r.token_times_s) for r in done),  # events with text (tokens: sim)
         "duration_s": round(duration, 3),
         "requests_per_s": round(len(done) / duration, 2) if duration > 0 else math.inf,
         "output_tokens_per_s": round(output / duration, 1) if duration > 0 else math.inf,
@@ -247,6 +249,21 @@ def added_latency(server: dict[str, Any], simulated: dict[str, Any]) -> dict[str
     return added
 
 
+def cpu_per_output(cpu_s: dict[str, float], server: dict[str, Any]) -> dict[str, float]:
+    """Each process's CPU microseconds per output token and per streamed chunk (a chunk may
+    carry several tokens): a load-tolerant measure of the serving path's cost, unlike the
+    wall-clock latencies. Empty when the CPU times or the completions are missing."""
+    tokens, chunks = server.get("output_tokens"), server.get("chunks")
+    if not tokens or not chunks:
+        return {}
+    out = {}
+    for name in ("api_server", "engine", "client"):
+        if name in cpu_s:
+            out[f"{name}_per_token"] = round(1e6 * cpu_s[name] / tokens, 2)
+            out[f"{name}_per_chunk"] = round(1e6 * cpu_s[name] / chunks, 2)
+    return out
+
+
 def compare(trace: Trace, load: LoadResult, simulated: Sequence[RequestRecord]
             ) -> dict[str, Any]:
     """The report: errors, token counts, throughput and added latency."""
@@ -264,6 +281,7 @@ def compare(trace: Trace, load: LoadResult, simulated: Sequence[RequestRecord]
         "token_count_mismatches": mismatched,
         "server_exit_code": load.server_exit_code,
         "cpu_s": load.cpu_s,
+        "cpu_us": cpu_per_output(load.cpu_s, server),
         "server_counters": {k: load.server_counters[k] for k in sorted(load.server_counters)
                             if k.startswith(("vllm:request_success", "vllm:generation_tokens",
                                              "vllm:prompt_tokens", "vllm:admission"))},

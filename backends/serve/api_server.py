@@ -15,7 +15,9 @@ unknown model; 401 without the API key (`--api-key`) and 413 past `--max-request
 token yet); 500 once the engine process is dead (`/health` then answers 503, streams in
 flight end with an error event, and the server stops, exiting non-zero). A client that
 disconnects aborts its request in the engine at once. The handlers' shared state is
-`server.Server`. Times are monotonic seconds.
+`server.Server`. The two generation routes are served by `stream_path.StreamPath`, a bare-ASGI
+middleware behind the guard (FastAPI keeps them for `/openapi.json`). Times are monotonic
+seconds.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -34,6 +36,7 @@ from backends.serve.guard import RequestGuard, json_body
 from backends.serve.openai_protocol import ApiError, token_list
 from backends.serve.openapi_schema import request_schema
 from backends.serve.server import ServeConfig, Server
+from backends.serve.stream_path import Generate, StreamPath
 
 __all__ = ["ServeConfig", "Server", "build_app", "run_server"]
 
@@ -57,11 +60,14 @@ def build_app(config: ServeConfig) -> FastAPI:
 
     app = FastAPI(title="rt serve", lifespan=lifespan)
     app.state.server = server
+    generate = _generator(server)
+    # the last added is the outermost: the guard runs before the stream path
+    app.add_middleware(StreamPath, generate=generate)
     app.add_middleware(RequestGuard, api_key=config.api_key,
                        max_request_bytes=config.max_request_bytes)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(Exception, _internal_error)
-    _generation_routes(app, server)
+    _generation_routes(app, generate)
     _info_routes(app, server)
     _token_routes(app, server)
     return app
@@ -78,10 +84,12 @@ async def _internal_error(_: Request, err: Exception) -> JSONResponse:
     return ApiError(500, f"internal error: {type(err).__name__}").response()
 
 
-def _generation_routes(app: FastAPI, server: Server) -> None:
+def _generator(server: Server) -> Generate:
+    """The generation handler: a JSON response, or the SSE events of a stream (ApiError for
+    a bad request)."""
     config = server.config
 
-    async def generate(request: Request, chat: bool) -> Response:
+    async def generate(request: Request, chat: bool) -> Response | AsyncGenerator[bytes, None]:
         arrival = time.monotonic()
         body = await json_body(request, config.max_request_bytes)
         model = body.get("model") or config.model_name
@@ -95,18 +103,30 @@ def _generation_routes(app: FastAPI, server: Server) -> None:
         parsed = parser.parse(body, prompt, chat)
         gen = server.admit(parsed, arrival)
         if parsed.stream:
-            return StreamingResponse(server.stream(gen, model, chat),
-                                     media_type="text/event-stream")
+            return server.stream(gen, model, chat)
         text = await server.complete(gen)
         return JSONResponse(server.response(gen, text, model, chat))
 
+    return generate
+
+
+def _generation_routes(app: FastAPI, generate: Generate) -> None:
+    """The routes `StreamPath` serves, kept in FastAPI for /openapi.json (and any caller that
+    bypasses the middleware)."""
+
+    async def respond(request: Request, chat: bool) -> Response:
+        answer = await generate(request, chat)
+        if isinstance(answer, Response):
+            return answer
+        return StreamingResponse(answer, media_type="text/event-stream")
+
     @app.post("/v1/completions", openapi_extra=request_schema("completion"))
     async def completions(request: Request) -> Response:
-        return await generate(request, chat=False)
+        return await respond(request, chat=False)
 
     @app.post("/v1/chat/completions", openapi_extra=request_schema("chat"))
     async def chat_completions(request: Request) -> Response:
-        return await generate(request, chat=True)
+        return await respond(request, chat=True)
 
 
 def _info_routes(app: FastAPI, server: Server) -> None:

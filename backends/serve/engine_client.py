@@ -4,6 +4,7 @@ ZeroMQ, route its per-step outputs to the streams that wait for them, watch its 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import multiprocessing
 import os
@@ -30,6 +31,52 @@ from backends.serve.openai_protocol import EngineDeadError
 _HEALTH_POLL_S = 0.2  # how often the engine process's liveness is checked
 
 
+class OutputQueue:
+    """One request's engine outputs (or the error that ends it), for its one reader:
+    asyncio.Queue's `put_nowait`, `get_nowait`, `empty`, `qsize`, with less work per item
+    (a deque and at most one waiting future; `wait` returns the future itself, no coroutine):
+    at 200 streams every step puts and takes one item per stream."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: collections.deque[RequestOutput | Exception] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: RequestOutput | Exception) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():  # a reader cancelled (disconnected) left it cancelled
+                waiter.set_result(None)
+
+    def wait(self) -> asyncio.Future[None]:
+        """Done once an item is queued (at once if one is)."""
+        waiter = asyncio.get_running_loop().create_future()
+        if self._items:
+            waiter.set_result(None)
+        else:
+            self._waiter = waiter
+        return waiter
+
+    async def get(self) -> RequestOutput | Exception:
+        while not self._items:
+            await self.wait()
+        return self._items.popleft()
+
+    def get_nowait(self) -> RequestOutput | Exception:
+        if not self._items:
+            raise asyncio.QueueEmpty
+        return self._items.popleft()
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+
 class EngineClient:
     """The API server's side of the engine process: start it, send, route its outputs."""
 
@@ -40,7 +87,7 @@ class EngineClient:
         self.output = self.context.socket(zmq.PULL)
         self.process: multiprocessing.process.BaseProcess | None = None
         self.info: EngineInfo | None = None
-        self.streams: dict[str, asyncio.Queue[RequestOutput | Exception]] = {}
+        self.streams: dict[str, OutputQueue] = {}
         self.outgoing: asyncio.Queue[bytes] = asyncio.Queue()
         self.dead = False
         self.on_outputs: Callable[[EngineOutputs], None] = lambda _: None
@@ -74,10 +121,10 @@ class EngineClient:
                 raise RuntimeError(f"the engine process exited ({self.process.exitcode})")
         raise RuntimeError(f"the engine did not start within {timeout_s:g} s")
 
-    def submit(self, request: EngineRequest) -> asyncio.Queue[RequestOutput | Exception]:
+    def submit(self, request: EngineRequest) -> OutputQueue:
         if self.dead:
             raise EngineDeadError()
-        queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
+        queue = OutputQueue()
         self.streams[request.request_id] = queue
         self.outgoing.put_nowait(encode(("add", request)))
         return queue

@@ -12,6 +12,8 @@ ITL and the phase times from the engine's step timestamps (one ITL sample per ou
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
@@ -35,6 +37,27 @@ def buckets_1_2_5(max_value: int) -> list[int]:
                 return buckets
             buckets.append(value)
         exponent += 1
+
+
+def observe_all(histogram: Histogram, values: list[float]) -> None:
+    """`histogram.observe(v)` for each of `values` in order, in one pass: the bucket by
+    bisection (the first upper bound >= v, as `observe` scans for; a NaN falls in none), the
+    sum added in the same order (so bit-identical), one increment per bucket. Reaches into
+    prometheus-client's `Histogram` (`_upper_bounds`, `_buckets`, `_sum`);
+    tests/backends/serve/test_sse.py checks it against `observe`."""
+    if not values:
+        return
+    bounds = histogram._upper_bounds
+    counts: dict[int, int] = {}
+    total = histogram._sum.get()
+    for value in values:
+        total += value
+        if value == value:  # not NaN
+            i = bisect_left(bounds, value)
+            counts[i] = counts.get(i, 0) + 1
+    histogram._sum.set(total)
+    for i, n in counts.items():
+        histogram._buckets[i].inc(n)
 
 
 class ServeMetrics:
@@ -177,10 +200,13 @@ class ServeMetrics:
         self.prompt_cached.inc(cached)
         self.ttft.observe(ttft_s)
 
-    def on_tokens(self, count: int, itl_s: float | None) -> None:
-        self.generation_tokens.inc(count)
-        if itl_s is not None:
-            self.itl.observe(itl_s)
+    def on_tokens(self, count: int, itls_s: list[float]) -> None:
+        """One step's `count` new tokens and the ITL samples (one per output that was not a
+        request's first), in bulk: the same values as `count` increments and one `observe`
+        per sample in order (see `observe_all`)."""
+        if count:
+            self.generation_tokens.inc(count)
+        observe_all(self.itl, itls_s)
 
     def on_iteration(self, tokens: int) -> None:
         """One engine step's outputs: `tokens` = the computed (not cached) prompt tokens of

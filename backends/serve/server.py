@@ -6,23 +6,24 @@ Times are monotonic seconds.
 
 from __future__ import annotations
 
-import asyncio
-import json
+import gc
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from backends.engine.text import ByteTokenizer, IncrementalDecoder, TextCodec
-from backends.serve.engine_client import EngineClient
+from backends.serve import sse
+from backends.serve.engine_client import EngineClient, OutputQueue
 from backends.serve.engine_process import ExecutorFactory
 from backends.serve.flags import ServeFlags
 from backends.serve.messages import EngineInfo, EngineOutputs, EngineRequest, RequestOutput
 from backends.serve.metrics import ServeMetrics
 from backends.serve.openai_protocol import ApiError, EngineDeadError, Parsed, RequestParser
+from backends.serve.sse import ChunkEncoder
 
 logger = logging.getLogger("rt.serve")
 
@@ -71,7 +72,7 @@ class _Generation:
     parsed: Parsed
     arrival_s: float
     decoder: IncrementalDecoder
-    queue: asyncio.Queue[RequestOutput | Exception]
+    queue: OutputQueue
     output_len: int = 0
     cached: int = 0
     last_output_s: float | None = None
@@ -84,11 +85,6 @@ class _Generation:
         return {"prompt_tokens": prompt, "completion_tokens": self.output_len,
                 "total_tokens": prompt + self.output_len,
                 "prompt_tokens_details": {"cached_tokens": self.cached}}
-
-
-def _sse(data: dict[str, Any] | str) -> str:
-    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    return f"data: {text}\n\n"
 
 
 class Server:
@@ -117,6 +113,12 @@ class Server:
                                     info.cache.enable_prefix_caching)
         self.engine.on_outputs = self.on_outputs
         self.engine.on_dead = self.on_engine_dead
+        # What exists now (modules, the app, the tokenizer) lives as long as the server: out
+        # of the collector's way, a full collection no longer walks it (measured at 200
+        # streams: 2 full collections of ~70 ms each in a 10 s run before, 1 of 6 ms after;
+        # vLLM's API server does the same in its lifespan, launchers/utils/server_utils.py).
+        gc.collect()
+        gc.freeze()
 
     def on_engine_dead(self) -> None:
         """The engine process is gone: streams in flight already got their error event;
@@ -138,28 +140,33 @@ class Server:
     # ---- engine outputs -> metrics -------------------------------------------------------
 
     def on_outputs(self, batch: EngineOutputs) -> None:
+        """One engine step's outputs into the metrics, in bulk (one generation-token
+        increment and one ITL pass per step; a request's first output: its prompt counters
+        and TTFT)."""
         metrics = self.metrics
         assert metrics is not None
         s = batch.stats
         metrics.on_stats(s.num_running, s.num_waiting, s.kv_cache_usage,
                          s.prefix_cache_queries, s.prefix_cache_hits, s.num_preemptions)
-        now = time.monotonic()
-        iteration = 0
+        now, step_s = time.monotonic(), batch.timestamp
+        new_tokens = prefill_tokens = 0
+        itls: list[float] = []  # seconds, in output order
+        gens = self.gens
         for out in batch.outputs:
-            gen = self.gens.get(out.request_id)
+            gen = gens.get(out.request_id)
             if gen is None or not out.new_token_ids:
                 continue
-            iteration += len(out.new_token_ids)
+            new_tokens += len(out.new_token_ids)
             if gen.last_output_s is None:
                 self.awaiting_first -= 1
                 prompt_len = len(gen.parsed.prompt_ids)
-                iteration += prompt_len - out.num_cached_tokens
+                prefill_tokens += prompt_len - out.num_cached_tokens
                 metrics.on_first_output(prompt_len, out.num_cached_tokens, now - gen.arrival_s)
-                metrics.on_tokens(len(out.new_token_ids), None)
             else:
-                metrics.on_tokens(len(out.new_token_ids), batch.timestamp - gen.last_output_s)
-            gen.last_output_s = batch.timestamp
-        metrics.on_iteration(iteration)
+                itls.append(step_s - gen.last_output_s)
+            gen.last_output_s = step_s
+        metrics.on_tokens(new_tokens, itls)
+        metrics.on_iteration(new_tokens + prefill_tokens)
 
     def _finished(self, gen: _Generation, out: RequestOutput) -> None:
         """Record a finished request's metrics and forget it."""
@@ -207,24 +214,31 @@ class Server:
         self.awaiting_first += 1
         return gen
 
+    def _next(self, gen: _Generation) -> tuple[str, RequestOutput]:
+        """The (text delta, output) of the outputs queued for `gen` (merged, see `_take`);
+        the error that ended it raised. Only when `_ready(gen)`."""
+        item = gen.deferred if gen.deferred is not None else _take(gen, gen.queue.get_nowait())
+        if isinstance(item, Exception):
+            self._forget(gen, abort=False)
+            raise item
+        gen.output_len += len(item.new_token_ids)
+        gen.cached = item.num_cached_tokens or gen.cached
+        text = gen.decoder.step(item.new_token_ids)
+        if item.finish_reason is not None:
+            gen.finish_reason, gen.stop_reason = item.finish_reason, item.stop_reason
+            self._finished(gen, item)
+        return text, item
+
     async def outputs(self, gen: _Generation) -> AsyncIterator[tuple[str, RequestOutput]]:
         """(text delta, output) per engine output until the request finishes; the outputs
         that queued up while the stream was writing come merged into one (see `_take`)."""
         while True:
-            item = gen.deferred if gen.deferred is not None else \
-                _take(gen, await gen.queue.get())
-            if isinstance(item, Exception):
-                self._forget(gen, abort=False)
-                raise item
-            gen.output_len += len(item.new_token_ids)
-            gen.cached = item.num_cached_tokens or gen.cached
-            text = gen.decoder.step(item.new_token_ids)
-            if item.finish_reason is not None:
-                gen.finish_reason, gen.stop_reason = item.finish_reason, item.stop_reason
-                self._finished(gen, item)
-                yield text, item
-                return
+            if not _ready(gen):
+                await gen.queue.wait()
+            text, item = self._next(gen)
             yield text, item
+            if item.finish_reason is not None:
+                return
 
     async def complete(self, gen: _Generation) -> str:
         """All of a request's text (non-streaming); aborts it if the handler is cancelled."""
@@ -236,35 +250,36 @@ class Server:
             self._forget(gen, abort=True)
         return "".join(parts)
 
-    async def stream(self, gen: _Generation, model: str, chat: bool) -> AsyncIterator[str]:
-        """SSE chunks as vLLM emits them; a disconnect (cancellation) aborts the request."""
+    async def stream(self, gen: _Generation, model: str, chat: bool
+                     ) -> AsyncGenerator[bytes, None]:
+        """SSE events as vLLM emits them (`sse`); a disconnect (cancellation) aborts the
+        request."""
         rid = ("chatcmpl-" if chat else "cmpl-") + gen.request_id
-        created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
-        head = {"id": rid, "object": obj, "created": created, "model": model}
+        encoder = ChunkEncoder(rid, obj, int(time.time()), model, chat)
         parsed = gen.parsed
-        first = True
+        first = chat  # the chat stream's role chunk goes out with the first output
         try:
-            async for text, out in self.outputs(gen):
-                if chat and first:
-                    yield _sse(self._role_chunk(gen, head))
-                first = False
-                choice: dict[str, Any] = {"index": 0, "logprobs": None,
-                                          "finish_reason": out.finish_reason,
-                                          "stop_reason": out.stop_reason}
-                if chat:
-                    choice["delta"] = {"content": text}
-                else:
-                    choice["text"] = text
-                chunk = {**head, "choices": [choice]}
-                if parsed.continuous_usage:
-                    chunk["usage"] = gen.usage()
-                yield _sse(chunk)
+            while True:  # `outputs` inlined: one async generator less per chunk
+                if not _ready(gen):
+                    await gen.queue.wait()
+                text, out = self._next(gen)
+                if first:
+                    yield sse.event(self._role_chunk(gen, encoder.head))
+                    first = False
+                if out.finish_reason is None and out.stop_reason is None \
+                        and not parsed.continuous_usage:
+                    yield encoder.token(text)
+                    continue
+                yield encoder.chunk(text, out.finish_reason, out.stop_reason,
+                                    gen.usage() if parsed.continuous_usage else None)
+                if out.finish_reason is not None:
+                    break
             if parsed.include_usage:
-                yield _sse({**head, "choices": [], "usage": gen.usage()})
-            yield _sse("[DONE]")
+                yield sse.event({**encoder.head, "choices": [], "usage": gen.usage()})
+            yield sse.DONE
         except ApiError as err:
-            yield _sse(err.body())
+            yield sse.event(err.body())
         finally:
             self._forget(gen, abort=True)
 
@@ -296,6 +311,11 @@ class Server:
         return {"id": rid, "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()), "model": model, "choices": [choice],
                 "usage": gen.usage()}
+
+
+def _ready(gen: _Generation) -> bool:
+    """Whether `gen` has an output or an error to take without waiting."""
+    return gen.deferred is not None or not gen.queue.empty()
 
 
 def _take(gen: _Generation, item: RequestOutput | Exception) -> RequestOutput | Exception:

@@ -22,3 +22,19 @@ def test_failed_on_errors_mismatches_or_kv_left() -> None:
     assert not failed(ok) and not failed({**ok, "kv_blocks_in_use_after": 0})
     assert failed({**ok, "errors": 1}) and failed({**ok, "token_count_mismatches": 2})
     assert failed({**ok, "kv_blocks_in_use_after": 3})
+
+
+def test_cpu_per_token_and_per_chunk_from_the_server_records() -> None:
+    from backends.bench.serve_load import cpu_per_output, latency_summary
+    from runtime.records import RequestRecord
+
+    records = [RequestRecord(request_id=str(i), arrival_s=0.0, prompt_len=4, max_tokens=4,
+                             first_token_s=0.1, finish_s=0.4, status="FINISHED_LENGTH_CAPPED",
+                             finish_reason="length", output_len=4,
+                             token_times_s=[0.1, 0.3, 0.4][: 2 + i]) for i in range(2)]
+    summary = latency_summary(records)
+    assert (summary["output_tokens"], summary["chunks"]) == (8, 5)
+    assert cpu_per_output({"api_server": 0.0004, "engine": 0.0008, "wall": 9.0}, summary) == {
+        "api_server_per_token": 50.0, "api_server_per_chunk": 80.0,
+        "engine_per_token": 100.0, "engine_per_chunk": 160.0}
+    assert cpu_per_output({}, summary) == {} and cpu_per_output({"engine": 1.0}, {}) == {}

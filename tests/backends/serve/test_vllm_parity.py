@@ -14,6 +14,7 @@ import pytest
 
 from backends.engine.sampling_options import SamplingOptions
 from backends.engine.text import ByteTokenizer
+from backends.serve.engine_client import OutputQueue
 from backends.serve.messages import RequestOutput
 from backends.serve.metrics import ServeMetrics
 from backends.serve.openai_protocol import Parsed
@@ -37,14 +38,15 @@ def test_chat_role_chunk_waits_for_the_first_token() -> None:
         codec = ByteTokenizer(512)
         parsed = Parsed([5, 6, 7], SamplingParams(max_tokens=2), SamplingOptions(), True,
                         False, False)
-        gen = _Generation("r", parsed, 0.0, codec.decoder(), asyncio.Queue())
+        gen = _Generation("r", parsed, 0.0, codec.decoder(), OutputQueue())
         server.gens["r"] = gen
         server.awaiting_first = 1
         token_sent = False
         chunks: list[tuple[bool, dict]] = []
 
         async def consume() -> None:
-            async for text in server.stream(gen, "m", chat=True):
+            async for data in server.stream(gen, "m", chat=True):
+                text = data.decode()
                 if text.startswith("data: {"):
                     chunks.append((token_sent, json.loads(text[6:])))
 
@@ -79,7 +81,7 @@ def test_outputs_queued_behind_a_slow_write_merge_into_one_chunk() -> None:
 
     gen = _Generation("r", Parsed([5], SamplingParams(max_tokens=9), SamplingOptions(), True,
                                   False, False), 0.0, ByteTokenizer(512).decoder(),
-                      asyncio.Queue())
+                      OutputQueue())
     for token in (1, 2, 3):
         gen.queue.put_nowait(RequestOutput("r", [token]))
     gen.queue.put_nowait(EngineDeadError())

@@ -1,0 +1,66 @@
+"""The SSE events of `rt serve`'s streams as bytes, the per-token chunk from a template.
+
+A stream's chunks differ only in their text and, on the last one, the finish and stop
+reasons (and the usage with `continuous_usage_stats`): the JSON around the text (id, object,
+created, model, the choice's constant fields) is encoded once per request (`ChunkEncoder`),
+and each chunk is that prefix + the text as a JSON string + a suffix. The bytes are exactly
+those of `json.dumps(chunk, separators=(",", ":"))` of the chunk as a dict (keys in vLLM's
+order, ASCII-escaped as `json.dumps` does); tests/backends/serve/test_sse.py checks them
+against that reference. Events that come once per request (the chat role chunk, the usage
+chunk, an error, `[DONE]`) are dicts through `event`.
+"""
+
+from __future__ import annotations
+
+import json
+from json.encoder import encode_basestring_ascii  # what json.dumps uses for a str
+from typing import Any
+
+DONE = b"data: [DONE]\n\n"
+_COMPACT = (",", ":")
+
+
+def event(data: dict[str, Any]) -> bytes:
+    """One `data: {json}` SSE event."""
+    return b"data: " + json.dumps(data, separators=_COMPACT).encode() + b"\n\n"
+
+
+class ChunkEncoder:
+    """One stream's token chunks:
+
+        data: {"id":ID,"object":OBJ,"created":N,"model":M,"choices":[{"index":0,
+               "logprobs":null,"finish_reason":F,"stop_reason":S,"text":T}]}\\n\\n
+    (chat: `"delta":{"content":T}` for `"text":T`), with `,"usage":{...}` before the last
+    brace when usage is sent with every chunk."""
+
+    __slots__ = ("head", "_open", "_close", "_text_key", "_plain", "_end")
+
+    def __init__(self, request_id: str, obj: str, created: int, model: str, chat: bool) -> None:
+        # head: the chunk's leading fields, as a dict (the once-per-request events use it)
+        self.head = {"id": request_id, "object": obj, "created": created, "model": model}
+        fields = json.dumps(self.head, separators=_COMPACT)[:-1]  # without its closing brace
+        self._open = (f'data: {fields},"choices":[{{"index":0,"logprobs":null,'
+                      '"finish_reason":').encode()
+        self._close = b"}}]" if chat else b"}]"
+        self._text_key = b',"delta":{"content":' if chat else b',"text":'
+        self._plain = self._open + b'null,"stop_reason":null' + self._text_key
+        self._end = self._close + b"}\n\n"
+
+    def token(self, text: str) -> bytes:
+        """The common chunk: `text`, no reasons, no usage (`chunk(text)`, faster)."""
+        return self._plain + encode_basestring_ascii(text).encode() + self._end
+
+    def chunk(self, text: str, finish_reason: str | None = None,
+              stop_reason: int | str | None = None, usage: dict[str, Any] | None = None
+              ) -> bytes:
+        """The event of one chunk: `text`, the reasons (None but on the last chunk) and the
+        usage (None: not sent)."""
+        tail = b"}\n\n" if usage is None else \
+            b',"usage":' + json.dumps(usage, separators=_COMPACT).encode() + b"}\n\n"
+        if finish_reason is None and stop_reason is None:
+            reasons = b'null,"stop_reason":null'
+        else:
+            reasons = (f'{json.dumps(finish_reason)},"stop_reason":'
+                       f'{json.dumps(stop_reason)}').encode()
+        return b"".join((self._open, reasons, self._text_key,
+                         encode_basestring_ascii(text).encode(), self._close, tail))

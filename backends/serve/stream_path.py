@@ -1,0 +1,101 @@
+"""`rt serve`'s generation routes as bare ASGI: POST /v1/completions and /v1/chat/completions.
+
+A middleware inside the app (behind `guard.RequestGuard`, so the API key and the body limit
+apply first): it runs the handler itself (`Generate`, the same one FastAPI's routes run) and
+writes a stream as ASGI messages, each SSE event's bytes as one `http.response.body` with
+`more_body`, skipping FastAPI's routing, its exception wrappers around every `send` and
+Starlette's `StreamingResponse` (a task group per response): most of the API process's CPU
+per streamed token at 200 streams (docs/serve.md, "Where tokens bunched at 200 streams").
+FastAPI keeps the routes (and so `/openapi.json`); every other path and method goes to it.
+
+What the client sees is `StreamingResponse`'s: the same status, headers
+(`content-type: text/event-stream; charset=utf-8`, chunked) and bytes; a non-streaming answer
+or an error is the same `JSONResponse`. A client that disconnects cancels the stream at once,
+even while it waits for its first token (as `StreamingResponse` listening for
+`http.disconnect` under ASGI spec 2.3, uvicorn's), which aborts its request in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from backends.serve.openai_protocol import ApiError
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+# (request, chat) -> a response to send, or the SSE events of a stream
+Generate = Callable[[Request, bool], Awaitable[Response | AsyncGenerator[bytes, None]]]
+
+PATHS = {"/v1/completions": False, "/v1/chat/completions": True}  # path -> chat
+_SSE_TYPE = (b"content-type", b"text/event-stream; charset=utf-8")
+
+
+class StreamPath:
+    """ASGI middleware: the generation routes through `generate`, the rest to `app`."""
+
+    def __init__(self, app: ASGIApp, generate: Generate) -> None:
+        self.app = app
+        self.generate = generate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        chat = PATHS.get(scope["path"]) if scope["type"] == "http" else None
+        if chat is None or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        try:
+            answer = await self.generate(Request(scope, receive), chat)
+        except ApiError as err:
+            answer = err.response()
+        if isinstance(answer, Response):
+            await answer(scope, receive, send)
+        else:
+            await stream(answer, receive, send)
+
+
+class _Watch:
+    """A stream's disconnect watcher: cancels the streaming task when the client leaves."""
+
+    __slots__ = ("task", "gone", "done")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.gone = False  # the client left before the stream ended
+        self.done = False  # the stream ended (its last message was sent)
+
+    async def run(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        if not self.done:
+            self.gone = True
+            self.task.cancel()
+
+
+async def stream(events: AsyncGenerator[bytes, None], receive: Receive, send: Send) -> None:
+    """`events` as a 200 `text/event-stream` response, each as it comes; cancelled (which
+    closes `events`, aborting the request) when the client disconnects."""
+    task = asyncio.current_task()
+    assert task is not None
+    watch = _Watch(task)
+    watcher = asyncio.ensure_future(watch.run(receive))
+    try:
+        # fresh messages per stream: a wrapper of `send` may add headers to them
+        await send({"type": "http.response.start", "status": 200, "headers": [_SSE_TYPE]})
+        async for data in events:
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        watch.done = True
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except asyncio.CancelledError:
+        if not watch.gone or task.cancelling() > 1:
+            raise  # not (only) the client leaving: a shutdown
+        task.uncancel()  # the client left: the stream just ends, as StreamingResponse's
+    finally:
+        watch.done = True
+        watcher.cancel()
+        await events.aclose()  # runs its `finally` (the abort) if a cancel found it at a yield
