@@ -79,13 +79,20 @@ def _stalled_reader(url: str) -> socket.socket:
 
 
 def _itl_ms(url: str, tokens: int) -> list[float]:
-    times = []
+    """Gaps (ms) between a stream's chunks after the first two. A stream that fell behind
+    catches up with one chunk carrying several tokens, so the token count is the final
+    usage's, not the number of chunks."""
+    times, usage = [], {}
     with httpx.stream("POST", f"{url}/v1/completions", timeout=60,
-                      json={**BODY, "max_tokens": tokens}) as response:
+                      json={**BODY, "max_tokens": tokens,
+                            "stream_options": {"include_usage": True}}) as response:
         for line in response.iter_lines():
             if line.startswith("data: {"):
-                times.append(time.perf_counter())
-    assert len(times) == tokens
+                chunk = json.loads(line.removeprefix("data: "))
+                if chunk["choices"]:
+                    times.append(time.perf_counter())
+                usage = chunk.get("usage") or usage
+    assert usage["completion_tokens"] == tokens
     return [(b - a) * 1000 for a, b in zip(times[1:], times[2:], strict=False)]
 
 
