@@ -57,7 +57,6 @@ from backends.route.backends import (
     check_backends,
     healthy,
     needed_signals,
-    reads_token_ids,
 )
 from backends.route.flags import REPLICA_HEADER
 from backends.route.http1 import request_head
@@ -122,7 +121,7 @@ class Router:
         # a policy that reads no gauge (round-robin, prefix-aware, ...) needs /metrics only
         # as a liveness check: scraped every health check, not every refresh
         self.reads_metrics = bool(needed_signals(self.policy))
-        self.reads_ids = reads_token_ids(self.policy)
+        self.reads_ids = self.policy.reads_token_ids
         self.backends = [Backend(i, url) for i, url in enumerate(config.backends)]
         self.scrape_period_s = config.refresh_s if self.reads_metrics else config.health_check_s
         self.metrics = RouterMetrics(config.policy, self.backends, self.scrape_period_s)

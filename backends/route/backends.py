@@ -83,16 +83,6 @@ def _label_int(labels: str, key: str) -> int | None:
     return None
 
 
-# the modules of policies that never read RoutingRequest.token_ids (round-robin, random,
-# least-outstanding, vllm-dp, power-of-two, session-hash); tested against their source
-ID_BLIND_MODULES = ("runtime.router.simple", "runtime.router.session")
-
-
-def reads_token_ids(policy: RouterPolicy) -> bool:
-    """Whether the policy may read the prompt's token ids (else the router skips them)."""
-    return type(policy).__module__ not in ID_BLIND_MODULES
-
-
 def needed_signals(policy: RouterPolicy) -> tuple[str, ...]:
     """The /metrics gauges `policy` reads (load-only and router-index policies: none).
     ValueError for a policy that needs the engines' KV events, which rt route does not read."""
