@@ -251,8 +251,10 @@ class _Fleet:
         self.token_blind = not any(r.policy.reads_token_ids for r in self.routers)
         self.steps_ahead = (self.routes_ahead and not self.kv_bus  # docs/fleet.md
                             and all(r.policy.completion_blind for r in self.routers))
-        # per API cost: suffix minima of arrival + latency + cost(prompt) over the trace
-        self._earliest: dict[ApiServerCost, list[float]] = {}
+        # per API cost: suffix minima of arrival + latency + cost(prompt) over the trace,
+        # by id (the entry holds the cost, so the id stays its own): a frozen dataclass
+        # hashes a tuple per call, and this is asked twice per step
+        self._earliest: dict[int, tuple[ApiServerCost, list[float]]] = {}
 
     def run(self) -> None:
         self.start_processes()
@@ -271,10 +273,11 @@ class _Fleet:
     def earliest_handover(self, api: ApiServerCost) -> float:
         """The earliest time a request not yet routed could be handed over to a core whose
         API server costs `api` (seconds; inf once all are routed)."""
-        bounds = self._earliest.get(api)
-        if bounds is None:
-            bounds = self._earliest[api] = earliest_handovers(self.trace, self.latency_s, api)
-        return bounds[self.next_index]
+        entry = self._earliest.get(id(api))
+        if entry is None:
+            entry = self._earliest[id(api)] = (
+                api, earliest_handovers(self.trace, self.latency_s, api))
+        return entry[1][self.next_index]
 
     def router(self) -> Generator[simpy.Event, object, None]:
         policies = [r.policy for r in self.routers]
