@@ -4,9 +4,9 @@ A fleet's KV pools are linked `KVCacheBlock`s that live as long as the run: 16 r
 the bench's trace build ~253k of them (each pool builds its never-used blocks as
 allocations first reach them, `runtime.block_pool`), against ~57k for one engine on the
 whole trace. The collector can free none of them, yet walked each one at least twice more
-after its first young collection: 32 middle-generation collections of ~2-3 ms and 2 full
-ones of ~35-65 ms on the bench (0.13-0.2 s of a ~1.3 s run; one engine has no full
-collection, its pool being small beside what the imports left behind). On the bench's
+after its first young collection: on the bench, 32 middle-generation collections (0.04-0.10
+s together) and 2 full ones (0.06-0.20 s) in a ~1.3 s run; one engine has no full
+collection, its pool being small beside what the imports left behind. On the bench's
 runs (round-robin, dynamo-kv, least-outstanding) the run's collections find no garbage.
 
 So the fleet is built with the collector paused, everything then alive is frozen
