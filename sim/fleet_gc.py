@@ -3,11 +3,12 @@
 A fleet's KV pools are linked `KVCacheBlock`s that live as long as the run: 16 replicas on
 the bench's trace build ~253k of them (each pool builds its never-used blocks as
 allocations first reach them, `runtime.block_pool`), against ~57k for one engine on the
-whole trace. The collector can free none of them, yet walked each one at least twice more
-after its first young collection: on the bench, 32 middle-generation collections (0.04-0.10
-s together) and 2 full ones (0.06-0.20 s) in a ~1.3 s run; one engine has no full
-collection, its pool being small beside what the imports left behind. On the bench's
-runs (round-robin, dynamo-kv, least-outstanding) the run's collections find no garbage.
+whole trace. The collector can free none of them, yet walked them again in its middle and
+full generations after their first young collection: on the bench, 32 middle-generation
+collections (0.04-0.10 s together) and 2 full ones (0.06-0.20 s) in a ~1.3 s run; one
+engine has no full collection, its pool being small beside what the imports left behind.
+On the bench's runs (round-robin, dynamo-kv, least-outstanding) the run's collections
+find no garbage.
 
 So the fleet is built with the collector paused, everything then alive is frozen
 (`gc.freeze`), and during the run only the youngest generation is collected: cyclic
