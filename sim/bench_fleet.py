@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gc
 import platform
 import sys
 from collections.abc import Callable, Sequence
@@ -115,19 +114,14 @@ def _replica_shares(scaled: Trace, result: Any) -> list[Trace]:
 
 def _engines_row(shares: Sequence[Trace], setup: Any, label: str) -> dict[str, object]:
     """Each share on a single engine, one after another, with the collector treated as
-    `simulate_fleet` treats it (the objects already there frozen): the report row. With no
+    `simulate_fleet` treats it (`sim.fleet_gc`): the report row. With no
     routing latency or step noise these are the fleet's replicas, step for step
     (tests/sim/test_fleet_shares.py): the fleet's work without routing, hand-overs or cut
     runs."""
+    from sim.fleet_gc import built_and_run
     from sim.simulator import simulate
 
-    caller_froze = gc.get_freeze_count() > 0
-    gc.freeze()
-    try:
-        results, wall, cpu = timed(lambda: [simulate(share, setup.config, setup.cost_model)
-                                             for share in shares])
-    finally:
-        if not caller_froze:
-            gc.unfreeze()
+    results, wall, cpu = timed(lambda: built_and_run(lambda: shares, lambda todo: [
+        simulate(share, setup.config, setup.cost_model) for share in todo]))
     requests = sum(len(share) for share in shares)
     return rate_row(label, requests, sum(r.num_steps for r in results), wall, cpu)

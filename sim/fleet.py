@@ -25,7 +25,6 @@ With one replica and no routing latency the records are those of `sim.simulator.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import math
 import time
 from array import array
@@ -43,6 +42,7 @@ from runtime.router import ReplicaSnapshot, RouterPolicy
 from sim.block_ids import TraceBlockIds, own_streams_only
 from sim.cost.api_server import ApiServerCost
 from sim.cost.base import CostModel
+from sim.fleet_gc import built_and_run
 from sim.fleet_kv import run_before
 from sim.fleet_records import (
     FleetRequestRecord,
@@ -251,8 +251,10 @@ class _Fleet:
         self.token_blind = not any(r.policy.reads_token_ids for r in self.routers)
         self.steps_ahead = (self.routes_ahead and not self.kv_bus  # docs/fleet.md
                             and all(r.policy.completion_blind for r in self.routers))
-        # per API cost: suffix minima of arrival + latency + cost(prompt) over the trace
-        self._earliest: dict[ApiServerCost, list[float]] = {}
+        # per API cost: suffix minima of arrival + latency + cost(prompt) over the trace,
+        # by id (the entry holds the cost, so the id stays its own): a frozen dataclass
+        # hashes a tuple per call, and this is asked twice per step
+        self._earliest: dict[int, tuple[ApiServerCost, list[float]]] = {}
 
     def run(self) -> None:
         self.start_processes()
@@ -271,10 +273,11 @@ class _Fleet:
     def earliest_handover(self, api: ApiServerCost) -> float:
         """The earliest time a request not yet routed could be handed over to a core whose
         API server costs `api` (seconds; inf once all are routed)."""
-        bounds = self._earliest.get(api)
-        if bounds is None:
-            bounds = self._earliest[api] = earliest_handovers(self.trace, self.latency_s, api)
-        return bounds[self.next_index]
+        entry = self._earliest.get(id(api))
+        if entry is None:
+            entry = self._earliest[id(api)] = (
+                api, earliest_handovers(self.trace, self.latency_s, api))
+        return entry[1][self.next_index]
 
     def router(self) -> Generator[simpy.Event, object, None]:
         policies = [r.policy for r in self.routers]
@@ -379,21 +382,10 @@ def simulate_fleet(trace: Trace, replicas: Sequence[ReplicaSetup],
             whose policy scores with them.
     """
     started = time.perf_counter()
-    # KV pools are many linked `KVCacheBlock`s living for the whole run, which the cyclic
-    # collector kept walking (a fifth of a 16-replica run's CPU): the fleet is built with it
-    # paused, then frozen (`gc.freeze`) until the run ends. Records are unaffected.
-    enabled, caller_froze = gc.isenabled(), gc.get_freeze_count() > 0
-    gc.disable()
-    try:
-        fleet = _Fleet(trace, replicas, policy, refresh_s, routing_latency_s, progress,
-                       kv_event_delay_s)
-        gc.freeze()
-    finally:
-        if enabled:
-            gc.enable()
-    try:
+
+    def run(fleet: _Fleet) -> FleetResult:
         fleet.run()
-    finally:
-        if not caller_froze:  # unfreeze() thaws everything, a caller's frozen objects too
-            gc.unfreeze()
-    return fleet.result(time.perf_counter() - started)
+        return fleet.result(time.perf_counter() - started)
+
+    return built_and_run(lambda: _Fleet(trace, replicas, policy, refresh_s, routing_latency_s,
+                                        progress, kv_event_delay_s), run)
