@@ -46,9 +46,9 @@ def test_chat_role_chunk_waits_for_the_first_token() -> None:
 
         async def consume() -> None:
             async for data in server.stream(gen, "m", chat=True):
-                text = data.decode()
-                if text.startswith("data: {"):
-                    chunks.append((token_sent, json.loads(text[6:])))
+                for text in data.decode().split("\n\n"):  # the end: several in one write
+                    if text.startswith("data: {"):
+                        chunks.append((token_sent, json.loads(text[6:])))
 
         task = asyncio.create_task(consume())
         await asyncio.sleep(0.05)  # the engine is still prefilling
