@@ -21,10 +21,11 @@ registrations and frees, so the members' events in a step are handled in join or
 the explicit requests behind them (which `Scheduler.schedule(num_steady)` schedules as usual).
 A request joins only at the end of that prefix, after a step in which it decoded.
 
-A member is *materialised* (computed tokens, appended tokens and their block hashes) when it
-fills a block, finishes or leaves; the recorder writes its token times and decode run when it
-leaves or finishes. Scheduler, pool and records are then identical to stepping one by one
-(tested on random traces against plain `Scheduler.schedule()`).
+A member is *materialised* (computed tokens, appended tokens and their block hashes, its
+registered blocks in the KV manager) when it finishes or leaves; a fill of a block its request
+hashes (no `block_key`) appends the tokens first. The recorder writes its token times and
+decode run when it leaves or finishes. Scheduler, pool and records are then identical to
+stepping one by one (tested on random traces against plain `Scheduler.schedule()`).
 """
 
 from __future__ import annotations
