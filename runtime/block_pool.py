@@ -16,9 +16,11 @@ allocations reach them (`FreeBlockQueue.ensure`); lookups and results are as if 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import chain, repeat
 
 from runtime.block_hash import BlockHash
+from runtime.pool_invariants import check_pool_invariants
 
 
 class KVCacheBlock:
@@ -219,11 +221,29 @@ class BlockPool:
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop blocks from the head of the free queue, evicting any cached hash they carry."""
+        return self._pop(num_blocks, ())
+
+    def extend_table(self, table: list[KVCacheBlock], num_blocks: int, start: int,
+                     block_hashes: Sequence[BlockHash]) -> list[KVCacheBlock]:
+        """Append `num_blocks` new blocks to `table` (`get_new_blocks`), then register
+        `table[start:start + len(block_hashes)]` under `block_hashes` (`cache_blocks`);
+        returns the new blocks. A new block is popped and registered in one touch; the
+        state is the two calls' (registering a block and evicting another commute)."""
+        num_old = len(table) - start  # registered first, in table order
+        if num_old > 0:
+            self._register(table[start:start + len(block_hashes)], block_hashes[:num_old])
+        blocks = self._pop(num_blocks, block_hashes[max(num_old, 0):])
+        table += blocks
+        return blocks
+
+    def _pop(self, num_blocks: int, block_hashes: Sequence[BlockHash]) -> list[KVCacheBlock]:
+        """`get_new_blocks`, the first `len(block_hashes)` blocks then registered under them
+        in the same walk (a popped block carries no hash)."""
         queue = self.free_block_queue
         if num_blocks > queue.num_free_blocks:
             raise ValueError(f"cannot get {num_blocks} free blocks from the pool")
-        # `popleft_n` and `_evict` in one walk (evicting does not touch the queue); `_evict`
-        # inlined: a call per evicted block costs ~60-100 ns, this being the prefill path
+        # `popleft_n`, `_evict` and `_register` in one walk (evicting does not touch the
+        # queue), inlined: a call per block costs ~60-100 ns, this being the prefill path
         queue.ensure(num_blocks)
         queue._taken(num_blocks)
         cached_blocks = self.cached_blocks
@@ -231,7 +251,7 @@ class BlockPool:
         blocks = []
         head = queue._head
         block = head.next
-        for _ in range(num_blocks):
+        for name in chain(block_hashes, repeat(None, num_blocks - len(block_hashes))):
             assert block is not None
             blocks.append(block)
             following = block.next
@@ -244,6 +264,10 @@ class BlockPool:
                     del cached_blocks[block_hash]
                     block.block_hash = None
             block.ref_cnt = 1
+            if name is not None:  # `_register`, inlined
+                block.block_hash = name
+                if cached_blocks.setdefault(name, block) is not block:
+                    more.setdefault(name, {})[block.block_id] = block
             block = following
         assert block is not None
         head.next, block.prev = block, head
@@ -314,14 +338,7 @@ class BlockPool:
     def cache_blocks(self, blocks: Iterable[KVCacheBlock],
                      block_hashes: Iterable[BlockHash]) -> None:
         """Register full blocks under their hashes, in order (see `cache_full_block`)."""
-        cached_blocks = self.cached_blocks
-        null_block = self.null_block
-        for block, block_hash in zip(blocks, block_hashes, strict=True):
-            if block.block_hash is not None or block is null_block:
-                continue
-            block.block_hash = block_hash
-            if cached_blocks.setdefault(block_hash, block) is not block:
-                self._more_cached.setdefault(block_hash, {})[block.block_id] = block
+        self._register(blocks, block_hashes)
 
     def cache_full_block(self, block: KVCacheBlock, block_hash: BlockHash) -> None:
         """Register a full block under its hash. A block is never re-hashed."""
@@ -330,6 +347,25 @@ class BlockPool:
         block.block_hash = block_hash
         if self.cached_blocks.setdefault(block_hash, block) is not block:
             self._more_cached.setdefault(block_hash, {})[block.block_id] = block
+
+    def cache_each(self, blocks: Sequence[KVCacheBlock],
+                   block_hashes: Sequence[BlockHash]) -> None:
+        """`cache_full_block(block, block_hash)` for each pair, in order: one registration
+        per block (one KV event each, `ObservedBlockPool`), in one call. Steady decodes
+        filling a block each in a step register them so (`SteadyDecodes._fill`)."""
+        self._register(blocks, block_hashes)
+
+    def _register(self, blocks: Iterable[KVCacheBlock],
+                  block_hashes: Iterable[BlockHash]) -> None:
+        """`cache_full_block` for each pair in order, without KV events."""
+        cached_blocks = self.cached_blocks
+        null_block = self.null_block
+        for block, block_hash in zip(blocks, block_hashes, strict=True):
+            if block.block_hash is not None or block is null_block:
+                continue
+            block.block_hash = block_hash
+            if cached_blocks.setdefault(block_hash, block) is not block:
+                self._more_cached.setdefault(block_hash, {})[block.block_id] = block
 
     def _evict(self, block: KVCacheBlock) -> None:
         """Drop a free block's hash from the prefix cache (the block is being reused)."""
@@ -360,27 +396,4 @@ class BlockPool:
 
     def check_invariants(self) -> None:
         """Raise AssertionError if the pool's bookkeeping is inconsistent. O(num_blocks)."""
-        null = self.null_block
-        assert null.block_id == 0 and null.prev is None and null.block_hash is None, null
-        queued = list(self.free_block_queue)
-        assert len(queued) == self.num_free_blocks, (len(queued), self.num_free_blocks)
-        queued_ids = {block.block_id for block in queued}
-        assert len(queued_ids) == len(queued), "a block is queued twice"
-        assert 0 not in queued_ids, "the null block is in the free queue"
-        for block in self.blocks[1:]:
-            assert block.ref_cnt >= 0, block
-            assert (block.ref_cnt == 0) == (block.block_id in queued_ids), block
-            if block.block_hash is not None:
-                filed = (self.cached_blocks.get(block.block_hash) is block
-                         or self._more_cached.get(block.block_hash, {}).get(block.block_id)
-                         is block)
-                assert filed, f"{block} missing from the hash map"
-        for block_hash, entry in self._more_cached.items():
-            assert entry and block_hash in self.cached_blocks, "stray hash-map entry"
-        for block_hash, ids in self.cached_block_ids().items():
-            for block_id in ids:
-                block = self.blocks[block_id]
-                assert block.block_hash == block_hash, f"{block} filed under another hash"
-            assert len(set(ids)) == len(ids), f"a block filed twice under {block_hash!r}"
-        in_use = sum(1 for block in self.blocks[1:] if block.ref_cnt > 0)
-        assert in_use + self.num_free_blocks == self.num_blocks - 1
+        check_pool_invariants(self)

@@ -106,10 +106,22 @@ class KVCacheManager:
             self.block_pool.touch(new_computed_blocks)
             table.extend(new_computed_blocks)
             self.num_cached_block[request.request_id] = len(table)
-        new_blocks = self.block_pool.get_new_blocks(num_needed) if num_needed > 0 else []
-        table.extend(new_blocks)
-        if self.enable_caching:
-            self.cache_full_blocks(request, table, min(num_slots, request.num_tokens))
+        if num_needed <= 0:
+            if self.enable_caching:
+                self.cache_full_blocks(request, table, min(num_slots, request.num_tokens))
+            return []
+        if not self.enable_caching:
+            new_blocks = self.block_pool.get_new_blocks(num_needed)
+            table.extend(new_blocks)
+            return new_blocks
+        # `get_new_blocks` + `cache_full_blocks` in one walk (`BlockPool.extend_table`)
+        start = self.num_cached_block.get(request.request_id, 0)
+        num_full = min(min(num_slots, request.num_tokens) // self.block_size,
+                       len(request.block_hashes))
+        block_hashes = request.block_hashes[start:num_full] if num_full > start else []
+        new_blocks = self.block_pool.extend_table(table, num_needed, start, block_hashes)
+        if num_full > start:
+            self.num_cached_block[request.request_id] = num_full
         return new_blocks
 
     def allocate_decode_slots(

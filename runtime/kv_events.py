@@ -8,7 +8,8 @@ batch after each step; routers with a precise prefix index consume them).
 
 Emitted as vLLM does:
 
-    stored    one event per registration call (`cache_blocks`, `cache_full_block`) listing
+    stored    one event per registration call (`cache_blocks`, `cache_full_block`; one per
+              block of `cache_each`, which stands for that many `cache_full_block` calls) listing
               the hashes of the blocks it newly registers, in table order
     removed   one event per cached block evicted by an allocation, its hash
     cleared   `reset_prefix_cache` succeeded
@@ -73,6 +74,15 @@ class ObservedBlockPool(BlockPool):
             self._record_evictions(1)
         return super().get_new_block()
 
+    def extend_table(self, table: list[KVCacheBlock], num_blocks: int, start: int,
+                     block_hashes: Sequence[BlockHash]) -> list[KVCacheBlock]:
+        """The two calls it stands for, one after the other: the evictions' events, then
+        one stored event for the registration."""
+        blocks = self.get_new_blocks(num_blocks)
+        table += blocks
+        self.cache_blocks(table[start:start + len(block_hashes)], block_hashes)
+        return blocks
+
     def _record_evictions(self, count: int) -> None:
         """The cached blocks among the next `count` the queue hands out (a walk from its
         head; never-used blocks, built first if need be, carry no hash)."""
@@ -95,6 +105,11 @@ class ObservedBlockPool(BlockPool):
     def cache_full_block(self, block: KVCacheBlock, block_hash: BlockHash) -> None:
         self._record_stored((block,), (block_hash,))
         super().cache_full_block(block, block_hash)
+
+    def cache_each(self, blocks: Sequence[KVCacheBlock],
+                   block_hashes: Sequence[BlockHash]) -> None:
+        for block, block_hash in zip(blocks, block_hashes, strict=True):
+            self.cache_full_block(block, block_hash)  # one event per block, in order
 
     def _record_stored(self, blocks: Sequence[KVCacheBlock],
                        block_hashes: Sequence[BlockHash]) -> None:

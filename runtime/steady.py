@@ -21,10 +21,11 @@ registrations and frees, so the members' events in a step are handled in join or
 the explicit requests behind them (which `Scheduler.schedule(num_steady)` schedules as usual).
 A request joins only at the end of that prefix, after a step in which it decoded.
 
-A member is *materialised* (computed tokens, appended tokens and their block hashes) when it
-fills a block, finishes or leaves; the recorder writes its token times and decode run when it
-leaves or finishes. Scheduler, pool and records are then identical to stepping one by one
-(tested on random traces against plain `Scheduler.schedule()`).
+A member is *materialised* (computed tokens, appended tokens and their block hashes, its
+registered blocks in the KV manager) when it finishes or leaves; a fill of a block its request
+hashes (no `block_key`) appends the tokens first. The recorder writes its token times and
+decode run when it leaves or finishes. Scheduler, pool and records are then identical to
+stepping one by one (tested on random traces against plain `Scheduler.schedule()`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class _Member:
     c_minus_g: int  # computed tokens before step g = c_minus_g + g
     finish_step: int  # the step whose appended token stops it
     seq: int  # join order = running order among members
+    key: bytes | None  # its request's `block_key` (names its blocks without their tokens)
 
 
 class SteadyDecodes:
@@ -147,32 +149,31 @@ class SteadyDecodes:
         self._fill(g)
 
     def _fill(self, g: int) -> None:
-        """The members whose token of step g fills a block register it, in running order."""
+        """The members whose token of step g fills a block register it, in running order
+        (one `cache_each` call: a registration per block, as one by one)."""
         kv = self.scheduler.kv_cache_manager
         fillers = self._buckets[(g + 1) % self.block_size]
         if not (kv.enable_caching and fillers):
             return
-        # `_materialise` and `KVCacheManager.cache_full_blocks` inlined for the one block a
-        # member fills: a member has registered every full block it had when it joined
-        # (`_can_join`) and each one it filled since, so the new one is block c // B.
+        # A member has registered every full block it had when it joined (`_can_join`) and
+        # each one it filled since, so the new one is block c // B. Its request (computed
+        # tokens, `num_cached_block`) is left untouched: `_materialise` brings it up to date.
         upcoming, block_size = self.upcoming, self.block_size
-        cache_full_block = kv.block_pool.cache_full_block
-        num_cached_block = kv.num_cached_block
+        blocks, block_hashes = [], []
         for member in fillers:
-            request = member.request
             computed = member.c_minus_g + g
             index = computed // block_size
-            key = request.block_key
+            key = member.key
             if key is None:
+                request = member.request
                 missing = computed + 1 - request.num_tokens
                 if missing > 0:
                     request.extend_output_tokens(upcoming(request, missing))  # hashes it
-                block_hash = request.block_hashes[index]
+                block_hashes.append(request.block_hashes[index])
             else:  # named without its tokens (`own_block_names`); they come at `_materialise`
-                block_hash = index.to_bytes(8, "little") + key
-            request.num_computed_tokens = computed
-            cache_full_block(member.table[index], block_hash)
-            num_cached_block[request.request_id] = index + 1
+                block_hashes.append(index.to_bytes(8, "little") + key)
+            blocks.append(member.table[index])
+        kv.block_pool.cache_each(blocks, block_hashes)
 
     # ---- runs of steps without explicit requests -------------------------------------------
 
@@ -283,7 +284,7 @@ class SteadyDecodes:
         # Its appended token reaches stop_length when c + 2 = stop_length, c = c_minus_g + g.
         finish_step = request.stop_length - 2 - c_minus_g
         member = _Member(request, self.scheduler.kv_cache_manager.req_to_blocks[
-            request.request_id], c_minus_g, finish_step, self._seq)
+            request.request_id], c_minus_g, finish_step, self._seq, request.block_key)
         self._seq += 1
         self._members[request.request_id] = member
         self._buckets[-c_minus_g % self.block_size].append(member)
@@ -332,3 +333,6 @@ class SteadyDecodes:
         if missing > 0:
             request.extend_output_tokens(self.upcoming(request, missing))
         request.num_computed_tokens = computed
+        kv = self.scheduler.kv_cache_manager
+        if kv.enable_caching:  # the blocks its tokens fill, registered by `_fill`
+            kv.num_cached_block[request.request_id] = computed // self.block_size

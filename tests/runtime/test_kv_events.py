@@ -53,6 +53,31 @@ def test_a_hash_held_twice_stays_held_until_both_blocks_go() -> None:
     assert index.hashes(0) == set(pool.cached_block_ids()) == {h("x"), h("y")}
 
 
+def test_cache_each_emits_one_stored_event_per_new_block_in_order() -> None:
+    pool = BlockPool(6, enable_caching=True)
+    log = observe_kv_events(pool)
+    b1, b2, b3, b4 = pool.get_new_blocks(4)
+    pool.cache_full_block(b2, h("b"))
+    pool.cache_each([b3, b2, b1, pool.null_block, b4], [h("c"), h("z"), h("a"), h("n"), h("c")])
+    assert log.take() == [PoolEvent("stored", (h("b"),)), PoolEvent("stored", (h("c"),)),
+                          PoolEvent("stored", (h("a"),)), PoolEvent("stored", (h("c"),))]
+    assert pool.cached_block_ids() == {h("b"): [2], h("c"): [3, 4], h("a"): [1]}
+
+
+def test_extend_table_emits_the_evictions_then_one_stored_event() -> None:
+    pool = BlockPool(5, enable_caching=True)
+    log = observe_kv_events(pool)
+    table = pool.get_new_blocks(2)
+    pool.cache_blocks(table, [h("a"), h("b")])
+    pool.free_blocks(reversed(table))  # queue: 3, 4, 2 ("b"), 1 ("a")
+    log.take()
+    table = pool.get_new_blocks(1)
+    new = pool.extend_table(table, 2, 0, [h("c"), h("d"), h("b")])  # blocks 3 | 4, 2
+    assert [b.block_id for b in new] == [4, 2] and [b.block_id for b in table] == [3, 4, 2]
+    assert log.take() == [PoolEvent("removed", (h("b"),)),
+                          PoolEvent("stored", (h("c"), h("d"), h("b")))]
+
+
 def test_observing_changes_nothing_in_the_pool() -> None:
     pools = [BlockPool(9, enable_caching=True) for _ in range(2)]
     observe_kv_events(pools[1])
@@ -60,7 +85,9 @@ def test_observing_changes_nothing_in_the_pool() -> None:
         blocks = pool.get_new_blocks(4)
         pool.cache_blocks(blocks[:3], [h("p"), h("q"), h("r")])
         pool.free_blocks(reversed(blocks))
-        pool.get_new_blocks(6)
+        table = pool.get_new_blocks(2)
+        pool.extend_table(table, 3, 1, [h("s"), h("q"), h("t")])  # evicts "r", "q", "p"
+        pool.get_new_blocks(2)
     assert pools[0].free_block_ids() == pools[1].free_block_ids()
     assert pools[0].cached_block_ids() == pools[1].cached_block_ids()
 

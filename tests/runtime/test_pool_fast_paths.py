@@ -46,7 +46,7 @@ def _state(pool: BlockPool) -> tuple[object, ...]:
     pool.check_invariants()
     return (pool.free_block_ids(), pool.num_free_blocks,
             [(b.ref_cnt, b.block_hash) for b in pool.blocks],
-            list(pool.cached_block_ids().items()))
+            pool.cached_block_ids())  # per hash, ids in order; hashes' order is not kept
 
 
 def _run(seed: int, fast: bool) -> list[tuple[object, ...]]:
@@ -69,12 +69,28 @@ def _run(seed: int, fast: bool) -> list[tuple[object, ...]]:
             tables.append(blocks)
         elif op < 0.6 and tables:
             table = rng.choice(tables)
-            for block in table:
-                block_hash = hash_block_tokens(NONE_HASH, [rng.randrange(6)])
-                if rng.random() < 0.5 and fast:
-                    pool.cache_full_block(block, block_hash)
-                else:
-                    pool.cache_blocks([block], [block_hash])
+            hashes = [hash_block_tokens(NONE_HASH, [rng.randrange(6)]) for _ in table]
+            coin = rng.random()
+            if fast and coin < 0.5:  # the whole table in one call
+                pool.cache_each(table, hashes)
+            else:
+                for block, block_hash in zip(table, hashes, strict=True):
+                    if fast and coin < 0.75:
+                        pool.cache_full_block(block, block_hash)
+                    else:
+                        pool.cache_blocks([block], [block_hash])
+        elif op < 0.65 and tables and pool.num_free_blocks:
+            # a table grows and registers a run of blocks, old ones and new ones
+            table = rng.choice(tables)
+            n = min(rng.choice([1, 2, 5]), pool.num_free_blocks)
+            start = rng.randrange(len(table) + 1)
+            hashes = [hash_block_tokens(NONE_HASH, [rng.randrange(6)])
+                      for _ in range(rng.randrange(len(table) + n - start + 1))]
+            if fast:
+                pool.extend_table(table, n, start, hashes)
+            else:
+                table += _reference_get_new_blocks(pool, n)
+                pool.cache_blocks(table[start:start + len(hashes)], hashes)
         elif op < 0.7:
             cached = [pool.get_cached_block(hash_block_tokens(NONE_HASH, [t]))
                       for t in range(6)]
