@@ -96,11 +96,16 @@ def make_block_hasher(block_size: int) -> BlockHasher:
     return new_block_hashes
 
 
+def own_block_name(block_key: bytes, index: int) -> BlockHash:
+    """Name of block `index` of a request whose blocks no other request can hold
+    (`Request.block_key`): equal exactly when the index is, within the request, as its
+    hash would be (its tokens are fixed)."""
+    return index.to_bytes(8, "little") + block_key
+
+
 def own_block_names(block_key: bytes, first: int, last: int) -> list[BlockHash]:
-    """Names of blocks [first, last) of a request whose blocks there no other request can
-    hold (`Request.block_key`): equal exactly when the index is, within the request, as
-    its hashes would be (its tokens are fixed)."""
-    return [index.to_bytes(8, "little") + block_key for index in range(first, last)]
+    """`own_block_name` of blocks [first, last)."""
+    return [own_block_name(block_key, index) for index in range(first, last)]
 
 
 def _hash_packed(parent: BlockHash, packed: bytes, extra_keys: ExtraKeys | None) -> BlockHash:

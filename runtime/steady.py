@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from runtime.batch import BatchFeatures
+from runtime.block_hash import own_block_name
 from runtime.block_pool import KVCacheBlock
 from runtime.kv_cache_manager import cdiv
 from runtime.outputs import SchedulerOutput
@@ -170,8 +171,8 @@ class SteadyDecodes:
                 if missing > 0:
                     request.extend_output_tokens(upcoming(request, missing))  # hashes it
                 block_hashes.append(request.block_hashes[index])
-            else:  # named without its tokens (`own_block_names`); they come at `_materialise`
-                block_hashes.append(index.to_bytes(8, "little") + key)
+            else:  # named without its tokens; they come at `_materialise`
+                block_hashes.append(own_block_name(key, index))
             blocks.append(member.table[index])
         kv.block_pool.cache_each(blocks, block_hashes)
 
@@ -232,16 +233,13 @@ class SteadyDecodes:
         materialised through the step and no longer members. The caller finishes them
         (`Scheduler.finish_decoded`) before the step's other requests."""
         g = self._step
-        finishes = self._live_finishes()
         done = []
-        while finishes and finishes[0][0] == g:
+        while (finishes := self._live_finishes()) and finishes[0][0] == g:
             member = heapq.heappop(finishes)[2]
-            if self._members.get(member.request.request_id) is not member:
-                continue  # it left earlier
             self._remove(member)
             self._materialise(member, g + 1)
             done.append(member.request)
-        assert not self._live_finishes() or finishes[0][0] > g, "a steady decode missed its finish"
+        assert not finishes or finishes[0][0] > g, "a steady decode missed its finish"
         return done
 
     def _live_finishes(self) -> list[tuple[int, int, _Member]]:
