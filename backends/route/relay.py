@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from backends.route.upstream import UpstreamFailed
+from backends.serve.openai_protocol import GENERATION_PATHS as PATHS
 from backends.serve.openai_protocol import ApiError
 
 if TYPE_CHECKING:
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
     from backends.route.server import Connection, Request
     from backends.route.upstream import Exchange
 
-PATHS = {"/v1/completions": False, "/v1/chat/completions": True}  # path -> chat
 _JSON = (b"content-type", b"application/json")
 _SSE = b"text/event-stream"
 

@@ -41,6 +41,7 @@ from backends.route.http1 import (
     field,
     split_head,
 )
+from backends.serve.openai_protocol import ApiError
 
 KEEP_ALIVE_S = 5.0  # as uvicorn's default
 MAX_BODY = 64 * 1024 * 1024  # bytes of a request body at most (413 above)
@@ -223,6 +224,8 @@ class Connection(asyncio.Protocol):
         """The body once it is all here (None before) and where the request ends."""
         mode, size = body_framing(headers)
         if mode == "chunked":
+            if len(self._buf) - start > MAX_BODY:  # bounded as it arrives, framing included
+                raise ProtocolError(f"a chunked request body over {MAX_BODY} bytes")
             decoder = ChunkedDecoder()
             pieces = decoder.feed(self._buf[start:])
             if not decoder.done:
@@ -264,9 +267,7 @@ class Connection(asyncio.Protocol):
             self._parse()
 
     def _reject(self, status: int, message: str) -> None:
-        kind = "BadRequestError" if status < 500 else "InternalServerError"
-        body = json.dumps({"error": {"message": message, "type": kind, "param": None,
-                                     "code": status}}).encode()
+        body = json.dumps(ApiError(status, message).body()).encode()
         self._close_after = True
         self.respond(status, [(b"content-type", b"application/json")], body)
         assert self.transport is not None

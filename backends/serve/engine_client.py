@@ -60,11 +60,6 @@ class OutputQueue:
             self._waiter = waiter
         return waiter
 
-    async def get(self) -> RequestOutput | Exception:
-        while not self._items:
-            await self.wait()
-        return self._items.popleft()
-
     def get_nowait(self) -> RequestOutput | Exception:
         if not self._items:
             raise asyncio.QueueEmpty

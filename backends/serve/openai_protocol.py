@@ -15,6 +15,10 @@ from backends.engine.text import TextCodec
 from backends.serve.messages import EngineInfo
 from runtime import SamplingParams
 
+# The generation routes: path -> whether it is the chat API. rt serve's stream path and
+# rt route's relay both dispatch on it.
+GENERATION_PATHS = {"/v1/completions": False, "/v1/chat/completions": True}
+
 
 class ApiError(Exception):
     """An error answered as OpenAI-style JSON."""

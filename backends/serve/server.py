@@ -23,7 +23,6 @@ from backends.serve.flags import ServeFlags
 from backends.serve.messages import EngineInfo, EngineOutputs, EngineRequest, RequestOutput
 from backends.serve.metrics import ServeMetrics
 from backends.serve.openai_protocol import ApiError, EngineDeadError, Parsed, RequestParser
-from backends.serve.sse import ChunkEncoder
 
 logger = logging.getLogger("rt.serve")
 
@@ -256,7 +255,7 @@ class Server:
         request."""
         rid = ("chatcmpl-" if chat else "cmpl-") + gen.request_id
         obj = "chat.completion.chunk" if chat else "text_completion"
-        encoder = ChunkEncoder(rid, obj, int(time.time()), model, chat)
+        encoder = sse.ChunkEncoder(rid, obj, int(time.time()), model, chat)
         parsed = gen.parsed
         first = chat  # the chat stream's role chunk goes out with the first output
         try:

@@ -24,6 +24,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from backends.serve.openai_protocol import GENERATION_PATHS as PATHS
 from backends.serve.openai_protocol import ApiError
 
 Scope = MutableMapping[str, Any]
@@ -33,7 +34,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # (request, chat) -> a response to send, or the SSE events of a stream
 Generate = Callable[[Request, bool], Awaitable[Response | AsyncGenerator[bytes, None]]]
 
-PATHS = {"/v1/completions": False, "/v1/chat/completions": True}  # path -> chat
 _SSE_TYPE = (b"content-type", b"text/event-stream; charset=utf-8")
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from backends.route import server as server_module
 from backends.route.server import Connection, Request, serve
 from tests.backends.route.procs import free_port
 
@@ -120,6 +121,22 @@ def test_a_malformed_request_is_a_400_and_the_close() -> None:
         answer = await reader.read()
         assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n")
         assert b"not an HTTP/1.x request line" in answer and not server.seen
+        writer.close()
+        await server.close()
+    run(main)
+
+
+def test_a_chunked_body_over_the_limit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_module, "MAX_BODY", 64)  # bytes, framing included
+
+    async def main() -> None:
+        server = Harness(echo)
+        reader, writer = await server.connect()
+        writer.write(b"POST /c HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\n\r\n"
+                     + b"20\r\n" + b"x" * 32 + b"\r\n" + b"20\r\n" + b"x" * 32 + b"\r\n")
+        answer = await reader.read()
+        assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+        assert b"a chunked request body over 64 bytes" in answer and not server.seen
         writer.close()
         await server.close()
     run(main)
