@@ -24,7 +24,6 @@ With one replica and no routing latency the records are those of `sim.simulator.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from array import array
@@ -42,6 +41,7 @@ from runtime.router import ReplicaSnapshot, RouterPolicy
 from sim.block_ids import TraceBlockIds, own_streams_only
 from sim.cost.api_server import ApiServerCost
 from sim.cost.base import CostModel
+from sim.engine_args import with_noise_seed
 from sim.fleet_gc import built_and_run
 from sim.fleet_kv import run_before
 from sim.fleet_records import (
@@ -87,8 +87,7 @@ def _own_noise(config: SimConfig, index: int) -> SimConfig:
     noise = config.step_noise
     if noise is None or index == 0:
         return config
-    seed = noise.seed + index * _NOISE_SEED_STRIDE
-    return dataclasses.replace(config, step_noise=dataclasses.replace(noise, seed=seed))
+    return with_noise_seed(config, noise.seed + index * _NOISE_SEED_STRIDE)
 
 
 class _Replica(EngineProcess):

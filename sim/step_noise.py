@@ -42,6 +42,7 @@ in-sample), so profiles are fitted without it unless asked.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -66,6 +67,13 @@ def _splitmix64(x: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
     return x ^ (x >> 31)
+
+
+@functools.lru_cache(maxsize=64)
+def _stream_key(seed: int, salt: int) -> int:
+    """The key of seed `seed`'s stream salted with `salt` (drift, stalls): computed once per
+    seed, not once per draw."""
+    return _splitmix64((seed * _SEED_MULTIPLIER) ^ salt)
 
 
 def _interpolate(table: tuple[float, ...], u: float) -> float:
@@ -186,8 +194,7 @@ class StepNoise:
     def drift_uniform(self, window: int) -> float:
         """v in [0, 1) for drift window number `window`, a pure function of (seed, window)
         on a stream independent of `uniform`'s (the seed's key is salted and mixed)."""
-        key = _splitmix64((self.seed * _SEED_MULTIPLIER) ^ _DRIFT_SALT)
-        return _splitmix64(key ^ (window & _MASK)) / 2.0**64
+        return _splitmix64(_stream_key(self.seed, _DRIFT_SALT) ^ (window & _MASK)) / 2.0**64
 
     def window(self, start_s: float) -> int:
         """The drift window a step starting at `start_s` (seconds) falls in:
@@ -214,8 +221,7 @@ class StepNoise:
         function of (seed, step) on a stream independent of `uniform`'s and the drift's."""
         if self.stall_probability <= 0 or self.stall_quantiles_s is None:
             return 0.0
-        key = _splitmix64((self.seed * _SEED_MULTIPLIER) ^ _STALL_SALT)
-        w = _splitmix64(key ^ (step & _MASK)) / 2.0**64
+        w = _splitmix64(_stream_key(self.seed, _STALL_SALT) ^ (step & _MASK)) / 2.0**64
         if w >= self.stall_probability:
             return 0.0
         return _interpolate(self.stall_quantiles_s, w / self.stall_probability)
@@ -225,7 +231,7 @@ class StepNoise:
         `predicted_s` seconds: predicted · factor + stall (module docstring); an empty step
         (predicted 0) stays 0."""
         if predicted_s <= 0:
-            return predicted_s * self.factor(step, start_s)
+            return predicted_s
         return predicted_s * self.factor(step, start_s) + self.stall(step)
 
 
