@@ -16,7 +16,13 @@ from sim.client_steps import ClientRun
 from sim.cost.api_server import ApiServerCost
 from sim.cost.profile_model import ProfileCoefficients, ProfileCostModel
 from sim.endpoint_config import METRICS, MODELS, ExportedConfig, endpoint_configs
-from sim.endpoint_fidelity import EndpointFidelityPlan, check_endpoint_flags, endpoint_fidelity
+from sim.endpoint_fidelity import (
+    EndpointFidelityPlan,
+    check_endpoint_flags,
+    endpoint_fidelity,
+    read_client_run,
+)
+from sim.endpoint_warmup import run_warmup
 from sim.simulator import SimConfig, simulate
 from workloads import ArrivalProcess, Trace, TraceRequest
 from workloads.synthetic import RandomLengths, random_trace
@@ -133,3 +139,18 @@ def test_the_loop_replays_in_abba_order_fits_and_simulates_the_twin(tmp_path: Pa
     drift = {k: report["metrics"][k]["drift"] for k in ("p50_ttft_ms", "p50_itl_ms")}
     assert drift == pytest.approx({"p50_ttft_ms": -0.0195, "p50_itl_ms": -0.0051}, abs=1e-3)
     assert report["drift_warnings"] == [] and "machine drift" not in text
+
+
+def test_the_warm_up_against_a_steady_server_stops_early(tmp_path: Path) -> None:
+    """The simulated server runs at one speed from its first request; the windows' client
+    ITL medians (read back from their run directories) still differ by their traces (20
+    requests: 4.85 / 4.57 / 4.60 ms here, the first pair -5.8%), so it stops after the third."""
+    trace = random_trace(60, RandomLengths(300, 32, 0.8), ArrivalProcess(12.0, 1.0, 3))
+    endpoint = FakeEndpoint()
+    warmup, next_seed = run_warmup(trace, 100, 11, 3, tmp_path, endpoint,
+                                   lambda path, source: read_client_run(path, source)[0])
+    assert endpoint.calls == [("warmup", 20, 3), ("warmup-2", 20, 4), ("warmup-3", 20, 5)]
+    assert next_seed == 6 and warmup.requests == 60
+    assert warmup.stable and abs(warmup.drift or 1.0) <= 0.05
+    assert [w.itl_median_ms for w in warmup.windows] == pytest.approx([4.8525, 4.57, 4.5995])
+    assert warmup.windows[2].path == tmp_path / "warmup-3"
