@@ -660,7 +660,7 @@ def fidelity(
             dirs = _fidelity_real(trace, setup, tokenizer, cal, how, order, noise.step_noise,
                                   root)
         if report_fidelity_dirs(*dirs[:2], functools.partial(predicted_steps, dirs[2]), root,
-                                plots, how.max_error, typer.echo, say):
+                                plots, how.max_error, typer.echo, say, *dirs[3:]):
             raise typer.Exit(code=1)
 
 
@@ -691,9 +691,11 @@ def _fidelity_real(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenize
 def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: EngineFlags,
                        step_noise: bool, how: FidelityFlags, step_drift: bool,
                        order: list[tuple[str, int]], client: EndpointFlags, seed: int,
-                       root: Path) -> tuple[list[Path], list[Path], Path]:
+                       root: Path
+                       ) -> tuple[list[Path], list[Path], Path, list[Path], dict[str, Any]]:
     """`rt fidelity --endpoint`: `sim.endpoint_fidelity` with the endpoint replay (as `rt
-    replay --endpoint`) and the run directories wired in; as `_fidelity_real`."""
+    replay --endpoint`) and the run directories wired in; as `_fidelity_real`, then the
+    calibration replays (the report's drift) and the warm-up (for fidelity.json)."""
     from analysis.rundir import save_result
     from sim.endpoint_fidelity import EndpointFidelityPlan, endpoint_fidelity
 
@@ -705,7 +707,8 @@ def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: Engin
         path, "simulate", workloads.trace_info(trace), twin.result, setup.describe(),
         step_noise_seed=twin.noise_seed, server_config_from=sources))
     note(out.lines)
-    return out.reals, out.sims, out.profile
+    return out.reals, out.sims, out.profile, out.calibrations, {
+        "warmup": out.warmup.to_json_dict()}
 
 
 def _fidelity_fleet(trace: workloads.Trace, args: tuple[Any, ...], fleet: FleetFlags,

@@ -18,6 +18,12 @@ The per-step view is the first real run's measured steps against the profile's p
 of them (no simulated run involved); the per-request view is the first real run against the
 first simulated run, and the second real run against the first is reported as noise too.
 
+With calibration replays (other traces like the real one, replayed in the same session),
+`drift` is the calibration runs' mean metric against the real runs' mean, (cal - real) /
+real: the profile is fitted on the former and judged on the latter, so a drift beyond the
+noise floor (the machine ran calibration slower or faster than the real replays) enters the
+error, and `drift_warnings` says so.
+
 `gate` names the errors above a tolerance (the goal metrics: p50/p90 of TTFT and ITL).
 """
 
@@ -42,6 +48,10 @@ METRICS = ("ttft", "itl", "tpot", "e2el")
 STATS = ("mean", "p50", "p90", "p99")
 THROUGHPUTS = ("request_throughput", "output_throughput", "total_token_throughput")
 GATE_KEYS = ("p50_ttft_ms", "p90_ttft_ms", "p50_itl_ms", "p90_itl_ms")
+DRIFT_KEYS = ("p50_ttft_ms", "p50_itl_ms")  # medians: comparable across resampled traces
+# |drift| warned about at least: two resampled traces of 60 requests on a noise-free simulated
+# server differ by 2% (p50 TTFT) and 0.5% (p50 ITL), their p90 ITL by 8% (tests/sim).
+DRIFT_FLOOR = 0.05
 
 
 def _relative(sim: float, real: float) -> float:
@@ -61,12 +71,14 @@ def _spread(runs: np.ndarray, mean: np.ndarray) -> np.ndarray:
         return np.abs(runs - mean).max(axis=0) / mean
 
 
-def metric_errors(reals: Sequence[Run], sims: Sequence[Run]) -> pd.DataFrame:
+def metric_errors(reals: Sequence[Run], sims: Sequence[Run],
+                  calibrations: Sequence[Run] = ()) -> pd.DataFrame:
     """Rows: `{stat}_{metric}_ms` for every stat and metric, then the throughputs; columns
     real (the mean over `reals`), sim (the mean over `sims`; ms, or per second for
     throughputs) and error (relative, signed); with two or more real runs also `noise`:
     max_i |real_i - real| / real (unsigned); with two or more simulated runs `sim_noise`,
-    the same over them."""
+    the same over them; with calibration runs `drift`: (mean over `calibrations` - real) /
+    real (signed)."""
     if not reals or not sims:
         raise ValueError("metric_errors needs at least one real and one simulated run")
     keys = [f"{stat}_{metric}_ms" for metric in METRICS for stat in STATS] + list(THROUGHPUTS)
@@ -79,7 +91,27 @@ def metric_errors(reals: Sequence[Run], sims: Sequence[Run]) -> pd.DataFrame:
         table["noise"] = _spread(real_runs, real)
     if len(sims) > 1:
         table["sim_noise"] = _spread(sim_runs, sim)
+    if calibrations:
+        cal = _metric_table(calibrations, keys).mean(axis=0)
+        table["drift"] = [_relative(cal[i], real[i]) for i in range(len(keys))]
     return table
+
+
+def drift_warnings(metrics: pd.DataFrame, keys: Sequence[str] = DRIFT_KEYS) -> list[str]:
+    """One line per metric of `keys` whose |drift| exceeds the real runs' noise floor and
+    `DRIFT_FLOOR` (what resampling the trace alone makes); none without a drift column."""
+    if "drift" not in metrics.columns:
+        return []
+    out = []
+    for key in keys:
+        drift = float(metrics.loc[key, "drift"])
+        noise = float(metrics.loc[key, "noise"]) if "noise" in metrics.columns else 0.0
+        if not abs(drift) <= max(noise, DRIFT_FLOOR):  # NaN warns too
+            out.append(f"machine drift: the calibration replays' {key} is {drift:+.1%} from "
+                       f"the real replays' (noise {noise:.1%}, floor {DRIFT_FLOOR:.0%}): the "
+                       "profile was fitted on a machine running unlike the one it is judged "
+                       "on, and the error includes that difference")
+    return out
 
 
 def _percentiles(values: np.ndarray, qs: Sequence[float]) -> dict[str, float]:
@@ -129,7 +161,9 @@ def ttft_errors(real: pd.DataFrame, sim: pd.DataFrame) -> dict[str, float]:
 class FidelityReport:
     """The three views of real runs against simulated ones; `ttft_noise` is the
     per-request view of the second real run against the first (with one real run: None, and
-    `metrics` has no `noise` column); `real_runs` and `sim_runs` count the runs."""
+    `metrics` has no `noise` column); `real_runs`, `sim_runs` and `calibration_runs` count
+    the runs (with calibration runs, `metrics` has a `drift` column); `extra`: more of the
+    run's account for fidelity.json (the endpoint's warm-up)."""
 
     metrics: pd.DataFrame  # metric_errors
     steps: dict[str, float] | None  # step_errors; None: no steps measured (client timing)
@@ -137,6 +171,8 @@ class FidelityReport:
     ttft_noise: dict[str, float] | None = None  # ttft_errors(reals[0], reals[1])
     real_runs: int = 1
     sim_runs: int = 1
+    calibration_runs: int = 0
+    extra: dict[str, Any] | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
         """JSON-ready (NaN as null)."""
@@ -151,21 +187,25 @@ class FidelityReport:
                "ttft_per_request": {k: clean(v) for k, v in self.ttft.items()}}
         if self.ttft_noise is not None:
             out["ttft_per_request_noise"] = {k: clean(v) for k, v in self.ttft_noise.items()}
-        return out
+        if self.calibration_runs:
+            out["calibration_runs"] = self.calibration_runs
+            out["drift_warnings"] = drift_warnings(self.metrics)
+        return {**out, **(self.extra or {})}
 
 
 def fidelity_report(reals: Sequence[Run], sims: Sequence[Run],
-                    measured_step_s: Sequence[float], predicted_step_s: Sequence[float]
+                    measured_step_s: Sequence[float], predicted_step_s: Sequence[float],
+                    calibrations: Sequence[Run] = (), extra: dict[str, Any] | None = None
                     ) -> FidelityReport:
     """All three views; the step times are the first real run's (measured, and as
     predicted), the per-request view the first real run against the first simulated one.
-    With two or more real runs of the same trace, the noise floor too. No measured steps
-    (a client-timed run): no per-step view."""
+    With two or more real runs of the same trace, the noise floor too; with calibration
+    runs, the drift. No measured steps (a client-timed run): no per-step view."""
     noise = (ttft_errors(reals[0].requests, reals[1].requests) if len(reals) > 1 else None)
     steps = (step_errors(measured_step_s, predicted_step_s) if len(measured_step_s) else None)
-    return FidelityReport(metric_errors(reals, sims), steps,
+    return FidelityReport(metric_errors(reals, sims, calibrations), steps,
                           ttft_errors(reals[0].requests, sims[0].requests), noise, len(reals),
-                          len(sims))
+                          len(sims), len(calibrations), extra)
 
 
 def gate(report: FidelityReport, max_error: float,
@@ -195,12 +235,14 @@ def _ttft_line(label: str, t: dict[str, float]) -> str:
 def render(report: FidelityReport) -> str:
     """Fixed-width text: the metric table (with the noise columns when there are several
     runs), then the step and per-request lines."""
-    spread = [c for c in ("noise", "sim_noise") if c in report.metrics.columns]
+    spread = [c for c in ("noise", "sim_noise", "drift") if c in report.metrics.columns]
     lines = [f"{'metric':<28}{'real':>12}{'sim':>12}{'error':>10}"
              + "".join(f"{c:>10}" for c in spread)]
     for key, row in report.metrics.iterrows():
         lines.append(f"{str(key):<28}{row['real']:>12.3f}{row['sim']:>12.3f}"
-                     f"{row['error']:>+10.1%}" + "".join(f"{row[c]:>10.1%}" for c in spread))
+                     f"{row['error']:>+10.1%}"
+                     + "".join(f"{row[c]:>+10.1%}" if c == "drift" else f"{row[c]:>10.1%}"
+                               for c in spread))
     s = report.steps
     if s is None:
         lines.append("per-step time prediction: none (client-side timing: the real engine's "
@@ -221,6 +263,11 @@ def render(report: FidelityReport) -> str:
     if "sim_noise" in spread:
         lines.append(f"sim: the mean of {report.sim_runs} simulations, step-time noise drawn "
                      "from as many seeds; sim_noise: the largest deviation of one from it")
+    if "drift" in spread:
+        lines.append(f"drift: the mean of {report.calibration_runs} calibration replays (the "
+                     "profile's fit) against the real replays' mean: how differently the "
+                     "machine ran them")
+        lines += drift_warnings(report.metrics)
     return "\n".join(lines)
 
 
@@ -237,15 +284,18 @@ def replay_order(repeats: int, calibrate: bool) -> list[tuple[str, int]]:
 
 
 def write_fidelity(reals: Sequence[Run], sims: Sequence[Run], predicted_s: Sequence[float],
-                   root: Path, plots: bool, max_error: float | None
+                   root: Path, plots: bool, max_error: float | None,
+                   calibrations: Sequence[Run] = (), extra: dict[str, Any] | None = None
                    ) -> tuple[str, list[str], dict[str, Any]]:
     """`rt fidelity`'s outputs: writes root/fidelity.json; returns the text table, the gate's
     violations (none without `max_error`) and the overlaid figures (with `plots`).
     `predicted_s`: the profile's prediction of each of the first real run's steps (none
-    for a client-timed run, whose steps table is empty)."""
+    for a client-timed run, whose steps table is empty); `calibrations`: the calibration
+    replays (the drift column); `extra`: more keys for fidelity.json."""
     steps = reals[0].steps
     measured = (steps["end_s"] - steps["start_s"]).to_numpy() if len(steps) else np.empty(0)
-    report = fidelity_report(reals, sims, measured, np.asarray(predicted_s, dtype=np.float64))
+    report = fidelity_report(reals, sims, measured, np.asarray(predicted_s, dtype=np.float64),
+                             calibrations, extra)
     (root / "fidelity.json").write_text(json.dumps(report.to_json_dict(), indent=2) + "\n")
     figures: dict[str, Any] = {}
     if plots:
@@ -262,15 +312,16 @@ def write_fidelity(reals: Sequence[Run], sims: Sequence[Run], predicted_s: Seque
 def report_fidelity_dirs(real_dirs: Sequence[Path], sim_dirs: Sequence[Path],
                          predict: Callable[[pd.DataFrame], Sequence[float]], root: Path,
                          plots: bool, max_error: float | None, echo: Callable[[str], None],
-                         log: Callable[[str], None]) -> bool:
+                         log: Callable[[str], None], calibration_dirs: Sequence[Path] = (),
+                         extra: dict[str, Any] | None = None) -> bool:
     """`write_fidelity` on run directories (checked as `rt report` does), its table to `echo`,
     its figures to root/plots, then what was written and each --max-error violation to
     `log`; True when there was one. `predict(steps)`: the profile's seconds of each step of
-    the first real run."""
+    the first real run; `calibration_dirs` and `extra` as `write_fidelity`'s."""
     reals = [load_checked(path) for path in real_dirs]
     text, violations, figures = write_fidelity(
         reals, [load_checked(path) for path in sim_dirs], predict(reals[0].steps), root, plots,
-        max_error)
+        max_error, [load_checked(path) for path in calibration_dirs], extra)
     echo(text)
     save_figures(figures, root / "plots", log)
     log(f"wrote {root}/fidelity.json")

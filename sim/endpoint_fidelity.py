@@ -1,9 +1,11 @@
 """`rt fidelity TRACE --endpoint URL`: the out-of-sample fidelity loop against a server rt can
 send traffic to but not instrument (a vLLM deployment, `rt serve`).
 
-0. A warm-up replay (`WARMUP_REQUESTS` of a resampled trace, into root/warmup, unused):
-   a server's first requests are slow (connections, caches, a JIT): 76 ms TTFT for the
-   first on a fresh rt serve --simulate whose steady TTFT is 12 ms.
+0. A warm-up (`sim.endpoint_warmup`: windows of resampled traces into root/warmup,
+   root/warmup-2, ..., unused but reported) until the server's client ITL median is steady
+   or `warmup_requests` were replayed: a server's first requests are slow (76 ms TTFT for
+   the first on a fresh rt serve --simulate whose steady TTFT is 12 ms; a CPU torch engine's
+   first ~100 requests ~25% slower than the ones after them).
 1. Replays, in the order given (`analysis.fidelity.replay_order`: C R, R C, ... so a linear
    drift of the machine falls on calibration and real runs alike): a calibration replay
    (C) of a trace resampled from TRACE (other requests and arrivals, the same lengths and
@@ -37,12 +39,12 @@ from runtime.config import EngineFlags
 from sim.client_calibrate import profile_from_client_runs
 from sim.client_steps import REQUIRED_COLUMNS, ClientRun, client_run
 from sim.endpoint_config import ExportedConfig, endpoint_configs
+from sim.endpoint_warmup import WARMUP_REQUESTS, Warmup, run_warmup
 from sim.engine_args import SimSetup
 from sim.fidelity import FidelityFlags, TwinRun, twin_simulations
 from sim.profile import write_profile
 from workloads import Trace, resample_like
 
-WARMUP_REQUESTS = 8
 # Replay the trace into this run directory, its prompts' token ids drawn from this seed.
 EndpointReplay = Callable[[Trace, Path, int], None]
 SaveTwin = Callable[[Path, TwinRun, SimSetup, dict[str, str]], None]  # dir, run, setup, sources
@@ -56,9 +58,9 @@ class EndpointFidelityPlan:
         order: the replays, ("calibration" or "real", repeat index), in the order to run.
         seed: the trace's seed (calibration trace i is resampled with seed + i + 1) and the
             first simulation's step-noise seed.
-        token_seed: the token-id seed of the first replay (the warm-up), the next ones'
-            count up from it; a fresh one for each invocation against a long-lived server,
-            whose prefix cache still holds the prompts of earlier ones.
+        token_seed: the token-id seed of the first replay (the warm-up's first window), the
+            next ones' count up from it; a fresh one for each invocation against a
+            long-lived server, whose prefix cache still holds the prompts of earlier ones.
         model: the simulated model (a preset or config dir: vocabulary and shape only; the
             step times come from the profile).
         profile: a given profile (then `order` should hold no calibration replays), or None
@@ -66,6 +68,7 @@ class EndpointFidelityPlan:
         fit_on_replay: fit on the real runs instead of calibration runs (in sample).
         step_noise: draw the simulations' step times from the profile's scatter.
         sim_runs: simulations of the trace (1 when the steps are deterministic).
+        warmup_requests: the warm-up's bound in requests (0: none).
     """
 
     order: tuple[tuple[str, int], ...]
@@ -76,6 +79,7 @@ class EndpointFidelityPlan:
     fit_on_replay: bool = False
     step_noise: bool = True
     sim_runs: int = 8
+    warmup_requests: int = WARMUP_REQUESTS
 
     def __post_init__(self) -> None:
         calibrates = any(kind == "calibration" for kind, _ in self.order)
@@ -85,6 +89,8 @@ class EndpointFidelityPlan:
             raise ValueError("rt fidelity --endpoint: no profile and no calibration replay")
         if self.sim_runs < 1:
             raise ValueError(f"--sim-runs must be >= 1, got {self.sim_runs}")
+        if self.warmup_requests < 0:
+            raise ValueError(f"--warmup-requests must be >= 0, got {self.warmup_requests}")
 
     @classmethod
     def of(cls, how: FidelityFlags, order: Sequence[tuple[str, int]], seed: int,
@@ -96,14 +102,16 @@ class EndpointFidelityPlan:
 
         check_endpoint_flags(how.calibrate_on, step_drift)
         return cls(tuple(order), seed, model or "llama-3.1-8b", secrets.randbits(31),
-                   how.profile, how.fit_on_replay, step_noise, how.sim_runs)
+                   how.profile, how.fit_on_replay, step_noise, how.sim_runs,
+                   how.warmup_requests)
 
 
 @dataclass(frozen=True, slots=True)
 class EndpointFidelity:
     """What ran: the real and calibration run directories (in repeat order), the profile
     simulated, the simulations' directories, the server's configuration's sources
-    (`sim.endpoint_config`) and lines for the user (the fit per term, notes)."""
+    (`sim.endpoint_config`), lines for the user (the warm-up, the fit per term, notes) and
+    the warm-up."""
 
     reals: list[Path]
     calibrations: list[Path]
@@ -111,6 +119,7 @@ class EndpointFidelity:
     sims: list[Path]
     sources: dict[str, str]
     lines: list[str]
+    warmup: Warmup
 
 
 def check_endpoint_flags(calibrate_on: str, step_drift: bool) -> None:
@@ -138,18 +147,20 @@ def read_client_run(path: Path, trace: Trace) -> tuple[ClientRun, dict[str, Any]
 
 
 def _replays(trace: Trace, replay: EndpointReplay, plan: EndpointFidelityPlan, root: Path
-             ) -> dict[str, list[tuple[Path, Trace]]]:
-    """Run the plan's replays; kind -> [(run directory, trace replayed)] in repeat order."""
-    warmup = resample_like(trace, plan.seed + len(plan.order) + 1).requests[:WARMUP_REQUESTS]
-    replay(Trace(warmup, "warm-up"), root / "warmup", plan.token_seed)
+             ) -> tuple[dict[str, list[tuple[Path, Trace]]], Warmup]:
+    """The warm-up, then the plan's replays; kind -> [(run directory, trace replayed)] in
+    repeat order, and the warm-up."""
+    warmup, token_seed = run_warmup(trace, plan.warmup_requests, plan.seed + len(plan.order) + 1,
+                                    plan.token_seed, root, replay,
+                                    lambda path, source: read_client_run(path, source)[0])
     done: dict[str, list[tuple[int, Path, Trace]]] = {"real": [], "calibration": []}
     for place, (kind, i) in enumerate(plan.order, start=1):
         source = trace if kind == "real" else resample_like(trace, plan.seed + i + 1)
         path = root / (kind + (f"-{i + 1}" if i else ""))
-        replay(source, path, plan.token_seed + place)
+        replay(source, path, token_seed + place - 1)
         done[kind].append((i, path, source))
     return {kind: [(p, t) for _, p, t in sorted(runs, key=lambda r: r[0])]
-            for kind, runs in done.items()}
+            for kind, runs in done.items()}, warmup
 
 
 def _rt_version() -> str:
@@ -183,7 +194,7 @@ def endpoint_fidelity(trace: Trace, engine: EngineFlags, plan: EndpointFidelityP
     """The loop of the module docstring. ValueError (one line) when a run cannot be read
     or fitted."""
     root.mkdir(parents=True, exist_ok=True)
-    replays = _replays(trace, replay, plan, root)
+    replays, warmup = _replays(trace, replay, plan, root)
     read = {kind: [read_client_run(path, source) for path, source in runs]
             for kind, runs in replays.items()}
     fit_on = "real" if plan.fit_on_replay else "calibration"
@@ -195,8 +206,8 @@ def endpoint_fidelity(trace: Trace, engine: EngineFlags, plan: EndpointFidelityP
                                            plan.seed, plan.step_noise, plan.sim_runs)
     for twin in twins:
         save(root / twin.name, twin, setup, sources)
-    lines += notes + [f"server configuration: {name} from {where}"
+    lines = warmup.lines() + lines + notes + [f"server configuration: {name} from {where}"
                       for name, where in sources.items()]
     return EndpointFidelity([p for p, _ in replays["real"]],
                             [p for p, _ in replays["calibration"]], profile,
-                            [root / twin.name for twin in twins], sources, lines)
+                            [root / twin.name for twin in twins], sources, lines, warmup)

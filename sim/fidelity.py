@@ -21,6 +21,7 @@ from runtime.config import EngineFlags
 from runtime.flags import flag
 from runtime.records import RunResult
 from runtime.router import make_policy
+from sim.endpoint_warmup import WARMUP_REQUESTS
 from sim.engine_args import (
     EngineArgs,
     SimSetup,
@@ -79,6 +80,12 @@ class FidelityFlags:
         8, "--sim-runs", "Simulations of TRACE, step-time noise drawn from seeds SEED, SEED+1, "
         "...; 'sim' is their mean (as 'real' is of the real runs). One run when simulated "
         "steps are deterministic (--no-step-noise).", CALIBRATION_PANEL)
+    warmup_requests: int = flag(
+        WARMUP_REQUESTS, "--warmup-requests", "With --endpoint: replay at most this many "
+        "requests like TRACE's before any measured replay (0: none), in 5 windows of at least "
+        "10, stopping after a window whose client ITL median is within 5% of the window "
+        "before (the server is steady): a fresh server's first requests are slow.",
+        CALIBRATION_PANEL)
     fleet: bool = flag(
         False, "--fleet", "Fidelity of a fleet instead: --replicas `rt serve --simulate` "
         "processes (model: --model, default llama-3.1-8b; --gpu, --profile, the engine flags) "
@@ -100,6 +107,8 @@ class FidelityFlags:
             raise ValueError(f"--repeats must be >= 1, got {self.repeats}")
         if self.sim_runs < 1:
             raise ValueError(f"--sim-runs must be >= 1, got {self.sim_runs}")
+        if self.warmup_requests < 0:
+            raise ValueError(f"--warmup-requests must be >= 0, got {self.warmup_requests}")
         unused = [name for name, given in (("--repeats", self.repeats != 1),
                                            ("--fit-on-replay", self.fit_on_replay),
                                            ("--max-error", self.max_error is not None))

@@ -9,7 +9,9 @@ import pandas as pd
 import pytest
 
 from analysis.fidelity import (
+    DRIFT_FLOOR,
     FidelityReport,
+    drift_warnings,
     fidelity_report,
     gate,
     metric_errors,
@@ -116,3 +118,30 @@ def test_metric_errors_against_the_mean_of_simulated_runs() -> None:
     assert text.splitlines()[0].split() == ["metric", "real", "sim", "error", "sim_noise"]
     assert "sim: the mean of 3 simulations" in text
     assert report.to_json_dict()["sim_runs"] == 3
+
+
+def test_drift_of_calibration_runs_against_the_real_runs_and_its_warning() -> None:
+    """`drift` is (mean over calibration runs - real) / real, exactly; it is warned about when
+    beyond both the real runs' noise and DRIFT_FLOOR, and reported in text and JSON."""
+    reals = [_run([0.010, 0.010, 0.010]), _run([0.011, 0.011, 0.011])]  # p50 TTFT 10.5 ms
+    calibrations = [_run([0.012, 0.012, 0.012]), _run([0.014, 0.014, 0.014])]  # mean 13 ms
+    sims = [_run([0.013, 0.013, 0.013])]
+    table = metric_errors(reals, sims, calibrations)
+    assert table.loc["p50_ttft_ms", "drift"] == pytest.approx(13 / 10.5 - 1)
+    assert table.loc["p50_itl_ms", "drift"] == pytest.approx(0.0)  # ITL 50 ms in all
+    assert drift_warnings(table) == [
+        "machine drift: the calibration replays' p50_ttft_ms is +23.8% from the real "
+        "replays' (noise 4.8%, floor 5%): the profile was fitted on a machine running unlike "
+        "the one it is judged on, and the error includes that difference"]
+    # within the floor (no noise column: one real run), or within the noise: no warning
+    assert drift_warnings(metric_errors(reals[:1], sims, [_run([0.0104] * 3)])) == []
+    assert DRIFT_FLOOR == 0.05 and "drift" not in metric_errors(reals, sims).columns
+    report = fidelity_report(reals, sims, [0.01], [0.01], calibrations, {"warmup": {"n": 1}})
+    text = render(report)
+    assert text.splitlines()[0].split()[-2:] == ["noise", "drift"]
+    assert text.splitlines()[-1].startswith("machine drift: the calibration replays' p50_ttft")
+    assert "drift: the mean of 2 calibration replays" in text
+    out = report.to_json_dict()
+    assert out["calibration_runs"] == 2 and out["warmup"] == {"n": 1}
+    assert out["drift_warnings"] == drift_warnings(table)
+    assert out["metrics"]["p50_ttft_ms"]["drift"] == pytest.approx(13 / 10.5 - 1)

@@ -16,7 +16,13 @@ from sim.client_steps import ClientRun
 from sim.cost.api_server import ApiServerCost
 from sim.cost.profile_model import ProfileCoefficients, ProfileCostModel
 from sim.endpoint_config import METRICS, MODELS, ExportedConfig, endpoint_configs
-from sim.endpoint_fidelity import EndpointFidelityPlan, check_endpoint_flags, endpoint_fidelity
+from sim.endpoint_fidelity import (
+    EndpointFidelityPlan,
+    check_endpoint_flags,
+    endpoint_fidelity,
+    read_client_run,
+)
+from sim.endpoint_warmup import run_warmup
 from sim.simulator import SimConfig, simulate
 from workloads import ArrivalProcess, Trace, TraceRequest
 from workloads.synthetic import RandomLengths, random_trace
@@ -95,15 +101,17 @@ def test_the_loop_replays_in_abba_order_fits_and_simulates_the_twin(tmp_path: Pa
     endpoint = FakeEndpoint()
     saved: list[tuple[str, dict[str, str]]] = []
     plan = EndpointFidelityPlan(tuple(replay_order(2, True)), 7, "llama-3.1-8b",
-                                token_seed=7, step_noise=False, sim_runs=1)
+                                token_seed=7, step_noise=False, sim_runs=1, warmup_requests=8)
     out = endpoint_fidelity(trace, ENGINE, plan, tmp_path, endpoint,
                             lambda path, twin, setup, sources: saved.append(
                                 (path.name, sources)) or save_result(
                                 path, "simulate", {"name": None, "requests": len(trace)},
                                 twin.result, setup.describe()))
-    # warm-up, then C R R C, each replay with its own token ids
+    # warm-up (8 requests: one window), then C R R C, each replay with its own token ids
     assert endpoint.calls == [("warmup", 8, 7), ("calibration", 60, 8), ("real", 60, 9),
                               ("real-2", 60, 10), ("calibration-2", 60, 11)]
+    assert out.warmup.requests == 8 and out.warmup.drift is None
+    assert out.lines[0].startswith("warm-up: 8 requests in 1 windows")
     assert out.reals == [tmp_path / "real", tmp_path / "real-2"]
     assert out.calibrations == [tmp_path / "calibration", tmp_path / "calibration-2"]
     assert [name for name, _ in saved] == ["sim"] and out.sims == [tmp_path / "sim"]
@@ -117,9 +125,32 @@ def test_the_loop_replays_in_abba_order_fits_and_simulates_the_twin(tmp_path: Pa
     assert c["per_prefill_token_s"] == pytest.approx(TRUE.per_prefill_token_s, rel=0.1)
     reals = [load_run(p) for p in out.reals]
     text, violations, _ = write_fidelity(reals, [load_run(p) for p in out.sims], [],
-                                         tmp_path, False, 0.05)
+                                         tmp_path, False, 0.05,
+                                         [load_run(p) for p in out.calibrations],
+                                         {"warmup": out.warmup.to_json_dict()})
     assert "per-step time prediction: none (client-side timing" in text
     assert violations == [], text  # out of sample, noise-free: within 5%
     report = json.loads((tmp_path / "fidelity.json").read_text())
     assert report["steps"] is None and report["real_runs"] == 2
     assert report["metrics"]["p50_itl_ms"]["noise"] == pytest.approx(0.0, abs=1e-9)
+    assert report["calibration_runs"] == 2 and report["warmup"]["requests"] == 8
+    # the simulated server runs every trace at the same speed: no drift beyond what the
+    # resampled traces' own lengths and arrivals make
+    drift = {k: report["metrics"][k]["drift"] for k in ("p50_ttft_ms", "p50_itl_ms")}
+    assert drift == pytest.approx({"p50_ttft_ms": -0.0195, "p50_itl_ms": -0.0051}, abs=1e-3)
+    assert report["drift_warnings"] == [] and "machine drift" not in text
+
+
+def test_the_warm_up_against_a_steady_server_stops_early(tmp_path: Path) -> None:
+    """The simulated server runs at one speed from its first request; the windows' client
+    ITL medians (read back from their run directories) still differ by their traces (20
+    requests: 4.85 / 4.57 / 4.60 ms here, the first pair -5.8%), so it stops after the third."""
+    trace = random_trace(60, RandomLengths(300, 32, 0.8), ArrivalProcess(12.0, 1.0, 3))
+    endpoint = FakeEndpoint()
+    warmup, next_seed = run_warmup(trace, 100, 11, 3, tmp_path, endpoint,
+                                   lambda path, source: read_client_run(path, source)[0])
+    assert endpoint.calls == [("warmup", 20, 3), ("warmup-2", 20, 4), ("warmup-3", 20, 5)]
+    assert next_seed == 6 and warmup.requests == 60
+    assert warmup.stable and abs(warmup.drift or 1.0) <= 0.05
+    assert [w.itl_median_ms for w in warmup.windows] == pytest.approx([4.8525, 4.57, 4.5995])
+    assert warmup.windows[2].path == tmp_path / "warmup-3"

@@ -55,7 +55,8 @@ def test_fidelity_against_a_served_profile_is_within_15_percent(tmp_path: Path) 
             as url:
         result = CliRunner().invoke(app, [
             "fidelity", str(trace_file), "--endpoint", url, *BATCH, "--repeats", "2",
-            "--timeout", "60", "--result-dir", str(root), "--no-plots"])
+            "--timeout", "60", "--result-dir", str(root), "--no-plots",
+            "--warmup-requests", "10"])  # a simulating server has no slow start
     report = json.loads((root / "fidelity.json").read_text())
     errors = {k: report["metrics"][k] for k in ("p50_ttft_ms", "p90_ttft_ms", "p50_itl_ms",
                                                 "p90_itl_ms")}
@@ -77,3 +78,5 @@ def test_fidelity_against_a_served_profile_is_within_15_percent(tmp_path: Path) 
     assert sim["server_config_from"]["num_blocks"] == METRICS
     assert sim["server_config_from"]["max_num_batched_tokens"] == "flag"
     assert report["steps"] is None  # a client sees no steps
+    assert report["warmup"]["requests"] == 10 and len(report["warmup"]["windows"]) == 1
+    assert report["calibration_runs"] == 2 and "drift" in report["metrics"]["p50_itl_ms"]

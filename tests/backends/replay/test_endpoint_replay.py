@@ -38,7 +38,7 @@ from tests.backends.replay.fake_endpoint import (  # noqa: E402
     running_fake_server,
 )
 from tests.backends.replay.fake_endpoint import rt_serve as _rt_serve  # noqa: E402, F401 (imported from here by other tests)
-from workloads import Trace, write_rt_jsonl  # noqa: E402
+from workloads import Trace, TraceRequest, write_rt_jsonl  # noqa: E402
 
 cli_runner = CliRunner()
 fake_server = pytest.fixture(running_fake_server, name="fake_server")
@@ -203,3 +203,16 @@ def test_cli_bad_endpoint_is_one_line_exit_2(url: str | None, tmp_path: Path) ->
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("rt: error: "), result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_cli_negative_warm_up_is_one_line_exit_2(tmp_path: Path) -> None:
+    """`rt fidelity --endpoint --warmup-requests -1`: refused before any request is sent."""
+    url, trace_file = f"http://127.0.0.1:{closed_port()}", tmp_path / "t.jsonl"
+    write_rt_jsonl(Trace((TraceRequest("a", 0.0, 10, 2),)), trace_file)
+    result = cli_runner.invoke(app, ["fidelity", str(trace_file), "--endpoint", url,
+                                     "--warmup-requests", "-1",
+                                     "--result-dir", str(tmp_path / "fid")])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == [
+        "rt: error: --warmup-requests must be >= 0, got -1"]
+    assert not (tmp_path / "fid").exists()
