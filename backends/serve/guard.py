@@ -21,6 +21,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from pydantic_core import from_json
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from backends.serve.openai_protocol import ApiError
@@ -65,6 +66,19 @@ def _no_constant(name: str) -> Any:
     raise json.JSONDecodeError(f"{name} is not JSON", name, 0)
 
 
+def parse_json(text: str) -> Any:
+    """`json.loads(text)` without NaN or infinities, through pydantic-core's parser (in
+    Rust, a dependency of FastAPI's): a 256-token prompt's body parses in ~30 us instead of
+    ~75 us (timeit at load ~8), ~7% of the API process's CPU per admitted request. Whatever
+    it refuses is parsed again by `json.loads`, so every error (and every body only
+    `json.loads` takes: a lone surrogate escape, nesting deeper than 200) is `json`'s; where
+    both parse, the values are equal (tests/backends/serve/test_parse_json.py)."""
+    try:
+        return from_json(text, allow_inf_nan=False, cache_strings="keys")
+    except ValueError:
+        return json.loads(text, parse_constant=_no_constant)
+
+
 def too_large(limit: int) -> ApiError:
     return ApiError(413, f"the request body is longer than {limit} bytes",
                     kind="RequestTooLargeError")
@@ -79,7 +93,7 @@ async def json_body(request: Request, limit: int) -> dict[str, Any]:
         if len(data) > limit:
             raise too_large(limit)
     try:
-        body = json.loads(bytes(data).decode("utf-8"), parse_constant=_no_constant)
+        body = parse_json(bytes(data).decode("utf-8"))
     except UnicodeDecodeError:
         raise ApiError(400, "the body is not UTF-8") from None
     except ValueError as err:  # JSONDecodeError, or an integer of over 4300 digits

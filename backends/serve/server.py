@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import time
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -205,7 +205,8 @@ class Server:
             self.metrics.on_rejected()
             raise ApiError(503, f"the server is at its queue limit ({limit} requests "
                            "waiting); retry later")
-        request_id = uuid.uuid4().hex
+        # 32 random hex digits, as uuid4().hex (vLLM's random_uuid) without building a UUID
+        request_id = os.urandom(16).hex()
         queue = self.engine.submit(EngineRequest(request_id, parsed.prompt_ids, parsed.params,
                                                  parsed.sampling, arrival_s))
         gen = _Generation(request_id, parsed, arrival_s, self.codec.decoder(), queue)
