@@ -113,11 +113,17 @@ def own_block_name(block_key: bytes, index: int) -> BlockHash:
     (`Request.block_key`): `index` as 8 little-endian bytes, then the key; equal exactly
     when the index is, within the request, as its hash would be (its tokens are fixed)."""
     table = _INDEX_BYTES
-    return (table[index] if index < len(table) else _index_bytes(index + 1)[index]) + block_key
+    if 0 <= index < len(table):
+        return table[index] + block_key
+    if index < 0:
+        raise ValueError(f"own_block_name: index must be >= 0, got {index}")
+    return _index_bytes(index + 1)[index] + block_key
 
 
 def own_block_names(block_key: bytes, first: int, last: int) -> list[BlockHash]:
     """`own_block_name` of blocks [first, last)."""
+    if first < 0:
+        raise ValueError(f"own_block_names: first must be >= 0, got {first}")
     return [prefix + block_key for prefix in _index_bytes(last)[first:last]]
 
 

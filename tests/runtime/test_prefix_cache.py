@@ -3,6 +3,8 @@ dedup, duplicates, LRU eviction, evictable hits counted, touch before pop, resum
 
 from __future__ import annotations
 
+import pytest
+
 from runtime import RequestStatus
 from runtime.block_hash import (
     NONE_HASH,
@@ -40,6 +42,10 @@ def test_own_block_names_are_the_index_then_the_key_whatever_the_order_asked() -
     for first, last in ((0, 0), (3, 3), (0, 5), (90_000, 90_003), (5, 2)):
         assert own_block_names(key, first, last) == [
             own_block_name(key, index) for index in range(first, last)]
+    with pytest.raises(ValueError, match="index must be >= 0, got -1"):
+        own_block_name(key, -1)
+    with pytest.raises(ValueError, match="first must be >= 0, got -2"):
+        own_block_names(key, -2, 3)
 
 
 def test_hashes_grow_as_output_tokens_fill_blocks() -> None:
