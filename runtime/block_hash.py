@@ -96,16 +96,35 @@ def make_block_hasher(block_size: int) -> BlockHasher:
     return new_block_hashes
 
 
+_INDEX_BYTES: list[bytes] = []  # i.to_bytes(8, "little") at i: own names' prefixes, grown on demand
+
+
+def _index_bytes(count: int) -> list[bytes]:
+    """`_INDEX_BYTES`, at least `count` long (a request's own names share these prefixes:
+    one allocation a name instead of two)."""
+    table = _INDEX_BYTES
+    if len(table) < count:
+        table.extend(index.to_bytes(8, "little") for index in range(len(table), count))
+    return table
+
+
 def own_block_name(block_key: bytes, index: int) -> BlockHash:
     """Name of block `index` of a request whose blocks no other request can hold
-    (`Request.block_key`): equal exactly when the index is, within the request, as its
-    hash would be (its tokens are fixed)."""
-    return index.to_bytes(8, "little") + block_key
+    (`Request.block_key`): `index` as 8 little-endian bytes, then the key; equal exactly
+    when the index is, within the request, as its hash would be (its tokens are fixed)."""
+    table = _INDEX_BYTES
+    if 0 <= index < len(table):
+        return table[index] + block_key
+    if index < 0:
+        raise ValueError(f"own_block_name: index must be >= 0, got {index}")
+    return _index_bytes(index + 1)[index] + block_key
 
 
 def own_block_names(block_key: bytes, first: int, last: int) -> list[BlockHash]:
     """`own_block_name` of blocks [first, last)."""
-    return [own_block_name(block_key, index) for index in range(first, last)]
+    if first < 0:
+        raise ValueError(f"own_block_names: first must be >= 0, got {first}")
+    return [prefix + block_key for prefix in _index_bytes(last)[first:last]]
 
 
 def _hash_packed(parent: BlockHash, packed: bytes, extra_keys: ExtraKeys | None) -> BlockHash:

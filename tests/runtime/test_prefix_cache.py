@@ -3,8 +3,16 @@ dedup, duplicates, LRU eviction, evictable hits counted, touch before pop, resum
 
 from __future__ import annotations
 
+import pytest
+
 from runtime import RequestStatus
-from runtime.block_hash import NONE_HASH, hash_block_tokens, make_block_hasher
+from runtime.block_hash import (
+    NONE_HASH,
+    hash_block_tokens,
+    make_block_hasher,
+    own_block_name,
+    own_block_names,
+)
 from tests.runtime.helpers import free_ids, make_request, make_scheduler, step
 
 P = list(range(100, 164))  # a pool of distinct prompt tokens
@@ -23,6 +31,21 @@ def test_hashes_are_chained_over_full_blocks_only() -> None:
     assert hashes == [h0, hash_block_tokens(h0, P[4:8])]
     # Same second block after a different first block: a different hash.
     assert hashes_of(P[20:24] + P[4:8])[1] != hashes[1]
+
+
+def test_own_block_names_are_the_index_then_the_key_whatever_the_order_asked() -> None:
+    """Own names share a table of index prefixes grown on demand: the bytes are
+    `index.to_bytes(8, "little") + key` for any order of requests (a large index first)."""
+    key = b"rt:own-block-test"
+    for index in (70_000, 0, 1, 69_999, 70_001):
+        assert own_block_name(key, index) == index.to_bytes(8, "little") + key
+    for first, last in ((0, 0), (3, 3), (0, 5), (90_000, 90_003), (5, 2)):
+        assert own_block_names(key, first, last) == [
+            own_block_name(key, index) for index in range(first, last)]
+    with pytest.raises(ValueError, match="index must be >= 0, got -1"):
+        own_block_name(key, -1)
+    with pytest.raises(ValueError, match="first must be >= 0, got -2"):
+        own_block_names(key, -2, 3)
 
 
 def test_hashes_grow_as_output_tokens_fill_blocks() -> None:
