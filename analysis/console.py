@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from analysis.metrics import BenchmarkMetrics, attribution, benchmark_metrics
+from analysis.metrics import BenchmarkMetrics, attribution, benchmark_metrics, completed_mask
+from analysis.rundir import REQUESTS_FILE, Run, load_run
+from analysis.token_times import Chunks, file_chunks
 
 WIDTH = 50
 _SECTIONS = {
@@ -115,11 +118,13 @@ def rt_block(requests: pd.DataFrame, steps: pd.DataFrame, prefix_hit_rate: float
 
 
 def run_blocks(requests: pd.DataFrame, steps: pd.DataFrame, percentiles: Sequence[float],
-               request_rate: float | None = None, result: Any = None) -> str:
+               request_rate: float | None = None, result: Any = None,
+               chunks: Chunks | None = None) -> str:
     """What `rt simulate` and `rt replay` print after a run: vLLM's result block, then rt's
     block when the driver's `result` (`runtime.records.RunResult`: its prefix-cache counts)
-    is given; vLLM's block alone for a client-timed run."""
-    blocks = [benchmark_block(benchmark_metrics(requests, percentiles),
+    is given; vLLM's block alone for a client-timed run. `chunks`: the completed requests'
+    token times when `requests` has no `token_times_s` column."""
+    blocks = [benchmark_block(benchmark_metrics(requests, percentiles, chunks),
                               percentiles=percentiles, request_rate=request_rate)]
     if result is not None:
         hits = result.prefix_cache_hits / max(result.prefix_cache_queries, 1)
@@ -128,12 +133,31 @@ def run_blocks(requests: pd.DataFrame, steps: pd.DataFrame, percentiles: Sequenc
 
 
 def show_run(run: Any, result: Any, percentiles: Sequence[float], request_rate: float | None,
-             echo: Callable[[str], None], log: Callable[[str], None]) -> None:
+             echo: Callable[[str], None], log: Callable[[str], None],
+             chunks: Chunks | None = None) -> None:
     """A written run (`analysis.rundir.Run`) on the console: `run_blocks` to `echo` (when it
     has requests), then, given the driver's `result` (a `RunResult` or its summary: steps
     and wall seconds), where it was written to `log`."""
     if len(run.requests):
-        echo(run_blocks(run.requests, run.steps, percentiles, request_rate, result))
+        echo(run_blocks(run.requests, run.steps, percentiles, request_rate, result, chunks))
     if result is not None:
         log(f"wrote {run.path} ({len(run.requests)} requests, {result.num_steps} steps, "
             f"{result.wall_s:.2f} s wall)")
+
+
+REPORT_STEP_COLUMNS = ("kv_usage", "replica")  # the steps columns run_blocks, show_fleet read
+
+
+def show_written_run(path: Path, result: Any, percentiles: Sequence[float],
+                     request_rate: float | None, echo: Callable[[str], None],
+                     log: Callable[[str], None]) -> Run:
+    """`show_run` of the run directory just written at `path`, read without its token times
+    (streamed from requests.parquet a row group at a time for ITL and the peak token rate)
+    and with `REPORT_STEP_COLUMNS` of its steps: the same text as `load_run` then `show_run`
+    at a fraction of the memory (1 M requests: the token times alone are ~1 GB as one flat
+    array, several GB as a frame column). Returns that run (for `show_fleet`)."""
+    run = load_run(path, token_times=False, step_columns=REPORT_STEP_COLUMNS)
+    done = completed_mask(run.requests).to_numpy(dtype=bool)
+    show_run(run, result, percentiles, request_rate, echo, log,
+             file_chunks(path / REQUESTS_FILE, done))
+    return run

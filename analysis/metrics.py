@@ -12,11 +12,19 @@ Statistics: mean, median, std (population) and linear-interpolated percentiles, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
+from analysis.token_times import (
+    TOKEN_COLUMN,
+    Chunks,
+    frame_chunks,
+    gather_gaps,
+    peak_tokens_per_second,
+)
 
 COMPLETED_STATUSES = ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED")
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -63,8 +71,13 @@ class BenchmarkMetrics:
     stats: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
+def completed_mask(requests: pd.DataFrame) -> pd.Series:
+    """Per request: completed (vLLM's success: a finished status and an output)."""
+    return requests["status"].isin(COMPLETED_STATUSES) & (requests["output_len"] > 0)
+
+
 def completed_requests(requests: pd.DataFrame) -> pd.DataFrame:
-    return requests[requests["status"].isin(COMPLETED_STATUSES) & (requests["output_len"] > 0)]
+    return requests[completed_mask(requests)]
 
 
 def per_request_latencies(requests: pd.DataFrame) -> pd.DataFrame:
@@ -78,45 +91,16 @@ def per_request_latencies(requests: pd.DataFrame) -> pd.DataFrame:
                          "e2el": e2el, "output_len": done["output_len"]})
 
 
-def inter_token_latencies(requests: pd.DataFrame) -> np.ndarray:
+def inter_token_latencies(requests: pd.DataFrame, chunks: Chunks | None = None) -> np.ndarray:
     """Every gap between consecutive tokens of every completed request, in ms (request by
-    request, in order). Built `_CHUNK_ROWS` requests at a time into one float64 array: no
-    Python object per token, no second token-sized array (~1 GB at 1 M requests)."""
+    request, in order), in one float64 array: no Python object per token, no second
+    token-sized array (~1 GB at 1 M requests). `chunks`: the completed requests' token times
+    when `requests` has no `token_times_s` column (`analysis.token_times.file_chunks`)."""
     done = completed_requests(requests)
-    counts = np.fromiter((len(t) for t in done["token_times_s"]), np.int64, len(done))
-    gaps = np.empty(int(np.maximum(counts - 1, 0).sum()))
-    filled = 0
-    for flat, lengths in token_time_chunks(done):
-        chunk = _request_gaps(flat, lengths)
-        gaps[filled:filled + chunk.size] = chunk
-        filled += chunk.size
-    gaps *= 1e3
-    return gaps
-
-
-def _request_gaps(flat: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The gaps within each request of `flat` (requests' token times back to back, their
-    `lengths`), in order; the gaps across two requests are left out."""
-    if flat.size < 2:
-        return np.empty(0)
-    gaps = np.diff(flat)  # gap i: flat[i + 1] - flat[i]
-    keep = np.ones(gaps.size, dtype=bool)
-    starts = np.cumsum(lengths)[:-1]  # where each request after the first begins
-    keep[starts[(starts > 0) & (starts <= gaps.size)] - 1] = False
-    return gaps[keep]
-
-
-_CHUNK_ROWS = 16_384  # requests whose token times are flattened at once
-
-
-def token_time_chunks(done: pd.DataFrame) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """`done`'s token times `_CHUNK_ROWS` rows at a time: the rows' times back to back
-    (seconds, float64) and each row's count of them."""
-    column = done["token_times_s"]
-    for first in range(0, len(column), _CHUNK_ROWS):
-        rows = [np.asarray(t, dtype=np.float64) for t in column.iloc[first:first + _CHUNK_ROWS]]
-        lengths = np.fromiter((t.size for t in rows), np.int64, len(rows))
-        yield (np.concatenate(rows) if lengths.sum() else np.empty(0)), lengths
+    if chunks is None:
+        counts = np.fromiter((len(t) for t in done[TOKEN_COLUMN]), np.int64, len(done))
+        return gather_gaps(frame_chunks(done), int(np.maximum(counts - 1, 0).sum()))
+    return gather_gaps(chunks(), int(np.maximum(done["output_len"] - 1, 0).sum()))
 
 
 def summarize(values: np.ndarray, percentiles: Sequence[float],
@@ -140,8 +124,10 @@ def _pkey(p: float) -> str:
     return f"p{int(p)}" if float(p).is_integer() else f"p{p}"
 
 
-def benchmark_metrics(requests: pd.DataFrame,
-                      percentiles: Sequence[float] = (99,)) -> BenchmarkMetrics:
+def benchmark_metrics(requests: pd.DataFrame, percentiles: Sequence[float] = (99,),
+                      chunks: Chunks | None = None) -> BenchmarkMetrics:
+    """vLLM's benchmark result. `chunks`: the completed requests' token times when
+    `requests` has no `token_times_s` column (`analysis.token_times.file_chunks`)."""
     done = completed_requests(requests)
     lat = per_request_latencies(requests)
     start = float(requests["arrival_s"].min()) if len(requests) else 0.0
@@ -150,7 +136,7 @@ def benchmark_metrics(requests: pd.DataFrame,
     total_in = int(done["prompt_len"].sum())
     total_out = int(done["output_len"].sum())
     values = {"ttft": lat["ttft"].to_numpy(), "tpot": lat["tpot"].to_numpy(),
-              "itl": inter_token_latencies(requests), "e2el": lat["e2el"].to_numpy()}
+              "itl": inter_token_latencies(requests, chunks), "e2el": lat["e2el"].to_numpy()}
     return BenchmarkMetrics(
         completed=len(done),
         failed=len(requests) - len(done),
@@ -161,7 +147,7 @@ def benchmark_metrics(requests: pd.DataFrame,
         output_throughput=total_out / duration,
         total_token_throughput=(total_in + total_out) / duration,
         max_output_tokens_per_s=_peak_tokens_per_second(
-            done, float(done["arrival_s"].min()) if len(done) else start),
+            done, float(done["arrival_s"].min()) if len(done) else start, chunks),
         max_concurrent_requests=_peak_concurrency(done),
         stats={name: summarize(np.asarray(v, dtype=np.float64), percentiles,
                                overwrite=name == "itl")  # the ITL array is ours alone
@@ -169,19 +155,10 @@ def benchmark_metrics(requests: pd.DataFrame,
     )
 
 
-def _peak_tokens_per_second(done: pd.DataFrame, start: float) -> float:
-    """vLLM's `max_output_tokens_per_s`: the most token times in one second bucket
-    (bucket = int(t - start), start = the first completed request's start)."""
-    counts = np.zeros(0, dtype=np.int64)  # tokens per second bucket
-    for times, _ in token_time_chunks(done):
-        seconds = np.floor(times - start).astype(np.int64)
-        chunk = np.bincount(seconds[seconds >= 0])
-        if chunk.size > counts.size:
-            chunk[:counts.size] += counts
-            counts = chunk
-        else:
-            counts[:chunk.size] += chunk
-    return float(counts.max()) if counts.size else 0.0
+def _peak_tokens_per_second(done: pd.DataFrame, start: float,
+                            chunks: Chunks | None = None) -> float:
+    """vLLM's `max_output_tokens_per_s` (`analysis.token_times.peak_tokens_per_second`)."""
+    return peak_tokens_per_second(frame_chunks(done) if chunks is None else chunks(), start)
 
 
 def _peak_concurrency(done: pd.DataFrame) -> int:
@@ -300,7 +277,7 @@ def phase_times(requests: pd.DataFrame) -> pd.DataFrame:
     (preemptions during prefill included), decode = last token - first token,
     inference = last token - first scheduled."""
     done = completed_requests(requests)
-    last = done["token_times_s"].map(lambda t: float(t[-1]) if len(t) else np.nan)
+    last = done[TOKEN_COLUMN].map(lambda t: float(t[-1]) if len(t) else np.nan)
     last = last.fillna(done["finish_s"])
     return pd.DataFrame({
         "request_id": done["request_id"],

@@ -19,7 +19,7 @@ import itertools
 import json
 import shutil
 from array import array
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,9 +134,15 @@ def _column(values: Sequence[Any]) -> pa.Array:
 _NUMPY_TYPES = {"d": np.float64, "q": np.int64}
 
 
-def load_run(path: Path) -> Run:
+def load_run(path: Path, *, token_times: bool = True,
+             step_columns: Sequence[str] | None = None) -> Run:
     """Read a run directory, or a `vllm bench serve --save-detailed` result JSON file
-    (`analysis.vllm_bench`); a missing or malformed one raises ValueError naming the file."""
+    (`analysis.vllm_bench`); a missing or malformed one raises ValueError naming the file.
+
+    `token_times=False` leaves out requests' `token_times_s` (8 bytes a token and an array
+    object a request: most of a long run's frames; `analysis.token_times.file_chunks` reads
+    them a row group at a time); `step_columns` reads those columns of steps.parquet only
+    (the ones it has). Both apply to run directories only."""
     if path.is_file() and path.suffix == ".json":
         from analysis.vllm_bench import load_vllm_bench
 
@@ -148,17 +154,23 @@ def load_run(path: Path) -> Run:
             raise ValueError(f"{path}: not a run directory ({name} is missing)")
     try:
         info = json.loads((path / RUN_FILE).read_text())
-        requests = _read_frame(path / REQUESTS_FILE)
-        steps = _read_frame(path / STEPS_FILE)
+        requests = _read_frame(path / REQUESTS_FILE,
+                               lambda name: token_times or name != "token_times_s")
+        steps = _read_frame(path / STEPS_FILE,
+                            lambda name: step_columns is None or name in step_columns)
     except (OSError, ValueError, pa.ArrowException) as exc:
         raise ValueError(f"{path}: unreadable run directory: {exc}") from exc
     return Run(path, requests, steps, info)
 
 
-def _read_frame(path: Path) -> pd.DataFrame:
-    """A parquet file as a frame; arrow's buffers are freed column by column as pandas takes
-    them over and handed back to the OS after (500 k requests: 1.27 GB held instead of 1.91)."""
-    frame = pq.read_table(path).to_pandas(self_destruct=True)
+def _read_frame(path: Path, wanted: Callable[[str], bool]) -> pd.DataFrame:
+    """The `wanted` columns of a parquet file as a frame; arrow's buffers are freed column
+    by column as pandas takes them over and handed back to the OS after (500 k requests:
+    1.27 GB held instead of 1.91)."""
+    names = pq.read_schema(path).names
+    columns = [name for name in names if wanted(name)]
+    frame = pq.read_table(path, columns=None if len(columns) == len(names) else columns
+                          ).to_pandas(self_destruct=True)
     pa.default_memory_pool().release_unused()
     return frame
 

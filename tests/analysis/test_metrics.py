@@ -111,9 +111,9 @@ def test_unknown_percentile_metric_is_rejected() -> None:
 def test_itl_and_peak_rate_in_chunks(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
     import pandas as pd
 
-    from analysis import metrics
+    from analysis import metrics, token_times
 
-    monkeypatch.setattr(metrics, "_CHUNK_ROWS", chunk)
+    monkeypatch.setattr(token_times, "_CHUNK_ROWS", chunk)
     done = pd.DataFrame({"status": ["FINISHED_LENGTH_CAPPED"] * 5, "output_len": [1] * 5,
                          "arrival_s": [0.0] * 5,
                          "token_times_s": [[], [1.0], [2.0, 2.5, 3.0], [], [3.2, 3.45]]})
