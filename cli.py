@@ -245,8 +245,8 @@ def simulate(
     went. TPOT = (E2EL - TTFT) / (output tokens - 1), vLLM's definition (guidellm calls
     this ITL); ITL = every gap between consecutive tokens.
     """
-    from analysis.console import show_run
-    from analysis.rundir import load_run, write_result
+    from analysis.console import show_written_run
+    from analysis.rundir import write_result
     from analysis.scaling import show_fleet
     from sim.fleet_run import SimulateRun
 
@@ -263,8 +263,7 @@ def simulate(
         summary = result.summary()
         write_result(path, "simulate", workloads.trace_info(trace), result, describe, **extra)
         del result  # on disk now: the records and their frames are never held at once
-        run_dir = load_run(path)
-        show_run(run_dir, summary, percentiles, rate, typer.echo, say)
+        run_dir = show_written_run(path, summary, percentiles, rate, typer.echo, say)
         if run.fleet:
             show_fleet(run_dir, autoscale.enabled, typer.echo, say)
 
