@@ -72,14 +72,8 @@ class EngineCore:
         """Take in the input queue, then `schedule()`. None when, after taking in, nothing
         is left to run (every new request was refused): an idle engine does not step."""
         scheduler = self.scheduler
-        taken_in, self._inbox = self._inbox, []
-        for request in taken_in:
-            scheduler.add_request(request)
-        self.recorder.take_in(now, taken_in)
-        for request in taken_in:
-            if request.is_finished():  # ignored: it can never be served
-                self.recorder.ignored(request)
-                scheduler.release([request.request_id])
+        if self._inbox:  # most steps take in nothing
+            self._take_in(now)
         if not scheduler.has_unfinished_requests():
             return None
         steady = self.steady
@@ -95,6 +89,19 @@ class EngineCore:
         if steady is not None:
             features = steady.add_to_features(features)
         return ScheduledStep(output, features, kinds, now)
+
+    def _take_in(self, now: float) -> None:
+        """The input queue enters the scheduler; requests it can never serve are recorded
+        as ignored and released."""
+        scheduler = self.scheduler
+        taken_in, self._inbox = self._inbox, []
+        for request in taken_in:
+            scheduler.add_request(request)
+        self.recorder.take_in(now, taken_in)
+        for request in taken_in:
+            if request.is_finished():  # ignored: it can never be served
+                self.recorder.ignored(request)
+                scheduler.release([request.request_id])
 
     def end_step(self, step: ScheduledStep, sampled: Mapping[str, Sequence[int]],
                  end: float, duration_s: float) -> list[Request]:

@@ -105,10 +105,11 @@ class _Replica(EngineProcess):
         # the step ends so far, seconds (the recorder's own column: it grows in place)
         self.end_s = cast(list[float], self.core.recorder.step_columns["end_s"])
         self.columns = self.core.recorder.step_columns
-        # the pool's KV events, when a router listens (None: the pool is not observed)
-        self.kv_log: KvEventLog | None = (
-            observe_kv_events(self.core.scheduler.kv_cache_manager.block_pool)
-            if fleet.kv_bus else None)
+        # bounds[i]: the earliest hand-over to this core of request i of the trace or a
+        # later one (seconds); read at the fleet's first unrouted index, twice per step
+        self.bounds = fleet.handover_bounds(self.config.api_server)
+        self.ahead = fleet.steps_ahead  # fixed for the run: due hand-overs enter in take_due
+        self.kv_log: KvEventLog | None = None  # the pool's KV events (`_KvReplica`)
 
     def hand_over(self, req: TraceRequest, prompt: array[int], output: array[int],
                   reached_s: float, max_tokens: int | None = None,
@@ -136,7 +137,9 @@ class _Replica(EngineProcess):
 
     def take_due(self, clock: float) -> None:
         pending = self.pending
-        while self.fleet.steps_ahead and pending and pending[0][0] <= clock:
+        if not self.ahead:
+            return
+        while pending and pending[0][0] <= clock:
             handover, request = pending.popleft()
             self.submit(request, handover)
 
@@ -145,26 +148,13 @@ class _Replica(EngineProcess):
         super().submit(request, now)
 
     def horizon(self) -> float:
-        head = self.pending[0][0] if self.pending else math.inf
-        return min(head, self.fleet.earliest_handover(self.config.api_server))
+        earliest = self.bounds[self.fleet.next_index]
+        pending = self.pending
+        return min(pending[0][0], earliest) if pending else earliest
 
     def steps_ahead_until(self) -> float:
         # docs/fleet.md, stepping ahead: due hand-overs enter through `take_due`
-        steps_ahead = self.fleet.steps_ahead
-        return self.fleet.earliest_handover(self.config.api_server) if steps_ahead else -math.inf
-
-    def fast_forward(self, clock: float) -> float | None:
-        if self.kv_log is None:
-            return super().fast_forward(clock)
-        end = run_before(self, clock, self.horizon(), self.fleet.kv_run_limit_s())
-        if end is not None:
-            self.publish_kv_events(end)
-        return end
-
-    def one_step(self, clock: float) -> tuple[float, dict[str, list[int]]]:
-        end, sampled = super().one_step(clock)
-        self.publish_kv_events(end)
-        return end, sampled
+        return self.bounds[self.fleet.next_index] if self.ahead else -math.inf
 
     def publish_kv_events(self, at_s: float) -> None:
         """Publish the pool's events since the last call as emitted at `at_s` (the end of
@@ -203,6 +193,26 @@ class _Replica(EngineProcess):
             kv_usage=usage, num_gpu_blocks=blocks)
 
 
+class _KvReplica(_Replica):
+    """A replica whose pool's KV events a router reads: each step and decode run publishes
+    them at its end, and runs end by the next decision minus the delay (`sim.fleet_kv`)."""
+
+    def __init__(self, fleet: _Fleet, index: int, setup: ReplicaSetup) -> None:
+        super().__init__(fleet, index, setup)
+        self.kv_log = observe_kv_events(self.core.scheduler.kv_cache_manager.block_pool)
+
+    def fast_forward(self, clock: float) -> float | None:
+        end = run_before(self, clock, self.horizon(), self.fleet.kv_run_limit_s())
+        if end is not None:
+            self.publish_kv_events(end)
+        return end
+
+    def one_step(self, clock: float) -> tuple[float, dict[str, list[int]]]:
+        end, sampled = super().one_step(clock)
+        self.publish_kv_events(end)
+        return end, sampled
+
+
 _ROUTE_AHEAD_S = 10.0  # snapshot-blind routing ahead, s (routed requests hold their tokens)
 
 
@@ -237,7 +247,14 @@ class _Fleet:
         self.done = 0
         self.env = simpy.Environment()
         self.block_ids = TraceBlockIds(own_streams_only(trace))  # every replica's and router's
-        self.replicas = [_Replica(self, i, setup) for i, setup in enumerate(setups)]
+        self.next_index = 0  # the first request not yet routed
+        self.steps_ahead = (self.routes_ahead and not self.kv_bus  # docs/fleet.md
+                            and all(r.policy.completion_blind for r in self.routers))
+        # per API cost: suffix minima of arrival + latency + cost(prompt) over the trace
+        # (`handover_bounds`; replicas of one pool share their list)
+        self._bounds: dict[ApiServerCost, list[float]] = {}
+        kind = _KvReplica if self.kv_bus else _Replica
+        self.replicas = [kind(self, i, setup) for i, setup in enumerate(setups)]
         self.serving = [True] * len(setups)  # takes new requests (an autoscaler changes it)
         # the longest prompt every replica can ever hold (candidates: all, when serving)
         self._fits_all = min(max_prompt_len(r.config) for r in self.replicas)
@@ -246,14 +263,7 @@ class _Fleet:
             ReplicaSnapshot(replica_id=r.index, taken_at_s=0.0,
                             num_gpu_blocks=r.config.cache.num_blocks) for r in self.replicas
         ) if self.routes_ahead and all(r.policy.snapshot_blind for r in self.routers) else None
-        self.next_index = 0  # the first request not yet routed
         self.token_blind = not any(r.policy.reads_token_ids for r in self.routers)
-        self.steps_ahead = (self.routes_ahead and not self.kv_bus  # docs/fleet.md
-                            and all(r.policy.completion_blind for r in self.routers))
-        # per API cost: suffix minima of arrival + latency + cost(prompt) over the trace,
-        # by id (the entry holds the cost, so the id stays its own): a frozen dataclass
-        # hashes a tuple per call, and this is asked twice per step
-        self._earliest: dict[int, tuple[ApiServerCost, list[float]]] = {}
 
     def run(self) -> None:
         self.start_processes()
@@ -269,14 +279,14 @@ class _Fleet:
         i = self.next_index
         return (self.trace[i].arrival_s if i < len(self.trace) else math.inf) - self.kv_delay_s
 
-    def earliest_handover(self, api: ApiServerCost) -> float:
-        """The earliest time a request not yet routed could be handed over to a core whose
-        API server costs `api` (seconds; inf once all are routed)."""
-        entry = self._earliest.get(id(api))
-        if entry is None:
-            entry = self._earliest[id(api)] = (
-                api, earliest_handovers(self.trace, self.latency_s, api))
-        return entry[1][self.next_index]
+    def handover_bounds(self, api: ApiServerCost) -> list[float]:
+        """bounds[i]: the earliest time request i of the trace or a later one could be
+        handed over to a core whose API server costs `api` (seconds; inf past the last);
+        at `next_index`, the earliest any request not yet routed could."""
+        bounds = self._bounds.get(api)
+        if bounds is None:
+            bounds = self._bounds[api] = earliest_handovers(self.trace, self.latency_s, api)
+        return bounds
 
     def router(self) -> Generator[simpy.Event, object, None]:
         policies = [r.policy for r in self.routers]

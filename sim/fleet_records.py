@@ -7,6 +7,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from runtime import EngineCore
 from runtime.records import REQUEST_FIELDS, RequestRecord, RunResult, new_step_columns
@@ -91,10 +92,15 @@ def fleet_record(record: RequestRecord, replica: int, arrival_s: float,
                  router: int | None = None) -> FleetRequestRecord:
     """The replica's record timed from the trace arrival (the replica saw the request arrive
     when it reached its API server, `routing_s` later)."""
-    values = {name: getattr(record, name) for name in REQUEST_FIELDS}
-    values["arrival_s"] = arrival_s
-    return FleetRequestRecord(**values, replica=replica, routing_s=record.arrival_s - arrival_s,
-                              router=router)
+    values = _request_values(record)  # in field order: request_id, arrival_s, ...
+    return FleetRequestRecord(values[0], arrival_s, *values[2:], replica,
+                              record.arrival_s - arrival_s, router)
+
+
+# a record's fields as a tuple in declaration order, the fleet record's leading positional
+# arguments (a dict of them and keyword arguments took 2.4x as long: ~3% of a fleet run)
+_request_values = attrgetter(*REQUEST_FIELDS)
+assert REQUEST_FIELDS[:2] == ("request_id", "arrival_s"), REQUEST_FIELDS
 
 
 def fleet_result(trace: Trace, replicas: Sequence[tuple[int, EngineCore]],

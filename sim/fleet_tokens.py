@@ -47,7 +47,9 @@ def replica_inputs(replica: EngineProcess, first: SimConfig, req: TraceRequest,
     cfg = replica.config
     if (cfg.vocab_size, cfg.seed) != (first.vocab_size, first.seed):
         return (*replica.token_arrays(req), ())
-    if placeholders and not replica.tokens_unread(req):
+    # a replica of the first one's config reads what it reads (`tokens_unread`: config and
+    # the fleet's shared block identities only)
+    if placeholders and cfg is not first and not replica.tokens_unread(req):
         prompt, output = request_token_arrays(req, cfg.vocab_size, cfg.seed)
     # the routers' hashes are the replica's own (same tokens, block size, naming)
     return prompt, output, routed if cfg.cache.enable_prefix_caching else ()

@@ -121,6 +121,7 @@ class EngineProcess:
         self.run_times = decode_run_timer(cost_model) if config.step_noise is None else None
         self.notified = 0  # finished records already passed to `on_finished`
         self.block_ids = block_ids if block_ids is not None else TraceBlockIds()
+        self._plain_timer = _start_blind(cost_model.step_time)  # no noise: one for the run
 
     def known_hashes(self, req: TraceRequest) -> list[bytes]:
         """The identities of the request's leading prompt blocks that this engine takes as
@@ -198,6 +199,7 @@ class EngineProcess:
         start + duration, so stepping one by one and fast-forwarding give the same floats;
         it runs ahead of the event loop's time while `steps_ahead_until` allows."""
         core, env = self.core, self.env
+        fast_forward = self.config.fast_forward
         clock = 0.0
         while True:
             self.take_due(clock)
@@ -205,7 +207,7 @@ class EngineProcess:
                 self.wake = env.event()
                 yield self.wake
                 clock = env.now
-            end = self.fast_forward(clock) if self.config.fast_forward else None
+            end = self.fast_forward(clock) if fast_forward else None
             sampled: Collection[str] = ()
             if end is None:
                 end, sampled = self.one_step(clock)
@@ -220,11 +222,7 @@ class EngineProcess:
         return self.outputs[request.request_id][start : start + count]
 
     def fast_forward(self, clock: float) -> float | None:
-        cost = self.cost_model.step_time
-
-        def timed(features: BatchFeatures, start_s: float) -> float:
-            return cost(features)  # no noise: the start does not matter
-
+        timed = self._plain_timer
         if self.config.step_noise is not None:  # steps are timed in index order
             indices = itertools.count(self.core.recorder.num_steps)
 
@@ -283,6 +281,16 @@ class EngineProcess:
         for record in records:
             self.outputs.pop(record.request_id, None)
         self.on_finished(records)
+
+
+def _start_blind(cost: Callable[[BatchFeatures], float]
+                 ) -> Callable[[BatchFeatures, float], float]:
+    """A step timer (features, start s) -> seconds that ignores the start (no noise)."""
+
+    def timed(features: BatchFeatures, start_s: float) -> float:
+        return cost(features)
+
+    return timed
 
 
 def make_request(req: TraceRequest, prompt: array[int], max_tokens: int,

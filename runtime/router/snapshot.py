@@ -15,11 +15,6 @@ from dataclasses import dataclass, field
 from runtime.block_hash import BlockHash
 
 
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RoutingRequest:
     """One request to place on a replica.
@@ -47,12 +42,14 @@ class RoutingRequest:
     session_id: str | None = None
 
     def __post_init__(self) -> None:
-        _require(self.prompt_len >= 1, f"prompt_len must be >= 1, got {self.prompt_len}")
-        _require(
-            self.token_ids is None or len(self.token_ids) == self.prompt_len,
-            f"token_ids has {0 if self.token_ids is None else len(self.token_ids)} tokens, "
-            f"prompt_len is {self.prompt_len}",
-        )
+        # messages formatted on failure only: a simulator builds one request per routed
+        # request (and a snapshot per replica per scrape); formatting them up front cost
+        # more than building the object
+        if self.prompt_len < 1:
+            raise ValueError(f"prompt_len must be >= 1, got {self.prompt_len}")
+        if self.token_ids is not None and len(self.token_ids) != self.prompt_len:
+            raise ValueError(f"token_ids has {len(self.token_ids)} tokens, "
+                             f"prompt_len is {self.prompt_len}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,15 +75,16 @@ class ReplicaSnapshot:
     num_gpu_blocks: int | None = None
 
     def __post_init__(self) -> None:
-        _require(self.replica_id >= 0, f"replica_id must be >= 0, got {self.replica_id}")
+        if self.replica_id < 0:
+            raise ValueError(f"replica_id must be >= 0, got {self.replica_id}")
         for name in ("num_waiting", "num_running"):
             value = getattr(self, name)
-            _require(value >= 0, f"{name} must be >= 0, got {value}")
-        _require(0.0 <= self.kv_usage <= 1.0, f"kv_usage must be in [0, 1], got {self.kv_usage}")
-        _require(
-            self.num_gpu_blocks is None or self.num_gpu_blocks >= 1,
-            f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}",
-        )
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if not 0.0 <= self.kv_usage <= 1.0:
+            raise ValueError(f"kv_usage must be in [0, 1], got {self.kv_usage}")
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
+            raise ValueError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
 
 
 @dataclass(frozen=True, slots=True)

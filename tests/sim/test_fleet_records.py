@@ -1,0 +1,37 @@
+"""A fleet request record: the replica's record field for field, timed from the trace
+arrival, with where it went and how long routing took."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from runtime.records import REQUEST_FIELDS, RequestRecord
+from sim.fleet_records import FleetRequestRecord, fleet_record
+
+
+def _record() -> RequestRecord:
+    """A record with every field set to a value of its own (none left at its default)."""
+    values: dict[str, object] = {}
+    for i, name in enumerate(REQUEST_FIELDS):
+        default = getattr(RequestRecord("x", 0.0, 0, 0), name)
+        values[name] = (f"v{i}" if isinstance(default, str) or name.endswith(("_reason", "_id"))
+                        else [0.5 + i, 1.5 + i] if name == "token_times_s" else i + 0.25)
+    return RequestRecord(**values)  # type: ignore[arg-type]
+
+
+def test_fleet_record_copies_every_field_and_times_from_the_trace_arrival() -> None:
+    record = _record()
+    row = fleet_record(record, replica=3, arrival_s=0.125, router=2)
+    assert isinstance(row, FleetRequestRecord)
+    for name in REQUEST_FIELDS:
+        expected = 0.125 if name == "arrival_s" else getattr(record, name)
+        assert getattr(row, name) == expected, name
+    assert (row.replica, row.router) == (3, 2)
+    assert row.routing_s == 1.25 - 0.125  # the replica saw it arrive at 1.25 (field 1)
+    assert [f.name for f in dataclasses.fields(row)] == [*REQUEST_FIELDS, "replica",
+                                                          "routing_s", "router"]
+
+
+def test_fleet_record_without_router_replicas() -> None:
+    row = fleet_record(RequestRecord("a", 2.0, 10, 5), replica=0, arrival_s=2.0)
+    assert (row.request_id, row.arrival_s, row.routing_s, row.router) == ("a", 2.0, 0.0, None)
