@@ -21,7 +21,7 @@ from runtime.decode_run import (
     run_decode_steps,
     steps_before_token_stop,
 )
-from runtime.outputs import SchedulerOutput
+from runtime.outputs import SchedulerOutput, WaitReason
 from runtime.recorder import Recorder
 from runtime.request import Request
 from runtime.scheduler import Scheduler
@@ -147,7 +147,7 @@ class EngineCore:
             return None
         steady = self.steady if self.steady is not None and len(self.steady) else None
         running = scheduler.running
-        limit, kv_tokens = self._run_bounds(steady)
+        limit, kv_tokens, finishes_last = self._run_bounds(steady)
         if limit <= 0:
             return None
         num_running = len(running)
@@ -157,6 +157,7 @@ class EngineCore:
         else:
             ends, durations = _bulk_decode_times(clock, horizon, run_times, limit,
                                                  num_running, kv_tokens)
+        _, reason = plain_decode_wait_reason(scheduler)  # the run's, finishes aside
         if steady is not None:  # no EOS or stop token can end a steady decode
             free_after = steady.run(len(ends))
             explicit: list[str] = []
@@ -168,24 +169,51 @@ class EngineCore:
             del ends[num_steps:], durations[num_steps:]
             free_after = run_decode_steps(scheduler, num_steps, tokens)
             explicit = [r.request_id for r in scheduler.running]
-        usable = scheduler.cache_config.num_usable_blocks
-        _, reason = plain_decode_wait_reason(scheduler)
-        self.recorder.decode_steps(
-            ends, durations, num_running, kv_tokens, explicit,
-            [1.0 - free / usable for free in free_after], len(scheduler.waiting), reason)
+        finishing = finishes_last and len(ends) == limit
+        decodes = len(ends) - 1 if finishing else len(ends)
+        if decodes:
+            usable = scheduler.cache_config.num_usable_blocks
+            self.recorder.decode_steps(
+                ends[:decodes], durations[:decodes], num_running, kv_tokens, explicit,
+                [1.0 - free / usable for free in free_after[:decodes]],
+                len(scheduler.waiting), reason)
+        if finishing:
+            start = ends[-2] if decodes else clock
+            self._finishing_step(start, ends[-1], durations[-1],
+                                 kv_tokens + decodes * num_running, reason)
         if self.steady is not None:
             self.steady.join()
         return ends[-1]
 
-    def _run_bounds(self, steady: SteadyDecodes | None) -> tuple[int, int]:
+    def _finishing_step(self, start: float, end: float, duration_s: float,
+                        decode_kv_tokens: int, reason: WaitReason | None) -> None:
+        """Record the last step of a run, in which steady decodes finish (already advanced
+        by `SteadyDecodes.run`), with the recorder and scheduler calls of `begin_step` and
+        `end_step` for a step of steady decodes alone: the same records."""
+        scheduler, recorder = self.scheduler, self.recorder
+        assert self.steady is not None
+        num_seqs = len(scheduler.running)
+        features = BatchFeatures(num_decode_tokens=num_seqs, num_seqs=num_seqs,
+                                 decode_kv_tokens=decode_kv_tokens)
+        recorder.step_started(start, [], [])
+        finished = self.steady.finish_due()
+        scheduler.finish_decoded(finished)
+        recorder.step_finished(
+            end, duration_s, features, {}, [], finished,
+            (scheduler.kv_cache_manager.usage, len(scheduler.running), len(scheduler.waiting),
+             0, reason))
+        scheduler.release([request.request_id for request in finished])
+
+    def _run_bounds(self, steady: SteadyDecodes | None) -> tuple[int, int, bool]:
         """How many plain decode steps may run (0 unless every running request decodes; with
-        steady decodes, only when every running request is one) and the KV tokens the first
-        of them reads."""
+        steady decodes, only when every running request is one), the KV tokens the first
+        of them reads, and whether steady decodes finish in the last of them."""
         if steady is not None:
-            return steady.run_limit(), steady.decode_kv_tokens()
+            limit, finishes_last = steady.run_limit()
+            return limit, steady.decode_kv_tokens(), finishes_last
         running = self.scheduler.running
         return (decode_run_limit(self.scheduler),
-                sum(r.num_computed_tokens + 1 for r in running))
+                sum(r.num_computed_tokens + 1 for r in running), False)
 
     @staticmethod
     def _decode_times(
