@@ -103,9 +103,16 @@ def own_block_name(block_key: bytes, index: int) -> BlockHash:
     return index.to_bytes(8, "little") + block_key
 
 
+_INDEX_BYTES: list[bytes] = []  # index i -> i.to_bytes(8, "little"), grown on demand
+
+
 def own_block_names(block_key: bytes, first: int, last: int) -> list[BlockHash]:
-    """`own_block_name` of blocks [first, last)."""
-    return [own_block_name(block_key, index) for index in range(first, last)]
+    """`own_block_name` of blocks [first, last) (the indices' bytes interned: a prompt
+    names ~70 blocks, a call each to `int.to_bytes` cost a third of the loop)."""
+    index_bytes = _INDEX_BYTES
+    while len(index_bytes) < last:
+        index_bytes.append(len(index_bytes).to_bytes(8, "little"))
+    return [index + block_key for index in index_bytes[first:last]]
 
 
 def _hash_packed(parent: BlockHash, packed: bytes, extra_keys: ExtraKeys | None) -> BlockHash:

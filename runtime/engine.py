@@ -11,8 +11,10 @@ the next step boundary, as in vLLM's engine core.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from runtime.batch import BatchFeatures, describe_batch
 from runtime.decode_run import (
@@ -253,11 +255,13 @@ def _bulk_decode_times(
         done = len(ends)
         batch = run_times(num_running, kv_tokens + done * num_running,
                           min(chunk, limit - done))
-        for duration in batch:
-            start += duration
-            ends.append(start)
-            if start >= horizon:
-                break
-        durations.extend(batch[:len(ends) - done])
+        # start + d0, (start + d0) + d1, ...: stepping's additions; durations are >= 0, so
+        # the ends do not decrease and the run goes through the first one at the horizon
+        batch_ends = list(accumulate(batch, initial=start))
+        del batch_ends[0]
+        stop = bisect_left(batch_ends, horizon) + 1
+        ends += batch_ends[:stop]
+        durations += batch[:stop]
+        start = ends[-1]
         chunk *= 2
     return ends, durations
