@@ -172,20 +172,30 @@ class EngineCore:
             free_after = run_decode_steps(scheduler, num_steps, tokens)
             explicit = [r.request_id for r in scheduler.running]
         finishing = finishes_last and len(ends) == limit
-        decodes = len(ends) - 1 if finishing else len(ends)
-        if decodes:
-            usable = scheduler.cache_config.num_usable_blocks
-            self.recorder.decode_steps(
-                ends[:decodes], durations[:decodes], num_running, kv_tokens, explicit,
-                [1.0 - free / usable for free in free_after[:decodes]],
-                len(scheduler.waiting), reason)
-        if finishing:
-            start = ends[-2] if decodes else clock
-            self._finishing_step(start, ends[-1], durations[-1],
-                                 kv_tokens + decodes * num_running, reason)
+        self._record_run(clock, ends, durations, free_after, (num_running, kv_tokens),
+                         explicit, reason, finishing)
         if self.steady is not None:
             self.steady.join()
         return ends[-1]
+
+    def _record_run(self, clock: float, ends: list[float], durations: list[float],
+                    free_after: list[int], batch: tuple[int, int], explicit: list[str],
+                    reason: WaitReason | None, finishing: bool) -> None:
+        """Record a run from `clock`: its plain decode steps in bulk, then, when steady
+        decodes finish in its last step (`finishing`), that step. `batch`: (sequences,
+        decode KV tokens of the first step)."""
+        num_seqs, kv_tokens = batch
+        decodes = len(ends) - 1 if finishing else len(ends)
+        if decodes:
+            usable = self.scheduler.cache_config.num_usable_blocks
+            self.recorder.decode_steps(
+                ends[:decodes], durations[:decodes], num_seqs, kv_tokens, explicit,
+                [1.0 - free / usable for free in free_after[:decodes]],
+                len(self.scheduler.waiting), reason)
+        if finishing:
+            start = ends[-2] if decodes else clock
+            self._finishing_step(start, ends[-1], durations[-1],
+                                 kv_tokens + decodes * num_seqs, reason)
 
     def _finishing_step(self, start: float, end: float, duration_s: float,
                         decode_kv_tokens: int, reason: WaitReason | None) -> None:
