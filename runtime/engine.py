@@ -11,8 +11,10 @@ the next step boundary, as in vLLM's engine core.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from runtime.batch import BatchFeatures, describe_batch
 from runtime.decode_run import (
@@ -21,7 +23,7 @@ from runtime.decode_run import (
     run_decode_steps,
     steps_before_token_stop,
 )
-from runtime.outputs import SchedulerOutput
+from runtime.outputs import SchedulerOutput, WaitReason
 from runtime.recorder import Recorder
 from runtime.request import Request
 from runtime.scheduler import Scheduler
@@ -154,7 +156,7 @@ class EngineCore:
             return None
         steady = self.steady if self.steady is not None and len(self.steady) else None
         running = scheduler.running
-        limit, kv_tokens = self._run_bounds(steady)
+        limit, kv_tokens, finishes_last = self._run_bounds(steady)
         if limit <= 0:
             return None
         num_running = len(running)
@@ -164,6 +166,7 @@ class EngineCore:
         else:
             ends, durations = _bulk_decode_times(clock, horizon, run_times, limit,
                                                  num_running, kv_tokens)
+        _, reason = plain_decode_wait_reason(scheduler)  # the run's, finishes aside
         if steady is not None:  # no EOS or stop token can end a steady decode
             free_after = steady.run(len(ends))
             explicit: list[str] = []
@@ -175,24 +178,61 @@ class EngineCore:
             del ends[num_steps:], durations[num_steps:]
             free_after = run_decode_steps(scheduler, num_steps, tokens)
             explicit = [r.request_id for r in scheduler.running]
-        usable = scheduler.cache_config.num_usable_blocks
-        _, reason = plain_decode_wait_reason(scheduler)
-        self.recorder.decode_steps(
-            ends, durations, num_running, kv_tokens, explicit,
-            [1.0 - free / usable for free in free_after], len(scheduler.waiting), reason)
+        finishing = finishes_last and len(ends) == limit
+        self._record_run(clock, ends, durations, free_after, (num_running, kv_tokens),
+                         explicit, reason, finishing)
         if self.steady is not None:
             self.steady.join()
         return ends[-1]
 
-    def _run_bounds(self, steady: SteadyDecodes | None) -> tuple[int, int]:
+    def _record_run(self, clock: float, ends: list[float], durations: list[float],
+                    free_after: list[int], batch: tuple[int, int], explicit: list[str],
+                    reason: WaitReason | None, finishing: bool) -> None:
+        """Record a run from `clock`: its plain decode steps in bulk, then, when steady
+        decodes finish in its last step (`finishing`), that step. `batch`: (sequences,
+        decode KV tokens of the first step)."""
+        num_seqs, kv_tokens = batch
+        decodes = len(ends) - 1 if finishing else len(ends)
+        if decodes:
+            usable = self.scheduler.cache_config.num_usable_blocks
+            self.recorder.decode_steps(
+                ends[:decodes], durations[:decodes], num_seqs, kv_tokens, explicit,
+                [1.0 - free / usable for free in free_after[:decodes]],
+                len(self.scheduler.waiting), reason)
+        if finishing:
+            start = ends[-2] if decodes else clock
+            self._finishing_step(start, ends[-1], durations[-1],
+                                 kv_tokens + decodes * num_seqs, reason)
+
+    def _finishing_step(self, start: float, end: float, duration_s: float,
+                        decode_kv_tokens: int, reason: WaitReason | None) -> None:
+        """Record the last step of a run, in which steady decodes finish (already advanced
+        by `SteadyDecodes.run`), with the recorder and scheduler calls of `begin_step` and
+        `end_step` for a step of steady decodes alone: the same records."""
+        scheduler, recorder = self.scheduler, self.recorder
+        assert self.steady is not None
+        num_seqs = len(scheduler.running)
+        features = BatchFeatures(num_decode_tokens=num_seqs, num_seqs=num_seqs,
+                                 decode_kv_tokens=decode_kv_tokens)
+        recorder.step_started(start, [], [])
+        finished = self.steady.finish_due()
+        scheduler.finish_decoded(finished)
+        recorder.step_finished(
+            end, duration_s, features, {}, [], finished,
+            (scheduler.kv_cache_manager.usage, len(scheduler.running), len(scheduler.waiting),
+             0, reason))
+        scheduler.release([request.request_id for request in finished])
+
+    def _run_bounds(self, steady: SteadyDecodes | None) -> tuple[int, int, bool]:
         """How many plain decode steps may run (0 unless every running request decodes; with
-        steady decodes, only when every running request is one) and the KV tokens the first
-        of them reads."""
+        steady decodes, only when every running request is one), the KV tokens the first
+        of them reads, and whether steady decodes finish in the last of them."""
         if steady is not None:
-            return steady.run_limit(), steady.decode_kv_tokens()
+            limit, finishes_last = steady.run_limit()
+            return limit, steady.decode_kv_tokens(), finishes_last
         running = self.scheduler.running
         return (decode_run_limit(self.scheduler),
-                sum(r.num_computed_tokens + 1 for r in running))
+                sum(r.num_computed_tokens + 1 for r in running), False)
 
     @staticmethod
     def _decode_times(
@@ -232,11 +272,13 @@ def _bulk_decode_times(
         done = len(ends)
         batch = run_times(num_running, kv_tokens + done * num_running,
                           min(chunk, limit - done))
-        for duration in batch:
-            start += duration
-            ends.append(start)
-            if start >= horizon:
-                break
-        durations.extend(batch[:len(ends) - done])
+        # start + d0, (start + d0) + d1, ...: stepping's additions; durations are >= 0, so
+        # the ends do not decrease and the run goes through the first one at the horizon
+        batch_ends = list(accumulate(batch, initial=start))
+        del batch_ends[0]
+        stop = bisect_left(batch_ends, horizon) + 1
+        ends += batch_ends[:stop]
+        durations += batch[:stop]
+        start = ends[-1]
         chunk *= 2
     return ends, durations

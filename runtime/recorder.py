@@ -15,6 +15,7 @@ operations in the same order, so they give identical records.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -45,6 +46,11 @@ class _Live:
     kind: str | None = None  # kind of its open run; None while not running
     run_start: float = 0.0  # S when the open run started
     run_end: float = 0.0  # S at the end of the last step it was scheduled in
+
+
+def _repeat(value: int, count: int) -> array[int]:
+    """`count` copies of an int64 as a typed array (a step column's type)."""
+    return array("q", (value,)) * count
 
 
 def _add(record: RequestRecord, column: str, seconds: float) -> None:
@@ -254,17 +260,23 @@ class Recorder:
 
     # ---- steady decodes ------------------------------------------------------------------
 
-    def decoded_in_last_step(self, request_id: str) -> bool:
-        """The request's open run is a decode run that the last step extended."""
+    def scheduled_in_last_step(self, request_id: str) -> bool:
+        """The request's open run (any kind) is one that the last step extended."""
         live = self.live[request_id]
-        return live.kind == "decode" and live.run_end == self._span_total
+        return live.kind is not None and live.run_end == self._span_total
 
     def steady_enter(self, request_id: str) -> None:
         """From the next step on, `request_id` decodes in every step until it leaves: its
-        decode run and token times are kept implicitly. It must have decoded in the last
-        step (its open run is a decode run ending now)."""
+        decode run and token times are kept implicitly. It must have been scheduled in the
+        last step (`scheduled_in_last_step`); an open run of another kind (its prefill, or
+        its recompute after a preemption, just completed) closes now, as `_schedule` would
+        close it at the next step: that step starts at S = now, so no gap."""
         live = self.live[request_id]
-        assert live.kind == "decode" and live.run_end == self._span_total, request_id
+        assert live.kind is not None and live.run_end == self._span_total, request_id
+        if live.kind != "decode":
+            self._close_run(live, self._span_total)
+            live.kind = "decode"
+            live.run_start = self._span_total
         self._steady_since[request_id] = self.num_steps
 
     def steady_leave(self, request_id: str) -> None:
@@ -302,18 +314,8 @@ class Recorder:
         self._last_end = ends[-1]
         count = len(ends)
         first_step = self.num_steps
-        decode_kv = range(decode_kv_tokens, decode_kv_tokens + count * num_seqs, num_seqs) \
-            if num_seqs else [decode_kv_tokens] * count
-        zeros = [0] * count
-        seqs = [num_seqs] * count
-        columns: tuple[Sequence[object], ...] = (
-            range(self.num_steps, self.num_steps + count), starts, ends, durations,
-            zeros, seqs, seqs, zeros, zeros, zeros, decode_kv, decode_kv, kv_usages,
-            seqs, [num_waiting] * count, zeros, zeros,  # every running request decodes
-            [None if wait_reason is None else wait_reason.value] * count,
-        )
-        for column, values in zip(self._columns, columns, strict=True):
-            column.extend(values)
+        self._extend_decode_columns(starts, ends, durations, num_seqs, decode_kv_tokens,
+                                    kv_usages, num_waiting, wait_reason)
         # One `_schedule` per request does what the steps one by one would: open (or keep)
         # a decode run at the first step, extend it to the last.
         self._span_total_before_step = first_step_total
@@ -327,6 +329,27 @@ class Recorder:
             live.times.add_steps(first_step, first_step + count)
         self._interval_start = self._last_end
         self._last_reason = wait_reason
+
+    def _extend_decode_columns(self, starts: list[float], ends: list[float],
+                               durations: list[float], num_seqs: int, decode_kv_tokens: int,
+                               kv_usages: list[float], num_waiting: int,
+                               wait_reason: WaitReason | None) -> None:
+        """Append the rows of a decode run (`decode_steps`) column by column: the constant
+        columns as repeated typed arrays (a copy, not a conversion per value)."""
+        count = len(ends)
+        first_step = self.num_steps
+        decode_kv = array("q", range(decode_kv_tokens, decode_kv_tokens + count * num_seqs,
+                                     num_seqs)) if num_seqs else _repeat(decode_kv_tokens, count)
+        zeros = _repeat(0, count)
+        seqs = _repeat(num_seqs, count)
+        columns: tuple[Sequence[object], ...] = (
+            array("q", range(first_step, first_step + count)), starts, ends, durations,
+            zeros, seqs, seqs, zeros, zeros, zeros, decode_kv, decode_kv, kv_usages,
+            seqs, _repeat(num_waiting, count), zeros, zeros,  # every running request decodes
+            [None if wait_reason is None else wait_reason.value] * count,
+        )
+        for column, values in zip(self._columns, columns, strict=True):
+            column.extend(values)
 
     # ---- finishing ---------------------------------------------------------------------------
 

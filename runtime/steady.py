@@ -19,7 +19,8 @@ Order invariant: the members are exactly the first `len(self)` requests of
 `scheduler.running`, in the order they joined. Running order is the order of block pops,
 registrations and frees, so the members' events in a step are handled in join order, before
 the explicit requests behind them (which `Scheduler.schedule(num_steady)` schedules as usual).
-A request joins only at the end of that prefix, after a step in which it decoded.
+A request joins only at the end of that prefix, after a step in which it was scheduled and
+sampled a token (a decode, or the last chunk of its prefill or recompute).
 
 A member is *materialised* (computed tokens, appended tokens and their block hashes, its
 registered blocks in the KV manager) when it finishes or leaves; a fill of a block its request
@@ -178,14 +179,22 @@ class SteadyDecodes:
 
     # ---- runs of steps without explicit requests -------------------------------------------
 
-    def run_limit(self) -> int:
+    def run_limit(self) -> tuple[int, bool]:
         """How many steps the members can run alone from now, every running request being
-        a member: none of them finishes (the step where one does runs normally) and the
-        blocks they take fit in the free blocks."""
+        a member, and whether the last of them is a step in which members finish: the steps
+        before the next finish and that step, as far as the blocks they take fit in the free
+        blocks (no preemption). After a finishing step the run ends (its finishes free a
+        place a waiting request may take, and change the batch)."""
         if not self._members or len(self._members) != len(self.scheduler.running):
-            return 0
+            return 0, False
+        through_finish = self._live_finishes()[0][0] - self._step + 1
+        limit = self._steps_with_free_blocks(through_finish)
+        return limit, limit == through_finish
+
+    def _steps_with_free_blocks(self, limit: int) -> int:
+        """The largest k <= limit such that the blocks the members take in the next k steps
+        fit in the free blocks (whole cycles of `block_size` steps at once)."""
         g = self._step
-        limit = self._live_finishes()[0][0] - g
         free = self.scheduler.kv_cache_manager.block_pool.num_free_blocks
         block_size, buckets = self.block_size, self._buckets
         per_cycle = len(self._members)  # every member takes one block per cycle
@@ -200,12 +209,23 @@ class SteadyDecodes:
 
     def run(self, num_steps: int) -> list[int]:
         """Advance `num_steps` steps (at most `run_limit()`) of members alone; returns the
-        free blocks after each step's scheduling. The caller records the steps."""
+        free blocks after each step's scheduling. The caller records the steps. Each step
+        is `_advance`'s, inlined (a run is ~17 steps on Azure, a step 0-3 blocks)."""
         g = self._step
-        queue = self.scheduler.kv_cache_manager.block_pool.free_block_queue
+        pool = self.scheduler.kv_cache_manager.block_pool
+        queue = pool.free_block_queue
+        buckets, block_size, fill = self._buckets, self.block_size, self._fill
         free_after = []
-        for k in range(num_steps):
-            self._advance(g + k)
+        for step in range(g, g + num_steps):
+            takers = buckets[step % block_size]
+            if len(takers) > 1:
+                for member, block in zip(takers, pool.get_new_blocks(len(takers)),
+                                         strict=True):
+                    member.table.append(block)
+            elif takers:
+                takers[0].table.append(pool.get_new_block())
+            if buckets[(step + 1) % block_size]:
+                fill(step)
             free_after.append(queue.num_free_blocks)
         return free_after
 
@@ -229,9 +249,10 @@ class SteadyDecodes:
         )
 
     def finish_due(self) -> list[Request]:
-        """The members whose token of the step being run stops them, in running order:
-        materialised through the step and no longer members. The caller finishes them
-        (`Scheduler.finish_decoded`) before the step's other requests."""
+        """The members whose token of the step being run (the recorder's next row) stops
+        them, in running order: materialised through the step and no longer members. The
+        caller finishes them (`Scheduler.finish_decoded`) before the step's other
+        requests."""
         g = self._step
         done = []
         while (finishes := self._live_finishes()) and finishes[0][0] == g:
@@ -252,8 +273,9 @@ class SteadyDecodes:
     # ---- joining and leaving ---------------------------------------------------------------
 
     def join(self) -> None:
-        """After a step: the running requests right behind the members that decoded in it
-        and can go on doing so become members, in running order."""
+        """After a step: the running requests right behind the members that sampled a token
+        in it (a decode or a completed prefill) and can go on decoding become members, in
+        running order."""
         running = self.scheduler.running
         while len(self._members) < len(running):
             request = running[len(self._members)]
@@ -274,7 +296,7 @@ class SteadyDecodes:
                 and (not kv.enable_caching
                      or kv.num_cached_block.get(request.request_id, 0)
                      == computed // self.block_size)
-                and self.recorder.decoded_in_last_step(request.request_id))
+                and self.recorder.scheduled_in_last_step(request.request_id))
 
     def _add(self, request: Request) -> None:
         g = self._step

@@ -60,6 +60,8 @@ class TraceBlockIds:
         self._runs: dict[tuple[object, ...], int] = {}  # (parent run, hash id) or root key
         self._suffixes: list[bytes] = []  # j as 8 bytes, j = 0..H/B - 1
         self._bases: list[bytes] = []  # run -> TAG || run
+        # (vocab, seed, B) -> OWN_TAG || their bytes: the own names' prefix
+        self._own_prefixes: dict[tuple[int, int, int], bytes] = {}
 
     def __len__(self) -> int:
         """Runs interned so far (roots included)."""
@@ -81,8 +83,12 @@ class TraceBlockIds:
         hashed): with `own_blocks`, unless its hash-id pieces are not whole blocks."""
         if not self.own_blocks or (req.hash_block_size or block_size) % block_size:
             return None
-        coordinates = b"".join(v.to_bytes(8, "little") for v in (vocab_size, seed, block_size))
-        return _OWN_TAG + coordinates + req.request_id.encode()
+        prefix = self._own_prefixes.get((vocab_size, seed, block_size))
+        if prefix is None:  # once per simulation: an engine asks ~3 times per request
+            coordinates = (v.to_bytes(8, "little") for v in (vocab_size, seed, block_size))
+            prefix = _OWN_TAG + b"".join(coordinates)
+            self._own_prefixes[(vocab_size, seed, block_size)] = prefix
+        return prefix + req.request_id.encode()
 
     def _piece_ids(self, req: TraceRequest, block_size: int, vocab_size: int,
                    seed: int) -> list[BlockHash]:

@@ -207,3 +207,38 @@ def test_bulk_decode_times_equal_per_step_ones_across_chunks() -> None:
         many_chunks += len(calls) >= 3
     assert max_calls >= 5  # 32 + 64 + 128 + 256 < 700 steps
     assert many_chunks >= 50
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_only_admitting_steps_are_stepped_one_by_one(monkeypatch: pytest.MonkeyPatch,
+                                                     seed: int) -> None:
+    """With steady decodes a request joins them right after the step that completes its
+    prefill, and the steps in which they finish end a fast-forwarded run: only steps that
+    admit a request run one by one (Azure-like sparse arrivals), with the same records."""
+    arrivals = ArrivalProcess(request_rate=15.0, burstiness=1.0, seed=seed)
+    trace = random_trace(60, RandomLengths(200, 60, range_ratio=0.9), arrivals)
+    stepped: list[int] = []
+    begin_step = EngineCore.begin_step
+
+    def counted(core: EngineCore, now: float):  # type: ignore[no-untyped-def]
+        step = begin_step(core, now)
+        if step is not None:
+            stepped.append(core.recorder.num_steps)
+        return step
+
+    monkeypatch.setattr(EngineCore, "begin_step", counted)
+    results = []
+    for fast in (False, True):
+        stepped.clear()
+        config = SimConfig(
+            scheduler=SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=16,
+                                      max_model_len=4096),
+            cache=CacheConfig(block_size=16, num_blocks=4000), fast_forward=fast,
+            check_invariants=not fast)  # checking materialises the steady decodes
+        results.append(simulate(trace, config, COST))
+    slow, fast_result = results
+    assert [s.to_row() for s in fast_result.steps] == [s.to_row() for s in slow.steps]
+    assert [r.to_row() for r in fast_result.requests] == [r.to_row() for r in slow.requests]
+    admitting = sum(1 for n in fast_result.step_columns["num_prefill_seqs"] if n)
+    assert len(stepped) == admitting < len(trace) + 1
+    assert sum(fast_result.step_columns["num_finished"]) == len(trace)  # finishes ran fast
