@@ -641,7 +641,7 @@ def fidelity(
     from sim.fidelity_run import predicted_steps
 
     with user_errors():
-        how.check(cal.step_drift, noise.step_noise)
+        how.check(cal.step_drift, noise.step_noise, client.endpoint is not None)
         trace = workload(work, trace_file)  # (a bad trace: one line, --endpoint or not)
     root = result_dir or default_dir("fidelity")
     order = replay_order(how.repeats, how.calibration_replays())

@@ -152,7 +152,7 @@ def show_written_run(path: Path, result: Any, percentiles: Sequence[float],
                      request_rate: float | None, echo: Callable[[str], None],
                      log: Callable[[str], None]) -> Run:
     """`show_run` of the run directory just written at `path`, read without its token times
-    (streamed from requests.parquet a row group at a time for ITL and the peak token rate)
+    (streamed from requests.parquet in batches of 8,192 rows for ITL and the peak token rate)
     and with `REPORT_STEP_COLUMNS` of its steps: the same text as `load_run` then `show_run`
     at a fraction of the memory (1 M requests: the token times alone are ~1 GB as one flat
     array, several GB as a frame column). Returns that run (for `show_fleet`)."""

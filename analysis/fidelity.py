@@ -99,14 +99,17 @@ def metric_errors(reals: Sequence[Run], sims: Sequence[Run],
 
 def drift_warnings(metrics: pd.DataFrame, keys: Sequence[str] = DRIFT_KEYS) -> list[str]:
     """One line per metric of `keys` whose |drift| exceeds the real runs' noise floor and
-    `DRIFT_FLOOR` (what resampling the trace alone makes); none without a drift column."""
+    `DRIFT_FLOOR` (what resampling the trace alone makes); none without a drift column, and
+    none for a metric that was not measured (NaN drift: e.g. no ITL when every request
+    streams one token). A NaN noise floor (one real run) counts as no floor."""
     if "drift" not in metrics.columns:
         return []
     out = []
     for key in keys:
         drift = float(metrics.loc[key, "drift"])
         noise = float(metrics.loc[key, "noise"]) if "noise" in metrics.columns else 0.0
-        if not abs(drift) <= max(noise, DRIFT_FLOOR):  # NaN warns too
+        noise = noise if math.isfinite(noise) else 0.0
+        if math.isfinite(drift) and abs(drift) > max(noise, DRIFT_FLOOR):
             out.append(f"machine drift: the calibration replays' {key} is {drift:+.1%} from "
                        f"the real replays' (noise {noise:.1%}, floor {DRIFT_FLOOR:.0%}): the "
                        "profile was fitted on a machine running unlike the one it is judged "

@@ -141,7 +141,7 @@ def load_run(path: Path, *, token_times: bool = True,
 
     `token_times=False` leaves out requests' `token_times_s` (8 bytes a token and an array
     object a request: most of a long run's frames; `analysis.token_times.file_chunks` reads
-    them a row group at a time); `step_columns` reads those columns of steps.parquet only
+    them in batches of 8,192 rows); `step_columns` reads those columns of steps.parquet only
     (the ones it has). Both apply to run directories only."""
     if path.is_file() and path.suffix == ".json":
         from analysis.vllm_bench import load_vllm_bench

@@ -4,7 +4,7 @@ token rate of vLLM's benchmark block without a Python object (or a frame cell) p
 A chunk is `(flat, lengths)`: some requests' token times back to back (seconds, float64) and
 each request's count of them; chunks come request by request in the run's row order. They
 come from a frame's `token_times_s` column (`frame_chunks`) or straight from a run's
-requests.parquet, one row group at a time (`file_chunks`: the column is never held whole).
+requests.parquet, in batches of 8,192 rows (`file_chunks`: the column is never held whole).
 """
 
 from __future__ import annotations

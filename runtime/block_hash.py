@@ -122,8 +122,8 @@ def own_block_name(block_key: bytes, index: int) -> BlockHash:
 
 def own_block_names(block_key: bytes, first: int, last: int) -> list[BlockHash]:
     """`own_block_name` of blocks [first, last)."""
-    if first < 0:
-        raise ValueError(f"own_block_names: first must be >= 0, got {first}")
+    if first < 0 or last < 0:
+        raise ValueError(f"own_block_names: first and last must be >= 0, got {first}, {last}")
     return [prefix + block_key for prefix in _index_bytes(last)[first:last]]
 
 

@@ -142,8 +142,9 @@ class EngineCore:
         from its features and its start (seconds: the same float as when stepping one by
         one; called in step order, possibly for a few steps past the run's end that are then
         not run); `upcoming(request, n)` gives a request's next n sampled tokens. Records
-        are those of running the steps one by one. Returns the end of the last step, or None
-        when the next step is not plain.
+        are those of running the steps one by one. With steady decodes the run may end with
+        the step in which members finish (`_finishing_step`). Returns the end of the last
+        step, or None when the next step is not plain.
 
         `run_times(num_seqs, decode_kv_tokens, count)`, when given, replaces `step_time`
         for durations that do not depend on the start: the durations of `count` decode
@@ -201,19 +202,16 @@ class EngineCore:
                 len(self.scheduler.waiting), reason)
         if finishing:
             start = ends[-2] if decodes else clock
-            self._finishing_step(start, ends[-1], durations[-1],
-                                 kv_tokens + decodes * num_seqs, reason)
+            self._finishing_step(start, ends[-1], durations[-1], reason)
 
     def _finishing_step(self, start: float, end: float, duration_s: float,
-                        decode_kv_tokens: int, reason: WaitReason | None) -> None:
+                        reason: WaitReason | None) -> None:
         """Record the last step of a run, in which steady decodes finish (already advanced
         by `SteadyDecodes.run`), with the recorder and scheduler calls of `begin_step` and
         `end_step` for a step of steady decodes alone: the same records."""
         scheduler, recorder = self.scheduler, self.recorder
-        assert self.steady is not None
-        num_seqs = len(scheduler.running)
-        features = BatchFeatures(num_decode_tokens=num_seqs, num_seqs=num_seqs,
-                                 decode_kv_tokens=decode_kv_tokens)
+        assert self.steady is not None and len(self.steady) == len(scheduler.running)
+        features = self.steady.add_to_features(BatchFeatures())  # as `begin_step`'s
         recorder.step_started(start, [], [])
         finished = self.steady.finish_due()
         scheduler.finish_decoded(finished)

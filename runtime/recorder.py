@@ -59,7 +59,8 @@ def _add(record: RequestRecord, column: str, seconds: float) -> None:
 
 class Recorder:
     """Builds request and step records. Per stepped step the engine loop calls
-    `step_started` then `step_finished`; a fast-forwarded run calls `decode_steps`."""
+    `step_started` then `step_finished`; a fast-forwarded run calls `decode_steps` (and, for
+    its last step when steady decodes finish in it, `step_started` then `step_finished`)."""
 
     def __init__(self) -> None:
         self.live: dict[str, _Live] = {}

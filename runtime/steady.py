@@ -20,7 +20,8 @@ Order invariant: the members are exactly the first `len(self)` requests of
 registrations and frees, so the members' events in a step are handled in join order, before
 the explicit requests behind them (which `Scheduler.schedule(num_steady)` schedules as usual).
 A request joins only at the end of that prefix, after a step in which it was scheduled and
-sampled a token (a decode, or the last chunk of its prefill or recompute).
+that left it exactly one token to compute, its next decode's (after a decode, or after the
+last chunk of its prefill or recompute).
 
 A member is *materialised* (computed tokens, appended tokens and their block hashes, its
 registered blocks in the KV manager) when it finishes or leaves; a fill of a block its request
@@ -141,6 +142,11 @@ class SteadyDecodes:
         """The members' scheduling in step g: blocks taken, then blocks filled, each in
         running order (a pop and a registration commute: registrations touch blocks in
         use, evictions free ones)."""
+        self._take(g)
+        self._fill(g)
+
+    def _take(self, g: int) -> None:
+        """The members whose token of step g starts a block take one, in running order."""
         takers = self._buckets[g % self.block_size]
         if len(takers) > 1:  # the pops of `get_new_block` one by one, in one walk
             blocks = self.scheduler.kv_cache_manager.block_pool.get_new_blocks(len(takers))
@@ -148,7 +154,6 @@ class SteadyDecodes:
                 member.table.append(block)
         elif takers:
             takers[0].table.append(self.scheduler.kv_cache_manager.block_pool.get_new_block())
-        self._fill(g)
 
     def _fill(self, g: int) -> None:
         """The members whose token of step g fills a block register it, in running order
@@ -210,20 +215,15 @@ class SteadyDecodes:
     def run(self, num_steps: int) -> list[int]:
         """Advance `num_steps` steps (at most `run_limit()`) of members alone; returns the
         free blocks after each step's scheduling. The caller records the steps. Each step
-        is `_advance`'s, inlined (a run is ~17 steps on Azure, a step 0-3 blocks)."""
+        is `_advance`'s (a run is ~17 steps on Azure, a step 0-3 blocks: the fill is called
+        only in steps where a member fills a block)."""
         g = self._step
-        pool = self.scheduler.kv_cache_manager.block_pool
-        queue = pool.free_block_queue
-        buckets, block_size, fill = self._buckets, self.block_size, self._fill
+        queue = self.scheduler.kv_cache_manager.block_pool.free_block_queue
+        buckets, block_size, take, fill = self._buckets, self.block_size, self._take, self._fill
         free_after = []
         for step in range(g, g + num_steps):
-            takers = buckets[step % block_size]
-            if len(takers) > 1:
-                for member, block in zip(takers, pool.get_new_blocks(len(takers)),
-                                         strict=True):
-                    member.table.append(block)
-            elif takers:
-                takers[0].table.append(pool.get_new_block())
+            if buckets[step % block_size]:
+                take(step)
             if buckets[(step + 1) % block_size]:
                 fill(step)
             free_after.append(queue.num_free_blocks)

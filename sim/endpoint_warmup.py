@@ -117,18 +117,23 @@ def itl_median_ms(run: ClientRun) -> float | None:
 def run_warmup(trace: Trace, budget: int, seed: int, token_seed: int, root: Path,
                replay: WarmupReplay, read: ReadRun) -> tuple[Warmup, int]:
     """Replay windows into root/warmup, root/warmup-2, ... until steady or `budget`
-    requests; window k replays `resample_like(trace, seed + k)`'s first requests with token
-    seed `token_seed + k`. Returns the warm-up and the next unused token seed."""
+    requests; window k replays `resample_like(trace, seed + k, size)` (the trace's lengths
+    and rate, as many requests as the window takes, however short the trace) with token seed
+    `token_seed + k`. Returns the warm-up and the next unused token seed."""
     if budget < 0:
         raise ValueError(f"--warmup-requests must be >= 0, got {budget}")
     windows: list[WarmupWindow] = []
     size, done, k = (window_size(budget) if budget else 0), 0, 0
     while done < budget and len(trace):
         take = min(size, budget - done)
-        source = Trace(resample_like(trace, seed + k).requests[:take], f"warm-up {k + 1}")
+        source = Trace(resample_like(trace, seed + k, take).requests, f"warm-up {k + 1}")
         path = root / ("warmup" + (f"-{k + 1}" if k else ""))
         replay(source, path, token_seed + k)
-        windows.append(WarmupWindow(path, len(source), itl_median_ms(read(path, source))))
+        try:
+            median = itl_median_ms(read(path, source))
+        except ValueError:  # no request of the window streamed (a cold server failing all)
+            median = None
+        windows.append(WarmupWindow(path, len(source), median))
         done, k = done + len(source), k + 1
         if Warmup(tuple(windows), budget).stable:
             break

@@ -99,8 +99,9 @@ class FidelityFlags:
         ones: no --profile, no --fit-on-replay, --calibrate-on replay."""
         return self.profile is None and not self.fit_on_replay and self.calibrate_on == "replay"
 
-    def check(self, step_drift: bool, step_noise: bool) -> None:
-        """ValueError for impossible combinations (before any model is loaded)."""
+    def check(self, step_drift: bool, step_noise: bool, endpoint: bool) -> None:
+        """ValueError for impossible combinations (before any model is loaded); `endpoint`:
+        against an `--endpoint`."""
         if self.calibrate_on not in ("grid", "replay"):
             raise ValueError(f"--calibrate-on must be grid or replay, got {self.calibrate_on!r}")
         if self.repeats < 1:
@@ -109,6 +110,9 @@ class FidelityFlags:
             raise ValueError(f"--sim-runs must be >= 1, got {self.sim_runs}")
         if self.warmup_requests < 0:
             raise ValueError(f"--warmup-requests must be >= 0, got {self.warmup_requests}")
+        if self.warmup_requests != WARMUP_REQUESTS and not endpoint:
+            raise ValueError(f"--warmup-requests {self.warmup_requests} needs --endpoint (the "
+                             "real engine and --fleet replay without a warm-up)")
         unused = [name for name, given in (("--repeats", self.repeats != 1),
                                            ("--fit-on-replay", self.fit_on_replay),
                                            ("--max-error", self.max_error is not None))

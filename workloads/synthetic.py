@@ -175,12 +175,14 @@ def resample_trace(source: Trace, num_prompts: int, arrivals: ArrivalProcess) ->
     return Trace(tuple(requests), name=f"resample:{source.name}")
 
 
-def resample_like(source: Trace, seed: int) -> Trace:
-    """Other requests like `source`'s: as many, lengths resampled from it, Poisson arrivals
-    at its mean rate (all at t = 0 when it has no span), drawn from `seed`."""
+def resample_like(source: Trace, seed: int, num_requests: int | None = None) -> Trace:
+    """Other requests like `source`'s: `num_requests` of them (default: as many), lengths
+    resampled from it, Poisson arrivals at its mean rate (all at t = 0 when it has no span),
+    drawn from `seed`."""
     stats = time_stats(source.columns().arrival_s) if len(source) else None
     rate = stats.mean_rate if stats is not None else math.inf
-    return resample_trace(source, len(source), ArrivalProcess(rate, 1.0, seed))
+    count = len(source) if num_requests is None else num_requests
+    return resample_trace(source, count, ArrivalProcess(rate, 1.0, seed))
 
 
 def _conversation(conv: int, start: float, spec: MultiTurn, user: np.ndarray,

@@ -136,6 +136,15 @@ def test_drift_of_calibration_runs_against_the_real_runs_and_its_warning() -> No
     # within the floor (no noise column: one real run), or within the noise: no warning
     assert drift_warnings(metric_errors(reals[:1], sims, [_run([0.0104] * 3)])) == []
     assert DRIFT_FLOOR == 0.05 and "drift" not in metric_errors(reals, sims).columns
+    # a metric not measured (NaN drift: no ITL) warns of nothing; a NaN noise is no floor
+    unmeasured = table.copy()
+    unmeasured.loc["p50_ttft_ms", "drift"] = float("nan")
+    assert drift_warnings(unmeasured) == []
+    unmeasured.loc["p50_ttft_ms", "drift"] = 0.06
+    unmeasured.loc["p50_ttft_ms", "noise"] = float("nan")
+    assert drift_warnings(unmeasured)[0].startswith(
+        "machine drift: the calibration replays' p50_ttft_ms is +6.0% from the real replays' "
+        "(noise 0.0%, floor 5%)")
     report = fidelity_report(reals, sims, [0.01], [0.01], calibrations, {"warmup": {"n": 1}})
     text = render(report)
     assert text.splitlines()[0].split()[-2:] == ["noise", "drift"]

@@ -44,8 +44,10 @@ def test_own_block_names_are_the_index_then_the_key_whatever_the_order_asked() -
             own_block_name(key, index) for index in range(first, last)]
     with pytest.raises(ValueError, match="index must be >= 0, got -1"):
         own_block_name(key, -1)
-    with pytest.raises(ValueError, match="first must be >= 0, got -2"):
+    with pytest.raises(ValueError, match="first and last must be >= 0, got -2, 3"):
         own_block_names(key, -2, 3)
+    with pytest.raises(ValueError, match="first and last must be >= 0, got 0, -1"):
+        own_block_names(key, 0, -1)  # a slice of the prefix table would wrap silently
 
 
 def test_hashes_grow_as_output_tokens_fill_blocks() -> None:

@@ -102,10 +102,44 @@ def test_itl_median_over_all_requests_and_none_without_gaps() -> None:
 def test_a_negative_warm_up_is_refused_naming_the_flag() -> None:
     message = "--warmup-requests must be >= 0, got -1"
     with pytest.raises(ValueError, match=message):
-        FidelityFlags(warmup_requests=-1).check(False, True)
+        FidelityFlags(warmup_requests=-1).check(False, True, True)
     with pytest.raises(ValueError, match=message):
         EndpointFidelityPlan((("real", 0),), 0, "m", warmup_requests=-1,
                              profile=Path("p.json"))
     with pytest.raises(ValueError, match=message):
         run_warmup(TRACE, -1, 0, 0, Path("root"), Endpoint([]).replay, Endpoint([]).read)
     assert FidelityFlags().warmup_requests == WARMUP_REQUESTS == 100
+
+
+def test_a_trace_shorter_than_a_window_still_fills_the_windows() -> None:
+    """Each window resamples as many requests as it takes from the trace's lengths: a
+    3-request trace gives the 5 windows of 20 its 100-request budget says, not 34 of 3."""
+    endpoint = Endpoint([3.0, 2.0, 1.5, 1.2, 1.0])
+    short = Trace(TRACE.requests[:3], "short")
+    warmup, next_seed = run_warmup(short, 100, 5, 0, Path("root"), endpoint.replay,
+                                   endpoint.read)
+    assert [n for _, n, _ in endpoint.calls] == [20] * 5 and warmup.requests == 100
+    assert next_seed == 5 and not warmup.stable
+
+
+def test_a_window_in_which_no_request_streamed_has_no_median() -> None:
+    """A cold server failing a whole window: no ITL to compare, the warm-up goes on."""
+    endpoint = Endpoint([2.0, 2.0, 2.0])
+
+    def read(path: Path, trace: Trace) -> ClientRun:
+        run = endpoint.read(path, trace)
+        if path.name == "warmup":
+            raise ValueError(f"{path}: no request has per-request token times")
+        return run
+
+    warmup, _ = run_warmup(TRACE, 100, 5, 0, Path("root"), endpoint.replay, read)
+    assert [w.itl_median_ms for w in warmup.windows] == [None, pytest.approx(2.0),
+                                                        pytest.approx(2.0)]
+    assert warmup.stable and warmup.requests == 60
+
+
+def test_the_warm_up_flag_needs_an_endpoint() -> None:
+    FidelityFlags().check(False, True, False)  # the default: nothing to refuse
+    with pytest.raises(ValueError, match="--warmup-requests 40 needs --endpoint"):
+        FidelityFlags(warmup_requests=40).check(False, True, False)
+    FidelityFlags(warmup_requests=40).check(False, True, True)
