@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from backends.bench.flags import ServeBenchFlags, ServeLoadFlags
 from backends.bench.serve_run import SimulatedServer, failed
 
@@ -38,3 +40,25 @@ def test_cpu_per_token_and_per_chunk_from_the_server_records() -> None:
         "api_server_per_token": 50.0, "api_server_per_chunk": 80.0,
         "engine_per_token": 100.0, "engine_per_chunk": 160.0}
     assert cpu_per_output({}, summary) == {} and cpu_per_output({"engine": 1.0}, {}) == {}
+
+
+def test_added_ttft_per_request_pairs_each_request_with_its_twin() -> None:
+    """Server TTFT minus the simulated TTFT of the same request id, over requests completed
+    on both sides (an aborted one and one the twin lacks are left out), in ms."""
+    from backends.bench.serve_load import added_ttft_per_request
+    from runtime.records import RequestRecord
+
+    def record(rid: str, arrival: float, first: float | None,
+               status: str = "FINISHED_LENGTH_CAPPED") -> RequestRecord:
+        return RequestRecord(request_id=rid, arrival_s=arrival, prompt_len=4, max_tokens=2,
+                             first_token_s=first, finish_s=None if first is None else first,
+                             status=status, finish_reason="length", output_len=2,
+                             token_times_s=[] if first is None else [first])
+
+    server = [record("a", 0.0, 0.012), record("b", 1.0, 1.030), record("c", 2.0, 2.050),
+              record("d", 3.0, None, "FINISHED_ABORTED"), record("e", 4.0, 4.5)]
+    simulated = [record("a", 0.0, 0.010), record("b", 1.0, 1.010), record("c", 2.0, 2.020),
+                 record("d", 3.0, 3.010)]
+    added = added_ttft_per_request(server, simulated)  # +2, +20, +30 ms
+    assert added["p50"] == 20.0 and added["mean"] == 17.333
+    assert math.isnan(added_ttft_per_request(server[3:], simulated[:3])["p50"])  # no pair
