@@ -85,13 +85,13 @@ def _interpolate(table: tuple[float, ...], u: float) -> float:
         else table[-1]
 
 
-def _check_table(name: str, table: tuple[float, ...]) -> None:
-    """ValueError naming `name` unless `table` is >= 2 finite positive non-decreasing
-    values."""
+def _check_table(name: str, table: tuple[float, ...], zero_ok: bool = False) -> None:
+    """ValueError naming `name` unless `table` is >= 2 finite non-decreasing values, each
+    > 0 (>= 0 with `zero_ok`)."""
     if len(table) < 2:
         raise ValueError(f"{name} needs >= 2 values, got {len(table)}")
-    if not all(math.isfinite(v) and v > 0 for v in table):
-        raise ValueError(f"{name} must be finite and > 0")
+    if not all(math.isfinite(v) and (v > 0 or zero_ok and v == 0) for v in table):
+        raise ValueError(f"{name} must be finite and {'>=' if zero_ok else '>'} 0")
     if any(b < a for a, b in zip(table, table[1:], strict=False)):
         raise ValueError(f"{name} must be non-decreasing")
 
@@ -104,10 +104,7 @@ def check_stalls(probability: float, table: tuple[float, ...] | None, owner: str
     if probability > 0 and table is None:
         raise ValueError(f"{owner}.stall_probability > 0 needs stall_quantiles_s")
     if table is not None:
-        if len(table) < 2 or not all(math.isfinite(v) and v >= 0 for v in table):
-            raise ValueError(f"{owner}.stall_quantiles_s needs >= 2 finite values >= 0")
-        if any(b < a for a, b in zip(table, table[1:], strict=False)):
-            raise ValueError(f"{owner}.stall_quantiles_s must be non-decreasing")
+        _check_table(f"{owner}.stall_quantiles_s", table, zero_ok=True)
 
 
 def _check_drift(drift_quantiles: tuple[float, ...] | None, drift_window_s: float | None,

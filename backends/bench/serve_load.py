@@ -215,10 +215,15 @@ def _percentiles(values: Sequence[float]) -> dict[str, float]:
             "p99": round(float(np.percentile(data, 99)), 3)}
 
 
+def _completed(records: Sequence[RequestRecord]) -> list[RequestRecord]:
+    """The records of requests that finished with a first token (not aborted)."""
+    return [r for r in records if r.status != "FINISHED_ABORTED" and r.first_token_s is not None
+            and r.finish_s is not None]
+
+
 def latency_summary(records: Sequence[RequestRecord]) -> dict[str, Any]:
     """Throughput and TTFT / ITL / E2EL (ms) of the completed requests."""
-    done = [r for r in records if r.status != "FINISHED_ABORTED" and r.first_token_s is not None
-            and r.finish_s is not None]
+    done = _completed(records)
     if not done:
         return {"completed": 0}
     start = min(r.arrival_s for r in done)
@@ -257,8 +262,8 @@ def added_ttft_per_request(server: Sequence[RequestRecord],
     percentiles, it does not jump when a closed loop's TTFTs come in waves and a run's median
     lands in a different wave than the twin's."""
     def ttfts(records: Sequence[RequestRecord]) -> dict[str, float]:
-        return {r.request_id: r.first_token_s - r.arrival_s for r in records
-                if r.status != "FINISHED_ABORTED" and r.first_token_s is not None}
+        return {r.request_id: r.first_token_s - r.arrival_s  # type: ignore[operator]
+                for r in _completed(records)}
 
     sim = ttfts(simulated)
     return _percentiles([ttft - sim[rid] for rid, ttft in ttfts(server).items() if rid in sim])
