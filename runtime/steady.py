@@ -147,40 +147,39 @@ class SteadyDecodes:
 
     def _take(self, g: int) -> None:
         """The members whose token of step g starts a block take one, in running order."""
-        takers = self._buckets[g % self.block_size]
-        if len(takers) > 1:  # the pops of `get_new_block` one by one, in one walk
-            blocks = self.scheduler.kv_cache_manager.block_pool.get_new_blocks(len(takers))
-            for member, block in zip(takers, blocks, strict=True):
-                member.table.append(block)
-        elif takers:
-            takers[0].table.append(self.scheduler.kv_cache_manager.block_pool.get_new_block())
+        self._take_all(self._buckets[g % self.block_size])
 
     def _fill(self, g: int) -> None:
         """The members whose token of step g fills a block register it, in running order
         (one `cache_each` call: a registration per block, as one by one)."""
+        self._fill_steps(g, 1)
+
+    def _fill_steps(self, g: int, num_steps: int) -> None:
+        """`_fill` of steps g .. g + num_steps - 1 in one `cache_each` call, in step order."""
         kv = self.scheduler.kv_cache_manager
-        fillers = self._buckets[(g + 1) % self.block_size]
-        if not (kv.enable_caching and fillers):
+        if not kv.enable_caching:
             return
         # A member has registered every full block it had when it joined (`_can_join`) and
         # each one it filled since, so the new one is block c // B. Its request (computed
         # tokens, `num_cached_block`) is left untouched: `_materialise` brings it up to date.
-        upcoming, block_size = self.upcoming, self.block_size
+        upcoming, block_size, buckets = self.upcoming, self.block_size, self._buckets
         blocks, block_hashes = [], []
-        for member in fillers:
-            computed = member.c_minus_g + g
-            index = computed // block_size
-            key = member.key
-            if key is None:
-                request = member.request
-                missing = computed + 1 - request.num_tokens
-                if missing > 0:
-                    request.extend_output_tokens(upcoming(request, missing))  # hashes it
-                block_hashes.append(request.block_hashes[index])
-            else:  # named without its tokens; they come at `_materialise`
-                block_hashes.append(own_block_name(key, index))
-            blocks.append(member.table[index])
-        kv.block_pool.cache_each(blocks, block_hashes)
+        for step in range(g, g + num_steps):
+            for member in buckets[(step + 1) % block_size]:
+                computed = member.c_minus_g + step
+                index = computed // block_size
+                key = member.key
+                if key is None:
+                    request = member.request
+                    missing = computed + 1 - request.num_tokens
+                    if missing > 0:
+                        request.extend_output_tokens(upcoming(request, missing))  # hashes
+                    block_hashes.append(request.block_hashes[index])
+                else:  # named without its tokens; they come at `_materialise`
+                    block_hashes.append(own_block_name(key, index))
+                blocks.append(member.table[index])
+        if blocks:
+            kv.block_pool.cache_each(blocks, block_hashes)
 
     # ---- runs of steps without explicit requests -------------------------------------------
 
@@ -214,20 +213,32 @@ class SteadyDecodes:
 
     def run(self, num_steps: int) -> list[int]:
         """Advance `num_steps` steps (at most `run_limit()`) of members alone; returns the
-        free blocks after each step's scheduling. The caller records the steps. Each step
-        is `_advance`'s (a run is ~17 steps on Azure, a step 0-3 blocks: the fill is called
-        only in steps where a member fills a block)."""
+        free blocks after each step's scheduling. The caller records the steps. The run's
+        blocks are taken in one pop and filled in one registration call, each in the order
+        of its steps (running order within a step): pops and registrations commute (a pop
+        evicts a free block, a registration names one in use; the pool's state and a
+        precise index fed its KV events are the same either way), so this is the steps'
+        `_advance` one after the other (a run is ~17 steps on Azure, a step 0-3 blocks)."""
         g = self._step
-        queue = self.scheduler.kv_cache_manager.block_pool.free_block_queue
-        buckets, block_size, take, fill = self._buckets, self.block_size, self._take, self._fill
+        block_size, buckets = self.block_size, self._buckets
+        takers: list[_Member] = []
+        free = self.scheduler.kv_cache_manager.block_pool.num_free_blocks
         free_after = []
         for step in range(g, g + num_steps):
-            if buckets[step % block_size]:
-                take(step)
-            if buckets[(step + 1) % block_size]:
-                fill(step)
-            free_after.append(queue.num_free_blocks)
+            takers += buckets[step % block_size]
+            free_after.append(free - len(takers))
+        self._take_all(takers)
+        self._fill_steps(g, num_steps)
         return free_after
+
+    def _take_all(self, takers: list[_Member]) -> None:
+        """Each of `takers`, in order, takes a new block (one pop for all of them)."""
+        pool = self.scheduler.kv_cache_manager.block_pool
+        if len(takers) > 1:  # the pops of `get_new_block` one by one, in one walk
+            for member, block in zip(takers, pool.get_new_blocks(len(takers)), strict=True):
+                member.table.append(block)
+        elif takers:
+            takers[0].table.append(pool.get_new_block())
 
     def decode_kv_tokens(self) -> int:
         """Σ (c + 1) over the members before the next step: the KV its decodes read."""
