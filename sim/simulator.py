@@ -1,16 +1,17 @@
 """The discrete-event simulator: a trace through the real engine core on a simulated clock.
 
-Two SimPy processes, as in a serving runtime's pipeline:
+The two stages of a serving runtime's pipeline:
 
     api_server   requests arrive at their trace times and are tokenized by one FIFO server
                  (a cost per request + per prompt token), so a burst of long prompts queues
                  here. A single FIFO server's hand-over times follow Lindley's recursion,
-                 h_i = max(h_{i-1}, arrival_i) + cost_i, so the process just sleeps until
-                 each hand-over; requests handed over at the same instant enter together.
+                 h_i = max(h_{i-1}, arrival_i) + cost_i: known in advance, so the server is
+                 no process; requests handed over at the same instant enter together.
     engine       the engine-core loop (`EngineProcess`, which the fleet simulator's replicas
-                 run too): schedule(), wait the cost model's step time, deliver synthetic
-                 tokens, update_from_output(); when there is nothing to do it sleeps until
-                 the API server wakes it (no spinning)
+                 run too, as a SimPy process): schedule(), the cost model's step time,
+                 synthetic tokens, update_from_output(); at each step boundary the requests
+                 handed over by then enter; when there is nothing to do it sleeps until the
+                 next hand-over (no spinning)
 
 With a front-end output cost (`ApiServerCost.per_output_token_s` > 0, a profile fitted on
 client-side times by `rt calibrate --from-run`), each token's time is when its client sees it:
@@ -204,9 +205,7 @@ class EngineProcess:
         while True:
             self.take_due(clock)
             if not core.has_work():
-                self.wake = env.event()
-                yield self.wake
-                clock = env.now
+                clock = yield from self.wait_for_work()
             end = self.fast_forward(clock) if fast_forward else None
             sampled: Collection[str] = ()
             if end is None:
@@ -215,6 +214,13 @@ class EngineProcess:
                 yield env.timeout(end - env.now)
             clock = end
             self.on_step_end(sampled)
+
+    def wait_for_work(self) -> Generator[simpy.Event, object, float]:
+        """Idle: wait until the core may have work; returns the engine's clock then
+        (default: the next `submit` wakes it, at the event loop's time)."""
+        self.wake = self.env.event()
+        yield self.wake
+        return self.env.now
 
     def upcoming(self, request: Request, count: int) -> array[int]:
         """The request's next `count` trace output tokens."""
@@ -304,7 +310,11 @@ def make_request(req: TraceRequest, prompt: array[int], max_tokens: int,
 
 
 class _Simulation(EngineProcess):
-    """One engine behind its API server."""
+    """One engine behind its API server. The server is not a process of its own: its
+    hand-overs are known in advance (`_handover_times`), so the engine takes in, at each
+    step boundary, the requests handed over by then (`take_due`), and sleeps until the
+    next hand-over when idle. Nothing reads what the engine reports at a step's end, so
+    it steps on without waiting for the event loop (`steps_ahead_until`)."""
 
     def __init__(self, trace: Trace, config: SimConfig, cost_model: CostModel,
                  progress: Progress | None) -> None:
@@ -313,10 +323,11 @@ class _Simulation(EngineProcess):
         self.trace = trace
         self.progress = progress
         self.handovers = self._handover_times()
+        self.due = _server_wakes(self.handovers)
+        self.next_index = 0  # the first request not handed over yet
         self.next_handover = self.handovers[0] if self.handovers else math.inf
 
     def run(self) -> None:
-        self.env.process(self.api_server())
         self.env.process(self.engine())
         self.env.run()
 
@@ -329,16 +340,33 @@ class _Simulation(EngineProcess):
             times.append(free_at)
         return times
 
-    def api_server(self) -> Generator[simpy.Event, object, None]:
-        recorder = self.core.recorder
-        handovers = self.handovers
-        for i, req in enumerate(self.trace):
-            recorder.arrived(req.request_id, req.arrival_s, req.prompt_len, req.output_len)
-            if handovers[i] > self.env.now:
-                yield self.env.timeout(handovers[i] - self.env.now)
-            prompt, self.outputs[req.request_id] = self.token_arrays(req)
-            self.next_handover = handovers[i + 1] if i + 1 < len(handovers) else math.inf
-            self.submit(self.make_request(req, prompt, req.output_len), handovers[i])
+    def take_due(self, clock: float) -> None:
+        """The requests the API server has handed over by `clock` enter the input queue,
+        each at its hand-over time."""
+        due = self.due
+        while self.next_index < len(due) and due[self.next_index] <= clock:
+            self._hand_over(self.next_index)
+
+    def _hand_over(self, i: int) -> None:
+        req = self.trace[i]
+        self.core.recorder.arrived(req.request_id, req.arrival_s, req.prompt_len,
+                                   req.output_len)
+        prompt, self.outputs[req.request_id] = self.token_arrays(req)
+        self.next_index = i + 1
+        self.next_handover = self.handovers[i + 1] if i + 1 < len(self.handovers) else math.inf
+        self.submit(self.make_request(req, prompt, req.output_len), self.handovers[i])
+
+    def wait_for_work(self) -> Generator[simpy.Event, object, float]:
+        """Sleep until the next hand-over (for ever after the last one: the run ends)."""
+        if self.next_index == len(self.due):
+            yield self.env.event()  # never triggered
+        wake = self.due[self.next_index]
+        yield self.env.timeout(max(wake - self.env.now, 0.0))
+        self.take_due(wake)
+        return wake
+
+    def steps_ahead_until(self) -> float:
+        return math.inf
 
     def horizon(self) -> float:
         return self.next_handover
@@ -346,6 +374,20 @@ class _Simulation(EngineProcess):
     def on_finished(self, records: list[RequestRecord]) -> None:
         if self.progress is not None:
             self.progress(self.notified, len(self.trace))
+
+
+def _server_wakes(handovers: Sequence[float]) -> list[float]:
+    """The event-loop times at which an API-server process sleeping from hand-over to
+    hand-over (`timeout(h - now)` from its last wake, none when h is not ahead) would hand
+    each request over: its hand-over time up to the rounding of now + (h - now). The
+    engine's clock when such a hand-over wakes it, and the step boundary by which the
+    request enters (the first at or after it)."""
+    wakes, now = [], 0.0
+    for handover in handovers:
+        if handover > now:
+            now = now + (handover - now)
+        wakes.append(now)
+    return wakes
 
 
 def simulate(trace: Trace, config: SimConfig, cost_model: CostModel,
