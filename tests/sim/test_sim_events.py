@@ -1,0 +1,112 @@
+"""What a simulated step costs the event loop and the block pool: the API server is no
+SimPy process (its hand-overs enter at step boundaries, at the times a sleeping server
+process would have woken), and a fast-forwarded run's blocks are taken and filled in one
+pool call each. Records stay those of stepping one by one."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Generator
+
+import pytest
+import simpy
+
+from runtime import CacheConfig, SchedulerConfig
+from runtime.block_pool import BlockPool
+from runtime.engine import EngineCore
+from sim.cost.roofline import RooflineCostModel
+from sim.hardware import resolve_gpu
+from sim.model_presets import resolve_model
+from sim.simulator import SimConfig, _server_wakes, _Simulation, simulate
+from workloads import ArrivalProcess, RandomLengths, Trace, random_trace
+
+COST = RooflineCostModel(resolve_model("llama-3.1-8b"), resolve_gpu("h200"))
+
+
+def config(fast: bool) -> SimConfig:
+    return SimConfig(
+        scheduler=SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=16,
+                                  max_model_len=4096),
+        cache=CacheConfig(block_size=16, num_blocks=4000), fast_forward=fast)
+
+
+def sparse_trace(seed: int) -> Trace:
+    """Azure-like: arrivals sparse enough that the engine is sometimes idle."""
+    arrivals = ArrivalProcess(request_rate=15.0, burstiness=1.0, seed=seed)
+    return random_trace(60, RandomLengths(200, 60, range_ratio=0.9), arrivals)
+
+
+def test_wake_times_are_those_of_a_process_sleeping_until_each_hand_over() -> None:
+    """`_server_wakes` is the event loop's time at each hand-over of a process doing
+    `timeout(h - now)`: equal floats, rounding included (a hand-over far from the last
+    wake is not always reached exactly), and no sleep when h is not ahead."""
+    rng = random.Random(5)
+    handovers = [1e-3]  # gaps of 2.5-4x the time so far: h - now is not always exact
+    for _ in range(60):
+        handovers.append(handovers[-1] * rng.uniform(2.5, 4.0))
+    handovers[30:30] = [handovers[29]] * 3  # handed over together: no sleep
+    env = simpy.Environment()
+    woken: list[float] = []
+
+    def server() -> Generator[simpy.Event, object, None]:
+        for handover in handovers:
+            if handover > env.now:
+                yield env.timeout(handover - env.now)
+            woken.append(env.now)
+
+    env.process(server())
+    env.run()
+    assert _server_wakes(handovers) == woken
+    assert woken != handovers  # the rounding this reproduces does occur
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_event_loop_runs_only_the_idle_engines_sleeps(seed: int) -> None:
+    """Events processed: the engine's start and one sleep per idle period (the base had a
+    timeout per hand-over and one per step or run), with the records of stepping."""
+    trace = sparse_trace(seed)
+    sim = _Simulation(trace, config(True), COST, None)
+    events = 0
+    step = sim.env.step
+
+    def counted() -> None:
+        nonlocal events
+        events += 1
+        step()
+
+    sim.env.step = counted  # type: ignore[method-assign]
+    sim.run()
+    idle = sum(1 for start, end in zip(sim.core.recorder.step_columns["end_s"][:-1],
+                                       sim.core.recorder.step_columns["start_s"][1:],
+                                       strict=True) if start < end)
+    assert events <= idle + 4 < len(trace)
+    fast, slow = simulate(trace, config(True), COST), simulate(trace, config(False), COST)
+    assert [s.to_row() for s in fast.steps] == [s.to_row() for s in slow.steps]
+    assert [r.to_row() for r in fast.requests] == [r.to_row() for r in slow.requests]
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_a_runs_blocks_are_filled_in_one_pool_call(monkeypatch: pytest.MonkeyPatch,
+                                                   seed: int) -> None:
+    """Steady decodes register the blocks they fill once per fast-forwarded run or stepped
+    step (the base did it once per step in which one fills), with the records of
+    stepping one by one."""
+    calls = {"cache_each": 0, "runs": 0, "stepped": 0}
+    cache_each, record_run, begin_step = (BlockPool.cache_each, EngineCore._record_run,
+                                          EngineCore.begin_step)
+
+    def counting(name, method):  # type: ignore[no-untyped-def]
+        def wrapped(*args, **kwargs):  # type: ignore[no-untyped-def]
+            calls[name] += 1
+            return method(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(BlockPool, "cache_each", counting("cache_each", cache_each))
+    monkeypatch.setattr(EngineCore, "_record_run", counting("runs", record_run))
+    monkeypatch.setattr(EngineCore, "begin_step", counting("stepped", begin_step))
+    trace = sparse_trace(seed)
+    fast = simulate(trace, config(True), COST)
+    assert 0 < calls["cache_each"] <= calls["runs"] + calls["stepped"]
+    slow = simulate(trace, config(False), COST)
+    assert [s.to_row() for s in fast.steps] == [s.to_row() for s in slow.steps]
+    assert [r.to_row() for r in fast.requests] == [r.to_row() for r in slow.requests]
