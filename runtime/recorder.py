@@ -16,8 +16,10 @@ operations in the same order, so they give identical records.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import reduce
+from operator import add, sub
 from typing import cast
 
 from runtime.batch import BatchFeatures
@@ -301,17 +303,13 @@ class Recorder:
         (those need nothing: their decode run and token times are implicit)."""
         assert self._last_end is not None, "a decode run follows a busy step"
         starts = [self._last_end, *ends[:-1]]
-        spans = [end - start for start, end in zip(starts, ends, strict=True)]
-        first_step_total = total = self._span_total
-        for span in spans:  # the same additions, in the same order, as stepping
-            total += span
-        self._span_total = total
+        spans = list(map(sub, ends, starts))
+        first_step_total = self._span_total
+        # the same additions, in the same order, as stepping: ((S + span_0) + span_1) ...
+        self._span_total = total = reduce(add, spans, first_step_total)
         if wait_reason is not None:
             index = WAIT_REASONS.index(wait_reason)
-            queued = self._queue_totals[index]
-            for span in spans:
-                queued += span
-            self._queue_totals[index] = queued
+            self._queue_totals[index] = reduce(add, spans, self._queue_totals[index])
         self._last_end = ends[-1]
         count = len(ends)
         first_step = self.num_steps
@@ -343,8 +341,8 @@ class Recorder:
                                      num_seqs)) if num_seqs else _repeat(decode_kv_tokens, count)
         zeros = _repeat(0, count)
         seqs = _repeat(num_seqs, count)
-        columns: tuple[Sequence[object], ...] = (
-            array("q", range(first_step, first_step + count)), starts, ends, durations,
+        columns: tuple[Iterable[object], ...] = (
+            range(first_step, first_step + count), starts, ends, durations,
             zeros, seqs, seqs, zeros, zeros, zeros, decode_kv, decode_kv, kv_usages,
             seqs, _repeat(num_waiting, count), zeros, zeros,  # every running request decodes
             [None if wait_reason is None else wait_reason.value] * count,
