@@ -533,7 +533,7 @@ def serve(
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /tokenize,
     /health, /metrics) from an engine-core process: a real model, or with --simulate the
     cost model on the wall clock. SIGTERM/Ctrl-C drains, then exits."""
-    from backends.serve.api_server import ServeConfig, run_server
+    from backends.serve.api_server import ServeConfig, http_stack, run_server
     from backends.serve.engine_process import real_executor_spec
     from sim.live_executor import live_executor_spec
 
@@ -542,8 +542,10 @@ def serve(
             live_executor_spec(EngineArgs(**dataclasses.asdict(engine)), model.model, sim.gpu,
                                sim.profile, seed, sim.step_noise) if server.simulate
             else real_executor_spec(model.model, engine, real, seed)))
-    until_stopped(f"serving {config.model_name} on http://{server.host}:{server.port}/v1",
-                  "server", lambda: run_server(config, server.host, server.port,
+    stack = http_stack()
+    until_stopped(f"serving {config.model_name} on http://{server.host}:{server.port}/v1 "
+                  f"({stack.describe()})",
+                  "server", lambda: run_server(config, server.host, server.port, stack,
                                                server.shutdown_timeout,
                                                server.uvicorn_log_level))
 

@@ -37,13 +37,15 @@ class OutputQueue:
     (a deque and at most one waiting future; `wait` returns the future itself, no coroutine):
     at 200 streams every step puts and takes one item per stream."""
 
-    __slots__ = ("_items", "_waiter")
+    __slots__ = ("_items", "_waiter", "fed")
 
     def __init__(self) -> None:
         self._items: collections.deque[RequestOutput | Exception] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
+        self.fed = False  # an item was put (the request's first output is behind it)
 
     def put_nowait(self, item: RequestOutput | Exception) -> None:
+        self.fed = True
         self._items.append(item)
         waiter = self._waiter
         if waiter is not None:
@@ -167,10 +169,26 @@ class EngineClient:
             if kind != "outputs":
                 continue
             self.on_outputs(payload)
-            for out in payload.outputs:
-                queue = self.streams.get(out.request_id)
-                if queue is not None:
-                    queue.put_nowait(out)
+            self.deliver(payload.outputs)
+
+    def deliver(self, outputs: list[RequestOutput]) -> None:
+        """One step's outputs into their streams' queues, first outputs first. A stream wakes
+        (and writes its chunk) in the order its queue is fed, and the engine lists a step's
+        new requests after the running ones: at 200 streams a first token waited behind up
+        to ~200 chunk writes of decoding streams (several ms: time to first token the server
+        adds). The rest keep the engine's order."""
+        streams = self.streams
+        later: list[tuple[OutputQueue, RequestOutput]] = []
+        for out in outputs:
+            queue = streams.get(out.request_id)
+            if queue is None:
+                continue
+            if queue.fed:
+                later.append((queue, out))
+            else:
+                queue.put_nowait(out)
+        for queue, out in later:
+            queue.put_nowait(out)
 
     async def _watch(self) -> None:
         """Fail every open request once the engine process is gone, then call `on_dead`."""

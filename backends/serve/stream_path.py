@@ -1,12 +1,14 @@
 """`rt serve`'s generation routes as bare ASGI: POST /v1/completions and /v1/chat/completions.
 
-A middleware inside the app (behind `guard.RequestGuard`, so the API key and the body limit
-apply first): it runs the handler itself (`Generate`, the same one FastAPI's routes run) and
-writes a stream as ASGI messages, each SSE event's bytes as one `http.response.body` with
-`more_body`, skipping FastAPI's routing, its exception wrappers around every `send` and
-Starlette's `StreamingResponse` (a task group per response): most of the API process's CPU
-per streamed token at 200 streams (docs/serve.md, "Where tokens bunched at 200 streams").
-FastAPI keeps the routes (and so `/openapi.json`); every other path and method goes to it.
+ASGI middleware in front of the FastAPI app (`api_server.front`: behind `guard.RequestGuard`,
+so the API key and the body limit apply first, and outside FastAPI's own middleware chain): it
+runs the handler itself (`Generate`, the same one FastAPI's routes run) and writes a stream as
+ASGI messages, each SSE event's bytes as one `http.response.body` with `more_body`, skipping
+FastAPI's routing and middlewares, its exception wrappers around every `send` and Starlette's
+`StreamingResponse` (a task group per response): most of the API process's CPU per streamed
+token at 200 streams (docs/serve.md, "Where tokens bunched at 200 streams", "uvloop and
+httptools"). FastAPI keeps the routes (and so `/openapi.json`); every other path and method
+goes to it.
 
 What the client sees is `StreamingResponse`'s: the same status, headers
 (`content-type: text/event-stream; charset=utf-8`, chunked) and bytes; a non-streaming answer

@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from backends.engine.sampling_options import SamplingOptions
 from backends.serve import metrics as metrics_module
-from backends.serve.engine_client import EngineClient
-from backends.serve.messages import EngineRequest, decode, encode
+from backends.serve.engine_client import EngineClient, OutputQueue
+from backends.serve.messages import EngineRequest, RequestOutput, decode, encode
 from backends.serve.metrics import ServeMetrics, observe_one
 from runtime import SamplingParams
 
@@ -125,3 +125,30 @@ def test_direct_sends_keep_the_order_of_queued_ones() -> None:
 
     sent, queued = asyncio.run(scenario())
     assert sent == [b"a", b"d"] and queued == [b"b", b"c"]
+
+
+def test_a_steps_first_outputs_wake_their_streams_first() -> None:
+    """`EngineClient.deliver`: streams wake in the order their queues are fed; a request's
+    first output goes before the decoding streams' (in the engine's order otherwise)."""
+    async def scenario() -> list[str]:
+        client = EngineClient()
+        woken: list[str] = []
+        try:
+            for rid in "abcde":
+                client.streams[rid] = OutputQueue()
+            for rid in "ab":  # decoding: an output delivered (and taken) before
+                client.streams[rid].put_nowait(RequestOutput(rid, [1]))
+                client.streams[rid].get_nowait()
+            for rid, queue in client.streams.items():
+                queue.wait().add_done_callback(lambda _, rid=rid: woken.append(rid))
+            # the engine's order: running (a, b, e's none), then the new requests c, d
+            client.deliver([RequestOutput(r, [2]) for r in ("a", "x", "b", "c", "d")])
+            await asyncio.sleep(0)
+            return woken
+        finally:
+            client.input.close(linger=0)
+            client.output.close(linger=0)
+            client.context.term()
+            client.tmpdir.cleanup()
+
+    assert asyncio.run(scenario()) == ["c", "d", "a", "b"]
