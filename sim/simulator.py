@@ -186,6 +186,12 @@ class EngineProcess:
         what it reports at a step's end, before then (default: never; `sim.fleet`)."""
         return -math.inf
 
+    def idle_until(self) -> float | None:
+        """With no work in the core: when the next request the driver holds is due, if the
+        engine may go there without the event loop (as `steps_ahead_until` allows a step;
+        it then enters in `take_due`), else None: wait to be woken (default)."""
+        return None
+
     # ---- the loop ----------------------------------------------------------------------------
 
     def submit(self, request: Request, now: float) -> None:
@@ -204,9 +210,14 @@ class EngineProcess:
         while True:
             self.take_due(clock)
             if not core.has_work():
-                self.wake = env.event()
-                yield self.wake
-                clock = env.now
+                due = self.idle_until()
+                if due is None:
+                    self.wake = env.event()
+                    yield self.wake
+                    clock = env.now
+                else:
+                    clock = due
+                    self.take_due(clock)
             end = self.fast_forward(clock) if fast_forward else None
             sampled: Collection[str] = ()
             if end is None:
