@@ -210,12 +210,11 @@ class _Fleet:
 
     def inputs(self, replica: Replica, req: TraceRequest
                ) -> tuple[array[int], array[int], Sequence[bytes]]:
-        """The token ids and known block names `route` would hand `replica` with `req`."""
+        """The token ids and known block names `route` would hand `replica` with `req` when
+        no router reads KV events (no block hashes are routed)."""
         first = self.replicas[0]
-        prompt, output, known, placeholders = routing_tokens(first, req, self.kv_block_size,
-                                                             self.token_blind)
-        hashes = routing_request(req, prompt, self.kv_block_size, known).block_hashes
-        return replica_inputs(replica, first.config, req, prompt, output, placeholders, hashes)
+        prompt, output, _, placeholders = routing_tokens(first, req, None, self.token_blind)
+        return replica_inputs(replica, first.config, req, prompt, output, placeholders, ())
 
     def snapshots(self, now: float, router: RouterReplica | None = None
                   ) -> Sequence[ReplicaSnapshot]:

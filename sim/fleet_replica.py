@@ -31,6 +31,7 @@ from sim.cost.api_server import ApiServerCost
 from sim.cost.base import CostModel
 from sim.engine_args import with_noise_seed
 from sim.fleet_kv import run_before
+from sim.fleet_records import FleetRequestRecord
 from sim.fleet_router import KvEventBus
 from sim.simulator import EngineProcess, SimConfig
 from workloads import TraceRequest
@@ -106,11 +107,19 @@ class Replica(EngineProcess):
         """The request reaches this replica's API server at `reached_s` (now or later);
         `max_tokens` defaults to the trace's output length; `hashes`: its block names."""
         max_tokens = req.output_len if max_tokens is None else max_tokens
-        self.core.recorder.arrived(req.request_id, reached_s, req.prompt_len, max_tokens)
+        self.arrived(req, reached_s, max_tokens)
         handover = self.api_handover(reached_s, req.prompt_len)
         self.outputs[req.request_id] = output
         self.pending.append((handover, self.make_request(req, prompt, max_tokens, hashes or None)))
         self.env.timeout(handover - self.env.now).callbacks.append(self._submit_head)
+
+    def arrived(self, req: TraceRequest, reached_s: float, max_tokens: int) -> None:
+        """Record the request reaching the API server at `reached_s`; its record is the
+        fleet's row from the start (`sim.fleet_records.fleet_result` completes it)."""
+        record = self.core.recorder.arrived(req.request_id, reached_s, req.prompt_len,
+                                            max_tokens, FleetRequestRecord)
+        cast(FleetRequestRecord, record).replica = self.index
+        cast(FleetRequestRecord, record).routing_s = reached_s - req.arrival_s
 
     def api_handover(self, reached_s: float, prompt_len: int) -> float:
         """When the API server (FIFO) hands a prompt reaching it at `reached_s` to the core."""
@@ -225,7 +234,7 @@ class PreRoutedReplica(Replica):
 
     def hand_over_later(self, req: TraceRequest, reached_s: float) -> None:
         """The request reaches the API server at `reached_s`; built when handed over."""
-        self.core.recorder.arrived(req.request_id, reached_s, req.prompt_len, req.output_len)
+        self.arrived(req, reached_s, req.output_len)
         self.due.append((self.api_handover(reached_s, req.prompt_len), req))
 
     def take_due(self, clock: float) -> None:
