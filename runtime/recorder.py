@@ -97,11 +97,14 @@ class Recorder:
 
     # ---- request events --------------------------------------------------------------------
 
-    def arrived(self, request_id: str, arrival_s: float, prompt_len: int,
-                max_tokens: int) -> None:
-        record = RequestRecord(request_id, arrival_s, prompt_len, max_tokens)
+    def arrived(self, request_id: str, arrival_s: float, prompt_len: int, max_tokens: int,
+                record_type: type[RequestRecord] = RequestRecord) -> RequestRecord:
+        """The request reached the API server at `arrival_s`: its record (of `record_type`,
+        a subclass for a driver's own columns, e.g. a fleet's), filled in as it runs."""
+        record = record_type(request_id, arrival_s, prompt_len, max_tokens)
         record.token_times_s = times = StepTimes(self._ends)
         self.live[request_id] = _Live(record, times)
+        return record
 
     def queued(self, request_id: str, now: float) -> None:
         """Handed from the API server to the engine's input queue."""

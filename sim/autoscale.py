@@ -32,7 +32,7 @@ import simpy
 
 from runtime.records import RequestRecord
 from runtime.router import RouterPolicy
-from sim.fleet import ReplicaSetup, _Fleet, _Replica
+from sim.fleet import Replica, ReplicaSetup, _Fleet
 from sim.fleet_records import FleetResult
 from sim.model_config import ModelSpec
 from sim.scaling_policies import PoolObservation, ScalingPolicy, WindowStats
@@ -284,14 +284,14 @@ class _AutoscaledFleet(_Fleet):
         self._record(k, now)
         self._stop_if_drained(self.replicas[i])
 
-    def finished(self, replica: _Replica, records: list[RequestRecord]) -> None:
+    def finished(self, replica: Replica, records: list[RequestRecord]) -> None:
         super().finished(replica, records)
         window = self.windows[self.pool_of[replica.index]]
         for record in records:
             window.add(record)
         self._stop_if_drained(replica)
 
-    def _stop_if_drained(self, replica: _Replica) -> None:
+    def _stop_if_drained(self, replica: Replica) -> None:
         i = replica.index
         # idle, and every finish reported: the last step has ended (its results are in the
         # core from its start on)

@@ -19,7 +19,10 @@ hand-over or the earliest one any unrouted request could have (a suffix minimum 
 trace of arrival + latency + API cost). With KV events, replicas publish their pools'
 events at each step's (or run's) end, runs ending by the next decision minus the delay.
 
-With one replica and no routing latency the records are those of `sim.simulator.simulate`.
+When no router reads snapshots, completions or token ids (round-robin, random, session
+hashing), the whole trace is routed before any step and each replica runs its share to the
+end in turn (`sim.fleet_replica.PreRoutedReplica`). With one replica and no routing latency
+the records are those of `sim.simulator.simulate`.
 """
 
 from __future__ import annotations
@@ -27,29 +30,23 @@ from __future__ import annotations
 import math
 import time
 from array import array
-from bisect import bisect_right
-from collections import deque
-from collections.abc import Collection, Generator, Sequence
-from typing import Protocol, cast
+from collections.abc import Generator, Sequence
+from typing import cast
 
 import simpy
 
-from runtime import Request
-from runtime.kv_events import KvEventLog, observe_kv_events
 from runtime.records import RequestRecord
-from runtime.router import ReplicaSnapshot, RouterPolicy
+from runtime.router import ReplicaSnapshot, RouterPolicy, RoutingRequest
 from sim.block_ids import TraceBlockIds, own_streams_only
 from sim.cost.api_server import ApiServerCost
-from sim.cost.base import CostModel
-from sim.engine_args import with_noise_seed
 from sim.fleet_gc import built_and_run
-from sim.fleet_kv import run_before
 from sim.fleet_records import (
     FleetRequestRecord,
     FleetResult,
     ReplicaSummary,
     fleet_result,
 )
+from sim.fleet_replica import KvReplica, PreRoutedReplica, Replica, ReplicaSetup
 from sim.fleet_router import (
     KvEventBus,
     RouterReplica,
@@ -61,156 +58,11 @@ from sim.fleet_router import (
     routing_request,
 )
 from sim.fleet_tokens import replica_inputs, routing_tokens
-from sim.simulator import EngineProcess, Progress, SimConfig, make_request
+from sim.simulator import Progress, make_request
 from workloads import Trace, TraceRequest
 
-__all__ = ["FleetRequestRecord", "FleetResult", "ReplicaSetup", "ReplicaSummary",
+__all__ = ["FleetRequestRecord", "FleetResult", "Replica", "ReplicaSetup", "ReplicaSummary",
            "can_ever_fit", "make_request", "simulate_fleet"]
-
-
-class ReplicaSetup(Protocol):
-    """What one replica needs (`sim.engine_args.SimSetup` is one)."""
-
-    @property
-    def config(self) -> SimConfig: ...
-
-    @property
-    def cost_model(self) -> CostModel: ...
-
-
-_NOISE_SEED_STRIDE = 0x9E3779B1  # replica i's step-noise seed: the config's + i * this
-
-
-def _own_noise(config: SimConfig, index: int) -> SimConfig:
-    """Replica `index`'s config with step noise of its own (GPUs vary independently);
-    replica 0 keeps the config's, so one replica runs as the single-engine simulator."""
-    noise = config.step_noise
-    if noise is None or index == 0:
-        return config
-    return with_noise_seed(config, noise.seed + index * _NOISE_SEED_STRIDE)
-
-
-class _Replica(EngineProcess):
-    """One engine behind the router: its API server queue and the simulator's engine loop,
-    reporting first tokens and finishes to the fleet when the step that produced them ends."""
-
-    def __init__(self, fleet: _Fleet, index: int, setup: ReplicaSetup) -> None:
-        super().__init__(fleet.env, _own_noise(setup.config, index), setup.cost_model,
-                         fleet.block_ids)
-        self.fleet = fleet
-        self.index = index
-        self.pending: deque[tuple[float, Request]] = deque()  # routed, not yet handed over
-        self.api_free_at = 0.0  # when the API server finishes its last routed request
-        self.awaiting_first: set[str] = set()  # in the core, no first token yet
-        # the step ends so far, seconds (the recorder's own column: it grows in place)
-        self.end_s = cast(list[float], self.core.recorder.step_columns["end_s"])
-        self.columns = self.core.recorder.step_columns
-        # bounds[i]: the earliest hand-over to this core of request i of the trace or a
-        # later one (seconds); read at the fleet's first unrouted index, twice per step
-        self.bounds = fleet.handover_bounds(self.config.api_server)
-        self.ahead = fleet.steps_ahead  # fixed for the run: due hand-overs enter in take_due
-        self.kv_log: KvEventLog | None = None  # the pool's KV events (`_KvReplica`)
-
-    def hand_over(self, req: TraceRequest, prompt: array[int], output: array[int],
-                  reached_s: float, max_tokens: int | None = None,
-                  hashes: Sequence[bytes] = ()) -> None:
-        """The request reaches this replica's API server at `reached_s` (now or later);
-        `max_tokens` defaults to the trace's output length; `hashes`: its block names."""
-        max_tokens = req.output_len if max_tokens is None else max_tokens
-        self.core.recorder.arrived(req.request_id, reached_s, req.prompt_len, max_tokens)
-        handover = self.api_handover(reached_s, req.prompt_len)
-        self.outputs[req.request_id] = output
-        self.pending.append((handover, self.make_request(req, prompt, max_tokens, hashes or None)))
-        self.env.timeout(handover - self.env.now).callbacks.append(self._submit_head)
-
-    def api_handover(self, reached_s: float, prompt_len: int) -> float:
-        """When the API server (FIFO) hands a prompt reaching it at `reached_s` to the core."""
-        handover = max(self.api_free_at, reached_s) + self.config.api_server.time(prompt_len)
-        self.api_free_at = handover
-        return handover
-
-    def _submit_head(self, _: simpy.Event) -> None:
-        """A hand-over is due: the oldest pending request enters the core, unless taken."""
-        if self.pending and self.pending[0][0] <= self.env.now:
-            handover, request = self.pending.popleft()
-            self.submit(request, handover)
-
-    def take_due(self, clock: float) -> None:
-        pending = self.pending
-        if not self.ahead:
-            return
-        while pending and pending[0][0] <= clock:
-            handover, request = pending.popleft()
-            self.submit(request, handover)
-
-    def submit(self, request: Request, now: float) -> None:
-        self.awaiting_first.add(request.request_id)
-        super().submit(request, now)
-
-    def horizon(self) -> float:
-        earliest = self.bounds[self.fleet.next_index]
-        pending = self.pending
-        return min(pending[0][0], earliest) if pending else earliest
-
-    def steps_ahead_until(self) -> float:
-        # docs/fleet.md, stepping ahead: due hand-overs enter through `take_due`
-        return self.bounds[self.fleet.next_index] if self.ahead else -math.inf
-
-    def publish_kv_events(self, at_s: float) -> None:
-        """Publish the pool's events since the last call as emitted at `at_s` (the end of
-        the step that produced them), if anyone listens."""
-        log = self.kv_log
-        if log is not None and log.events:
-            self.fleet.kv_bus.publish(self.index, log.take(), at_s)
-
-    def on_step_end(self, sampled: Collection[str]) -> None:
-        awaiting = self.awaiting_first
-        if sampled and awaiting:
-            first = [req_id for req_id in sampled if req_id in awaiting]
-            awaiting.difference_update(first)
-            for req_id in first:
-                self.fleet.first_token(self, req_id)
-        self.report_finished()
-
-    def on_finished(self, records: list[RequestRecord]) -> None:
-        for record in records:
-            self.awaiting_first.discard(record.request_id)
-        self.fleet.finished(self, records)
-
-    def snapshot(self, at_s: float) -> ReplicaSnapshot:
-        """The metrics as of the last step that ended by `at_s` (seconds)."""
-        k = bisect_right(self.end_s, at_s) - 1
-        blocks = self.config.cache.num_blocks
-        if k < 0:
-            return ReplicaSnapshot(replica_id=self.index, taken_at_s=at_s,
-                                   num_gpu_blocks=blocks)
-        columns = self.columns
-        usage = min(max(float(columns["kv_usage"][k]), 0.0), 1.0)  # type: ignore[arg-type]
-        return ReplicaSnapshot(
-            replica_id=self.index, taken_at_s=at_s,
-            num_waiting=columns["num_waiting"][k],  # type: ignore[arg-type]
-            num_running=columns["num_running"][k],  # type: ignore[arg-type]
-            kv_usage=usage, num_gpu_blocks=blocks)
-
-
-class _KvReplica(_Replica):
-    """A replica whose pool's KV events a router reads: each step and decode run publishes
-    them at its end, and runs end by the next decision minus the delay (`sim.fleet_kv`)."""
-
-    def __init__(self, fleet: _Fleet, index: int, setup: ReplicaSetup) -> None:
-        super().__init__(fleet, index, setup)
-        self.kv_log = observe_kv_events(self.core.scheduler.kv_cache_manager.block_pool)
-
-    def fast_forward(self, clock: float) -> float | None:
-        end = run_before(self, clock, self.horizon(), self.fleet.kv_run_limit_s())
-        if end is not None:
-            self.publish_kv_events(end)
-        return end
-
-    def one_step(self, clock: float) -> tuple[float, dict[str, list[int]]]:
-        end, sampled = super().one_step(clock)
-        self.publish_kv_events(end)
-        return end, sampled
 
 
 _ROUTE_AHEAD_S = 10.0  # snapshot-blind routing ahead, s (routed requests hold their tokens)
@@ -248,12 +100,18 @@ class _Fleet:
         self.env = simpy.Environment()
         self.block_ids = TraceBlockIds(own_streams_only(trace))  # every replica's and router's
         self.next_index = 0  # the first request not yet routed
+        policies = [r.policy for r in self.routers]
         self.steps_ahead = (self.routes_ahead and not self.kv_bus  # docs/fleet.md
-                            and all(r.policy.completion_blind for r in self.routers))
+                            and all(p.completion_blind for p in policies))
+        self.token_blind = not any(p.reads_token_ids for p in policies)
+        # route the whole trace first, then run each replica's share to its end (docs/fleet.md)
+        self.pre_routed = (self.steps_ahead and self.token_blind
+                           and all(p.snapshot_blind for p in policies))
         # per API cost: suffix minima of arrival + latency + cost(prompt) over the trace
         # (`handover_bounds`; replicas of one pool share their list)
         self._bounds: dict[ApiServerCost, list[float]] = {}
-        kind = _KvReplica if self.kv_bus else _Replica
+        kind = (KvReplica if self.kv_bus else PreRoutedReplica if self.pre_routed
+                else Replica)
         self.replicas = [kind(self, i, setup) for i, setup in enumerate(setups)]
         self.serving = [True] * len(setups)  # takes new requests (an autoscaler changes it)
         # the longest prompt every replica can ever hold (candidates: all, when serving)
@@ -262,15 +120,19 @@ class _Fleet:
         self._blind_snapshots = tuple(
             ReplicaSnapshot(replica_id=r.index, taken_at_s=0.0,
                             num_gpu_blocks=r.config.cache.num_blocks) for r in self.replicas
-        ) if self.routes_ahead and all(r.policy.snapshot_blind for r in self.routers) else None
-        self.token_blind = not any(r.policy.reads_token_ids for r in self.routers)
+        ) if self.routes_ahead and all(p.snapshot_blind for p in policies) else None
 
     def run(self) -> None:
         self.start_processes()
         self.env.run()
 
     def start_processes(self) -> None:
-        self.env.process(self.router())
+        if self.pre_routed:  # before any step: each replica then runs its share in one go
+            for i, req in enumerate(self.trace):
+                self.route_blind(req)
+                self.next_index = i + 1
+        else:
+            self.env.process(self.router())
         for replica in self.replicas:
             self.env.process(replica.engine())
 
@@ -319,18 +181,40 @@ class _Fleet:
         prompt, output, known, placeholders = routing_tokens(first, req, self.kv_block_size,
                                                              self.token_blind)
         router = self.router_for(req)
-        snapshots = self.snapshots(now, router)
-        serving = self.serving
-        candidates: Sequence[ReplicaSnapshot] = snapshots
-        if req.prompt_len > self._fits_all or False in serving:
-            candidates = [snapshots[r.index] for r in self.replicas
-                          if serving[r.index] and can_ever_fit(r.config, req.prompt_len)] or [
-                              snapshots[r.index] for r in self.replicas if serving[r.index]]
+        candidates = self.candidates(req, self.snapshots(now, router))
         routing = routing_request(req, prompt, self.kv_block_size, known)
         replica = self.replicas[router.policy.route(routing, candidates).replica]
         prompt, output, hashes = replica_inputs(replica, first.config, req, prompt, output,
                                                 placeholders, routing.block_hashes)
         replica.hand_over(req, prompt, output, now + self.latency_s, hashes=hashes)
+
+    def candidates(self, req: TraceRequest, snapshots: Sequence[ReplicaSnapshot]
+                   ) -> Sequence[ReplicaSnapshot]:
+        """The serving replicas' snapshots, those that can ever hold the prompt if any can."""
+        serving = self.serving
+        if req.prompt_len <= self._fits_all and False not in serving:
+            return snapshots
+        return [snapshots[r.index] for r in self.replicas
+                if serving[r.index] and can_ever_fit(r.config, req.prompt_len)] or [
+                    snapshots[r.index] for r in self.replicas if serving[r.index]]
+
+    def route_blind(self, req: TraceRequest) -> None:
+        """Route as `route` does for routers that read no snapshot, completion or token id
+        (`pre_routed`): the chosen replica builds the request when it is handed over."""
+        router = self.router_for(req)
+        routing = RoutingRequest(request_id=req.request_id, now_s=req.arrival_s,
+                                 prompt_len=req.prompt_len, session_id=req.session_id)
+        candidates = self.candidates(req, self.snapshots(req.arrival_s, router))
+        replica = self.replicas[router.policy.route(routing, candidates).replica]
+        cast(PreRoutedReplica, replica).hand_over_later(req, req.arrival_s + self.latency_s)
+
+    def inputs(self, replica: Replica, req: TraceRequest
+               ) -> tuple[array[int], array[int], Sequence[bytes]]:
+        """The token ids and known block names `route` would hand `replica` with `req` when
+        no router reads KV events (no block hashes are routed)."""
+        first = self.replicas[0]
+        prompt, output, _, placeholders = routing_tokens(first, req, None, self.token_blind)
+        return replica_inputs(replica, first.config, req, prompt, output, placeholders, ())
 
     def snapshots(self, now: float, router: RouterReplica | None = None
                   ) -> Sequence[ReplicaSnapshot]:
@@ -350,11 +234,11 @@ class _Fleet:
             return self.policy
         return self.routers[self.router_of[request_id]].policy
 
-    def first_token(self, replica: _Replica, request_id: str) -> None:
+    def first_token(self, replica: Replica, request_id: str) -> None:
         """`replica` produced the request's first token (at the end of the current step)."""
         self.policy_of(request_id).on_prefill_done(request_id)
 
-    def finished(self, replica: _Replica, records: list[RequestRecord]) -> None:
+    def finished(self, replica: Replica, records: list[RequestRecord]) -> None:
         """`replica` finished these requests (at the end of the current step)."""
         for record in records:
             self.policy_of(record.request_id).on_finished(record.request_id)

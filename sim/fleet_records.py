@@ -97,6 +97,18 @@ def fleet_record(record: RequestRecord, replica: int, arrival_s: float,
                               record.arrival_s - arrival_s, router)
 
 
+def as_fleet_record(record: RequestRecord, replica: int, arrival_s: float,
+                    router: int | None = None) -> FleetRequestRecord:
+    """`fleet_record`, or the record itself when a fleet replica made it a
+    `FleetRequestRecord` on arrival (`replica`, `routing_s` set: `sim.fleet_replica`) and
+    nothing is left to set: it reached the replica at its arrival and no router is named
+    (records stay the replica's own, which drivers may read again)."""
+    if (isinstance(record, FleetRequestRecord) and record.arrival_s == arrival_s
+            and router is None):
+        return record
+    return fleet_record(record, replica, arrival_s, router)
+
+
 # a record's fields as a tuple in declaration order, the fleet record's leading positional
 # arguments (a dict of them and keyword arguments took 2.4x as long: ~3% of a fleet run)
 _request_values = attrgetter(*REQUEST_FIELDS)
@@ -119,8 +131,8 @@ def fleet_result(trace: Trace, replicas: Sequence[tuple[int, EngineCore]],
     for index, core in replicas:
         recorder = core.recorder
         assert not recorder.live, f"{len(recorder.live)} requests never finished"
-        requests += [fleet_record(record, index, arrivals[record.request_id],
-                                  None if router_of is None else router_of[record.request_id])
+        requests += [as_fleet_record(record, index, arrivals[record.request_id],
+                                     None if router_of is None else router_of[record.request_id])
                      for record in recorder.finished]
         for name, values in recorder.step_columns.items():
             columns[name].extend(values)

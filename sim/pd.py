@@ -54,7 +54,7 @@ from runtime.request import BlockHasher
 from runtime.router import RouterPolicy, RoutingRequest
 from runtime.router.snapshot import ReplicaSnapshot
 from sim.cost.base import CostModel
-from sim.fleet import _Fleet, _Replica, can_ever_fit
+from sim.fleet import Replica, _Fleet, can_ever_fit
 from sim.fleet_config import ROLES
 from sim.fleet_records import FleetResult, PDRequestRecord, fleet_record
 from sim.fleet_router import RouterReplica, routing_request
@@ -184,8 +184,8 @@ class _PDFleet(_Fleet):
         prefill.hand_over(req, *self.arrays(req, prefill, prompt, output), reached, max_tokens=1)
 
     def prefill_for(self, req: TraceRequest, routing: RoutingRequest,
-                    snapshots: Sequence[ReplicaSnapshot], decode: _Replica,
-                    prompt: array[int], output: array[int]) -> _Replica | None:
+                    snapshots: Sequence[ReplicaSnapshot], decode: Replica,
+                    prompt: array[int], output: array[int]) -> Replica | None:
         """The replica to prefill the request on, or None: not disaggregated."""
         decider = self.decider
         if decider.kind == "never":
@@ -216,7 +216,7 @@ class _PDFleet(_Fleet):
         policy.on_routed(routing, decision.replica)
         return decision.replica
 
-    def arrays(self, req: TraceRequest, replica: _Replica, prompt: array[int],
+    def arrays(self, req: TraceRequest, replica: Replica, prompt: array[int],
                output: array[int]) -> tuple[array[int], array[int]]:
         """The request's token arrays for `replica` (those given unless its vocabulary or
         seed differ from replica 0's)."""
@@ -225,7 +225,7 @@ class _PDFleet(_Fleet):
             return prompt, output
         return request_token_arrays(req, config.vocab_size, config.seed)
 
-    def cached_tokens(self, replica: _Replica, req: TraceRequest, prompt: array[int]) -> int:
+    def cached_tokens(self, replica: Replica, req: TraceRequest, prompt: array[int]) -> int:
         """Prompt tokens `replica`'s prefix cache would hit now (no side effects)."""
         cache = replica.config.cache
         if not cache.enable_prefix_caching:
@@ -240,20 +240,20 @@ class _PDFleet(_Fleet):
 
     # ---- the router hears back -----------------------------------------------------------
 
-    def _prefilling(self, replica: _Replica, request_id: str) -> _Disaggregated | None:
+    def _prefilling(self, replica: Replica, request_id: str) -> _Disaggregated | None:
         job = self.disaggregated.get(request_id)
         if job is None or job.prefill_record is not None or replica.index != job.prefill:
             return None
         return job
 
-    def first_token(self, replica: _Replica, request_id: str) -> None:
+    def first_token(self, replica: Replica, request_id: str) -> None:
         if self._prefilling(replica, request_id) is not None:
             assert self.prefill_policy is not None
             self.prefill_policy.on_prefill_done(request_id)
         else:
             self.policy.on_prefill_done(request_id)
 
-    def finished(self, replica: _Replica, records: list[RequestRecord]) -> None:
+    def finished(self, replica: Replica, records: list[RequestRecord]) -> None:
         done = 0
         for record in records:
             job = self._prefilling(replica, record.request_id)

@@ -187,6 +187,12 @@ class EngineProcess:
         what it reports at a step's end, before then (default: never; `sim.fleet`)."""
         return -math.inf
 
+    def idle_until(self) -> float | None:
+        """With no work in the core: when the next request the driver holds is due, if the
+        engine may go there without the event loop (as `steps_ahead_until` allows a step;
+        it then enters in `take_due`), else None: wait to be woken (default)."""
+        return None
+
     # ---- the loop ----------------------------------------------------------------------------
 
     def submit(self, request: Request, now: float) -> None:
@@ -217,7 +223,12 @@ class EngineProcess:
 
     def wait_for_work(self) -> Generator[simpy.Event, object, float]:
         """Idle: wait until the core may have work; returns the engine's clock then
-        (default: the next `submit` wakes it, at the event loop's time)."""
+        (default: go to `idle_until`'s time without the event loop if the driver gives one,
+        else the next `submit` wakes it, at the event loop's time)."""
+        due = self.idle_until()
+        if due is not None:
+            self.take_due(due)
+            return due
         self.wake = self.env.event()
         yield self.wake
         return self.env.now

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from runtime.records import REQUEST_FIELDS, RequestRecord
-from sim.fleet_records import FleetRequestRecord, fleet_record
+from sim.fleet_records import FleetRequestRecord, as_fleet_record, fleet_record
 
 
 def _record() -> RequestRecord:
@@ -35,3 +35,17 @@ def test_fleet_record_copies_every_field_and_times_from_the_trace_arrival() -> N
 def test_fleet_record_without_router_replicas() -> None:
     row = fleet_record(RequestRecord("a", 2.0, 10, 5), replica=0, arrival_s=2.0)
     assert (row.request_id, row.arrival_s, row.routing_s, row.router) == ("a", 2.0, 0.0, None)
+
+
+def test_a_replicas_own_fleet_record_is_passed_through_only_when_complete() -> None:
+    """A fleet replica records `FleetRequestRecord`s from the arrival: the row is the record
+    itself when it reached the replica at its arrival and no router is named, else a copy
+    (the replica's record is left as it was: a P/D fleet reads it again)."""
+    record = FleetRequestRecord("a", 2.0, 10, 5, replica=1, routing_s=0.0)
+    assert as_fleet_record(record, 1, 2.0) is record
+    for arrival_s, router in ((1.5, None), (2.0, 0)):
+        row = as_fleet_record(record, 1, arrival_s, router)
+        assert row is not record and (row.arrival_s, row.router) == (arrival_s, router)
+        assert row.routing_s == 2.0 - arrival_s and record.arrival_s == 2.0
+    plain = as_fleet_record(RequestRecord("b", 3.0, 10, 5), 2, 3.0)
+    assert (plain.replica, plain.routing_s) == (2, 0.0)

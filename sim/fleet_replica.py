@@ -1,0 +1,256 @@
+"""One engine of a fleet (`sim.fleet`): its API server queue and the single-engine simulator's
+engine loop, reporting first tokens and finishes to the fleet when the step that produced
+them ends. Three kinds, chosen once per run by what the routers read:
+
+    Replica          routed requests wait in `pending` as engine requests; with stepping
+                     ahead, due ones enter in `take_due` and idle gaps are jumped
+    KvReplica        a router reads its pool's KV events: steps and runs publish them at
+                     their end, and runs end by the next decision minus the delay
+    PreRoutedReplica every router is blind to replicas, completions and token ids: the whole
+                     trace is routed first, and the replica runs its share to the end in one
+                     go, building each request when it is due (docs/fleet.md)
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from bisect import bisect_right
+from collections import deque
+from collections.abc import Collection, Sequence
+from typing import Protocol, cast
+
+import simpy
+
+from runtime import Request
+from runtime.kv_events import KvEventLog, observe_kv_events
+from runtime.records import RequestRecord
+from runtime.router import ReplicaSnapshot
+from sim.block_ids import TraceBlockIds
+from sim.cost.api_server import ApiServerCost
+from sim.cost.base import CostModel
+from sim.engine_args import with_noise_seed
+from sim.fleet_kv import run_before
+from sim.fleet_records import FleetRequestRecord
+from sim.fleet_router import KvEventBus
+from sim.simulator import EngineProcess, SimConfig
+from workloads import TraceRequest
+
+
+class ReplicaSetup(Protocol):
+    """What one replica needs (`sim.engine_args.SimSetup` is one)."""
+
+    @property
+    def config(self) -> SimConfig: ...
+
+    @property
+    def cost_model(self) -> CostModel: ...
+
+
+class FleetView(Protocol):
+    """What a replica reads of its fleet (`sim.fleet._Fleet`)."""
+
+    env: simpy.Environment
+    block_ids: TraceBlockIds
+    kv_bus: KvEventBus
+    next_index: int  # the first request of the trace not yet routed
+    steps_ahead: bool  # fixed for the run (docs/fleet.md, stepping ahead)
+
+    def handover_bounds(self, api: ApiServerCost) -> list[float]: ...
+
+    def kv_run_limit_s(self) -> float: ...
+
+    def inputs(self, replica: Replica, req: TraceRequest
+               ) -> tuple[array[int], array[int], Sequence[bytes]]: ...
+
+    def first_token(self, replica: Replica, request_id: str) -> None: ...
+
+    def finished(self, replica: Replica, records: list[RequestRecord]) -> None: ...
+
+
+_NOISE_SEED_STRIDE = 0x9E3779B1  # replica i's step-noise seed: the config's + i * this
+
+
+def own_noise(config: SimConfig, index: int) -> SimConfig:
+    """Replica `index`'s config with step noise of its own (GPUs vary independently);
+    replica 0 keeps the config's, so one replica runs as the single-engine simulator."""
+    noise = config.step_noise
+    if noise is None or index == 0:
+        return config
+    return with_noise_seed(config, noise.seed + index * _NOISE_SEED_STRIDE)
+
+
+class Replica(EngineProcess):
+    """One engine behind the router: its API server queue and the simulator's engine loop,
+    reporting first tokens and finishes to the fleet when the step that produced them ends."""
+
+    def __init__(self, fleet: FleetView, index: int, setup: ReplicaSetup) -> None:
+        super().__init__(fleet.env, own_noise(setup.config, index), setup.cost_model,
+                         fleet.block_ids)
+        self.fleet = fleet
+        self.index = index
+        self.pending: deque[tuple[float, Request]] = deque()  # routed, not yet handed over
+        self.api_free_at = 0.0  # when the API server finishes its last routed request
+        self.awaiting_first: set[str] = set()  # in the core, no first token yet
+        # the step ends so far, seconds (the recorder's own column: it grows in place)
+        self.end_s = cast(list[float], self.core.recorder.step_columns["end_s"])
+        self.columns = self.core.recorder.step_columns
+        # bounds[i]: the earliest hand-over to this core of request i of the trace or a
+        # later one (seconds); read at the fleet's first unrouted index, twice per step
+        self.bounds = fleet.handover_bounds(self.config.api_server)
+        self.ahead = fleet.steps_ahead  # fixed for the run: due hand-overs enter in take_due
+        self.kv_log: KvEventLog | None = None  # the pool's KV events (`KvReplica`)
+
+    def hand_over(self, req: TraceRequest, prompt: array[int], output: array[int],
+                  reached_s: float, max_tokens: int | None = None,
+                  hashes: Sequence[bytes] = ()) -> None:
+        """The request reaches this replica's API server at `reached_s` (now or later);
+        `max_tokens` defaults to the trace's output length; `hashes`: its block names."""
+        max_tokens = req.output_len if max_tokens is None else max_tokens
+        self.arrived(req, reached_s, max_tokens)
+        handover = self.api_handover(reached_s, req.prompt_len)
+        self.outputs[req.request_id] = output
+        self.pending.append((handover, self.make_request(req, prompt, max_tokens, hashes or None)))
+        self.env.timeout(handover - self.env.now).callbacks.append(self._submit_head)
+
+    def arrived(self, req: TraceRequest, reached_s: float, max_tokens: int) -> None:
+        """Record the request reaching the API server at `reached_s`; its record is the
+        fleet's row from the start (`sim.fleet_records.fleet_result` completes it)."""
+        record = self.core.recorder.arrived(req.request_id, reached_s, req.prompt_len,
+                                            max_tokens, FleetRequestRecord)
+        cast(FleetRequestRecord, record).replica = self.index
+        cast(FleetRequestRecord, record).routing_s = reached_s - req.arrival_s
+
+    def api_handover(self, reached_s: float, prompt_len: int) -> float:
+        """When the API server (FIFO) hands a prompt reaching it at `reached_s` to the core."""
+        handover = max(self.api_free_at, reached_s) + self.config.api_server.time(prompt_len)
+        self.api_free_at = handover
+        return handover
+
+    def _submit_head(self, _: simpy.Event) -> None:
+        """A hand-over is due: the oldest pending request enters the core, unless taken."""
+        if self.pending and self.pending[0][0] <= self.env.now:
+            handover, request = self.pending.popleft()
+            self.submit(request, handover)
+
+    def take_due(self, clock: float) -> None:
+        pending = self.pending
+        if not self.ahead:
+            return
+        while pending and pending[0][0] <= clock:
+            handover, request = pending.popleft()
+            self.submit(request, handover)
+
+    def idle_until(self) -> float | None:
+        # stepping ahead: an idle gap up to a routed request due before anything unrouted
+        # could be is jumped as a step is (its `_submit_head` then finds it taken)
+        pending = self.pending
+        if self.ahead and pending and pending[0][0] < self.steps_ahead_until():
+            return pending[0][0]
+        return None
+
+    def submit(self, request: Request, now: float) -> None:
+        self.awaiting_first.add(request.request_id)
+        super().submit(request, now)
+
+    def horizon(self) -> float:
+        earliest = self.bounds[self.fleet.next_index]
+        pending = self.pending
+        return min(pending[0][0], earliest) if pending else earliest
+
+    def steps_ahead_until(self) -> float:
+        # docs/fleet.md, stepping ahead: due hand-overs enter through `take_due`
+        return self.bounds[self.fleet.next_index] if self.ahead else -math.inf
+
+    def publish_kv_events(self, at_s: float) -> None:
+        """Publish the pool's events since the last call as emitted at `at_s` (the end of
+        the step that produced them), if anyone listens."""
+        log = self.kv_log
+        if log is not None and log.events:
+            self.fleet.kv_bus.publish(self.index, log.take(), at_s)
+
+    def on_step_end(self, sampled: Collection[str]) -> None:
+        awaiting = self.awaiting_first
+        if sampled and awaiting:
+            first = [req_id for req_id in sampled if req_id in awaiting]
+            awaiting.difference_update(first)
+            for req_id in first:
+                self.fleet.first_token(self, req_id)
+        self.report_finished()
+
+    def on_finished(self, records: list[RequestRecord]) -> None:
+        for record in records:
+            self.awaiting_first.discard(record.request_id)
+        self.fleet.finished(self, records)
+
+    def snapshot(self, at_s: float) -> ReplicaSnapshot:
+        """The metrics as of the last step that ended by `at_s` (seconds)."""
+        k = bisect_right(self.end_s, at_s) - 1
+        blocks = self.config.cache.num_blocks
+        if k < 0:
+            return ReplicaSnapshot(replica_id=self.index, taken_at_s=at_s,
+                                   num_gpu_blocks=blocks)
+        columns = self.columns
+        usage = min(max(float(columns["kv_usage"][k]), 0.0), 1.0)  # type: ignore[arg-type]
+        return ReplicaSnapshot(
+            replica_id=self.index, taken_at_s=at_s,
+            num_waiting=columns["num_waiting"][k],  # type: ignore[arg-type]
+            num_running=columns["num_running"][k],  # type: ignore[arg-type]
+            kv_usage=usage, num_gpu_blocks=blocks)
+
+
+class KvReplica(Replica):
+    """A replica whose pool's KV events a router reads: each step and decode run publishes
+    them at its end, and runs end by the next decision minus the delay (`sim.fleet_kv`)."""
+
+    def __init__(self, fleet: FleetView, index: int, setup: ReplicaSetup) -> None:
+        super().__init__(fleet, index, setup)
+        self.kv_log = observe_kv_events(self.core.scheduler.kv_cache_manager.block_pool)
+
+    def fast_forward(self, clock: float) -> float | None:
+        end = run_before(self, clock, self.horizon(), self.fleet.kv_run_limit_s())
+        if end is not None:
+            self.publish_kv_events(end)
+        return end
+
+    def one_step(self, clock: float) -> tuple[float, dict[str, list[int]]]:
+        end, sampled = super().one_step(clock)
+        self.publish_kv_events(end)
+        return end, sampled
+
+
+class PreRoutedReplica(Replica):
+    """A replica of a fleet whose routers read nothing of the replicas, their completions
+    or token ids (`_Fleet.pre_routed`): every request is routed before any step runs, so
+    nothing can enter this core but its own share, and nothing it reports is read before
+    the run ends. It runs its share to the end without the event loop (as `sim.simulator`
+    runs a single engine's trace, one replica after another), and builds each request's
+    token ids and engine request only when it is handed over, so routing the whole trace
+    first holds one tuple per request."""
+
+    def __init__(self, fleet: FleetView, index: int, setup: ReplicaSetup) -> None:
+        super().__init__(fleet, index, setup)
+        self.due: deque[tuple[float, TraceRequest]] = deque()  # (hand-over s, request)
+
+    def hand_over_later(self, req: TraceRequest, reached_s: float) -> None:
+        """The request reaches the API server at `reached_s`; built when handed over."""
+        self.arrived(req, reached_s, req.output_len)
+        self.due.append((self.api_handover(reached_s, req.prompt_len), req))
+
+    def take_due(self, clock: float) -> None:
+        due = self.due
+        while due and due[0][0] <= clock:
+            handover, req = due.popleft()
+            prompt, output, hashes = self.fleet.inputs(self, req)
+            self.outputs[req.request_id] = output
+            self.submit(self.make_request(req, prompt, req.output_len, hashes or None),
+                        handover)
+
+    def idle_until(self) -> float | None:
+        return self.due[0][0] if self.due else None
+
+    def horizon(self) -> float:
+        return self.due[0][0] if self.due else math.inf
+
+    def steps_ahead_until(self) -> float:
+        return math.inf

@@ -1,0 +1,112 @@
+"""Pre-routing: when no router reads snapshots, completions or token ids, the fleet routes
+the whole trace first and each replica runs its share to the end in turn. The records are
+those of routing at each arrival with the replicas in lock-step (randomised traces, mixed
+pools, routing latency, several routers, prompts only some replicas can hold)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from runtime import CacheConfig, SchedulerConfig
+from runtime.router import make_policy
+from sim import fleet as fleet_module
+from sim.fleet import FleetResult, simulate_fleet
+from sim.fleet_replica import PreRoutedReplica
+from sim.simulator import SimConfig
+from sim.step_noise import StepNoise
+from tests.sim.fleet_support import FIXTURES, Replica
+from workloads import (
+    ArrivalProcess,
+    MultiTurn,
+    RandomLengths,
+    Trace,
+    load_trace,
+    multi_turn_trace,
+    random_trace,
+)
+
+
+def config(num_blocks: int, fast_forward: bool = True, noise: StepNoise | None = None
+           ) -> SimConfig:
+    return SimConfig(
+        scheduler=SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=16,
+                                  max_model_len=16384),
+        cache=CacheConfig(block_size=16, num_blocks=num_blocks), fast_forward=fast_forward,
+        step_noise=noise)
+
+
+def randomised(seed: int) -> Trace:
+    """Lengths, rate and burstiness drawn from `seed` (idle gaps and queues both occur)."""
+    rate = (20.0, 60.0, 200.0)[seed % 3]
+    arrivals = ArrivalProcess(request_rate=rate, burstiness=(0.3, 1.0, 4.0)[seed % 3 - 1],
+                              seed=seed)
+    if seed % 4 == 3:
+        turns = MultiTurn(num_turns=3, turn_gap_s=0.05, lengths=RandomLengths(96, 40, 0.9))
+        return multi_turn_trace(40, turns, arrivals)
+    return random_trace(150, RandomLengths(160 + 40 * seed, 60, range_ratio=0.9), arrivals)
+
+
+def run(trace: Trace, policy: str, setups: list[Replica], ahead: bool, routers: int = 1,
+        latency_s: float = 0.0) -> FleetResult:
+    saved = fleet_module._Fleet.routes_ahead
+    fleet_module._Fleet.routes_ahead = ahead
+    try:
+        return simulate_fleet(trace, setups, [make_policy(policy, (), seed=5 + r)
+                                              for r in range(routers)],
+                              refresh_s=0.02, routing_latency_s=latency_s)
+    finally:
+        fleet_module._Fleet.routes_ahead = saved
+
+
+def same(a: FleetResult, b: FleetResult) -> None:
+    assert [r.to_row() for r in a.requests] == [r.to_row() for r in b.requests]
+    assert a.step_columns == b.step_columns
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("policy", ["round-robin", "random", "session-hash"])
+def test_pre_routed_equals_lock_step_on_random_traces(seed: int, policy: str) -> None:
+    trace = randomised(seed)
+    # a small pool (prompts it cannot hold go to the others) and a large one; step noise
+    # (each replica its own seed) on odd seeds
+    noise = StepNoise((0.7, 1.0, 1.6), seed=seed) if seed % 2 else None
+    small = Replica(config(num_blocks=40 + 10 * seed, noise=noise))
+    large = Replica(config(num_blocks=300, noise=noise))
+    setups = [small, large, large][: 2 + seed % 2]
+    latency = 0.002 * (seed % 3)
+    routers = 1 + seed % 2
+    lock_step = run(trace, policy, setups, ahead=False, routers=routers, latency_s=latency)
+    same(run(trace, policy, setups, ahead=True, routers=routers, latency_s=latency), lock_step)
+
+
+def test_pre_routed_equals_stepping_one_by_one() -> None:
+    trace = load_trace(FIXTURES / "mooncake_conversation_first300.jsonl").trace
+    trace = Trace(trace.requests[:120])
+    stepped = [Replica(config(num_blocks=300, fast_forward=False))] * 3
+    lock_step = run(trace, "round-robin", stepped, ahead=False, latency_s=0.001)
+    fast = [dataclasses.replace(s, config=config(num_blocks=300)) for s in stepped]
+    same(run(trace, "round-robin", fast, ahead=True, latency_s=0.001), lock_step)
+
+
+@pytest.mark.parametrize(("policy", "expected"), [
+    ("round-robin", True), ("session-hash", True), ("prefix-aware", False),
+    ("llm-d", False), ("least-outstanding", False),
+])
+def test_only_blind_routers_pre_route(policy: str, expected: bool,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pre-routed replicas run one after another: each replica's steps are contiguous."""
+    order: list[int] = []
+    one_step = PreRoutedReplica.one_step
+
+    def logged(self: PreRoutedReplica, clock: float) -> tuple[float, dict[str, list[int]]]:
+        order.append(self.index)
+        return one_step(self, clock)
+
+    monkeypatch.setattr(PreRoutedReplica, "one_step", logged)
+    result = run(randomised(1), policy, [Replica(config(num_blocks=300))] * 3, ahead=True)
+    assert len(result.requests) == 150
+    assert bool(order) is expected
+    if expected:
+        assert order == sorted(order) and set(order) == {0, 1, 2}
