@@ -367,14 +367,10 @@ class _Simulation(EngineProcess):
         self.next_handover = self.handovers[i + 1] if i + 1 < len(self.handovers) else math.inf
         self.submit(self.make_request(req, prompt, req.output_len), self.handovers[i])
 
-    def wait_for_work(self) -> Generator[simpy.Event, object, float]:
-        """Sleep until the next hand-over (for ever after the last one: the run ends)."""
-        if self.next_index == len(self.due):
-            yield self.env.event()  # never triggered
-        wake = self.due[self.next_index]
-        yield self.env.timeout(max(wake - self.env.now, 0.0))
-        self.take_due(wake)
-        return wake
+    def idle_until(self) -> float | None:
+        """The next hand-over (None after the last: the run ends); nothing else runs in the
+        event loop, so the engine goes there without it."""
+        return self.due[self.next_index] if self.next_index < len(self.due) else None
 
     def steps_ahead_until(self) -> float:
         return math.inf
