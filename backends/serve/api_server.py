@@ -14,8 +14,9 @@ unknown model; 401 without the API key (`--api-key`) and 413 past `--max-request
 (`guard`); 503 above `--max-num-queued-requests` (requests sent to the engine without a first
 token yet); 500 once the engine process is dead (`/health` then answers 503, streams in
 flight end with an error event, and the server stops, exiting non-zero). A client that
-disconnects aborts its request in the engine at once. The handlers' shared state is
-`server.Server`. What uvicorn serves is `front(app)`: the guard, then the two generation
+leaves a stream aborts its request in the engine at once (a non-streaming request runs to its
+end: nothing watches its connection). The handlers' shared state is `server.Server`. What
+uvicorn serves is `build_app`'s `front(routes_app)`: the guard, then the two generation
 routes as bare ASGI (`stream_path.StreamPath`), then the FastAPI app for the rest (it keeps
 the two routes for `/openapi.json`). Times are monotonic seconds.
 """
@@ -41,7 +42,7 @@ from backends.serve.server import ServeConfig, Server
 from backends.serve.stream_path import ASGIApp, Generate, StreamPath
 
 __all__ = ["HttpStack", "ServeConfig", "Server", "build_app", "front", "http_stack",
-           "run_server"]
+           "routes_app", "run_server"]
 
 logger = logging.getLogger("rt.serve")
 
@@ -49,8 +50,14 @@ logger = logging.getLogger("rt.serve")
 # ---- the app ---------------------------------------------------------------------------------
 
 
-def build_app(config: ServeConfig) -> FastAPI:
-    """The FastAPI app; the engine process starts with the app's lifespan."""
+def build_app(config: ServeConfig) -> ASGIApp:
+    """What `rt serve` serves: `front(routes_app(config))`, the guard first."""
+    return front(routes_app(config))
+
+
+def routes_app(config: ServeConfig) -> FastAPI:
+    """The FastAPI app of every route, without the guard (API key, body size): serve it only
+    behind `front`. The engine process starts with the app's lifespan."""
     server = Server(config)
 
     @contextlib.asynccontextmanager
@@ -131,8 +138,8 @@ def _generator(server: Server) -> Generate:
 
 
 def _generation_routes(app: FastAPI, generate: Generate) -> None:
-    """The routes `StreamPath` serves, kept in FastAPI for /openapi.json (and any caller that
-    bypasses the middleware)."""
+    """The routes `StreamPath` serves, kept in FastAPI for /openapi.json (and for
+    `routes_app` served alone, as the tests compare)."""
 
     async def respond(request: Request, chat: bool) -> Response:
         answer = await generate(request, chat)
@@ -256,7 +263,7 @@ def run_server(config: ServeConfig, host: str, port: int, stack: HttpStack,
     import uvicorn
 
     _Server = _quiet_server_class()
-    app = build_app(config)
+    app = routes_app(config)
     uv_config = uvicorn.Config(front(app), host=host, port=port, loop=stack.loop, http=stack.http,
                                log_level=log_level,
                                timeout_graceful_shutdown=max(int(shutdown_timeout_s), 1),

@@ -18,7 +18,7 @@ from sim.cost.roofline import RooflineCostModel
 from sim.hardware import resolve_gpu
 from sim.model_presets import resolve_model
 from sim.simulator import SimConfig, _server_wakes, _Simulation, simulate
-from workloads import ArrivalProcess, RandomLengths, Trace, random_trace
+from workloads import ArrivalProcess, RandomLengths, Trace, TraceRequest, random_trace
 
 COST = RooflineCostModel(resolve_model("llama-3.1-8b"), resolve_gpu("h200"))
 
@@ -110,3 +110,33 @@ def test_a_runs_blocks_are_filled_in_one_pool_call(monkeypatch: pytest.MonkeyPat
     slow = simulate(trace, config(False), COST)
     assert [s.to_row() for s in fast.steps] == [s.to_row() for s in slow.steps]
     assert [r.to_row() for r in fast.requests] == [r.to_row() for r in slow.requests]
+
+
+class QuarterSecond:
+    """Every step takes 0.25 s (exact in binary, so a hand-over can fall on a step's end)."""
+
+    def step_time(self, features: object) -> float:
+        return 0.25
+
+    def describe(self) -> dict[str, str]:
+        return {"kind": "quarter-second"}
+
+
+def test_a_request_handed_over_at_a_step_end_enters_the_next_step() -> None:
+    """The tie rule: a hand-over at exactly a step's end (`due <= clock`) is in the next
+    step's schedule, as for a request that arrives while vLLM's engine core finishes a step.
+    (The base's server process, sleeping across the step, entered it one step later: c's
+    first token at 1.0 s. Found by review; the fleet's lock-step path still does that.)"""
+    from sim.cost.api_server import ApiServerCost
+
+    free = ApiServerCost(per_request_s=0.0, per_prompt_token_s=0.0)
+    tie = SimConfig(scheduler=SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=16,
+                                              max_model_len=4096),
+                    cache=CacheConfig(block_size=16, num_blocks=400), fast_forward=False,
+                    api_server=free)
+    # steps [0, .25), [.25, .5), ...: "b" handed over inside the second step, "c" at its end
+    trace = Trace([TraceRequest(request_id=rid, arrival_s=t, prompt_len=32, output_len=8)
+                   for rid, t in (("a", 0.0), ("b", 0.3), ("c", 0.5))])
+    first = {r.request_id: r.first_token_s for r in
+             simulate(trace, tie, QuarterSecond()).requests}  # type: ignore[arg-type]
+    assert first == {"a": 0.25, "b": 0.75, "c": 0.75}

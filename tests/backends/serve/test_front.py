@@ -14,7 +14,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
-from backends.serve.api_server import build_app, front  # noqa: E402
+from backends.serve.api_server import build_app, front, routes_app  # noqa: E402
 from backends.serve.server import ServeConfig  # noqa: E402
 
 BODIES = [
@@ -45,7 +45,7 @@ async def _answers(app: object, path: str) -> list[tuple[int, list[tuple[str, st
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_front_answers_as_the_fastapi_routes(path: str, caplog: pytest.LogCaptureFixture
                                              ) -> None:
-    app = build_app(ServeConfig("m", _factory))
+    app = routes_app(ServeConfig("m", _factory))
     with caplog.at_level(logging.CRITICAL):  # the 500's traceback, logged on both sides
         outside = asyncio.run(_answers(front(app), path))
         inside = asyncio.run(_answers(app, path))
@@ -56,13 +56,14 @@ def test_front_answers_as_the_fastapi_routes(path: str, caplog: pytest.LogCaptur
 
 
 def test_front_puts_the_guard_before_every_route() -> None:
-    app = build_app(ServeConfig("m", _factory, api_key="k"))
+    app = build_app(ServeConfig("m", _factory, api_key="k"))  # = front(routes_app(...))
 
     async def statuses() -> list[int]:
-        transport = httpx.ASGITransport(app=front(app))
+        transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             return [(await client.post("/v1/completions", json={})).status_code,
                     (await client.get("/v1/models")).status_code,
                     (await client.get("/openapi.json")).status_code]
 
     assert asyncio.run(statuses()) == [401, 401, 200]
+
