@@ -10,13 +10,13 @@ The two stages of a serving runtime's pipeline:
     engine       the engine-core loop (`EngineProcess`, which the fleet simulator's replicas
                  run too, as a SimPy process): schedule(), the cost model's step time,
                  synthetic tokens, update_from_output(); at each step boundary the requests
-                 handed over by then enter; when there is nothing to do it sleeps until the
-                 next hand-over (no spinning)
+                 handed over by then enter; when there is nothing to do it goes to the next
+                 hand-over (no spinning)
 
 With a front-end output cost (`ApiServerCost.per_output_token_s` > 0, a profile fitted on
-client-side times by `rt calibrate --from-run`), each token's time is when its client sees it:
-the step's end plus the delivery delay of that step's tokens (`deliver_to_clients`); the
-steps and the attribution parts stay engine-side.
+client-side times by `rt calibrate --from-run`), each token's time is when its client sees
+it: the step's end plus the delivery delay of that step's tokens
+(`sim.api_server.deliver_to_clients`); the steps and the attribution parts stay engine-side.
 
 Tokens are the trace's deterministic ids (`workloads.prompt_token_ids` / `output_token_ids`),
 so the prefix cache sees exactly the trace's sharing; every request runs with `ignore_eos`
@@ -31,7 +31,6 @@ import itertools
 import math
 import time
 from array import array
-from collections import Counter
 from collections.abc import Callable, Collection, Generator, Sequence
 from dataclasses import dataclass, field
 
@@ -47,6 +46,7 @@ from runtime import (
     SchedulerConfig,
 )
 from runtime.records import RequestRecord, RunResult
+from sim.api_server import deliver_to_clients, handover_times, server_wakes
 from sim.block_ids import TraceBlockIds, own_streams_only
 from sim.cost.api_server import ApiServerCost
 from sim.cost.base import CostModel, decode_run_timer
@@ -322,10 +322,11 @@ def make_request(req: TraceRequest, prompt: array[int], max_tokens: int,
 
 class _Simulation(EngineProcess):
     """One engine behind its API server. The server is not a process of its own: its
-    hand-overs are known in advance (`_handover_times`), so the engine takes in, at each
-    step boundary, the requests handed over by then (`take_due`), and sleeps until the
-    next hand-over when idle. Nothing reads what the engine reports at a step's end, so
-    it steps on without waiting for the event loop (`steps_ahead_until`)."""
+    hand-overs are known in advance (`sim.api_server.handover_times`), so the engine takes
+    in, at each step boundary, the requests handed over by then (`take_due`), and when idle
+    goes to the next hand-over without the event loop (`idle_until`). Nothing reads what
+    the engine reports at a step's end, so it steps on without waiting for the event loop
+    (`steps_ahead_until`)."""
 
     def __init__(self, trace: Trace, config: SimConfig, cost_model: CostModel,
                  progress: Progress | None) -> None:
@@ -333,23 +334,14 @@ class _Simulation(EngineProcess):
                          TraceBlockIds(own_streams_only(trace)))
         self.trace = trace
         self.progress = progress
-        self.handovers = self._handover_times()
-        self.due = _server_wakes(self.handovers)
+        self.handovers = handover_times(trace, config.api_server)
+        self.due = server_wakes(self.handovers)
         self.next_index = 0  # the first request not handed over yet
         self.next_handover = self.handovers[0] if self.handovers else math.inf
 
     def run(self) -> None:
         self.env.process(self.engine())
         self.env.run()
-
-    def _handover_times(self) -> list[float]:
-        """When the single FIFO API server hands each request over (Lindley's recursion)."""
-        cost = self.config.api_server
-        times, free_at = [], 0.0
-        for req in self.trace:
-            free_at = max(free_at, req.arrival_s) + cost.time(req.prompt_len)
-            times.append(free_at)
-        return times
 
     def take_due(self, clock: float) -> None:
         """The requests the API server has handed over by `clock` enter the input queue,
@@ -383,20 +375,6 @@ class _Simulation(EngineProcess):
             self.progress(self.notified, len(self.trace))
 
 
-def _server_wakes(handovers: Sequence[float]) -> list[float]:
-    """The event-loop times at which an API-server process sleeping from hand-over to
-    hand-over (`timeout(h - now)` from its last wake, none when h is not ahead) would hand
-    each request over: its hand-over time up to the rounding of now + (h - now). The
-    engine's clock when such a hand-over wakes it, and the step boundary by which the
-    request enters (the first at or after it)."""
-    wakes, now = [], 0.0
-    for handover in handovers:
-        if handover > now:
-            now = now + (handover - now)
-        wakes.append(now)
-    return wakes
-
-
 def simulate(trace: Trace, config: SimConfig, cost_model: CostModel,
              progress: Progress | None = None) -> SimResult:
     """Run the trace to completion; every request ends finished (or ignored)."""
@@ -415,20 +393,3 @@ def simulate(trace: Trace, config: SimConfig, cost_model: CostModel,
         prefix_cache_hits=stats.hits,
         wall_s=time.perf_counter() - started,
     )
-
-
-def deliver_to_clients(records: Sequence[RequestRecord], api_server: ApiServerCost) -> None:
-    """Shift every token time (and first_token_s, finish_s) from its step's end to when the
-    front end has delivered that step's tokens: + `api_server.delivery_delay(n)`, n = the
-    tokens sampled at that step end (all of a step's tokens share its end float). Nothing
-    changes when the output cost is 0."""
-    if api_server.per_output_token_s <= 0:
-        return
-    per_step = Counter(t for record in records for t in record.token_times_s)
-    for record in records:
-        times = [t + api_server.delivery_delay(per_step[t]) for t in record.token_times_s]
-        record.token_times_s = array("d", times)
-        if times:
-            record.first_token_s = times[0]
-            if record.finish_s is not None:
-                record.finish_s = max(record.finish_s, times[-1])

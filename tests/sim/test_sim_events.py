@@ -14,10 +14,11 @@ import simpy
 from runtime import CacheConfig, SchedulerConfig
 from runtime.block_pool import BlockPool
 from runtime.engine import EngineCore
+from sim.api_server import server_wakes
 from sim.cost.roofline import RooflineCostModel
 from sim.hardware import resolve_gpu
 from sim.model_presets import resolve_model
-from sim.simulator import SimConfig, _server_wakes, _Simulation, simulate
+from sim.simulator import SimConfig, _Simulation, simulate
 from workloads import ArrivalProcess, RandomLengths, Trace, TraceRequest, random_trace
 
 COST = RooflineCostModel(resolve_model("llama-3.1-8b"), resolve_gpu("h200"))
@@ -37,7 +38,7 @@ def sparse_trace(seed: int) -> Trace:
 
 
 def test_wake_times_are_those_of_a_process_sleeping_until_each_hand_over() -> None:
-    """`_server_wakes` is the event loop's time at each hand-over of a process doing
+    """`server_wakes` is the event loop's time at each hand-over of a process doing
     `timeout(h - now)`: equal floats, rounding included (a hand-over far from the last
     wake is not always reached exactly), and no sleep when h is not ahead."""
     rng = random.Random(5)
@@ -56,7 +57,7 @@ def test_wake_times_are_those_of_a_process_sleeping_until_each_hand_over() -> No
 
     env.process(server())
     env.run()
-    assert _server_wakes(handovers) == woken
+    assert server_wakes(handovers) == woken
     assert woken != handovers  # the rounding this reproduces does occur
 
 
