@@ -166,7 +166,7 @@ class SteadyDecodes:
         # each one it filled since, so the new one is block c // B. Its request (computed
         # tokens, `num_cached_block`) is left untouched: `_materialise` brings it up to date.
         upcoming, block_size = self.upcoming, self.block_size
-        blocks, block_hashes = [], []
+        blocks, block_hashes, num_own = [], [], 0
         for member in fillers:
             computed = member.c_minus_g + g
             index = computed // block_size
@@ -179,8 +179,13 @@ class SteadyDecodes:
                 block_hashes.append(request.block_hashes[index])
             else:  # named without its tokens; they come at `_materialise`
                 block_hashes.append(own_block_name(key, index))
+                num_own += 1
             blocks.append(member.table[index])
-        kv.block_pool.cache_each(blocks, block_hashes)
+        if num_own in (0, len(blocks)):
+            kv.block_pool.cache_each(blocks, block_hashes, own=num_own > 0)
+        else:  # members with and without own names: one call each, in order
+            for member, block, name in zip(fillers, blocks, block_hashes, strict=True):
+                kv.block_pool.cache_full_block(block, name, own=member.key is not None)
 
     # ---- runs of steps without explicit requests -------------------------------------------
 
