@@ -19,20 +19,34 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _own_hit(tables: list[list[KVCacheBlock]], index: int,
-             name: BlockHash) -> KVCacheBlock | None:
-    """The block a lookup of own name `name` (block `index` of its request) hits: of the
-    blocks at `index` in the request's old tables still cached under it, the first one
-    registered (every block ever registered under it is at `index` in one of them)."""
-    best = None
-    for table in tables:
-        if index < len(table):
+def _own_hits(tables: list[list[KVCacheBlock]], names: list[BlockHash], start: int,
+              stop: int) -> list[KVCacheBlock]:
+    """The hits of own names `names[start:stop]` (blocks `start..stop-1` of their request)
+    up to the first miss. Name i hits, of the blocks at i in the request's old tables still
+    cached under it, the first one registered (every block ever registered under it is at
+    i in one of them)."""
+    hits = []
+    if len(tables) == 1:  # preempted once (most): its one candidate per name
+        table = tables[0]
+        for index in range(start, min(stop, len(names), len(table))):
             block = table[index]
-            seq = block.own_seq
-            if (seq is not None and block.block_hash == name
-                    and (best is None or seq < (best.own_seq or 0))):
-                best = block
-    return best
+            if block.own_seq is None or block.block_hash != names[index]:
+                break
+            hits.append(block)
+        return hits
+    for index in range(start, min(stop, len(names))):
+        best = None
+        for table in tables:
+            if index < len(table):
+                block = table[index]
+                seq = block.own_seq
+                if (seq is not None and block.block_hash == names[index]
+                        and (best is None or seq < (best.own_seq or 0))):
+                    best = block
+        if best is None:
+            break
+        hits.append(best)
+    return hits
 
 
 class KVCacheManager:
@@ -82,12 +96,7 @@ class KVCacheManager:
             hits.append(block)
         tables = self._own_tables.get(request.request_id)
         if tables is not None:
-            names = request.block_hashes
-            for index in range(num_shared, min(max_hit_blocks, len(names))):
-                block = _own_hit(tables, index, names[index])
-                if block is None:
-                    break
-                hits.append(block)
+            hits += _own_hits(tables, request.block_hashes, num_shared, max_hit_blocks)
         return hits, len(hits) * self.block_size
 
     def allocate_slots(
