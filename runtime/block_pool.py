@@ -262,21 +262,25 @@ class BlockPool:
                   num_shared: int) -> None:
         """`cache_full_block` for each pair in order, without KV events; the blocks from
         index `num_shared` on under own names, as one registration (one `own_seq`)."""
+        if len(blocks) != len(block_hashes):
+            raise ValueError(f"{len(blocks)} blocks for {len(block_hashes)} hashes")
+        if num_shared >= len(blocks):  # the usual cases: all shared, or all own
+            shared, own = blocks, ()
+        else:
+            shared, own = blocks[:num_shared], blocks[num_shared:]
         cached_blocks = self.cached_blocks
         null_block = self.null_block
-        for block, block_hash in zip(blocks[:num_shared], block_hashes[:num_shared],
-                                     strict=True):
+        for block, block_hash in zip(shared, block_hashes):
             if block.block_hash is not None or block is null_block:
                 continue
             block.block_hash = block_hash
             if cached_blocks.setdefault(block_hash, block) is not block:
                 self._more_cached.setdefault(block_hash, {})[block.block_id] = block
-        if num_shared >= len(block_hashes):
+        if not own:
             return
         self._own_seq += 1
         seq = self._own_seq
-        for block, block_hash in zip(blocks[num_shared:], block_hashes[num_shared:],
-                                     strict=True):
+        for block, block_hash in zip(own, block_hashes[num_shared:]):
             if block.block_hash is None and block is not null_block:
                 block.block_hash = block_hash
                 block.own_seq = seq
