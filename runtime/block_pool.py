@@ -262,24 +262,21 @@ class BlockPool:
         index `num_shared` on under own names, as one registration (one `own_seq`)."""
         if len(blocks) != len(block_hashes):
             raise ValueError(f"{len(blocks)} blocks for {len(block_hashes)} hashes")
-        own: Sequence[KVCacheBlock]
-        if num_shared >= len(blocks):  # the usual cases: all shared, or all own
-            shared, own = blocks, ()
-        else:
-            shared, own = blocks[:num_shared], blocks[num_shared:]
-        cached_blocks = self.cached_blocks
         null_block = self.null_block
-        for block, block_hash in zip(shared, block_hashes, strict=False):  # checked above
-            if block.block_hash is not None or block is null_block:
-                continue
-            block.block_hash = block_hash
-            if cached_blocks.setdefault(block_hash, block) is not block:
-                self._more_cached.setdefault(block_hash, {})[block.block_id] = block
-        if not own:
-            return
+        if num_shared > 0:
+            cached_blocks = self.cached_blocks
+            for block, block_hash in zip(blocks, islice(block_hashes, num_shared), strict=False):
+                if block.block_hash is not None or block is null_block:
+                    continue
+                block.block_hash = block_hash
+                if cached_blocks.setdefault(block_hash, block) is not block:
+                    self._more_cached.setdefault(block_hash, {})[block.block_id] = block
+            if num_shared >= len(blocks):  # all shared (most calls but the own fills)
+                return
+            blocks, block_hashes = blocks[num_shared:], block_hashes[num_shared:]
         self._own_seq += 1
         seq = self._own_seq
-        for block, block_hash in zip(own, block_hashes[num_shared:], strict=True):
+        for block, block_hash in zip(blocks, block_hashes, strict=True):
             if block.block_hash is None and block is not null_block:
                 block.block_hash = block_hash
                 block.own_seq = seq
