@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import islice
 
+from runtime.block_hash import BlockHash
 from runtime.block_pool import BlockPool, KVCacheBlock
 from runtime.config import CacheConfig
 from runtime.request import Request, RequestStatus
@@ -16,6 +17,36 @@ from runtime.request import Request, RequestStatus
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _own_hits(tables: list[list[KVCacheBlock]], names: list[BlockHash], start: int,
+              stop: int) -> list[KVCacheBlock]:
+    """The hits of own names `names[start:stop]` (blocks `start..stop-1` of their request)
+    up to the first miss. Name i hits, of the blocks at i in the request's old tables still
+    cached under it, the first one registered (every block ever registered under it is at
+    i in one of them)."""
+    hits = []
+    if len(tables) == 1:  # preempted once (most): its one candidate per name
+        table = tables[0]
+        for index in range(start, min(stop, len(names), len(table))):
+            block = table[index]
+            if block.own_seq is None or block.block_hash != names[index]:
+                break
+            hits.append(block)
+        return hits
+    for index in range(start, min(stop, len(names))):
+        best = None
+        for table in tables:
+            if index < len(table):
+                block = table[index]
+                seq = block.own_seq
+                if (seq is not None and block.block_hash == names[index]
+                        and (best is None or seq < (best.own_seq or 0))):
+                    best = block
+        if best is None:
+            break
+        hits.append(best)
+    return hits
 
 
 class KVCacheManager:
@@ -31,6 +62,10 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # Leading blocks of each table already registered in the prefix cache.
         self.num_cached_block: dict[str, int] = {}
+        # The block tables a request held when it was preempted, oldest first: its blocks
+        # registered under its own names (`Request.own_from`) are looked up there, not in
+        # the pool's map (`BlockPool` docstring). Dropped when it finishes.
+        self._own_tables: dict[str, list[list[KVCacheBlock]]] = {}
 
     @property
     def usage(self) -> float:
@@ -50,13 +85,18 @@ class KVCacheManager:
         if not self.enable_caching:
             return [], 0
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        own_from = request.own_from
+        num_shared = max_hit_blocks if own_from is None else min(own_from, max_hit_blocks)
         hits: list[KVCacheBlock] = []
         lookup = self.block_pool.cached_blocks.get  # `BlockPool.get_cached_block`, inlined
-        for block_hash in islice(request.block_hashes, max_hit_blocks):
+        for block_hash in islice(request.block_hashes, num_shared):
             block = lookup(block_hash)
             if block is None:  # chained hashes: every later block misses too
-                break
+                return hits, len(hits) * self.block_size
             hits.append(block)
+        tables = self._own_tables.get(request.request_id)
+        if tables is not None:
+            hits += _own_hits(tables, request.block_hashes, num_shared, max_hit_blocks)
         return hits, len(hits) * self.block_size
 
     def allocate_slots(
@@ -119,7 +159,8 @@ class KVCacheManager:
         num_full = min(min(num_slots, request.num_tokens) // self.block_size,
                        len(request.block_hashes))
         block_hashes = request.block_hashes[start:num_full] if num_full > start else []
-        new_blocks = self.block_pool.extend_table(table, num_needed, start, block_hashes)
+        new_blocks = self.block_pool.extend_table(table, num_needed, start, block_hashes,
+                                                  request.own_from)
         if num_full > start:
             self.num_cached_block[request.request_id] = num_full
         return new_blocks
@@ -161,20 +202,32 @@ class KVCacheManager:
         start = self.num_cached_block.get(req_id, 0)
         if num_full <= start:
             return
+        own_from = request.own_from
         if num_full == start + 1:  # the usual case: a decode filled one block
-            self.block_pool.cache_full_block(table[start], block_hashes[start])
+            self.block_pool.cache_full_block(table[start], block_hashes[start],
+                                             own_from is not None and start >= own_from)
         else:
-            self.block_pool.cache_blocks(table[start:num_full], block_hashes[start:num_full])
+            self.block_pool.cache_blocks(table[start:num_full], block_hashes[start:num_full],
+                                         None if own_from is None else own_from - start)
         self.num_cached_block[req_id] = num_full
 
     def free(self, request: Request) -> None:
-        """Release the request's blocks, tail first (see `BlockPool.free_blocks`)."""
+        """Release the request's blocks, tail first (see `BlockPool.free_blocks`); keep
+        the table of a request with own names that is not finished (preempted) to look
+        them up in."""
         table = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_block.pop(request.request_id, None)
         self.block_pool.free_blocks(reversed(table))
+        if request.is_finished():
+            self._own_tables.pop(request.request_id, None)
+        elif request.own_from is not None and table:
+            self._own_tables.setdefault(request.request_id, []).append(table)
 
     def reset_prefix_cache(self) -> bool:
-        return self.block_pool.reset_prefix_cache()
+        done = self.block_pool.reset_prefix_cache()
+        if done:
+            self._own_tables.clear()
+        return done
 
     def check_invariants(self) -> None:
         """Pool invariants, plus: every reference count equals the tables holding the block."""

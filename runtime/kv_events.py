@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -75,12 +75,14 @@ class ObservedBlockPool(BlockPool):
         return super().get_new_block()
 
     def extend_table(self, table: list[KVCacheBlock], num_blocks: int, start: int,
-                     block_hashes: Sequence[BlockHash]) -> list[KVCacheBlock]:
+                     block_hashes: Sequence[BlockHash],
+                     own_from: int | None = None) -> list[KVCacheBlock]:
         """The two calls it stands for, one after the other: the evictions' events, then
         one stored event for the registration."""
         blocks = self.get_new_blocks(num_blocks)
         table += blocks
-        self.cache_blocks(table[start:start + len(block_hashes)], block_hashes)
+        self.cache_blocks(table[start:start + len(block_hashes)], block_hashes,
+                          None if own_from is None else max(own_from - start, 0))
         return blocks
 
     def _record_evictions(self, count: int) -> None:
@@ -96,20 +98,20 @@ class ObservedBlockPool(BlockPool):
                 append(PoolEvent("removed", (block.block_hash,)))
             block = block.next
 
-    def cache_blocks(self, blocks: Iterable[KVCacheBlock],
-                     block_hashes: Iterable[BlockHash]) -> None:
-        blocks, block_hashes = list(blocks), list(block_hashes)
+    def cache_blocks(self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[BlockHash],
+                     num_shared: int | None = None) -> None:
         self._record_stored(blocks, block_hashes)
-        super().cache_blocks(blocks, block_hashes)
+        super().cache_blocks(blocks, block_hashes, num_shared)
 
-    def cache_full_block(self, block: KVCacheBlock, block_hash: BlockHash) -> None:
+    def cache_full_block(self, block: KVCacheBlock, block_hash: BlockHash,
+                         own: bool = False) -> None:
         self._record_stored((block,), (block_hash,))
-        super().cache_full_block(block, block_hash)
+        super().cache_full_block(block, block_hash, own)
 
-    def cache_each(self, blocks: Sequence[KVCacheBlock],
-                   block_hashes: Sequence[BlockHash]) -> None:
+    def cache_each(self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[BlockHash],
+                   own: bool = False) -> None:
         for block, block_hash in zip(blocks, block_hashes, strict=True):
-            self.cache_full_block(block, block_hash)  # one event per block, in order
+            self.cache_full_block(block, block_hash, own)  # one event per block, in order
 
     def _record_stored(self, blocks: Sequence[KVCacheBlock],
                        block_hashes: Sequence[BlockHash]) -> None:

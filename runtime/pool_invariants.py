@@ -21,10 +21,14 @@ def check_pool_invariants(pool: BlockPool) -> None:
     for block in pool.blocks[1:]:
         assert block.ref_cnt >= 0, block
         assert (block.ref_cnt == 0) == (block.block_id in queued_ids), block
-        if block.block_hash is not None:
-            filed = (pool.cached_blocks.get(block.block_hash) is block
-                     or pool._more_cached.get(block.block_hash, {}).get(block.block_id)
-                     is block)
+        if block.block_hash is None:
+            assert block.own_seq is None, block
+            continue
+        filed = (pool.cached_blocks.get(block.block_hash) is block
+                 or pool._more_cached.get(block.block_hash, {}).get(block.block_id) is block)
+        if block.own_seq is not None:  # an own name: cached without a map entry
+            assert not filed, f"{block}: own name in the hash map"
+        else:
             assert filed, f"{block} missing from the hash map"
     for block_hash, entry in pool._more_cached.items():
         assert entry and block_hash in pool.cached_blocks, "stray hash-map entry"

@@ -99,7 +99,7 @@ class Request:
         "num_preemptions", "num_cached_tokens", "block_hashes", "_all_token_ids",
         "_block_hasher", "_hash_block_size", "max_tokens", "num_prompt_tokens", "num_tokens",
         "eos_token_id", "stop_token_ids", "stop_length", "num_external_computed_tokens",
-        "block_key",
+        "block_key", "own_from",
     )
 
     def __init__(
@@ -149,6 +149,9 @@ class Request:
         # Set when no other request's block can equal one of this request's blocks past the
         # given hashes (the simulator's own-stream tokens): those are named, not hashed.
         self.block_key = block_key
+        # With a `block_key`: the first block named by it (the given names before it are
+        # shared ones); the pool caches such blocks for this request's lookups only.
+        self.own_from = len(self.block_hashes) if block_key is not None else None
         # 8 bytes per token: a simulator holds thousands of long prompts in its queues.
         self._all_token_ids = array("q", prompt_token_ids)
         self._block_hasher: BlockHasher | None = None

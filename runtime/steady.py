@@ -163,7 +163,7 @@ class SteadyDecodes:
         # each one it filled since, so the new one is block c // B. Its request (computed
         # tokens, `num_cached_block`) is left untouched: `_materialise` brings it up to date.
         upcoming, block_size, buckets = self.upcoming, self.block_size, self._buckets
-        blocks, block_hashes = [], []
+        blocks, block_hashes, owns = [], [], []
         for step in range(g, g + num_steps):
             for member in buckets[(step + 1) % block_size]:
                 computed = member.c_minus_g + step
@@ -177,9 +177,16 @@ class SteadyDecodes:
                     block_hashes.append(request.block_hashes[index])
                 else:  # named without its tokens; they come at `_materialise`
                     block_hashes.append(own_block_name(key, index))
+                owns.append(key is not None)
                 blocks.append(member.table[index])
-        if blocks:
-            kv.block_pool.cache_each(blocks, block_hashes)
+        if not blocks:
+            return
+        num_own = sum(owns)
+        if num_own in (0, len(blocks)):
+            kv.block_pool.cache_each(blocks, block_hashes, own=num_own > 0)
+        else:  # members with and without own names: one call each, in order
+            for block, name, own in zip(blocks, block_hashes, owns, strict=True):
+                kv.block_pool.cache_full_block(block, name, own=own)
 
     # ---- runs of steps without explicit requests -------------------------------------------
 

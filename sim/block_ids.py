@@ -71,7 +71,7 @@ class TraceBlockIds:
                    seed: int) -> list[BlockHash]:
         """Identities of the prompt's leading full KV blocks: those inside its hash-id
         pieces, then (with `own_blocks`) every other full prompt block by its own name."""
-        named = self._piece_ids(req, block_size, vocab_size, seed)
+        named = self.piece_ids(req, block_size, vocab_size, seed)
         key = self.own_key(req, block_size, vocab_size, seed)
         if key is not None:
             named += own_block_names(key, len(named), req.prompt_len // block_size)
@@ -90,8 +90,17 @@ class TraceBlockIds:
             self._own_prefixes[(vocab_size, seed, block_size)] = prefix
         return prefix + req.request_id.encode()
 
-    def _piece_ids(self, req: TraceRequest, block_size: int, vocab_size: int,
-                   seed: int) -> list[BlockHash]:
+    @staticmethod
+    def num_piece_ids(req: TraceRequest, block_size: int) -> int:
+        """`len(piece_ids(req, block_size, ...))`, without making them: the full KV blocks
+        inside the prompt's hash-id pieces (a block never straddles two: B divides H)."""
+        ids, hash_block = req.hash_ids, req.hash_block_size
+        if ids is None or hash_block is None or hash_block % block_size:
+            return 0
+        return min(req.prompt_len, len(ids) * hash_block) // block_size
+
+    def piece_ids(self, req: TraceRequest, block_size: int, vocab_size: int,
+                  seed: int) -> list[BlockHash]:
         """Identities of the prompt's leading full KV blocks that lie inside its hash-id
         pieces, in order; [] for a prompt without hash ids or whose hash block is not a
         multiple of `block_size` (the engine then hashes every block)."""

@@ -2,7 +2,7 @@
 
 A fleet's KV pools are linked `KVCacheBlock`s that live as long as the run: 16 replicas on
 the bench's trace build ~253k of them (each pool builds its never-used blocks as
-allocations first reach them, `runtime.block_pool`), against ~57k for one engine on the
+allocations first reach them, `runtime.free_block_queue`), against ~57k for one engine on the
 whole trace. The collector can free none of them, yet walked them again in its middle and
 full generations after their first young collection: on the bench, 32 middle-generation
 collections (0.04-0.10 s together) and 2 full ones (0.06-0.20 s) in a ~1.3 s run; one

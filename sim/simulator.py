@@ -160,7 +160,13 @@ class EngineProcess:
         if config.trace_block_ids and config.cache.enable_prefix_caching:
             key = self.block_ids.own_key(req, config.cache.block_size, config.vocab_size,
                                          config.seed)
-        known = self.known_hashes(req) if known is None else known
+        if key is None:
+            known = self.known_hashes(req) if known is None else known
+        elif known is None:  # the own names past the pieces: the scheduler's hasher's
+            known = self.block_ids.piece_ids(req, config.cache.block_size, config.vocab_size,
+                                             config.seed)
+        else:  # given own names dropped: named again, marked own (`Request.own_from`)
+            known = known[:self.block_ids.num_piece_ids(req, config.cache.block_size)]
         return make_request(req, prompt, max_tokens, known, key)
 
     # ---- what a driver provides ----------------------------------------------------------

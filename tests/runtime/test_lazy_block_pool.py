@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from runtime import block_pool
+from runtime import free_block_queue
 from runtime.block_pool import BlockPool, KVCacheBlock
 
 
@@ -34,7 +34,7 @@ class QueueModel:
 @pytest.mark.parametrize("seed", range(4))
 def test_random_operations_follow_the_list_model(seed: int, chunk: int,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(block_pool, "_BUILD_CHUNK", chunk)
+    monkeypatch.setattr(free_block_queue, "_BUILD_CHUNK", chunk)
     rng = random.Random(seed)
     num_blocks = rng.choice([40, 300, 1000])
     pool, model = BlockPool(num_blocks, enable_caching=True), QueueModel(num_blocks)

@@ -86,6 +86,9 @@ def test_identities_are_equal_exactly_when_the_sha_hashes_are(hash_block: int, b
         tokens = prompt_token_array(req, VOCAB, SEED)
         sha = engine_hashes(req, block_size, [], None)
         known = names.prompt_ids(req, block_size, VOCAB, SEED)
+        pieces = names.piece_ids(req, block_size, VOCAB, SEED)
+        assert known[:len(pieces)] == pieces
+        assert TraceBlockIds.num_piece_ids(req, block_size) == len(pieces)
         if hash_block % block_size:  # pieces are not whole blocks: nothing named
             assert known == []
         elif not own_blocks:
