@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 
+import workloads
 from runtime import CacheConfig, SchedulerConfig
 from runtime.router import make_policy
 from sim import fleet as fleet_module
@@ -17,15 +18,7 @@ from sim.fleet_replica import PreRoutedReplica
 from sim.simulator import SimConfig
 from sim.step_noise import StepNoise
 from tests.sim.fleet_support import FIXTURES, Replica
-from workloads import (
-    ArrivalProcess,
-    MultiTurn,
-    RandomLengths,
-    Trace,
-    load_trace,
-    multi_turn_trace,
-    random_trace,
-)
+from workloads import ArrivalProcess, MultiTurn, RandomLengths, Trace
 
 
 def config(num_blocks: int, fast_forward: bool = True, noise: StepNoise | None = None
@@ -44,8 +37,9 @@ def randomised(seed: int) -> Trace:
                               seed=seed)
     if seed % 4 == 3:
         turns = MultiTurn(num_turns=3, turn_gap_s=0.05, lengths=RandomLengths(96, 40, 0.9))
-        return multi_turn_trace(40, turns, arrivals)
-    return random_trace(150, RandomLengths(160 + 40 * seed, 60, range_ratio=0.9), arrivals)
+        return workloads.multi_turn_trace(40, turns, arrivals)
+    lengths = RandomLengths(160 + 40 * seed, 60, range_ratio=0.9)
+    return workloads.random_trace(150, lengths, arrivals)
 
 
 def run(trace: Trace, policy: str, setups: list[Replica], ahead: bool, routers: int = 1,
@@ -82,7 +76,7 @@ def test_pre_routed_equals_lock_step_on_random_traces(seed: int, policy: str) ->
 
 
 def test_pre_routed_equals_stepping_one_by_one() -> None:
-    trace = load_trace(FIXTURES / "mooncake_conversation_first300.jsonl").trace
+    trace = workloads.load_trace(FIXTURES / "mooncake_conversation_first300.jsonl").trace
     trace = Trace(trace.requests[:120])
     stepped = [Replica(config(num_blocks=300, fast_forward=False))] * 3
     lock_step = run(trace, "round-robin", stepped, ahead=False, latency_s=0.001)
