@@ -101,10 +101,10 @@ def as_fleet_record(record: RequestRecord, replica: int, arrival_s: float,
                     router: int | None = None) -> FleetRequestRecord:
     """`fleet_record`, or the record itself when a fleet replica made it a
     `FleetRequestRecord` on arrival (`replica`, `routing_s` set: `sim.fleet_replica`) and
-    nothing is left to set: it reached the replica at its arrival and no router is named
+    nothing is left to set: it reached replica `replica` at its arrival and no router is named
     (records stay the replica's own, which drivers may read again)."""
     if (isinstance(record, FleetRequestRecord) and record.arrival_s == arrival_s
-            and router is None):
+            and record.replica == replica and router is None):
         return record
     return fleet_record(record, replica, arrival_s, router)
 

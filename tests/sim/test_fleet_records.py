@@ -47,5 +47,7 @@ def test_a_replicas_own_fleet_record_is_passed_through_only_when_complete() -> N
         row = as_fleet_record(record, 1, arrival_s, router)
         assert row is not record and (row.arrival_s, row.router) == (arrival_s, router)
         assert row.routing_s == 2.0 - arrival_s and record.arrival_s == 2.0
+    other = as_fleet_record(record, 3, 2.0)  # another replica's index: a copy that says so
+    assert other is not record and (other.replica, record.replica) == (3, 1)
     plain = as_fleet_record(RequestRecord("b", 3.0, 10, 5), 2, 3.0)
     assert (plain.replica, plain.routing_s) == (2, 0.0)
