@@ -35,7 +35,7 @@ numbered in the order runs are first seen.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from runtime.block_hash import BlockHash, own_block_names
 from workloads import TraceRequest
@@ -89,6 +89,21 @@ class TraceBlockIds:
             prefix = _OWN_TAG + b"".join(coordinates)
             self._own_prefixes[(vocab_size, seed, block_size)] = prefix
         return prefix + req.request_id.encode()
+
+    def given_names(self, req: TraceRequest, block_size: int, vocab_size: int, seed: int,
+                    known: Sequence[BlockHash] | None = None
+                    ) -> tuple[Sequence[BlockHash], bytes | None]:
+        """The block names an engine takes as given for `req` and its own-name key
+        (`own_key`). Without a key: `known` (names computed earlier) or `prompt_ids`. With
+        one: only the hash-id pieces' names (`known` cut to them): the scheduler's hasher
+        makes the own names past them, marked own (`Request.own_from`)."""
+        key = self.own_key(req, block_size, vocab_size, seed)
+        if key is None:
+            return (self.prompt_ids(req, block_size, vocab_size, seed) if known is None
+                    else known), None
+        if known is None:
+            return self.piece_ids(req, block_size, vocab_size, seed), key
+        return known[:self.num_piece_ids(req, block_size)], key
 
     @staticmethod
     def num_piece_ids(req: TraceRequest, block_size: int) -> int:

@@ -156,18 +156,11 @@ class EngineProcess:
         """`make_request` with this engine's block naming (`known`: the prompt's block
         identities if already computed, `known_hashes`)."""
         config = self.config
-        key = None
-        if config.trace_block_ids and config.cache.enable_prefix_caching:
-            key = self.block_ids.own_key(req, config.cache.block_size, config.vocab_size,
-                                         config.seed)
-        if key is None:
-            known = self.known_hashes(req) if known is None else known
-        elif known is None:  # the own names past the pieces: the scheduler's hasher's
-            known = self.block_ids.piece_ids(req, config.cache.block_size, config.vocab_size,
-                                             config.seed)
-        else:  # given own names dropped: named again, marked own (`Request.own_from`)
-            known = known[:self.block_ids.num_piece_ids(req, config.cache.block_size)]
-        return make_request(req, prompt, max_tokens, known, key)
+        if not (config.trace_block_ids and config.cache.enable_prefix_caching):
+            return make_request(req, prompt, max_tokens, [] if known is None else known)
+        names, key = self.block_ids.given_names(req, config.cache.block_size,
+                                                config.vocab_size, config.seed, known)
+        return make_request(req, prompt, max_tokens, names, key)
 
     # ---- what a driver provides ----------------------------------------------------------
 
