@@ -17,11 +17,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import inspect
 import json
 import sys
-import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -32,6 +30,7 @@ from analysis.compare import CompareFiles
 from analysis.output import JsonOut, default_dir, save_figures
 from analysis.progress import progress
 from analysis.report import TABLE_DEFAULTS, ReportFiles, ReportFlags
+from analysis.run_console import RunConsole
 from backends.bench.flags import GpuBenchFlags, ServeBenchFlags, ServeLoadFlags
 from backends.engine.flags import ModelDirFlags, RealEngineFlags
 from backends.replay.flags import DEFAULT_REPLAY, EndpointFlags, replay_workload
@@ -39,7 +38,7 @@ from backends.route.flags import FleetModelFlags, RouteBenchFlags, RouteFlags
 from backends.serve.flags import ServeFlags, ServeModelFlags
 from runtime.config import EngineFlags
 from runtime.flags import FlagGroup as Flags
-from runtime.flags import FlagSpec, build_group, command_layout
+from runtime.flags import FlagSpec, expand_groups
 from sim.autoscale_flags import AutoscaleFlags
 from sim.bench_flags import FleetBenchFlags, SchedulerBenchFlags, SimBenchFlags
 from sim.calibrate_flags import CalibrationSources
@@ -57,7 +56,6 @@ if TYPE_CHECKING:
     from analysis.sweep_run import PointRunner
     from backends.engine.setup import RealSetup
     from backends.replay.api_process import Tokenizer
-    from runtime.records import RunResult
     from sim.profile import Profile
 
 app = typer.Typer(
@@ -77,11 +75,9 @@ app.add_typer(trace_app, name="trace")
 # ---- flags declared once ----
 
 
-def _option(spec: FlagSpec) -> inspect.Parameter:
-    option = typer.Option(*spec.decls, help=spec.help, rich_help_panel=spec.panel,
-                          envvar=spec.envvar, min=spec.minimum)
-    return inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, default=spec.default,
-                             annotation=Annotated[spec.hint, option])
+def _option(spec: FlagSpec) -> Any:
+    return Annotated[spec.hint, typer.Option(*spec.decls, help=spec.help, envvar=spec.envvar,
+                                             rich_help_panel=spec.panel, min=spec.minimum)]
 
 
 def with_flags(command: Callable[..., None]) -> Callable[..., None]:
@@ -89,28 +85,7 @@ def with_flags(command: Callable[..., None]) -> Callable[..., None]:
     per field (an option two groups share, such as --seed, appears once and feeds both);
     the command is called with the built dataclasses. Options are listed: the command's own
     and its `inline` groups' in signature order, then the other groups'."""
-    hints = typing.get_type_hints(command, include_extras=True)
-    signature = {p.name: p for p in inspect.signature(command).parameters.values()}
-    order, groups = command_layout([(name, _flags(hints[name])) for name in signature])
-    own = set(signature) - {g.name for g in groups}
-    params = [_option(x) if isinstance(x, FlagSpec) else signature[x].replace(
-        annotation=hints[x], kind=inspect.Parameter.KEYWORD_ONLY) for x in order]
-
-    @functools.wraps(command)
-    def wrapper(**kwargs: Any) -> None:
-        with user_errors():
-            built = {g.name: build_group(g.cls, g.group, g.specs, kwargs) for g in groups}
-        command(**{k: v for k, v in kwargs.items() if k in own}, **built)
-
-    wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    wrapper.__annotations__ = {p.name: p.annotation for p in params}
-    return wrapper
-
-
-def _flags(hint: Any) -> tuple[type, Flags] | None:
-    """(flag class, group) of a parameter annotated `Annotated[FlagClass, Flags(...)]`."""
-    group = next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Flags)), None)
-    return (typing.get_args(hint)[0], group) if group is not None else None
+    return expand_groups(command, _option, user_errors)
 
 
 def command(group: typer.Typer, name: str | None = None
@@ -143,6 +118,10 @@ def user_errors(*also: type[Exception]) -> Iterator[None]:
         fail(f"{err.filename}: {err.strerror}")
 
 
+def stop(code: int) -> NoReturn:
+    raise typer.Exit(code=code)
+
+
 def say(line: str) -> None:
     typer.echo(f"rt: {line}", err=True)  # a progress or status line
 
@@ -150,9 +129,12 @@ def say(line: str) -> None:
 tell = functools.partial(typer.echo, err=True)  # a plain line on stderr
 
 
-def note(lines: typing.Iterable[str]) -> None:
+def note(lines: Iterable[str]) -> None:
     for line in lines:
         typer.echo(f"rt: note: {line}", err=True)
+
+
+CONSOLE = RunConsole(typer.echo, say, tell, stop)  # where runs go, how they are shown
 
 
 def workload(flags: WorkloadFlags, path: Path | None = None) -> workloads.Trace:
@@ -441,8 +423,9 @@ def replay(
             return
         setup, tokenizer = real_engine(checkpoint.model, engine, real, work.seed)
         workloads.check_max_model_len(trace, setup.scheduler.max_model_len)
+        from backends.replay.real_run import run_replay
         run_replay(trace, setup, tokenizer, result_dir or default_dir("replay"), percentiles,
-                   check_invariants)
+                   check_invariants, CONSOLE)
 
 
 def real_engine(model: Path | None, engine: EngineFlags, real: RealEngineFlags,
@@ -458,63 +441,15 @@ def real_engine(model: Path | None, engine: EngineFlags, real: RealEngineFlags,
         return load_real_engine(model, engine, real, seed)
 
 
-def replay_on(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
-              check_invariants: bool = False, stop_if_interrupted: bool = False) -> RunResult:
-    """Replay on the real engine (a progress bar); Ctrl-C ends the replay early, and with
-    `stop_if_interrupted` the command (exit 130)."""
-    from backends.replay.driver import ReplayConfig
-    from backends.replay.driver import replay as run
-
-    with progress("replaying", len(trace)) as update:
-        result = run(trace, ReplayConfig.of(setup, check_invariants), setup.runner, tokenizer,
-                     update)
-    if result.interrupted and stop_if_interrupted:
-        raise typer.Exit(code=130)
-    return result
-
-
-def run_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
-               path: Path, percentiles: list[float], check_invariants: bool) -> None:
-    from analysis.console import show_run
-    from analysis.rundir import save_result
-    from sim.cost.kv_cache_sizing import startup_lines
-
-    cache, sched = setup.cache, setup.scheduler
-    for line in startup_lines(cache.num_blocks, cache.block_size, sched.max_model_len):
-        tell(line)
-    note([f"model {setup.args.model_dir} ({setup.shape.model_type}) on {setup.args.device}, "
-          f"{setup.dtype}, attention: {setup.attention}"])
-    result = replay_on(trace, setup, tokenizer, check_invariants)
-    run = save_result(path, "replay", workloads.trace_info(trace), result, setup.describe(),
-                      interrupted=result.interrupted, tokenizer=tokenizer is not None)
-    show_run(run, result, percentiles, None, typer.echo, say)
-    if result.interrupted:
-        say("interrupted: records of the requests so far were written")
-        raise typer.Exit(code=130)
-
-
 def run_endpoint(trace: workloads.Trace, settings: dict[str, Any], path: Path,
                  percentiles: list[float]) -> None:
-    """Replay against the endpoint, write the run directory, print vLLM's block."""
+    """`backends.replay.endpoint_run.run_endpoint` on the console (one line if the serve
+    extra is missing)."""
     try:
-        from backends.replay.endpoint_run import EndpointRun, connect
+        from backends.replay.endpoint_run import run_endpoint as run
     except ImportError as err:
         fail(f"--endpoint needs {err.name}: pip install 'rt[serve]'")
-    from analysis.console import show_run
-    from analysis.rundir import load_run, run_info, write_run
-
-    config, info = connect(trace, settings)
-    note([f"endpoint {info.completions_url}, model {info.model}, client-side timing"])
-    with progress("replaying", len(trace)) as update:
-        run = EndpointRun.replay(trace, config, info, update)
-    write_run(path, run.rows(), {}, run_info("endpoint", path.name, workloads.trace_info(trace),
-                                             **run.run_json()))
-    if run.answered:
-        show_run(load_run(path), None, percentiles, None, typer.echo, say)
-    for line in run.messages(path):
-        say(line)
-    if run.exit_code:
-        raise typer.Exit(code=run.exit_code)
+    run(trace, settings, path, percentiles, CONSOLE)
 
 
 # ---- rt serve (backends; --simulate: sim) ----
@@ -671,13 +606,14 @@ def _fidelity_real(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenize
     """`rt fidelity` on the real engine: `sim.fidelity_run.RealFidelity` with the engine's
     replay, grid calibration and the run directories wired in; the real and twin run
     directories and the profile."""
-    from analysis.rundir import rt_version, save_result
+    from analysis.rundir import rt_version
+    from backends.replay.real_run import replay_on
     from sim.calibrate_run import save_profile, steps_profile
     from sim.fidelity_run import FidelityRuns, RealFidelity
 
     runs = FidelityRuns(trace, root, setup.args.seed, setup.describe(), functools.partial(
-        replay_on, setup=setup, tokenizer=tokenizer, stop_if_interrupted=True), save_result,
-        say)
+        replay_on, setup=setup, tokenizer=tokenizer, out=CONSOLE, stop_if_interrupted=True),
+        CONSOLE.save, say)
     twin = RealFidelity(runs, setup.scheduler, setup.cache, str(setup.args.model_dir),
                         functools.partial(calibrate_grid, setup, tokenizer, cal, []),
                         lambda paths, api, drift: steps_profile(paths, "wall", rt_version(), api,
@@ -697,14 +633,13 @@ def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: Engin
     """`rt fidelity --endpoint`: `sim.endpoint_fidelity` with the endpoint replay (as `rt
     replay --endpoint`) and the run directories wired in; as `_fidelity_real`, then the
     calibration replays (the report's drift) and the warm-up (for fidelity.json)."""
-    from analysis.rundir import save_result
     from sim.endpoint_fidelity import EndpointFidelityPlan, endpoint_fidelity
 
     settings = client.config_args(None, seed)
     plan = EndpointFidelityPlan.of(how, order, seed, str(model) if model else None,
                                    step_noise, step_drift)
     out = endpoint_fidelity(trace, engine, plan, root, lambda t, path, s: run_endpoint(
-        t, {**settings, "seed": s}, path, []), lambda path, twin, setup, sources: save_result(
+        t, {**settings, "seed": s}, path, []), lambda path, twin, setup, sources: CONSOLE.save(
         path, "simulate", workloads.trace_info(trace), twin.result, setup.describe(),
         step_noise_seed=twin.noise_seed, server_config_from=sources))
     note(out.lines)
