@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from analysis.sweep_run import PointRunner
     from backends.engine.setup import RealSetup
     from backends.replay.api_process import Tokenizer
+    from sim.fidelity_run import FidelityDirs
     from sim.profile import Profile
 
 app = typer.Typer(
@@ -227,9 +228,6 @@ def simulate(
     went. TPOT = (E2EL - TTFT) / (output tokens - 1), vLLM's definition (guidellm calls
     this ITL); ITL = every gap between consecutive tokens.
     """
-    from analysis.console import show_written_run
-    from analysis.rundir import write_result
-    from analysis.scaling import show_fleet
     from sim.fleet_run import SimulateRun
 
     with user_errors():
@@ -237,17 +235,8 @@ def simulate(
         trace = workload(work, trace_file.trace)
         run = SimulateRun.build(engine, sim, fleet, pd, autoscale, work.seed, check_invariants)
         rate = work.request_rate if work.dataset_name is not None else None
-        path, describe = result_dir or default_dir("simulate"), run.first.describe()
-        for line in run.first.startup_lines:
-            tell(line)
-        with progress("simulating", len(trace)) as update:
-            result, extra = run.run(trace, update)
-        summary = result.summary()
-        write_result(path, "simulate", workloads.trace_info(trace), result, describe, **extra)
-        del result  # on disk now: the records and their frames are never held at once
-        run_dir = show_written_run(path, summary, percentiles, rate, typer.echo, say)
-        if run.fleet:
-            show_fleet(run_dir, autoscale.enabled, typer.echo, say)
+        run.simulate_into(trace, result_dir or default_dir("simulate"), CONSOLE, percentiles,
+                          rate)
 
 
 # ---- rt report / compare / sweep (analysis) ----
@@ -575,7 +564,6 @@ def fidelity(
     real runs' own spread as the noise floor. With --endpoint, all of it against that
     server, fitted on its client-side timings (the engine flags: the server's)."""
     from analysis.fidelity import replay_order, report_fidelity_dirs
-    from sim.fidelity_run import predicted_steps
 
     with user_errors():
         how.check(cal.step_drift, noise.step_noise, client.endpoint is not None)
@@ -586,53 +574,46 @@ def fidelity(
         return _fidelity_fleet(trace, (engine, str(checkpoint.model or "llama-3.1-8b"),
                                        noise.gpu, how.profile, work.seed), fleet, root)
     with user_errors():
-        if client.endpoint is not None:
-            dirs = _fidelity_endpoint(trace, checkpoint.model, engine, noise.step_noise, how,
-                                      cal.step_drift, order, client, work.seed, root)
-        else:
-            setup, tokenizer = real_engine(checkpoint.model, engine, real, work.seed)
-            workloads.check_max_model_len(trace, setup.scheduler.max_model_len)
-            root.mkdir(parents=True, exist_ok=True)
-            dirs = _fidelity_real(trace, setup, tokenizer, cal, how, order, noise.step_noise,
-                                  root)
-        if report_fidelity_dirs(*dirs[:2], functools.partial(predicted_steps, dirs[2]), root,
-                                plots, how.max_error, typer.echo, say, *dirs[3:]):
+        dirs = (_fidelity_endpoint(trace, checkpoint.model, engine, noise.step_noise, how,
+                                   cal.step_drift, order, client, work.seed, root)
+                if client.endpoint is not None else _fidelity_real(
+                    trace, checkpoint.model, engine, real, cal, how, order, noise.step_noise,
+                    work.seed, root))
+        if report_fidelity_dirs(dirs.reals, dirs.sims, dirs.predict, root, plots, how.max_error,
+                                typer.echo, say, dirs.calibrations, dirs.extra):
             raise typer.Exit(code=1)
 
 
-def _fidelity_real(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
-                   cal: CalibrationFlags, how: FidelityFlags, order: list[tuple[str, int]],
-                   step_noise: bool, root: Path) -> tuple[list[Path], list[Path], Path]:
+def _fidelity_real(trace: workloads.Trace, model: Path | None, engine: EngineFlags,
+                   real: RealEngineFlags, cal: CalibrationFlags, how: FidelityFlags,
+                   order: list[tuple[str, int]], step_noise: bool, seed: int, root: Path
+                   ) -> FidelityDirs:
     """`rt fidelity` on the real engine: `sim.fidelity_run.RealFidelity` with the engine's
-    replay, grid calibration and the run directories wired in; the real and twin run
-    directories and the profile."""
+    replay and grid calibration wired in, and the run's output."""
     from analysis.rundir import rt_version
     from backends.replay.real_run import replay_on
-    from sim.calibrate_run import save_profile, steps_profile
     from sim.fidelity_run import FidelityRuns, RealFidelity
 
+    setup, tokenizer = real_engine(model, engine, real, seed)
+    workloads.check_max_model_len(trace, setup.scheduler.max_model_len)
+    root.mkdir(parents=True, exist_ok=True)
     runs = FidelityRuns(trace, root, setup.args.seed, setup.describe(), functools.partial(
         replay_on, setup=setup, tokenizer=tokenizer, out=CONSOLE, stop_if_interrupted=True),
         CONSOLE.save, say)
-    twin = RealFidelity(runs, setup.scheduler, setup.cache, str(setup.args.model_dir),
-                        functools.partial(calibrate_grid, setup, tokenizer, cal, []),
-                        lambda paths, api, drift: steps_profile(paths, "wall", rt_version(), api,
-                                                                drift),
-                        functools.partial(save_profile, log=tell))
-    reals, sims, profile, notes = twin.run(how, order, cal.step_drift, step_noise,
-                                           tokenizer=tokenizer is not None)
+    dirs, notes = RealFidelity(
+        runs, setup.scheduler, setup.cache, str(setup.args.model_dir),
+        functools.partial(calibrate_grid, setup, tokenizer, cal, []), rt_version(), tell
+    ).run(how, order, cal.step_drift, step_noise, tokenizer=tokenizer is not None)
     note(notes)
-    return reals, sims, profile
+    return dirs
 
 
 def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: EngineFlags,
                        step_noise: bool, how: FidelityFlags, step_drift: bool,
                        order: list[tuple[str, int]], client: EndpointFlags, seed: int,
-                       root: Path
-                       ) -> tuple[list[Path], list[Path], Path, list[Path], dict[str, Any]]:
+                       root: Path) -> FidelityDirs:
     """`rt fidelity --endpoint`: `sim.endpoint_fidelity` with the endpoint replay (as `rt
-    replay --endpoint`) and the run directories wired in; as `_fidelity_real`, then the
-    calibration replays (the report's drift) and the warm-up (for fidelity.json)."""
+    replay --endpoint`) and the run's output wired in."""
     from sim.endpoint_fidelity import EndpointFidelityPlan, endpoint_fidelity
 
     settings = client.config_args(None, seed)
@@ -643,8 +624,7 @@ def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: Engin
         path, "simulate", workloads.trace_info(trace), twin.result, setup.describe(),
         step_noise_seed=twin.noise_seed, server_config_from=sources))
     note(out.lines)
-    return out.reals, out.sims, out.profile, out.calibrations, {
-        "warmup": out.warmup.to_json_dict()}
+    return out.dirs()
 
 
 def _fidelity_fleet(trace: workloads.Trace, args: tuple[Any, ...], fleet: FleetFlags,

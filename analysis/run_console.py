@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from analysis.console import show_run
+from analysis.console import show_run, show_written_run
 from analysis.progress import progress
 from analysis.rundir import load_run, run_info, write_result, write_run
+from analysis.scaling import show_fleet
 
 
 @dataclass(frozen=True)
@@ -47,3 +48,11 @@ class RunConsole:
     def show(self, path: Path, result: Any, percentiles: Sequence[float]) -> None:
         """`analysis.console.show_run` of the run directory at `path`."""
         show_run(load_run(path), result, percentiles, None, self.echo, self.say)
+
+    def show_simulated(self, path: Path, summary: Any, percentiles: Sequence[float],
+                       request_rate: float | None, fleet: bool, autoscaled: bool) -> None:
+        """`analysis.console.show_written_run` (streamed: a fraction of the memory), then a
+        fleet's blocks (`analysis.scaling.show_fleet`)."""
+        run = show_written_run(path, summary, percentiles, request_rate, self.echo, self.say)
+        if fleet:
+            show_fleet(run, autoscaled, self.echo, self.say)
