@@ -467,21 +467,12 @@ def serve(
                                sim.profile, seed, sim.step_noise) if server.simulate
             else real_executor_spec(model.model, engine, real, seed)))
     stack = http_stack()
-    until_stopped(f"serving {config.model_name} on http://{server.host}:{server.port}/v1 "
-                  f"({stack.describe()})",
-                  "server", lambda: run_server(config, server.host, server.port, stack,
-                                               server.shutdown_timeout,
-                                               server.uvicorn_log_level))
-
-
-def until_stopped(started: str, what: str, run: Callable[[], None]) -> None:
-    """Say what serves where, run it until it stops (a RuntimeError: one line, exit 2)."""
-    say(started)
-    try:
-        run()
-    except RuntimeError as err:
-        fail(str(err))
-    say(f"{what} stopped")
+    say(f"serving {config.model_name} on http://{server.host}:{server.port}/v1 "
+        f"({stack.describe()})")
+    with user_errors(RuntimeError):  # RuntimeError: the engine process died
+        run_server(config, server.host, server.port, stack, server.shutdown_timeout,
+                   server.uvicorn_log_level)
+    say("server stopped")
 
 
 # ---- rt calibrate / fidelity ----
@@ -732,17 +723,12 @@ _RouterPolicy = Annotated[FleetFlags, ROUTER_POLICY]
 
 def route_until_stopped(urls: list[str], policy: FleetFlags, route: RouteFlags, seed: int,
                         print_url: bool = False) -> None:
-    """The router over `urls` (a bad policy or argument: one line), served until stopped."""
-    from backends.route.app import router_config, run_router
+    """`backends.route.app.route_until_stopped` under `policy` (its URL printed on stdout
+    when `print_url`)."""
+    from backends.route.app import route_until_stopped as run
 
-    with user_errors():
-        config = router_config(urls, policy.router, policy.router_arg or [],
-                               policy.router_refresh_ms, route, seed)
-    if print_url:
-        typer.echo(f"http://{route.host}:{route.port}/v1")
-    until_stopped(f"routing ({config.policy}) over {len(config.backends)} backends on "
-                  f"http://{route.host}:{route.port}/v1", "router",
-                  lambda: run_router(config, route.host, route.port, route.shutdown_timeout))
+    run(urls, policy.router, policy.router_arg or [], policy.router_refresh_ms, route, seed,
+        say, typer.echo if print_url else None)
 
 
 @command(app, "route")
@@ -757,7 +743,8 @@ def route_command(
     its own in-flight counts and prefix index (the prompt's UTF-8 bytes), and each backend's
     /metrics scraped every --router-refresh-ms. Serves /v1/models, /health, /metrics.
     Failing backends are taken out and put back when healthy; SIGTERM/Ctrl-C drains."""
-    route_until_stopped(route.backend or [], policy, route, seed)
+    with user_errors(RuntimeError):  # RuntimeError: the port cannot be bound
+        route_until_stopped(route.backend or [], policy, route, seed)
 
 
 fleet_app = typer.Typer(help="A fleet of rt serve replicas behind rt route, on loopback.",
