@@ -554,33 +554,29 @@ def fidelity(
     TRACE's; with --repeats N it replays N times and reports against their mean, with the
     real runs' own spread as the noise floor. With --endpoint, all of it against that
     server, fitted on its client-side timings (the engine flags: the server's)."""
-    from analysis.fidelity import replay_order, report_fidelity_dirs
-
     with user_errors():
         how.check(cal.step_drift, noise.step_noise, client.endpoint is not None)
         trace = workload(work, trace_file)  # (a bad trace: one line, --endpoint or not)
     root = result_dir or default_dir("fidelity")
-    order = replay_order(how.repeats, how.calibration_replays())
     if how.fleet and client.endpoint is None:  # rt serve --simulate replicas behind rt route
         return _fidelity_fleet(trace, (engine, str(checkpoint.model or "llama-3.1-8b"),
                                        noise.gpu, how.profile, work.seed), fleet, root)
     with user_errors():
         dirs = (_fidelity_endpoint(trace, checkpoint.model, engine, noise.step_noise, how,
-                                   cal.step_drift, order, client, work.seed, root)
+                                   cal.step_drift, client, work.seed, root)
                 if client.endpoint is not None else _fidelity_real(
-                    trace, checkpoint.model, engine, real, cal, how, order, noise.step_noise,
+                    trace, checkpoint.model, engine, real, cal, how, noise.step_noise,
                     work.seed, root))
-        if report_fidelity_dirs(dirs.reals, dirs.sims, dirs.predict, root, plots, how.max_error,
-                                typer.echo, say, dirs.calibrations, dirs.extra):
+        if CONSOLE.report_fidelity(dirs, root, plots, how.max_error):
             raise typer.Exit(code=1)
 
 
 def _fidelity_real(trace: workloads.Trace, model: Path | None, engine: EngineFlags,
                    real: RealEngineFlags, cal: CalibrationFlags, how: FidelityFlags,
-                   order: list[tuple[str, int]], step_noise: bool, seed: int, root: Path
-                   ) -> FidelityDirs:
+                   step_noise: bool, seed: int, root: Path) -> FidelityDirs:
     """`rt fidelity` on the real engine: `sim.fidelity_run.RealFidelity` with the engine's
     replay and grid calibration wired in, and the run's output."""
+    from analysis.fidelity import replay_order
     from analysis.rundir import rt_version
     from backends.replay.real_run import replay_on
     from sim.fidelity_run import FidelityRuns, RealFidelity
@@ -594,20 +590,22 @@ def _fidelity_real(trace: workloads.Trace, model: Path | None, engine: EngineFla
     dirs, notes = RealFidelity(
         runs, setup.scheduler, setup.cache, str(setup.args.model_dir),
         functools.partial(calibrate_grid, setup, tokenizer, cal, []), rt_version(), tell
-    ).run(how, order, cal.step_drift, step_noise, tokenizer=tokenizer is not None)
+    ).run(how, replay_order(how.repeats, how.calibration_replays()), cal.step_drift,
+          step_noise, tokenizer=tokenizer is not None)
     note(notes)
     return dirs
 
 
 def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: EngineFlags,
                        step_noise: bool, how: FidelityFlags, step_drift: bool,
-                       order: list[tuple[str, int]], client: EndpointFlags, seed: int,
-                       root: Path) -> FidelityDirs:
+                       client: EndpointFlags, seed: int, root: Path) -> FidelityDirs:
     """`rt fidelity --endpoint`: `sim.endpoint_fidelity` with the endpoint replay (as `rt
     replay --endpoint`) and the run's output wired in."""
+    from analysis.fidelity import replay_order
     from sim.endpoint_fidelity import EndpointFidelityPlan, endpoint_fidelity
 
     settings = client.config_args(None, seed)
+    order = replay_order(how.repeats, how.calibration_replays())
     plan = EndpointFidelityPlan.of(how, order, seed, str(model) if model else None,
                                    step_noise, step_drift)
     out = endpoint_fidelity(trace, engine, plan, root, lambda t, path, s: run_endpoint(

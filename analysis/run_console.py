@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from analysis.console import show_run, show_written_run
+from analysis.fidelity import report_fidelity_dirs
 from analysis.progress import progress
 from analysis.rundir import load_run, run_info, write_result, write_run
 from analysis.scaling import show_fleet
@@ -56,3 +57,11 @@ class RunConsole:
         run = show_written_run(path, summary, percentiles, request_rate, self.echo, self.say)
         if fleet:
             show_fleet(run, autoscaled, self.echo, self.say)
+
+    def report_fidelity(self, dirs: Any, root: Path, plots: bool, max_error: float | None
+                        ) -> bool:
+        """`analysis.fidelity.report_fidelity_dirs` of what a fidelity run wrote (`dirs`:
+        `sim.fidelity_run.FidelityDirs`); True when an error exceeds `max_error`."""
+        return report_fidelity_dirs(dirs.reals, dirs.sims, dirs.predict, root, plots,
+                                    max_error, self.echo, self.say, dirs.calibrations,
+                                    dirs.extra)
