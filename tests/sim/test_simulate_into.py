@@ -3,10 +3,8 @@ and the same run directory through `analysis.run_console.RunConsole` as simulati
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from analysis.run_console import RunConsole
 from analysis.rundir import load_run, write_result
@@ -15,6 +13,7 @@ from sim.engine_args import EngineArgs, SimFlags
 from sim.fleet_config import FleetFlags
 from sim.fleet_run import SimulateRun
 from sim.pd_flags import PDFlags
+from tests.run_output import Recorder
 from workloads import ArrivalProcess, RandomLengths, random_trace, trace_info
 
 TRACE = random_trace(12, RandomLengths(64, 8), ArrivalProcess(5.0))
@@ -25,47 +24,22 @@ def _run(replicas: int = 1) -> SimulateRun:
                              AutoscaleFlags(), 0, False)
 
 
-class _Recorder:
-    """A `SimOutput` that records each call."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, Any]] = []
-
-    @contextlib.contextmanager
-    def progress(self, label: str, total: int | None = None
-                 ) -> Iterator[Callable[[int, int], None]]:
-        self.calls.append(("progress", (label, total)))
-        yield lambda done, of: None
-
-    def save(self, path: Path, kind: str, trace: Any, result: Any, describe: Any,
-             **extra: Any) -> None:
-        self.calls.append(("save", (path, kind, dict(trace), len(result.requests), describe,
-                                    extra)))
-
-    def show_simulated(self, path: Path, summary: Any, percentiles: Any, rate: Any,
-                       fleet: bool, autoscaled: bool) -> None:
-        self.calls.append(("show", (path, summary.num_steps > 0, list(percentiles), rate,
-                                    fleet, autoscaled)))
-
-    def tell(self, line: str) -> None:
-        self.calls.append(("tell", line))
-
-
 def test_start_up_lines_then_progress_save_and_show(tmp_path: Path) -> None:
-    run, out = _run(), _Recorder()
+    run, out = _run(), Recorder()
     run.simulate_into(TRACE, tmp_path / "r", out, [99.0], 5.0)
-    assert out.calls == [
-        *[("tell", line) for line in run.first.startup_lines],
-        ("progress", ("simulating", 12)),
-        ("save", (tmp_path / "r", "simulate", trace_info(TRACE), 12, run.first.describe(), {})),
-        ("show", (tmp_path / "r", True, [99.0], 5.0, False, False)),
-    ]
+    (_, (path, kind, trace, result, describe, extra)), (_, shown) = out.calls[-2:]
+    assert out.calls[:-2] == [*[("tell", line) for line in run.first.startup_lines],
+                              ("progress", ("simulating", 12))]
+    assert (path, kind, trace, len(result.requests), extra) == (
+        tmp_path / "r", "simulate", trace_info(TRACE), 12, {})
+    assert describe == run.first.describe()
+    assert shown == (tmp_path / "r", result.summary(), [99.0], 5.0, False, False)
 
 
 def test_a_fleet_is_shown_as_one(tmp_path: Path) -> None:
-    out = _Recorder()
+    out = Recorder()
     _run(replicas=2).simulate_into(TRACE, tmp_path / "f", out, [50.0], None)
-    assert out.calls[-1] == ("show", (tmp_path / "f", True, [50.0], None, True, False))
+    assert out.calls[-1][1][2:] == ([50.0], None, True, False)
     assert set(out.calls[-2][1][5]) == {"fleet", "pd", "autoscale", "scaling"}
 
 

@@ -4,11 +4,9 @@ replay itself stubbed (the real one: tests/backends/replay/test_replay.py)."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 
@@ -16,8 +14,10 @@ from backends.replay import real_run
 from backends.replay.run_output import INTERRUPTED
 from runtime import CacheConfig, SchedulerConfig
 from runtime.records import RunResult
+from tests.run_output import Exited, Recorder
 from workloads import ArrivalProcess, RandomLengths, random_trace, trace_info
 
+RESULTS = {cut: RunResult([], {}, 0, 0, 1.0, cut) for cut in (False, True)}
 TRACE = random_trace(3, RandomLengths(32, 4), ArrivalProcess(5.0))
 SETUP: Any = SimpleNamespace(
     cache=CacheConfig(block_size=16, num_blocks=101),
@@ -27,69 +27,31 @@ SETUP: Any = SimpleNamespace(
     attention="sdpa", runner=None, describe=lambda: {"engine": 1})
 
 
-class _Exit(Exception):
-    pass
-
-
-class _Recorder:
-    """A `RunOutput` that records each call; `exit` raises."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, Any]] = []
-
-    @contextlib.contextmanager
-    def progress(self, label: str, total: int | None = None
-                 ) -> Iterator[Callable[[int, int], None]]:
-        self.calls.append(("progress", (label, total)))
-        yield lambda done, of: None
-
-    def save(self, path: Path, kind: str, trace: Any, result: Any, describe: Any,
-             **extra: Any) -> None:
-        self.calls.append(("save", (path, kind, dict(trace), describe, extra)))
-
-    def write(self, *args: Any) -> None:
-        raise AssertionError("a real replay has steps")
-
-    def show(self, path: Path, result: Any, percentiles: Any) -> None:
-        self.calls.append(("show", (path, result.interrupted, list(percentiles))))
-
-    def say(self, line: str) -> None:
-        self.calls.append(("say", line))
-
-    def tell(self, line: str) -> None:
-        self.calls.append(("tell", line))
-
-    def exit(self, code: int) -> NoReturn:
-        self.calls.append(("exit", code))
-        raise _Exit
-
-
 def _stub_replay(monkeypatch: pytest.MonkeyPatch, interrupted: bool) -> None:
-    result = RunResult([], {}, 0, 0, 1.0, interrupted)
-    monkeypatch.setattr(real_run, "replay", lambda *args: result)
+    monkeypatch.setattr(real_run, "replay", lambda *args: RESULTS[interrupted])
     monkeypatch.setattr(real_run.ReplayConfig, "of", lambda setup, check: None)
 
 
 def test_replay_prints_start_up_lines_then_writes_and_shows(monkeypatch: pytest.MonkeyPatch
                                                             ) -> None:
     _stub_replay(monkeypatch, interrupted=False)
-    out = _Recorder()
+    out = Recorder()
     real_run.run_replay(TRACE, SETUP, None, Path("r"), [99.0], False, out)
     assert out.calls == [
         ("tell", "GPU KV cache size: 1,616 tokens"),
         ("tell", "Maximum concurrency for 512 tokens per request: 3.16x"),
         ("say", "note: model m (llama) on cpu, float32, attention: sdpa"),
         ("progress", ("replaying", 3)),
-        ("save", (Path("r"), "replay", trace_info(TRACE), {"engine": 1},
+        ("save", (Path("r"), "replay", trace_info(TRACE), RESULTS[False], {"engine": 1},
                   {"interrupted": False, "tokenizer": False})),
-        ("show", (Path("r"), False, [99.0])),
+        ("show", (Path("r"), RESULTS[False], [99.0])),
     ]
 
 
 def test_ctrl_c_writes_the_records_then_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
     _stub_replay(monkeypatch, interrupted=True)
-    out = _Recorder()
-    with pytest.raises(_Exit):
+    out = Recorder()
+    with pytest.raises(Exited):
         real_run.run_replay(TRACE, SETUP, None, Path("r"), [], False, out)
     assert [c[0] for c in out.calls[-4:]] == ["save", "show", "say", "exit"]
     assert out.calls[-2:] == [("say", INTERRUPTED), ("exit", 130)]
@@ -97,8 +59,8 @@ def test_ctrl_c_writes_the_records_then_exits_130(monkeypatch: pytest.MonkeyPatc
 
 def test_replay_on_stops_the_command_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     _stub_replay(monkeypatch, interrupted=True)
-    out = _Recorder()
+    out = Recorder()
     assert real_run.replay_on(TRACE, SETUP, None, out).interrupted
-    with pytest.raises(_Exit):
+    with pytest.raises(Exited):
         real_run.replay_on(TRACE, SETUP, None, out, stop_if_interrupted=True)
     assert out.calls[-1] == ("exit", 130)
