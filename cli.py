@@ -328,12 +328,10 @@ def point_runner(how: SweepFlags, options: ReportOptions, slos: dict[str, float]
     on --executor, their records reported with `options` widened to the SLOs."""
     from analysis.sweep_run import PointRunner, widen_options
     from sim.plan import simulate_shape
-    from sim.sweep import run_all, simulate_point
+    from sim.sweep import simulate_point
 
-    return PointRunner(functools.partial(run_all, executor=how.executor, jobs=how.jobs,
-                                         address=how.address),
-                       simulate_point if kind == "sweep" else simulate_shape, workloads.trace_info,
-                       widen_options(options, slos))
+    return PointRunner(how.run_all, simulate_point if kind == "sweep" else simulate_shape,
+                       workloads.trace_info, widen_options(options, slos))
 
 
 # ---- rt plan (sim + analysis) ----
@@ -411,7 +409,6 @@ def replay(
             run_endpoint(trace, settings, result_dir or default_dir("endpoint"), percentiles)
             return
         setup, tokenizer = real_engine(checkpoint.model, engine, real, work.seed)
-        workloads.check_max_model_len(trace, setup.scheduler.max_model_len)
         from backends.replay.real_run import run_replay
         run_replay(trace, setup, tokenizer, result_dir or default_dir("replay"), percentiles,
                    check_invariants, CONSOLE)

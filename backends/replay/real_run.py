@@ -13,7 +13,7 @@ from backends.replay.driver import ReplayConfig, replay
 from backends.replay.run_output import INTERRUPTED, RunOutput
 from runtime.kv_startup import startup_lines
 from runtime.records import RunResult
-from workloads import Trace, trace_info
+from workloads import Trace, check_max_model_len, trace_info
 
 
 def replay_on(trace: Trace, setup: RealSetup, tokenizer: Tokenizer | None, out: RunOutput,
@@ -30,8 +30,10 @@ def replay_on(trace: Trace, setup: RealSetup, tokenizer: Tokenizer | None, out: 
 
 def run_replay(trace: Trace, setup: RealSetup, tokenizer: Tokenizer | None, path: Path,
                percentiles: Sequence[float], check_invariants: bool, out: RunOutput) -> None:
-    """Print the pool's start-up lines and the engine, replay, write run directory `path`
-    and show it; exit 130 when Ctrl-C cut the replay short."""
+    """Check every request fits the engine's max_model_len (ValueError), print the pool's
+    start-up lines and the engine, replay, write run directory `path` and show it; exit 130
+    when Ctrl-C cut the replay short."""
+    check_max_model_len(trace, setup.scheduler.max_model_len)
     for line in startup_lines(setup.cache.num_blocks, setup.cache.block_size,
                               setup.scheduler.max_model_len):
         out.tell(line)
