@@ -8,8 +8,9 @@ own such as `ServeBenchFlags` or `InspectFlags`; each field's metadata names its
 options and hands the command the instance. Each command then calls the libraries and
 prints; where a run needs two sides the layering keeps apart (sim/ and backends/, or either
 and analysis/), the library takes the other side's function and this module passes it
-(e.g. `analysis.sweep_run.PointRunner`, `sim.fidelity_run.FidelityRuns`). User errors (bad
-flags, bad files) become one line on stderr and exit code 2, never a traceback.
+(e.g. `analysis.sweep_run.PointRunner`, `sim.fidelity_run.FidelityRuns`); a run's output
+(run directory, printed blocks, status lines, exit status) is one object, `CONSOLE`. User
+errors (bad flags, bad files) become one line on stderr and exit code 2, never a traceback.
 """
 
 from __future__ import annotations
