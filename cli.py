@@ -8,8 +8,9 @@ own such as `ServeBenchFlags` or `InspectFlags`; each field's metadata names its
 options and hands the command the instance. Each command then calls the libraries and
 prints; where a run needs two sides the layering keeps apart (sim/ and backends/, or either
 and analysis/), the library takes the other side's function and this module passes it
-(e.g. `analysis.sweep_run.PointRunner`, `sim.fidelity_run.FidelityRuns`). User errors (bad
-flags, bad files) become one line on stderr and exit code 2, never a traceback.
+(e.g. `analysis.sweep_run.PointRunner`, `sim.fidelity_run.FidelityRuns`); a run's output
+(run directory, printed blocks, status lines, exit status) is one object, `CONSOLE`. User
+errors (bad flags, bad files) become one line on stderr and exit code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -17,11 +18,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import inspect
 import json
 import sys
-import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -32,6 +31,7 @@ from analysis.compare import CompareFiles
 from analysis.output import JsonOut, default_dir, save_figures
 from analysis.progress import progress
 from analysis.report import TABLE_DEFAULTS, ReportFiles, ReportFlags
+from analysis.run_console import RunConsole
 from backends.bench.flags import GpuBenchFlags, ServeBenchFlags, ServeLoadFlags
 from backends.engine.flags import ModelDirFlags, RealEngineFlags
 from backends.replay.flags import DEFAULT_REPLAY, EndpointFlags, replay_workload
@@ -39,7 +39,7 @@ from backends.route.flags import FleetModelFlags, RouteBenchFlags, RouteFlags
 from backends.serve.flags import ServeFlags, ServeModelFlags
 from runtime.config import EngineFlags
 from runtime.flags import FlagGroup as Flags
-from runtime.flags import FlagSpec, build_group, command_layout
+from runtime.flags import FlagSpec, expand_groups
 from sim.autoscale_flags import AutoscaleFlags
 from sim.bench_flags import FleetBenchFlags, SchedulerBenchFlags, SimBenchFlags
 from sim.calibrate_flags import CalibrationSources
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from analysis.sweep_run import PointRunner
     from backends.engine.setup import RealSetup
     from backends.replay.api_process import Tokenizer
-    from runtime.records import RunResult
+    from sim.fidelity_run import FidelityDirs
     from sim.profile import Profile
 
 app = typer.Typer(
@@ -77,11 +77,9 @@ app.add_typer(trace_app, name="trace")
 # ---- flags declared once ----
 
 
-def _option(spec: FlagSpec) -> inspect.Parameter:
-    option = typer.Option(*spec.decls, help=spec.help, rich_help_panel=spec.panel,
-                          envvar=spec.envvar, min=spec.minimum)
-    return inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, default=spec.default,
-                             annotation=Annotated[spec.hint, option])
+def _option(spec: FlagSpec) -> Any:
+    return Annotated[spec.hint, typer.Option(*spec.decls, help=spec.help, envvar=spec.envvar,
+                                             rich_help_panel=spec.panel, min=spec.minimum)]
 
 
 def with_flags(command: Callable[..., None]) -> Callable[..., None]:
@@ -89,28 +87,7 @@ def with_flags(command: Callable[..., None]) -> Callable[..., None]:
     per field (an option two groups share, such as --seed, appears once and feeds both);
     the command is called with the built dataclasses. Options are listed: the command's own
     and its `inline` groups' in signature order, then the other groups'."""
-    hints = typing.get_type_hints(command, include_extras=True)
-    signature = {p.name: p for p in inspect.signature(command).parameters.values()}
-    order, groups = command_layout([(name, _flags(hints[name])) for name in signature])
-    own = set(signature) - {g.name for g in groups}
-    params = [_option(x) if isinstance(x, FlagSpec) else signature[x].replace(
-        annotation=hints[x], kind=inspect.Parameter.KEYWORD_ONLY) for x in order]
-
-    @functools.wraps(command)
-    def wrapper(**kwargs: Any) -> None:
-        with user_errors():
-            built = {g.name: build_group(g.cls, g.group, g.specs, kwargs) for g in groups}
-        command(**{k: v for k, v in kwargs.items() if k in own}, **built)
-
-    wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    wrapper.__annotations__ = {p.name: p.annotation for p in params}
-    return wrapper
-
-
-def _flags(hint: Any) -> tuple[type, Flags] | None:
-    """(flag class, group) of a parameter annotated `Annotated[FlagClass, Flags(...)]`."""
-    group = next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Flags)), None)
-    return (typing.get_args(hint)[0], group) if group is not None else None
+    return expand_groups(command, _option, user_errors)
 
 
 def command(group: typer.Typer, name: str | None = None
@@ -143,6 +120,10 @@ def user_errors(*also: type[Exception]) -> Iterator[None]:
         fail(f"{err.filename}: {err.strerror}")
 
 
+def stop(code: int) -> NoReturn:
+    raise typer.Exit(code=code)
+
+
 def say(line: str) -> None:
     typer.echo(f"rt: {line}", err=True)  # a progress or status line
 
@@ -150,9 +131,12 @@ def say(line: str) -> None:
 tell = functools.partial(typer.echo, err=True)  # a plain line on stderr
 
 
-def note(lines: typing.Iterable[str]) -> None:
+def note(lines: Iterable[str]) -> None:
     for line in lines:
         typer.echo(f"rt: note: {line}", err=True)
+
+
+CONSOLE = RunConsole(typer.echo, say, tell, stop)  # where runs go, how they are shown
 
 
 def workload(flags: WorkloadFlags, path: Path | None = None) -> workloads.Trace:
@@ -245,9 +229,6 @@ def simulate(
     went. TPOT = (E2EL - TTFT) / (output tokens - 1), vLLM's definition (guidellm calls
     this ITL); ITL = every gap between consecutive tokens.
     """
-    from analysis.console import show_written_run
-    from analysis.rundir import write_result
-    from analysis.scaling import show_fleet
     from sim.fleet_run import SimulateRun
 
     with user_errors():
@@ -255,17 +236,8 @@ def simulate(
         trace = workload(work, trace_file.trace)
         run = SimulateRun.build(engine, sim, fleet, pd, autoscale, work.seed, check_invariants)
         rate = work.request_rate if work.dataset_name is not None else None
-        path, describe = result_dir or default_dir("simulate"), run.first.describe()
-        for line in run.first.startup_lines:
-            tell(line)
-        with progress("simulating", len(trace)) as update:
-            result, extra = run.run(trace, update)
-        summary = result.summary()
-        write_result(path, "simulate", workloads.trace_info(trace), result, describe, **extra)
-        del result  # on disk now: the records and their frames are never held at once
-        run_dir = show_written_run(path, summary, percentiles, rate, typer.echo, say)
-        if run.fleet:
-            show_fleet(run_dir, autoscale.enabled, typer.echo, say)
+        run.simulate_into(trace, result_dir or default_dir("simulate"), CONSOLE, percentiles,
+                          rate)
 
 
 # ---- rt report / compare / sweep (analysis) ----
@@ -357,12 +329,10 @@ def point_runner(how: SweepFlags, options: ReportOptions, slos: dict[str, float]
     on --executor, their records reported with `options` widened to the SLOs."""
     from analysis.sweep_run import PointRunner, widen_options
     from sim.plan import simulate_shape
-    from sim.sweep import run_all, simulate_point
+    from sim.sweep import simulate_point
 
-    return PointRunner(functools.partial(run_all, executor=how.executor, jobs=how.jobs,
-                                         address=how.address),
-                       simulate_point if kind == "sweep" else simulate_shape, workloads.trace_info,
-                       widen_options(options, slos))
+    return PointRunner(how.run_all, simulate_point if kind == "sweep" else simulate_shape,
+                       workloads.trace_info, widen_options(options, slos))
 
 
 # ---- rt plan (sim + analysis) ----
@@ -440,9 +410,9 @@ def replay(
             run_endpoint(trace, settings, result_dir or default_dir("endpoint"), percentiles)
             return
         setup, tokenizer = real_engine(checkpoint.model, engine, real, work.seed)
-        workloads.check_max_model_len(trace, setup.scheduler.max_model_len)
+        from backends.replay.real_run import run_replay
         run_replay(trace, setup, tokenizer, result_dir or default_dir("replay"), percentiles,
-                   check_invariants)
+                   check_invariants, CONSOLE)
 
 
 def real_engine(model: Path | None, engine: EngineFlags, real: RealEngineFlags,
@@ -458,63 +428,15 @@ def real_engine(model: Path | None, engine: EngineFlags, real: RealEngineFlags,
         return load_real_engine(model, engine, real, seed)
 
 
-def replay_on(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
-              check_invariants: bool = False, stop_if_interrupted: bool = False) -> RunResult:
-    """Replay on the real engine (a progress bar); Ctrl-C ends the replay early, and with
-    `stop_if_interrupted` the command (exit 130)."""
-    from backends.replay.driver import ReplayConfig
-    from backends.replay.driver import replay as run
-
-    with progress("replaying", len(trace)) as update:
-        result = run(trace, ReplayConfig.of(setup, check_invariants), setup.runner, tokenizer,
-                     update)
-    if result.interrupted and stop_if_interrupted:
-        raise typer.Exit(code=130)
-    return result
-
-
-def run_replay(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
-               path: Path, percentiles: list[float], check_invariants: bool) -> None:
-    from analysis.console import show_run
-    from analysis.rundir import save_result
-    from sim.cost.kv_cache_sizing import startup_lines
-
-    cache, sched = setup.cache, setup.scheduler
-    for line in startup_lines(cache.num_blocks, cache.block_size, sched.max_model_len):
-        tell(line)
-    note([f"model {setup.args.model_dir} ({setup.shape.model_type}) on {setup.args.device}, "
-          f"{setup.dtype}, attention: {setup.attention}"])
-    result = replay_on(trace, setup, tokenizer, check_invariants)
-    run = save_result(path, "replay", workloads.trace_info(trace), result, setup.describe(),
-                      interrupted=result.interrupted, tokenizer=tokenizer is not None)
-    show_run(run, result, percentiles, None, typer.echo, say)
-    if result.interrupted:
-        say("interrupted: records of the requests so far were written")
-        raise typer.Exit(code=130)
-
-
 def run_endpoint(trace: workloads.Trace, settings: dict[str, Any], path: Path,
                  percentiles: list[float]) -> None:
-    """Replay against the endpoint, write the run directory, print vLLM's block."""
+    """`backends.replay.endpoint_run.run_endpoint` on the console (one line if the serve
+    extra is missing)."""
     try:
-        from backends.replay.endpoint_run import EndpointRun, connect
+        from backends.replay.endpoint_run import run_endpoint as run
     except ImportError as err:
         fail(f"--endpoint needs {err.name}: pip install 'rt[serve]'")
-    from analysis.console import show_run
-    from analysis.rundir import load_run, run_info, write_run
-
-    config, info = connect(trace, settings)
-    note([f"endpoint {info.completions_url}, model {info.model}, client-side timing"])
-    with progress("replaying", len(trace)) as update:
-        run = EndpointRun.replay(trace, config, info, update)
-    write_run(path, run.rows(), {}, run_info("endpoint", path.name, workloads.trace_info(trace),
-                                             **run.run_json()))
-    if run.answered:
-        show_run(load_run(path), None, percentiles, None, typer.echo, say)
-    for line in run.messages(path):
-        say(line)
-    if run.exit_code:
-        raise typer.Exit(code=run.exit_code)
+    run(trace, settings, path, percentiles, CONSOLE)
 
 
 # ---- rt serve (backends; --simulate: sim) ----
@@ -543,21 +465,12 @@ def serve(
                                sim.profile, seed, sim.step_noise) if server.simulate
             else real_executor_spec(model.model, engine, real, seed)))
     stack = http_stack()
-    until_stopped(f"serving {config.model_name} on http://{server.host}:{server.port}/v1 "
-                  f"({stack.describe()})",
-                  "server", lambda: run_server(config, server.host, server.port, stack,
-                                               server.shutdown_timeout,
-                                               server.uvicorn_log_level))
-
-
-def until_stopped(started: str, what: str, run: Callable[[], None]) -> None:
-    """Say what serves where, run it until it stops (a RuntimeError: one line, exit 2)."""
-    say(started)
-    try:
-        run()
-    except RuntimeError as err:
-        fail(str(err))
-    say(f"{what} stopped")
+    say(f"serving {config.model_name} on http://{server.host}:{server.port}/v1 "
+        f"({stack.describe()})")
+    with user_errors(RuntimeError):  # RuntimeError: the engine process died
+        run_server(config, server.host, server.port, stack, server.shutdown_timeout,
+                   server.uvicorn_log_level)
+    say("server stopped")
 
 
 # ---- rt calibrate / fidelity ----
@@ -639,77 +552,66 @@ def fidelity(
     TRACE's; with --repeats N it replays N times and reports against their mean, with the
     real runs' own spread as the noise floor. With --endpoint, all of it against that
     server, fitted on its client-side timings (the engine flags: the server's)."""
-    from analysis.fidelity import replay_order, report_fidelity_dirs
-    from sim.fidelity_run import predicted_steps
-
     with user_errors():
         how.check(cal.step_drift, noise.step_noise, client.endpoint is not None)
         trace = workload(work, trace_file)  # (a bad trace: one line, --endpoint or not)
     root = result_dir or default_dir("fidelity")
-    order = replay_order(how.repeats, how.calibration_replays())
     if how.fleet and client.endpoint is None:  # rt serve --simulate replicas behind rt route
         return _fidelity_fleet(trace, (engine, str(checkpoint.model or "llama-3.1-8b"),
                                        noise.gpu, how.profile, work.seed), fleet, root)
     with user_errors():
-        if client.endpoint is not None:
-            dirs = _fidelity_endpoint(trace, checkpoint.model, engine, noise.step_noise, how,
-                                      cal.step_drift, order, client, work.seed, root)
-        else:
-            setup, tokenizer = real_engine(checkpoint.model, engine, real, work.seed)
-            workloads.check_max_model_len(trace, setup.scheduler.max_model_len)
-            root.mkdir(parents=True, exist_ok=True)
-            dirs = _fidelity_real(trace, setup, tokenizer, cal, how, order, noise.step_noise,
-                                  root)
-        if report_fidelity_dirs(*dirs[:2], functools.partial(predicted_steps, dirs[2]), root,
-                                plots, how.max_error, typer.echo, say, *dirs[3:]):
+        dirs = (_fidelity_endpoint(trace, checkpoint.model, engine, noise.step_noise, how,
+                                   cal.step_drift, client, work.seed, root)
+                if client.endpoint is not None else _fidelity_real(
+                    trace, checkpoint.model, engine, real, cal, how, noise.step_noise,
+                    work.seed, root))
+        if CONSOLE.report_fidelity(dirs, root, plots, how.max_error):
             raise typer.Exit(code=1)
 
 
-def _fidelity_real(trace: workloads.Trace, setup: RealSetup, tokenizer: Tokenizer | None,
-                   cal: CalibrationFlags, how: FidelityFlags, order: list[tuple[str, int]],
-                   step_noise: bool, root: Path) -> tuple[list[Path], list[Path], Path]:
+def _fidelity_real(trace: workloads.Trace, model: Path | None, engine: EngineFlags,
+                   real: RealEngineFlags, cal: CalibrationFlags, how: FidelityFlags,
+                   step_noise: bool, seed: int, root: Path) -> FidelityDirs:
     """`rt fidelity` on the real engine: `sim.fidelity_run.RealFidelity` with the engine's
-    replay, grid calibration and the run directories wired in; the real and twin run
-    directories and the profile."""
-    from analysis.rundir import rt_version, save_result
-    from sim.calibrate_run import save_profile, steps_profile
+    replay and grid calibration wired in, and the run's output."""
+    from analysis.fidelity import replay_order
+    from analysis.rundir import rt_version
+    from backends.replay.real_run import replay_on
     from sim.fidelity_run import FidelityRuns, RealFidelity
 
+    setup, tokenizer = real_engine(model, engine, real, seed)
+    workloads.check_max_model_len(trace, setup.scheduler.max_model_len)
+    root.mkdir(parents=True, exist_ok=True)
     runs = FidelityRuns(trace, root, setup.args.seed, setup.describe(), functools.partial(
-        replay_on, setup=setup, tokenizer=tokenizer, stop_if_interrupted=True), save_result,
-        say)
-    twin = RealFidelity(runs, setup.scheduler, setup.cache, str(setup.args.model_dir),
-                        functools.partial(calibrate_grid, setup, tokenizer, cal, []),
-                        lambda paths, api, drift: steps_profile(paths, "wall", rt_version(), api,
-                                                                drift),
-                        functools.partial(save_profile, log=tell))
-    reals, sims, profile, notes = twin.run(how, order, cal.step_drift, step_noise,
-                                           tokenizer=tokenizer is not None)
+        replay_on, setup=setup, tokenizer=tokenizer, out=CONSOLE, stop_if_interrupted=True),
+        CONSOLE.save, say)
+    dirs, notes = RealFidelity(
+        runs, setup.scheduler, setup.cache, str(setup.args.model_dir),
+        functools.partial(calibrate_grid, setup, tokenizer, cal, []), rt_version(), tell
+    ).run(how, replay_order(how.repeats, how.calibration_replays()), cal.step_drift,
+          step_noise, tokenizer=tokenizer is not None)
     note(notes)
-    return reals, sims, profile
+    return dirs
 
 
 def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: EngineFlags,
                        step_noise: bool, how: FidelityFlags, step_drift: bool,
-                       order: list[tuple[str, int]], client: EndpointFlags, seed: int,
-                       root: Path
-                       ) -> tuple[list[Path], list[Path], Path, list[Path], dict[str, Any]]:
+                       client: EndpointFlags, seed: int, root: Path) -> FidelityDirs:
     """`rt fidelity --endpoint`: `sim.endpoint_fidelity` with the endpoint replay (as `rt
-    replay --endpoint`) and the run directories wired in; as `_fidelity_real`, then the
-    calibration replays (the report's drift) and the warm-up (for fidelity.json)."""
-    from analysis.rundir import save_result
+    replay --endpoint`) and the run's output wired in."""
+    from analysis.fidelity import replay_order
     from sim.endpoint_fidelity import EndpointFidelityPlan, endpoint_fidelity
 
     settings = client.config_args(None, seed)
+    order = replay_order(how.repeats, how.calibration_replays())
     plan = EndpointFidelityPlan.of(how, order, seed, str(model) if model else None,
                                    step_noise, step_drift)
     out = endpoint_fidelity(trace, engine, plan, root, lambda t, path, s: run_endpoint(
-        t, {**settings, "seed": s}, path, []), lambda path, twin, setup, sources: save_result(
+        t, {**settings, "seed": s}, path, []), lambda path, twin, setup, sources: CONSOLE.save(
         path, "simulate", workloads.trace_info(trace), twin.result, setup.describe(),
         step_noise_seed=twin.noise_seed, server_config_from=sources))
     note(out.lines)
-    return out.reals, out.sims, out.profile, out.calibrations, {
-        "warmup": out.warmup.to_json_dict()}
+    return out.dirs()
 
 
 def _fidelity_fleet(trace: workloads.Trace, args: tuple[Any, ...], fleet: FleetFlags,
@@ -817,17 +719,12 @@ _RouterPolicy = Annotated[FleetFlags, ROUTER_POLICY]
 
 def route_until_stopped(urls: list[str], policy: FleetFlags, route: RouteFlags, seed: int,
                         print_url: bool = False) -> None:
-    """The router over `urls` (a bad policy or argument: one line), served until stopped."""
-    from backends.route.app import router_config, run_router
+    """`backends.route.app.route_until_stopped` under `policy` (its URL printed on stdout
+    when `print_url`)."""
+    from backends.route.app import route_until_stopped as run
 
-    with user_errors():
-        config = router_config(urls, policy.router, policy.router_arg or [],
-                               policy.router_refresh_ms, route, seed)
-    if print_url:
-        typer.echo(f"http://{route.host}:{route.port}/v1")
-    until_stopped(f"routing ({config.policy}) over {len(config.backends)} backends on "
-                  f"http://{route.host}:{route.port}/v1", "router",
-                  lambda: run_router(config, route.host, route.port, route.shutdown_timeout))
+    run(urls, policy.router, policy.router_arg or [], policy.router_refresh_ms, route, seed,
+        say, typer.echo if print_url else None)
 
 
 @command(app, "route")
@@ -842,7 +739,8 @@ def route_command(
     its own in-flight counts and prefix index (the prompt's UTF-8 bytes), and each backend's
     /metrics scraped every --router-refresh-ms. Serves /v1/models, /health, /metrics.
     Failing backends are taken out and put back when healthy; SIGTERM/Ctrl-C drains."""
-    route_until_stopped(route.backend or [], policy, route, seed)
+    with user_errors(RuntimeError):  # RuntimeError: the port cannot be bound
+        route_until_stopped(route.backend or [], policy, route, seed)
 
 
 fleet_app = typer.Typer(help="A fleet of rt serve replicas behind rt route, on loopback.",

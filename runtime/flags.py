@@ -4,15 +4,19 @@ A field made with `flag(default, "--option", help, panel)` is both a config valu
 the metadata names the option (vLLM's spelling), its help text and help panel. A command
 names the flag dataclasses it takes with a `FlagGroup` (which fields, its own defaults, or
 comma lists for sweeps); `group_specs` resolves that into one `FlagSpec` per option and
-`build_group` turns parsed option values back into the dataclass. Nothing here reads argv:
-the CLI hands the specs to its parser library and the values back.
+`build_group` turns parsed option values back into the dataclass; `expand_groups` does both
+for a whole command. Nothing here reads argv: the CLI hands the specs to its parser library
+(through the `option` it passes) and the values back.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,3 +139,37 @@ def comma_list(option: str, text: str, kind: type) -> list[Any]:
     if not values:
         raise ValueError(f"{option}: empty list")
     return values
+
+
+def expand_groups(command: Callable[..., None], option: Callable[[FlagSpec], Any],
+                  guard: Callable[[], AbstractContextManager[None]]) -> Callable[..., None]:
+    """`command` with each parameter annotated `Annotated[FlagClass, FlagGroup(...)]` turned
+    into one keyword parameter per option (`command_layout`'s order; the annotation is
+    `option(spec)`, e.g. the parser library's option type); called with those options, it
+    builds the dataclasses (`build_group`, inside `guard()`, which turns a ValueError into
+    the parser's error) and calls `command` with them and its plain parameters."""
+    hints = typing.get_type_hints(command, include_extras=True)
+    signature = {p.name: p for p in inspect.signature(command).parameters.values()}
+    order, groups = command_layout([(name, _group_of(hints[name])) for name in signature])
+    own = set(signature) - {g.name for g in groups}
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    params = [inspect.Parameter(x.name, keyword, default=x.default, annotation=option(x))
+              if isinstance(x, FlagSpec)
+              else signature[x].replace(annotation=hints[x], kind=keyword) for x in order]
+
+    @functools.wraps(command)
+    def expanded(**values: Any) -> None:
+        with guard():
+            built = {g.name: build_group(g.cls, g.group, g.specs, values) for g in groups}
+        command(**{k: v for k, v in values.items() if k in own}, **built)
+
+    expanded.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    expanded.__annotations__ = {p.name: p.annotation for p in params}
+    return expanded
+
+
+def _group_of(hint: Any) -> tuple[type, FlagGroup] | None:
+    """(flag class, group) of a parameter annotated `Annotated[FlagClass, FlagGroup(...)]`."""
+    group = next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, FlagGroup)),
+                 None)
+    return (typing.get_args(hint)[0], group) if group is not None else None

@@ -42,6 +42,7 @@ from sim.endpoint_config import ExportedConfig, endpoint_configs
 from sim.endpoint_warmup import WARMUP_REQUESTS, Warmup, run_warmup
 from sim.engine_args import SimSetup
 from sim.fidelity import FidelityFlags, TwinRun, twin_simulations
+from sim.fidelity_run import FidelityDirs
 from sim.profile import write_profile
 from workloads import Trace, resample_like
 
@@ -120,6 +121,11 @@ class EndpointFidelity:
     sources: dict[str, str]
     lines: list[str]
     warmup: Warmup
+
+    def dirs(self) -> FidelityDirs:
+        """The run directories and profile to report, the warm-up in fidelity.json."""
+        return FidelityDirs(self.reals, self.sims, self.profile, self.calibrations,
+                            {"warmup": self.warmup.to_json_dict()})
 
 
 def check_endpoint_flags(calibrate_on: str, step_drift: bool) -> None:

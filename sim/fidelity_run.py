@@ -10,7 +10,7 @@ on Ctrl-C) and `save(path, kind, trace_info, result, describe, **extra)` (the si
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import numpy as np
 from runtime import CacheConfig, SchedulerConfig
 from runtime.records import RunResult
 from sim.calibrate import predict_step_rows, replay_api_cost
+from sim.calibrate_run import save_profile, steps_profile
 from sim.fidelity import FidelityFlags, twin_simulations
 from sim.profile import Profile, load_profile
 from workloads import Trace, resample_like, trace_info
@@ -74,35 +75,53 @@ def predicted_steps(profile: Path, steps: Mapping[str, Sequence[Any]]) -> np.nda
 
 
 @dataclass(frozen=True)
+class FidelityDirs:
+    """What a fidelity run wrote, for `analysis.fidelity.report_fidelity_dirs`: the real and
+    twin run directories, the profile simulated, the calibration replays (the report's
+    drift) and fidelity.json's extra sections."""
+
+    reals: list[Path]
+    sims: list[Path]
+    profile: Path
+    calibrations: list[Path] = field(default_factory=list)
+    extra: dict[str, Any] | None = None
+
+    def predict(self, steps: Mapping[str, Sequence[Any]]) -> np.ndarray:
+        """The profile's predicted seconds of each of these recorded steps."""
+        return predicted_steps(self.profile, steps)
+
+
+@dataclass(frozen=True)
 class RealFidelity:
     """`rt fidelity` on the real engine: its `runs` (replays and twins), the engine's configs
-    and model, and the profile's injected sources: `grid()` (the calibration grid measured on
-    the engine and fitted), `fit(paths, api_server, drift)` (a fit on replay steps, and its
-    notes: `sim.calibrate_run.steps_profile`) and `write(profile, path)` (printed and
-    written)."""
+    and model, `grid()` (the injected calibration grid, measured on the engine and fitted),
+    rt's `version` (recorded in a profile fitted on replays) and where a profile's fit lines
+    go (`log`)."""
 
     runs: FidelityRuns
     scheduler: SchedulerConfig
     cache: CacheConfig
     model: str
     grid: Callable[[], Profile]
-    fit: Callable[[list[Path], Any, bool], tuple[Profile, list[str]]]
-    write: Callable[[Profile, Path], Path]
+    version: str
+    log: Callable[[str], None]
 
     def run(self, how: FidelityFlags, order: Sequence[tuple[str, int]], step_drift: bool,
-            step_noise: bool, **extra: Any) -> tuple[list[Path], list[Path], Path, list[str]]:
-        """Calibrate (on the grid before the replays, or on calibration/real replays after),
-        replay in `order`, simulate the twins. Returns the real and twin run directories, the
-        profile's path and notes."""
+            step_noise: bool, **extra: Any) -> tuple[FidelityDirs, list[str]]:
+        """Calibrate (on the grid before the replays, or on calibration/real replays after:
+        `sim.calibrate_run.steps_profile` on their wall-clock steps), replay in `order`,
+        simulate the twins. Returns the real and twin run directories and the profile's
+        path, and notes."""
         profile, path = how.profile, self.runs.root / "profile.json"
         if profile is None and how.calibrate_on == "grid" and not how.fit_on_replay:
-            profile = self.write(self.grid(), path)
+            profile = save_profile(self.grid(), path, self.log)
         reals, calibrations = self.runs.replays(order, **extra)
         fit_notes: list[str] = []
         if replays := calibrations or (reals if how.fit_on_replay else []):
-            fitted, fit_notes = self.fit(replays, replay_api_cost(replays), step_drift)
-            profile = self.write(fitted, path)
+            fitted, fit_notes = steps_profile(replays, "wall", self.version,
+                                              replay_api_cost(replays), step_drift)
+            profile = save_profile(fitted, path, self.log)
         assert profile is not None  # the grid's, the replays' or --profile
         sims, notes = self.runs.twins(self.scheduler, self.cache, self.model, profile,
                                       step_noise, how.sim_runs)
-        return reals, sims, profile, fit_notes + notes
+        return FidelityDirs(reals, sims, profile), fit_notes + notes

@@ -1,16 +1,18 @@
 """`rt simulate --replicas N | --fleet FILE`'s run: the replicas (one setup times N, or the
 fleet file's pools) behind the --router policy; with a P/D decider or pools with roles,
 prefill and decode disaggregated (`sim.pd_flags`); with --autoscale, pools scaled in the loop
-(`sim.autoscale_flags`). The caller writes the run directory from `FleetRun.run`'s result
-and run.json sections."""
+(`sim.autoscale_flags`). `SimulateRun.simulate_into` writes and shows the run through the
+caller's `SimOutput` (run directories and result blocks are analysis/'s)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
-from runtime.records import RunResult
+from runtime.records import RunResult, RunSummary
 from runtime.router.policy import RouterPolicy
 from sim.autoscale_flags import AutoscaleFlags, fixed_scaling, simulate_autoscaled_fleet
 from sim.engine_args import EngineArgs, SimFlags, SimSetup, build_setup
@@ -18,7 +20,28 @@ from sim.fleet import simulate_fleet
 from sim.fleet_config import FleetFlags, FleetSpec, build_fleet, load_fleet
 from sim.pd_flags import PDFlags, simulate_pd_fleet
 from sim.simulator import Progress, simulate
-from workloads import Trace
+from workloads import Trace, trace_info
+
+
+class SimOutput(Protocol):
+    """Where `rt simulate`'s run goes and how it is shown (`analysis.run_console.RunConsole`
+    is one)."""
+
+    def progress(self, label: str, total: int | None = None
+                 ) -> AbstractContextManager[Callable[[int, int], None]]:
+        """A progress bar over `total` requests, updated through the function it yields."""
+
+    def save(self, path: Path, kind: str, trace: Mapping[str, Any], result: RunResult,
+             describe: Mapping[str, Any], **extra: Any) -> None:
+        """Write the records as run directory `path` (`trace`: `workloads.trace_info`)."""
+
+    def show_simulated(self, path: Path, summary: RunSummary, percentiles: Sequence[float],
+                       request_rate: float | None, fleet: bool, autoscaled: bool) -> None:
+        """Print the run written at `path` (read back without its token times): vLLM's and
+        rt's blocks, and a fleet's routing and scaling."""
+
+    def tell(self, line: str) -> None:
+        """A plain line for the user (vLLM's start-up lines)."""
 
 
 @dataclass(frozen=True)
@@ -101,3 +124,19 @@ class SimulateRun:
         if self.fleet:
             return self.fleet.run(trace, progress)
         return simulate(trace, self.setup.config, self.setup.cost_model, progress), {}
+
+    def simulate_into(self, trace: Trace, path: Path, out: SimOutput,
+                      percentiles: Sequence[float], request_rate: float | None) -> None:
+        """Print the start-up lines, simulate under `out`'s progress bar, write run directory
+        `path` and show it; the records are dropped before the run is read back (a 1 M-request
+        run's records and frames are never held at once)."""
+        describe = self.first.describe()
+        for line in self.first.startup_lines:
+            out.tell(line)
+        with out.progress("simulating", len(trace)) as update:
+            result, extra = self.run(trace, update)
+        summary = result.summary()
+        out.save(path, "simulate", trace_info(trace), result, describe, **extra)
+        del result
+        out.show_simulated(path, summary, percentiles, request_rate, self.fleet is not None,
+                           self.fleet is not None and self.fleet.autoscale.enabled)

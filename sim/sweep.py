@@ -85,6 +85,11 @@ class SweepFlags:
     def bracket(self) -> list[float] | None:
         return _positive_floats("--rate-range", self.rate_range)
 
+    def run_all(self, fn: Callable[[T], R], tasks: Sequence[T],
+                progress: Progress | None = None) -> list[R]:
+        """`run_all` on this --executor (--jobs, --address)."""
+        return run_all(fn, tasks, self.executor, self.jobs, self.address, progress)
+
 
 def _positive_floats(option: str, text: str | None) -> list[float] | None:
     if text is None:

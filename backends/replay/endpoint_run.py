@@ -1,19 +1,18 @@
 """`rt replay --endpoint`'s run: probe the server, check the trace fits its max_model_len,
-replay (client-side timing), and what to tell the user afterwards. Failed requests are
+replay (client-side timing), write the run directory, tell the user. Failed requests are
 counted (exit 0, as vLLM bench) unless every request failed (exit 1); Ctrl-C: 130."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from backends.replay.endpoint import EndpointResult, Progress, replay_endpoint, run_info
 from backends.replay.endpoint_probe import EndpointConfig, EndpointInfo, probe
-from workloads import Trace, check_max_model_len
-
-INTERRUPTED = "interrupted: records of the requests so far were written"
+from backends.replay.run_output import INTERRUPTED, RunOutput
+from workloads import Trace, check_max_model_len, trace_info
 
 
 def connect(trace: Trace, settings: Mapping[str, Any]) -> tuple[EndpointConfig, EndpointInfo]:
@@ -76,3 +75,19 @@ class EndpointRun:
         return 1 if sent and self.result.num_failed == sent else 0
 
 
+def run_endpoint(trace: Trace, settings: Mapping[str, Any], path: Path,
+                 percentiles: Sequence[float], out: RunOutput) -> None:
+    """Replay `trace` against the endpoint (`settings`: `EndpointConfig`'s fields), write run
+    directory `path`, show vLLM's block when a request was answered, then the messages;
+    exit 1 when every request failed, 130 on Ctrl-C."""
+    config, info = connect(trace, settings)
+    out.say(f"note: endpoint {info.completions_url}, model {info.model}, client-side timing")
+    with out.progress("replaying", len(trace)) as update:
+        run = EndpointRun.replay(trace, config, info, update)
+    out.write(path, "endpoint", trace_info(trace), run.rows(), run.run_json())
+    if run.answered:
+        out.show(path, None, percentiles)
+    for line in run.messages(path):
+        out.say(line)
+    if run.exit_code:
+        out.exit(run.exit_code)

@@ -44,7 +44,7 @@ import json
 import signal
 import ssl
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -348,3 +348,19 @@ def router_config(urls: Sequence[str], policy: str, policy_args: Sequence[str],
     return RouterConfig(tuple(bases), policy, tuple(policy_args), seed, refresh_ms / 1000.0,
                         route.max_failures, route.health_check_ms / 1000.0,
                         route.backend_timeout)
+
+
+def route_until_stopped(urls: Sequence[str], policy: str, policy_args: Sequence[str],
+                        refresh_ms: float, route: Any, seed: int, say: Callable[[str], None],
+                        print_url: Callable[[str], None] | None = None) -> None:
+    """`rt route`: the router over `urls` (`router_config`: ValueError on a bad policy,
+    argument or backend, before anything is served), its URL to `print_url` when given,
+    served until SIGINT/SIGTERM (`run_router`: RuntimeError if it cannot bind), saying
+    where and when it stopped."""
+    config = router_config(urls, policy, policy_args, refresh_ms, route, seed)
+    url = f"http://{route.host}:{route.port}/v1"
+    if print_url is not None:
+        print_url(url)
+    say(f"routing ({config.policy}) over {len(config.backends)} backends on {url}")
+    run_router(config, route.host, route.port, route.shutdown_timeout)
+    say("router stopped")

@@ -1,5 +1,6 @@
 """The KV pool vLLM would allocate on each GPU (`kv_cache_sizing`), and vLLM's two start-up
-lines that report it (`startup_lines`). Sizes are in bytes.
+lines that report it (`startup_lines`, from `runtime.kv_startup`: the real engine prints them
+too). Sizes are in bytes.
 """
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from runtime.kv_startup import startup_lines
 from sim.cost.base import _check_number
 from sim.hardware import GIB, GpuSpec
 from sim.model_config import ModelSpec
@@ -100,20 +102,3 @@ def kv_cache_sizing(
         kv_cache_bytes=available,
         kv_bytes_per_token_per_gpu=kv_per_token,
     )
-
-
-def startup_lines(num_gpu_blocks: int, block_size: int, max_model_len: int) -> list[str]:
-    """vLLM's two start-up lines, character for character (vllm/v1/core/kv_cache_utils.py,
-    `_report_kv_cache_config`): the pool in tokens (num_blocks · block_size) and the number
-    of max_model_len requests it holds, num_blocks / cdiv(max_model_len, block_size); both
-    counts with thousands separators, the ratio to two decimals."""
-    _check_int("num_gpu_blocks", num_gpu_blocks, 0)
-    _check_int("block_size", block_size, 1)
-    _check_int("max_model_len", max_model_len, 1)
-    num_tokens = num_gpu_blocks * block_size
-    blocks_per_request = -(-max_model_len // block_size)
-    max_concurrency = num_gpu_blocks / blocks_per_request
-    return [
-        f"GPU KV cache size: {num_tokens:,} tokens",
-        f"Maximum concurrency for {max_model_len:,} tokens per request: {max_concurrency:.2f}x",
-    ]

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from inspect import signature
+from typing import Annotated, Any
 
 import pytest
 
@@ -13,6 +17,7 @@ from runtime.flags import (
     build_group,
     comma_list,
     command_layout,
+    expand_groups,
     flag,
     group_specs,
 )
@@ -99,3 +104,35 @@ def test_layout_lists_own_and_inline_options_first_and_a_shared_one_once() -> No
     assert [(g.name, [s.name for s in g.specs]) for g in groups] == [
         ("other", ["caching", "model"]), ("demo", ["request_rate", "caching"])]
     assert groups[0].specs[1].decls == ("--model", "--sim-model")
+
+
+class _BadFlag(Exception):
+    pass
+
+
+@contextmanager
+def _guard() -> Iterator[None]:
+    try:
+        yield
+    except ValueError as err:
+        raise _BadFlag(str(err)) from None
+
+
+def test_expand_groups_without_a_parser_library() -> None:
+    """`expand_groups` with a plain `option` (the spec itself as the annotation): the group's
+    options become keyword parameters after the plain ones, and a bad value goes through
+    the guard."""
+    seen: list[Any] = []
+
+    def command(demo: Annotated[Demo, FlagGroup(only=("rate", "blocks"))], n: int = 1) -> None:
+        seen.append((demo, n))
+
+    expanded = expand_groups(command, lambda spec: spec, _guard)
+    params = signature(expanded).parameters
+    assert list(params) == ["n", "request_rate", "num_blocks"]
+    assert params["num_blocks"].annotation.decls == ("--num-blocks", "-n")
+    expanded(n=2, request_rate=4.0, num_blocks=7)
+    assert seen == [(Demo(rate=4.0, blocks=7), 2)]
+    with pytest.raises(_BadFlag, match="--num-blocks must be >= 1, got 0"):
+        expanded(n=2, request_rate=4.0, num_blocks=0)
+    assert len(seen) == 1
