@@ -92,10 +92,12 @@ class FidelityFlags:
     fleet: bool = flag(
         False, "--fleet", "Fidelity of a fleet instead: --replicas `rt serve --simulate` "
         "processes (model: --model, default llama-3.1-8b; --gpu, --profile, the engine flags) "
-        "behind `rt route --router` on loopback, TRACE replayed through the router, against "
-        "`rt simulate --replicas` with the same policy, refresh and the router's measured "
-        "routing latency; per-replica share, prefix hit rate, TTFT/ITL, errors and router "
-        "overheads side by side (real/, sim/, fleet_fidelity.json).")
+        "behind `rt route --router` on loopback, a calibration trace (resampled from TRACE) "
+        "then TRACE replayed through the router, against `rt simulate --replicas` with the "
+        "same policy, refresh, the router's measured routing latency and the serving stack's "
+        "own time fitted on the calibration replay; per-replica share, prefix hit rate, "
+        "TTFT/ITL, errors, router overheads and the serving stack side by side "
+        "(calibration/, real/, sim/, fleet_fidelity.json).")
 
     def calibration_replays(self) -> bool:
         """Whether calibration replays (of traces resampled from TRACE) go with the real

@@ -99,13 +99,11 @@ def fleet_fidelity_plan(cli: Path, policy: Any, engine: Any, model: str, gpu: st
 class CalibrationReplay:
     """The replay of other requests through the same real fleet, before the measured one
     (`sim.serving_stack.MeasuredReplay`): its trace, each finished request's client-side
-    TTFT (seconds, by request id), the router's overheads during it (a dict) and the TTFT
-    split (`stack_probe.ttft_split`, ms)."""
+    TTFT (seconds, by request id) and the router's overheads during it (a dict)."""
 
     trace: Trace
     ttft_s: Mapping[str, float]
     overheads: Mapping[str, Any]
-    split: Mapping[str, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,10 +162,11 @@ def _mean_ttft_s(result: EndpointResult) -> float:
 
 def _replay_once(plan: FleetFidelityPlan, trace: Trace, backends: list[str], logs: Path,
                  token_seed: int, progress: Callable[[int, int], None] | None
-                 ) -> tuple[EndpointResult, dict[str, Any], RouterOverheads, dict[str, float]]:
+                 ) -> tuple[EndpointResult, dict[str, Any], RouterOverheads]:
     """`trace` through a fresh router in front of `backends` (prompts' token ids from
-    `token_seed`): the result, its run.json fields, the router's overheads and the TTFT
-    split (the replicas' histograms over this replay)."""
+    `token_seed`): the result, its run.json fields (with the router's overheads and the
+    TTFT split, from the replicas' histograms over this replay) and the router's
+    overheads."""
     before = _server_totals(backends)
     with running_router(plan, backends, logs) as url:
         config = EndpointConfig(url=url, **{**plan.endpoint, "seed": token_seed})
@@ -181,7 +180,7 @@ def _replay_once(plan: FleetFidelityPlan, trace: Trace, backends: list[str], log
     del fields["wall_s"]  # `save` writes the result's own
     fields["router"] = {"replicas": plan.replicas, "command": list(plan.route_command[2:]),
                         "overheads": asdict(overheads), "ttft_split": split}
-    return result, fields, overheads, split
+    return result, fields, overheads
 
 
 def calibration_trace(trace: Trace, seed: int) -> Trace:
@@ -200,12 +199,12 @@ def replay_through_fleet(plan: FleetFidelityPlan, trace: Trace,
     seed = int(plan.endpoint["seed"])
     calibration = calibration_trace(trace, seed)
     with running_replicas(plan) as (backends, logs):
-        c_result, c_info, c_overheads, c_split = _replay_once(plan, calibration, backends,
-                                                              logs, seed + 1, progress)
-        result, info, overheads, _ = _replay_once(plan, trace, backends, logs, seed, progress)
+        c_result, c_info, c_overheads = _replay_once(plan, calibration, backends, logs,
+                                                     seed + 1, progress)
+        result, info, overheads = _replay_once(plan, trace, backends, logs, seed, progress)
     ttft = {r.request_id: r.first_token_s - r.arrival_s for r in c_result.requests
             if r.first_token_s is not None}
-    replay = CalibrationReplay(calibration, ttft, asdict(c_overheads), c_split)
+    replay = CalibrationReplay(calibration, ttft, asdict(c_overheads))
     return RealFleetRun(result, info, overheads, replay, c_result, c_info)
 
 
