@@ -13,7 +13,10 @@ same way (`analysis.fleet`). Side by side:
 * the router's measured overheads (`backends.route.overheads.RouterOverheads` as a dict) and
   what the simulation assumed of them (its routing latency; its scrape staleness: a tick
   every refresh, refresh / 2 on average; `sim.fidelity.fleet_twin` sets both from the
-  measured ones).
+  measured ones);
+* the serving stack's own time: what the twin modelled (fitted on a calibration replay,
+  `sim.serving_stack`), and the mean TTFT split into its parts, real (the replicas'
+  histograms, `backends.route.stack_probe`) and simulated.
 
 `GOALS` are the issue's: shares within 5 points, hit rate within 3, p50/p90 TTFT within 10%.
 """
@@ -70,9 +73,60 @@ def compare_fleets(real: Run, sim: Run, overheads: Mapping[str, Any]) -> dict[st
                                      "refresh_flag_s": float(fleet.get(
                                          "router_refresh_ms_flag", refresh_ms)) / 1e3}},
         "cached_tokens_reported": real.info.get("cached_tokens_reported"),
+        "serving_stack": serving_stack(real, sim),
     }
     out["goals"] = _goals(out)
     return out
+
+
+def _sim_split(sim: Run) -> dict[str, float]:
+    """The simulated mean TTFT (ms) as routing + serving stack (the replicas' API-server
+    stage) + engine (the rest: step boundary, queue, prefill)."""
+    r = sim.requests
+    ttft = (r["first_token_s"] - r["arrival_s"]).mean() * 1e3
+    routing = r["routing_s"].mean() * 1e3 if "routing_s" in r else 0.0
+    stack = r["api_server_s"].mean() * 1e3
+    return {"ttft_mean_ms": float(ttft), "routing_mean_ms": float(routing),
+            "serving_stack_mean_ms": float(stack),
+            "engine_mean_ms": float(ttft - routing - stack)}
+
+
+def serving_stack(real: Run, sim: Run) -> dict[str, Any]:
+    """The serving stack's time: what the twin assumed (`fitted`: fitted on a calibration
+    replay, `sim.serving_stack`; else the profile's API-server cost), the real TTFT's split
+    from the replicas' histograms (`backends.route.stack_probe`; absent in older runs) and
+    the simulated one's (`_sim_split`)."""
+    return {"model": (sim.info.get("fleet") or {}).get("serving_stack") or {},
+            "real_split": (real.info.get("router") or {}).get("ttft_split") or {},
+            "sim_split": _sim_split(sim)}
+
+
+def stack_lines(s: Mapping[str, Any]) -> list[str]:
+    """The console lines of `serving_stack`'s section."""
+    model, real, sim = s["model"], s["real_split"], s["sim_split"]
+    if model.get("fitted"):
+        clamped = f"; clamped at 0: {', '.join(model['clamped'])}" if model["clamped"] else ""
+        lines = [f"serving stack (fitted on a calibration replay of {model['requests']} other "
+                 f"requests): {model['per_request_ms']:.2f} ms per request + "
+                 f"{model['per_prompt_token_us']:.2f} us per prompt token before the engine; "
+                 f"real - twin TTFT p50 {model['gap_p50_ms']:.2f} / p90 "
+                 f"{model['gap_p90_ms']:.2f} ms, after the fit p50 "
+                 f"{model['residual_p50_ms']:+.2f} / p90 {model['residual_p90_ms']:+.2f} ms"
+                 f"{clamped}"]
+    else:
+        api = model.get("api_server") or {}
+        lines = [f"serving stack: not fitted (the profile's API-server cost, "
+                 f"{api.get('per_request_s', math.nan) * 1e3:.2f} ms per request)"]
+    if real:
+        lines.append(f"real TTFT mean {real['client_ttft_mean_ms']:.2f} ms = routing "
+                     f"{real['routing_mean_ms']:.2f} + HTTP hops and client "
+                     f"{real['hops_mean_ms']:.2f} + API server and IPC "
+                     f"{real['api_ipc_mean_ms']:.2f} + engine {real['engine_mean_ms']:.2f} "
+                     "(the replicas' histograms)")
+    lines.append(f"sim TTFT mean {sim['ttft_mean_ms']:.2f} ms = routing "
+                 f"{sim['routing_mean_ms']:.2f} + serving stack "
+                 f"{sim['serving_stack_mean_ms']:.2f} + engine {sim['engine_mean_ms']:.2f}")
+    return lines
 
 
 def _goals(c: Mapping[str, Any]) -> dict[str, bool]:
@@ -120,6 +174,7 @@ def render(c: Mapping[str, Any]) -> str:
     if math.isfinite(period) and not math.isclose(period, s["refresh_flag_s"]):
         lines.append("  (the real router scrapes at another period than the refresh: the "
                      "policy reads no gauge, its scrapes are liveness checks only)")
+    lines += stack_lines(c["serving_stack"])
     met = c["goals"]
     lines.append("goals: " + ", ".join(f"{k} {'met' if v else 'NOT met'}"
                                        for k, v in met.items()))

@@ -4,7 +4,8 @@
 scheduler and KV pool (its twin), K times with step-noise seeds seed, seed + 1, ...
 `fleet_twin` simulates the fleet `rt fidelity --fleet` runs for real: N replicas of the engine
 `rt serve --simulate` runs (same flags, model, GPU, profile and seed) behind the same router
-policy, refresh interval and the router's measured routing latency.
+policy, refresh interval and the router's measured routing latency, with the serving stack's
+own time fitted on a calibration replay (`sim.serving_stack`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from runtime.config import EngineFlags
 from runtime.flags import flag
 from runtime.records import RunResult
 from runtime.router import make_policy
+from sim.cost.api_server import ApiServerCost
 from sim.endpoint_warmup import WARMUP_REQUESTS
 from sim.engine_args import (
     EngineArgs,
@@ -32,6 +34,7 @@ from sim.engine_args import (
 from sim.fleet import FleetResult, simulate_fleet
 from sim.fleet_config import FleetFlags
 from sim.profile import load_profile
+from sim.serving_stack import MeasuredReplay, fit_on_twin
 from sim.simulator import simulate
 from workloads import Trace
 
@@ -89,10 +92,12 @@ class FidelityFlags:
     fleet: bool = flag(
         False, "--fleet", "Fidelity of a fleet instead: --replicas `rt serve --simulate` "
         "processes (model: --model, default llama-3.1-8b; --gpu, --profile, the engine flags) "
-        "behind `rt route --router` on loopback, TRACE replayed through the router, against "
-        "`rt simulate --replicas` with the same policy, refresh and the router's measured "
-        "routing latency; per-replica share, prefix hit rate, TTFT/ITL, errors and router "
-        "overheads side by side (real/, sim/, fleet_fidelity.json).")
+        "behind `rt route --router` on loopback, a calibration trace (resampled from TRACE) "
+        "then TRACE replayed through the router, against `rt simulate --replicas` with the "
+        "same policy, refresh, the router's measured routing latency and the serving stack's "
+        "own time fitted on the calibration replay; per-replica share, prefix hit rate, "
+        "TTFT/ITL, errors, router overheads and the serving stack side by side "
+        "(calibration/, real/, sim/, fleet_fidelity.json).")
 
     def calibration_replays(self) -> bool:
         """Whether calibration replays (of traces resampled from TRACE) go with the real
@@ -175,35 +180,84 @@ def served_outputs(trace: Trace) -> Trace:
                        for r in trace), trace.name)
 
 
-def fleet_twin(trace: Trace, fleet: FleetFlags, engine: EngineFlags, model: str, gpu: str,
-               profile: Path | None, seed: int, overheads: Mapping[str, float]
-               ) -> tuple[FleetResult, dict[str, Any]]:
-    """`trace` through `fleet.replicas` replicas of `rt serve --simulate --sim-model MODEL
-    --gpu GPU [--profile P] --seed SEED` with `engine`'s flags (no step-time noise: the
-    live executor has none), behind `fleet.router` (its arguments and seed), with the real
-    router's measured overheads (`backends.route.overheads.RouterOverheads` as a mapping):
-    its mean routing latency from arrival to the replica, and, for a policy that reads
-    scraped gauges (the real scrape period is the refresh), a refresh of twice the mean
-    scrape age the real router's decisions saw (a tick every R gives R / 2 on average), so
-    the simulated signals are as stale as the real ones. The replicas generate outputs of
-    their own (`served_outputs`), as the real ones do. Returns the result (request ids as
-    in `trace`) and run.json's description (its "fleet" section with the refresh and
-    latency used)."""
+def _router_timing(fleet: FleetFlags, overheads: Mapping[str, Any]) -> tuple[float, float]:
+    """(refresh, routing latency) of the simulated router, seconds, from the real router's
+    measured overheads: its mean routing latency (0 when none was observed), and, for a
+    policy that reads scraped gauges (the real scrape period is the refresh), a refresh of
+    twice the mean scrape age its decisions saw (a tick every R gives R / 2 on average)."""
     latency, age, period = (float(overheads.get(k, math.nan)) for k in (
         "routing_latency_mean_s", "scrape_age_mean_s", "scrape_period_s"))
     latency = latency if latency >= 0 else 0.0  # NaN: none observed
     refresh = fleet.router_refresh_ms / 1e3
     if refresh > 0 and math.isclose(period, refresh) and age > 0:
         refresh = 2 * age
-    setup = build_setup(EngineArgs(**dataclasses.asdict(engine)), model, gpu,
-                        None if profile is None else str(profile), seed)
+    return refresh, latency
+
+
+def _twin_run(trace: Trace, fleet: FleetFlags, setup: SimSetup, seed: int,
+              overheads: Mapping[str, Any]) -> FleetResult:
+    """`trace` through the twin fleet of `setup`s (a fresh policy; outputs served, request
+    ids as in `trace`)."""
+    refresh, latency = _router_timing(fleet, overheads)
     policy = make_policy(fleet.router, fleet.router_arg or [], seed)
     result = simulate_fleet(served_outputs(trace), [setup] * fleet.replicas, policy, refresh,
                             latency)
     for record in result.requests:
         record.request_id = record.request_id.removesuffix(_SERVED)
+    return result
+
+
+def _with_api_server(setup: SimSetup, api: ApiServerCost) -> SimSetup:
+    return dataclasses.replace(setup, config=dataclasses.replace(setup.config, api_server=api))
+
+
+def _setup(engine: EngineFlags, model: str, gpu: str, profile: Path | None, seed: int
+           ) -> SimSetup:
+    return build_setup(EngineArgs(**dataclasses.asdict(engine)), model, gpu,
+                       None if profile is None else str(profile), seed)
+
+
+def stack_free_twin(trace: Trace, fleet: FleetFlags, engine: EngineFlags, model: str, gpu: str,
+                    profile: Path | None, seed: int, overheads: Mapping[str, Any]
+                    ) -> FleetResult:
+    """`fleet_twin`'s fleet with no serving-stack cost (the replicas' API-server cost 0):
+    what a calibration replay's TTFTs are compared with to fit that cost."""
+    setup = _with_api_server(_setup(engine, model, gpu, profile, seed),
+                             ApiServerCost(0.0, 0.0, 0.0))
+    return _twin_run(trace, fleet, setup, seed, overheads)
+
+
+def fleet_twin(trace: Trace, fleet: FleetFlags, engine: EngineFlags, model: str, gpu: str,
+               profile: Path | None, seed: int, overheads: Mapping[str, Any],
+               calibration: MeasuredReplay | None = None
+               ) -> tuple[FleetResult, dict[str, Any]]:
+    """`trace` through `fleet.replicas` replicas of `rt serve --simulate --sim-model MODEL
+    --gpu GPU [--profile P] --seed SEED` with `engine`'s flags (no step-time noise: the
+    live executor has none), behind `fleet.router` (its arguments and seed), with the real
+    router's measured overheads (`backends.route.overheads.RouterOverheads` as a mapping;
+    `_router_timing`), so the simulated signals are as stale as the real ones. The replicas
+    generate outputs of their own (`served_outputs`), as the real ones do. With
+    `calibration` (a replay of other requests through the same real fleet), the serving
+    stack's own time (`sim.serving_stack`) is fitted on it against its twin without that
+    time, and the replicas' API-server cost is the fitted stack; without, the setup's (the
+    profile's, or the default assumption). Returns the result (request ids as in `trace`)
+    and run.json's description (its "fleet" section with the refresh, latency and serving
+    stack used)."""
+    setup = _setup(engine, model, gpu, profile, seed)
+    stack: dict[str, Any] = {"fitted": False, "api_server": dataclasses.asdict(
+        setup.config.api_server)}
+    if calibration is not None:
+        bare = stack_free_twin(calibration.trace, fleet, engine, model, gpu, profile, seed,
+                               calibration.overheads)
+        fit = fit_on_twin(calibration, bare.requests)
+        setup = _with_api_server(setup, fit.stack.api_server())
+        stack = {"fitted": True, **fit.describe(),
+                 "calibration_routing_latency_ms": _router_timing(
+                     fleet, calibration.overheads)[1] * 1e3}
+    result = _twin_run(trace, fleet, setup, seed, overheads)
+    refresh, latency = _router_timing(fleet, overheads)
     fleet_info = {**fleet.describe(None), "routing_latency_ms": latency * 1e3,
                   "router_refresh_ms": refresh * 1e3,
                   "router_refresh_ms_flag": fleet.router_refresh_ms,
-                  "outputs": "served (not the trace's)"}
+                  "outputs": "served (not the trace's)", "serving_stack": stack}
     return result, {**setup.describe(), "fleet": fleet_info}

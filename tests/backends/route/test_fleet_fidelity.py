@@ -173,6 +173,20 @@ def test_fidelity_fleet_compares_a_real_fleet_with_its_simulation(tmp_path: Path
     assert sim.info["fleet"]["routing_latency_ms"] == pytest.approx(latency_ms)
     assert sim.info["fleet"]["router_refresh_ms"] == 50.0  # round-robin reads no gauge
     assert "fleet of 2 behind round-robin" in done.stdout
+    # the serving stack: fitted on a calibration replay of as many other requests, before
+    # the measured one (its own router: the measured router counted only the trace's)
+    calibration = load_run(tmp_path / "out" / "calibration")
+    assert len(calibration.requests) == 16 and calibration.info["failed"] == 0
+    stack = report["serving_stack"]
+    assert stack["model"]["fitted"] and stack["model"]["requests"] == 16
+    assert stack["model"]["per_request_ms"] > 0
+    assert sim.info["api_server"]["per_request_s"] == pytest.approx(
+        stack["model"]["per_request_ms"] / 1e3)
+    split = stack["real_split"]
+    parts = ("routing_mean_ms", "hops_mean_ms", "api_ipc_mean_ms", "engine_mean_ms")
+    assert sum(split[p] for p in parts) == pytest.approx(split["client_ttft_mean_ms"])
+    assert split["engine_mean_ms"] > 0 and split["api_ipc_mean_ms"] > 0
+    assert "serving stack (fitted on a calibration replay of 16 other" in done.stdout
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -1,0 +1,155 @@
+"""The serving stack's own time per request in a fleet, fitted on a calibration replay.
+
+The simulated fleet models the engines (the cost model) and the router's measured routing
+latency; a real request also crosses the client, the HTTP hops (client -> router -> the
+replica's API process -> its engine process over ZeroMQ, and the stream back) and the API
+server's parsing. `ServingStack` names that time in the API-server model's own units
+(`sim.cost.api_server.ApiServerCost`: a cost per request and one per prompt token, spent
+before the engine sees the request), and `fit_serving_stack` measures it out of sample: the
+real fleet replays other requests first (a calibration replay), the fleet's twin replays
+the same requests with no serving-stack cost, and per request
+
+    d_i = real TTFT_i - twin TTFT_i ~ per_request_s + per_prompt_token_s * prompt_len_i.
+
+The line is fitted robustly (Theil-Sen: the median of the pairwise slopes, then the
+median intercept), so the CPU queueing of a loaded machine, a long tail of d that grows
+with load, does not enter the fixed cost; what it leaves is reported as the residual's
+p50/p90. Times are seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from runtime.records import RequestRecord
+from sim.cost.api_server import ApiServerCost
+from sim.cost.base import _check_number
+from workloads import Trace
+
+
+class MeasuredReplay(Protocol):
+    """A calibration replay through the real fleet (`backends.route.fleet_fidelity`'s
+    `CalibrationReplay`): the trace replayed, each finished request's client-side TTFT
+    (seconds, by request id), and the router's measured overheads during it
+    (`RouterOverheads` as a mapping)."""
+
+    @property
+    def trace(self) -> Trace: ...
+
+    @property
+    def ttft_s(self) -> Mapping[str, float]: ...
+
+    @property
+    def overheads(self) -> Mapping[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ServingStack:
+    """The serving stack's time before the engine sees a request: `per_request_s` +
+    `per_prompt_token_s` * prompt tokens (the client, the HTTP hops, the API server and the
+    engine IPC; the router's routing latency is modelled apart). In the simulated fleet it
+    is each replica's API-server cost (a FIFO stage in front of its engine)."""
+
+    per_request_s: float = 0.0
+    per_prompt_token_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("per_request_s", "per_prompt_token_s"):
+            _check_number("ServingStack", name, getattr(self, name), positive=False)
+
+    def api_server(self) -> ApiServerCost:
+        """The replicas' API-server cost (nothing on the output path: ITL is the engine's)."""
+        return ApiServerCost(self.per_request_s, self.per_prompt_token_s, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class StackFit:
+    """A fitted `ServingStack` and how well the line fits.
+
+    Attributes:
+        stack: the fitted costs (each clamped at 0).
+        requests: requests fitted on (finished in both the real replay and its twin).
+        gap_p50_s, gap_p90_s: p50/p90 of d (real - twin TTFT) before the fit.
+        residual_p50_s, residual_p90_s: p50/p90 of d minus the fitted line: what the fixed
+            costs leave (at p90: queueing for a CPU, which grows with the machine's load).
+        clamped: the terms that came out negative and were set to 0.
+    """
+
+    stack: ServingStack
+    requests: int
+    gap_p50_s: float
+    gap_p90_s: float
+    residual_p50_s: float
+    residual_p90_s: float
+    clamped: tuple[str, ...] = ()
+
+    def describe(self) -> dict[str, Any]:
+        """run.json's `serving_stack` section (milliseconds and microseconds per token)."""
+        return {"per_request_ms": self.stack.per_request_s * 1e3,
+                "per_prompt_token_us": self.stack.per_prompt_token_s * 1e6,
+                "fitted_on": "calibration replay (other requests, before the measured one)",
+                "requests": self.requests, "gap_p50_ms": self.gap_p50_s * 1e3,
+                "gap_p90_ms": self.gap_p90_s * 1e3,
+                "residual_p50_ms": self.residual_p50_s * 1e3,
+                "residual_p90_ms": self.residual_p90_s * 1e3, "clamped": list(self.clamped)}
+
+
+def theil_sen(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """(intercept, slope) of y ~ intercept + slope * x: the slope the median of the slopes
+    of all pairs with distinct x (0 when there is none), the intercept the median of
+    y - slope * x. Exact on points on one line."""
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    i, j = np.triu_indices(len(xs), k=1)
+    dx = xs[j] - xs[i]
+    keep = dx != 0
+    slope = float(np.median((ys[j] - ys[i])[keep] / dx[keep])) if keep.any() else 0.0
+    return float(np.median(ys - slope * xs)), slope
+
+
+def fit_serving_stack(prompt_lens: Sequence[int], real_ttft_s: Sequence[float],
+                      twin_ttft_s: Sequence[float]) -> StackFit:
+    """The `ServingStack` of requests with these prompt lengths, real TTFTs and their
+    twin's TTFTs (without serving-stack cost), matched by position. ValueError when there
+    is no request."""
+    if not len(prompt_lens) == len(real_ttft_s) == len(twin_ttft_s):
+        raise ValueError("fit_serving_stack: prompt_lens, real and twin TTFTs differ in length")
+    if not prompt_lens:
+        raise ValueError("fit_serving_stack: no request finished in both the calibration "
+                         "replay and its twin")
+    x = np.asarray(prompt_lens, dtype=float)
+    gap = np.asarray(real_ttft_s, dtype=float) - np.asarray(twin_ttft_s, dtype=float)
+    intercept, slope = theil_sen(x.tolist(), gap.tolist())
+    clamped = []
+    if slope < 0:  # the fixed cost alone, as the median
+        clamped.append("per_prompt_token_s")
+        intercept, slope = float(np.median(gap)), 0.0
+    if intercept < 0:
+        clamped.append("per_request_s")
+        intercept = 0.0
+    residual = gap - (intercept + slope * x)
+    p50, p90 = np.quantile(gap, [0.5, 0.9])
+    r50, r90 = np.quantile(residual, [0.5, 0.9])
+    return StackFit(ServingStack(intercept, slope), len(x), float(p50), float(p90),
+                    float(r50), float(r90), tuple(clamped))
+
+
+def ttft_by_request(records: Sequence[RequestRecord]) -> dict[str, float]:
+    """Each request's TTFT (first token - arrival, seconds) where it has a first token."""
+    return {r.request_id: r.first_token_s - r.arrival_s for r in records
+            if r.first_token_s is not None and math.isfinite(r.first_token_s)}
+
+
+def fit_on_twin(calibration: MeasuredReplay, twin: Sequence[RequestRecord]) -> StackFit:
+    """`fit_serving_stack` on the calibration replay's requests that have a TTFT in both it
+    and `twin` (its trace through the fleet's twin without serving-stack cost)."""
+    sim = ttft_by_request(twin)
+    both = [r for r in calibration.trace
+            if r.request_id in sim and r.request_id in calibration.ttft_s]
+    return fit_serving_stack([r.prompt_len for r in both],
+                             [calibration.ttft_s[r.request_id] for r in both],
+                             [sim[r.request_id] for r in both])

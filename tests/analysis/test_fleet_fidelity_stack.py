@@ -1,0 +1,57 @@
+"""`rt fidelity --fleet`'s report of the serving stack (`analysis.fleet_fidelity`): the
+model the twin used, the real TTFT's split (from the real run.json) and the simulated one's
+(from the sim run's columns), in the JSON and on the console."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis.fleet_fidelity import serving_stack, stack_lines
+from analysis.rundir import Run
+
+FIT = {"fitted": True, "per_request_ms": 6.2, "per_prompt_token_us": 2.5,
+       "fitted_on": "calibration replay", "requests": 160, "gap_p50_ms": 7.0,
+       "gap_p90_ms": 12.0, "residual_p50_ms": 0.0, "residual_p90_ms": 4.5, "clamped": []}
+SPLIT = {"client_ttft_mean_ms": 21.0, "routing_mean_ms": 1.0, "hops_mean_ms": 5.0,
+         "api_ipc_mean_ms": 5.0, "engine_mean_ms": 10.0, "serve_ttft_mean_ms": 15.0}
+
+
+def runs(model: dict[str, object], split: dict[str, float] | None) -> tuple[Run, Run]:
+    sim = pd.DataFrame({"arrival_s": [0.0, 1.0], "first_token_s": [0.020, 1.022],
+                        "routing_s": [0.001, 0.001], "api_server_s": [0.007, 0.007]})
+    router = {} if split is None else {"router": {"ttft_split": split}}
+    return (Run(Path("real"), pd.DataFrame(), pd.DataFrame(), router),
+            Run(Path("sim"), sim, pd.DataFrame(), {"fleet": {"serving_stack": model}}))
+
+
+def test_the_report_carries_the_fit_and_both_splits() -> None:
+    section = serving_stack(*runs(FIT, SPLIT))
+    assert section["model"] == FIT and section["real_split"] == SPLIT
+    sim = section["sim_split"]
+    assert sim["ttft_mean_ms"] == pytest.approx(21.0)
+    assert sim["routing_mean_ms"] == pytest.approx(1.0)
+    assert sim["serving_stack_mean_ms"] == pytest.approx(7.0)
+    assert sim["engine_mean_ms"] == pytest.approx(13.0)
+    lines = stack_lines(section)
+    assert lines[0].startswith("serving stack (fitted on a calibration replay of 160 other "
+                               "requests): 6.20 ms per request + 2.50 us per prompt token")
+    assert "after the fit p50 +0.00 / p90 +4.50 ms" in lines[0]
+    assert lines[1] == ("real TTFT mean 21.00 ms = routing 1.00 + HTTP hops and client 5.00 "
+                        "+ API server and IPC 5.00 + engine 10.00 (the replicas' histograms)")
+    assert lines[2] == ("sim TTFT mean 21.00 ms = routing 1.00 + serving stack 7.00 + "
+                        "engine 13.00")
+
+
+def test_an_unfitted_twin_and_an_older_real_run_still_report() -> None:
+    model = {"fitted": False, "api_server": {"per_request_s": 0.0005,
+                                             "per_prompt_token_s": 1e-6,
+                                             "per_output_token_s": 0.0}}
+    section = serving_stack(*runs(model, None))
+    assert section["real_split"] == {}
+    lines = stack_lines(section)
+    assert lines[0] == ("serving stack: not fitted (the profile's API-server cost, 0.50 ms "
+                        "per request)")
+    assert len(lines) == 2 and lines[1].startswith("sim TTFT mean 21.00 ms")
