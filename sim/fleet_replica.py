@@ -224,13 +224,14 @@ class PreRoutedReplica(KnownHandovers, Replica):
     the run ends. It is the single-engine simulator on its share (`KnownHandovers`: the
     same take-ins, idle jumps and fast paths), run to the end without the event loop, one
     replica after another; its requests are built when handed over, so routing the whole
-    trace first holds one request and two floats per request. Its records are the
+    trace first holds one request and one float per request. Its records are the
     fleet's rows from their arrival; the policy hears each request's first token and
     finish when it finishes (nothing reads them before the run ends)."""
 
     def __init__(self, fleet: FleetView, index: int, setup: ReplicaSetup) -> None:
         super().__init__(fleet, index, setup)
-        self.requests, self.handovers, self.take_in = [], [], []
+        self.requests, self.handovers = [], []
+        self.take_in = self.handovers  # each taken in at its hand-over itself
         self.next_index = 0
         self.latency_s = fleet.latency_s
 
@@ -240,7 +241,6 @@ class PreRoutedReplica(KnownHandovers, Replica):
         handover = self.api_handover(reached_s, req.prompt_len)
         self.requests.append(req)
         self.handovers.append(handover)
-        self.take_in.append(handover)
 
     def arrive(self, req: TraceRequest) -> None:
         self.arrived(req, req.arrival_s + self.latency_s, req.output_len)
