@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 import time
-from array import array
 from collections.abc import Generator, Sequence
 from typing import cast
 
@@ -207,14 +206,6 @@ class _Fleet:
         candidates = self.candidates(req, self.snapshots(req.arrival_s, router))
         replica = self.replicas[router.policy.route(routing, candidates).replica]
         cast(PreRoutedReplica, replica).hand_over_later(req, req.arrival_s + self.latency_s)
-
-    def inputs(self, replica: Replica, req: TraceRequest
-               ) -> tuple[array[int], array[int], Sequence[bytes]]:
-        """The token ids and known block names `route` would hand `replica` with `req` when
-        no router reads KV events (no block hashes are routed)."""
-        first = self.replicas[0]
-        prompt, output, _, placeholders = routing_tokens(first, req, None, self.token_blind)
-        return replica_inputs(replica, first.config, req, prompt, output, placeholders, ())
 
     def snapshots(self, now: float, router: RouterReplica | None = None
                   ) -> Sequence[ReplicaSnapshot]:

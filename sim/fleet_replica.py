@@ -33,7 +33,7 @@ from sim.engine_args import with_noise_seed
 from sim.fleet_kv import run_before
 from sim.fleet_records import FleetRequestRecord
 from sim.fleet_router import KvEventBus
-from sim.simulator import EngineProcess, SimConfig
+from sim.simulator import EngineProcess, KnownHandovers, SimConfig
 from workloads import TraceRequest
 
 
@@ -54,14 +54,12 @@ class FleetView(Protocol):
     block_ids: TraceBlockIds
     kv_bus: KvEventBus
     next_index: int  # the first request of the trace not yet routed
+    latency_s: float  # routing latency, s
     steps_ahead: bool  # fixed for the run (docs/fleet.md, stepping ahead)
 
     def handover_bounds(self, api: ApiServerCost) -> list[float]: ...
 
     def kv_run_limit_s(self) -> float: ...
-
-    def inputs(self, replica: Replica, req: TraceRequest
-               ) -> tuple[array[int], array[int], Sequence[bytes]]: ...
 
     def first_token(self, replica: Replica, request_id: str) -> None: ...
 
@@ -219,38 +217,42 @@ class KvReplica(Replica):
         return end, sampled
 
 
-class PreRoutedReplica(Replica):
+class PreRoutedReplica(KnownHandovers, Replica):
     """A replica of a fleet whose routers read nothing of the replicas, their completions
     or token ids (`_Fleet.pre_routed`): every request is routed before any step runs, so
     nothing can enter this core but its own share, and nothing it reports is read before
-    the run ends. It runs its share to the end without the event loop (as `sim.simulator`
-    runs a single engine's trace, one replica after another), and builds each request's
-    token ids and engine request only when it is handed over, so routing the whole trace
-    first holds one tuple per request."""
+    the run ends. It is the single-engine simulator on its share (`KnownHandovers`: the
+    same take-ins, idle jumps and fast paths), run to the end without the event loop, one
+    replica after another; its requests are built when handed over, so routing the whole
+    trace first holds one request and one float per request. Its records are the
+    fleet's rows from their arrival; the policy hears each request's first token and
+    finish when it finishes (nothing reads them before the run ends)."""
 
     def __init__(self, fleet: FleetView, index: int, setup: ReplicaSetup) -> None:
         super().__init__(fleet, index, setup)
-        self.due: deque[tuple[float, TraceRequest]] = deque()  # (hand-over s, request)
+        self.requests, self.handovers = [], []
+        self.take_in = self.handovers  # each taken in at its hand-over itself
+        self.next_index = 0
+        self.latency_s = fleet.latency_s
 
     def hand_over_later(self, req: TraceRequest, reached_s: float) -> None:
-        """The request reaches the API server at `reached_s`; built when handed over."""
-        self.arrived(req, reached_s, req.output_len)
-        self.due.append((self.api_handover(reached_s, req.prompt_len), req))
+        """The request reaches the API server at `reached_s` (its arrival + the fleet's
+        routing latency); built when handed over."""
+        handover = self.api_handover(reached_s, req.prompt_len)
+        self.requests.append(req)
+        self.handovers.append(handover)
 
-    def take_due(self, clock: float) -> None:
-        due = self.due
-        while due and due[0][0] <= clock:
-            handover, req = due.popleft()
-            prompt, output, hashes = self.fleet.inputs(self, req)
-            self.outputs[req.request_id] = output
-            self.submit(self.make_request(req, prompt, req.output_len, hashes or None),
-                        handover)
+    def arrive(self, req: TraceRequest) -> None:
+        self.arrived(req, req.arrival_s + self.latency_s, req.output_len)
 
-    def idle_until(self) -> float | None:
-        return self.due[0][0] if self.due else None
+    def submit(self, request: Request, now: float) -> None:
+        EngineProcess.submit(self, request, now)  # no first token awaited step by step
 
-    def horizon(self) -> float:
-        return self.due[0][0] if self.due else math.inf
+    def on_step_end(self, sampled: Collection[str]) -> None:
+        self.report_finished()
 
-    def steps_ahead_until(self) -> float:
-        return math.inf
+    def on_finished(self, records: list[RequestRecord]) -> None:
+        for record in records:
+            if record.first_token_s is not None:
+                self.fleet.first_token(self, record.request_id)
+        self.fleet.finished(self, records)

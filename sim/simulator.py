@@ -4,14 +4,11 @@ The two stages of a serving runtime's pipeline:
 
     api_server   requests arrive at their trace times and are tokenized by one FIFO server
                  (a cost per request + per prompt token), so a burst of long prompts queues
-                 here. A single FIFO server's hand-over times follow Lindley's recursion,
-                 h_i = max(h_{i-1}, arrival_i) + cost_i: known in advance, so the server is
-                 no process; requests handed over at the same instant enter together.
-    engine       the engine-core loop (`EngineProcess`, which the fleet simulator's replicas
-                 run too, as a SimPy process): schedule(), the cost model's step time,
-                 synthetic tokens, update_from_output(); at each step boundary the requests
-                 handed over by then enter; when there is nothing to do it goes to the next
-                 hand-over (no spinning)
+                 here. Its hand-overs follow Lindley's recursion, h_i = max(h_{i-1},
+                 arrival_i) + cost_i: known in advance, so it is no process (`KnownHandovers`)
+    engine       the engine-core loop (`EngineProcess`, a fleet replica's too): schedule(),
+                 the step time, synthetic tokens, update_from_output(); requests handed over
+                 by a step boundary enter there; idle, it goes to the next hand-over
 
 With a front-end output cost (`ApiServerCost.per_output_token_s` > 0, a profile fitted on
 client-side times by `rt calibrate --from-run`), each token's time is when its client sees
@@ -319,59 +316,68 @@ def make_request(req: TraceRequest, prompt: array[int], max_tokens: int,
                    block_hashes=known_hashes, block_key=block_key)
 
 
-class _Simulation(EngineProcess):
-    """One engine behind its API server. The server is not a process of its own: its
-    hand-overs are known in advance (`sim.api_server.handover_times`), so the engine takes
-    in, at each step boundary, the requests handed over by then (`take_due`), and when idle
-    goes to the next hand-over without the event loop (`idle_until`). Nothing reads what
-    the engine reports at a step's end, so it steps on without waiting for the event loop
-    (`steps_ahead_until`)."""
+class KnownHandovers(EngineProcess):
+    """An engine whose hand-overs are known before its first step (`_Simulation`, a pre-routed
+    fleet replica): `requests[i]`, handed over at `handovers[i]`, enters at the first step
+    boundary at or after `take_in[i]` (s). It jumps idle gaps, never waiting for the loop."""
 
-    def __init__(self, trace: Trace, config: SimConfig, cost_model: CostModel,
-                 progress: Progress | None) -> None:
-        super().__init__(simpy.Environment(), config, cost_model,
-                         TraceBlockIds(own_streams_only(trace)))
-        self.trace = trace
-        self.progress = progress
-        self.handovers = handover_times(trace, config.api_server)
-        self.due = server_wakes(self.handovers)
-        self.next_index = 0  # the first request not handed over yet
-        self.next_handover = self.handovers[0] if self.handovers else math.inf
+    requests: list[TraceRequest]
+    handovers: list[float]
+    take_in: list[float]
+    next_index: int  # the first request not handed over yet (0 before the first step)
 
-    def run(self) -> None:
-        self.env.process(self.engine())
-        self.env.run()
+    def arrive(self, req: TraceRequest) -> None:
+        """Record the request reaching the API server, at its trace arrival."""
+        self.core.recorder.arrived(req.request_id, req.arrival_s, req.prompt_len,
+                                   req.output_len)
 
     def take_due(self, clock: float) -> None:
-        """The requests the API server has handed over by `clock` enter the input queue,
-        each at its hand-over time."""
-        due = self.due
-        while self.next_index < len(due) and due[self.next_index] <= clock:
+        """Requests taken in by `clock` enter the input queue, each at its hand-over."""
+        take_in = self.take_in
+        while self.next_index < len(take_in) and take_in[self.next_index] <= clock:
             self._hand_over(self.next_index)
 
     def _hand_over(self, i: int) -> None:
-        req = self.trace[i]
-        self.core.recorder.arrived(req.request_id, req.arrival_s, req.prompt_len,
-                                   req.output_len)
+        req = self.requests[i]
+        self.arrive(req)
         prompt, self.outputs[req.request_id] = self.token_arrays(req)
         self.next_index = i + 1
-        self.next_handover = self.handovers[i + 1] if i + 1 < len(self.handovers) else math.inf
         self.submit(self.make_request(req, prompt, req.output_len), self.handovers[i])
 
     def idle_until(self) -> float | None:
-        """The next hand-over (None after the last: the run ends); nothing else runs in the
-        event loop, so the engine goes there without it."""
-        return self.due[self.next_index] if self.next_index < len(self.due) else None
+        """The next take-in (None after the last: the run ends)."""
+        i = self.next_index
+        return self.take_in[i] if i < len(self.take_in) else None
 
     def steps_ahead_until(self) -> float:
         return math.inf
 
     def horizon(self) -> float:
-        return self.next_handover
+        i = self.next_index
+        return self.handovers[i] if i < len(self.handovers) else math.inf
+
+
+class _Simulation(KnownHandovers):
+    """One engine behind its API server, no process of its own: hand-overs by Lindley's
+    recursion (`handover_times`), taken in when a sleeping server would wake them."""
+
+    def __init__(self, trace: Trace, config: SimConfig, cost_model: CostModel,
+                 progress: Progress | None) -> None:
+        super().__init__(simpy.Environment(), config, cost_model,
+                         TraceBlockIds(own_streams_only(trace)))
+        self.progress = progress
+        self.requests = list(trace)
+        self.handovers = handover_times(trace, config.api_server)
+        self.take_in = server_wakes(self.handovers)
+        self.next_index = 0
+
+    def run(self) -> None:
+        self.env.process(self.engine())
+        self.env.run()
 
     def on_finished(self, records: list[RequestRecord]) -> None:
         if self.progress is not None:
-            self.progress(self.notified, len(self.trace))
+            self.progress(self.notified, len(self.requests))
 
 
 def simulate(trace: Trace, config: SimConfig, cost_model: CostModel,

@@ -9,7 +9,7 @@ from runtime import CacheConfig, SchedulerConfig
 from runtime.router import make_policy
 from sim import fleet as fleet_module
 from sim.fleet import FleetResult, simulate_fleet
-from sim.simulator import SimConfig
+from sim.simulator import EngineProcess, SimConfig
 from tests.sim.fleet_support import FIXTURES, Replica
 from workloads import (
     ArrivalProcess,
@@ -90,14 +90,14 @@ def test_replicas_step_ahead_of_the_event_loop(policy: str, ahead: bool, expecte
     """Routing ahead with a completion-blind policy, a replica takes its due hand-overs in
     itself and runs steps without waiting for the event loop (same records, above)."""
     taken: list[str] = []
-    submit = fleet_module.Replica.submit
+    submit = EngineProcess.submit  # every replica kind's submit ends here
 
-    def counting(self: fleet_module.Replica, request: object, now: float) -> None:
+    def counting(self: EngineProcess, request: object, now: float) -> None:
         if self.env.now < now:  # submitted before the event loop reached the hand-over
             taken.append(request.request_id)  # type: ignore[attr-defined]
         submit(self, request, now)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(fleet_module.Replica, "submit", counting)
+    monkeypatch.setattr(EngineProcess, "submit", counting)
     result = run(TRACES["random"], policy, [], 3, ahead)
     assert len(result.requests) == len(TRACES["random"])
     assert bool(taken) is expected

@@ -15,9 +15,9 @@ from runtime.router import make_policy
 from sim import fleet as fleet_module
 from sim.fleet import FleetResult, simulate_fleet
 from sim.fleet_replica import PreRoutedReplica
-from sim.simulator import SimConfig
+from sim.simulator import SimConfig, simulate
 from sim.step_noise import StepNoise
-from tests.sim.fleet_support import FIXTURES, Replica
+from tests.sim.fleet_support import COST, FIXTURES, Replica
 from workloads import ArrivalProcess, MultiTurn, RandomLengths, Trace
 
 
@@ -104,3 +104,42 @@ def test_only_blind_routers_pre_route(policy: str, expected: bool,
     assert bool(order) is expected
     if expected:
         assert order == sorted(order) and set(order) == {0, 1, 2}
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("policy", ["round-robin", "random", "session-hash"])
+def test_pre_routed_replica_is_one_engine_on_its_share(seed: int, policy: str) -> None:
+    """A pre-routed replica is the single-engine simulator on its share, arrivals shifted
+    by the routing latency (the fleet times rows from the trace arrival)."""
+    trace, latency = randomised(seed), 0.002 * (seed % 2)
+    cfg = config(num_blocks=60 + 40 * seed)
+    result = run(trace, policy, [Replica(cfg)] * 3, ahead=True, latency_s=latency)
+    for index in range(3):
+        share = Trace(tuple(dataclasses.replace(req, arrival_s=req.arrival_s + latency)
+                            for req in trace
+                            if result.requests[trace.requests.index(req)].replica == index))
+        alone = simulate(share, cfg, COST)
+        rows = [r.to_row() for r in result.requests if r.replica == index]
+        for row, expected in zip(rows, alone.requests, strict=True):
+            assert row.pop("replica") == index
+            assert row.pop("routing_s") == (row["arrival_s"] + latency) - row["arrival_s"]
+            row["arrival_s"] += latency
+            assert row == expected.to_row()
+
+
+@pytest.mark.parametrize("policy", ["round-robin", "random", "session-hash"])
+def test_pre_routed_policy_hears_every_first_token_and_finish(policy: str) -> None:
+    heard: list[tuple[str, str]] = []
+    router = make_policy(policy, (), seed=5)
+    router.on_prefill_done = lambda rid: heard.append(("first", rid))  # type: ignore[method-assign]
+    finished = router.on_finished
+    router.on_finished = lambda rid: (heard.append(("done", rid)), finished(rid))  # type: ignore[method-assign]
+    trace = randomised(2)
+    result = simulate_fleet(trace, [Replica(config(num_blocks=300))] * 3, router)
+    ids = [r.request_id for r in result.requests]
+    assert sorted(rid for kind, rid in heard if kind == "first") == sorted(ids)
+    done = [rid for kind, rid in heard if kind == "done"]
+    assert sorted(done) == sorted(ids)
+    for rid in ids:  # its first token before its finish
+        assert heard.index(("first", rid)) < heard.index(("done", rid))
+    assert not router.local.in_flight
