@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from itertools import chain, islice, repeat
 
 from runtime.block_hash import BlockHash
+from runtime.block_pieces import BlockPieces, PieceEntry, piece_hits, register_pieces
 from runtime.free_block_queue import FreeBlockQueue, KVCacheBlock
 from runtime.pool_invariants import check_pool_invariants
 
@@ -35,6 +36,10 @@ class BlockPool:
     registration call, and its request finds it in its own old block tables
     (`KVCacheManager`): a dict insert and delete (~0.5 µs, cold) less per such block. Its
     queue order, eviction and KV events are those of any cached block.
+
+    **Piece names** (`runtime.block_pieces`): a block registered under one is filed in its
+    piece's entry in `_pieces` (at j; a duplicate waits in `_more_cached` as any other),
+    not in `cached_blocks`; its request looks it up piece by piece (`piece_hits`).
     """
 
     def __init__(self, num_blocks: int, enable_caching: bool) -> None:
@@ -45,6 +50,7 @@ class BlockPool:
         self.free_block_queue = FreeBlockQueue((), range(1, num_blocks), self._blocks)
         self.cached_blocks: dict[BlockHash, KVCacheBlock] = {}  # hash -> the block it hits
         self._more_cached: dict[BlockHash, dict[int, KVCacheBlock]] = {}
+        self._pieces: dict[bytes, PieceEntry] = {}  # piece base -> its entry
         self._own_seq = 0  # own registration calls so far
 
     @property
@@ -71,6 +77,8 @@ class BlockPool:
         """The block a lookup of `block_hash` hits (own names: a scan of every block)."""
         block = self.cached_blocks.get(block_hash)
         if block is None:
+            block = self._piece_heads().get(block_hash)
+        if block is None:
             own = self._own_cached().get(block_hash)
             block = own[0] if own else None
         return block
@@ -79,11 +87,22 @@ class BlockPool:
         """Every cached hash's block ids, in the order they were registered (a lookup hits
         the first)."""
         more = self._more_cached
+        heads = {**self.cached_blocks, **self._piece_heads()}
         ids = {block_hash: [block.block_id, *more.get(block_hash, ())]
-               for block_hash, block in self.cached_blocks.items()}
+               for block_hash, block in heads.items()}
         for block_hash, blocks in self._own_cached().items():
             ids[block_hash] = [block.block_id for block in blocks]
         return ids
+
+    def _piece_heads(self) -> dict[BlockHash, KVCacheBlock]:
+        """Piece names' blocks a lookup hits, by name. O(cached pieces)."""
+        return {block.block_hash: block for entry in self._pieces.values()
+                for block in entry.blocks if block is not None and block.block_hash is not None}
+
+    def piece_hits(self, pieces: BlockPieces, stop: int) -> list[KVCacheBlock]:
+        """The blocks a lookup of the request's first `stop` piece names hits, up to the
+        first miss (`KVCacheManager.get_computed_blocks`)."""
+        return piece_hits(self._pieces, pieces, stop)
 
     def _own_cached(self) -> dict[BlockHash, list[KVCacheBlock]]:
         """Own names' blocks, each name's in registration order. O(num_blocks)."""
@@ -100,29 +119,36 @@ class BlockPool:
         return self._pop(num_blocks, (), ())
 
     def extend_table(self, table: list[KVCacheBlock], num_blocks: int, start: int,
-                     block_hashes: Sequence[BlockHash],
-                     own_from: int | None = None) -> list[KVCacheBlock]:
+                     block_hashes: Sequence[BlockHash], own_from: int | None = None,
+                     pieces: BlockPieces | None = None) -> list[KVCacheBlock]:
         """Append `num_blocks` new blocks to `table` (`get_new_blocks`), then register
         `table[start:start + len(block_hashes)]` under `block_hashes` (`cache_blocks`),
-        those at table positions >= `own_from` as own names; returns the new blocks. A
-        new block is popped and registered in one touch; the state is the two calls'
-        (registering a block and evicting another commute)."""
-        num_old = len(table) - start  # registered first, in table order
+        those at table positions >= `own_from` as own names, those before
+        `pieces.num_blocks` as piece names; returns the new blocks. A new block is popped
+        and registered in one touch; the state is the two calls' (registering a block and
+        evicting another commute)."""
+        num_old = max(len(table) - start, 0)  # registered first, in table order
         num_shared = len(block_hashes) if own_from is None else max(own_from - start, 0)
         if num_old > 0:
             self._register(table[start:start + len(block_hashes)], block_hashes[:num_old],
-                           num_shared)
-        new_hashes = block_hashes[max(num_old, 0):]
-        split = max(num_shared - max(num_old, 0), 0)
-        blocks = self._pop(num_blocks, new_hashes[:split], new_hashes[split:])
+                           num_shared, pieces, start)
+        new_hashes = block_hashes[num_old:]
+        first = len(table)  # the table position of the first new block
+        skip = 0 if pieces is None else min(max(pieces.num_blocks - first, 0), len(new_hashes))
+        split = max(num_shared - num_old, skip)
+        blocks = self._pop(num_blocks, new_hashes[skip:split], new_hashes[split:], skip)
+        if skip:
+            assert pieces is not None
+            self._register_pieces(blocks[:skip], new_hashes[:skip], pieces, first)
         table += blocks
         return blocks
 
     def _pop(self, num_blocks: int, shared: Sequence[BlockHash],
-             own: Sequence[BlockHash]) -> list[KVCacheBlock]:
-        """`get_new_blocks`, the first blocks then registered under `shared`, then the
-        next ones under `own` (own names); the shared ones in the same walk (a popped
-        block carries no hash; registering one block and evicting another commute)."""
+             own: Sequence[BlockHash], skip: int = 0) -> list[KVCacheBlock]:
+        """`get_new_blocks`, the first `skip` blocks left to the caller (piece names),
+        the next ones then registered under `shared`, then the next ones under `own` (own
+        names); the shared ones in the same walk (a popped block carries no hash;
+        registering one block and evicting another commute)."""
         queue = self.free_block_queue
         if num_blocks > queue.num_free_blocks:
             raise ValueError(f"cannot get {num_blocks} free blocks from the pool")
@@ -132,10 +158,12 @@ class BlockPool:
         queue._taken(num_blocks)
         cached_blocks = self.cached_blocks
         more = self._more_cached
+        pieces = self._pieces
         blocks = []
         head = queue._head
         block = head.next
-        for name in chain(shared, repeat(None, num_blocks - len(shared))):
+        for name in chain(repeat(None, skip), shared,
+                          repeat(None, num_blocks - skip - len(shared))):
             assert block is not None
             blocks.append(block)
             following = block.next
@@ -147,6 +175,13 @@ class BlockPool:
                     block.block_hash = None
                 elif more and block_hash in more:
                     self._evict(block)
+                elif (entry := block.piece) is not None:  # the only one at its piece's j
+                    entry.blocks[block.j] = None
+                    entry.held -= 1
+                    if not entry.held:
+                        del pieces[entry.base]
+                    block.piece = None
+                    block.block_hash = None
                 else:  # the only block under its hash
                     del cached_blocks[block_hash]
                     block.block_hash = None
@@ -162,7 +197,8 @@ class BlockPool:
         if own:  # the popped blocks are at hand: a second pass costs ~20 ns a block
             self._own_seq += 1
             seq = self._own_seq
-            for block, name in zip(islice(blocks, len(shared), None), own, strict=False):
+            for block, name in zip(islice(blocks, skip + len(shared), None), own,
+                                   strict=False):
                 block.block_hash = name
                 block.own_seq = seq
         return blocks
@@ -229,11 +265,13 @@ class BlockPool:
             queue.prepend_n(unhashed)
 
     def cache_blocks(self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[BlockHash],
-                     num_shared: int | None = None) -> None:
+                     num_shared: int | None = None, pieces: BlockPieces | None = None,
+                     first: int = 0) -> None:
         """Register full blocks under their hashes, in order (see `cache_full_block`); the
-        blocks from index `num_shared` on under own names (None: none)."""
+        blocks from index `num_shared` on under own names (None: none); `blocks[0]` at
+        table position `first`, those before `pieces.num_blocks` under piece names."""
         self._register(blocks, block_hashes,
-                       len(block_hashes) if num_shared is None else num_shared)
+                       len(block_hashes) if num_shared is None else num_shared, pieces, first)
 
     def cache_full_block(self, block: KVCacheBlock, block_hash: BlockHash,
                          own: bool = False) -> None:
@@ -257,11 +295,19 @@ class BlockPool:
         self._register(blocks, block_hashes, 0 if own else len(block_hashes))
 
     def _register(self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[BlockHash],
-                  num_shared: int) -> None:
+                  num_shared: int, pieces: BlockPieces | None = None, first: int = 0) -> None:
         """`cache_full_block` for each pair in order, without KV events; the blocks from
-        index `num_shared` on under own names, as one registration (one `own_seq`)."""
+        index `num_shared` on under own names, as one registration (one `own_seq`); those
+        at table positions `first + i < pieces.num_blocks` under piece names."""
         if len(blocks) != len(block_hashes):
             raise ValueError(f"{len(blocks)} blocks for {len(block_hashes)} hashes")
+        if pieces is not None and first < pieces.num_blocks:
+            num_pieces = min(pieces.num_blocks - first, len(blocks))
+            self._register_pieces(blocks[:num_pieces], block_hashes[:num_pieces], pieces, first)
+            if num_pieces == len(blocks):
+                return
+            blocks, block_hashes = blocks[num_pieces:], block_hashes[num_pieces:]
+            num_shared = max(num_shared - num_pieces, 0)
         null_block = self.null_block
         if num_shared > 0:
             cached_blocks = self.cached_blocks
@@ -281,6 +327,13 @@ class BlockPool:
                 block.block_hash = block_hash
                 block.own_seq = seq
 
+    def _register_pieces(self, blocks: Sequence[KVCacheBlock],
+                         block_hashes: Sequence[BlockHash], pieces: BlockPieces,
+                         first: int) -> None:
+        """`_register` of blocks at table positions `first..` < `pieces.num_blocks`."""
+        register_pieces(self._pieces, self._more_cached, blocks, block_hashes, pieces, first,
+                        self.null_block)
+
     def _evict(self, block: KVCacheBlock) -> None:
         """Drop a free block's hash from the prefix cache (the block is being reused)."""
         block_hash = block.block_hash
@@ -290,7 +343,21 @@ class BlockPool:
             block.own_seq = None
             return
         more = self._more_cached.get(block_hash)
-        if self.cached_blocks[block_hash] is block:
+        entry = block.piece
+        if entry is not None:
+            block.piece = None
+            slots = entry.blocks
+            if slots[block.j] is not block:
+                assert more is not None
+                del more[block.block_id]
+            elif more is not None:  # the next one registered takes over
+                slots[block.j] = more.pop(next(iter(more)))
+            else:
+                slots[block.j] = None
+                entry.held -= 1
+                if not entry.held:
+                    del self._pieces[entry.base]
+        elif self.cached_blocks[block_hash] is block:
             if more is None:
                 del self.cached_blocks[block_hash]
             else:  # the next one registered takes over
@@ -307,9 +374,11 @@ class BlockPool:
             return False
         self.cached_blocks.clear()
         self._more_cached.clear()
+        self._pieces.clear()
         for block in self._blocks:  # never-used blocks carry no hash
             block.block_hash = None
             block.own_seq = None
+            block.piece = None
         return True
 
     def check_invariants(self) -> None:

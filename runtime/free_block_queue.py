@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from runtime.block_hash import BlockHash
+from runtime.block_pieces import PieceEntry
 
 
 class KVCacheBlock:
     """One block of `block_size` token slots. `prev`/`next` link it into the free queue."""
 
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "own_seq", "prev", "next")
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "own_seq", "piece", "j", "prev", "next")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
@@ -25,6 +26,10 @@ class KVCacheBlock:
         # Set while registered under its request's own name (`BlockPool` docstring): the
         # registration's order among the pool's own registrations, for duplicate names.
         self.own_seq: int | None = None
+        # Set while registered under a piece name (`runtime.block_pieces`): its piece's
+        # entry, where it sits at `j` or waits as a duplicate.
+        self.piece: PieceEntry | None = None
+        self.j = 0
         self.prev: KVCacheBlock | None = None
         self.next: KVCacheBlock | None = None
 

@@ -87,9 +87,16 @@ class KVCacheManager:
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         own_from = request.own_from
         num_shared = max_hit_blocks if own_from is None else min(own_from, max_hit_blocks)
+        pieces = request.block_pieces
         hits: list[KVCacheBlock] = []
+        start = 0
+        if pieces is not None:  # piece names: looked up piece by piece
+            start = min(pieces.num_blocks, num_shared)
+            hits = self.block_pool.piece_hits(pieces, start)
+            if len(hits) < start:
+                return hits, len(hits) * self.block_size
         lookup = self.block_pool.cached_blocks.get  # `BlockPool.get_cached_block`, inlined
-        for block_hash in islice(request.block_hashes, num_shared):
+        for block_hash in islice(request.block_hashes, start, num_shared):
             block = lookup(block_hash)
             if block is None:  # chained hashes: every later block misses too
                 return hits, len(hits) * self.block_size
@@ -160,7 +167,7 @@ class KVCacheManager:
                        len(request.block_hashes))
         block_hashes = request.block_hashes[start:num_full] if num_full > start else []
         new_blocks = self.block_pool.extend_table(table, num_needed, start, block_hashes,
-                                                  request.own_from)
+                                                  request.own_from, request.block_pieces)
         if num_full > start:
             self.num_cached_block[request.request_id] = num_full
         return new_blocks
@@ -203,12 +210,15 @@ class KVCacheManager:
         if num_full <= start:
             return
         own_from = request.own_from
-        if num_full == start + 1:  # the usual case: a decode filled one block
+        pieces = request.block_pieces
+        if num_full == start + 1 and (pieces is None or start >= pieces.num_blocks):
+            # the usual case: a decode filled one block
             self.block_pool.cache_full_block(table[start], block_hashes[start],
                                              own_from is not None and start >= own_from)
         else:
             self.block_pool.cache_blocks(table[start:num_full], block_hashes[start:num_full],
-                                         None if own_from is None else own_from - start)
+                                         None if own_from is None else own_from - start,
+                                         pieces, start)
         self.num_cached_block[req_id] = num_full
 
     def free(self, request: Request) -> None:

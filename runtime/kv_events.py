@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from runtime.block_hash import NONE_HASH, BlockHash, block_extra_keys, hash_block_tokens
+from runtime.block_pieces import BlockPieces
 from runtime.block_pool import BlockPool, KVCacheBlock
 
 PoolEventKind = Literal["stored", "removed", "cleared"]
@@ -75,14 +76,14 @@ class ObservedBlockPool(BlockPool):
         return super().get_new_block()
 
     def extend_table(self, table: list[KVCacheBlock], num_blocks: int, start: int,
-                     block_hashes: Sequence[BlockHash],
-                     own_from: int | None = None) -> list[KVCacheBlock]:
+                     block_hashes: Sequence[BlockHash], own_from: int | None = None,
+                     pieces: BlockPieces | None = None) -> list[KVCacheBlock]:
         """The two calls it stands for, one after the other: the evictions' events, then
         one stored event for the registration."""
         blocks = self.get_new_blocks(num_blocks)
         table += blocks
         self.cache_blocks(table[start:start + len(block_hashes)], block_hashes,
-                          None if own_from is None else max(own_from - start, 0))
+                          None if own_from is None else max(own_from - start, 0), pieces, start)
         return blocks
 
     def _record_evictions(self, count: int) -> None:
@@ -99,9 +100,10 @@ class ObservedBlockPool(BlockPool):
             block = block.next
 
     def cache_blocks(self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[BlockHash],
-                     num_shared: int | None = None) -> None:
+                     num_shared: int | None = None, pieces: BlockPieces | None = None,
+                     first: int = 0) -> None:
         self._record_stored(blocks, block_hashes)
-        super().cache_blocks(blocks, block_hashes, num_shared)
+        super().cache_blocks(blocks, block_hashes, num_shared, pieces, first)
 
     def cache_full_block(self, block: KVCacheBlock, block_hash: BlockHash,
                          own: bool = False) -> None:

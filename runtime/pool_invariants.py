@@ -22,17 +22,29 @@ def check_pool_invariants(pool: BlockPool) -> None:
         assert block.ref_cnt >= 0, block
         assert (block.ref_cnt == 0) == (block.block_id in queued_ids), block
         if block.block_hash is None:
-            assert block.own_seq is None, block
+            assert block.own_seq is None and block.piece is None, block
             continue
-        filed = (pool.cached_blocks.get(block.block_hash) is block
-                 or pool._more_cached.get(block.block_hash, {}).get(block.block_id) is block)
+        entry = block.piece
+        if entry is not None:  # a piece name: filed in its entry, not in the map
+            assert pool._pieces.get(entry.base) is entry, f"{block}: stray piece entry"
+            assert block.block_hash not in pool.cached_blocks, f"{block}: piece name in the map"
+            head = entry.blocks[block.j] is block
+        else:
+            head = pool.cached_blocks.get(block.block_hash) is block
+        filed = head or pool._more_cached.get(block.block_hash, {}).get(block.block_id) is block
         if block.own_seq is not None:  # an own name: cached without a map entry
             assert not filed, f"{block}: own name in the hash map"
         else:
             assert filed, f"{block} missing from the hash map"
-    for block_hash, entry in pool._more_cached.items():
-        assert entry and block_hash in pool.cached_blocks, "stray hash-map entry"
-    for block_hash, ids in pool.cached_block_ids().items():
+    for base, entry in pool._pieces.items():
+        held = [(j, block) for j, block in enumerate(entry.blocks) if block is not None]
+        assert entry.base == base and entry.held == len(held) > 0, entry
+        for j, block in held:
+            assert block.piece is entry and block.j == j, (entry, j, block)
+    cached = pool.cached_block_ids()
+    for block_hash, more in pool._more_cached.items():
+        assert more and len(cached.get(block_hash, ())) > 1, "stray hash-map entry"
+    for block_hash, ids in cached.items():
         for block_id in ids:
             block = pool.blocks[block_id]
             assert block.block_hash == block_hash, f"{block} filed under another hash"

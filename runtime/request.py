@@ -10,6 +10,8 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from runtime.block_pieces import BlockPieces
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -99,7 +101,7 @@ class Request:
         "num_preemptions", "num_cached_tokens", "block_hashes", "_all_token_ids",
         "_block_hasher", "_hash_block_size", "max_tokens", "num_prompt_tokens", "num_tokens",
         "eos_token_id", "stop_token_ids", "stop_length", "num_external_computed_tokens",
-        "block_key", "own_from",
+        "block_key", "own_from", "block_pieces",
     )
 
     def __init__(
@@ -114,6 +116,7 @@ class Request:
         lora_path: str | None = None,
         block_hashes: Sequence[bytes] = (),
         block_key: bytes | None = None,
+        block_pieces: BlockPieces | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids  # the caller's sequence, not copied
@@ -152,6 +155,12 @@ class Request:
         # With a `block_key`: the first block named by it (the given names before it are
         # shared ones); the pool caches such blocks for this request's lookups only.
         self.own_from = len(self.block_hashes) if block_key is not None else None
+        # Set when the leading given names come in pieces (`runtime.block_pieces`): the
+        # pool files and looks them up piece by piece.
+        if block_pieces is not None and block_pieces.num_blocks > len(self.block_hashes):
+            raise ValueError(f"{block_pieces.num_blocks} piece names, "
+                             f"{len(self.block_hashes)} given")
+        self.block_pieces = block_pieces
         # 8 bytes per token: a simulator holds thousands of long prompts in its queues.
         self._all_token_ids = array("q", prompt_token_ids)
         self._block_hasher: BlockHasher | None = None

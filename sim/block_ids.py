@@ -36,9 +36,14 @@ numbered in the order runs are first seen.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from runtime.block_hash import BlockHash, own_block_names
+from runtime.block_pieces import BlockPieces
 from workloads import TraceRequest
+
+if TYPE_CHECKING:
+    from sim.simulator import SimConfig
 
 _TAG = b"rt:trace-block\x00\x00"  # 16 bytes; with run and j: 32, as a SHA-256 digest
 _OWN_TAG = b"rt:own-block\x00\x00\x00\x00"  # own names are 8 + 16 + 24 + id bytes: > 32
@@ -92,18 +97,19 @@ class TraceBlockIds:
 
     def given_names(self, req: TraceRequest, block_size: int, vocab_size: int, seed: int,
                     known: Sequence[BlockHash] | None = None
-                    ) -> tuple[Sequence[BlockHash], bytes | None]:
-        """The block names an engine takes as given for `req` and its own-name key
-        (`own_key`). Without a key: `known` (names computed earlier) or `prompt_ids`. With
-        one: only the hash-id pieces' names (`known` cut to them): the scheduler's hasher
-        makes the own names past them, marked own (`Request.own_from`)."""
+                    ) -> tuple[Sequence[BlockHash], bytes | None, BlockPieces | None]:
+        """The block names an engine takes as given for `req`, its own-name key (`own_key`)
+        and the pieces of the leading names (`block_pieces`). Without a key: `known` (names
+        computed earlier) or `prompt_ids`. With one: only the hash-id pieces' names
+        (`known` cut to them): the scheduler's hasher makes the own names past them,
+        marked own (`Request.own_from`)."""
         key = self.own_key(req, block_size, vocab_size, seed)
+        pieces = self.block_pieces(req, block_size, vocab_size, seed)
+        if known is None:  # `prompt_ids` without a key
+            return self._piece_names(pieces), key, pieces
         if key is None:
-            return (self.prompt_ids(req, block_size, vocab_size, seed) if known is None
-                    else known), None
-        if known is None:
-            return self.piece_ids(req, block_size, vocab_size, seed), key
-        return known[:self.num_piece_ids(req, block_size)], key
+            return known, None, pieces
+        return known[:0 if pieces is None else pieces.num_blocks], key, pieces
 
     @staticmethod
     def num_piece_ids(req: TraceRequest, block_size: int) -> int:
@@ -119,26 +125,48 @@ class TraceBlockIds:
         """Identities of the prompt's leading full KV blocks that lie inside its hash-id
         pieces, in order; [] for a prompt without hash ids or whose hash block is not a
         multiple of `block_size` (the engine then hashes every block)."""
+        return self._piece_names(self.block_pieces(req, block_size, vocab_size, seed))
+
+    def _piece_names(self, pieces: BlockPieces | None) -> list[BlockHash]:
+        """The names of the blocks in `pieces`: block j of a piece is `base || j`."""
+        if pieces is None:
+            return []
+        self._grow(pieces.per_piece)
+        suffixes = self._suffixes[:pieces.per_piece]
+        out: list[BlockHash] = []
+        for base in pieces.bases:
+            out += [base + suffix for suffix in suffixes]
+        del out[pieces.num_blocks:]  # the last piece, partial: its whole blocks only
+        return out
+
+    def block_pieces(self, req: TraceRequest, block_size: int, vocab_size: int,
+                     seed: int) -> BlockPieces | None:
+        """The pieces of `piece_ids` (`Request.block_pieces`): block j of a piece is named
+        `base || j` (module docstring); None where there is no piece id."""
         ids, hash_block = req.hash_ids, req.hash_block_size
         if ids is None or hash_block is None or hash_block % block_size:
-            return []
-        per_piece = hash_block // block_size
-        self._grow(per_piece)
-        runs, bases, suffixes = self._runs, self._bases, self._suffixes
+            return None
+        runs = self._runs
         run = self._intern(("root", vocab_size, seed, hash_block, block_size, req.cache_salt))
-        out: list[BlockHash] = []
+        bases: list[bytes] = []
         for index, hash_id in enumerate(ids):
             key = (run, hash_id)
             found = runs.get(key)
             run = self._intern(key) if found is None else found
             piece_len = min(hash_block, req.prompt_len - index * hash_block)
-            base = bases[run]
-            if piece_len == hash_block:
-                out += [base + suffix for suffix in suffixes[:per_piece]]
-            else:  # the last piece, partial: its whole blocks only, and nothing after it
-                out += [base + suffix for suffix in suffixes[:piece_len // block_size]]
+            if piece_len >= block_size:
+                bases.append(self._bases[run])
+            if piece_len < hash_block:  # the last piece, partial: nothing after it
                 break
-        return out
+        num_blocks = self.num_piece_ids(req, block_size)
+        return BlockPieces(bases, hash_block // block_size, num_blocks) if num_blocks else None
+
+    def given_pieces(self, req: TraceRequest, config: SimConfig) -> BlockPieces | None:
+        """`block_pieces` for an engine of `config`: None where it takes no names as given
+        (`EngineProcess.known_hashes`: prefix caching or `trace_block_ids` off)."""
+        if not (config.trace_block_ids and config.cache.enable_prefix_caching):
+            return None
+        return self.block_pieces(req, config.cache.block_size, config.vocab_size, config.seed)
 
     def _intern(self, key: tuple[object, ...]) -> int:
         run = self._runs.setdefault(key, len(self._runs))

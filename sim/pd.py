@@ -218,8 +218,7 @@ class _PDFleet(_Fleet):
 
     def arrays(self, req: TraceRequest, replica: Replica, prompt: array[int],
                output: array[int]) -> tuple[array[int], array[int]]:
-        """The request's token arrays for `replica` (those given unless its vocabulary or
-        seed differ from replica 0's)."""
+        """The request's token arrays for `replica` (given unless its vocab or seed differ)."""
         config, first = replica.config, self.replicas[0].config
         if (config.vocab_size, config.seed) == (first.vocab_size, first.seed):
             return prompt, output
@@ -234,7 +233,8 @@ class _PDFleet(_Fleet):
         if hasher is None:
             hasher = self._hashers[cache.block_size] = make_block_hasher(cache.block_size)
         probe = Request(req.request_id, prompt, SamplingParams(max_tokens=1),
-                        cache_salt=req.cache_salt, block_hashes=replica.known_hashes(req))
+                        cache_salt=req.cache_salt, block_hashes=replica.known_hashes(req),
+                        block_pieces=replica.block_ids.given_pieces(req, replica.config))
         probe.set_block_hasher(hasher, cache.block_size)
         return replica.core.scheduler.kv_cache_manager.get_computed_blocks(probe)[1]
 

@@ -42,6 +42,7 @@ from runtime import (
     Scheduler,
     SchedulerConfig,
 )
+from runtime.block_pieces import BlockPieces
 from runtime.records import RequestRecord, RunResult
 from sim.api_server import deliver_to_clients, handover_times, server_wakes
 from sim.block_ids import TraceBlockIds, own_streams_only
@@ -155,9 +156,9 @@ class EngineProcess:
         config = self.config
         if not (config.trace_block_ids and config.cache.enable_prefix_caching):
             return make_request(req, prompt, max_tokens, [] if known is None else known)
-        names, key = self.block_ids.given_names(req, config.cache.block_size,
-                                                config.vocab_size, config.seed, known)
-        return make_request(req, prompt, max_tokens, names, key)
+        names, key, pieces = self.block_ids.given_names(req, config.cache.block_size,
+                                                        config.vocab_size, config.seed, known)
+        return make_request(req, prompt, max_tokens, names, key, pieces)
 
     # ---- what a driver provides ----------------------------------------------------------
 
@@ -307,13 +308,14 @@ def _start_blind(cost: Callable[[BatchFeatures], float]
 
 
 def make_request(req: TraceRequest, prompt: array[int], max_tokens: int,
-                 known_hashes: Sequence[bytes] = (), block_key: bytes | None = None) -> Request:
+                 known_hashes: Sequence[bytes] = (), block_key: bytes | None = None,
+                 block_pieces: BlockPieces | None = None) -> Request:
     """The engine-core request of a trace request (its output length: `max_tokens`), with
     the identities of its leading prompt blocks if known and its own blocks' key
     (`EngineProcess.make_request`)."""
     return Request(req.request_id, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
                    arrival_time=req.arrival_s, priority=req.priority, cache_salt=req.cache_salt,
-                   block_hashes=known_hashes, block_key=block_key)
+                   block_hashes=known_hashes, block_key=block_key, block_pieces=block_pieces)
 
 
 class KnownHandovers(EngineProcess):
