@@ -156,9 +156,8 @@ class EngineProcess:
         config = self.config
         if not (config.trace_block_ids and config.cache.enable_prefix_caching):
             return make_request(req, prompt, max_tokens, [] if known is None else known)
-        names, key, pieces = self.block_ids.given_names(req, config.cache.block_size,
-                                                        config.vocab_size, config.seed, known)
-        return make_request(req, prompt, max_tokens, names, key, pieces)
+        return make_request(req, prompt, max_tokens, *self.block_ids.given_names(
+            req, config.cache.block_size, config.vocab_size, config.seed, known))
 
     # ---- what a driver provides ----------------------------------------------------------
 
@@ -310,9 +309,8 @@ def _start_blind(cost: Callable[[BatchFeatures], float]
 def make_request(req: TraceRequest, prompt: array[int], max_tokens: int,
                  known_hashes: Sequence[bytes] = (), block_key: bytes | None = None,
                  block_pieces: BlockPieces | None = None) -> Request:
-    """The engine-core request of a trace request (its output length: `max_tokens`), with
-    the identities of its leading prompt blocks if known and its own blocks' key
-    (`EngineProcess.make_request`)."""
+    """The engine-core request of a trace request (output length `max_tokens`), with its
+    leading prompt blocks' identities if known, its own blocks' key and its pieces."""
     return Request(req.request_id, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
                    arrival_time=req.arrival_s, priority=req.priority, cache_salt=req.cache_salt,
                    block_hashes=known_hashes, block_key=block_key, block_pieces=block_pieces)
