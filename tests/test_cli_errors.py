@@ -5,6 +5,8 @@ OSError raised while serving is a bug and keeps its traceback. The servers are s
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -78,3 +80,17 @@ def test_an_os_error_is_one_line_with_its_file_name_when_it_has_one(
     assert capsys.readouterr().err == ("rt: error: disk full\n"
                                        "rt: error: /nonexistent/trace.jsonl: No such file or "
                                        "directory\n")
+
+
+def test_fidelity_fleet_without_the_serve_extra_is_one_line(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from workloads import Trace, TraceRequest, write_rt_jsonl
+
+    trace = tmp_path / "t.jsonl"
+    write_rt_jsonl(Trace((TraceRequest("a", 0.0, 16, 4),), "t"), trace)
+    monkeypatch.setitem(sys.modules, "httpx", None)  # not installed
+    monkeypatch.delitem(sys.modules, "backends.route.fleet_fidelity", raising=False)
+    result = CliRunner().invoke(cli.app, ["fidelity", str(trace), "--fleet",
+                                          "--result-dir", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.exception
+    assert result.stderr == "rt: error: --fleet needs httpx: pip install 'rt[serve]'\n"
