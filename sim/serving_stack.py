@@ -3,18 +3,18 @@
 The simulated fleet models the engines (the cost model) and the router's measured routing
 latency; a real request also crosses the client, the HTTP hops (client -> router -> the
 replica's API process -> its engine process over ZeroMQ, and the stream back) and the API
-server's parsing. `ServingStack` names that time in the API-server model's own units
-(`sim.cost.api_server.ApiServerCost`: a cost per request and one per prompt token, spent
-before the engine sees the request), and `fit_serving_stack` measures it out of sample: the
+server's parsing. `ServingStack` names that time as a cost per request and one per prompt
+token, spent before the engine sees the request (in the twin a plain delay before the
+router, `delayed`), and `fit_serving_stack` measures it out of sample: the
 real fleet replays other requests first (a calibration replay), the fleet's twin replays
 the same requests with no serving-stack cost, and per request
 
     d_i = real TTFT_i - twin TTFT_i ~ per_request_s + per_prompt_token_s * prompt_len_i.
 
-The line is fitted robustly (Theil-Sen: the median of the pairwise slopes, then the
-median intercept), so the CPU queueing of a loaded machine, a long tail of d that grows
-with load, does not enter the fixed cost; what it leaves is reported as the residual's
-p50/p90. Times are seconds.
+The line is fitted robustly (Theil-Sen: the median of the pairwise slopes, at most
+`MAX_PAIRS` of them, then the median intercept), so the CPU queueing of a loaded machine, a
+long tail of d that grows with load, does not enter the fixed cost; what it leaves is
+reported as the residual's p50/p90 (in-sample). Times are seconds.
 """
 
 from __future__ import annotations
