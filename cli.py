@@ -29,7 +29,6 @@ import typer
 import workloads
 from analysis.compare import CompareFiles
 from analysis.output import JsonOut, default_dir, save_figures
-from analysis.progress import progress
 from analysis.report import TABLE_DEFAULTS, ReportFiles, ReportFlags
 from analysis.run_console import RunConsole
 from backends.bench.flags import GpuBenchFlags, ServeBenchFlags, ServeLoadFlags
@@ -107,17 +106,18 @@ def fail(message: str) -> NoReturn:
 
 
 @contextlib.contextmanager
-def user_errors(*also: type[Exception]) -> Iterator[None]:
+def user_errors(*also: type[Exception], only: bool = False) -> Iterator[None]:
     """Bad input (a ValueError from the libraries, workloads.TraceError included: they name
-    the field and value), an unreadable/unwritable file, or one of `also` (e.g. the
-    RuntimeError of a server that did not start): one line, exit 2."""
-    caught: tuple[type[Exception], ...] = (ValueError, *also)
+    the field and value), an unreadable/unwritable file, or one of `also`: one line, exit 2.
+    With `only`, `also` alone (a serving loop's: anything else is a bug, its traceback)."""
+    caught: tuple[type[Exception], ...] = also if only else (ValueError, OSError, *also)
     try:
         yield
+    except typer.Exit:  # a RuntimeError too: the command's own exit
+        raise
     except caught as err:
-        fail(str(err))
-    except OSError as err:
-        fail(f"{err.filename}: {err.strerror}")
+        fail(f"{err.filename}: {err.strerror}" if isinstance(err, OSError) and err.filename
+             else str(err))
 
 
 def stop(code: int) -> NoReturn:
@@ -467,7 +467,7 @@ def serve(
     stack = http_stack()
     say(f"serving {config.model_name} on http://{server.host}:{server.port}/v1 "
         f"({stack.describe()})")
-    with user_errors(RuntimeError):  # RuntimeError: the engine process died
+    with user_errors(RuntimeError, only=True):  # RuntimeError: the engine process died
         run_server(config, server.host, server.port, stack, server.shutdown_timeout,
                    server.uvicorn_log_level)
     say("server stopped")
@@ -485,7 +485,7 @@ def calibrate_grid(setup: RealSetup, tokenizer: Tokenizer | None, cal: Calibrati
 
     with user_errors():
         steps = [read_replay_steps(path, "wall") for path in extra_steps]
-        with progress("calibrating") as update:
+        with CONSOLE.progress("calibrating") as update:
             measured = calibrate_engine(setup, tokenizer, cal.quick, cal.time_limit, update)
         return profile_from_grid(measured, steps, rt_version())
 
@@ -616,18 +616,18 @@ def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: Engin
 
 def _fidelity_fleet(trace: workloads.Trace, args: tuple[Any, ...], fleet: FleetFlags,
                     root: Path) -> None:
-    """`rt fidelity --fleet`: `backends.route.fleet_fidelity` starts the replicas and the
-    router and replays; `sim.fidelity.fleet_twin` simulates the same fleet; `args` are the
-    engine flags, simulated model, GPU, profile and seed both sides share."""
-    from analysis.fleet_fidelity import write_fleet_fidelity
-    from analysis.rundir import save_result
-    from backends.route.fleet_fidelity import fleet_fidelity_plan, run_fleet_fidelity
-    from sim.fidelity import fleet_twin
-
-    with user_errors(), progress("replaying through the router") as update:
+    """`rt fidelity --fleet`: the real fleet (`backends.route.fleet_fidelity`) against its
+    twin (`sim.fidelity.fleet_twin`); `args`: engine flags, model, GPU, profile and seed."""
+    try:
+        from analysis.fleet_fidelity import write_fleet_fidelity
+        from backends.route.fleet_fidelity import fleet_fidelity_plan, run_fleet_fidelity
+        from sim.fidelity import fleet_twin
+    except ImportError as err:
+        fail(f"--fleet needs {err.name}: pip install 'rt[serve]'")
+    with user_errors():
         typer.echo(run_fleet_fidelity(fleet_fidelity_plan(Path(__file__), fleet, *args),
-                   trace, root, save_result, functools.partial(fleet_twin, trace, fleet, *args),
-                   write_fleet_fidelity, update))
+                   trace, root, CONSOLE, functools.partial(fleet_twin, trace, fleet, *args),
+                   write_fleet_fidelity))
 
 
 # ---- rt bench ... ----
@@ -719,12 +719,13 @@ _RouterPolicy = Annotated[FleetFlags, ROUTER_POLICY]
 
 def route_until_stopped(urls: list[str], policy: FleetFlags, route: RouteFlags, seed: int,
                         print_url: bool = False) -> None:
-    """`backends.route.app.route_until_stopped` under `policy` (its URL printed on stdout
-    when `print_url`)."""
-    from backends.route.app import route_until_stopped as run
+    """`backends.route.app`'s router under `policy` (its URL on stdout when `print_url`)."""
+    from backends.route import app as route_app
 
-    run(urls, policy.router, policy.router_arg or [], policy.router_refresh_ms, route, seed,
-        say, typer.echo if print_url else None)
+    with user_errors():
+        config = route_app.router_config(urls, policy, route, seed)
+    with user_errors(RuntimeError, only=True):
+        route_app.route_until_stopped(config, route, say, typer.echo if print_url else None)
 
 
 @command(app, "route")
@@ -739,8 +740,7 @@ def route_command(
     its own in-flight counts and prefix index (the prompt's UTF-8 bytes), and each backend's
     /metrics scraped every --router-refresh-ms. Serves /v1/models, /health, /metrics.
     Failing backends are taken out and put back when healthy; SIGTERM/Ctrl-C drains."""
-    with user_errors(RuntimeError):  # RuntimeError: the port cannot be bound
-        route_until_stopped(route.backend or [], policy, route, seed)
+    route_until_stopped(route.backend or [], policy, route, seed)
 
 
 fleet_app = typer.Typer(help="A fleet of rt serve replicas behind rt route, on loopback.",
@@ -772,7 +772,7 @@ def fleet_up(
         make_policy(policy.router, policy.router_arg or [], seed)
     plan = FleetPlan.of(RT, seed, [(server, _FLEET_SERVER), (sim, _FLEET_SIM), (engine, None),
                                    (model, None)], policy.replicas, route.shutdown_timeout)
-    with user_errors(RuntimeError):
+    with user_errors(RuntimeError, only=True):  # a replica did not come up
         run_fleet(plan, functools.partial(route_until_stopped, policy=policy, route=route,
                                           seed=seed, print_url=True), say)
 

@@ -80,8 +80,9 @@ def compare_fleets(real: Run, sim: Run, overheads: Mapping[str, Any]) -> dict[st
 
 
 def _sim_split(sim: Run) -> dict[str, float]:
-    """The simulated mean TTFT (ms) as routing + serving stack (the replicas' API-server
-    stage) + engine (the rest: step boundary, queue, prefill)."""
+    """The simulated mean TTFT (ms) as routing + serving stack (the records' API-server
+    time: a fitted stack's delay, or the profile's API-server stage) + engine (the rest:
+    step boundary, queue, prefill)."""
     r = sim.requests
     ttft = (r["first_token_s"] - r["arrival_s"]).mean() * 1e3
     routing = r["routing_s"].mean() * 1e3 if "routing_s" in r else 0.0
@@ -110,12 +111,14 @@ def stack_lines(s: Mapping[str, Any]) -> list[str]:
                  f"requests): {model['per_request_ms']:.2f} ms per request + "
                  f"{model['per_prompt_token_us']:.2f} us per prompt token before the engine; "
                  f"real - twin TTFT p50 {model['gap_p50_ms']:.2f} / p90 "
-                 f"{model['gap_p90_ms']:.2f} ms, after the fit p50 "
+                 f"{model['gap_p90_ms']:.2f} ms, after the fit (in-sample, the calibration "
+                 f"replay) p50 "
                  f"{model['residual_p50_ms']:+.2f} / p90 {model['residual_p90_ms']:+.2f} ms"
                  f"{clamped}"]
     else:
         api = model.get("api_server") or {}
-        lines = [f"serving stack: not fitted (the profile's API-server cost, "
+        why = f"{model['not_fitted']}; " if "not_fitted" in model else ""
+        lines = [f"serving stack: not fitted ({why}the profile's API-server cost, "
                  f"{api.get('per_request_s', math.nan) * 1e3:.2f} ms per request)"]
     if real:
         lines.append(f"real TTFT mean {real['client_ttft_mean_ms']:.2f} ms = routing "

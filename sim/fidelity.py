@@ -34,7 +34,14 @@ from sim.engine_args import (
 from sim.fleet import FleetResult, simulate_fleet
 from sim.fleet_config import FleetFlags
 from sim.profile import load_profile
-from sim.serving_stack import MeasuredReplay, fit_on_twin
+from sim.serving_stack import (
+    MeasuredReplay,
+    ServingStack,
+    StackFit,
+    StackNotFitted,
+    delayed,
+    fit_on_twin,
+)
 from sim.simulator import simulate
 from workloads import Trace
 
@@ -195,16 +202,29 @@ def _router_timing(fleet: FleetFlags, overheads: Mapping[str, Any]) -> tuple[flo
 
 
 def _twin_run(trace: Trace, fleet: FleetFlags, setup: SimSetup, seed: int,
-              overheads: Mapping[str, Any]) -> FleetResult:
-    """`trace` through the twin fleet of `setup`s (a fresh policy; outputs served, request
-    ids as in `trace`)."""
-    refresh, latency = _router_timing(fleet, overheads)
+              timing: tuple[float, float], stack: ServingStack | None = None) -> FleetResult:
+    """`trace` through the twin fleet of `setup`s (a fresh policy; `timing`: the router's
+    (refresh, routing latency); outputs served; request ids and arrivals as in `trace`),
+    each request at the router `stack`'s own time after its arrival when given
+    (`sim.serving_stack.delayed`: its TTFT includes that time, recorded as API-server time)."""
     policy = make_policy(fleet.router, fleet.router_arg or [], seed)
-    result = simulate_fleet(served_outputs(trace), [setup] * fleet.replicas, policy, refresh,
-                            latency)
+    served = served_outputs(trace)
+    routed = served if stack is None else delayed(served, stack)
+    result = simulate_fleet(routed, [setup] * fleet.replicas, policy, *timing)
+    if stack is not None:
+        _undelay(result, served)
     for record in result.requests:
         record.request_id = record.request_id.removesuffix(_SERVED)
     return result
+
+
+def _undelay(result: FleetResult, trace: Trace) -> None:
+    """Each record's arrival back to `trace`'s, the stack's delay counted in its API-server
+    time (so that routing + the parts still sum to E2E; the API-server cost is 0 here)."""
+    arrivals = {r.request_id: r.arrival_s for r in trace}
+    for record in result.requests:
+        record.api_server_s += record.arrival_s - arrivals[record.request_id]
+        record.arrival_s = arrivals[record.request_id]
 
 
 def _with_api_server(setup: SimSetup, api: ApiServerCost) -> SimSetup:
@@ -222,9 +242,29 @@ def stack_free_twin(trace: Trace, fleet: FleetFlags, engine: EngineFlags, model:
                     ) -> FleetResult:
     """`fleet_twin`'s fleet with no serving-stack cost (the replicas' API-server cost 0):
     what a calibration replay's TTFTs are compared with to fit that cost."""
-    setup = _with_api_server(_setup(engine, model, gpu, profile, seed),
-                             ApiServerCost(0.0, 0.0, 0.0))
-    return _twin_run(trace, fleet, setup, seed, overheads)
+    return _stack_free(_setup(engine, model, gpu, profile, seed), trace, fleet, seed, overheads)
+
+
+def _stack_free(setup: SimSetup, trace: Trace, fleet: FleetFlags, seed: int,
+                overheads: Mapping[str, Any]) -> FleetResult:
+    return _twin_run(trace, fleet, _with_api_server(setup, ApiServerCost(0.0, 0.0, 0.0)),
+                     seed, _router_timing(fleet, overheads))
+
+
+def _fitted_stack(setup: SimSetup, fleet: FleetFlags, seed: int, calibration: MeasuredReplay
+                  ) -> tuple[StackFit | None, dict[str, Any]]:
+    """The serving stack fitted on `calibration` against its stack-free twin and run.json's
+    description of it; (None, why) when too few requests finished to fit it."""
+    bare = _stack_free(setup, calibration.trace, fleet, seed, calibration.overheads)
+    latency_ms = _router_timing(fleet, calibration.overheads)[1] * 1e3
+    try:
+        fit = fit_on_twin(calibration, bare.requests, seed)
+    except StackNotFitted as err:
+        return None, {"fitted": False, "not_fitted": str(err),
+                      "api_server": dataclasses.asdict(setup.config.api_server)}
+    return fit, {"fitted": True, **fit.describe(), "applied_as": "a delay per request "
+                 "before the router (not queued)",
+                 "calibration_routing_latency_ms": latency_ms}
 
 
 def fleet_twin(trace: Trace, fleet: FleetFlags, engine: EngineFlags, model: str, gpu: str,
@@ -239,25 +279,23 @@ def fleet_twin(trace: Trace, fleet: FleetFlags, engine: EngineFlags, model: str,
     generate outputs of their own (`served_outputs`), as the real ones do. With
     `calibration` (a replay of other requests through the same real fleet), the serving
     stack's own time (`sim.serving_stack`) is fitted on it against its twin without that
-    time, and the replicas' API-server cost is the fitted stack; without, the setup's (the
-    profile's, or the default assumption). Returns the result (request ids as in `trace`)
-    and run.json's description (its "fleet" section with the refresh, latency and serving
-    stack used)."""
+    time, and each request reaches the router that time after its arrival (the replicas'
+    API-server cost 0, as in the fit); without (or too few requests to fit), the setup's
+    API-server cost (the profile's, or the default assumption). Returns the result (request
+    ids as in `trace`) and run.json's description (its "fleet" section with the refresh,
+    latency and serving stack used)."""
     setup = _setup(engine, model, gpu, profile, seed)
     stack: dict[str, Any] = {"fitted": False, "api_server": dataclasses.asdict(
         setup.config.api_server)}
+    fit = None
     if calibration is not None:
-        bare = stack_free_twin(calibration.trace, fleet, engine, model, gpu, profile, seed,
-                               calibration.overheads)
-        fit = fit_on_twin(calibration, bare.requests)
-        setup = _with_api_server(setup, fit.stack.api_server())
-        stack = {"fitted": True, **fit.describe(),
-                 "calibration_routing_latency_ms": _router_timing(
-                     fleet, calibration.overheads)[1] * 1e3}
-    result = _twin_run(trace, fleet, setup, seed, overheads)
-    refresh, latency = _router_timing(fleet, overheads)
-    fleet_info = {**fleet.describe(None), "routing_latency_ms": latency * 1e3,
-                  "router_refresh_ms": refresh * 1e3,
+        fit, stack = _fitted_stack(setup, fleet, seed, calibration)
+    if fit is not None:
+        setup = _with_api_server(setup, ApiServerCost(0.0, 0.0, 0.0))
+    timing = _router_timing(fleet, overheads)
+    result = _twin_run(trace, fleet, setup, seed, timing, None if fit is None else fit.stack)
+    fleet_info = {**fleet.describe(None), "routing_latency_ms": timing[1] * 1e3,
+                  "router_refresh_ms": timing[0] * 1e3,
                   "router_refresh_ms_flag": fleet.router_refresh_ms,
                   "outputs": "served (not the trace's)", "serving_stack": stack}
     return result, {**setup.describe(), "fleet": fleet_info}

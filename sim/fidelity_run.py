@@ -4,8 +4,9 @@ configs, each written as a run directory under one root.
 
 The real replay (backends/, which sim/ does not import) and the writing of a run directory
 (analysis/) are the caller's, injected: `replay(trace) -> RunResult` (it raises to stop, e.g.
-on Ctrl-C) and `save(path, kind, trace_info, result, describe, **extra)` (the signature of
-`analysis.rundir.save_result`; `trace_info`: `workloads.trace_info` of the run's trace)."""
+on Ctrl-C) and `save(path, kind, trace_info, result, describe, **extra)` (the CLI's
+`CONSOLE.save`, `analysis.run_console.RunConsole.save`: it writes and returns None;
+`trace_info`: `workloads.trace_info` of the run's trace)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from sim.profile import Profile, load_profile
 from workloads import Trace, resample_like, trace_info
 
 Replay = Callable[[Trace], RunResult]
-Save = Callable[..., Any]
+Save = Callable[..., None]
 
 
 @dataclass(frozen=True)

@@ -3,22 +3,23 @@
 The simulated fleet models the engines (the cost model) and the router's measured routing
 latency; a real request also crosses the client, the HTTP hops (client -> router -> the
 replica's API process -> its engine process over ZeroMQ, and the stream back) and the API
-server's parsing. `ServingStack` names that time in the API-server model's own units
-(`sim.cost.api_server.ApiServerCost`: a cost per request and one per prompt token, spent
-before the engine sees the request), and `fit_serving_stack` measures it out of sample: the
+server's parsing. `ServingStack` names that time as a cost per request and one per prompt
+token, spent before the engine sees the request (in the twin a plain delay before the
+router, `delayed`), and `fit_serving_stack` measures it out of sample: the
 real fleet replays other requests first (a calibration replay), the fleet's twin replays
 the same requests with no serving-stack cost, and per request
 
     d_i = real TTFT_i - twin TTFT_i ~ per_request_s + per_prompt_token_s * prompt_len_i.
 
-The line is fitted robustly (Theil-Sen: the median of the pairwise slopes, then the
-median intercept), so the CPU queueing of a loaded machine, a long tail of d that grows
-with load, does not enter the fixed cost; what it leaves is reported as the residual's
-p50/p90. Times are seconds.
+The line is fitted robustly (Theil-Sen: the median of the pairwise slopes, at most
+`MAX_PAIRS` of them, then the median intercept), so the CPU queueing of a loaded machine, a
+long tail of d that grows with load, does not enter the fixed cost; what it leaves is
+reported as the residual's p50/p90 (in-sample). Times are seconds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from runtime.records import RequestRecord
-from sim.cost.api_server import ApiServerCost
 from sim.cost.base import _check_number
 from workloads import Trace
 
@@ -53,7 +53,9 @@ class ServingStack:
     """The serving stack's time before the engine sees a request: `per_request_s` +
     `per_prompt_token_s` * prompt tokens (the client, the HTTP hops, the API server and the
     engine IPC; the router's routing latency is modelled apart). In the simulated fleet it
-    is each replica's API-server cost (a FIFO stage in front of its engine)."""
+    is a plain delay of each request before the router (`delayed`), not a queue: most of it
+    is client and HTTP-hop latency that real requests spend concurrently, and the fit (one
+    line per request) cannot tell a serial part from it."""
 
     per_request_s: float = 0.0
     per_prompt_token_s: float = 0.0
@@ -62,9 +64,18 @@ class ServingStack:
         for name in ("per_request_s", "per_prompt_token_s"):
             _check_number("ServingStack", name, getattr(self, name), positive=False)
 
-    def api_server(self) -> ApiServerCost:
-        """The replicas' API-server cost (nothing on the output path: ITL is the engine's)."""
-        return ApiServerCost(self.per_request_s, self.per_prompt_token_s, 0.0)
+    def delay_s(self, prompt_len: int) -> float:
+        """Seconds a request of `prompt_len` prompt tokens spends in the stack."""
+        return self.per_request_s + self.per_prompt_token_s * prompt_len
+
+
+def delayed(trace: Trace, stack: ServingStack) -> Trace:
+    """`trace` as the router sees it: each request `stack.delay_s(prompt_len)` after its
+    arrival (re-sorted by that time, ties in trace order). Each request is delayed by its
+    own time alone, whatever the load."""
+    later = [dataclasses.replace(r, arrival_s=r.arrival_s + stack.delay_s(r.prompt_len))
+             for r in trace]
+    return trace.replace_requests(sorted(later, key=lambda r: r.arrival_s))
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,12 +110,32 @@ class StackFit:
                 "residual_p90_ms": self.residual_p90_s * 1e3, "clamped": list(self.clamped)}
 
 
-def theil_sen(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+MAX_PAIRS = 200_000  # Theil-Sen's pairs at most (a seeded sample beyond): memory O(pairs)
+MIN_REQUESTS = 10  # requests a fit needs (fewer: `StackNotFitted`)
+
+
+class StackNotFitted(ValueError):
+    """Too few requests in the calibration replay to fit the serving stack (the reason)."""
+
+
+def _pairs(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Index pairs (i, j) of n points: all i < j when there are at most `MAX_PAIRS`, else
+    `MAX_PAIRS` pairs drawn uniformly (with replacement, i != j) from `seed`."""
+    if n * (n - 1) // 2 <= MAX_PAIRS:
+        return np.triu_indices(n, k=1)
+    rng = np.random.default_rng(seed)
+    i = rng.integers(0, n, MAX_PAIRS)
+    j = (i + rng.integers(1, n, MAX_PAIRS)) % n  # != i
+    return i, j
+
+
+def theil_sen(x: Sequence[float], y: Sequence[float], seed: int = 0) -> tuple[float, float]:
     """(intercept, slope) of y ~ intercept + slope * x: the slope the median of the slopes
-    of all pairs with distinct x (0 when there is none), the intercept the median of
-    y - slope * x. Exact on points on one line."""
+    of the pairs with distinct x (all pairs up to `MAX_PAIRS`, else a sample drawn from
+    `seed`; 0 when there is none), the intercept the median of y - slope * x. Exact on
+    points on one line."""
     xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    i, j = np.triu_indices(len(xs), k=1)
+    i, j = _pairs(len(xs), seed)
     dx = xs[j] - xs[i]
     keep = dx != 0
     slope = float(np.median((ys[j] - ys[i])[keep] / dx[keep])) if keep.any() else 0.0
@@ -112,25 +143,30 @@ def theil_sen(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
 
 
 def fit_serving_stack(prompt_lens: Sequence[int], real_ttft_s: Sequence[float],
-                      twin_ttft_s: Sequence[float]) -> StackFit:
+                      twin_ttft_s: Sequence[float], seed: int = 0) -> StackFit:
     """The `ServingStack` of requests with these prompt lengths, real TTFTs and their
-    twin's TTFTs (without serving-stack cost), matched by position. ValueError when there
-    is no request."""
+    twin's TTFTs (without serving-stack cost), matched by position; requests whose gap is
+    not finite (a failed request) are dropped. A negative per-request term is clamped to 0
+    and the slope refitted through the origin (the median of gap / prompt tokens).
+    `StackNotFitted` when fewer than `MIN_REQUESTS` remain; ValueError when the lengths
+    differ."""
     if not len(prompt_lens) == len(real_ttft_s) == len(twin_ttft_s):
         raise ValueError("fit_serving_stack: prompt_lens, real and twin TTFTs differ in length")
-    if not prompt_lens:
-        raise ValueError("fit_serving_stack: no request finished in both the calibration "
-                         "replay and its twin")
     x = np.asarray(prompt_lens, dtype=float)
     gap = np.asarray(real_ttft_s, dtype=float) - np.asarray(twin_ttft_s, dtype=float)
-    intercept, slope = theil_sen(x.tolist(), gap.tolist())
+    finite = np.isfinite(gap)
+    x, gap = x[finite], gap[finite]
+    if len(x) < MIN_REQUESTS:
+        raise StackNotFitted(f"{len(x)} requests of the calibration replay finished in both "
+                             f"it and its twin; the serving stack's fit needs {MIN_REQUESTS}")
+    intercept, slope = theil_sen(x.tolist(), gap.tolist(), seed)
     clamped = []
+    if intercept < 0:  # through the origin: the slope alone
+        clamped.append("per_request_s")
+        intercept, slope = 0.0, float(np.median(gap[x > 0] / x[x > 0])) if (x > 0).any() else 0.0
     if slope < 0:  # the fixed cost alone, as the median
         clamped.append("per_prompt_token_s")
-        intercept, slope = float(np.median(gap)), 0.0
-    if intercept < 0:
-        clamped.append("per_request_s")
-        intercept = 0.0
+        intercept, slope = max(float(np.median(gap)), 0.0), 0.0
     residual = gap - (intercept + slope * x)
     p50, p90 = np.quantile(gap, [0.5, 0.9])
     r50, r90 = np.quantile(residual, [0.5, 0.9])
@@ -144,12 +180,14 @@ def ttft_by_request(records: Sequence[RequestRecord]) -> dict[str, float]:
             if r.first_token_s is not None and math.isfinite(r.first_token_s)}
 
 
-def fit_on_twin(calibration: MeasuredReplay, twin: Sequence[RequestRecord]) -> StackFit:
+def fit_on_twin(calibration: MeasuredReplay, twin: Sequence[RequestRecord], seed: int = 0
+                ) -> StackFit:
     """`fit_serving_stack` on the calibration replay's requests that have a TTFT in both it
-    and `twin` (its trace through the fleet's twin without serving-stack cost)."""
+    and `twin` (its trace through the fleet's twin without serving-stack cost); `seed`
+    draws Theil-Sen's pairs of a long replay."""
     sim = ttft_by_request(twin)
     both = [r for r in calibration.trace
             if r.request_id in sim and r.request_id in calibration.ttft_s]
     return fit_serving_stack([r.prompt_len for r in both],
                              [calibration.ttft_s[r.request_id] for r in both],
-                             [sim[r.request_id] for r in both])
+                             [sim[r.request_id] for r in both], seed)

@@ -339,25 +339,23 @@ async def _serve(config: RouterConfig, host: str, port: int, shutdown_timeout_s:
         await router.stop()
 
 
-def router_config(urls: Sequence[str], policy: str, policy_args: Sequence[str],
-                  refresh_ms: float, route: Any, seed: int) -> RouterConfig:
-    """The router's settings from its flags (`RouteFlags` as `route`); ValueError (one line)
-    on an unknown policy, a bad argument, or a backend that is unreachable, not
-    OpenAI-compatible or lacks a metric the policy reads."""
-    bases = check_backends(list(urls), make_policy(policy, list(policy_args), seed))
-    return RouterConfig(tuple(bases), policy, tuple(policy_args), seed, refresh_ms / 1000.0,
-                        route.max_failures, route.health_check_ms / 1000.0,
-                        route.backend_timeout)
+def router_config(urls: Sequence[str], policy: Any, route: Any, seed: int) -> RouterConfig:
+    """The router's settings from its flags (`FleetFlags` as `policy`: router, router_arg,
+    router_refresh_ms; `RouteFlags` as `route`); ValueError (one line) on an unknown
+    policy, a bad argument, or a backend that is unreachable, not OpenAI-compatible or
+    lacks a metric the policy reads."""
+    args = list(policy.router_arg or [])
+    bases = check_backends(list(urls), make_policy(policy.router, args, seed))
+    return RouterConfig(tuple(bases), policy.router, tuple(args), seed,
+                        policy.router_refresh_ms / 1000.0, route.max_failures,
+                        route.health_check_ms / 1000.0, route.backend_timeout)
 
 
-def route_until_stopped(urls: Sequence[str], policy: str, policy_args: Sequence[str],
-                        refresh_ms: float, route: Any, seed: int, say: Callable[[str], None],
+def route_until_stopped(config: RouterConfig, route: Any, say: Callable[[str], None],
                         print_url: Callable[[str], None] | None = None) -> None:
-    """`rt route`: the router over `urls` (`router_config`: ValueError on a bad policy,
-    argument or backend, before anything is served), its URL to `print_url` when given,
-    served until SIGINT/SIGTERM (`run_router`: RuntimeError if it cannot bind), saying
-    where and when it stopped."""
-    config = router_config(urls, policy, policy_args, refresh_ms, route, seed)
+    """`rt route`: the router of `config` (`router_config`) on `route`'s host and port, its
+    URL to `print_url` when given, served until SIGINT/SIGTERM (`run_router`: RuntimeError
+    if it cannot bind), saying where and when it stopped."""
     url = f"http://{route.host}:{route.port}/v1"
     if print_url is not None:
         print_url(url)

@@ -14,8 +14,10 @@ replicas' /metrics are read too: where the mean TTFT goes (`stack_probe.ttft_spl
 The simulated side is injected (backends never import sim): `simulate(overheads,
 calibration=...)` returns the fleet simulator's result and its run.json description, given the
 router's measured overheads (`RouterOverheads` as a dict) and the calibration replay
-(`CalibrationReplay`) so that the simulation includes them. Writing run directories (`save`,
-`analysis.rundir.save_result`) and the comparison (`compare`) are injected too.
+(`CalibrationReplay`) so that the simulation includes them. The run's output (progress
+bars, run directories, exit status) is the caller's `RunOutput`; the comparison (`compare`)
+is injected too. Ctrl-C during a replay writes the replays so far and exits 130, every
+process stopped; a replica whose /metrics cannot be read leaves the TTFT split NaN, named.
 
 Layout under `root`: calibration/ (the calibration replay), real/ (the replay through the
 router), sim/ (the simulated fleet), and whatever `compare` writes. Times are seconds.
@@ -24,6 +26,7 @@ router), sim/ (the simulated fleet), and whatever `compare` writes. Times are se
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import sys
 import tempfile
@@ -37,13 +40,13 @@ import httpx
 from backends.bench.serve_load import free_port
 from backends.replay.endpoint import EndpointResult, replay_endpoint, run_info
 from backends.replay.endpoint_probe import EndpointConfig, EndpointError, probe
+from backends.replay.run_output import INTERRUPTED, RunOutput
 from backends.route.fleet import Replica, flag_argv, stop_all, wait_healthy
 from backends.route.overheads import RouterOverheads, parse_router_metrics
 from backends.route.stack_probe import ServerTotals, parse_server_totals, ttft_split
 from runtime.router import make_policy
 from workloads import Trace, resample_like, trace_digest
 
-Save = Callable[..., Any]  # (path, kind, trace identity, result, describe) -> a loaded run
 # (the router's overheads (a dict), calibration=CalibrationReplay) -> (result, describe)
 Simulate = Callable[..., tuple[Any, Mapping[str, Any]]]
 Compare = Callable[[Path, Path, Mapping[str, Any], Path], str]  # real, sim, overheads, root
@@ -149,9 +152,25 @@ def running_router(plan: FleetFidelityPlan, backends: list[str], logs: Path
         stop_all(router, plan.stop_timeout_s)
 
 
-def _server_totals(backends: list[str]) -> ServerTotals:
-    return parse_server_totals(httpx.get(f"{url}/metrics", timeout=10.0).text
-                               for url in backends)
+# every part unknown (NaN)
+_UNREAD = ServerTotals(**{f.name: math.nan for f in dataclasses.fields(ServerTotals)})
+
+
+def _server_totals(backends: list[str], failed: list[str]) -> ServerTotals:
+    """The replicas' summed histograms; NaN ones, and the failure (naming the replica)
+    appended to `failed`, when a replica's /metrics cannot be read (it died)."""
+    texts = []
+    for url in backends:
+        try:
+            texts.append(httpx.get(f"{url}/metrics", timeout=10.0).text)
+        except httpx.HTTPError as err:
+            failed.append(f"{url}/metrics: {err}")
+            return _UNREAD
+    return parse_server_totals(texts)
+
+
+def _json_number(value: float) -> float | None:
+    return None if math.isnan(value) else value  # JSON has no NaN: null
 
 
 def _mean_ttft_s(result: EndpointResult) -> float:
@@ -167,7 +186,8 @@ def _replay_once(plan: FleetFidelityPlan, trace: Trace, backends: list[str], log
     `token_seed`): the result, its run.json fields (with the router's overheads and the
     TTFT split, from the replicas' histograms over this replay) and the router's
     overheads."""
-    before = _server_totals(backends)
+    failed: list[str] = []
+    before = _server_totals(backends, failed)
     with running_router(plan, backends, logs) as url:
         config = EndpointConfig(url=url, **{**plan.endpoint, "seed": token_seed})
         info = probe(config)
@@ -175,11 +195,14 @@ def _replay_once(plan: FleetFidelityPlan, trace: Trace, backends: list[str], log
         text = httpx.get(f"{url}/metrics", timeout=10.0).text
     overheads = parse_router_metrics(text, backends)
     split = ttft_split(_mean_ttft_s(result), overheads.routing_latency_mean_s,
-                       _server_totals(backends).minus(before))
+                       _server_totals(backends, failed).minus(before))
     fields = run_info(result, config, info)
     del fields["wall_s"]  # `save` writes the result's own
     fields["router"] = {"replicas": plan.replicas, "command": list(plan.route_command[2:]),
-                        "overheads": asdict(overheads), "ttft_split": split}
+                        "overheads": asdict(overheads),
+                        "ttft_split": {k: _json_number(v) for k, v in split.items()}}
+    if failed:  # the split unknown: NaN (null), and why
+        fields["router"]["ttft_split_not_measured"] = failed[0]
     return result, fields, overheads
 
 
@@ -189,23 +212,41 @@ def calibration_trace(trace: Trace, seed: int) -> Trace:
     return resample_like(trace, seed + 1)
 
 
-def replay_through_fleet(plan: FleetFidelityPlan, trace: Trace,
-                         progress: Callable[[int, int], None] | None = None) -> RealFleetRun:
+class ReplayInterrupted(Exception):  # noqa: N818 (an outcome, not an error)
+    """Ctrl-C cut a replay short: the replays so far, the cut one last, by directory name
+    (calibration, real), each (result, run.json fields, router overheads)."""
+
+    def __init__(self, done: dict[str, tuple[EndpointResult, dict[str, Any], RouterOverheads]]
+                 ) -> None:
+        super().__init__("interrupted")
+        self.done = done
+
+
+def replay_through_fleet(plan: FleetFidelityPlan, trace: Trace, out: RunOutput | None = None
+                         ) -> RealFleetRun:
     """Start the replicas; replay a calibration trace (`calibration_trace`, its prompts'
     token ids from seed + 1, so that the replicas' prefix caches hold nothing of `trace`'s)
-    through a router, then `trace` through a fresh one (the policy's state as the twin's);
-    read each router's /metrics and the replicas' before and after each replay; stop
-    everything. RuntimeError (one line) when a process does not come up."""
+    through a router, then `trace` through a fresh one (the policy's state as the twin's),
+    each under a progress bar of `out`'s; read each router's /metrics and the replicas'
+    before and after each replay; stop everything. RuntimeError (one line) when a process
+    does not come up; `ReplayInterrupted` after a replay Ctrl-C cut short."""
     seed = int(plan.endpoint["seed"])
     calibration = calibration_trace(trace, seed)
+    done: dict[str, tuple[EndpointResult, dict[str, Any], RouterOverheads]] = {}
     with running_replicas(plan) as (backends, logs):
-        c_result, c_info, c_overheads = _replay_once(plan, calibration, backends, logs,
-                                                     seed + 1, progress)
-        result, info, overheads = _replay_once(plan, trace, backends, logs, seed, progress)
+        for name, replayed, token_seed in (("calibration", calibration, seed + 1),
+                                           ("real", trace, seed)):
+            label = f"{name} replay through the router"
+            with (contextlib.nullcontext(None) if out is None
+                  else out.progress(label, len(replayed))) as update:
+                done[name] = _replay_once(plan, replayed, backends, logs, token_seed, update)
+            if done[name][0].interrupted:
+                raise ReplayInterrupted(done)
+    c_result, c_info, c_overheads = done["calibration"]
     ttft = {r.request_id: r.first_token_s - r.arrival_s for r in c_result.requests
             if r.first_token_s is not None}
     replay = CalibrationReplay(calibration, ttft, asdict(c_overheads))
-    return RealFleetRun(result, info, overheads, replay, c_result, c_info)
+    return RealFleetRun(*done["real"], replay, c_result, c_info)
 
 
 def trace_identity(trace: Trace) -> dict[str, Any]:
@@ -213,25 +254,42 @@ def trace_identity(trace: Trace) -> dict[str, Any]:
     return {"name": trace.name, "requests": len(trace), "digest": trace_digest(trace)}
 
 
-def run_fleet_fidelity(plan: FleetFidelityPlan, trace: Trace, root: Path, save: Save,
-                       simulate: Simulate, compare: Compare,
-                       progress: Callable[[int, int], None] | None = None) -> str:
+def _save(out: RunOutput, root: Path, name: str, trace: Trace, result: Any,
+          info: dict[str, Any]) -> None:
+    """Replay `name` as root/name (`result`: an `EndpointResult`, which has what
+    `RunOutput.save` reads of a `RunResult`), and a note when its TTFT split is unknown."""
+    out.save(root / name, "endpoint", trace_identity(trace), result, info)
+    if "ttft_split_not_measured" in info["router"]:
+        out.say(f"note: {name}/: the TTFT split is not measured (NaN): "
+                f"{info['router']['ttft_split_not_measured']}")
+
+
+def run_fleet_fidelity(plan: FleetFidelityPlan, trace: Trace, root: Path, out: RunOutput,
+                       simulate: Simulate, compare: Compare) -> str:
     """The real fleet runs (root/calibration, root/real), then the simulated one given the
     router's measured overheads and the calibration replay (root/sim), then `compare`'s
-    text. ValueError (one line) when a
-    process does not come up, the router does not answer, or every request failed."""
+    text; `out` shows progress, writes the run directories and ends the command. ValueError
+    (one line) when a process does not come up, the router does not answer, or every
+    request failed. Ctrl-C during a replay: the replays so far written, exit 130."""
     root.mkdir(parents=True, exist_ok=True)
     try:
-        real = replay_through_fleet(plan, trace, progress)
+        real = replay_through_fleet(plan, trace, out)
+    except ReplayInterrupted as cut:
+        traces = {"calibration": calibration_trace(trace, int(plan.endpoint["seed"])),
+                  "real": trace}
+        for name, (result, info, _) in cut.done.items():
+            _save(out, root, name, traces[name], result, info)
+        out.say(INTERRUPTED)
+        out.exit(130)
     except (RuntimeError, EndpointError, httpx.HTTPError) as err:
         raise ValueError(f"the real fleet: {err}") from None
+    calibration = real.calibration
+    _save(out, root, "calibration", calibration.trace, real.calibration_result,
+          real.calibration_info)
+    _save(out, root, "real", trace, real.result, real.info)
     if real.result.requests and real.result.num_failed == len(real.result.requests):
         first = next(iter(real.result.errors.values()), "?")
         raise ValueError(f"every request through the router failed (first: {first})")
-    calibration = real.calibration
-    save(root / "calibration", "endpoint", trace_identity(calibration.trace),
-         real.calibration_result, real.calibration_info)
-    save(root / "real", "endpoint", trace_identity(trace), real.result, real.info)
     result, describe = simulate(asdict(real.overheads), calibration=calibration)
-    save(root / "sim", "simulate", trace_identity(trace), result, describe)
+    out.save(root / "sim", "simulate", trace_identity(trace), result, describe)
     return compare(root / "real", root / "sim", asdict(real.overheads), root)

@@ -38,7 +38,8 @@ def test_the_report_carries_the_fit_and_both_splits() -> None:
     lines = stack_lines(section)
     assert lines[0].startswith("serving stack (fitted on a calibration replay of 160 other "
                                "requests): 6.20 ms per request + 2.50 us per prompt token")
-    assert "after the fit p50 +0.00 / p90 +4.50 ms" in lines[0]
+    assert ("after the fit (in-sample, the calibration replay) p50 +0.00 / p90 +4.50 ms"
+            in lines[0])
     assert lines[1] == ("real TTFT mean 21.00 ms = routing 1.00 + HTTP hops and client 5.00 "
                         "+ API server and IPC 5.00 + engine 10.00 (the replicas' histograms)")
     assert lines[2] == ("sim TTFT mean 21.00 ms = routing 1.00 + serving stack 7.00 + "
@@ -55,3 +56,11 @@ def test_an_unfitted_twin_and_an_older_real_run_still_report() -> None:
     assert lines[0] == ("serving stack: not fitted (the profile's API-server cost, 0.50 ms "
                         "per request)")
     assert len(lines) == 2 and lines[1].startswith("sim TTFT mean 21.00 ms")
+
+
+def test_a_stack_not_fitted_says_why() -> None:
+    model = {"fitted": False, "not_fitted": "9 requests of the calibration replay finished",
+             "api_server": {"per_request_s": 0.0005}}
+    assert stack_lines(serving_stack(*runs(model, None)))[0] == (
+        "serving stack: not fitted (9 requests of the calibration replay finished; the "
+        "profile's API-server cost, 0.50 ms per request)")

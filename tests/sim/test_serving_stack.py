@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import tracemalloc
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,8 +17,15 @@ import pytest
 from runtime.config import EngineFlags
 from sim.fidelity import fleet_twin, stack_free_twin
 from sim.fleet_config import FleetFlags
-from sim.serving_stack import ServingStack, fit_serving_stack, theil_sen, ttft_by_request
-from workloads import Trace, resample_like
+from sim.serving_stack import (
+    ServingStack,
+    StackNotFitted,
+    delayed,
+    fit_serving_stack,
+    theil_sen,
+    ttft_by_request,
+)
+from workloads import Trace, TraceRequest, resample_like
 from workloads.flags import WorkloadFlags, load_workload
 
 ENGINE = EngineFlags(max_model_len=4096)
@@ -80,27 +88,82 @@ def test_theil_sen_is_exact_on_a_line_and_ignores_a_tail() -> None:
     assert theil_sen([5.0, 5.0, 5.0], [1.0, 2.0, 9.0]) == (2.0, 0.0)  # no distinct x
 
 
+def test_theil_sen_memory_is_linear_not_quadratic() -> None:
+    """3,000 points would be 4.5 M pairs (~180 MB; ~8 GB at 20,000): a seeded sample of
+    `MAX_PAIRS` instead, still exact on a line; the same seed gives the same fit."""
+    n = 3000
+    x = [float(10 + i % 500) for i in range(n)]
+    y = [0.01 + 2e-6 * v for v in x]
+    tracemalloc.start()
+    fitted = theil_sen(x, y, seed=5)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 20e6, f"theil_sen peak {peak / 1e6:.0f} MB for {n} points"
+    assert fitted == pytest.approx((0.01, 2e-6), rel=1e-9)
+    noisy = [v + 1e-3 * ((i * 7919) % 13) for i, v in enumerate(y)]
+    assert theil_sen(x, noisy, seed=5) == theil_sen(x, noisy, seed=5)
+    assert theil_sen(x, noisy, seed=5) != theil_sen(x, noisy, seed=6)
+
+
+TEN = [100 * k for k in range(1, 11)]  # prompt lengths of ten requests
+
+
 def test_the_fit_reports_the_gap_and_what_the_line_leaves() -> None:
-    # five requests, the last one queued 40 ms for a CPU
-    fit = fit_serving_stack([100, 200, 300, 400, 500], [0.011, 0.012, 0.013, 0.014, 0.055],
-                            [0.005] * 5)
+    # ten requests, the last one queued 40 ms for a CPU
+    real = [0.010 + 1e-5 * v + (0.04 if v == 1000 else 0.0) for v in TEN]
+    fit = fit_serving_stack(TEN, real, [0.005] * 10)
     assert fit.stack.per_prompt_token_s == pytest.approx(1e-5)
     assert fit.stack.per_request_s == pytest.approx(0.005)
-    assert fit.requests == 5 and fit.residual_p50_s == pytest.approx(0.0)
-    assert fit.residual_p90_s > 0.01 and fit.gap_p90_s > fit.gap_p50_s
+    assert fit.requests == 10 and fit.residual_p50_s == pytest.approx(0.0)
+    assert fit.residual_p90_s > 1e-3 and fit.gap_p90_s > fit.gap_p50_s
     assert fit.clamped == ()
 
 
 def test_negative_costs_are_clamped_and_named() -> None:
-    falling = fit_serving_stack([100, 200, 300], [0.009, 0.008, 0.007], [0.0, 0.0, 0.0])
-    assert falling.stack == ServingStack(0.008, 0.0)  # the median gap, no token term
+    falling = fit_serving_stack(TEN, [0.010 - 1e-6 * v for v in TEN], [0.0] * 10)
+    assert falling.stack.per_request_s == pytest.approx(0.010 - 1e-6 * 550)  # the median
+    assert falling.stack.per_prompt_token_s == 0.0
     assert falling.clamped == ("per_prompt_token_s",)
-    faster = fit_serving_stack([100, 200], [0.001, 0.001], [0.003, 0.003])
-    assert faster.stack == ServingStack(0.0, 0.0) and faster.clamped == ("per_request_s",)
-    with pytest.raises(ValueError, match="no request finished"):
-        fit_serving_stack([], [], [])
+    faster = fit_serving_stack(TEN, [0.001] * 10, [0.003] * 10)
+    assert faster.stack == ServingStack(0.0, 0.0)
+    assert faster.clamped == ("per_request_s", "per_prompt_token_s")
     with pytest.raises(ValueError, match="non-negative"):
         ServingStack(-1e-3, 0.0)
+
+
+def test_clamping_a_negative_intercept_refits_the_slope() -> None:
+    """gap = 10 us/token * x - 5 ms over x in [1000, 2000): Theil-Sen's intercept is -5 ms;
+    keeping its slope with the intercept clamped to 0 would shift every prediction up by
+    5 ms; the slope refitted through the origin (median of gap / x) keeps the line centred."""
+    x = list(range(1000, 2000, 10))
+    fit = fit_serving_stack(x, [1e-5 * v - 0.005 for v in x], [0.0] * len(x))
+    assert fit.clamped == ("per_request_s",)
+    assert fit.stack.per_request_s == 0.0
+    assert abs(fit.residual_p50_s) < 1e-4, fit.residual_p50_s
+
+
+def test_too_few_requests_or_failed_ones_are_not_fitted() -> None:
+    with pytest.raises(StackNotFitted, match="calibration replay.*needs 10"):
+        fit_serving_stack([], [], [])
+    real = [0.010 + 1e-5 * v for v in TEN]
+    failed = [*real[:9], math.nan]  # the last request failed: dropped, then too few
+    with pytest.raises(StackNotFitted, match="^9 requests"):
+        fit_serving_stack(TEN, failed, [0.0] * 10)
+    fit = fit_serving_stack([*TEN, 50], [*real, math.nan], [0.0] * 11)
+    assert fit.requests == 10 and fit.stack.per_request_s == pytest.approx(0.010)
+
+
+def test_the_stack_delays_each_request_by_its_own_time_whatever_the_load() -> None:
+    """The fitted time is mostly client and HTTP-hop latency, spent concurrently: at 100
+    req/s a 20 ms stack delays each request 20 ms (a FIFO server would queue them without
+    bound)."""
+    fit = fit_serving_stack([100] * 50, [0.030] * 50, [0.010] * 50)  # real = twin + 20 ms
+    trace = Trace(tuple(TraceRequest(str(i), i / 100, 100, 10) for i in range(200)), "t")
+    routed = {r.request_id: r.arrival_s for r in delayed(trace, fit.stack)}
+    waits = [routed[r.request_id] - r.arrival_s for r in trace]
+    assert min(waits) == pytest.approx(0.020) and max(waits) == pytest.approx(0.020)
+    mixed = Trace((TraceRequest("long", 0.0, 4000, 1), TraceRequest("short", 0.001, 10, 1)))
+    assert [r.request_id for r in delayed(mixed, ServingStack(0.0, 1e-6))] == ["short", "long"]
 
 
 def test_the_twin_recovers_known_costs_from_a_calibration_replay() -> None:
@@ -112,9 +175,9 @@ def test_the_twin_recovers_known_costs_from_a_calibration_replay() -> None:
     assert stack["per_prompt_token_us"] == pytest.approx(PER_TOKEN_S * 1e6, rel=1e-9)
     assert stack["residual_p90_ms"] == pytest.approx(0.0, abs=1e-9)
     assert stack["requests"] == 48
-    assert describe["api_server"] == {"per_request_s": pytest.approx(PER_REQUEST_S),
-                                      "per_prompt_token_s": pytest.approx(PER_TOKEN_S),
-                                      "per_output_token_s": 0.0}
+    assert stack["applied_as"].startswith("a delay per request before the router")
+    assert describe["api_server"] == {"per_request_s": 0.0, "per_prompt_token_s": 0.0,
+                                      "per_output_token_s": 0.0}  # as in the fit
 
 
 def test_the_fitted_stack_shifts_each_ttft_by_exactly_its_cost() -> None:
@@ -134,3 +197,27 @@ def test_without_calibration_the_twin_keeps_the_profile_s_api_server() -> None:
     _, describe = twin(conversations())
     stack = describe["fleet"]["serving_stack"]
     assert stack == {"fitted": False, "api_server": describe["api_server"]}
+
+
+def test_too_short_a_calibration_replay_leaves_the_stack_unfitted() -> None:
+    calibration = calibration_with(ServingStack(PER_REQUEST_S, PER_TOKEN_S))
+    short = dataclasses.replace(calibration, ttft_s=dict(list(calibration.ttft_s.items())[:9]))
+    _, describe = twin(conversations(), short)
+    stack = describe["fleet"]["serving_stack"]
+    assert not stack["fitted"] and stack["not_fitted"].startswith("9 requests")
+    assert stack["api_server"] == describe["api_server"] == twin(conversations())[1][
+        "api_server"]
+
+
+def test_the_stack_s_delay_is_the_records_api_server_time() -> None:
+    """Arrivals as in the trace, the delay a part of E2E of its own (routing + the parts
+    sum to E2E), as `analysis.fleet_fidelity`'s split reads it."""
+    trace = conversations()
+    result, _ = fleet_twin(trace, FLEET, ENGINE, "llama-3.1-8b", "h200", None, 0, OVERHEADS,
+                           calibration_with(ServingStack(PER_REQUEST_S, PER_TOKEN_S)))
+    arrivals = {r.request_id: (r.arrival_s, r.prompt_len) for r in trace}
+    for record in result.requests:
+        arrival, prompt_len = arrivals[record.request_id]
+        assert record.arrival_s == arrival
+        assert record.api_server_s == pytest.approx(PER_REQUEST_S + PER_TOKEN_S * prompt_len,
+                                                    abs=1e-12)

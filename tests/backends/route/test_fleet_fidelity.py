@@ -5,6 +5,7 @@ is bounded."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -13,11 +14,14 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import pytest
 
 from tests.backends.route.procs import ROOT, SIMULATED, Rt
+from tests.run_output import Exited, Recorder
 
 pytest.importorskip("prometheus_client")
 
@@ -25,8 +29,9 @@ from analysis.fleet import replica_table  # noqa: E402
 from analysis.rundir import load_run, save_result  # noqa: E402
 from backends.replay.endpoint import replay_endpoint  # noqa: E402
 from backends.replay.endpoint_probe import EndpointConfig, probe  # noqa: E402
+from backends.replay.run_output import INTERRUPTED  # noqa: E402
 from backends.route.overheads import histogram_quantile, parse_router_metrics  # noqa: E402
-from workloads import Trace, write_rt_jsonl  # noqa: E402
+from workloads import Trace, TraceRequest, write_rt_jsonl  # noqa: E402
 from workloads.flags import WorkloadFlags, load_workload  # noqa: E402
 
 
@@ -180,8 +185,9 @@ def test_fidelity_fleet_compares_a_real_fleet_with_its_simulation(tmp_path: Path
     stack = report["serving_stack"]
     assert stack["model"]["fitted"] and stack["model"]["requests"] == 16
     assert stack["model"]["per_request_ms"] > 0
-    assert sim.info["api_server"]["per_request_s"] == pytest.approx(
-        stack["model"]["per_request_ms"] / 1e3)
+    assert sim.info["fleet"]["serving_stack"]["per_request_ms"] == pytest.approx(
+        stack["model"]["per_request_ms"])  # a delay before the router, not the API server's
+    assert sim.info["api_server"]["per_request_s"] == 0.0
     split = stack["real_split"]
     parts = ("routing_mean_ms", "hops_mean_ms", "api_ipc_mean_ms", "engine_mean_ms")
     assert sum(split[p] for p in parts) == pytest.approx(split["client_ttft_mean_ms"])
@@ -203,3 +209,120 @@ def test_fidelity_fleet_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: t
                           text=True, timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert done.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+# ---- run_fleet_fidelity's paths with the processes and the replays stubbed ----
+
+
+def _stub_replicas(monkeypatch: pytest.MonkeyPatch, events: list[str]) -> None:
+    from backends.route import fleet_fidelity as ff
+
+    @contextlib.contextmanager
+    def replicas(plan: Any) -> Iterator[tuple[list[str], Path]]:
+        events.append("replicas up")
+        try:
+            yield ["http://r1"], Path("logs")
+        finally:
+            events.append("replicas stopped")
+
+    monkeypatch.setattr(ff, "running_replicas", replicas)
+
+
+def _stub_replays(monkeypatch: pytest.MonkeyPatch, events: list[str], cut: int | None
+                  ) -> None:
+    """Each replay returns one finished request; replay number `cut` (1: calibration) is
+    cut short by Ctrl-C (`interrupted`)."""
+    from backends.route import fleet_fidelity as ff
+
+    def once(plan: Any, trace: Trace, backends: list[str], logs: Path, token_seed: int,
+             progress: Any) -> tuple[Any, dict[str, Any], Any]:
+        events.append(f"replay {token_seed}")
+        record = SimpleNamespace(request_id=trace[0].request_id, arrival_s=0.0,
+                                 first_token_s=0.01)
+        result = SimpleNamespace(requests=[record], errors={}, num_failed=0,
+                                 interrupted=len([e for e in events if "replay" in e]) == cut)
+        return result, {"router": {}}, ff.RouterOverheads.__new__(ff.RouterOverheads)
+
+    monkeypatch.setattr(ff, "_replay_once", once)
+    monkeypatch.setattr(ff, "asdict", lambda o: {})
+
+
+def _run(tmp_path: Path, recorder: Recorder, events: list[str]) -> str:
+    from backends.route import fleet_fidelity as ff
+
+    plan = ff.FleetFidelityPlan(("serve",), ("route",), (1, 2), {"seed": 7})
+    trace = Trace(tuple(TraceRequest(str(i), i * 0.1, 16, 4) for i in range(4)), "t")
+
+    def simulate(overheads: Any, calibration: Any) -> tuple[Any, dict[str, Any]]:
+        events.append("simulate")
+        return "sim result", {}
+
+    return ff.run_fleet_fidelity(plan, trace, tmp_path, recorder, simulate,
+                                 lambda *a: "compared")
+
+
+@pytest.mark.parametrize(("cut", "saved"), [(1, ["calibration"]),
+                                            (2, ["calibration", "real"])])
+def test_ctrl_c_in_a_replay_saves_what_exists_and_exits_130(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cut: int, saved: list[str]) -> None:
+    """Ctrl-C in the calibration replay does not start the measured one (nor the twin);
+    in either replay, the replays so far are written, every process is stopped, exit 130
+    (as `rt replay --endpoint`)."""
+    events: list[str] = []
+    recorder = Recorder()
+    _stub_replicas(monkeypatch, events)
+    _stub_replays(monkeypatch, events, cut)
+    with pytest.raises(Exited):
+        _run(tmp_path, recorder, events)
+    assert events == ["replicas up", "replay 8", *(["replay 7"] if cut == 2 else []),
+                      "replicas stopped"]
+    assert [Path(c[1][0]).name for c in recorder.calls if c[0] == "save"] == saved
+    assert recorder.calls[-2:] == [("say", INTERRUPTED), ("exit", 130)]
+
+
+def test_each_replay_has_its_own_progress_bar_and_every_run_is_saved(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    events: list[str] = []
+    recorder = Recorder()
+    _stub_replicas(monkeypatch, events)
+    _stub_replays(monkeypatch, events, None)
+    assert _run(tmp_path, recorder, events) == "compared"
+    assert [c[1] for c in recorder.calls if c[0] == "progress"] == [
+        ("calibration replay through the router", 4), ("real replay through the router", 4)]
+    assert [Path(c[1][0]).name for c in recorder.calls if c[0] == "save"] == [
+        "calibration", "real", "sim"]
+    assert events == ["replicas up", "replay 8", "replay 7", "replicas stopped", "simulate"]
+
+
+def test_a_replica_down_does_not_lose_the_replay(monkeypatch: pytest.MonkeyPatch,
+                                                 tmp_path: Path) -> None:
+    """A replica that dies mid-replay: the router takes it out and its requests count as
+    failed; its /metrics cannot be read after the replay, so the TTFT split is unknown
+    (null in run.json, the replica named), not the whole run lost."""
+    from backends.route import fleet_fidelity as ff
+
+    @contextlib.contextmanager
+    def router(plan: Any, backends: list[str], logs: Path) -> Iterator[str]:
+        yield "http://router"
+
+    result = SimpleNamespace(requests=[], errors={}, wall_s=1.0)
+    scrapes: list[str] = []
+
+    def get(url: str, timeout: float) -> SimpleNamespace:
+        scrapes.append(url)
+        if url.startswith("http://r2") and len(scrapes) > 2:  # r2 died during the replay
+            raise httpx.ConnectError("[Errno 111] Connection refused")
+        return SimpleNamespace(text="")
+
+    monkeypatch.setattr(ff, "running_router", router)
+    monkeypatch.setattr(ff, "probe", lambda config: None)
+    monkeypatch.setattr(ff, "replay_endpoint", lambda *a: result)
+    monkeypatch.setattr(ff, "run_info", lambda *a: {"wall_s": 1.0})
+    monkeypatch.setattr(ff.httpx, "get", get)
+    plan = ff.FleetFidelityPlan(("serve",), ("route",), (1, 2, 3), {"seed": 0})
+    _, fields, _ = ff._replay_once(plan, Trace((), "t"), ["http://r1", "http://r2"],
+                                   tmp_path, 0, None)
+    split = fields["router"]["ttft_split"]
+    assert split["engine_mean_ms"] is None and split["api_ipc_mean_ms"] is None
+    assert fields["router"]["ttft_split_not_measured"].startswith("http://r2/metrics: ")
+    json.dumps(split, allow_nan=False)  # no NaN in run.json: null
