@@ -31,10 +31,17 @@ def server_wakes(handovers: Sequence[float]) -> list[float]:
     request enters (the first at or after it)."""
     wakes, now = [], 0.0
     for handover in handovers:
-        if handover > now:
-            now = now + (handover - now)
+        now = server_wake(now, handover)
         wakes.append(now)
     return wakes
+
+
+def server_wake(last_s: float, handover_s: float) -> float:
+    """When a server process that last woke at `last_s` wakes for a hand-over at `handover_s`
+    (`server_wakes`, one step of it): `last_s + (handover_s - last_s)` when the hand-over is
+    ahead (a sleep's float rounding: it may differ from `handover_s` in the last bit), else
+    at once, `last_s`."""
+    return last_s + (handover_s - last_s) if handover_s > last_s else last_s
 
 
 def deliver_to_clients(records: Sequence[RequestRecord], api_server: ApiServerCost) -> None:

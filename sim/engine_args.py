@@ -3,6 +3,7 @@ model and the KV pool size, as `vllm serve` would derive them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -10,12 +11,12 @@ from typing import Any
 from runtime import CacheConfig, SchedulerConfig
 from runtime.config import ENGINE_PANEL, EngineFlags, resolve_scheduler_config
 from runtime.flags import flag
+from runtime.kv_startup import startup_lines
 from sim.cost.base import CostModel
 from sim.cost.kv_cache_sizing import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     KvCacheSizing,
     kv_cache_sizing,
-    startup_lines,
 )
 from sim.cost.roofline import RooflineCostModel
 from sim.hardware import GpuSpec, resolve_gpu
@@ -96,9 +97,7 @@ class SimSetup:
             "scheduler_config": asdict(cfg.scheduler),
             "cache_config": asdict(cfg.cache),
             "api_server": asdict(cfg.api_server),
-            # client: token times include the front end's output delay (a profile fitted on
-            # client-side times); engine: they are step ends
-            "token_times": "client" if cfg.api_server.per_output_token_s > 0 else "engine",
+            "token_times": token_times([cfg]),
             "seed": cfg.seed,
             "vocab_size": cfg.vocab_size,
             "model": asdict(self.model),
@@ -108,6 +107,13 @@ class SimSetup:
             "profile": self.profile_path,
             "step_noise": cfg.step_noise is not None,
         }
+
+
+def token_times(configs: Iterable[SimConfig]) -> str:
+    """run.json's "token_times": "client" when a front end delays the tokens (an output cost,
+    a profile fitted on client-side times: `sim.api_server.deliver_to_clients`), else
+    "engine" (step ends, then also when clients see them)."""
+    return "client" if any(c.api_server.per_output_token_s > 0 for c in configs) else "engine"
 
 
 def build_setup(args: EngineArgs, model: str, gpu: str, profile: str | None = None,

@@ -10,7 +10,8 @@
                  (`sim.simulator.EngineProcess`: steady decodes, decode runs), each with its
                  own scheduler, KV pool, prefix cache and cost model; `on_prefill_done` and
                  `on_finished` are called at the end of the step that produced the first
-                 token or finished the request.
+                 token or finished the request (pre-routed replicas, below: both at the
+                 end of the step that finished it, as nothing reads them sooner).
 
 A snapshot is what vLLM's /metrics would show: waiting, running and KV usage as of the last
 step that *ended* by the scrape time (the replica's step records), however far ahead the
@@ -22,7 +23,8 @@ events at each step's (or run's) end, runs ending by the next decision minus the
 When no router reads snapshots, completions or token ids (round-robin, random, session
 hashing), the whole trace is routed before any step and each replica runs its share to the
 end in turn (`sim.fleet_replica.PreRoutedReplica`). With one replica and no routing latency
-the records are those of `sim.simulator.simulate`.
+the records are those of `sim.simulator.simulate` (a pre-routed replica takes requests in
+when `simulate`'s sleeping API server would wake, `sim.api_server.server_wake`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import simpy
 
 from runtime.records import RequestRecord
 from runtime.router import ReplicaSnapshot, RouterPolicy, RoutingRequest
+from sim.api_server import deliver_to_clients
 from sim.block_ids import TraceBlockIds, own_streams_only
 from sim.cost.api_server import ApiServerCost
 from sim.fleet_gc import built_and_run
@@ -205,7 +208,7 @@ class _Fleet:
                                  prompt_len=req.prompt_len, session_id=req.session_id)
         candidates = self.candidates(req, self.snapshots(req.arrival_s, router))
         replica = self.replicas[router.policy.route(routing, candidates).replica]
-        cast(PreRoutedReplica, replica).hand_over_later(req, req.arrival_s + self.latency_s)
+        cast(PreRoutedReplica, replica).hand_over_later(req)
 
     def snapshots(self, now: float, router: RouterReplica | None = None
                   ) -> Sequence[ReplicaSnapshot]:
@@ -226,7 +229,8 @@ class _Fleet:
         return self.routers[self.router_of[request_id]].policy
 
     def first_token(self, replica: Replica, request_id: str) -> None:
-        """`replica` produced the request's first token (at the end of the current step)."""
+        """`replica` produced the request's first token: at the end of the current step,
+        or, on a pre-routed replica, of the step that finished the request."""
         self.policy_of(request_id).on_prefill_done(request_id)
 
     def finished(self, replica: Replica, records: list[RequestRecord]) -> None:
@@ -241,6 +245,11 @@ class _Fleet:
             self.progress(self.done, len(self.trace))
 
     def result(self, wall_s: float) -> FleetResult:
+        """The records; token times as clients see them, each replica's through its own
+        front end (`deliver_to_clients`, as `simulate`; nothing changes without an output
+        cost). Call once: the replicas' records are shifted in place."""
+        for replica in self.replicas:
+            deliver_to_clients(replica.core.recorder.finished, replica.config.api_server)
         return fleet_result(self.trace, [(r.index, r.core) for r in self.replicas], wall_s,
                             self.router_of if len(self.routers) > 1 else None)
 

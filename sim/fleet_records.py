@@ -149,13 +149,26 @@ def fleet_result(trace: Trace, replicas: Sequence[tuple[int, EngineCore]],
 
 def _concatenate(columns: dict[str, MutableSequence[object]],
                  parts: Sequence[Mapping[str, Sequence[object]]]) -> None:
-    """Append each part's columns to `columns`, part by part; a typed array in one copy of
-    the joined bytes (extending it part by part reallocates it as it grows: twice the
-    time on the bench's 16 replicas)."""
+    """Append each part's columns to `columns`, part by part. A typed array takes the parts'
+    bytes joined, then copied in (two copies, one allocation each: extending it part by part
+    reallocates it as it grows, twice the time on the bench's 16 replicas)."""
     for name in parts[0] if parts else ():
         column = columns[name]
         if isinstance(column, array):
-            column.frombytes(b"".join(cast("array[Any]", part[name]) for part in parts))
+            column.frombytes(b"".join(_same_typecode(name, column, parts)))
         else:
             for part in parts:
                 column.extend(part[name])
+
+
+def _same_typecode(name: str, column: array[Any], parts: Sequence[Mapping[str, Sequence[object]]]
+                   ) -> list[array[Any]]:
+    """The parts' column `name`, each an array of `column`'s typecode (TypeError naming the
+    column otherwise: joined as bytes, it would be read as another type)."""
+    chunks = [part[name] for part in parts]
+    for chunk in chunks:
+        if not (isinstance(chunk, array) and chunk.typecode == column.typecode):
+            found = chunk.typecode if isinstance(chunk, array) else type(chunk).__name__
+            raise TypeError(f"step column {name!r}: a part is {found!r}, the joined column "
+                            f"array({column.typecode!r})")
+    return cast("list[array[Any]]", chunks)

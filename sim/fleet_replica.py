@@ -1,6 +1,7 @@
 """One engine of a fleet (`sim.fleet`): its API server queue and the single-engine simulator's
 engine loop, reporting first tokens and finishes to the fleet when the step that produced
-them ends. Three kinds, chosen once per run by what the routers read:
+them ends (a pre-routed replica: both when the step that finishes the request ends). Three
+kinds, chosen once per run by what the routers read:
 
     Replica          routed requests wait in `pending` as engine requests; with stepping
                      ahead, due ones enter in `take_due` and idle gaps are jumped
@@ -8,7 +9,8 @@ them ends. Three kinds, chosen once per run by what the routers read:
                      their end, and runs end by the next decision minus the delay
     PreRoutedReplica every router is blind to replicas, completions and token ids: the whole
                      trace is routed first, and the replica runs its share to the end in one
-                     go, building each request when it is due (docs/fleet.md)
+                     go, building each request when it is due and reporting first
+                     tokens with finishes (docs/fleet.md)
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from runtime import Request
 from runtime.kv_events import KvEventLog, observe_kv_events
 from runtime.records import RequestRecord
 from runtime.router import ReplicaSnapshot
+from sim.api_server import server_wake
 from sim.block_ids import TraceBlockIds
 from sim.cost.api_server import ApiServerCost
 from sim.cost.base import CostModel
@@ -80,7 +83,8 @@ def own_noise(config: SimConfig, index: int) -> SimConfig:
 
 class Replica(EngineProcess):
     """One engine behind the router: its API server queue and the simulator's engine loop,
-    reporting first tokens and finishes to the fleet when the step that produced them ends."""
+    reporting first tokens and finishes to the fleet when the step that produced them ends
+    (`PreRoutedReplica` overrides it: both when the step that finishes the request ends)."""
 
     def __init__(self, fleet: FleetView, index: int, setup: ReplicaSetup) -> None:
         super().__init__(fleet.env, own_noise(setup.config, index), setup.cost_model,
@@ -222,28 +226,35 @@ class PreRoutedReplica(KnownHandovers, Replica):
     or token ids (`_Fleet.pre_routed`): every request is routed before any step runs, so
     nothing can enter this core but its own share, and nothing it reports is read before
     the run ends. It is the single-engine simulator on its share (`KnownHandovers`: the
-    same take-ins, idle jumps and fast paths), run to the end without the event loop, one
-    replica after another; its requests are built when handed over, so routing the whole
-    trace first holds one request and one float per request. Its records are the
-    fleet's rows from their arrival; the policy hears each request's first token and
-    finish when it finishes (nothing reads them before the run ends)."""
+    same take-ins, at a sleeping API server's wakes, idle jumps and fast paths), run to the
+    end without the event loop, one replica after another; its requests are built when
+    handed over, so routing the whole trace first holds one request and two floats per
+    request. Its records are the fleet's rows from their arrival; the policy hears each
+    request's first token and finish at the end of the step that finishes it (nothing
+    reads them before the run ends)."""
 
     def __init__(self, fleet: FleetView, index: int, setup: ReplicaSetup) -> None:
         super().__init__(fleet, index, setup)
-        self.requests, self.handovers = [], []
-        self.take_in = self.handovers  # each taken in at its hand-over itself
+        self.requests, self.handovers, self.take_in = [], [], []
         self.next_index = 0
         self.latency_s = fleet.latency_s
 
-    def hand_over_later(self, req: TraceRequest, reached_s: float) -> None:
-        """The request reaches the API server at `reached_s` (its arrival + the fleet's
-        routing latency); built when handed over."""
-        handover = self.api_handover(reached_s, req.prompt_len)
+    def reached_s(self, req: TraceRequest) -> float:
+        """When the request reaches this replica's API server: its arrival + the fleet's
+        routing latency (seconds)."""
+        return req.arrival_s + self.latency_s
+
+    def hand_over_later(self, req: TraceRequest) -> None:
+        """Route the request here (in trace order); it is built when handed over, and taken
+        in when `simulate`'s API server would wake for it (`server_wake`)."""
+        handover = self.api_handover(self.reached_s(req), req.prompt_len)
+        take_in = self.take_in
         self.requests.append(req)
         self.handovers.append(handover)
+        take_in.append(server_wake(take_in[-1] if take_in else 0.0, handover))
 
     def arrive(self, req: TraceRequest) -> None:
-        self.arrived(req, req.arrival_s + self.latency_s, req.output_len)
+        self.arrived(req, self.reached_s(req), req.output_len)
 
     def submit(self, request: Request, now: float) -> None:
         EngineProcess.submit(self, request, now)  # no first token awaited step by step

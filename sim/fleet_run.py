@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from runtime.records import RunResult, RunSummary
 from runtime.router.policy import RouterPolicy
 from sim.autoscale_flags import AutoscaleFlags, fixed_scaling, simulate_autoscaled_fleet
-from sim.engine_args import EngineArgs, SimFlags, SimSetup, build_setup
+from sim.engine_args import EngineArgs, SimFlags, SimSetup, build_setup, token_times
 from sim.fleet import simulate_fleet
 from sim.fleet_config import FleetFlags, FleetSpec, build_fleet, load_fleet
 from sim.pd_flags import PDFlags, simulate_pd_fleet
@@ -131,6 +131,8 @@ class SimulateRun:
         `path` and show it; the records are dropped before the run is read back (a 1 M-request
         run's records and frames are never held at once)."""
         describe = self.first.describe()
+        if self.fleet:  # client times when any replica's front end delays its tokens
+            describe["token_times"] = token_times(r.config for r in self.fleet.replicas)
         for line in self.first.startup_lines:
             out.tell(line)
         with out.progress("simulating", len(trace)) as update:

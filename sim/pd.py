@@ -27,11 +27,13 @@ NIXL connector:
                output token.
 So the first token the client sees comes from the decode replica, and TTFT (arrival to that
 token, as measured at the proxy) = routing + the prefill replica's API server, queue and
-prefill + the decode replica's API server + KV transfer + decode queue + its first step.
+prefill + the decode replica's API server + KV transfer + decode queue + its first step (+ its
+front end's output delay, with an output cost: `sim.fleet._Fleet.result`).
 
-Simplifications: the prefill replica frees its blocks when its request finishes (vLLM's
-connector holds them until the decode side has read them); the decode replica allocates its
-blocks when it admits the request after the transfer (vLLM does before, in
+Simplifications: the proxy sends the request on at the prefill step's end (the prefill front
+end's output delay left out); the prefill replica frees its blocks when its request finishes
+(vLLM's connector holds them until the decode side has read them); the decode replica
+allocates its blocks when it admits the request after the transfer (vLLM does before, in
 WAITING_FOR_REMOTE_KVS), so a wait for KV room comes after the transfer. While requests can
 be disaggregated, replicas that decode step one by one (no fast-forward): a transfer may end
 at any time.
@@ -81,8 +83,7 @@ class PDDecider:
         if self.kind not in DECIDERS:
             raise ValueError(f"unknown P/D decider {self.kind!r} "
                              f"(choose from {', '.join(DECIDERS)})")
-        if isinstance(self.threshold, bool) or not isinstance(self.threshold, int) \
-                or self.threshold < 0:
+        if type(self.threshold) is not int or self.threshold < 0:  # bool is no integer here
             raise ValueError(f"P/D threshold must be an integer >= 0, got {self.threshold!r}")
 
     def disaggregate(self, prompt_len: int, cached_tokens: int) -> bool:
@@ -93,8 +94,7 @@ class PDDecider:
 
 
 class PDSetup(Protocol):
-    """What one replica needs (`sim.engine_args.SimSetup` is one): the model gives the
-    bytes of KV per token a transfer moves."""
+    """What one replica needs (`sim.engine_args.SimSetup` is one; `model`: KV bytes a token)."""
 
     @property
     def config(self) -> SimConfig: ...

@@ -14,6 +14,7 @@ from analysis.fleet import fleet_summary, imbalance, jain_index, replica_table
 from analysis.report import result_dict
 from analysis.rundir import load_run
 from cli import app
+from tests.sim.test_fleet_shares import mixed_fleet_file
 from workloads import ArrivalProcess, RandomLengths, random_trace, write_rt_jsonl
 
 runner = CliRunner()
@@ -60,6 +61,18 @@ def test_one_replica_fleet_equals_the_single_engine(small_trace: Path, tmp_path:
     single, fleet = load_run(tmp_path / "one"), load_run(tmp_path / "fleet")
     assert fleet.requests.drop(columns=["replica", "routing_s"]).equals(single.requests)
     assert fleet.steps.drop(columns=["replica"]).equals(single.steps)
+
+
+def test_run_json_says_client_times_when_any_replica_delays_tokens(small_trace: Path,
+                                                                  tmp_path: Path) -> None:
+    """token_times "client" when any replica's front end has an output cost (here the third
+    replica's, not the first's, whose setup run.json's other sections show)."""
+    path = tmp_path / "fleet.toml"
+    path.write_text(mixed_fleet_file(tmp_path))
+    code, _, err = simulate("--trace", str(small_trace), "--fleet", str(path), "--router",
+                            "round-robin", "--result-dir", str(tmp_path / "f"))
+    assert code == 0, err
+    assert load_run(tmp_path / "f").info["token_times"] == "client"
 
 
 def _fleet_file(tmp_path: Path, count: int) -> Path:

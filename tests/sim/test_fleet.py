@@ -1,5 +1,6 @@
-"""The fleet simulator: one replica is the single-engine simulator exactly; N replicas route
-every request once, finish it, and keep the attribution summing to E2E."""
+"""The fleet simulator: one replica is the single-engine simulator exactly (front-end output
+cost included); N replicas route every request once, finish it, and keep the attribution
+summing to E2E."""
 
 from __future__ import annotations
 
@@ -97,6 +98,22 @@ def test_one_replica_is_exact_with_every_policy(policy: str) -> None:
     trace, cfg = TRACES["random"], config(num_blocks=200, max_num_seqs=16, budget=512)
     expected = simulate(trace, cfg, COST)
     result = simulate_fleet(trace, [Replica(cfg)], make_policy(policy, seed=1), refresh_s=0.0)
+    requests, steps = single_engine_rows(result)
+    assert requests == [r.to_row() for r in expected.requests]
+    assert steps == expected.step_columns
+
+
+@pytest.mark.parametrize("policy", ["round-robin", "llm-d"])  # pre-routed, stepping
+def test_one_replica_with_a_front_end_output_cost_is_the_single_engine(policy: str) -> None:
+    """With a client-side output cost (`per_output_token_s` > 0: run.json says token_times
+    "client"), `simulate` shifts token times to their delivery; so does the fleet."""
+    trace = TRACES["random"]
+    cfg = dataclasses.replace(config(num_blocks=200, max_num_seqs=16, budget=512),
+                              api_server=ApiServerCost(per_output_token_s=2e-4))
+    expected = simulate(trace, cfg, COST)
+    engine_side = simulate(trace, dataclasses.replace(cfg, api_server=ApiServerCost()), COST)
+    assert expected.requests[0].first_token_s != engine_side.requests[0].first_token_s
+    result = simulate_fleet(trace, [Replica(cfg)], make_policy(policy, seed=1))
     requests, steps = single_engine_rows(result)
     assert requests == [r.to_row() for r in expected.requests]
     assert steps == expected.step_columns

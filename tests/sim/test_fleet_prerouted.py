@@ -1,7 +1,8 @@
 """Pre-routing: when no router reads snapshots, completions or token ids, the fleet routes
 the whole trace first and each replica runs its share to the end in turn. The records are
 those of routing at each arrival with the replicas in lock-step (randomised traces, mixed
-pools, routing latency, several routers, prompts only some replicas can hold)."""
+pools, routing latency, several routers, prompts only some replicas can hold), and one
+replica's are the single engine's on its share exactly, idle gaps included."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ import workloads
 from runtime import CacheConfig, SchedulerConfig
 from runtime.router import make_policy
 from sim import fleet as fleet_module
+from sim.api_server import handover_times, server_wakes
 from sim.fleet import FleetResult, simulate_fleet
 from sim.fleet_replica import PreRoutedReplica
 from sim.simulator import SimConfig, simulate
 from sim.step_noise import StepNoise
 from tests.sim.fleet_support import COST, FIXTURES, Replica
-from workloads import ArrivalProcess, MultiTurn, RandomLengths, Trace
+from workloads import ArrivalProcess, MultiTurn, RandomLengths, Trace, TraceRequest
 
 
 def config(num_blocks: int, fast_forward: bool = True, noise: StepNoise | None = None
@@ -106,24 +108,53 @@ def test_only_blind_routers_pre_route(policy: str, expected: bool,
         assert order == sorted(order) and set(order) == {0, 1, 2}
 
 
+def idle_gap(cfg: SimConfig) -> Trace:
+    """Two requests, the second handed over after an idle gap at an h where a server process
+    sleeping since the first hand-over h0 wakes at h0 + (h - h0) != h (the reviewer's case)."""
+    first = TraceRequest(request_id="0", arrival_s=0.0094916295266587, prompt_len=100,
+                         output_len=4)
+    cost = cfg.api_server.time(100)
+    h0 = first.arrival_s + cost
+    arrival = next(b - cost for b in (0.05 + k * 1e-6 for k in range(10**7))
+                   if h0 + (b - h0) != b and (b - cost) + cost == b)
+    trace = Trace((first, TraceRequest(request_id="1", arrival_s=arrival, prompt_len=100,
+                                       output_len=4)))
+    handovers = handover_times(trace, cfg.api_server)
+    assert server_wakes(handovers) != handovers  # the case: w != h at request 1
+    return trace
+
+
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("policy", ["round-robin", "random", "session-hash"])
 def test_pre_routed_replica_is_one_engine_on_its_share(seed: int, policy: str) -> None:
     """A pre-routed replica is the single-engine simulator on its share, arrivals shifted
     by the routing latency (the fleet times rows from the trace arrival)."""
-    trace, latency = randomised(seed), 0.002 * (seed % 2)
     cfg = config(num_blocks=60 + 40 * seed)
-    result = run(trace, policy, [Replica(cfg)] * 3, ahead=True, latency_s=latency)
-    for index in range(3):
-        share = Trace(tuple(dataclasses.replace(req, arrival_s=req.arrival_s + latency)
+    one_engine_per_share(randomised(seed), cfg, policy, 3, latency_s=0.002 * (seed % 2))
+
+
+@pytest.mark.parametrize("policy", ["round-robin", "random", "session-hash"])
+def test_pre_routed_replica_is_one_engine_after_an_idle_gap(policy: str) -> None:
+    """Exactly, also where the single engine takes a request in at a sleeping server's wake
+    that is not the hand-over time."""
+    cfg = config(num_blocks=300)
+    one_engine_per_share(idle_gap(cfg), cfg, policy, 1, latency_s=0.0)
+
+
+def one_engine_per_share(trace: Trace, cfg: SimConfig, policy: str, replicas: int,
+                         latency_s: float) -> None:
+    """Each of `replicas` pre-routed replicas' rows are `simulate`'s on its share."""
+    result = run(trace, policy, [Replica(cfg)] * replicas, ahead=True, latency_s=latency_s)
+    for index in range(replicas):
+        share = Trace(tuple(dataclasses.replace(req, arrival_s=req.arrival_s + latency_s)
                             for req in trace
                             if result.requests[trace.requests.index(req)].replica == index))
         alone = simulate(share, cfg, COST)
         rows = [r.to_row() for r in result.requests if r.replica == index]
         for row, expected in zip(rows, alone.requests, strict=True):
             assert row.pop("replica") == index
-            assert row.pop("routing_s") == (row["arrival_s"] + latency) - row["arrival_s"]
-            row["arrival_s"] += latency
+            assert row.pop("routing_s") == (row["arrival_s"] + latency_s) - row["arrival_s"]
+            row["arrival_s"] += latency_s
             assert row == expected.to_row()
 
 

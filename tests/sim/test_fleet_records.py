@@ -1,12 +1,16 @@
 """A fleet request record: the replica's record field for field, timed from the trace
-arrival, with where it went and how long routing took."""
+arrival, with where it went and how long routing took; step columns joined replica by
+replica, typecodes checked."""
 
 from __future__ import annotations
 
 import dataclasses
+from array import array
+
+import pytest
 
 from runtime.records import REQUEST_FIELDS, RequestRecord
-from sim.fleet_records import FleetRequestRecord, as_fleet_record, fleet_record
+from sim.fleet_records import FleetRequestRecord, _concatenate, as_fleet_record, fleet_record
 
 
 def _record() -> RequestRecord:
@@ -51,3 +55,20 @@ def test_a_replicas_own_fleet_record_is_passed_through_only_when_complete() -> N
     assert other is not record and (other.replica, record.replica) == (3, 1)
     plain = as_fleet_record(RequestRecord("b", 3.0, 10, 5), 2, 3.0)
     assert (plain.replica, plain.routing_s) == (2, 0.0)
+
+
+def test_step_columns_join_part_by_part() -> None:
+    columns: dict[str, list[object] | array[float]] = {"x": array("d", [0.5]), "y": ["a"]}
+    _concatenate(columns, [{"x": array("d", [1.5, 2.5]), "y": ["b"]},  # type: ignore[arg-type]
+                           {"x": array("d"), "y": []}, {"x": array("d", [-1.0]), "y": ["c"]}])
+    assert columns == {"x": array("d", [0.5, 1.5, 2.5, -1.0]), "y": ["a", "b", "c"]}
+
+
+@pytest.mark.parametrize("part", [array("d", [1.5]), array("i", [1, 2]), [1]])
+def test_step_column_join_refuses_another_type(part: object) -> None:
+    """Joined as bytes, an array('d') in an array('q') column would be read as integers."""
+    columns = {"x": array("q", [7])}
+    with pytest.raises(TypeError, match="step column 'x': a part is '(d|i|list)', the joined "
+                                        r"column array\('q'\)"):
+        _concatenate(columns, [{"x": array("q", [1])}, {"x": part}])  # type: ignore[dict-item]
+    assert columns["x"] == array("q", [7])  # nothing appended

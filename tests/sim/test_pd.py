@@ -5,6 +5,7 @@ decider `never` reproducing the plain fleet run."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 import pytest
@@ -18,7 +19,7 @@ from sim.cost.base import CostModel
 from sim.cost.roofline import RooflineCostModel
 from sim.fleet import simulate_fleet
 from sim.fleet_config import parse_fleet
-from sim.fleet_records import PD_REQUEST_COLUMNS, PDRequestRecord
+from sim.fleet_records import PD_REQUEST_COLUMNS, FleetResult, PDRequestRecord
 from sim.hardware import resolve_gpu
 from sim.kv_transfer import GB, KvTransferConfig, KvTransferLink, transfer_bytes
 from sim.model_config import ModelSpec
@@ -279,6 +280,28 @@ def test_each_router_hears_of_its_own_phase() -> None:
         if r.request_id in split:
             assert prefill.routed[r.request_id][0] == r.prefill_replica
     assert not any(decode.local.count.values()) and not any(prefill.local.count.values())
+
+
+def test_clients_see_tokens_through_the_decode_replicas_front_end() -> None:
+    """With front-end output costs, token times are the decode replica's deliveries (its
+    cost, n = the tokens its step delivered); the prefill replica's cost never reaches the
+    client, and the engine side (steps) is unchanged."""
+    trace = TRACES["random"]
+
+    def run(prefill_cost: float, decode_cost: float) -> FleetResult:
+        replicas = [Replica(config(num_blocks=600, check_invariants=False,
+                                   api=ApiServerCost(per_output_token_s=cost)))
+                    for cost in (prefill_cost, decode_cost)]
+        return simulate_pd(trace, replicas, ["prefill", "decode"], make_policy("round-robin"),
+                           make_policy("round-robin"), PDDecider("always"))
+
+    engine, client = run(0.0, 0.0), run(3e-4, 2e-4)
+    assert client.step_columns == engine.step_columns
+    per_step = Counter(t for r in engine.requests for t in r.token_times_s)  # all on replica 1
+    for mine, base in zip(client.requests, engine.requests, strict=True):
+        times = [t + 2e-4 * per_step[t] for t in base.token_times_s]
+        assert list(mine.token_times_s) == times and mine.first_token_s == times[0]
+        assert mine.finish_s == times[-1] and mine.prefill_replica != mine.replica
 
 
 @pytest.mark.parametrize("name", ["mooncake", "prefix"])
