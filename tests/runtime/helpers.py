@@ -8,6 +8,7 @@ Every step ends with `check_invariants()`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from runtime import (
@@ -110,6 +111,19 @@ def step(
     s.check_invariants()
     free = s.kv_cache_manager.block_pool.free_block_ids()
     return Step(output, sampled, [r.request_id for r in finished], free)
+
+
+def steps_of(s: Scheduler, pending: list[tuple[int, Request]], limit: int = 400
+             ) -> Iterator[Step]:
+    """Step `s` up to `limit` times, adding each (k, request) of `pending` before step k;
+    stops once idle after step 20 (requests may still come later)."""
+    for k in range(limit):
+        for at, request in pending:
+            if at == k:
+                s.add_request(request)
+        if not s.has_unfinished_requests() and k > 20:
+            return
+        yield step(s)
 
 
 def run_until_idle(s: Scheduler, max_steps: int = 10_000) -> list[Step]:

@@ -12,7 +12,7 @@ from runtime import CacheConfig, KVCacheManager, Request, SamplingParams, Schedu
 from runtime.block_hash import make_block_hasher
 from runtime.block_pieces import BlockPieces
 from runtime.kv_events import observe_kv_events
-from tests.runtime.helpers import make_request, make_scheduler, step
+from tests.runtime.helpers import make_request, make_scheduler, steps_of
 
 PER_PIECE = 2  # blocks of 4 tokens per piece
 
@@ -140,13 +140,7 @@ def _run(seed: int, with_pieces: bool) -> list[object]:
         request.priority = rng.randint(0, 2)
         pending.append((rng.randint(0, 20), request))
     trail: list[object] = []
-    for k in range(400):
-        for at, request in pending:
-            if at == k:
-                s.add_request(request)
-        if not s.has_unfinished_requests() and k > 20:
-            break
-        st = step(s)
+    for st in steps_of(s, pending):
         s.kv_cache_manager.check_invariants()
         trail.append((st.new, st.output.preempted_req_ids, st.free,
                       [s.get_block_ids(r.request_id) for r in s.running], events.take()))

@@ -10,7 +10,7 @@ import pytest
 
 from runtime import CacheConfig, KVCacheManager, Request, SamplingParams, Scheduler
 from runtime.block_hash import make_block_hasher, own_block_names
-from tests.runtime.helpers import free_ids, make_request, make_scheduler, step
+from tests.runtime.helpers import free_ids, make_request, make_scheduler, step, steps_of
 
 KEY = b"own:"
 
@@ -133,13 +133,7 @@ def _run(seed: int, own: bool) -> list[object]:
                                   max_num_batched_tokens=rng.choice([8, 16, 64]),
                                   policy=rng.choice(["fcfs", "priority"]))
     pending, trail = _workload(seed, own), []
-    for k in range(400):
-        for at, request in pending:
-            if at == k:
-                s.add_request(request)
-        if not s.has_unfinished_requests() and k > 20:
-            break
-        st = step(s)
+    for st in steps_of(s, pending):
         trail.append((st.new, st.output.preempted_req_ids, st.free,
                       [s.get_block_ids(r.request_id) for r in s.running]))
     return trail
