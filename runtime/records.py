@@ -22,6 +22,7 @@ else the time the step began. `runtime.recorder.Recorder` does the accounting.
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections.abc import Iterator, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass, field, fields
@@ -212,3 +213,10 @@ class RunSummary:
     prefix_cache_hits: int
     wall_s: float
     interrupted: bool = False
+
+
+def ttft_by_request(records: Sequence[RequestRecord]) -> dict[str, float]:
+    """Each request's TTFT (first token - arrival, seconds) where it has a finite first
+    token, by request id."""
+    return {r.request_id: r.first_token_s - r.arrival_s for r in records
+            if r.first_token_s is not None and math.isfinite(r.first_token_s)}

@@ -20,14 +20,13 @@ reported as the residual's p50/p90 (in-sample). Times are seconds.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-from runtime.records import RequestRecord
+from runtime.records import RequestRecord, ttft_by_request
 from sim.cost.base import _check_number
 from workloads import Trace
 
@@ -172,12 +171,6 @@ def fit_serving_stack(prompt_lens: Sequence[int], real_ttft_s: Sequence[float],
     r50, r90 = np.quantile(residual, [0.5, 0.9])
     return StackFit(ServingStack(intercept, slope), len(x), float(p50), float(p90),
                     float(r50), float(r90), tuple(clamped))
-
-
-def ttft_by_request(records: Sequence[RequestRecord]) -> dict[str, float]:
-    """Each request's TTFT (first token - arrival, seconds) where it has a first token."""
-    return {r.request_id: r.first_token_s - r.arrival_s for r in records
-            if r.first_token_s is not None and math.isfinite(r.first_token_s)}
 
 
 def fit_on_twin(calibration: MeasuredReplay, twin: Sequence[RequestRecord], seed: int = 0

@@ -44,6 +44,7 @@ from backends.replay.run_output import INTERRUPTED, RunOutput
 from backends.route.fleet import Replica, flag_argv, stop_all, wait_healthy
 from backends.route.overheads import RouterOverheads, parse_router_metrics
 from backends.route.stack_probe import ServerTotals, parse_server_totals, ttft_split
+from runtime.records import ttft_by_request
 from runtime.router import make_policy
 from workloads import Trace, resample_like, trace_digest
 
@@ -174,9 +175,8 @@ def _json_number(value: float) -> float | None:
 
 
 def _mean_ttft_s(result: EndpointResult) -> float:
-    ttfts = [r.first_token_s - r.arrival_s for r in result.requests
-             if r.first_token_s is not None]
-    return sum(ttfts) / len(ttfts) if ttfts else math.nan
+    ttfts = ttft_by_request(result.requests)
+    return sum(ttfts.values()) / len(ttfts) if ttfts else math.nan
 
 
 def _replay_once(plan: FleetFidelityPlan, trace: Trace, backends: list[str], logs: Path,
@@ -243,9 +243,8 @@ def replay_through_fleet(plan: FleetFidelityPlan, trace: Trace, out: RunOutput |
             if done[name][0].interrupted:
                 raise ReplayInterrupted(done)
     c_result, c_info, c_overheads = done["calibration"]
-    ttft = {r.request_id: r.first_token_s - r.arrival_s for r in c_result.requests
-            if r.first_token_s is not None}
-    replay = CalibrationReplay(calibration, ttft, asdict(c_overheads))
+    replay = CalibrationReplay(calibration, ttft_by_request(c_result.requests),
+                               asdict(c_overheads))
     return RealFleetRun(*done["real"], replay, c_result, c_info)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from runtime.kv_startup import startup_lines
+from runtime.kv_startup import check_int, startup_lines
 from sim.cost.base import _check_number
 from sim.hardware import GIB, GpuSpec
 from sim.model_config import ModelSpec
@@ -56,12 +56,6 @@ class KvCacheSizing:
         return startup_lines(self.num_gpu_blocks, self.block_size, max_model_len)
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
 def kv_cache_sizing(
     model: ModelSpec,
     gpu: GpuSpec,
@@ -74,9 +68,9 @@ def kv_cache_sizing(
     utils.py); KV memory = requested - weights per GPU - reserve (gpu_worker.py); blocks =
     KV memory // (block_size · KV bytes per token per GPU) (kv_cache_utils.get_num_blocks).
     ValueError when the weights and reserve leave no room for one block."""
-    t = _check_int("tensor_parallel_size", tensor_parallel_size, 1)
-    _check_int("block_size", block_size, 1)
-    _check_int("activation_reserve_bytes", activation_reserve_bytes, 0)
+    t = check_int("tensor_parallel_size", tensor_parallel_size, 1)
+    check_int("block_size", block_size, 1)
+    check_int("activation_reserve_bytes", activation_reserve_bytes, 0)
     utilization = gpu_memory_utilization
     _check_number("kv_cache_sizing", "gpu_memory_utilization", utilization, positive=True)
     if utilization > 1:
