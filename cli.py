@@ -5,12 +5,14 @@ Flags are declared once, as fields of the libraries' frozen flag dataclasses (`E
 `EngineArgs`, `SimFlags`, `RealEngineFlags`, `WorkloadFlags`, `ReportFlags`, each command's
 own such as `ServeBenchFlags` or `InspectFlags`; each field's metadata names its option).
 `with_flags` turns a command parameter annotated `Annotated[SomeFlags, Flags(...)]` into those
-options and hands the command the instance. Each command then calls the libraries and
-prints; where a run needs two sides the layering keeps apart (sim/ and backends/, or either
-and analysis/), the library takes the other side's function and this module passes it
-(e.g. `analysis.sweep_run.PointRunner`, `sim.fidelity_run.FidelityRuns`); a run's output
-(run directory, printed blocks, status lines, exit status) is one object, `CONSOLE`. User
-errors (bad flags, bad files) become one line on stderr and exit code 2, never a traceback.
+options and hands the command the instance; a description longer than a line lives beside
+the command's flags too (`FIDELITY_HELP` beside `FidelityFlags`). Each command then calls the
+libraries and prints; where a run needs two sides the layering keeps apart (sim/ and
+backends/, or either and analysis/), the library takes the other side's functions and this
+module passes them (e.g. `analysis.sweep_run.PointRunner`, `sim.fidelity_run.FidelityRuns`);
+a run's output (run directory, printed blocks, status lines, exit status) is one object,
+`CONSOLE`. User errors (bad flags, bad files) become one line on stderr and exit code 2,
+never a traceback.
 """
 
 from __future__ import annotations
@@ -27,26 +29,26 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 import workloads
-from analysis.compare import CompareFiles
+from analysis.compare import COMPARE_HELP, CompareFiles
 from analysis.output import JsonOut, default_dir, save_figures
-from analysis.report import TABLE_DEFAULTS, ReportFiles, ReportFlags
+from analysis.report import REPORT_HELP, TABLE_DEFAULTS, ReportFiles, ReportFlags
 from analysis.run_console import RunConsole
-from backends.bench.flags import GpuBenchFlags, ServeBenchFlags, ServeLoadFlags
+from backends.bench.flags import SERVE_BENCH_HELP, GpuBenchFlags, ServeBenchFlags, ServeLoadFlags
 from backends.engine.flags import ModelDirFlags, RealEngineFlags
-from backends.replay.flags import DEFAULT_REPLAY, EndpointFlags, replay_workload
-from backends.route.flags import FleetModelFlags, RouteBenchFlags, RouteFlags
+from backends.replay.flags import DEFAULT_REPLAY, REPLAY_HELP, EndpointFlags, replay_workload
+from backends.route.flags import ROUTE_HELP, FleetModelFlags, RouteBenchFlags, RouteFlags
 from backends.serve.flags import ServeFlags, ServeModelFlags
 from runtime.config import EngineFlags
 from runtime.flags import FlagGroup as Flags
 from runtime.flags import FlagSpec, expand_groups
 from sim.autoscale_flags import AutoscaleFlags
-from sim.bench_flags import FleetBenchFlags, SchedulerBenchFlags, SimBenchFlags
-from sim.calibrate_flags import CalibrationSources
-from sim.engine_args import EngineArgs, SimFlags
-from sim.fidelity import CalibrationFlags, FidelityFlags
+from sim.bench_flags import FLEET_BENCH_HELP, FleetBenchFlags, SchedulerBenchFlags, SimBenchFlags
+from sim.calibrate_flags import CALIBRATE_HELP, CalibrationSources
+from sim.engine_args import SIMULATE_HELP, EngineArgs, SimFlags
+from sim.fidelity import FIDELITY_HELP, CalibrationFlags, FidelityFlags
 from sim.fleet_config import FLEET_UP_POLICY, ROUTER_POLICY, FleetFlags
 from sim.pd_flags import PDFlags
-from sim.plan import PLAN_WORKLOAD, PlanFlags
+from sim.plan import PLAN_HELP, PLAN_WORKLOAD, PlanFlags
 from sim.sweep import SWEEP_FLEETS, SWEEP_GRID, SWEEP_TARGETS, SWEEP_WORKLOAD, SweepFlags
 from workloads.flags import TraceFileFlags, WorkloadFlags, load_workload
 from workloads.trace_flags import FILE_FLAGS, SYNTHETIC_FLAGS, ConvertFlags, InspectFlags
@@ -89,11 +91,11 @@ def with_flags(command: Callable[..., None]) -> Callable[..., None]:
     return expand_groups(command, _option, user_errors)
 
 
-def command(group: typer.Typer, name: str | None = None
+def command(group: typer.Typer, name: str | None = None, help: str | None = None
             ) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Register a function as command `name` of `group`, its flag groups expanded
-    (`with_flags`)."""
-    return lambda function: group.command(name)(with_flags(function))
+    (`with_flags`); `help`: its --help description (default: its docstring)."""
+    return lambda function: group.command(name, help=help)(with_flags(function))
 
 
 # ---- output and errors ----
@@ -208,7 +210,7 @@ def trace_gen(
 _Trace = Annotated[TraceFileFlags, Flags(inline=True)]
 
 
-@command(app)
+@command(app, help=SIMULATE_HELP)
 def simulate(
     *,
     trace_file: _Trace,
@@ -222,13 +224,7 @@ def simulate(
     result_dir: _result_dir("simulate") = None,
     check_invariants: _CheckInvariants = False,
 ) -> None:
-    """Simulate a trace through the vLLM-V1 core on a simulated clock (no GPU); with
-    --replicas N or --fleet FILE, a fleet of such engines behind a router.
-
-    Prints vLLM's start-up lines and "Serving Benchmark Result" block, then where the time
-    went. TPOT = (E2EL - TTFT) / (output tokens - 1), vLLM's definition (guidellm calls
-    this ITL); ITL = every gap between consecutive tokens.
-    """
+    """Simulate a trace through the vLLM-V1 core, or a fleet of them, on a simulated clock."""
     from sim.fleet_run import SimulateRun
 
     with user_errors():
@@ -243,18 +239,13 @@ def simulate(
 # ---- rt report / compare / sweep (analysis) ----
 
 
-@command(app, "report")
+@command(app, "report", help=REPORT_HELP)
 def report(
     run_dir: Annotated[Path, typer.Argument(help="Run directory (rt simulate / rt replay).")],
     flags: Annotated[ReportFlags, Flags()],
     files: Annotated[ReportFiles, Flags()],
 ) -> None:
-    """Report one run with vLLM's metrics, where the time went (all requests and the slowest
-    1%/10% by TTFT and E2E), and plots: percentile curves, CDFs, attribution, timeline.
-
-    TPOT = (E2EL - TTFT) / (output tokens - 1), vLLM's (guidellm calls it ITL); ITL = every
-    gap between consecutive tokens, pooled.
-    """
+    """Report one run: vLLM's metrics, where the time went, and plots."""
     from analysis.report import load_checked, report_run
 
     with user_errors():
@@ -267,16 +258,14 @@ def report(
         save_figures(figures, files.plot_dir or home / "plots", say)
 
 
-@command(app, "compare")
+@command(app, "compare", help=COMPARE_HELP)
 def compare(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run directories (two or more).")],
     flags: Annotated[ReportFlags, Flags(defaults=TABLE_DEFAULTS)],
     files: Annotated[CompareFiles, Flags(inline=True)],
     plots: _Plots = True,
 ) -> None:
-    """Compare runs of one workload side by side: rows = metrics, columns = runs, and a
-    ratio column against the first run; overlaid percentile curves and CDFs whose legend
-    names what differs (budget, model, sim vs real...)."""
+    """Compare runs of one workload side by side: a table and overlaid plots."""
     from analysis.compare import compare_dirs
 
     with user_errors():
@@ -338,7 +327,7 @@ def point_runner(how: SweepFlags, options: ReportOptions, slos: dict[str, float]
 # ---- rt plan (sim + analysis) ----
 
 
-@command(app, "plan")
+@command(app, "plan", help=PLAN_HELP)
 def plan(
     *,
     trace_file: Annotated[Path | None, typer.Argument(
@@ -351,9 +340,7 @@ def plan(
         "Pareto plot and the winning fleet.toml go (default: results/plan-<time>); an "
         "existing one is resumed.")] = None,
 ) -> None:
-    """The cheapest fleet that meets every SLO on a trace, with no failed request: searches
-    GPU kinds x models x tensor parallelism x token budgets x max_num_seqs x routers,
-    prunes what cannot work before simulating, and bisects each candidate's replica count."""
+    """The cheapest fleet that meets every SLO on a trace."""
     from analysis.plan import report_plan
     from analysis.sweep import parse_slo
 
@@ -378,7 +365,7 @@ def plan(
 _ModelDir = Annotated[ModelDirFlags, Flags(inline=True)]
 
 
-@command(app)
+@command(app, help=REPLAY_HELP)
 def replay(
     *,
     trace_file: Annotated[Path | None, typer.Argument(
@@ -394,13 +381,7 @@ def replay(
     check_invariants: _CheckInvariants = False,
     client: Annotated[EndpointFlags, Flags()],
 ) -> None:
-    """Replay a trace in real time through the vLLM-V1 core and a real model (CPU or GPU),
-    or, with --endpoint, against any OpenAI-compatible server (client-side timing).
-
-    Requests are released at their arrival times on the wall clock; the output blocks and
-    the run directory are those of `rt simulate`. With no arguments: a tiny random Llama and
-    a small synthetic trace on the CPU. Ctrl-C writes the records so far.
-    """
+    """Replay a trace in real time on a real model, or against an OpenAI-compatible server."""
     with user_errors():
         percentiles = list(report.options().percentiles)
         trace = workload(replay_workload(work, trace_file), trace_file)
@@ -490,7 +471,7 @@ def calibrate_grid(setup: RealSetup, tokenizer: Tokenizer | None, cal: Calibrati
         return profile_from_grid(measured, steps, rt_version())
 
 
-@command(app, "calibrate")
+@command(app, "calibrate", help=CALIBRATE_HELP)
 def calibrate(
     *,
     output: Annotated[Path, typer.Option("-o", "--output", help="Profile JSON to write.")],
@@ -501,10 +482,7 @@ def calibrate(
     sources: Annotated[CalibrationSources, Flags(inline=True)],
     seed: _Seed = 0,
 ) -> None:
-    """Fit the simulator's `profile` cost model to the real backend: a designed grid of
-    prefill, decode and mixed batches (warm-up, repeats, medians), the API-server costs, a
-    non-negative least-squares fit of the six coefficients, its held-out error. Writes a
-    profile for `rt simulate --profile`."""
+    """Fit the simulator's `profile` cost model to the real backend."""
     from analysis.rundir import request_columns, rt_version
     from sim.calibrate_run import runs_profile, save_profile, steps_profile
 
@@ -526,7 +504,7 @@ def calibrate(
     say(f"wrote {output}")
 
 
-@command(app, "fidelity")
+@command(app, "fidelity", help=FIDELITY_HELP)
 def fidelity(
     *,
     trace_file: Annotated[Path, typer.Argument(help="Trace file (any `rt trace` format).")],
@@ -544,14 +522,7 @@ def fidelity(
     plots: _Plots = True,
     client: Annotated[EndpointFlags, Flags()],
 ) -> None:
-    """Replay TRACE on the real backend and simulate it with the profile under the same
-    engine flags and KV pool (blocks), then report the simulator's error: per metric (mean,
-    p50, p90, p99 of TTFT, ITL, TPOT, E2E; throughput), per step, per request (TTFT).
-
-    Without --profile it calibrates first, by default on replays of other requests like
-    TRACE's; with --repeats N it replays N times and reports against their mean, with the
-    real runs' own spread as the noise floor. With --endpoint, all of it against that
-    server, fitted on its client-side timings (the engine flags: the server's)."""
+    """Replay a trace on the real backend, simulate it, report the simulator's error."""
     with user_errors():
         how.check(cal.step_drift, noise.step_noise, client.endpoint is not None)
         trace = workload(work, trace_file)  # (a bad trace: one line, --endpoint or not)
@@ -653,7 +624,7 @@ def bench_sim(
     typer.echo(out.write(report))
 
 
-@command(bench_app, "serve")
+@command(bench_app, "serve", help=SERVE_BENCH_HELP)
 def bench_serve(
     work: Annotated[WorkloadFlags, Flags(only=("request_rate", "input_len", "output_len",
                                                "seed"),
@@ -665,11 +636,7 @@ def bench_serve(
     bench: Annotated[ServeBenchFlags, Flags()],
     out: _Out,
 ) -> None:
-    """Load-test `rt serve --simulate` on a free loopback port (bounded; the server is always
-    stopped): replay random requests through the chosen client, simulate the same arrivals
-    with `rt simulate`'s core, and report errors, throughput, each process's CPU seconds and
-    the latency the server path adds (server minus simulated, ms). With --soak, hold
-    --concurrency streams for SECONDS instead. Exit 1 on any error."""
+    """Load-test `rt serve --simulate` against the simulator on the same arrivals."""
     from backends.bench.serve_run import SimulatedServer, failed, run_serve_bench
     from sim.benchmarks import serve_twin
 
@@ -683,16 +650,13 @@ def bench_serve(
         raise typer.Exit(code=1)
 
 
-@command(bench_app, "fleet")
+@command(bench_app, "fleet", help=FLEET_BENCH_HELP)
 def bench_fleet(
     sim: Annotated[SimFlags, Flags(only=("model", "gpu"))],
     flags: Annotated[FleetBenchFlags, Flags(inline=True)],
     out: _Out,
 ) -> None:
-    """Simulated requests per second of the fleet simulator: N replicas on the trace replayed
-    N times faster (each replica carries one engine's load) against one engine on the trace
-    as recorded, in the same run; and the cost per request of the smallest and largest
-    --scaling fleets. Rates per wall and per CPU second."""
+    """Simulated requests per second of the fleet simulator against one engine."""
     with user_errors():
         report = flags.report(sim.model, sim.gpu)
     typer.echo(out.write(report))
@@ -728,18 +692,14 @@ def route_until_stopped(urls: list[str], policy: FleetFlags, route: RouteFlags, 
         route_app.route_until_stopped(config, route, say, typer.echo if print_url else None)
 
 
-@command(app, "route")
+@command(app, "route", help=ROUTE_HELP)
 def route_command(
     *,
     route: Annotated[RouteFlags, Flags()],
     policy: _RouterPolicy,
     seed: _Seed = 0,
 ) -> None:
-    """Route the OpenAI API (/v1/completions, /v1/chat/completions, streaming or not) over
-    --backend servers with a shared router policy (as `rt simulate --replicas N --router`):
-    its own in-flight counts and prefix index (the prompt's UTF-8 bytes), and each backend's
-    /metrics scraped every --router-refresh-ms. Serves /v1/models, /health, /metrics.
-    Failing backends are taken out and put back when healthy; SIGTERM/Ctrl-C drains."""
+    """Route the OpenAI API over --backend servers under a router policy."""
     route_until_stopped(route.backend or [], policy, route, seed)
 
 

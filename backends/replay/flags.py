@@ -25,6 +25,17 @@ def replay_workload(work: WorkloadFlags, trace_file: Path | None) -> WorkloadFla
                                time_scale=work.time_scale)
 
 
+# `rt replay --help`'s description of the command, beside its flags.
+REPLAY_HELP = """\
+Replay a trace in real time through the vLLM-V1 core and a real model (CPU or GPU),
+or, with --endpoint, against any OpenAI-compatible server (client-side timing).
+
+Requests are released at their arrival times on the wall clock; the output blocks and
+the run directory are those of `rt simulate`. With no arguments: a tiny random Llama and
+a small synthetic trace on the CPU. Ctrl-C writes the records so far.
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class EndpointFlags:
     """Which OpenAI-compatible server to replay against and how the client behaves."""
