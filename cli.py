@@ -56,10 +56,8 @@ from workloads.trace_flags import FILE_FLAGS, SYNTHETIC_FLAGS, ConvertFlags, Ins
 if TYPE_CHECKING:
     from analysis.report import ReportOptions
     from analysis.sweep_run import PointRunner
-    from backends.engine.setup import RealSetup
-    from backends.replay.api_process import Tokenizer
+    from backends.replay.real_run import LoadedEngine
     from sim.fidelity_run import FidelityDirs
-    from sim.profile import Profile
 
 app = typer.Typer(
     name="rt",
@@ -390,23 +388,25 @@ def replay(
                                           work.seed)
             run_endpoint(trace, settings, result_dir or default_dir("endpoint"), percentiles)
             return
-        setup, tokenizer = real_engine(checkpoint.model, engine, real, work.seed)
+        loaded = real_engine(checkpoint.model, engine, real, work.seed)
         from backends.replay.real_run import run_replay
-        run_replay(trace, setup, tokenizer, result_dir or default_dir("replay"), percentiles,
-                   check_invariants, CONSOLE)
+        run_replay(trace, loaded.setup, loaded.tokenizer, result_dir or default_dir("replay"),
+                   percentiles, check_invariants, CONSOLE)
 
 
 def real_engine(model: Path | None, engine: EngineFlags, real: RealEngineFlags,
-                seed: int) -> tuple[RealSetup, Tokenizer | None]:
-    """`backends.engine.setup.load_real_engine`, quiet (no transformers progress bars)."""
+                seed: int) -> LoadedEngine:
+    """`backends.engine.setup.load_real_engine`, quiet (no transformers progress bars), on
+    the console."""
     from transformers.utils import logging as hf_logging
 
     from backends.engine.setup import load_real_engine
+    from backends.replay.real_run import LoadedEngine
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     with user_errors():
-        return load_real_engine(model, engine, real, seed)
+        return LoadedEngine(*load_real_engine(model, engine, real, seed), CONSOLE)
 
 
 def run_endpoint(trace: workloads.Trace, settings: dict[str, Any], path: Path,
@@ -457,20 +457,6 @@ def serve(
 # ---- rt calibrate / fidelity ----
 
 
-def calibrate_grid(setup: RealSetup, tokenizer: Tokenizer | None, cal: CalibrationFlags,
-                   extra_steps: list[Path]) -> Profile:
-    """Run the grid on `setup`, time the API server, fit; returns the `Profile`."""
-    from analysis.rundir import rt_version
-    from backends.engine.calibration_grid import calibrate_engine
-    from sim.calibrate import profile_from_grid, read_replay_steps
-
-    with user_errors():
-        steps = [read_replay_steps(path, "wall") for path in extra_steps]
-        with CONSOLE.progress("calibrating") as update:
-            measured = calibrate_engine(setup, tokenizer, cal.quick, cal.time_limit, update)
-        return profile_from_grid(measured, steps, rt_version())
-
-
 @command(app, "calibrate", help=CALIBRATE_HELP)
 def calibrate(
     *,
@@ -484,7 +470,7 @@ def calibrate(
 ) -> None:
     """Fit the simulator's `profile` cost model to the real backend."""
     from analysis.rundir import request_columns, rt_version
-    from sim.calibrate_run import runs_profile, save_profile, steps_profile
+    from sim.calibrate_run import grid_profile, runs_profile, save_profile, steps_profile
 
     with user_errors():
         mode = sources.mode(checkpoint.model is not None, cal.step_drift)
@@ -498,8 +484,8 @@ def calibrate(
                                            rt_version(), drift=cal.step_drift)
             note(notes)
         else:
-            setup, tokenizer = real_engine(checkpoint.model, engine, real, seed)
-            profile = calibrate_grid(setup, tokenizer, cal, sources.from_steps or [])
+            loaded = real_engine(checkpoint.model, engine, real, seed)
+            profile = grid_profile(loaded, cal, sources.from_steps or [], rt_version())
         save_profile(profile, output, tell)
     say(f"wrote {output}")
 
@@ -543,24 +529,15 @@ def fidelity(
 def _fidelity_real(trace: workloads.Trace, model: Path | None, engine: EngineFlags,
                    real: RealEngineFlags, cal: CalibrationFlags, how: FidelityFlags,
                    step_noise: bool, seed: int, root: Path) -> FidelityDirs:
-    """`rt fidelity` on the real engine: `sim.fidelity_run.RealFidelity` with the engine's
-    replay and grid calibration wired in, and the run's output."""
+    """`rt fidelity` on the real engine (`sim.fidelity_run.RealFidelity`), on the console."""
     from analysis.fidelity import replay_order
     from analysis.rundir import rt_version
-    from backends.replay.real_run import replay_on
-    from sim.fidelity_run import FidelityRuns, RealFidelity
+    from sim.fidelity_run import RealFidelity
 
-    setup, tokenizer = real_engine(model, engine, real, seed)
-    workloads.check_max_model_len(trace, setup.scheduler.max_model_len)
-    root.mkdir(parents=True, exist_ok=True)
-    runs = FidelityRuns(trace, root, setup.args.seed, setup.describe(), functools.partial(
-        replay_on, setup=setup, tokenizer=tokenizer, out=CONSOLE, stop_if_interrupted=True),
-        CONSOLE.save, say)
-    dirs, notes = RealFidelity(
-        runs, setup.scheduler, setup.cache, str(setup.args.model_dir),
-        functools.partial(calibrate_grid, setup, tokenizer, cal, []), rt_version(), tell
-    ).run(how, replay_order(how.repeats, how.calibration_replays()), cal.step_drift,
-          step_noise, tokenizer=tokenizer is not None)
+    loaded = real_engine(model, engine, real, seed)
+    dirs, notes = RealFidelity.on(loaded, CONSOLE, trace, root, cal, rt_version()).run(
+        how, replay_order(how.repeats, how.calibration_replays()), cal.step_drift, step_noise,
+        tokenizer=loaded.tokenized)
     note(notes)
     return dirs
 
