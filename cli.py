@@ -35,7 +35,7 @@ from analysis.report import REPORT_HELP, TABLE_DEFAULTS, ReportFiles, ReportFlag
 from analysis.run_console import RunConsole
 from backends.bench.flags import SERVE_BENCH_HELP, GpuBenchFlags, ServeBenchFlags, ServeLoadFlags
 from backends.engine.flags import ModelDirFlags, RealEngineFlags
-from backends.replay.flags import DEFAULT_REPLAY, REPLAY_HELP, EndpointFlags, replay_workload
+from backends.replay.flags import REPLAY_HELP, REPLAY_TRACE_HELP, EndpointFlags, replay_workload
 from backends.route.flags import ROUTE_HELP, FleetModelFlags, RouteBenchFlags, RouteFlags
 from backends.serve.flags import ServeFlags, ServeModelFlags
 from runtime.config import EngineFlags
@@ -150,9 +150,10 @@ _Out = Annotated[JsonOut, Flags(inline=True)]
 _Plots = Annotated[bool, typer.Option("--plots/--no-plots", help="Draw the PNGs.")]
 
 
-def _result_dir(kind: str) -> Any:
+def _result_dir(kind: str, what: str = "Run directory to write", then: str = "") -> Any:
+    """--result-dir: `what` (default: results/`kind`-<time>)`then`."""
     return Annotated[Path | None, typer.Option(
-        "--result-dir", help=f"Run directory to write (default: results/{kind}-<time>).")]
+        "--result-dir", help=f"{what} (default: results/{kind}-<time>){then}.")]
 
 
 _CheckInvariants = Annotated[bool, typer.Option(
@@ -284,8 +285,7 @@ def sweep(
     sim: Annotated[SimFlags, Flags(only=("profile",))],
     flags: Annotated[ReportFlags, Flags(defaults=TABLE_DEFAULTS)],
     how: Annotated[SweepFlags, Flags()],
-    result_dir: Annotated[Path | None, typer.Option(
-        "--result-dir", help="Sweep directory (default: results/sweep-<time>).")] = None,
+    result_dir: _result_dir("sweep", "Sweep directory") = None,
     plots: _Plots = True,
 ) -> None:
     """Simulate a grid of engine flags x request rates on one trace, in parallel; print a
@@ -333,10 +333,9 @@ def plan(
     work: Annotated[WorkloadFlags, PLAN_WORKLOAD],
     space: Annotated[PlanFlags, Flags()],
     how: Annotated[SweepFlags, Flags(only=("executor", "address", "jobs"))],
-    result_dir: Annotated[Path | None, typer.Option(
-        "--result-dir", help="Where every simulated shape's run directory, plan.csv, the "
-        "Pareto plot and the winning fleet.toml go (default: results/plan-<time>); an "
-        "existing one is resumed.")] = None,
+    result_dir: _result_dir("plan", "Where every simulated shape's run directory, plan.csv, "
+                            "the Pareto plot and the winning fleet.toml go",
+                            "; an existing one is resumed") = None,
 ) -> None:
     """The cheapest fleet that meets every SLO on a trace."""
     from analysis.plan import report_plan
@@ -366,10 +365,8 @@ _ModelDir = Annotated[ModelDirFlags, Flags(inline=True)]
 @command(app, help=REPLAY_HELP)
 def replay(
     *,
-    trace_file: Annotated[Path | None, typer.Argument(
-        help="Trace file (any `rt trace` format). Default: a small synthetic trace "
-        f"({DEFAULT_REPLAY.num_prompts} random requests at {DEFAULT_REPLAY.request_rate:g} "
-        "req/s), unless --dataset-name is given.", show_default=False)] = None,
+    trace_file: Annotated[Path | None, typer.Argument(help=REPLAY_TRACE_HELP,
+                                                      show_default=False)] = None,
     checkpoint: _ModelDir,
     work: Annotated[WorkloadFlags, Flags(exclude=("max_model_len",))],
     engine: Annotated[EngineFlags, Flags()],
@@ -396,8 +393,7 @@ def replay(
 
 def real_engine(model: Path | None, engine: EngineFlags, real: RealEngineFlags,
                 seed: int) -> LoadedEngine:
-    """`backends.engine.setup.load_real_engine`, quiet (no transformers progress bars), on
-    the console."""
+    """`backends.engine.setup.load_real_engine` on the console, quiet (no transformers bars)."""
     from transformers.utils import logging as hf_logging
 
     from backends.engine.setup import load_real_engine
@@ -502,13 +498,14 @@ def fidelity(
     cal: Annotated[CalibrationFlags, Flags()],
     how: Annotated[FidelityFlags, Flags()],
     fleet: Annotated[FleetFlags, FLEET_UP_POLICY],
-    result_dir: Annotated[Path | None, typer.Option(
-        "--result-dir", help="Where real/, sim/, profile.json, fidelity.json and the plots "
-        "go (default: results/fidelity-<time>).")] = None,
+    result_dir: _result_dir("fidelity", "Where real/, sim/, profile.json, fidelity.json and "
+                            "the plots go") = None,
     plots: _Plots = True,
     client: Annotated[EndpointFlags, Flags()],
 ) -> None:
     """Replay a trace on the real backend, simulate it, report the simulator's error."""
+    from analysis.fidelity import replay_order
+
     with user_errors():
         how.check(cal.step_drift, noise.step_noise, client.endpoint is not None)
         trace = workload(work, trace_file)  # (a bad trace: one line, --endpoint or not)
@@ -516,50 +513,46 @@ def fidelity(
     if how.fleet and client.endpoint is None:  # rt serve --simulate replicas behind rt route
         return _fidelity_fleet(trace, (engine, str(checkpoint.model or "llama-3.1-8b"),
                                        noise.gpu, how.profile, work.seed), fleet, root)
+    order = replay_order(how.repeats, how.calibration_replays())
     with user_errors():
-        dirs = (_fidelity_endpoint(trace, checkpoint.model, engine, noise.step_noise, how,
-                                   cal.step_drift, client, work.seed, root)
-                if client.endpoint is not None else _fidelity_real(
-                    trace, checkpoint.model, engine, real, cal, how, noise.step_noise,
-                    work.seed, root))
+        dirs, notes = (_fidelity_endpoint(trace, checkpoint.model, engine, noise.step_noise,
+                                          how, order, cal.step_drift, client, work.seed, root)
+                       if client.endpoint is not None else _fidelity_real(
+                           trace, checkpoint.model, engine, real, cal, how, order,
+                           noise.step_noise, work.seed, root))
+        note(notes)
         if CONSOLE.report_fidelity(dirs, root, plots, how.max_error):
             raise typer.Exit(code=1)
 
 
 def _fidelity_real(trace: workloads.Trace, model: Path | None, engine: EngineFlags,
                    real: RealEngineFlags, cal: CalibrationFlags, how: FidelityFlags,
-                   step_noise: bool, seed: int, root: Path) -> FidelityDirs:
-    """`rt fidelity` on the real engine (`sim.fidelity_run.RealFidelity`), on the console."""
-    from analysis.fidelity import replay_order
+                   order: list[tuple[str, int]], step_noise: bool, seed: int, root: Path
+                   ) -> tuple[FidelityDirs, list[str]]:
+    """`rt fidelity` on the real engine (`sim.fidelity_run.RealFidelity`), replays in
+    `order`; what it wrote and notes."""
     from analysis.rundir import rt_version
     from sim.fidelity_run import RealFidelity
 
     loaded = real_engine(model, engine, real, seed)
-    dirs, notes = RealFidelity.on(loaded, CONSOLE, trace, root, cal, rt_version()).run(
-        how, replay_order(how.repeats, how.calibration_replays()), cal.step_drift, step_noise,
-        tokenizer=loaded.tokenized)
-    note(notes)
-    return dirs
+    return RealFidelity.on(loaded, CONSOLE, trace, root, cal, rt_version()).run(
+        how, order, cal.step_drift, step_noise, tokenizer=loaded.tokenized)
 
 
 def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: EngineFlags,
-                       step_noise: bool, how: FidelityFlags, step_drift: bool,
-                       client: EndpointFlags, seed: int, root: Path) -> FidelityDirs:
-    """`rt fidelity --endpoint`: `sim.endpoint_fidelity` with the endpoint replay (as `rt
-    replay --endpoint`) and the run's output wired in."""
-    from analysis.fidelity import replay_order
+                       step_noise: bool, how: FidelityFlags, order: list[tuple[str, int]],
+                       step_drift: bool, client: EndpointFlags, seed: int, root: Path
+                       ) -> tuple[FidelityDirs, list[str]]:
+    """`rt fidelity --endpoint` (`sim.endpoint_fidelity`), replays in `order` as `rt replay
+    --endpoint`; what it wrote and notes."""
     from sim.endpoint_fidelity import EndpointFidelityPlan, endpoint_fidelity
 
     settings = client.config_args(None, seed)
-    order = replay_order(how.repeats, how.calibration_replays())
     plan = EndpointFidelityPlan.of(how, order, seed, str(model) if model else None,
                                    step_noise, step_drift)
     out = endpoint_fidelity(trace, engine, plan, root, lambda t, path, s: run_endpoint(
-        t, {**settings, "seed": s}, path, []), lambda path, twin, setup, sources: CONSOLE.save(
-        path, "simulate", workloads.trace_info(trace), twin.result, setup.describe(),
-        step_noise_seed=twin.noise_seed, server_config_from=sources))
-    note(out.lines)
-    return out.dirs()
+        t, {**settings, "seed": s}, path, []), CONSOLE.save)
+    return out.dirs(), out.lines
 
 
 def _fidelity_fleet(trace: workloads.Trace, args: tuple[Any, ...], fleet: FleetFlags,
