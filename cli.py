@@ -54,8 +54,6 @@ from workloads.flags import TraceFileFlags, WorkloadFlags, load_workload
 from workloads.trace_flags import FILE_FLAGS, SYNTHETIC_FLAGS, ConvertFlags, InspectFlags
 
 if TYPE_CHECKING:
-    from analysis.report import ReportOptions
-    from analysis.sweep_run import PointRunner
     from backends.replay.real_run import LoadedEngine
     from sim.fidelity_run import FidelityDirs
 
@@ -235,7 +233,7 @@ def simulate(
                           rate)
 
 
-# ---- rt report / compare / sweep (analysis) ----
+# ---- rt report / compare (analysis), rt sweep / plan (sim + analysis) ----
 
 
 @command(app, "report", help=REPORT_HELP)
@@ -293,36 +291,22 @@ def sweep(
 
     With --slo and --find-max-rate: bisect the rate for the highest one meeting every SLO."""
     from analysis.sweep import sweep_slos, write_sweep
-    from analysis.sweep_run import run_sweep
-    from sim.sweep import GRID_ENGINE_FLAGS, SweepPlan
+    from analysis.sweep_run import PointRunner, run_sweep, widen_options
+    from sim.sweep import GRID_ENGINE_FLAGS, SweepPlan, simulate_point
 
     with user_errors():
         slos = sweep_slos(how.slo, how.find_max_rate)
         plan, notes = SweepPlan.build(trace_file.trace, work, grid, targets, fleets,
                                       sim.profile, how, result_dir or default_dir("sweep"))
         note(notes)
-        records, lines = run_sweep(plan, point_runner(how, flags.options(), slos, "sweep"),
-                                   how, slos)
+        runner = PointRunner(how.run_all, simulate_point, workloads.trace_info,
+                             widen_options(flags.options(), slos))
+        records, lines = run_sweep(plan, runner, how, slos)
         for line in lines:
             typer.echo(line)
         text, figures = write_sweep(records, plan.root, GRID_ENGINE_FLAGS, slos, plots)
     typer.echo(text)
     save_figures(figures, plan.root, say)
-
-
-def point_runner(how: SweepFlags, options: ReportOptions, slos: dict[str, float] | None,
-                 kind: str) -> PointRunner:
-    """Sweep points (`sim.sweep.simulate_point`) or plan shapes (`sim.plan.simulate_shape`)
-    on --executor, their records reported with `options` widened to the SLOs."""
-    from analysis.sweep_run import PointRunner, widen_options
-    from sim.plan import simulate_shape
-    from sim.sweep import simulate_point
-
-    return PointRunner(how.run_all, simulate_point if kind == "sweep" else simulate_shape,
-                       workloads.trace_info, widen_options(options, slos))
-
-
-# ---- rt plan (sim + analysis) ----
 
 
 @command(app, "plan", help=PLAN_HELP)
@@ -340,14 +324,16 @@ def plan(
     """The cheapest fleet that meets every SLO on a trace."""
     from analysis.plan import report_plan
     from analysis.sweep import parse_slo
+    from analysis.sweep_run import PointRunner, widen_options
+    from sim.plan import simulate_shape
 
     with user_errors():
         if space.slo is None:
             raise ValueError("--slo is required, e.g. p99_ttft_ms=500,p99_itl_ms=50")
         slos, trace = parse_slo(space.slo), workload(work, trace_file)
         root, records = result_dir or default_dir("plan"), []
-        runner = point_runner(how, ReportFlags(percentile_metrics="ttft,tpot,itl,e2el").options(),
-                              slos, "plan")
+        runner = PointRunner(how.run_all, simulate_shape, workloads.trace_info, widen_options(
+            ReportFlags(percentile_metrics="ttft,tpot,itl,e2el").options(), slos))
         ranked, pruned = space.plan(trace, work.seed, functools.partial(
             runner.judge, trace=trace, seed=work.seed, root=root, slos=slos, records=records))
     note([f"pruned {p.candidate.name()}: {p.reason}" for p in pruned])
