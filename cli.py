@@ -143,20 +143,23 @@ def workload(flags: WorkloadFlags, path: Path | None = None) -> workloads.Trace:
     return loaded.trace
 
 
+# ---- parameters several commands share ----
+
+_Trace = Annotated[TraceFileFlags, Flags(inline=True)]
+_ModelDir = Annotated[ModelDirFlags, Flags(inline=True)]
+_RouterPolicy = Annotated[FleetFlags, ROUTER_POLICY]
 _Percentiles = Annotated[ReportFlags, Flags(only=("metric_percentiles",))]
 _Out = Annotated[JsonOut, Flags(inline=True)]
 _Plots = Annotated[bool, typer.Option("--plots/--no-plots", help="Draw the PNGs.")]
+_CheckInvariants = Annotated[bool, typer.Option(
+    "--check-invariants", help="Check the KV pool after every step (slow).")]
+_Seed = Annotated[int, typer.Option("--seed", help="Seed of every random draw (as vLLM).")]
 
 
 def _result_dir(kind: str, what: str = "Run directory to write", then: str = "") -> Any:
     """--result-dir: `what` (default: results/`kind`-<time>)`then`."""
     return Annotated[Path | None, typer.Option(
         "--result-dir", help=f"{what} (default: results/{kind}-<time>){then}.")]
-
-
-_CheckInvariants = Annotated[bool, typer.Option(
-    "--check-invariants", help="Check the KV pool after every step (slow).")]
-_Seed = Annotated[int, typer.Option("--seed", help="Seed of every random draw (as vLLM).")]
 
 
 # ---- rt trace ... (workloads) ----
@@ -203,8 +206,6 @@ def trace_gen(
 
 
 # ---- rt simulate ----
-
-_Trace = Annotated[TraceFileFlags, Flags(inline=True)]
 
 
 @command(app, help=SIMULATE_HELP)
@@ -344,8 +345,6 @@ def plan(
 
 
 # ---- rt replay (backends) ----
-
-_ModelDir = Annotated[ModelDirFlags, Flags(inline=True)]
 
 
 @command(app, help=REPLAY_HELP)
@@ -576,8 +575,7 @@ def bench_sim(
 ) -> None:
     """Simulated requests per wall-clock second, fast-forwarding vs stepping one by one."""
     with user_errors():
-        report = flags.report(sim.model, sim.gpu)
-    typer.echo(out.write(report))
+        typer.echo(out.write(flags.report(sim.model, sim.gpu)))
 
 
 @command(bench_app, "serve", help=SERVE_BENCH_HELP)
@@ -614,8 +612,7 @@ def bench_fleet(
 ) -> None:
     """Simulated requests per second of the fleet simulator against one engine."""
     with user_errors():
-        report = flags.report(sim.model, sim.gpu)
-    typer.echo(out.write(report))
+        typer.echo(out.write(flags.report(sim.model, sim.gpu)))
 
 
 @command(bench_app, "gpu")
@@ -628,13 +625,10 @@ def bench_gpu(flags: Annotated[GpuBenchFlags, Flags()], out: _Out) -> None:
     except ImportError as err:
         fail(f"rt bench gpu needs the real extra (torch, triton): {err}")
     with user_errors(GpuUnavailable):
-        report = gpu_bench(flags, out.out, say)
-    typer.echo(json.dumps(report, indent=2))
+        typer.echo(json.dumps(gpu_bench(flags, out.out, say), indent=2))
 
 
 # ---- rt route, rt fleet up (backends.route) ----
-
-_RouterPolicy = Annotated[FleetFlags, ROUTER_POLICY]
 
 
 def route_until_stopped(urls: list[str], policy: FleetFlags, route: RouteFlags, seed: int,
@@ -705,15 +699,12 @@ def bench_route(
     """The router's overhead: one `rt serve --simulate` backend, `rt route` in front of it,
     the same streaming requests straight to the backend and through the router in the same
     run; requests/s and p50/p99 TTFT and E2E of each path and the router's added ms."""
-    from backends.bench.serve_load import free_port
     from backends.route.bench import route_bench_config, run_route_bench
 
     config = route_bench_config(RT, sim.model, sim.gpu, sim.profile, seed, policy.router,
                                 policy.router_arg or [], policy.router_refresh_ms, flags)
     with user_errors(RuntimeError):
-        report = run_route_bench(config, (free_port(), free_port()))
-    typer.echo(out.write({"command": "rt bench route", "router": policy.router,
-                          "model": sim.model, "gpu": sim.gpu, **report}))
+        typer.echo(out.write(run_route_bench(config)))
 
 
 def main() -> None:
