@@ -3,16 +3,15 @@ environment and logging.
 
 Flags are declared once, as fields of the libraries' frozen flag dataclasses (`EngineFlags`,
 `EngineArgs`, `SimFlags`, `RealEngineFlags`, `WorkloadFlags`, `ReportFlags`, each command's
-own such as `ServeBenchFlags` or `InspectFlags`; each field's metadata names its option).
-`with_flags` turns a command parameter annotated `Annotated[SomeFlags, Flags(...)]` into those
-options and hands the command the instance; a description longer than a line lives beside
-the command's flags too (`FIDELITY_HELP` beside `FidelityFlags`). Each command then calls the
-libraries and prints; where a run needs two sides the layering keeps apart (sim/ and
-backends/, or either and analysis/), the library takes the other side's functions and this
-module passes them (e.g. `analysis.sweep_run.PointRunner`, `sim.fidelity_run.FidelityRuns`);
-a run's output (run directory, printed blocks, status lines, exit status) is one object,
-`CONSOLE`. User errors (bad flags, bad files) become one line on stderr and exit code 2,
-never a traceback.
+own such as `ServeBenchFlags` or `InspectFlags`; each field's metadata names its option), and
+a description longer than a line beside them (`FIDELITY_HELP`). `with_flags` turns a command
+parameter annotated `Annotated[SomeFlags, Flags(...)]` into those options and hands the
+command the instance. Each command then calls the libraries and prints; where a run needs two
+sides the layering keeps apart (sim/ and backends/, or either and analysis/), the library
+takes the other side as functions or one typed object and this module passes it (e.g.
+`analysis.sweep_run.PointRunner`, `sim.fidelity_run.RealEngine`); a run's output (run
+directory, printed blocks, status lines, exit status) is one object, `CONSOLE`. User errors
+(bad flags, bad files) become one line on stderr and exit code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -57,13 +56,9 @@ if TYPE_CHECKING:
     from backends.replay.real_run import LoadedEngine
     from sim.fidelity_run import FidelityDirs
 
-app = typer.Typer(
-    name="rt",
-    help="LLM-serving runtime twin: one vLLM-V1 scheduler/KV core, simulated or real.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+app = typer.Typer(name="rt", help="LLM-serving runtime twin: one vLLM-V1 scheduler/KV core, "
+                  "simulated or real.", no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False)
 RT = (sys.executable, str(Path(__file__).resolve()))  # the command line that starts rt
 bench_app = typer.Typer(help="Benchmarks that write JSON.", no_args_is_help=True)
 trace_app = typer.Typer(help="Generate, inspect and convert request traces.", no_args_is_help=True)
@@ -370,10 +365,8 @@ def replay(
                                           work.seed)
             run_endpoint(trace, settings, result_dir or default_dir("endpoint"), percentiles)
             return
-        loaded = real_engine(checkpoint.model, engine, real, work.seed)
-        from backends.replay.real_run import run_replay
-        run_replay(trace, loaded.setup, loaded.tokenizer, result_dir or default_dir("replay"),
-                   percentiles, check_invariants, CONSOLE)
+        real_engine(checkpoint.model, engine, real, work.seed).replay_into(
+            trace, result_dir or default_dir("replay"), percentiles, check_invariants)
 
 
 def real_engine(model: Path | None, engine: EngineFlags, real: RealEngineFlags,
@@ -568,11 +561,8 @@ def bench_scheduler(flags: Annotated[SchedulerBenchFlags, Flags(inline=True)],
 
 
 @command(bench_app, "sim")
-def bench_sim(
-    sim: Annotated[SimFlags, Flags(only=("model", "gpu"))],
-    flags: Annotated[SimBenchFlags, Flags(inline=True)],
-    out: _Out,
-) -> None:
+def bench_sim(sim: Annotated[SimFlags, Flags(only=("model", "gpu"))],
+              flags: Annotated[SimBenchFlags, Flags(inline=True)], out: _Out) -> None:
     """Simulated requests per wall-clock second, fast-forwarding vs stepping one by one."""
     with user_errors():
         typer.echo(out.write(flags.report(sim.model, sim.gpu)))
@@ -605,11 +595,8 @@ def bench_serve(
 
 
 @command(bench_app, "fleet", help=FLEET_BENCH_HELP)
-def bench_fleet(
-    sim: Annotated[SimFlags, Flags(only=("model", "gpu"))],
-    flags: Annotated[FleetBenchFlags, Flags(inline=True)],
-    out: _Out,
-) -> None:
+def bench_fleet(sim: Annotated[SimFlags, Flags(only=("model", "gpu"))],
+                flags: Annotated[FleetBenchFlags, Flags(inline=True)], out: _Out) -> None:
     """Simulated requests per second of the fleet simulator against one engine."""
     with user_errors():
         typer.echo(out.write(flags.report(sim.model, sim.gpu)))
@@ -643,12 +630,8 @@ def route_until_stopped(urls: list[str], policy: FleetFlags, route: RouteFlags, 
 
 
 @command(app, "route", help=ROUTE_HELP)
-def route_command(
-    *,
-    route: Annotated[RouteFlags, Flags()],
-    policy: _RouterPolicy,
-    seed: _Seed = 0,
-) -> None:
+def route_command(*, route: Annotated[RouteFlags, Flags()], policy: _RouterPolicy,
+                  seed: _Seed = 0) -> None:
     """Route the OpenAI API over --backend servers under a router policy."""
     route_until_stopped(route.backend or [], policy, route, seed)
 

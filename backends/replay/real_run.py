@@ -1,7 +1,8 @@
 """`rt replay` on the real engine: vLLM's start-up lines, the replay on the wall clock (one
 progress bar), the run directory, vLLM's result block. Ctrl-C ends the replay early; the
-records so far are written and the command exits 130. `rt fidelity` and `rt calibrate` drive
-the loaded engine as one object, `LoadedEngine` (`sim.fidelity_run.RealEngine`)."""
+records so far are written and the command exits 130. The CLI drives the loaded engine as
+one object, `LoadedEngine` (for `rt fidelity` and `rt calibrate`: a
+`sim.fidelity_run.RealEngine`)."""
 
 from __future__ import annotations
 
@@ -55,8 +56,8 @@ def run_replay(trace: Trace, setup: RealSetup, tokenizer: Tokenizer | None, path
 
 @dataclass(frozen=True)
 class LoadedEngine:
-    """The loaded engine and its tokenizer with the run's output, as `rt fidelity` replays
-    and calibrates on it (`sim.fidelity_run.RealEngine`)."""
+    """The loaded engine and its tokenizer with the run's output, as `rt replay` replays on
+    it, and `rt fidelity` replays and calibrates on it (`sim.fidelity_run.RealEngine`)."""
 
     setup: RealSetup
     tokenizer: Tokenizer | None
@@ -85,6 +86,12 @@ class LoadedEngine:
 
     def describe(self) -> dict[str, Any]:
         return self.setup.describe()
+
+    def replay_into(self, trace: Trace, path: Path, percentiles: Sequence[float],
+                    check_invariants: bool) -> None:
+        """`rt replay`: `run_replay` into run directory `path`."""
+        run_replay(trace, self.setup, self.tokenizer, path, percentiles, check_invariants,
+                   self.out)
 
     def replay(self, trace: Trace) -> RunResult:
         """`replay_on`; Ctrl-C ends the command (exit 130)."""
