@@ -513,7 +513,7 @@ def _fidelity_real(trace: workloads.Trace, model: Path | None, engine: EngineFla
     from sim.fidelity_run import RealFidelity
 
     loaded = real_engine(model, engine, real, seed)
-    return RealFidelity.on(loaded, CONSOLE, trace, root, cal, rt_version()).run(
+    return RealFidelity.of(loaded, CONSOLE, trace, root, cal, rt_version()).run(
         how, order, cal.step_drift, step_noise, tokenizer=loaded.tokenized)
 
 

@@ -145,7 +145,7 @@ class RealFidelity:
     log: Callable[[str], None]
 
     @classmethod
-    def on(cls, engine: RealEngine, console: Console, trace: Trace, root: Path,
+    def of(cls, engine: RealEngine, console: Console, trace: Trace, root: Path,
            cal: CalibrationFlags, version: str) -> RealFidelity:
         """`trace`'s fidelity runs on `engine` into `root`, calibrating on its grid (`cal`)
         when it must, shown on `console`."""
