@@ -3,14 +3,15 @@ environment and logging.
 
 Flags are declared once, as fields of the libraries' frozen flag dataclasses (`EngineFlags`,
 `EngineArgs`, `SimFlags`, `RealEngineFlags`, `WorkloadFlags`, `ReportFlags`, each command's
-own such as `ServeBenchFlags` or `InspectFlags`; each field's metadata names its option).
-`with_flags` turns a command parameter annotated `Annotated[SomeFlags, Flags(...)]` into those
-options and hands the command the instance. Each command then calls the libraries and
-prints; where a run needs two sides the layering keeps apart (sim/ and backends/, or either
-and analysis/), the library takes the other side's function and this module passes it
-(e.g. `analysis.sweep_run.PointRunner`, `sim.fidelity_run.FidelityRuns`); a run's output
-(run directory, printed blocks, status lines, exit status) is one object, `CONSOLE`. User
-errors (bad flags, bad files) become one line on stderr and exit code 2, never a traceback.
+own such as `ServeBenchFlags` or `InspectFlags`; each field's metadata names its option), and
+a description longer than a line beside them (`FIDELITY_HELP`). `with_flags` turns a command
+parameter annotated `Annotated[SomeFlags, Flags(...)]` into those options and hands the
+command the instance. Each command then calls the libraries and prints; where a run needs two
+sides the layering keeps apart (sim/ and backends/, or either and analysis/), the library
+takes the other side as functions or one typed object and this module passes it (e.g.
+`analysis.sweep_run.PointRunner`, `sim.fidelity_run.RealEngine`); a run's output (run
+directory, printed blocks, status lines, exit status) is one object, `CONSOLE`. User errors
+(bad flags, bad files) become one line on stderr and exit code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -27,45 +28,37 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 import workloads
-from analysis.compare import CompareFiles
+from analysis.compare import COMPARE_HELP, CompareFiles
 from analysis.output import JsonOut, default_dir, save_figures
-from analysis.report import TABLE_DEFAULTS, ReportFiles, ReportFlags
+from analysis.report import REPORT_HELP, TABLE_DEFAULTS, ReportFiles, ReportFlags
 from analysis.run_console import RunConsole
-from backends.bench.flags import GpuBenchFlags, ServeBenchFlags, ServeLoadFlags
+from backends.bench.flags import SERVE_BENCH_HELP, GpuBenchFlags, ServeBenchFlags, ServeLoadFlags
 from backends.engine.flags import ModelDirFlags, RealEngineFlags
-from backends.replay.flags import DEFAULT_REPLAY, EndpointFlags, replay_workload
-from backends.route.flags import FleetModelFlags, RouteBenchFlags, RouteFlags
+from backends.replay.flags import REPLAY_HELP, REPLAY_TRACE_HELP, EndpointFlags, replay_workload
+from backends.route.flags import ROUTE_HELP, FleetModelFlags, RouteBenchFlags, RouteFlags
 from backends.serve.flags import ServeFlags, ServeModelFlags
 from runtime.config import EngineFlags
 from runtime.flags import FlagGroup as Flags
 from runtime.flags import FlagSpec, expand_groups
 from sim.autoscale_flags import AutoscaleFlags
-from sim.bench_flags import FleetBenchFlags, SchedulerBenchFlags, SimBenchFlags
-from sim.calibrate_flags import CalibrationSources
-from sim.engine_args import EngineArgs, SimFlags
-from sim.fidelity import CalibrationFlags, FidelityFlags
+from sim.bench_flags import FLEET_BENCH_HELP, FleetBenchFlags, SchedulerBenchFlags, SimBenchFlags
+from sim.calibrate_flags import CALIBRATE_HELP, CalibrationSources
+from sim.engine_args import SIMULATE_HELP, EngineArgs, SimFlags
+from sim.fidelity import FIDELITY_HELP, CalibrationFlags, FidelityFlags
 from sim.fleet_config import FLEET_UP_POLICY, ROUTER_POLICY, FleetFlags
 from sim.pd_flags import PDFlags
-from sim.plan import PLAN_WORKLOAD, PlanFlags
+from sim.plan import PLAN_HELP, PLAN_WORKLOAD, PlanFlags
 from sim.sweep import SWEEP_FLEETS, SWEEP_GRID, SWEEP_TARGETS, SWEEP_WORKLOAD, SweepFlags
 from workloads.flags import TraceFileFlags, WorkloadFlags, load_workload
 from workloads.trace_flags import FILE_FLAGS, SYNTHETIC_FLAGS, ConvertFlags, InspectFlags
 
 if TYPE_CHECKING:
-    from analysis.report import ReportOptions
-    from analysis.sweep_run import PointRunner
-    from backends.engine.setup import RealSetup
-    from backends.replay.api_process import Tokenizer
+    from backends.replay.real_run import LoadedEngine
     from sim.fidelity_run import FidelityDirs
-    from sim.profile import Profile
 
-app = typer.Typer(
-    name="rt",
-    help="LLM-serving runtime twin: one vLLM-V1 scheduler/KV core, simulated or real.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+app = typer.Typer(name="rt", help="LLM-serving runtime twin: one vLLM-V1 scheduler/KV core, "
+                  "simulated or real.", no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False)
 RT = (sys.executable, str(Path(__file__).resolve()))  # the command line that starts rt
 bench_app = typer.Typer(help="Benchmarks that write JSON.", no_args_is_help=True)
 trace_app = typer.Typer(help="Generate, inspect and convert request traces.", no_args_is_help=True)
@@ -89,11 +82,11 @@ def with_flags(command: Callable[..., None]) -> Callable[..., None]:
     return expand_groups(command, _option, user_errors)
 
 
-def command(group: typer.Typer, name: str | None = None
+def command(group: typer.Typer, name: str | None = None, help: str | None = None
             ) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Register a function as command `name` of `group`, its flag groups expanded
-    (`with_flags`)."""
-    return lambda function: group.command(name)(with_flags(function))
+    (`with_flags`); `help`: its --help description (default: its docstring)."""
+    return lambda function: group.command(name, help=help)(with_flags(function))
 
 
 # ---- output and errors ----
@@ -145,19 +138,23 @@ def workload(flags: WorkloadFlags, path: Path | None = None) -> workloads.Trace:
     return loaded.trace
 
 
+# ---- parameters several commands share ----
+
+_Trace = Annotated[TraceFileFlags, Flags(inline=True)]
+_ModelDir = Annotated[ModelDirFlags, Flags(inline=True)]
+_RouterPolicy = Annotated[FleetFlags, ROUTER_POLICY]
 _Percentiles = Annotated[ReportFlags, Flags(only=("metric_percentiles",))]
 _Out = Annotated[JsonOut, Flags(inline=True)]
 _Plots = Annotated[bool, typer.Option("--plots/--no-plots", help="Draw the PNGs.")]
-
-
-def _result_dir(kind: str) -> Any:
-    return Annotated[Path | None, typer.Option(
-        "--result-dir", help=f"Run directory to write (default: results/{kind}-<time>).")]
-
-
 _CheckInvariants = Annotated[bool, typer.Option(
     "--check-invariants", help="Check the KV pool after every step (slow).")]
 _Seed = Annotated[int, typer.Option("--seed", help="Seed of every random draw (as vLLM).")]
+
+
+def _result_dir(kind: str, what: str = "Run directory to write", then: str = "") -> Any:
+    """--result-dir: `what` (default: results/`kind`-<time>)`then`."""
+    return Annotated[Path | None, typer.Option(
+        "--result-dir", help=f"{what} (default: results/{kind}-<time>){then}.")]
 
 
 # ---- rt trace ... (workloads) ----
@@ -205,10 +202,8 @@ def trace_gen(
 
 # ---- rt simulate ----
 
-_Trace = Annotated[TraceFileFlags, Flags(inline=True)]
 
-
-@command(app)
+@command(app, help=SIMULATE_HELP)
 def simulate(
     *,
     trace_file: _Trace,
@@ -222,13 +217,7 @@ def simulate(
     result_dir: _result_dir("simulate") = None,
     check_invariants: _CheckInvariants = False,
 ) -> None:
-    """Simulate a trace through the vLLM-V1 core on a simulated clock (no GPU); with
-    --replicas N or --fleet FILE, a fleet of such engines behind a router.
-
-    Prints vLLM's start-up lines and "Serving Benchmark Result" block, then where the time
-    went. TPOT = (E2EL - TTFT) / (output tokens - 1), vLLM's definition (guidellm calls
-    this ITL); ITL = every gap between consecutive tokens.
-    """
+    """Simulate a trace through the vLLM-V1 core, or a fleet of them, on a simulated clock."""
     from sim.fleet_run import SimulateRun
 
     with user_errors():
@@ -240,21 +229,16 @@ def simulate(
                           rate)
 
 
-# ---- rt report / compare / sweep (analysis) ----
+# ---- rt report / compare (analysis), rt sweep / plan (sim + analysis) ----
 
 
-@command(app, "report")
+@command(app, "report", help=REPORT_HELP)
 def report(
     run_dir: Annotated[Path, typer.Argument(help="Run directory (rt simulate / rt replay).")],
     flags: Annotated[ReportFlags, Flags()],
     files: Annotated[ReportFiles, Flags()],
 ) -> None:
-    """Report one run with vLLM's metrics, where the time went (all requests and the slowest
-    1%/10% by TTFT and E2E), and plots: percentile curves, CDFs, attribution, timeline.
-
-    TPOT = (E2EL - TTFT) / (output tokens - 1), vLLM's (guidellm calls it ITL); ITL = every
-    gap between consecutive tokens, pooled.
-    """
+    """Report one run: vLLM's metrics, where the time went, and plots."""
     from analysis.report import load_checked, report_run
 
     with user_errors():
@@ -267,16 +251,14 @@ def report(
         save_figures(figures, files.plot_dir or home / "plots", say)
 
 
-@command(app, "compare")
+@command(app, "compare", help=COMPARE_HELP)
 def compare(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run directories (two or more).")],
     flags: Annotated[ReportFlags, Flags(defaults=TABLE_DEFAULTS)],
     files: Annotated[CompareFiles, Flags(inline=True)],
     plots: _Plots = True,
 ) -> None:
-    """Compare runs of one workload side by side: rows = metrics, columns = runs, and a
-    ratio column against the first run; overlaid percentile curves and CDFs whose legend
-    names what differs (budget, model, sim vs real...)."""
+    """Compare runs of one workload side by side: a table and overlaid plots."""
     from analysis.compare import compare_dirs
 
     with user_errors():
@@ -297,8 +279,7 @@ def sweep(
     sim: Annotated[SimFlags, Flags(only=("profile",))],
     flags: Annotated[ReportFlags, Flags(defaults=TABLE_DEFAULTS)],
     how: Annotated[SweepFlags, Flags()],
-    result_dir: Annotated[Path | None, typer.Option(
-        "--result-dir", help="Sweep directory (default: results/sweep-<time>).")] = None,
+    result_dir: _result_dir("sweep", "Sweep directory") = None,
     plots: _Plots = True,
 ) -> None:
     """Simulate a grid of engine flags x request rates on one trace, in parallel; print a
@@ -306,16 +287,17 @@ def sweep(
 
     With --slo and --find-max-rate: bisect the rate for the highest one meeting every SLO."""
     from analysis.sweep import sweep_slos, write_sweep
-    from analysis.sweep_run import run_sweep
-    from sim.sweep import GRID_ENGINE_FLAGS, SweepPlan
+    from analysis.sweep_run import PointRunner, run_sweep, widen_options
+    from sim.sweep import GRID_ENGINE_FLAGS, SweepPlan, simulate_point
 
     with user_errors():
         slos = sweep_slos(how.slo, how.find_max_rate)
         plan, notes = SweepPlan.build(trace_file.trace, work, grid, targets, fleets,
                                       sim.profile, how, result_dir or default_dir("sweep"))
         note(notes)
-        records, lines = run_sweep(plan, point_runner(how, flags.options(), slos, "sweep"),
-                                   how, slos)
+        runner = PointRunner(how.run_all, simulate_point, workloads.trace_info,
+                             widen_options(flags.options(), slos))
+        records, lines = run_sweep(plan, runner, how, slos)
         for line in lines:
             typer.echo(line)
         text, figures = write_sweep(records, plan.root, GRID_ENGINE_FLAGS, slos, plots)
@@ -323,22 +305,7 @@ def sweep(
     save_figures(figures, plan.root, say)
 
 
-def point_runner(how: SweepFlags, options: ReportOptions, slos: dict[str, float] | None,
-                 kind: str) -> PointRunner:
-    """Sweep points (`sim.sweep.simulate_point`) or plan shapes (`sim.plan.simulate_shape`)
-    on --executor, their records reported with `options` widened to the SLOs."""
-    from analysis.sweep_run import PointRunner, widen_options
-    from sim.plan import simulate_shape
-    from sim.sweep import simulate_point
-
-    return PointRunner(how.run_all, simulate_point if kind == "sweep" else simulate_shape,
-                       workloads.trace_info, widen_options(options, slos))
-
-
-# ---- rt plan (sim + analysis) ----
-
-
-@command(app, "plan")
+@command(app, "plan", help=PLAN_HELP)
 def plan(
     *,
     trace_file: Annotated[Path | None, typer.Argument(
@@ -346,24 +313,23 @@ def plan(
     work: Annotated[WorkloadFlags, PLAN_WORKLOAD],
     space: Annotated[PlanFlags, Flags()],
     how: Annotated[SweepFlags, Flags(only=("executor", "address", "jobs"))],
-    result_dir: Annotated[Path | None, typer.Option(
-        "--result-dir", help="Where every simulated shape's run directory, plan.csv, the "
-        "Pareto plot and the winning fleet.toml go (default: results/plan-<time>); an "
-        "existing one is resumed.")] = None,
+    result_dir: _result_dir("plan", "Where every simulated shape's run directory, plan.csv, "
+                            "the Pareto plot and the winning fleet.toml go",
+                            "; an existing one is resumed") = None,
 ) -> None:
-    """The cheapest fleet that meets every SLO on a trace, with no failed request: searches
-    GPU kinds x models x tensor parallelism x token budgets x max_num_seqs x routers,
-    prunes what cannot work before simulating, and bisects each candidate's replica count."""
+    """The cheapest fleet that meets every SLO on a trace."""
     from analysis.plan import report_plan
     from analysis.sweep import parse_slo
+    from analysis.sweep_run import PointRunner, widen_options
+    from sim.plan import simulate_shape
 
     with user_errors():
         if space.slo is None:
             raise ValueError("--slo is required, e.g. p99_ttft_ms=500,p99_itl_ms=50")
         slos, trace = parse_slo(space.slo), workload(work, trace_file)
         root, records = result_dir or default_dir("plan"), []
-        runner = point_runner(how, ReportFlags(percentile_metrics="ttft,tpot,itl,e2el").options(),
-                              slos, "plan")
+        runner = PointRunner(how.run_all, simulate_shape, workloads.trace_info, widen_options(
+            ReportFlags(percentile_metrics="ttft,tpot,itl,e2el").options(), slos))
         ranked, pruned = space.plan(trace, work.seed, functools.partial(
             runner.judge, trace=trace, seed=work.seed, root=root, slos=slos, records=records))
     note([f"pruned {p.candidate.name()}: {p.reason}" for p in pruned])
@@ -375,16 +341,12 @@ def plan(
 
 # ---- rt replay (backends) ----
 
-_ModelDir = Annotated[ModelDirFlags, Flags(inline=True)]
 
-
-@command(app)
+@command(app, help=REPLAY_HELP)
 def replay(
     *,
-    trace_file: Annotated[Path | None, typer.Argument(
-        help="Trace file (any `rt trace` format). Default: a small synthetic trace "
-        f"({DEFAULT_REPLAY.num_prompts} random requests at {DEFAULT_REPLAY.request_rate:g} "
-        "req/s), unless --dataset-name is given.", show_default=False)] = None,
+    trace_file: Annotated[Path | None, typer.Argument(help=REPLAY_TRACE_HELP,
+                                                      show_default=False)] = None,
     checkpoint: _ModelDir,
     work: Annotated[WorkloadFlags, Flags(exclude=("max_model_len",))],
     engine: Annotated[EngineFlags, Flags()],
@@ -394,13 +356,7 @@ def replay(
     check_invariants: _CheckInvariants = False,
     client: Annotated[EndpointFlags, Flags()],
 ) -> None:
-    """Replay a trace in real time through the vLLM-V1 core and a real model (CPU or GPU),
-    or, with --endpoint, against any OpenAI-compatible server (client-side timing).
-
-    Requests are released at their arrival times on the wall clock; the output blocks and
-    the run directory are those of `rt simulate`. With no arguments: a tiny random Llama and
-    a small synthetic trace on the CPU. Ctrl-C writes the records so far.
-    """
+    """Replay a trace in real time on a real model, or against an OpenAI-compatible server."""
     with user_errors():
         percentiles = list(report.options().percentiles)
         trace = workload(replay_workload(work, trace_file), trace_file)
@@ -409,23 +365,22 @@ def replay(
                                           work.seed)
             run_endpoint(trace, settings, result_dir or default_dir("endpoint"), percentiles)
             return
-        setup, tokenizer = real_engine(checkpoint.model, engine, real, work.seed)
-        from backends.replay.real_run import run_replay
-        run_replay(trace, setup, tokenizer, result_dir or default_dir("replay"), percentiles,
-                   check_invariants, CONSOLE)
+        real_engine(checkpoint.model, engine, real, work.seed).replay_into(
+            trace, result_dir or default_dir("replay"), percentiles, check_invariants)
 
 
 def real_engine(model: Path | None, engine: EngineFlags, real: RealEngineFlags,
-                seed: int) -> tuple[RealSetup, Tokenizer | None]:
-    """`backends.engine.setup.load_real_engine`, quiet (no transformers progress bars)."""
+                seed: int) -> LoadedEngine:
+    """`backends.engine.setup.load_real_engine` on the console, quiet (no transformers bars)."""
     from transformers.utils import logging as hf_logging
 
     from backends.engine.setup import load_real_engine
+    from backends.replay.real_run import LoadedEngine
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     with user_errors():
-        return load_real_engine(model, engine, real, seed)
+        return LoadedEngine(*load_real_engine(model, engine, real, seed), CONSOLE)
 
 
 def run_endpoint(trace: workloads.Trace, settings: dict[str, Any], path: Path,
@@ -476,21 +431,7 @@ def serve(
 # ---- rt calibrate / fidelity ----
 
 
-def calibrate_grid(setup: RealSetup, tokenizer: Tokenizer | None, cal: CalibrationFlags,
-                   extra_steps: list[Path]) -> Profile:
-    """Run the grid on `setup`, time the API server, fit; returns the `Profile`."""
-    from analysis.rundir import rt_version
-    from backends.engine.calibration_grid import calibrate_engine
-    from sim.calibrate import profile_from_grid, read_replay_steps
-
-    with user_errors():
-        steps = [read_replay_steps(path, "wall") for path in extra_steps]
-        with CONSOLE.progress("calibrating") as update:
-            measured = calibrate_engine(setup, tokenizer, cal.quick, cal.time_limit, update)
-        return profile_from_grid(measured, steps, rt_version())
-
-
-@command(app, "calibrate")
+@command(app, "calibrate", help=CALIBRATE_HELP)
 def calibrate(
     *,
     output: Annotated[Path, typer.Option("-o", "--output", help="Profile JSON to write.")],
@@ -501,12 +442,9 @@ def calibrate(
     sources: Annotated[CalibrationSources, Flags(inline=True)],
     seed: _Seed = 0,
 ) -> None:
-    """Fit the simulator's `profile` cost model to the real backend: a designed grid of
-    prefill, decode and mixed batches (warm-up, repeats, medians), the API-server costs, a
-    non-negative least-squares fit of the six coefficients, its held-out error. Writes a
-    profile for `rt simulate --profile`."""
+    """Fit the simulator's `profile` cost model to the real backend."""
     from analysis.rundir import request_columns, rt_version
-    from sim.calibrate_run import runs_profile, save_profile, steps_profile
+    from sim.calibrate_run import grid_profile, runs_profile, save_profile, steps_profile
 
     with user_errors():
         mode = sources.mode(checkpoint.model is not None, cal.step_drift)
@@ -520,13 +458,13 @@ def calibrate(
                                            rt_version(), drift=cal.step_drift)
             note(notes)
         else:
-            setup, tokenizer = real_engine(checkpoint.model, engine, real, seed)
-            profile = calibrate_grid(setup, tokenizer, cal, sources.from_steps or [])
+            loaded = real_engine(checkpoint.model, engine, real, seed)
+            profile = grid_profile(loaded, cal, sources.from_steps or [], rt_version())
         save_profile(profile, output, tell)
     say(f"wrote {output}")
 
 
-@command(app, "fidelity")
+@command(app, "fidelity", help=FIDELITY_HELP)
 def fidelity(
     *,
     trace_file: Annotated[Path, typer.Argument(help="Trace file (any `rt trace` format).")],
@@ -538,20 +476,14 @@ def fidelity(
     cal: Annotated[CalibrationFlags, Flags()],
     how: Annotated[FidelityFlags, Flags()],
     fleet: Annotated[FleetFlags, FLEET_UP_POLICY],
-    result_dir: Annotated[Path | None, typer.Option(
-        "--result-dir", help="Where real/, sim/, profile.json, fidelity.json and the plots "
-        "go (default: results/fidelity-<time>).")] = None,
+    result_dir: _result_dir("fidelity", "Where real/, sim/, profile.json, fidelity.json and "
+                            "the plots go") = None,
     plots: _Plots = True,
     client: Annotated[EndpointFlags, Flags()],
 ) -> None:
-    """Replay TRACE on the real backend and simulate it with the profile under the same
-    engine flags and KV pool (blocks), then report the simulator's error: per metric (mean,
-    p50, p90, p99 of TTFT, ITL, TPOT, E2E; throughput), per step, per request (TTFT).
+    """Replay a trace on the real backend, simulate it, report the simulator's error."""
+    from analysis.fidelity import replay_order
 
-    Without --profile it calibrates first, by default on replays of other requests like
-    TRACE's; with --repeats N it replays N times and reports against their mean, with the
-    real runs' own spread as the noise floor. With --endpoint, all of it against that
-    server, fitted on its client-side timings (the engine flags: the server's)."""
     with user_errors():
         how.check(cal.step_drift, noise.step_noise, client.endpoint is not None)
         trace = workload(work, trace_file)  # (a bad trace: one line, --endpoint or not)
@@ -559,59 +491,46 @@ def fidelity(
     if how.fleet and client.endpoint is None:  # rt serve --simulate replicas behind rt route
         return _fidelity_fleet(trace, (engine, str(checkpoint.model or "llama-3.1-8b"),
                                        noise.gpu, how.profile, work.seed), fleet, root)
+    order = replay_order(how.repeats, how.calibration_replays())
     with user_errors():
-        dirs = (_fidelity_endpoint(trace, checkpoint.model, engine, noise.step_noise, how,
-                                   cal.step_drift, client, work.seed, root)
-                if client.endpoint is not None else _fidelity_real(
-                    trace, checkpoint.model, engine, real, cal, how, noise.step_noise,
-                    work.seed, root))
+        dirs, notes = (_fidelity_endpoint(trace, checkpoint.model, engine, noise.step_noise,
+                                          how, order, cal.step_drift, client, work.seed, root)
+                       if client.endpoint is not None else _fidelity_real(
+                           trace, checkpoint.model, engine, real, cal, how, order,
+                           noise.step_noise, work.seed, root))
+        note(notes)
         if CONSOLE.report_fidelity(dirs, root, plots, how.max_error):
             raise typer.Exit(code=1)
 
 
 def _fidelity_real(trace: workloads.Trace, model: Path | None, engine: EngineFlags,
                    real: RealEngineFlags, cal: CalibrationFlags, how: FidelityFlags,
-                   step_noise: bool, seed: int, root: Path) -> FidelityDirs:
-    """`rt fidelity` on the real engine: `sim.fidelity_run.RealFidelity` with the engine's
-    replay and grid calibration wired in, and the run's output."""
-    from analysis.fidelity import replay_order
+                   order: list[tuple[str, int]], step_noise: bool, seed: int, root: Path
+                   ) -> tuple[FidelityDirs, list[str]]:
+    """`rt fidelity` on the real engine (`sim.fidelity_run.RealFidelity`), replays in
+    `order`; what it wrote and notes."""
     from analysis.rundir import rt_version
-    from backends.replay.real_run import replay_on
-    from sim.fidelity_run import FidelityRuns, RealFidelity
+    from sim.fidelity_run import RealFidelity
 
-    setup, tokenizer = real_engine(model, engine, real, seed)
-    workloads.check_max_model_len(trace, setup.scheduler.max_model_len)
-    root.mkdir(parents=True, exist_ok=True)
-    runs = FidelityRuns(trace, root, setup.args.seed, setup.describe(), functools.partial(
-        replay_on, setup=setup, tokenizer=tokenizer, out=CONSOLE, stop_if_interrupted=True),
-        CONSOLE.save, say)
-    dirs, notes = RealFidelity(
-        runs, setup.scheduler, setup.cache, str(setup.args.model_dir),
-        functools.partial(calibrate_grid, setup, tokenizer, cal, []), rt_version(), tell
-    ).run(how, replay_order(how.repeats, how.calibration_replays()), cal.step_drift,
-          step_noise, tokenizer=tokenizer is not None)
-    note(notes)
-    return dirs
+    loaded = real_engine(model, engine, real, seed)
+    return RealFidelity.of(loaded, CONSOLE, trace, root, cal, rt_version()).run(
+        how, order, cal.step_drift, step_noise, tokenizer=loaded.tokenized)
 
 
 def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: EngineFlags,
-                       step_noise: bool, how: FidelityFlags, step_drift: bool,
-                       client: EndpointFlags, seed: int, root: Path) -> FidelityDirs:
-    """`rt fidelity --endpoint`: `sim.endpoint_fidelity` with the endpoint replay (as `rt
-    replay --endpoint`) and the run's output wired in."""
-    from analysis.fidelity import replay_order
+                       step_noise: bool, how: FidelityFlags, order: list[tuple[str, int]],
+                       step_drift: bool, client: EndpointFlags, seed: int, root: Path
+                       ) -> tuple[FidelityDirs, list[str]]:
+    """`rt fidelity --endpoint` (`sim.endpoint_fidelity`), replays in `order` as `rt replay
+    --endpoint`; what it wrote and notes."""
     from sim.endpoint_fidelity import EndpointFidelityPlan, endpoint_fidelity
 
     settings = client.config_args(None, seed)
-    order = replay_order(how.repeats, how.calibration_replays())
     plan = EndpointFidelityPlan.of(how, order, seed, str(model) if model else None,
                                    step_noise, step_drift)
     out = endpoint_fidelity(trace, engine, plan, root, lambda t, path, s: run_endpoint(
-        t, {**settings, "seed": s}, path, []), lambda path, twin, setup, sources: CONSOLE.save(
-        path, "simulate", workloads.trace_info(trace), twin.result, setup.describe(),
-        step_noise_seed=twin.noise_seed, server_config_from=sources))
-    note(out.lines)
-    return out.dirs()
+        t, {**settings, "seed": s}, path, []), CONSOLE.save)
+    return out.dirs(), out.lines
 
 
 def _fidelity_fleet(trace: workloads.Trace, args: tuple[Any, ...], fleet: FleetFlags,
@@ -642,18 +561,14 @@ def bench_scheduler(flags: Annotated[SchedulerBenchFlags, Flags(inline=True)],
 
 
 @command(bench_app, "sim")
-def bench_sim(
-    sim: Annotated[SimFlags, Flags(only=("model", "gpu"))],
-    flags: Annotated[SimBenchFlags, Flags(inline=True)],
-    out: _Out,
-) -> None:
+def bench_sim(sim: Annotated[SimFlags, Flags(only=("model", "gpu"))],
+              flags: Annotated[SimBenchFlags, Flags(inline=True)], out: _Out) -> None:
     """Simulated requests per wall-clock second, fast-forwarding vs stepping one by one."""
     with user_errors():
-        report = flags.report(sim.model, sim.gpu)
-    typer.echo(out.write(report))
+        typer.echo(out.write(flags.report(sim.model, sim.gpu)))
 
 
-@command(bench_app, "serve")
+@command(bench_app, "serve", help=SERVE_BENCH_HELP)
 def bench_serve(
     work: Annotated[WorkloadFlags, Flags(only=("request_rate", "input_len", "output_len",
                                                "seed"),
@@ -665,11 +580,7 @@ def bench_serve(
     bench: Annotated[ServeBenchFlags, Flags()],
     out: _Out,
 ) -> None:
-    """Load-test `rt serve --simulate` on a free loopback port (bounded; the server is always
-    stopped): replay random requests through the chosen client, simulate the same arrivals
-    with `rt simulate`'s core, and report errors, throughput, each process's CPU seconds and
-    the latency the server path adds (server minus simulated, ms). With --soak, hold
-    --concurrency streams for SECONDS instead. Exit 1 on any error."""
+    """Load-test `rt serve --simulate` against the simulator on the same arrivals."""
     from backends.bench.serve_run import SimulatedServer, failed, run_serve_bench
     from sim.benchmarks import serve_twin
 
@@ -683,19 +594,12 @@ def bench_serve(
         raise typer.Exit(code=1)
 
 
-@command(bench_app, "fleet")
-def bench_fleet(
-    sim: Annotated[SimFlags, Flags(only=("model", "gpu"))],
-    flags: Annotated[FleetBenchFlags, Flags(inline=True)],
-    out: _Out,
-) -> None:
-    """Simulated requests per second of the fleet simulator: N replicas on the trace replayed
-    N times faster (each replica carries one engine's load) against one engine on the trace
-    as recorded, in the same run; and the cost per request of the smallest and largest
-    --scaling fleets. Rates per wall and per CPU second."""
+@command(bench_app, "fleet", help=FLEET_BENCH_HELP)
+def bench_fleet(sim: Annotated[SimFlags, Flags(only=("model", "gpu"))],
+                flags: Annotated[FleetBenchFlags, Flags(inline=True)], out: _Out) -> None:
+    """Simulated requests per second of the fleet simulator against one engine."""
     with user_errors():
-        report = flags.report(sim.model, sim.gpu)
-    typer.echo(out.write(report))
+        typer.echo(out.write(flags.report(sim.model, sim.gpu)))
 
 
 @command(bench_app, "gpu")
@@ -708,13 +612,10 @@ def bench_gpu(flags: Annotated[GpuBenchFlags, Flags()], out: _Out) -> None:
     except ImportError as err:
         fail(f"rt bench gpu needs the real extra (torch, triton): {err}")
     with user_errors(GpuUnavailable):
-        report = gpu_bench(flags, out.out, say)
-    typer.echo(json.dumps(report, indent=2))
+        typer.echo(json.dumps(gpu_bench(flags, out.out, say), indent=2))
 
 
 # ---- rt route, rt fleet up (backends.route) ----
-
-_RouterPolicy = Annotated[FleetFlags, ROUTER_POLICY]
 
 
 def route_until_stopped(urls: list[str], policy: FleetFlags, route: RouteFlags, seed: int,
@@ -728,18 +629,10 @@ def route_until_stopped(urls: list[str], policy: FleetFlags, route: RouteFlags, 
         route_app.route_until_stopped(config, route, say, typer.echo if print_url else None)
 
 
-@command(app, "route")
-def route_command(
-    *,
-    route: Annotated[RouteFlags, Flags()],
-    policy: _RouterPolicy,
-    seed: _Seed = 0,
-) -> None:
-    """Route the OpenAI API (/v1/completions, /v1/chat/completions, streaming or not) over
-    --backend servers with a shared router policy (as `rt simulate --replicas N --router`):
-    its own in-flight counts and prefix index (the prompt's UTF-8 bytes), and each backend's
-    /metrics scraped every --router-refresh-ms. Serves /v1/models, /health, /metrics.
-    Failing backends are taken out and put back when healthy; SIGTERM/Ctrl-C drains."""
+@command(app, "route", help=ROUTE_HELP)
+def route_command(*, route: Annotated[RouteFlags, Flags()], policy: _RouterPolicy,
+                  seed: _Seed = 0) -> None:
+    """Route the OpenAI API over --backend servers under a router policy."""
     route_until_stopped(route.backend or [], policy, route, seed)
 
 
@@ -789,15 +682,12 @@ def bench_route(
     """The router's overhead: one `rt serve --simulate` backend, `rt route` in front of it,
     the same streaming requests straight to the backend and through the router in the same
     run; requests/s and p50/p99 TTFT and E2E of each path and the router's added ms."""
-    from backends.bench.serve_load import free_port
     from backends.route.bench import route_bench_config, run_route_bench
 
     config = route_bench_config(RT, sim.model, sim.gpu, sim.profile, seed, policy.router,
                                 policy.router_arg or [], policy.router_refresh_ms, flags)
     with user_errors(RuntimeError):
-        report = run_route_bench(config, (free_port(), free_port()))
-    typer.echo(out.write({"command": "rt bench route", "router": policy.router,
-                          "model": sim.model, "gpu": sim.gpu, **report}))
+        typer.echo(out.write(run_route_bench(config)))
 
 
 def main() -> None:

@@ -24,6 +24,14 @@ def _flag(default: Any, option: str, help: str) -> Any:  # runtime.flags.flag's 
     return field(default=default, metadata={"flag": option, "help": help, "panel": None})
 
 
+# `rt compare --help`'s description of the command, beside its flags.
+COMPARE_HELP = """\
+Compare runs of one workload side by side: rows = metrics, columns = runs, and a
+ratio column against the first run; overlaid percentile curves and CDFs whose legend
+names what differs (budget, model, sim vs real...).
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class CompareFiles:
     """`rt compare`'s outputs besides the table on stdout."""

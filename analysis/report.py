@@ -64,6 +64,16 @@ def _flag(default: Any, option: str, help: str) -> Any:
     return field(default=default, metadata={"flag": option, "help": help, "panel": None})
 
 
+# `rt report --help`'s description of the command, beside its flags.
+REPORT_HELP = """\
+Report one run with vLLM's metrics, where the time went (all requests and the slowest
+1%/10% by TTFT and E2E), and plots: percentile curves, CDFs, attribution, timeline.
+
+TPOT = (E2EL - TTFT) / (output tokens - 1), vLLM's (guidellm calls it ITL); ITL = every
+gap between consecutive tokens, pooled.
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class ReportFlags:
     """The three vLLM bench flags of a report, as typed on the command line."""

@@ -44,6 +44,15 @@ class SimBenchFlags:
         return bench_sim(self.traces(), model, gpu, self.baseline)
 
 
+# `rt bench fleet --help`'s description of the command, beside its flags.
+FLEET_BENCH_HELP = """\
+Simulated requests per second of the fleet simulator: N replicas on the trace replayed
+N times faster (each replica carries one engine's load) against one engine on the trace
+as recorded, in the same run; and the cost per request of the smallest and largest
+--scaling fleets. Rates per wall and per CPU second.
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class FleetBenchFlags:
     trace: Path | None = flag(None, "--trace", "Trace (default: the embedded Azure "

@@ -8,6 +8,14 @@ from pathlib import Path
 from runtime.flags import flag
 from sim.fidelity import CALIBRATION_PANEL
 
+# `rt calibrate --help`'s description of the command, beside its flags.
+CALIBRATE_HELP = """\
+Fit the simulator's `profile` cost model to the real backend: a designed grid of
+prefill, decode and mixed batches (warm-up, repeats, medians), the API-server costs, a
+non-negative least-squares fit of the six coefficients, its held-out error. Writes a
+profile for `rt simulate --profile`.
+"""
+
 
 @dataclass(frozen=True, slots=True)
 class CalibrationSources:

@@ -1,8 +1,9 @@
 """`rt calibrate`'s three ways to a profile, as the command runs them: client-timed runs
 (`sim.client_calibrate`), replay steps alone (`sim.calibrate.profile_from_replays`), or the
-real engine's grid (measured by backends/, fitted by `sim.calibrate.profile_from_grid`); and
-the profile's fit summary, written out. Which run directories are read, and how, is the
-caller's (`load`: a path -> its requests as columns and its run.json)."""
+real engine's grid (measured by backends/, which sim/ does not import: a `GridEngine`;
+fitted by `sim.calibrate.profile_from_grid`); and the profile's fit summary, written out.
+Which run directories are read, and how, is the caller's (`load`: a path -> its requests as
+columns and its run.json)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,37 @@ import dataclasses
 import datetime
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from runtime.config import EngineFlags
-from sim.calibrate import profile_from_replays
+from sim.calibrate import profile_from_grid, profile_from_replays, read_replay_steps
 from sim.client_calibrate import profile_from_client_runs
 from sim.client_steps import client_run
 from sim.endpoint_config import ExportedConfig, endpoint_configs
+from sim.fidelity import CalibrationFlags
 from sim.profile import Profile, write_profile
 
 LoadRun = Callable[[Path], tuple[Mapping[str, Sequence[Any]], Mapping[str, Any]]]
 NO_DRIFT = ("--step-drift: fewer than 2 windows of 0.25 s with 8+ steps in these replays; "
             "the profile has i.i.d. step-time scatter only")
+
+
+class GridEngine(Protocol):
+    """The real engine the calibration grid is measured on (`backends.replay.real_run.
+    LoadedEngine`)."""
+
+    def measure_grid(self, quick: bool, time_limit_s: float | None) -> Any:
+        """Run the grid (the quick one, cut at `time_limit_s`) and time the API server: what
+        `sim.calibrate.profile_from_grid` fits (`backends.engine.calibration_grid.
+        GridCalibration`). ValueError when too few points fit the engine's limits."""
+
+
+def grid_profile(engine: GridEngine, cal: CalibrationFlags, extra_steps: Sequence[Path],
+                 rt_version: str) -> Profile:
+    """The profile fitted on the grid measured on `engine` plus the wall-clock steps of the
+    replays `extra_steps` (read first: a bad path fails before the grid runs)."""
+    steps = [read_replay_steps(path, "wall") for path in extra_steps]
+    return profile_from_grid(engine.measure_grid(cal.quick, cal.time_limit), steps, rt_version)
 
 
 def steps_profile(paths: Sequence[Path], target: str, rt_version: str, api_server: Any = None,

@@ -19,7 +19,8 @@ send traffic to but not instrument (a vLLM deployment, `rt serve`).
    times (`sim.client_calibrate`; with `fit_on_replay`, on the real runs: in sample), or
    the given profile.
 3. `sim_runs` simulations of TRACE under that configuration with the profile
-   (`sim.fidelity.twin_simulations`), each handed to the injected `SaveTwin`.
+   (`sim.fidelity.twin_simulations`), each written by the injected `Save`
+   (`sim.fidelity_run.Save`: the CLI's `RunConsole.save`).
 
 The caller then reports real (the mean of the real runs, their spread the noise floor)
 against simulated (the mean of the simulations) with `analysis.fidelity`.
@@ -40,15 +41,13 @@ from sim.client_calibrate import profile_from_client_runs
 from sim.client_steps import REQUIRED_COLUMNS, ClientRun, client_run
 from sim.endpoint_config import ExportedConfig, endpoint_configs
 from sim.endpoint_warmup import WARMUP_REQUESTS, Warmup, run_warmup
-from sim.engine_args import SimSetup
-from sim.fidelity import FidelityFlags, TwinRun, twin_simulations
-from sim.fidelity_run import FidelityDirs
+from sim.fidelity import FidelityFlags, twin_simulations
+from sim.fidelity_run import FidelityDirs, Save
 from sim.profile import write_profile
-from workloads import Trace, resample_like
+from workloads import Trace, resample_like, trace_info
 
 # Replay the trace into this run directory, its prompts' token ids drawn from this seed.
 EndpointReplay = Callable[[Trace, Path, int], None]
-SaveTwin = Callable[[Path, TwinRun, SimSetup, dict[str, str]], None]  # dir, run, setup, sources
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +195,7 @@ def _fit(fit_runs: Sequence[ClientRun], all_runs: Sequence[ClientRun],
 
 
 def endpoint_fidelity(trace: Trace, engine: EngineFlags, plan: EndpointFidelityPlan,
-                      root: Path, replay: EndpointReplay, save: SaveTwin) -> EndpointFidelity:
+                      root: Path, replay: EndpointReplay, save: Save) -> EndpointFidelity:
     """The loop of the module docstring. ValueError (one line) when a run cannot be read
     or fitted."""
     root.mkdir(parents=True, exist_ok=True)
@@ -211,7 +210,8 @@ def endpoint_fidelity(trace: Trace, engine: EngineFlags, plan: EndpointFidelityP
     setup, twins, notes = twin_simulations(trace, scheduler, cache, plan.model, profile,
                                            plan.seed, plan.step_noise, plan.sim_runs)
     for twin in twins:
-        save(root / twin.name, twin, setup, sources)
+        save(root / twin.name, "simulate", trace_info(trace), twin.result, setup.describe(),
+             step_noise_seed=twin.noise_seed, server_config_from=sources)
     lines = warmup.lines() + lines + notes + [f"server configuration: {name} from {where}"
                       for name, where in sources.items()]
     return EndpointFidelity([p for p, _ in replays["real"]],

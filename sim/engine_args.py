@@ -56,6 +56,17 @@ def with_noise_seed(config: SimConfig, seed: int) -> SimConfig:
     return replace(config, step_noise=replace(config.step_noise, seed=seed))
 
 
+# `rt simulate --help`'s description of the command, beside its flags.
+SIMULATE_HELP = """\
+Simulate a trace through the vLLM-V1 core on a simulated clock (no GPU); with
+--replicas N or --fleet FILE, a fleet of such engines behind a router.
+
+Prints vLLM's start-up lines and "Serving Benchmark Result" block, then where the time
+went. TPOT = (E2EL - TTFT) / (output tokens - 1), vLLM's definition (guidellm calls
+this ITL); ITL = every gap between consecutive tokens.
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class SimFlags:
     """What is simulated: the model, the GPU and the cost model (roofline, or a profile)."""

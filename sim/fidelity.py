@@ -63,6 +63,19 @@ class CalibrationFlags:
         "(docs/results.md).", CALIBRATION_PANEL)
 
 
+# `rt fidelity --help`'s description of the command, beside its flags.
+FIDELITY_HELP = """\
+Replay TRACE on the real backend and simulate it with the profile under the same
+engine flags and KV pool (blocks), then report the simulator's error: per metric (mean,
+p50, p90, p99 of TTFT, ITL, TPOT, E2E; throughput), per step, per request (TTFT).
+
+Without --profile it calibrates first, by default on replays of other requests like
+TRACE's; with --repeats N it replays N times and reports against their mean, with the
+real runs' own spread as the noise floor. With --endpoint, all of it against that
+server, fitted on its client-side timings (the engine flags: the server's).
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class FidelityFlags:
     """`rt fidelity`'s procedure: which profile, how many real and simulated runs, the gate."""

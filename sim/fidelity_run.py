@@ -6,27 +6,64 @@ The real replay (backends/, which sim/ does not import) and the writing of a run
 (analysis/) are the caller's, injected: `replay(trace) -> RunResult` (it raises to stop, e.g.
 on Ctrl-C) and `save(path, kind, trace_info, result, describe, **extra)` (the CLI's
 `CONSOLE.save`, `analysis.run_console.RunConsole.save`: it writes and returns None;
-`trace_info`: `workloads.trace_info` of the run's trace)."""
+`trace_info`: `workloads.trace_info` of the run's trace). On the real engine, the engine
+(a `RealEngine`) and the terminal (a `Console`) come as one object each."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from runtime import CacheConfig, SchedulerConfig
 from runtime.records import RunResult
 from sim.calibrate import predict_step_rows, replay_api_cost
-from sim.calibrate_run import save_profile, steps_profile
-from sim.fidelity import FidelityFlags, twin_simulations
+from sim.calibrate_run import GridEngine, grid_profile, save_profile, steps_profile
+from sim.fidelity import CalibrationFlags, FidelityFlags, twin_simulations
 from sim.profile import Profile, load_profile
-from workloads import Trace, resample_like, trace_info
+from workloads import Trace, check_max_model_len, resample_like, trace_info
 
 Replay = Callable[[Trace], RunResult]
 Save = Callable[..., None]
+
+
+class Console(Protocol):
+    """Where the runs are written and the lines go: the CLI's `analysis.run_console.
+    RunConsole`."""
+
+    def save(self, path: Path, kind: str, trace: Mapping[str, Any], result: RunResult,
+             describe: Mapping[str, Any], **extra: Any) -> None:
+        """Write a run directory (`Save`)."""
+
+    def say(self, line: str) -> None:
+        """A status line (one per replay)."""
+
+    def tell(self, line: str) -> None:
+        """A plain line (a profile's fit)."""
+
+
+class RealEngine(GridEngine, Protocol):
+    """The loaded real engine as `rt fidelity` drives it: `backends.replay.real_run.
+    LoadedEngine`."""
+
+    @property
+    def scheduler(self) -> SchedulerConfig: ...
+    @property
+    def cache(self) -> CacheConfig: ...
+    @property
+    def model(self) -> str: ...  # the model directory
+    @property
+    def seed(self) -> int: ...
+
+    def describe(self) -> Mapping[str, Any]:
+        """run.json's sections on the engine."""
+
+    def replay(self, trace: Trace) -> RunResult:
+        """Replay `trace` on the wall clock (Ctrl-C ends the command)."""
 
 
 @dataclass(frozen=True)
@@ -107,12 +144,24 @@ class RealFidelity:
     version: str
     log: Callable[[str], None]
 
+    @classmethod
+    def of(cls, engine: RealEngine, console: Console, trace: Trace, root: Path,
+           cal: CalibrationFlags, version: str) -> RealFidelity:
+        """`trace`'s fidelity runs on `engine` into `root`, calibrating on its grid (`cal`)
+        when it must, shown on `console`."""
+        runs = FidelityRuns(trace, root, engine.seed, engine.describe(), engine.replay,
+                            console.save, console.say)
+        return cls(runs, engine.scheduler, engine.cache, engine.model, functools.partial(
+            grid_profile, engine, cal, [], version), version, console.tell)
+
     def run(self, how: FidelityFlags, order: Sequence[tuple[str, int]], step_drift: bool,
             step_noise: bool, **extra: Any) -> tuple[FidelityDirs, list[str]]:
-        """Calibrate (on the grid before the replays, or on calibration/real replays after:
-        `sim.calibrate_run.steps_profile` on their wall-clock steps), replay in `order`,
-        simulate the twins. Returns the real and twin run directories and the profile's
-        path, and notes."""
+        """Check the trace fits the engine (ValueError), calibrate (on the grid before the
+        replays, or on calibration/real replays after: `sim.calibrate_run.steps_profile` on
+        their wall-clock steps), replay in `order`, simulate the twins. Returns the real and
+        twin run directories and the profile's path, and notes."""
+        check_max_model_len(self.runs.trace, self.scheduler.max_model_len)
+        self.runs.root.mkdir(parents=True, exist_ok=True)
         profile, path = how.profile, self.runs.root / "profile.json"
         if profile is None and how.calibrate_on == "grid" and not how.fit_on_replay:
             profile = save_profile(self.grid(), path, self.log)

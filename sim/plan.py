@@ -48,6 +48,14 @@ PLAN_WORKLOAD = FlagGroup(only=("fmt", "start_s", "duration_s", "first_n", "time
                                 "target_rate", "seed"))
 
 
+# `rt plan --help`'s description of the command, beside its flags.
+PLAN_HELP = """\
+The cheapest fleet that meets every SLO on a trace, with no failed request: searches
+GPU kinds x models x tensor parallelism x token budgets x max_num_seqs x routers,
+prunes what cannot work before simulating, and bisects each candidate's replica count.
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class PlanFlags:
     """What `rt plan` searches over and what it may spend."""

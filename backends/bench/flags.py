@@ -30,6 +30,16 @@ class GpuBenchFlags:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
 
 
+# `rt bench serve --help`'s description of the command, beside its flags.
+SERVE_BENCH_HELP = """\
+Load-test `rt serve --simulate` on a free loopback port (bounded; the server is always
+stopped): replay random requests through the chosen client, simulate the same arrivals
+with `rt simulate`'s core, and report errors, throughput, each process's CPU seconds and
+the latency the server path adds (server minus simulated, ms). With --soak, hold
+--concurrency streams for SECONDS instead. Exit 1 on any error.
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class ServeLoadFlags:
     """`rt bench serve`'s load: streams in flight, requests, the per-request bound."""

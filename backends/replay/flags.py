@@ -1,4 +1,5 @@
-"""`rt replay --endpoint`'s flags (import-light: no httpx here, so the CLI can declare them)."""
+"""`rt replay`'s flags: its description, its trace argument and default workload, and the
+--endpoint group (import-light: no httpx here, so the CLI can declare them)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ ENDPOINT_PANEL = "OpenAI-compatible endpoint (--endpoint)"
 # `rt replay`'s workload without a trace file or --dataset-name: a small synthetic trace.
 DEFAULT_REPLAY = WorkloadFlags(dataset_name="random", num_prompts=32, input_len=96,
                                output_len=24, range_ratio=0.5, request_rate=8.0)
+REPLAY_TRACE_HELP = ("Trace file (any `rt trace` format). Default: a small synthetic trace "
+                     f"({DEFAULT_REPLAY.num_prompts} random requests at "
+                     f"{DEFAULT_REPLAY.request_rate:g} req/s), unless --dataset-name is given.")
 
 
 def replay_workload(work: WorkloadFlags, trace_file: Path | None) -> WorkloadFlags:
@@ -23,6 +27,17 @@ def replay_workload(work: WorkloadFlags, trace_file: Path | None) -> WorkloadFla
         return work
     return dataclasses.replace(DEFAULT_REPLAY, seed=work.seed, first_n=work.first_n,
                                time_scale=work.time_scale)
+
+
+# `rt replay --help`'s description of the command, beside its flags.
+REPLAY_HELP = """\
+Replay a trace in real time through the vLLM-V1 core and a real model (CPU or GPU),
+or, with --endpoint, against any OpenAI-compatible server (client-side timing).
+
+Requests are released at their arrival times on the wall clock; the output blocks and
+the run directory are those of `rt simulate`. With no arguments: a tiny random Llama and
+a small synthetic trace on the CPU. Ctrl-C writes the records so far.
+"""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,16 +1,22 @@
 """`rt replay` on the real engine: vLLM's start-up lines, the replay on the wall clock (one
 progress bar), the run directory, vLLM's result block. Ctrl-C ends the replay early; the
-records so far are written and the command exits 130."""
+records so far are written and the command exits 130. The CLI drives the loaded engine as
+one object, `LoadedEngine` (for `rt fidelity` and `rt calibrate`: a
+`sim.fidelity_run.RealEngine`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from backends.engine.calibration_grid import GridCalibration, calibrate_engine
 from backends.engine.setup import RealSetup
 from backends.replay.api_process import Tokenizer
 from backends.replay.driver import ReplayConfig, replay
 from backends.replay.run_output import INTERRUPTED, RunOutput
+from runtime import CacheConfig, SchedulerConfig
 from runtime.kv_startup import startup_lines
 from runtime.records import RunResult
 from workloads import Trace, check_max_model_len, trace_info
@@ -46,3 +52,52 @@ def run_replay(trace: Trace, setup: RealSetup, tokenizer: Tokenizer | None, path
     if result.interrupted:
         out.say(INTERRUPTED)
         out.exit(130)
+
+
+@dataclass(frozen=True)
+class LoadedEngine:
+    """The loaded engine and its tokenizer with the run's output, as `rt replay` replays on
+    it, and `rt fidelity` replays and calibrates on it (`sim.fidelity_run.RealEngine`)."""
+
+    setup: RealSetup
+    tokenizer: Tokenizer | None
+    out: RunOutput
+
+    @property
+    def scheduler(self) -> SchedulerConfig:
+        return self.setup.scheduler
+
+    @property
+    def cache(self) -> CacheConfig:
+        return self.setup.cache
+
+    @property
+    def model(self) -> str:
+        return str(self.setup.args.model_dir)
+
+    @property
+    def seed(self) -> int:
+        return self.setup.args.seed
+
+    @property
+    def tokenized(self) -> bool:
+        """Whether replays send the prompts' text through the tokenizer (run.json)."""
+        return self.tokenizer is not None
+
+    def describe(self) -> dict[str, Any]:
+        return self.setup.describe()
+
+    def replay_into(self, trace: Trace, path: Path, percentiles: Sequence[float],
+                    check_invariants: bool) -> None:
+        """`rt replay`: `run_replay` into run directory `path`."""
+        run_replay(trace, self.setup, self.tokenizer, path, percentiles, check_invariants,
+                   self.out)
+
+    def replay(self, trace: Trace) -> RunResult:
+        """`replay_on`; Ctrl-C ends the command (exit 130)."""
+        return replay_on(trace, self.setup, self.tokenizer, self.out, stop_if_interrupted=True)
+
+    def measure_grid(self, quick: bool, time_limit_s: float | None) -> GridCalibration:
+        """`calibrate_engine` under one progress bar."""
+        with self.out.progress("calibrating") as update:
+            return calibrate_engine(self.setup, self.tokenizer, quick, time_limit_s, update)

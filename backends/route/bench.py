@@ -26,7 +26,7 @@ import ssl
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ import certifi
 import httpx
 import numpy as np
 
+from backends.bench.serve_load import free_port
 from backends.route.flags import RouteBenchFlags
 from backends.route.fleet import Replica, stop_all, wait_healthy
 
@@ -47,6 +48,7 @@ class RouteBenchConfig:
     num_requests: per path and round.
     max_tokens: output tokens per request.
     rounds: direct-then-routed rounds per concurrency.
+    about: the report's head (router, model, gpu).
     """
 
     serve_command: tuple[str, ...]
@@ -56,6 +58,7 @@ class RouteBenchConfig:
     max_tokens: int = 4
     rounds: int = 2
     request_timeout_s: float = 60.0
+    about: dict[str, str] = field(default_factory=dict)
 
 
 def route_bench_config(rt: Sequence[str], model: str, gpu: str, profile: str | None,
@@ -72,7 +75,8 @@ def route_bench_config(rt: Sequence[str], model: str, gpu: str, profile: str | N
     for arg in router_args:
         route += ["--router-arg", arg]
     return RouteBenchConfig(tuple(serve), tuple(route), tuple(flags.concurrency or (1, 200)),
-                            flags.num_requests, flags.max_tokens, flags.rounds)
+                            flags.num_requests, flags.max_tokens, flags.rounds,
+                            about={"router": router, "model": model, "gpu": gpu})
 
 
 def _cpu_s(pid: int) -> float:
@@ -232,10 +236,11 @@ def _measure(config: RouteBenchConfig, concurrency: int, backend: str, router: s
             "added_ms": _added(direct, routed), "throughput_ratio": ratio}
 
 
-def run_route_bench(config: RouteBenchConfig, ports: tuple[int, int]) -> dict[str, Any]:
-    """The report (see the module docstring)."""
-    with _backend_and_router(config, ports) as (backend, router, router_pid):
-        results = [_measure(config, concurrency, backend, router, router_pid)
+def run_route_bench(config: RouteBenchConfig) -> dict[str, Any]:
+    """The report (see the module docstring); the backend and the router on free ports."""
+    with _backend_and_router(config, (free_port(), free_port())) as (backend, router, pid):
+        results = [_measure(config, concurrency, backend, router, pid)
                    for concurrency in config.concurrencies]
-    return {"num_requests": config.num_requests, "rounds": config.rounds,
+    return {"command": "rt bench route", **config.about,
+            "num_requests": config.num_requests, "rounds": config.rounds,
             "max_tokens": config.max_tokens, "results": results}

@@ -15,6 +15,16 @@ ROUTE_PANEL = "Router"
 REPLICA_HEADER = "x-rt-replica"
 
 
+# `rt route --help`'s description of the command, beside its flags.
+ROUTE_HELP = """\
+Route the OpenAI API (/v1/completions, /v1/chat/completions, streaming or not) over
+--backend servers with a shared router policy (as `rt simulate --replicas N --router`):
+its own in-flight counts and prefix index (the prompt's UTF-8 bytes), and each backend's
+/metrics scraped every --router-refresh-ms. Serves /v1/models, /health, /metrics.
+Failing backends are taken out and put back when healthy; SIGTERM/Ctrl-C drains.
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class RouteFlags:
     """Which backends, where the router listens, and when it gives up on a backend."""

@@ -103,10 +103,9 @@ def test_the_loop_replays_in_abba_order_fits_and_simulates_the_twin(tmp_path: Pa
     plan = EndpointFidelityPlan(tuple(replay_order(2, True)), 7, "llama-3.1-8b",
                                 token_seed=7, step_noise=False, sim_runs=1, warmup_requests=8)
     out = endpoint_fidelity(trace, ENGINE, plan, tmp_path, endpoint,
-                            lambda path, twin, setup, sources: saved.append(
-                                (path.name, sources)) or save_result(
-                                path, "simulate", {"name": None, "requests": len(trace)},
-                                twin.result, setup.describe()))
+                            lambda path, kind, info, result, describe, **extra: saved.append(
+                                (path.name, extra["server_config_from"])) or save_result(
+                                path, kind, info, result, describe))
     # warm-up (8 requests: one window), then C R R C, each replay with its own token ids
     assert endpoint.calls == [("warmup", 8, 7), ("calibration", 60, 8), ("real", 60, 9),
                               ("real-2", 60, 10), ("calibration-2", 60, 11)]
