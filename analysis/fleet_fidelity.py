@@ -109,8 +109,10 @@ def stack_lines(s: Mapping[str, Any]) -> list[str]:
     model, real, sim = s["model"], s["real_split"], s["sim_split"]
     if model.get("fitted"):
         clamped = f"; clamped at 0: {', '.join(model['clamped'])}" if model["clamped"] else ""
+        cold = model.get("cold_left_out", 0)
         lines = [f"serving stack (fitted on a calibration replay of {model['requests']} other "
-                 f"requests): {model['per_request_ms']:.2f} ms per request + "
+                 f"requests{f', the first {cold} left out (cold)' if cold else ''}): "
+                 f"{model['per_request_ms']:.2f} ms per request + "
                  f"{model['per_prompt_token_us']:.2f} us per prompt token before the engine; "
                  f"real - twin TTFT p50 {model['gap_p50_ms']:.2f} / p90 "
                  f"{model['gap_p90_ms']:.2f} ms, after the fit (in-sample, the calibration "

@@ -35,6 +35,7 @@ from sim.fleet import FleetResult, simulate_fleet
 from sim.fleet_config import FleetFlags
 from sim.profile import load_profile
 from sim.serving_stack import (
+    COLD_REQUESTS,
     MeasuredReplay,
     StackFit,
     StackNotFitted,
@@ -253,7 +254,8 @@ def _fitted_stack(setup: SimSetup, fleet: FleetFlags, seed: int, calibration: Me
     except StackNotFitted as err:
         return None, {"fitted": False, "not_fitted": str(err),
                       "api_server": dataclasses.asdict(setup.config.api_server)}
-    return fit, {"fitted": True, **fit.describe(), "applied_as": "a delay per request "
+    return fit, {"fitted": True, **fit.describe(), "cold_left_out": COLD_REQUESTS,
+                 "applied_as": "a delay per request "
                  "after the routing decision, before the engine (not queued): the line + a "
                  "residual drawn from the spread (seed: the run's)",
                  "calibration_routing_latency_ms": latency_ms}

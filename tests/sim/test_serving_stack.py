@@ -160,7 +160,7 @@ def test_the_twin_recovers_known_costs_from_a_calibration_replay() -> None:
     assert stack["per_request_ms"] == pytest.approx(PER_REQUEST_S * 1e3, rel=1e-9)
     assert stack["per_prompt_token_us"] == pytest.approx(PER_TOKEN_S * 1e6, rel=1e-9)
     assert stack["residual_p90_ms"] == pytest.approx(0.0, abs=1e-9)
-    assert stack["requests"] == 48
+    assert stack["requests"] == 47 and stack["cold_left_out"] == 1  # the first one: cold
     assert stack["applied_as"].startswith("a delay per request after the routing")
     assert describe["api_server"] == {"per_request_s": 0.0, "per_prompt_token_s": 0.0,
                                       "per_output_token_s": 0.0}  # as in the fit
@@ -190,7 +190,7 @@ def test_too_short_a_calibration_replay_leaves_the_stack_unfitted() -> None:
     short = dataclasses.replace(calibration, ttft_s=dict(list(calibration.ttft_s.items())[:9]))
     _, describe = twin(conversations(), short)
     stack = describe["fleet"]["serving_stack"]
-    assert not stack["fitted"] and stack["not_fitted"].startswith("9 requests")
+    assert not stack["fitted"] and stack["not_fitted"].startswith("8 requests")  # 9 - cold
     assert stack["api_server"] == describe["api_server"] == twin(conversations())[1][
         "api_server"]
 

@@ -143,11 +143,13 @@ def test_the_twin_draws_each_request_s_delay_from_the_fitted_spread() -> None:
     base = stack_free(calibration_trace)
     rng = np.random.default_rng(2)
     real = {rid: t + 0.006 + float(rng.exponential(0.003)) for rid, t in base.items()}
+    real[calibration_trace[0].request_id] += 0.3  # a fresh fleet's first request: cold
     calibration = FakeCalibration(calibration_trace, real, OVERHEADS)
     ttft, describe = twin(trace, calibration)
     stack = describe["fleet"]["serving_stack"]
-    assert stack["spread"]["residuals"] == 48 and stack["spread"]["quantiles_ms"]["p50"] == 0.0
+    assert stack["spread"]["residuals"] == 47 and stack["spread"]["quantiles_ms"]["p50"] == 0.0
     assert stack["spread"]["quantiles_ms"]["p90"] > 2.0  # the exponential's tail
+    assert stack["spread"]["quantiles_ms"]["p99"] < 50.0  # not the cold request's 300 ms
     fitted = ServingStack(stack["per_request_ms"] / 1e3, stack["per_prompt_token_us"] / 1e6)
     result, _ = fleet_twin(trace, FLEET, ENGINE, "llama-3.1-8b", "h200", None, 0,
                            OVERHEADS, calibration)
@@ -162,8 +164,9 @@ def test_the_twin_draws_each_request_s_delay_from_the_fitted_spread() -> None:
 
 
 def _residuals(calibration: FakeCalibration, stack: ServingStack) -> list[float]:
-    """The calibration's residuals around `stack`'s line, centred (as `Spread.centred`)."""
+    """The calibration's residuals around `stack`'s line but the first request's, centred
+    (as `Spread.centred`)."""
     base = stack_free(calibration.trace)
-    lens = {r.request_id: r.prompt_len for r in calibration.trace}
-    gaps = [calibration.ttft_s[rid] - base[rid] - stack.delay_s(lens[rid]) for rid in base]
+    lens = {r.request_id: r.prompt_len for r in calibration.trace[1:]}
+    gaps = [calibration.ttft_s[rid] - base[rid] - stack.delay_s(n) for rid, n in lens.items()]
     return list(Spread.centred(gaps).residuals_s)
