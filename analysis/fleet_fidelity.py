@@ -66,6 +66,8 @@ def compare_fleets(real: Run, sim: Run, overheads: Mapping[str, Any]) -> dict[st
                     for key, row in latency.iterrows()},
         "failed": {"real": _failed(real), "sim": _failed(sim)},
         "router_overheads": {"real": dict(overheads),
+                             "not_measured": (real.info.get("router") or {}).get(
+                                 "overheads_not_measured"),
                              "sim": {"routing_latency_s": fleet.get("routing_latency_ms",
                                                                     0.0) / 1e3,
                                      "scrape_age_mean_s": refresh_ms / 2e3,
@@ -107,14 +109,17 @@ def stack_lines(s: Mapping[str, Any]) -> list[str]:
     model, real, sim = s["model"], s["real_split"], s["sim_split"]
     if model.get("fitted"):
         clamped = f"; clamped at 0: {', '.join(model['clamped'])}" if model["clamped"] else ""
+        cold = model.get("cold_left_out", 0)
         lines = [f"serving stack (fitted on a calibration replay of {model['requests']} other "
-                 f"requests): {model['per_request_ms']:.2f} ms per request + "
+                 f"requests{f', the first {cold} left out (cold)' if cold else ''}): "
+                 f"{model['per_request_ms']:.2f} ms per request + "
                  f"{model['per_prompt_token_us']:.2f} us per prompt token before the engine; "
                  f"real - twin TTFT p50 {model['gap_p50_ms']:.2f} / p90 "
                  f"{model['gap_p90_ms']:.2f} ms, after the fit (in-sample, the calibration "
                  f"replay) p50 "
                  f"{model['residual_p50_ms']:+.2f} / p90 {model['residual_p90_ms']:+.2f} ms"
                  f"{clamped}"]
+        lines += _spread_lines(model)
     else:
         api = model.get("api_server") or {}
         why = f"{model['not_fitted']}; " if "not_fitted" in model else ""
@@ -129,6 +134,22 @@ def stack_lines(s: Mapping[str, Any]) -> list[str]:
     lines.append(f"sim TTFT mean {sim['ttft_mean_ms']:.2f} ms = routing "
                  f"{sim['routing_mean_ms']:.2f} + serving stack "
                  f"{sim['serving_stack_mean_ms']:.2f} + engine {sim['engine_mean_ms']:.2f}")
+    return lines
+
+
+def _spread_lines(model: Mapping[str, Any]) -> list[str]:
+    """The console lines of a fitted stack's spread (the residuals each request draws
+    from, `sim.serving_stack.Spread`) and of the delays drawn; none in older runs."""
+    spread, drawn = model.get("spread"), model.get("drawn")
+    if not spread:
+        return []
+    q = " / ".join(f"{k} {v:+.2f}" for k, v in spread["quantiles_ms"].items())
+    lines = [f"  spread around the line ({spread['residuals']} residuals, one drawn per "
+             f"request): {q} ms"]
+    if drawn and drawn.get("requests"):
+        lines.append(f"  delays drawn for the trace: p50 {drawn['p50_ms']:.2f} / p90 "
+                     f"{drawn['p90_ms']:.2f} / p99 {drawn['p99_ms']:.2f} ms "
+                     f"({drawn['at_zero']} at 0), after the routing decision")
     return lines
 
 
@@ -164,7 +185,9 @@ def render(c: Mapping[str, Any]) -> str:
         lines.append(f"{key:<16}{row['real']:>10.2f}{row['sim']:>10.2f}{row['error']:>+9.1%}")
     lines.append(f"failed requests: real {c['failed']['real']}, sim {c['failed']['sim']}")
     o, s = c["router_overheads"]["real"], c["router_overheads"]["sim"]
-    lines.append(f"router (measured): routing latency mean {_ms(o['routing_latency_mean_s'])}, "
+    unread = c["router_overheads"].get("not_measured")
+    lines.append(f"router (measured): unavailable ({unread})" if unread else
+                 f"router (measured): routing latency mean {_ms(o['routing_latency_mean_s'])}, "
                  f"p50 {_ms(o['routing_latency_p50_s'])}, p99 "
                  f"{_ms(o['routing_latency_p99_s'])}; scrape age at decisions mean "
                  f"{_ms(o['scrape_age_mean_s'])} (scrape period "

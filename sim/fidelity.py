@@ -35,11 +35,11 @@ from sim.fleet import FleetResult, simulate_fleet
 from sim.fleet_config import FleetFlags
 from sim.profile import load_profile
 from sim.serving_stack import (
+    COLD_REQUESTS,
     MeasuredReplay,
-    ServingStack,
     StackFit,
     StackNotFitted,
-    delayed,
+    draw_delays,
     fit_on_twin,
 )
 from sim.simulator import simulate
@@ -215,29 +215,21 @@ def _router_timing(fleet: FleetFlags, overheads: Mapping[str, Any]) -> tuple[flo
 
 
 def _twin_run(trace: Trace, fleet: FleetFlags, setup: SimSetup, seed: int,
-              timing: tuple[float, float], stack: ServingStack | None = None) -> FleetResult:
+              timing: tuple[float, float], delays: Mapping[str, float] | None = None
+              ) -> FleetResult:
     """`trace` through the twin fleet of `setup`s (a fresh policy; `timing`: the router's
-    (refresh, routing latency); outputs served; request ids and arrivals as in `trace`),
-    each request at the router `stack`'s own time after its arrival when given
-    (`sim.serving_stack.delayed`: its TTFT includes that time, recorded as API-server time)."""
+    (refresh, routing latency); outputs served; request ids and arrivals as in `trace`).
+    With `delays` (seconds by request id, `sim.serving_stack.draw_delays`), each request,
+    routed at its arrival, reaches its replica's core that much later: its TTFT includes
+    that time, recorded as API-server time."""
     policy = make_policy(fleet.router, fleet.router_arg or [], seed)
     served = served_outputs(trace)
-    routed = served if stack is None else delayed(served, stack)
-    result = simulate_fleet(routed, [setup] * fleet.replicas, policy, *timing)
-    if stack is not None:
-        _undelay(result, served)
+    stack = None if delays is None else {rid + _SERVED: d for rid, d in delays.items()}
+    result = simulate_fleet(served, [setup] * fleet.replicas, policy, *timing,
+                            stack_delay_s=stack)
     for record in result.requests:
         record.request_id = record.request_id.removesuffix(_SERVED)
     return result
-
-
-def _undelay(result: FleetResult, trace: Trace) -> None:
-    """Each record's arrival back to `trace`'s, the stack's delay counted in its API-server
-    time (so that routing + the parts still sum to E2E; the API-server cost is 0 here)."""
-    arrivals = {r.request_id: r.arrival_s for r in trace}
-    for record in result.requests:
-        record.api_server_s += record.arrival_s - arrivals[record.request_id]
-        record.arrival_s = arrivals[record.request_id]
 
 
 def _with_api_server(setup: SimSetup, api: ApiServerCost) -> SimSetup:
@@ -275,8 +267,10 @@ def _fitted_stack(setup: SimSetup, fleet: FleetFlags, seed: int, calibration: Me
     except StackNotFitted as err:
         return None, {"fitted": False, "not_fitted": str(err),
                       "api_server": dataclasses.asdict(setup.config.api_server)}
-    return fit, {"fitted": True, **fit.describe(), "applied_as": "a delay per request "
-                 "before the router (not queued)",
+    return fit, {"fitted": True, **fit.describe(), "cold_left_out": COLD_REQUESTS,
+                 "applied_as": "a delay per request "
+                 "after the routing decision, before the engine (not queued): the line + a "
+                 "residual drawn from the spread (seed: the run's)",
                  "calibration_routing_latency_ms": latency_ms}
 
 
@@ -292,8 +286,9 @@ def fleet_twin(trace: Trace, fleet: FleetFlags, engine: EngineFlags, model: str,
     generate outputs of their own (`served_outputs`), as the real ones do. With
     `calibration` (a replay of other requests through the same real fleet), the serving
     stack's own time (`sim.serving_stack`) is fitted on it against its twin without that
-    time, and each request reaches the router that time after its arrival (the replicas'
-    API-server cost 0, as in the fit); without (or too few requests to fit), the setup's
+    time, and each request, routed at its arrival, reaches its replica's engine that time
+    later (the fitted line plus a residual drawn from the fit's spread with `seed`; the
+    replicas' API-server cost 0, as in the fit); without (or too few requests to fit), the setup's
     API-server cost (the profile's, or the default assumption). Returns the result (request
     ids as in `trace`) and run.json's description (its "fleet" section with the refresh,
     latency and serving stack used)."""
@@ -306,9 +301,24 @@ def fleet_twin(trace: Trace, fleet: FleetFlags, engine: EngineFlags, model: str,
     if fit is not None:
         setup = _with_api_server(setup, ApiServerCost(0.0, 0.0, 0.0))
     timing = _router_timing(fleet, overheads)
-    result = _twin_run(trace, fleet, setup, seed, timing, None if fit is None else fit.stack)
+    delays = None
+    if fit is not None:
+        delays = draw_delays(trace, fit.stack, fit.spread, seed)
+        stack["drawn"] = _drawn(delays)
+    result = _twin_run(trace, fleet, setup, seed, timing, delays)
     fleet_info = {**fleet.describe(None), "routing_latency_ms": timing[1] * 1e3,
                   "router_refresh_ms": timing[0] * 1e3,
                   "router_refresh_ms_flag": fleet.router_refresh_ms,
                   "outputs": "served (not the trace's)", "serving_stack": stack}
     return result, {**setup.describe(), "fleet": fleet_info}
+
+
+def _drawn(delays: Mapping[str, float]) -> dict[str, Any]:
+    """run.json's summary of the delays drawn for the trace (milliseconds): p50, p90, p99,
+    and how many came out at 0 (a residual below minus the line)."""
+    values = sorted(delays.values())
+    if not values:
+        return {"requests": 0}
+    q = {f"p{p}_ms": values[min(len(values) - 1, math.ceil(p / 100 * len(values)) - 1)] * 1e3
+         for p in (50, 90, 99)}
+    return {"requests": len(values), **q, "at_zero": sum(v == 0.0 for v in values)}

@@ -5,7 +5,10 @@
                  snapshots (refreshed every `refresh_s`; 0 = oracle) and its own state. It
                  reaches the replica's API server `routing_latency_s` after its arrival.
     api server   one FIFO server per replica (Lindley's recursion, as in `sim.simulator`):
-                 h = max(h_prev, reached) + cost(prompt); at h the request enters the core.
+                 h = max(h_prev, reached) + cost(prompt); at h the request enters the core,
+                 or, given a serving stack's delay d per request (`stack_delay_s`), at
+                 h + d: a plain delay after the routing decision, not queued (requests
+                 may enter the core in another order than they were routed).
     engine       per replica, the single-engine simulator's own engine loop
                  (`sim.simulator.EngineProcess`: steady decodes, decode runs), each with its
                  own scheduler, KV pool, prefix cache and cost model; `on_prefill_done` and
@@ -31,7 +34,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import cast
 
 import simpy
@@ -79,9 +82,10 @@ class _Fleet:
                  policy: RouterPolicy | Sequence[RouterPolicy], refresh_s: float,
                  routing_latency_s: float, progress: Progress | None,
                  kv_event_delay_s: float = 0.0,
-                 extra_routers: Sequence[RouterReplica] = ()) -> None:
+                 extra_routers: Sequence[RouterReplica] = (),
+                 stack_delay_s: Mapping[str, float] | None = None) -> None:
         """`extra_routers`: routers taking no arrivals of their own (P/D's prefill router)
-        that are fed KV events too."""
+        that are fed KV events too; `stack_delay_s`: `simulate_fleet`'s."""
         if not setups:
             raise ValueError("a fleet needs at least one replica, got 0")
         if not (routing_latency_s >= 0.0 and math.isfinite(routing_latency_s)):
@@ -96,6 +100,7 @@ class _Fleet:
         self.kv_block_size = (common_block_size([s.config.cache for s in setups])
                               if self.kv_bus else None)
         self.latency_s = routing_latency_s
+        self.stack_delay_s = _checked_delays(stack_delay_s or {})
         self.kv_delay_s = kv_event_delay_s
         self.progress = progress
         self.done = 0
@@ -133,6 +138,9 @@ class _Fleet:
             for i, req in enumerate(self.trace):
                 self.route_blind(req)
                 self.next_index = i + 1
+            if self.stack_delay_s:  # delays may reorder a replica's hand-overs
+                for replica in self.replicas:
+                    cast(PreRoutedReplica, replica).order_handovers()
         else:
             self.env.process(self.router())
         for replica in self.replicas:
@@ -257,7 +265,8 @@ class _Fleet:
 def simulate_fleet(trace: Trace, replicas: Sequence[ReplicaSetup],
                    policy: RouterPolicy | Sequence[RouterPolicy], refresh_s: float = 0.05,
                    routing_latency_s: float = 0.0, progress: Progress | None = None,
-                   kv_event_delay_s: float = 0.0) -> FleetResult:
+                   kv_event_delay_s: float = 0.0,
+                   stack_delay_s: Mapping[str, float] | None = None) -> FleetResult:
     """Run the trace through `replicas` behind `policy` to completion (every request ends
     finished or ignored).
 
@@ -273,6 +282,10 @@ def simulate_fleet(trace: Trace, replicas: Sequence[ReplicaSetup],
         progress: called as (requests finished, requests in the trace).
         kv_event_delay_s: seconds from a step's end to its KV events reaching the routers
             whose policy scores with them.
+        stack_delay_s: seconds (>= 0, by request id; absent: 0) each request spends in
+            the serving stack after the routing decision and its API server, before its
+            replica's core (`sim.serving_stack`): routed at its arrival, it enters the core
+            that much later, not queued behind the others.
     """
     started = time.perf_counter()
 
@@ -281,4 +294,15 @@ def simulate_fleet(trace: Trace, replicas: Sequence[ReplicaSetup],
         return fleet.result(time.perf_counter() - started)
 
     return built_and_run(lambda: _Fleet(trace, replicas, policy, refresh_s, routing_latency_s,
-                                        progress, kv_event_delay_s), run)
+                                        progress, kv_event_delay_s,
+                                        stack_delay_s=stack_delay_s), run)
+
+
+def _checked_delays(delays: Mapping[str, float]) -> Mapping[str, float]:
+    """`delays`, or ValueError (one line) naming a request whose delay is not a finite
+    number >= 0 (the stepping-ahead bounds take hand-overs no earlier than without it)."""
+    for request_id, delay in delays.items():
+        if not (delay >= 0.0 and math.isfinite(delay)):
+            raise ValueError(f"stack_delay_s[{request_id!r}] must be a finite number >= 0, "
+                             f"got {delay}")
+    return delays

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import math
 from array import array
-from bisect import bisect_right
+from bisect import bisect_right, insort
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from operator import itemgetter
 from typing import Protocol, cast
 
 import simpy
@@ -28,7 +29,7 @@ from runtime import Request
 from runtime.kv_events import KvEventLog, observe_kv_events
 from runtime.records import RequestRecord
 from runtime.router import ReplicaSnapshot
-from sim.api_server import server_wake
+from sim.api_server import server_wake, server_wakes
 from sim.block_ids import TraceBlockIds
 from sim.cost.api_server import ApiServerCost
 from sim.cost.base import CostModel
@@ -58,6 +59,7 @@ class FleetView(Protocol):
     kv_bus: KvEventBus
     next_index: int  # the first request of the trace not yet routed
     latency_s: float  # routing latency, s
+    stack_delay_s: Mapping[str, float]  # per request id, s after the API server (or absent)
     steps_ahead: bool  # fixed for the run (docs/fleet.md, stepping ahead)
 
     def handover_bounds(self, api: ApiServerCost) -> list[float]: ...
@@ -110,9 +112,14 @@ class Replica(EngineProcess):
         `max_tokens` defaults to the trace's output length; `hashes`: its block names."""
         max_tokens = req.output_len if max_tokens is None else max_tokens
         self.arrived(req, reached_s, max_tokens)
-        handover = self.api_handover(reached_s, req.prompt_len)
+        handover = self.stack_handover(req, reached_s)
         self.outputs[req.request_id] = output
-        self.pending.append((handover, self.make_request(req, prompt, max_tokens, hashes or None)))
+        entry = (handover, self.make_request(req, prompt, max_tokens, hashes or None))
+        pending = self.pending
+        if pending and handover < pending[-1][0]:  # a shorter stack delay: ahead of others
+            insort(pending, entry, key=itemgetter(0))
+        else:
+            pending.append(entry)
         self.env.timeout(handover - self.env.now).callbacks.append(self._submit_head)
 
     def arrived(self, req: TraceRequest, reached_s: float, max_tokens: int) -> None:
@@ -128,6 +135,13 @@ class Replica(EngineProcess):
         handover = max(self.api_free_at, reached_s) + self.config.api_server.time(prompt_len)
         self.api_free_at = handover
         return handover
+
+    def stack_handover(self, req: TraceRequest, reached_s: float) -> float:
+        """`api_handover`, then the request's serving-stack delay (the fleet's
+        `stack_delay_s`; none: 0), seconds."""
+        handover = self.api_handover(reached_s, req.prompt_len)
+        delays = self.fleet.stack_delay_s
+        return handover + delays.get(req.request_id, 0.0) if delays else handover
 
     def _submit_head(self, _: simpy.Event) -> None:
         """A hand-over is due: the oldest pending request enters the core, unless taken."""
@@ -247,11 +261,20 @@ class PreRoutedReplica(KnownHandovers, Replica):
     def hand_over_later(self, req: TraceRequest) -> None:
         """Route the request here (in trace order); it is built when handed over, and taken
         in when `simulate`'s API server would wake for it (`server_wake`)."""
-        handover = self.api_handover(self.reached_s(req), req.prompt_len)
+        handover = self.stack_handover(req, self.reached_s(req))
         take_in = self.take_in
         self.requests.append(req)
         self.handovers.append(handover)
         take_in.append(server_wake(take_in[-1] if take_in else 0.0, handover))
+
+    def order_handovers(self) -> None:
+        """Once every request is routed: the share in hand-over order (ties in routing
+        order), taken in at a sleeping server's wakes again (serving-stack delays can put a
+        later-routed request first)."""
+        order = sorted(range(len(self.handovers)), key=self.handovers.__getitem__)
+        self.requests = [self.requests[i] for i in order]
+        self.handovers = [self.handovers[i] for i in order]
+        self.take_in = server_wakes(self.handovers)
 
     def arrive(self, req: TraceRequest) -> None:
         self.arrived(req, self.reached_s(req), req.output_len)

@@ -4,22 +4,27 @@ The simulated fleet models the engines (the cost model) and the router's measure
 latency; a real request also crosses the client, the HTTP hops (client -> router -> the
 replica's API process -> its engine process over ZeroMQ, and the stream back) and the API
 server's parsing. `ServingStack` names that time as a cost per request and one per prompt
-token, spent before the engine sees the request (in the twin a plain delay before the
-router, `delayed`), and `fit_serving_stack` measures it out of sample: the
-real fleet replays other requests first (a calibration replay), the fleet's twin replays
-the same requests with no serving-stack cost, and per request
+token, and `fit_serving_stack` measures it out of sample: the real fleet replays other
+requests first (a calibration replay), the fleet's twin replays the same requests with no
+serving-stack cost, and per request
 
     d_i = real TTFT_i - twin TTFT_i ~ per_request_s + per_prompt_token_s * prompt_len_i.
 
 The line is fitted robustly (Theil-Sen: the median of the pairwise slopes, at most
 `MAX_PAIRS` of them, then the median intercept), so the CPU queueing of a loaded machine, a
-long tail of d that grows with load, does not enter the fixed cost; what it leaves is
-reported as the residual's p50/p90 (in-sample). Times are seconds.
+long tail of d that grows with load, does not enter the fixed cost. What the line leaves,
+the residuals r_i = d_i - line_i (in-sample), is the spread of the hops and the client
+around their median: `Spread` keeps them, centred on their median, and each simulated
+request draws its delay as line + a residual (`draw_delays`: the residuals' empirical
+quantile function at a uniform draw from a seed; never below 0). In the twin the delay is
+spent after the routing decision, between the router and the engine (`sim.fleet`'s
+`stack_delay_s`): real requests are routed in arrival order and tokenized in the replica
+after routing. Times are seconds.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -51,10 +56,11 @@ class MeasuredReplay(Protocol):
 class ServingStack:
     """The serving stack's time before the engine sees a request: `per_request_s` +
     `per_prompt_token_s` * prompt tokens (the client, the HTTP hops, the API server and the
-    engine IPC; the router's routing latency is modelled apart). In the simulated fleet it
-    is a plain delay of each request before the router (`delayed`), not a queue: most of it
-    is client and HTTP-hop latency that real requests spend concurrently, and the fit (one
-    line per request) cannot tell a serial part from it."""
+    engine IPC; the router's routing latency is modelled apart): its median, the fitted
+    line. In the simulated fleet it is a plain delay of each request between the routing
+    decision and the engine, not a queue: most of it is client and HTTP-hop latency that
+    real requests spend concurrently, and the fit (one line per request) cannot tell a
+    serial part from it."""
 
     per_request_s: float = 0.0
     per_prompt_token_s: float = 0.0
@@ -64,25 +70,72 @@ class ServingStack:
             _check_number("ServingStack", name, getattr(self, name), positive=False)
 
     def delay_s(self, prompt_len: int) -> float:
-        """Seconds a request of `prompt_len` prompt tokens spends in the stack."""
+        """Seconds a request of `prompt_len` prompt tokens spends in the stack (median)."""
         return self.per_request_s + self.per_prompt_token_s * prompt_len
 
 
-def delayed(trace: Trace, stack: ServingStack) -> Trace:
-    """`trace` as the router sees it: each request `stack.delay_s(prompt_len)` after its
-    arrival (re-sorted by that time, ties in trace order). Each request is delayed by its
-    own time alone, whatever the load."""
-    later = [dataclasses.replace(r, arrival_s=r.arrival_s + stack.delay_s(r.prompt_len))
-             for r in trace]
-    return trace.replace_requests(sorted(later, key=lambda r: r.arrival_s))
+SPREAD_QUANTILES = (0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99)  # reported of a `Spread`
+
+
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """The in-sample residuals of the fit (seconds, sorted, shifted so that their median is
+    0): real requests' stack time around the fitted line. A draw is their empirical
+    quantile function (linear between order statistics, `numpy.quantile`'s default) at a
+    uniform u: bounded by the smallest and largest residual seen, median 0. Empty: no
+    spread (every draw 0)."""
+
+    residuals_s: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        values = self.residuals_s
+        if any(not math.isfinite(v) for v in values):
+            raise ValueError("Spread: residuals must be finite")
+        if list(values) != sorted(values):
+            raise ValueError("Spread: residuals must be sorted")
+
+    @classmethod
+    def centred(cls, residuals: Sequence[float]) -> Spread:
+        """The spread of `residuals`, sorted and shifted by their median."""
+        if not len(residuals):
+            return cls()
+        values = np.sort(np.asarray(residuals, dtype=float))
+        return cls(tuple((values - np.median(values)).tolist()))
+
+    def draw(self, u: np.ndarray) -> np.ndarray:
+        """The residuals' quantiles at `u` (values in [0, 1]; seconds)."""
+        if not self.residuals_s:
+            return np.zeros(len(u))
+        return np.quantile(np.asarray(self.residuals_s), u)
+
+    def describe(self) -> dict[str, Any]:
+        """fleet_fidelity's `spread` section (milliseconds)."""
+        q = self.draw(np.asarray(SPREAD_QUANTILES)) * 1e3
+        return {"fitted": "the fit's in-sample residuals, centred on their median; each "
+                          "request draws one by its empirical quantile function",
+                "residuals": len(self.residuals_s),
+                "quantiles_ms": {f"p{round(p * 100)}": float(v)
+                                 for p, v in zip(SPREAD_QUANTILES, q, strict=True)}}
+
+
+def draw_delays(trace: Trace, stack: ServingStack, spread: Spread, seed: int
+                ) -> dict[str, float]:
+    """Each request's stack time (seconds, by request id): `stack.delay_s(prompt_len)` + a
+    residual drawn from `spread` with uniforms from `seed` (one per request, in trace order),
+    at least 0 (a real TTFT is not faster than the engine's)."""
+    u = np.random.default_rng(seed).random(len(trace))
+    line = np.array([stack.delay_s(r.prompt_len) for r in trace], dtype=float)
+    delays = np.maximum(line + spread.draw(u), 0.0)
+    return {r.request_id: float(d) for r, d in zip(trace, delays, strict=True)}
 
 
 @dataclass(frozen=True, slots=True)
 class StackFit:
-    """A fitted `ServingStack` and how well the line fits.
+    """A fitted `ServingStack`, the spread around it and how well the line fits.
 
     Attributes:
         stack: the fitted costs (each clamped at 0).
+        spread: the residuals around the line (the hops' and the client's spread).
         requests: requests fitted on (finished in both the real replay and its twin).
         gap_p50_s, gap_p90_s: p50/p90 of d (real - twin TTFT) before the fit.
         residual_p50_s, residual_p90_s: p50/p90 of d minus the fitted line: what the fixed
@@ -91,6 +144,7 @@ class StackFit:
     """
 
     stack: ServingStack
+    spread: Spread
     requests: int
     gap_p50_s: float
     gap_p90_s: float
@@ -106,7 +160,8 @@ class StackFit:
                 "requests": self.requests, "gap_p50_ms": self.gap_p50_s * 1e3,
                 "gap_p90_ms": self.gap_p90_s * 1e3,
                 "residual_p50_ms": self.residual_p50_s * 1e3,
-                "residual_p90_ms": self.residual_p90_s * 1e3, "clamped": list(self.clamped)}
+                "residual_p90_ms": self.residual_p90_s * 1e3, "clamped": list(self.clamped),
+                "spread": self.spread.describe()}
 
 
 MAX_PAIRS = 200_000  # Theil-Sen's pairs at most (a seeded sample beyond): memory O(pairs)
@@ -169,18 +224,24 @@ def fit_serving_stack(prompt_lens: Sequence[int], real_ttft_s: Sequence[float],
     residual = gap - (intercept + slope * x)
     p50, p90 = np.quantile(gap, [0.5, 0.9])
     r50, r90 = np.quantile(residual, [0.5, 0.9])
-    return StackFit(ServingStack(intercept, slope), len(x), float(p50), float(p90),
-                    float(r50), float(r90), tuple(clamped))
+    return StackFit(ServingStack(intercept, slope), Spread.centred(residual.tolist()), len(x),
+                    float(p50), float(p90), float(r50), float(r90), tuple(clamped))
+
+
+# the calibration replay's first requests (by arrival) left out of the fit: a fresh fleet's
+# first request is cold (real - twin TTFT 119-335 ms measured, docs/route.md; the next ones
+# 1-40 ms), and the measured replay after it runs on warm replicas
+COLD_REQUESTS = 1
 
 
 def fit_on_twin(calibration: MeasuredReplay, twin: Sequence[RequestRecord], seed: int = 0
                 ) -> StackFit:
     """`fit_serving_stack` on the calibration replay's requests that have a TTFT in both it
-    and `twin` (its trace through the fleet's twin without serving-stack cost); `seed`
-    draws Theil-Sen's pairs of a long replay."""
+    and `twin` (its trace through the fleet's twin without serving-stack cost), but the
+    first `COLD_REQUESTS` to arrive; `seed` draws Theil-Sen's pairs of a long replay."""
     sim = ttft_by_request(twin)
-    both = [r for r in calibration.trace
-            if r.request_id in sim and r.request_id in calibration.ttft_s]
+    warm = sorted(calibration.trace, key=lambda r: r.arrival_s)[COLD_REQUESTS:]
+    both = [r for r in warm if r.request_id in sim and r.request_id in calibration.ttft_s]
     return fit_serving_stack([r.prompt_len for r in both],
                              [calibration.ttft_s[r.request_id] for r in both],
                              [sim[r.request_id] for r in both], seed)

@@ -17,7 +17,8 @@ router's measured overheads (`RouterOverheads` as a dict) and the calibration re
 (`CalibrationReplay`) so that the simulation includes them. The run's output (progress
 bars, run directories, exit status) is the caller's `RunOutput`; the comparison (`compare`)
 is injected too. Ctrl-C during a replay writes the replays so far and exits 130, every
-process stopped; a replica whose /metrics cannot be read leaves the TTFT split NaN, named.
+process stopped; a replica whose /metrics cannot be read leaves the TTFT split NaN, named,
+and a router whose /metrics cannot be read its overheads (the run goes on).
 
 Layout under `root`: calibration/ (the calibration replay), real/ (the replay through the
 router), sim/ (the simulated fleet), and whatever `compare` writes. Times are seconds.
@@ -42,7 +43,7 @@ from backends.replay.endpoint import EndpointResult, replay_endpoint, run_info
 from backends.replay.endpoint_probe import EndpointConfig, EndpointError, probe
 from backends.replay.run_output import INTERRUPTED, RunOutput
 from backends.route.fleet import Replica, flag_argv, stop_all, wait_healthy
-from backends.route.overheads import RouterOverheads, parse_router_metrics
+from backends.route.overheads import RouterOverheads, parse_router_metrics, unread_overheads
 from backends.route.stack_probe import ServerTotals, parse_server_totals, ttft_split
 from runtime.records import ttft_by_request
 from runtime.router import make_policy
@@ -179,6 +180,23 @@ def _mean_ttft_s(result: EndpointResult) -> float:
     return sum(ttfts.values()) / len(ttfts) if ttfts else math.nan
 
 
+def _router_overheads(url: str, backends: list[str]) -> tuple[RouterOverheads, str | None]:
+    """The router's overheads from its /metrics, and None; when they cannot be read or
+    parsed, every figure NaN and the failure (naming the URL)."""
+    try:
+        response = httpx.get(f"{url}/metrics", timeout=10.0)
+        response.raise_for_status()
+        return parse_router_metrics(response.text, backends), None
+    except (httpx.HTTPError, ValueError) as err:
+        return unread_overheads(len(backends)), f"{url}/metrics: {err}"
+
+
+def _json_overheads(overheads: RouterOverheads) -> dict[str, Any]:
+    """`overheads` as run.json's fields (NaN as null)."""
+    return {k: [_json_number(x) for x in v] if isinstance(v, tuple) else _json_number(v)
+            for k, v in asdict(overheads).items()}
+
+
 def _replay_once(plan: FleetFidelityPlan, trace: Trace, backends: list[str], logs: Path,
                  token_seed: int, progress: Callable[[int, int], None] | None
                  ) -> tuple[EndpointResult, dict[str, Any], RouterOverheads]:
@@ -192,15 +210,16 @@ def _replay_once(plan: FleetFidelityPlan, trace: Trace, backends: list[str], log
         config = EndpointConfig(url=url, **{**plan.endpoint, "seed": token_seed})
         info = probe(config)
         result = replay_endpoint(trace, config, info, progress)
-        text = httpx.get(f"{url}/metrics", timeout=10.0).text
-    overheads = parse_router_metrics(text, backends)
+        overheads, unread = _router_overheads(url, backends)
     split = ttft_split(_mean_ttft_s(result), overheads.routing_latency_mean_s,
                        _server_totals(backends, failed).minus(before))
     fields = run_info(result, config, info)
     del fields["wall_s"]  # `save` writes the result's own
     fields["router"] = {"replicas": plan.replicas, "command": list(plan.route_command[2:]),
-                        "overheads": asdict(overheads),
+                        "overheads": _json_overheads(overheads),
                         "ttft_split": {k: _json_number(v) for k, v in split.items()}}
+    if unread is not None:  # the overheads unknown: NaN (null), and why
+        fields["router"]["overheads_not_measured"] = unread
     if failed:  # the split unknown: NaN (null), and why
         fields["router"]["ttft_split_not_measured"] = failed[0]
     return result, fields, overheads
@@ -261,6 +280,10 @@ def _save(out: RunOutput, root: Path, name: str, trace: Trace, result: Any,
     if "ttft_split_not_measured" in info["router"]:
         out.say(f"note: {name}/: the TTFT split is not measured (NaN): "
                 f"{info['router']['ttft_split_not_measured']}")
+    unread = info["router"].get("overheads_not_measured")
+    if unread is not None:
+        out.say(f"note: {name}/: the router's overheads are not measured (NaN; the twin "
+                f"assumes no routing latency and the flag's refresh): {unread}")
 
 
 def run_fleet_fidelity(plan: FleetFidelityPlan, trace: Trace, root: Path, out: RunOutput,

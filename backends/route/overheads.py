@@ -99,3 +99,9 @@ def parse_router_metrics(text: str, backends: Sequence[str]) -> RouterOverheads:
         retries=total("rt_router_retries_total"),
         backend_errors=total("rt_router_backend_errors_total"),
         unroutable=total("rt_router_unroutable_total"))
+
+
+def unread_overheads(backends: int) -> RouterOverheads:
+    """The overheads of a router whose /metrics could not be read: every figure NaN."""
+    nan = math.nan
+    return RouterOverheads((nan,) * backends, nan, nan, nan, nan, nan, nan, nan, nan, nan)

@@ -64,3 +64,20 @@ def test_a_stack_not_fitted_says_why() -> None:
     assert stack_lines(serving_stack(*runs(model, None)))[0] == (
         "serving stack: not fitted (9 requests of the calibration replay finished; the "
         "profile's API-server cost, 0.50 ms per request)")
+
+
+SPREAD = {"fitted": "residuals", "residuals": 160,
+          "quantiles_ms": {"p1": -3.1, "p10": -2.5, "p25": -1.2, "p50": 0.0, "p75": 2.8,
+                           "p90": 11.5, "p99": 33.4}}
+DRAWN = {"requests": 160, "p50_ms": 7.1, "p90_ms": 18.9, "p99_ms": 40.2, "at_zero": 2}
+
+
+def test_the_spread_and_the_drawn_delays_are_on_the_console() -> None:
+    lines = stack_lines(serving_stack(*runs({**FIT, "spread": SPREAD, "drawn": DRAWN},
+                                            SPLIT)))
+    assert lines[1] == ("  spread around the line (160 residuals, one drawn per request): "
+                        "p1 -3.10 / p10 -2.50 / p25 -1.20 / p50 +0.00 / p75 +2.80 / p90 "
+                        "+11.50 / p99 +33.40 ms")
+    assert lines[2] == ("  delays drawn for the trace: p50 7.10 / p90 18.90 / p99 40.20 ms "
+                        "(2 at 0), after the routing decision")
+    assert lines[3].startswith("real TTFT mean")

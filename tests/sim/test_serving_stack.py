@@ -20,12 +20,11 @@ from sim.fleet_config import FleetFlags
 from sim.serving_stack import (
     ServingStack,
     StackNotFitted,
-    delayed,
     fit_serving_stack,
     theil_sen,
     ttft_by_request,
 )
-from workloads import Trace, TraceRequest, resample_like
+from workloads import Trace, resample_like
 from workloads.flags import WorkloadFlags, load_workload
 
 ENGINE = EngineFlags(max_model_len=4096)
@@ -153,19 +152,6 @@ def test_too_few_requests_or_failed_ones_are_not_fitted() -> None:
     assert fit.requests == 10 and fit.stack.per_request_s == pytest.approx(0.010)
 
 
-def test_the_stack_delays_each_request_by_its_own_time_whatever_the_load() -> None:
-    """The fitted time is mostly client and HTTP-hop latency, spent concurrently: at 100
-    req/s a 20 ms stack delays each request 20 ms (a FIFO server would queue them without
-    bound)."""
-    fit = fit_serving_stack([100] * 50, [0.030] * 50, [0.010] * 50)  # real = twin + 20 ms
-    trace = Trace(tuple(TraceRequest(str(i), i / 100, 100, 10) for i in range(200)), "t")
-    routed = {r.request_id: r.arrival_s for r in delayed(trace, fit.stack)}
-    waits = [routed[r.request_id] - r.arrival_s for r in trace]
-    assert min(waits) == pytest.approx(0.020) and max(waits) == pytest.approx(0.020)
-    mixed = Trace((TraceRequest("long", 0.0, 4000, 1), TraceRequest("short", 0.001, 10, 1)))
-    assert [r.request_id for r in delayed(mixed, ServingStack(0.0, 1e-6))] == ["short", "long"]
-
-
 def test_the_twin_recovers_known_costs_from_a_calibration_replay() -> None:
     _, describe = twin(conversations(), calibration_with(ServingStack(PER_REQUEST_S,
                                                                       PER_TOKEN_S)))
@@ -174,8 +160,8 @@ def test_the_twin_recovers_known_costs_from_a_calibration_replay() -> None:
     assert stack["per_request_ms"] == pytest.approx(PER_REQUEST_S * 1e3, rel=1e-9)
     assert stack["per_prompt_token_us"] == pytest.approx(PER_TOKEN_S * 1e6, rel=1e-9)
     assert stack["residual_p90_ms"] == pytest.approx(0.0, abs=1e-9)
-    assert stack["requests"] == 48
-    assert stack["applied_as"].startswith("a delay per request before the router")
+    assert stack["requests"] == 47 and stack["cold_left_out"] == 1  # the first one: cold
+    assert stack["applied_as"].startswith("a delay per request after the routing")
     assert describe["api_server"] == {"per_request_s": 0.0, "per_prompt_token_s": 0.0,
                                       "per_output_token_s": 0.0}  # as in the fit
 
@@ -204,7 +190,7 @@ def test_too_short_a_calibration_replay_leaves_the_stack_unfitted() -> None:
     short = dataclasses.replace(calibration, ttft_s=dict(list(calibration.ttft_s.items())[:9]))
     _, describe = twin(conversations(), short)
     stack = describe["fleet"]["serving_stack"]
-    assert not stack["fitted"] and stack["not_fitted"].startswith("9 requests")
+    assert not stack["fitted"] and stack["not_fitted"].startswith("8 requests")  # 9 - cold
     assert stack["api_server"] == describe["api_server"] == twin(conversations())[1][
         "api_server"]
 

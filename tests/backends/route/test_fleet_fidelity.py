@@ -183,16 +183,19 @@ def test_fidelity_fleet_compares_a_real_fleet_with_its_simulation(tmp_path: Path
     calibration = load_run(tmp_path / "out" / "calibration")
     assert len(calibration.requests) == 16 and calibration.info["failed"] == 0
     stack = report["serving_stack"]
-    assert stack["model"]["fitted"] and stack["model"]["requests"] == 16
+    assert stack["model"]["fitted"] and stack["model"]["requests"] == 15  # but the cold one
     assert stack["model"]["per_request_ms"] > 0
     assert sim.info["fleet"]["serving_stack"]["per_request_ms"] == pytest.approx(
-        stack["model"]["per_request_ms"])  # a delay before the router, not the API server's
+        stack["model"]["per_request_ms"])  # a delay after routing, not the API server's
+    assert stack["model"]["spread"]["residuals"] == 15
+    assert stack["model"]["drawn"]["requests"] == 16
     assert sim.info["api_server"]["per_request_s"] == 0.0
     split = stack["real_split"]
     parts = ("routing_mean_ms", "hops_mean_ms", "api_ipc_mean_ms", "engine_mean_ms")
     assert sum(split[p] for p in parts) == pytest.approx(split["client_ttft_mean_ms"])
     assert split["engine_mean_ms"] > 0 and split["api_ipc_mean_ms"] > 0
-    assert "serving stack (fitted on a calibration replay of 16 other" in done.stdout
+    assert ("serving stack (fitted on a calibration replay of 15 other requests, the first 1 "
+            "left out (cold))") in done.stdout
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -308,11 +311,11 @@ def test_a_replica_down_does_not_lose_the_replay(monkeypatch: pytest.MonkeyPatch
     result = SimpleNamespace(requests=[], errors={}, wall_s=1.0)
     scrapes: list[str] = []
 
-    def get(url: str, timeout: float) -> SimpleNamespace:
+    def get(url: str, timeout: float) -> httpx.Response:
         scrapes.append(url)
         if url.startswith("http://r2") and len(scrapes) > 2:  # r2 died during the replay
             raise httpx.ConnectError("[Errno 111] Connection refused")
-        return SimpleNamespace(text="")
+        return httpx.Response(200, text="", request=httpx.Request("GET", url))
 
     monkeypatch.setattr(ff, "running_router", router)
     monkeypatch.setattr(ff, "probe", lambda config: None)
@@ -326,3 +329,44 @@ def test_a_replica_down_does_not_lose_the_replay(monkeypatch: pytest.MonkeyPatch
     assert split["engine_mean_ms"] is None and split["api_ipc_mean_ms"] is None
     assert fields["router"]["ttft_split_not_measured"].startswith("http://r2/metrics: ")
     json.dumps(split, allow_nan=False)  # no NaN in run.json: null
+
+
+@pytest.mark.parametrize("failure", ["refused", "status 500", "not Prometheus"])
+def test_a_router_whose_metrics_cannot_be_read_does_not_end_the_run(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, failure: str) -> None:
+    """The replay is kept; the router's overheads are NaN (null in run.json), the failure
+    named there and said when the run is saved."""
+    from backends.route import fleet_fidelity as ff
+
+    @contextlib.contextmanager
+    def router(plan: Any, backends: list[str], logs: Path) -> Iterator[str]:
+        yield "http://router"
+
+    result = SimpleNamespace(requests=[], errors={}, wall_s=1.0)
+
+    def get(url: str, timeout: float) -> httpx.Response:
+        request = httpx.Request("GET", url)
+        if url.startswith("http://router") and failure == "refused":
+            raise httpx.ConnectError("[Errno 111] Connection refused")
+        if url.startswith("http://router") and failure == "status 500":
+            return httpx.Response(500, request=request)
+        text = "this is { not metrics" if url.startswith("http://router") else ""
+        return httpx.Response(200, text=text, request=request)
+
+    monkeypatch.setattr(ff, "running_router", router)
+    monkeypatch.setattr(ff, "probe", lambda config: None)
+    monkeypatch.setattr(ff, "replay_endpoint", lambda *a: result)
+    monkeypatch.setattr(ff, "run_info", lambda *a: {"wall_s": 1.0})
+    monkeypatch.setattr(ff.httpx, "get", get)
+    plan = ff.FleetFidelityPlan(("serve",), ("route",), (1, 2, 3), {"seed": 0})
+    got, fields, overheads = ff._replay_once(plan, Trace((), "t"), ["http://r1", "http://r2"],
+                                             tmp_path, 0, None)
+    assert got is result
+    assert math.isnan(overheads.routing_latency_mean_s) and len(overheads.requests) == 2
+    assert fields["router"]["overheads_not_measured"].startswith("http://router/metrics: ")
+    assert fields["router"]["overheads"]["requests"] == [None, None]
+    json.dumps(fields["router"], allow_nan=False)  # no NaN in run.json: null
+    recorder = Recorder()
+    ff._save(recorder, tmp_path, "real", Trace((), "t"), result, fields)
+    said = [c[1] for c in recorder.calls if c[0] == "say"]
+    assert said and "the router's overheads are not measured" in said[-1]

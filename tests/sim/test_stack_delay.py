@@ -1,0 +1,172 @@
+"""The serving stack's time after the routing decision (`sim.fleet`'s `stack_delay_s`) and
+its spread (`sim.serving_stack.Spread`, `draw_delays`): requests are routed at their arrival
+in arrival order, then each enters its replica's core its own delay later, not queued behind
+the others; the delays are the fitted line plus residuals drawn from a seed. Deterministic:
+no process, no clock."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from runtime.router import make_policy
+from sim.cost.api_server import ApiServerCost
+from sim.fidelity import fleet_twin
+from sim.fleet import FleetResult, simulate_fleet
+from sim.serving_stack import ServingStack, Spread, draw_delays, fit_serving_stack
+from tests.sim.fleet_support import Replica
+from tests.sim.test_fleet import TRACES, config, rows
+from tests.sim.test_serving_stack import (
+    ENGINE,
+    FLEET,
+    OVERHEADS,
+    FakeCalibration,
+    stack_free,
+    twin,
+)
+from workloads import Trace, TraceRequest, resample_like
+from workloads.flags import WorkloadFlags, load_workload
+
+FOUR = Trace(tuple(TraceRequest(str(i), i * 0.1, 100 * (i + 1), 4) for i in range(4)), "t")
+SPREAD = Spread.centred([0.004, -0.002, 0.001, 0.020, -0.001])
+
+
+def test_the_spread_is_the_residuals_centred_on_their_median() -> None:
+    assert SPREAD.residuals_s == pytest.approx((-0.003, -0.002, 0.0, 0.003, 0.019), abs=1e-15)
+    assert SPREAD.residuals_s[2] == 0.0  # the median where the line puts it
+    q = SPREAD.describe()["quantiles_ms"]
+    assert q["p50"] == 0.0 and q["p90"] == pytest.approx(12.6)
+    assert q["p10"] == pytest.approx(-2.6)
+    assert Spread.centred([]) == Spread() and list(Spread().draw(np.array([0.3]))) == [0.0]
+    with pytest.raises(ValueError, match="sorted"):
+        Spread((0.002, 0.001))
+    with pytest.raises(ValueError, match="finite"):
+        Spread((0.0, math.inf))
+
+
+def test_delays_drawn_from_a_seed_are_exact_and_reproducible() -> None:
+    stack = ServingStack(0.005, 2e-6)
+    delays = draw_delays(FOUR, stack, SPREAD, seed=7)
+    assert delays == {"0": 0.006701145599256004, "1": 0.01782168326205283,
+                      "2": 0.010243884175692386, "3": 0.003700828759962367}
+    assert draw_delays(FOUR, stack, SPREAD, seed=7) == delays
+    assert draw_delays(FOUR, stack, SPREAD, seed=8) != delays
+    assert draw_delays(FOUR, stack, Spread(), seed=7) == {
+        r.request_id: stack.delay_s(r.prompt_len) for r in FOUR}  # no spread: the line
+
+
+def test_many_draws_keep_the_line_as_their_median_and_are_never_negative() -> None:
+    trace = Trace(tuple(TraceRequest(str(i), 0.0, 100, 1) for i in range(4001)), "t")
+    stack = ServingStack(0.002, 0.0)
+    delays = np.array(list(draw_delays(trace, stack, SPREAD, seed=1).values()))
+    assert np.median(delays) == pytest.approx(0.002, abs=1e-4)
+    assert delays.min() == 0.0  # line - 3 ms, clamped: a TTFT no faster than the engine's
+    assert delays.max() <= 0.002 + 0.019
+    assert np.quantile(delays, 0.9) == pytest.approx(0.002 + 0.0126, abs=1e-3)
+
+
+def test_the_fit_keeps_its_residuals_as_the_spread() -> None:
+    lens = [100 * k for k in range(1, 12)]
+    extra = [0.0, 0.001, -0.001, 0.0, 0.03, 0.0, 0.002, -0.0005, 0.0, 0.0, 0.004]
+    real = [0.010 + 1e-5 * x + e for x, e in zip(lens, extra, strict=True)]
+    fit = fit_serving_stack(lens, real, [0.005] * 11)
+    assert fit.stack.per_request_s == pytest.approx(0.005)
+    assert fit.spread.residuals_s == pytest.approx(sorted(extra), abs=1e-12)
+    assert fit.describe()["spread"]["residuals"] == 11
+
+
+def test_routing_is_in_arrival_order_whatever_the_delays() -> None:
+    """A per-token delay that used to reorder requests at the router (delayed before it,
+    the short prompt arrived at the router first and took replica 0): routed at arrival,
+    round-robin gives the long one replica 0, as the real router does."""
+    mixed = Trace((TraceRequest("long", 0.0, 4000, 2), TraceRequest("short", 0.001, 10, 2)))
+    delays = {"long": 4000e-6, "short": 10e-6}
+    for policy in ("round-robin", "least-outstanding"):
+        result = simulate_fleet(mixed, [Replica(config())] * 2, make_policy(policy),
+                                stack_delay_s=delays)
+        assert [(r.request_id, r.replica) for r in result.requests] == [("long", 0),
+                                                                         ("short", 1)]
+
+
+@pytest.mark.parametrize("policy", ["round-robin", "least-outstanding", "dynamo-kv"])
+def test_a_shorter_delay_enters_the_core_first_not_queued(policy: str) -> None:
+    """One replica (every kind: pre-routed, stepped, KV events; no API-server cost): A
+    routed first with a 10 ms stack, B 1 ms later with none; B enters the core at its
+    arrival, A 10 ms after its own, each delay exactly its API-server time, routing at the
+    arrival."""
+    pair = Trace((TraceRequest("A", 0.0, 64, 2), TraceRequest("B", 0.001, 64, 2)))
+    free = dataclasses.replace(config(), api_server=ApiServerCost(0.0, 0.0, 0.0))
+    result = simulate_fleet(pair, [Replica(free)], make_policy(policy), refresh_s=0.0,
+                            routing_latency_s=0.0005, stack_delay_s={"A": 0.010, "B": 0.0})
+    a, b = result.requests
+    assert (a.arrival_s, a.routing_s, a.api_server_s) == (0.0, 0.0005, pytest.approx(0.010))
+    assert (b.arrival_s, b.routing_s, b.api_server_s) == (0.001, 0.0005, 0.0)
+    assert b.first_token_s is not None and a.first_token_s is not None
+    assert b.first_token_s < a.first_token_s
+
+
+@pytest.mark.parametrize("policy", ["round-robin", "least-outstanding", "dynamo-kv"])
+def test_no_delays_or_zero_delays_are_the_fleet_without_them(policy: str) -> None:
+    trace = TRACES["prefix"]
+
+    def run(delays: dict[str, float] | None) -> FleetResult:
+        return simulate_fleet(trace, [Replica(config(num_blocks=150))] * 3,
+                              make_policy(policy, seed=9), refresh_s=0.01,
+                              routing_latency_s=0.002, stack_delay_s=delays)
+
+    base = rows(simulate_fleet(trace, [Replica(config(num_blocks=150))] * 3,
+                                  make_policy(policy, seed=9), refresh_s=0.01,
+                                  routing_latency_s=0.002))
+    assert rows(run(None)) == base
+    assert rows(run({})) == base
+    assert rows(run(dict.fromkeys((r.request_id for r in trace), 0.0))) == base
+
+
+def test_a_negative_or_nan_delay_is_refused() -> None:
+    for bad in (-1e-3, math.nan):
+        with pytest.raises(ValueError, match=r"stack_delay_s\['x'\] must be a finite"):
+            simulate_fleet(Trace((TraceRequest("x", 0.0, 8, 1),)), [Replica(config())],
+                           make_policy("round-robin"), stack_delay_s={"x": bad})
+
+
+def test_the_twin_draws_each_request_s_delay_from_the_fitted_spread() -> None:
+    """A calibration replay whose real TTFT is the stack-free twin's + 6 ms + a residual
+    of its own: the twin's records carry the line + a drawn residual as API-server time
+    (those of `draw_delays` with the run's seed), arrivals as in the trace."""
+    flags = WorkloadFlags(dataset_name="multi_turn", num_prompts=48, input_len=96,
+                          output_len=6, turns=4, turn_gap_s=0.5, request_rate=8.0, seed=3)
+    trace = load_workload(flags).trace
+    calibration_trace = resample_like(trace, 11)
+    base = stack_free(calibration_trace)
+    rng = np.random.default_rng(2)
+    real = {rid: t + 0.006 + float(rng.exponential(0.003)) for rid, t in base.items()}
+    real[calibration_trace[0].request_id] += 0.3  # a fresh fleet's first request: cold
+    calibration = FakeCalibration(calibration_trace, real, OVERHEADS)
+    ttft, describe = twin(trace, calibration)
+    stack = describe["fleet"]["serving_stack"]
+    assert stack["spread"]["residuals"] == 47 and stack["spread"]["quantiles_ms"]["p50"] == 0.0
+    assert stack["spread"]["quantiles_ms"]["p90"] > 2.0  # the exponential's tail
+    assert stack["spread"]["quantiles_ms"]["p99"] < 50.0  # not the cold request's 300 ms
+    fitted = ServingStack(stack["per_request_ms"] / 1e3, stack["per_prompt_token_us"] / 1e6)
+    result, _ = fleet_twin(trace, FLEET, ENGINE, "llama-3.1-8b", "h200", None, 0,
+                           OVERHEADS, calibration)
+    assert stack["drawn"]["requests"] == len(trace)
+    spread = Spread(tuple(_residuals(calibration, fitted)))
+    expected = draw_delays(trace, fitted, spread, 0)
+    arrivals = {r.request_id: r.arrival_s for r in trace}
+    for record in result.requests:
+        assert record.arrival_s == arrivals[record.request_id]
+        assert record.api_server_s == pytest.approx(expected[record.request_id], abs=1e-9)
+    assert ttft.keys() == arrivals.keys()
+
+
+def _residuals(calibration: FakeCalibration, stack: ServingStack) -> list[float]:
+    """The calibration's residuals around `stack`'s line but the first request's, centred
+    (as `Spread.centred`)."""
+    base = stack_free(calibration.trace)
+    lens = {r.request_id: r.prompt_len for r in calibration.trace[1:]}
+    gaps = [calibration.ttft_s[rid] - base[rid] - stack.delay_s(n) for rid, n in lens.items()]
+    return list(Spread.centred(gaps).residuals_s)
