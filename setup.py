@@ -5,13 +5,16 @@ Off by default: `pip install -e .` installs pure Python, as ever. `RT_COMPILE=1 
 `COMPILED` to C extensions next to their sources (`runtime/*.cpython-*.so`, which Python
 then imports instead of the .py files). A compile that fails (no C compiler, no Python
 headers, a mypyc error) leaves no extension behind and the install goes on in pure Python,
-with a warning; `runtime.native.implementation()` says which one runs.
+with a warning; `runtime.native.implementation()` says which one runs. The extensions do not
+follow later edits of the sources: install again (`pip install -e .` without RT_COMPILE
+removes them, back to pure Python).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 from setuptools import setup
@@ -41,16 +44,22 @@ class OptionalBuildExt(build_ext):
             _warn(f"compiling with mypyc failed ({error})")
             for path in self.get_outputs():
                 Path(path).unlink(missing_ok=True)
-            self._remove_inplace_copies()
+            _remove_extensions()
 
-    def _remove_inplace_copies(self) -> None:
-        for ext in self.extensions:
-            Path(self.get_ext_filename(self.get_ext_fullname(ext.name))).unlink(missing_ok=True)
+
+def _remove_extensions() -> None:
+    """Delete an earlier compiled build's extensions: they would shadow the sources."""
+    runtime = Path(__file__).resolve().parent / "runtime"
+    names = [Path(path).stem for path in COMPILED] + [GROUP.split(".")[-1] + "__mypyc"]
+    for name in names:
+        for suffix in EXTENSION_SUFFIXES:
+            (runtime / (name + suffix)).unlink(missing_ok=True)
 
 
 def _extensions() -> list[object]:
     """mypyc's extensions for COMPILED, or none (not asked for, or mypyc unavailable)."""
     if os.environ.get("RT_COMPILE") != "1":
+        _remove_extensions()
         return []
     try:
         from mypyc.build import mypycify
