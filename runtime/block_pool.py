@@ -18,7 +18,8 @@ from itertools import chain, islice, repeat
 from runtime.block_hash import BlockHash
 from runtime.block_pieces import BlockPieces, PieceEntry, piece_hits, register_pieces
 from runtime.free_block_queue import FreeBlockQueue, KVCacheBlock
-from runtime.pool_invariants import check_pool_invariants
+from runtime.pool_events import KvEventLog, PoolEvent, record_evictions, record_stored
+from runtime.pool_invariants import check_pool_invariants, own_cached, piece_heads
 
 __all__ = ["BlockPool", "FreeBlockQueue", "KVCacheBlock"]
 
@@ -52,6 +53,7 @@ class BlockPool:
         self._more_cached: dict[BlockHash, dict[int, KVCacheBlock]] = {}
         self._pieces: dict[bytes, PieceEntry] = {}  # piece base -> its entry
         self._own_seq = 0  # own registration calls so far
+        self.kv_event_log: KvEventLog | None = None  # set: KV events recorded (kv_events)
 
     @property
     def blocks(self) -> list[KVCacheBlock]:
@@ -77,9 +79,9 @@ class BlockPool:
         """The block a lookup of `block_hash` hits (own names: a scan of every block)."""
         block = self.cached_blocks.get(block_hash)
         if block is None:
-            block = self._piece_heads().get(block_hash)
+            block = piece_heads(self).get(block_hash)
         if block is None:
-            own = self._own_cached().get(block_hash)
+            own = own_cached(self).get(block_hash)
             block = own[0] if own else None
         return block
 
@@ -87,35 +89,22 @@ class BlockPool:
         """Every cached hash's block ids, in the order they were registered (a lookup hits
         the first)."""
         more = self._more_cached
-        heads = {**self.cached_blocks, **self._piece_heads()}
+        heads = {**self.cached_blocks, **piece_heads(self)}
         ids = {block_hash: [block.block_id, *more.get(block_hash, ())]
                for block_hash, block in heads.items()}
-        for block_hash, blocks in self._own_cached().items():
+        for block_hash, blocks in own_cached(self).items():
             ids[block_hash] = [block.block_id for block in blocks]
         return ids
-
-    def _piece_heads(self) -> dict[BlockHash, KVCacheBlock]:
-        """Piece names' blocks a lookup hits, by name. O(cached pieces)."""
-        return {block.block_hash: block for entry in self._pieces.values()
-                for block in entry.blocks if block is not None and block.block_hash is not None}
 
     def piece_hits(self, pieces: BlockPieces, stop: int) -> list[KVCacheBlock]:
         """The blocks a lookup of the request's first `stop` piece names hits, up to the
         first miss (`KVCacheManager.get_computed_blocks`)."""
         return piece_hits(self._pieces, pieces, stop)
 
-    def _own_cached(self) -> dict[BlockHash, list[KVCacheBlock]]:
-        """Own names' blocks, each name's in registration order. O(num_blocks)."""
-        own = sorted((block for block in self._blocks if block.own_seq is not None),
-                     key=lambda block: block.own_seq or 0)
-        by_name: dict[BlockHash, list[KVCacheBlock]] = {}
-        for block in own:
-            assert block.block_hash is not None
-            by_name.setdefault(block.block_hash, []).append(block)
-        return by_name
-
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop blocks from the head of the free queue, evicting any cached hash they carry."""
+        if self.kv_event_log is not None and num_blocks <= self.num_free_blocks:
+            record_evictions(self.kv_event_log, self.free_block_queue, num_blocks)
         return self._pop(num_blocks, (), ())
 
     def extend_table(self, table: list[KVCacheBlock], num_blocks: int, start: int,
@@ -126,7 +115,14 @@ class BlockPool:
         those at table positions >= `own_from` as own names, those before
         `pieces.num_blocks` as piece names; returns the new blocks. A new block is popped
         and registered in one touch; the state is the two calls' (registering a block and
-        evicting another commute)."""
+        evicting another commute). Observed: the two calls, for their events."""
+        if self.kv_event_log is not None:
+            blocks = self.get_new_blocks(num_blocks)
+            table += blocks
+            self.cache_blocks(table[start:start + len(block_hashes)], block_hashes,
+                              None if own_from is None else max(own_from - start, 0), pieces,
+                              start)
+            return blocks
         num_old = max(len(table) - start, 0)  # registered first, in table order
         num_shared = len(block_hashes) if own_from is None else max(own_from - start, 0)
         if num_old > 0:
@@ -208,6 +204,8 @@ class BlockPool:
         queue = self.free_block_queue
         if queue.num_free_blocks < 1:
             raise ValueError("cannot get a free block from the pool")
+        if self.kv_event_log is not None:
+            record_evictions(self.kv_event_log, queue, 1)
         queue.ensure(1)
         queue._taken(1)
         head = queue._head
@@ -270,6 +268,8 @@ class BlockPool:
         """Register full blocks under their hashes, in order (see `cache_full_block`); the
         blocks from index `num_shared` on under own names (None: none); `blocks[0]` at
         table position `first`, those before `pieces.num_blocks` under piece names."""
+        if self.kv_event_log is not None:
+            record_stored(self.kv_event_log, self.null_block, blocks, block_hashes)
         self._register(blocks, block_hashes,
                        len(block_hashes) if num_shared is None else num_shared, pieces, first)
 
@@ -279,6 +279,8 @@ class BlockPool:
         re-hashed."""
         if block.block_hash is not None or block is self.null_block:
             return
+        if self.kv_event_log is not None:
+            self.kv_event_log.events.append(PoolEvent("stored", (block_hash,)))
         block.block_hash = block_hash
         if own:
             self._own_seq += 1
@@ -289,9 +291,13 @@ class BlockPool:
     def cache_each(self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[BlockHash],
                    own: bool = False) -> None:
         """`cache_full_block(block, block_hash, own)` for each pair, in order: one
-        registration per block (one KV event each, `ObservedBlockPool`), in one call.
+        registration per block (one KV event each when observed), in one call.
         Steady decodes filling a block each in a step register them so
         (`SteadyDecodes._fill`)."""
+        if self.kv_event_log is not None:
+            for block, block_hash in zip(blocks, block_hashes, strict=True):
+                self.cache_full_block(block, block_hash, own)
+            return
         self._register(blocks, block_hashes, 0 if own else len(block_hashes))
 
     def _register(self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[BlockHash],
@@ -379,6 +385,8 @@ class BlockPool:
             block.block_hash = None
             block.own_seq = None
             block.piece = None
+        if self.kv_event_log is not None:
+            self.kv_event_log.events.append(PoolEvent("cleared"))
         return True
 
     def check_invariants(self) -> None:

@@ -1,12 +1,15 @@
 """Consistency checks of a `BlockPool` (tests and debugging): free queue, reference counts
-and the hash map agree. O(num_blocks)."""
+and the hash map agree. O(num_blocks). And the pool's slow views of the names it caches
+outside its map (its lookups and `cached_block_ids`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from runtime.block_hash import BlockHash
     from runtime.block_pool import BlockPool
+    from runtime.free_block_queue import KVCacheBlock
 
 
 def check_pool_invariants(pool: BlockPool) -> None:
@@ -51,3 +54,20 @@ def check_pool_invariants(pool: BlockPool) -> None:
         assert len(set(ids)) == len(ids), f"a block filed twice under {block_hash!r}"
     in_use = sum(1 for block in pool.blocks[1:] if block.ref_cnt > 0)
     assert in_use + pool.num_free_blocks == pool.num_blocks - 1
+
+
+def piece_heads(pool: BlockPool) -> dict[BlockHash, KVCacheBlock]:
+    """Piece names' blocks a lookup hits, by name. O(cached pieces)."""
+    return {block.block_hash: block for entry in pool._pieces.values()
+            for block in entry.blocks if block is not None and block.block_hash is not None}
+
+
+def own_cached(pool: BlockPool) -> dict[BlockHash, list[KVCacheBlock]]:
+    """Own names' blocks, each name's in registration order. O(num_blocks)."""
+    own = sorted((block for block in pool._blocks if block.own_seq is not None),
+                 key=lambda block: block.own_seq or 0)
+    by_name: dict[BlockHash, list[KVCacheBlock]] = {}
+    for block in own:
+        assert block.block_hash is not None
+        by_name.setdefault(block.block_hash, []).append(block)
+    return by_name

@@ -72,7 +72,8 @@ class PriorityQueue:
         key = (request.priority, request.arrival_time, request.request_id, request)
         heapq.heappush(self._heap, key)
 
-    prepend = add
+    def prepend(self, request: Request) -> None:
+        self.add(request)
 
     def peek(self) -> Request:
         return self._heap[0][3]

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from runtime import CacheConfig, Request, SamplingParams, Scheduler, SchedulerConfig
+from runtime.native import implementation
 
 if TYPE_CHECKING:
     from runtime.config import EngineFlags
@@ -197,7 +198,7 @@ def bench_scheduler(seed: int = 0, quick: bool = False) -> dict[str, object]:
     best_256 = min(at_256["us_per_request_step"], at_256["cpu_us_per_request_step"])
     return {
         "benchmark": "scheduler",
-        "python": sys.version.split()[0],
+        "python": sys.version.split()[0], "runtime": implementation(),
         "machine": platform.machine(),
         "seed": seed,
         "decode": decode,
@@ -250,7 +251,8 @@ def bench_sim(traces: dict[str, Any], model: str = "llama-3.1-8b", gpu: str = "h
             row["speedup_vs_stepped"] = round(stepped.wall_s / fast.wall_s, 2)
         results.append(row)
     return {
-        "benchmark": "sim", "python": sys.version.split()[0], "machine": platform.machine(),
+        "benchmark": "sim", "python": sys.version.split()[0], "runtime": implementation(),
+        "machine": platform.machine(),
         "model": model, "gpu": gpu, "runs": results,
         "anchor": "Vidur's simulation loop: 450-1,000 simulated requests/s on this machine "
                   "(issue 4)",

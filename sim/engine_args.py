@@ -12,6 +12,7 @@ from runtime import CacheConfig, SchedulerConfig
 from runtime.config import ENGINE_PANEL, EngineFlags, resolve_scheduler_config
 from runtime.flags import flag
 from runtime.kv_startup import startup_lines
+from runtime.native import implementation
 from sim.cost.base import CostModel
 from sim.cost.kv_cache_sizing import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -117,6 +118,7 @@ class SimSetup:
             "cost_model": self.cost_model.describe(),
             "profile": self.profile_path,
             "step_noise": cfg.step_noise is not None,
+            "runtime": implementation(),  # the core's modules: "compiled" or "pure"
         }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from runtime import Request, SamplingParams
 from runtime.block_hash import NONE_HASH, hash_block_tokens, make_block_hasher
 from runtime.block_pool import BlockPool
-from runtime.kv_events import ObservedBlockPool, PoolEvent, observe_kv_events, prompt_block_hashes
+from runtime.kv_events import PoolEvent, observe_kv_events, prompt_block_hashes
 from runtime.router import KvEvent
 from runtime.router.prefix_index import PreciseIndex
 
@@ -18,7 +18,7 @@ def h(name: str) -> bytes:
 def test_a_hand_made_sequence_emits_vllms_events() -> None:
     pool = BlockPool(5, enable_caching=True)  # null block 0, usable 1..4
     log = observe_kv_events(pool)
-    assert isinstance(pool, ObservedBlockPool) and observe_kv_events(pool) is log
+    assert pool.kv_event_log is log and observe_kv_events(pool) is log
     b1, b2 = pool.get_new_blocks(2)
     assert (b1.block_id, b2.block_id) == (1, 2) and log.take() == []
     pool.cache_blocks([b1, b2], [h("a"), h("b")])

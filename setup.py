@@ -1,0 +1,79 @@
+"""Optional compilation of the scheduler/KV core's hot modules with mypyc (#16).
+
+Off by default: `pip install -e .` installs pure Python, as ever. `RT_COMPILE=1 pip install
+-e .` (any spelling of pip install) also asks pip for mypy at build time and compiles
+`COMPILED` to C extensions next to their sources (`runtime/*.cpython-*.so`, which Python
+then imports instead of the .py files). A compile that fails (no C compiler, no Python
+headers, a mypyc error) leaves no extension behind and the install goes on in pure Python,
+with a warning; `runtime.native.implementation()` says which one runs. The extensions do not
+follow later edits of the sources: install again (`pip install -e .` without RT_COMPILE
+removes them, back to pure Python).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+# The per-step modules (mypy --strict clean, no class of theirs subclassed by interpreted
+# code). Left out: outputs.py (ReqIdList subclasses list), config.py, flags.py and
+# records.py (subclassed by sim/ and backends/ classes), the router (per request).
+COMPILED = [f"runtime/{name}.py" for name in (
+    "batch", "block_hash", "block_pieces", "block_pool", "decode_run", "engine",
+    "free_block_queue", "kv_cache_manager", "kv_events", "pool_events", "pool_invariants",
+    "recorder", "request", "request_queue", "scheduler", "steady")]
+GROUP = "runtime._native"  # the shared library: runtime/_native__mypyc.*.so
+
+
+def _warn(message: str) -> None:
+    print(f"rt: {message}; installing pure Python", file=sys.stderr)
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that never fails the install: all of the extensions or none."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as error:  # a compiler's failure has no common type
+            _warn(f"compiling with mypyc failed ({error})")
+            for path in self.get_outputs():
+                Path(path).unlink(missing_ok=True)
+            _remove_extensions()
+
+
+def _remove_extensions() -> None:
+    """Delete an earlier compiled build's extensions: they would shadow the sources."""
+    runtime = Path(__file__).resolve().parent / "runtime"
+    names = [Path(path).stem for path in COMPILED] + [GROUP.split(".")[-1] + "__mypyc"]
+    for name in names:
+        for suffix in EXTENSION_SUFFIXES:
+            (runtime / (name + suffix)).unlink(missing_ok=True)
+
+
+def _extensions() -> list[object]:
+    """mypyc's extensions for COMPILED, or none (not asked for, or mypyc unavailable)."""
+    if os.environ.get("RT_COMPILE") != "1":
+        _remove_extensions()
+        return []
+    try:
+        from mypyc.build import mypycify
+    except ImportError:  # the build requirements' step: pip installs mypy, then asks again
+        return []
+    try:
+        return list(mypycify(COMPILED, opt_level="3", group_name=GROUP))
+    except (Exception, SystemExit) as error:  # mypyc exits on a type error
+        _warn(f"mypyc rejected the modules ({error})")
+        return []
+
+
+setup(
+    ext_modules=_extensions(),
+    cmdclass={"build_ext": OptionalBuildExt},
+    setup_requires=["mypy>=1.10"] if os.environ.get("RT_COMPILE") == "1" else [],
+)
