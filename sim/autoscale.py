@@ -35,6 +35,7 @@ from runtime.router import RouterPolicy
 from sim.fleet import Replica, ReplicaSetup, _Fleet
 from sim.fleet_records import FleetResult
 from sim.model_config import ModelSpec
+from sim.run_gc import run_with_gc
 from sim.scaling_policies import PoolObservation, ScalingPolicy, WindowStats
 from sim.simulator import Progress
 from workloads import Trace
@@ -343,8 +344,12 @@ def simulate_autoscaled(trace: Trace, replicas: Sequence[ReplicaSetup],
         policy_name: recorded in the timeline.
     Returns the records and the scaling timeline (counts, GPU-hours, cost)."""
     started = time.perf_counter()
-    fleet = _AutoscaledFleet(trace, replicas, router, pools, interval_s, refresh_s,
-                             routing_latency_s, progress, kv_event_delay_s)
-    fleet.run()
-    result = fleet.result(time.perf_counter() - started)
-    return result, fleet.scaling(result, policy_name)
+
+    def run() -> tuple[FleetResult, ScalingTimeline]:
+        fleet = _AutoscaledFleet(trace, replicas, router, pools, interval_s, refresh_s,
+                                 routing_latency_s, progress, kv_event_delay_s)
+        fleet.run()
+        result = fleet.result(time.perf_counter() - started)
+        return result, fleet.scaling(result, policy_name)
+
+    return run_with_gc(run)

@@ -114,15 +114,13 @@ def _replica_shares(scaled: Trace, result: Any) -> list[Trace]:
 
 
 def _engines_row(shares: Sequence[Trace], setup: Any, label: str) -> dict[str, object]:
-    """Each share on a single engine, one after another, with the collector treated as
-    `simulate_fleet` treats it (`sim.fleet_gc`): the report row. With no
+    """Each share on a single engine, one after another: the report row. With no
     routing latency or step noise these are the fleet's replicas, step for step
     (tests/sim/test_fleet_shares.py): the fleet's work without routing, hand-overs or cut
     runs."""
-    from sim.fleet_gc import built_and_run
     from sim.simulator import simulate
 
-    results, wall, cpu = timed(lambda: built_and_run(lambda: shares, lambda todo: [
-        simulate(share, setup.config, setup.cost_model) for share in todo]))
+    results, wall, cpu = timed(lambda: [simulate(share, setup.config, setup.cost_model)
+                                        for share in shares])
     requests = sum(len(share) for share in shares)
     return rate_row(label, requests, sum(r.num_steps for r in results), wall, cpu)

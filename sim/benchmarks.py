@@ -260,9 +260,9 @@ def bench_sim(traces: dict[str, Any], model: str = "llama-3.1-8b", gpu: str = "h
 
 
 def timed(run: Any) -> tuple[Any, float, float]:
-    """(result, wall seconds, CPU seconds of this process) of `run()`. The garbage of earlier
-    runs is collected first: a KV pool is cyclic (linked blocks), and a 16-replica fleet
-    leaves ~260k such objects that the collector would otherwise free inside the next run."""
+    """(result, wall seconds, CPU seconds of this process) of `run()`. Garbage left by
+    earlier work is collected first, so that no run pays for another's (a simulation frees
+    its own KV pools on return, `sim.run_gc`)."""
     gc.collect()
     c0, t0 = time.process_time(), time.perf_counter()
     result = run()

@@ -44,7 +44,6 @@ from runtime.router import ReplicaSnapshot, RouterPolicy, RoutingRequest
 from sim.api_server import deliver_to_clients
 from sim.block_ids import TraceBlockIds, own_streams_only
 from sim.cost.api_server import ApiServerCost
-from sim.fleet_gc import built_and_run
 from sim.fleet_records import (
     FleetRequestRecord,
     FleetResult,
@@ -63,6 +62,7 @@ from sim.fleet_router import (
     routing_request,
 )
 from sim.fleet_tokens import replica_inputs, routing_tokens
+from sim.run_gc import run_with_gc
 from sim.simulator import Progress, make_request
 from workloads import Trace, TraceRequest
 
@@ -132,6 +132,11 @@ class _Fleet:
     def run(self) -> None:
         self.start_processes()
         self.env.run()
+
+    def run_to_end(self, started_s: float) -> FleetResult:
+        """`run`, then `result` with the wall seconds since `started_s` (`perf_counter`)."""
+        self.run()
+        return self.result(time.perf_counter() - started_s)
 
     def start_processes(self) -> None:
         if self.pre_routed:  # before any step: each replica then runs its share in one go
@@ -288,14 +293,9 @@ def simulate_fleet(trace: Trace, replicas: Sequence[ReplicaSetup],
             that much later, not queued behind the others.
     """
     started = time.perf_counter()
-
-    def run(fleet: _Fleet) -> FleetResult:
-        fleet.run()
-        return fleet.result(time.perf_counter() - started)
-
-    return built_and_run(lambda: _Fleet(trace, replicas, policy, refresh_s, routing_latency_s,
-                                        progress, kv_event_delay_s,
-                                        stack_delay_s=stack_delay_s), run)
+    return run_with_gc(lambda: _Fleet(trace, replicas, policy, refresh_s, routing_latency_s,
+                                      progress, kv_event_delay_s, stack_delay_s=stack_delay_s
+                                      ).run_to_end(started))
 
 
 def _checked_delays(delays: Mapping[str, float]) -> Mapping[str, float]:

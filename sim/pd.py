@@ -63,6 +63,7 @@ from sim.fleet_router import RouterReplica, routing_request
 from sim.fleet_tokens import routing_tokens
 from sim.kv_transfer import KvTransferConfig, KvTransferLink, transfer_bytes
 from sim.model_config import ModelSpec
+from sim.run_gc import run_with_gc
 from sim.simulator import Progress, SimConfig
 from workloads import Trace, TraceRequest
 from workloads.tokens import request_token_arrays
@@ -394,7 +395,6 @@ def simulate_pd(trace: Trace, replicas: Sequence[PDSetup], roles: Sequence[str],
     decider = decider if decider is not None else PDDecider()
     transfer = transfer if transfer is not None else KvTransferConfig()
     started = time.perf_counter()
-    fleet = _PDFleet(trace, replicas, roles, policy, prefill_policy, decider, transfer,
-                     refresh_s, routing_latency_s, progress, kv_event_delay_s)
-    fleet.run()
-    return fleet.result(time.perf_counter() - started)
+    return run_with_gc(lambda: _PDFleet(trace, replicas, roles, policy, prefill_policy, decider,
+                                        transfer, refresh_s, routing_latency_s, progress,
+                                        kv_event_delay_s).run_to_end(started))

@@ -48,6 +48,7 @@ from sim.api_server import deliver_to_clients, handover_times, server_wakes
 from sim.block_ids import TraceBlockIds, own_streams_only
 from sim.cost.api_server import ApiServerCost
 from sim.cost.base import CostModel, decode_run_timer
+from sim.run_gc import run_with_gc
 from sim.step_noise import StepNoise
 from workloads import Trace, TraceRequest
 from workloads.tokens import request_token_arrays
@@ -371,30 +372,29 @@ class _Simulation(KnownHandovers):
         self.take_in = server_wakes(self.handovers)
         self.next_index = 0
 
-    def run(self) -> None:
-        self.env.process(self.engine())
-        self.env.run()
-
     def on_finished(self, records: list[RequestRecord]) -> None:
         if self.progress is not None:
             self.progress(self.notified, len(self.requests))
 
+    def run_to_end(self, started_s: float) -> SimResult:
+        """The engine's process to the end, then the records in trace order (wall seconds
+        since `started_s`, `perf_counter`)."""
+        self.env.process(self.engine())
+        self.env.run()
+        recorder = self.core.recorder
+        assert not recorder.live, f"{len(recorder.live)} requests never finished"
+        deliver_to_clients(recorder.finished, self.config.api_server)
+        stats = self.core.scheduler.prefix_cache_stats
+        order = {req.request_id: i for i, req in enumerate(self.requests)}
+        return SimResult(requests=sorted(recorder.finished, key=lambda r: order[r.request_id]),
+                         step_columns=recorder.step_columns, prefix_cache_queries=stats.queries,
+                         prefix_cache_hits=stats.hits, wall_s=time.perf_counter() - started_s)
+
 
 def simulate(trace: Trace, config: SimConfig, cost_model: CostModel,
              progress: Progress | None = None) -> SimResult:
-    """Run the trace to completion; every request ends finished (or ignored)."""
+    """Run the trace to completion; every request ends finished (or ignored). The
+    collector meanwhile as `sim.run_gc` says."""
     started = time.perf_counter()
-    sim = _Simulation(trace, config, cost_model, progress)
-    sim.run()
-    recorder = sim.core.recorder
-    assert not recorder.live, f"{len(recorder.live)} requests never finished"
-    deliver_to_clients(recorder.finished, config.api_server)
-    stats = sim.core.scheduler.prefix_cache_stats
-    order = {req.request_id: i for i, req in enumerate(trace)}
-    return SimResult(
-        requests=sorted(recorder.finished, key=lambda r: order[r.request_id]),
-        step_columns=recorder.step_columns,
-        prefix_cache_queries=stats.queries,
-        prefix_cache_hits=stats.hits,
-        wall_s=time.perf_counter() - started,
-    )
+    return run_with_gc(lambda: _Simulation(trace, config, cost_model, progress)
+                       .run_to_end(started))

@@ -77,7 +77,7 @@ def test_the_event_loop_runs_only_the_idle_engines_sleeps(seed: int) -> None:
         step()
 
     sim.env.step = counted  # type: ignore[method-assign]
-    sim.run()
+    sim.run_to_end(0.0)
     idle = sum(1 for start, end in zip(sim.core.recorder.step_columns["end_s"][:-1],
                                        sim.core.recorder.step_columns["start_s"][1:],
                                        strict=True) if start < end)
