@@ -63,9 +63,10 @@ def _remove_extensions() -> None:
     for path in removed:
         path.unlink()
     if removed:
-        names = ", ".join(path.name for path in removed)
-        print(f"rt: removed {len(removed)} compiled extensions of runtime/ ({names}); "
-              "pure Python from now on", file=sys.stderr)
+        names = ", ".join(path.name.split(".")[0] for path in removed)
+        print(f"rt: removed an earlier compiled build, runtime/{{{names}}}"
+              f"{sysconfig.get_config_var('EXT_SUFFIX')}; pure Python from now on",
+              file=sys.stderr)
 
 
 def _extensions() -> list[object]:

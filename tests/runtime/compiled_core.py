@@ -40,9 +40,9 @@ def missing_toolchain() -> str | None:
     """Why mypyc cannot compile here (no mypyc, no C compiler, no Python headers), or None."""
     if importlib.util.find_spec("mypyc") is None:
         return "mypyc is not installed (it comes with mypy, in .[dev])"
-    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    compiler = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler) is None:
-        return f"no C compiler ({compiler!r}, the one Python was built with, is not on PATH)"
+        return f"no C compiler ({compiler!r}, $CC or the one Python was built with, not found)"
     headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
     if not headers.is_file():
         return f"no Python headers ({headers} is missing; python3-dev)"
