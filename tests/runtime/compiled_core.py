@@ -81,7 +81,10 @@ def run_with(built: Built, code: str, args: list[str]) -> str:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(built.root), str(ROOT)]),
            "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", code, *args], cwd=built.root, env=env,
-                          check=True, capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"{args} with {built.root} exited {done.returncode}:\n"
+                           f"{done.stderr[-3000:]}")
     return done.stdout
 
 
