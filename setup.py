@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
-from importlib.machinery import EXTENSION_SUFFIXES
+import sysconfig
 from pathlib import Path
 
 from setuptools import setup
@@ -47,13 +47,26 @@ class OptionalBuildExt(build_ext):
             _remove_extensions()
 
 
-def _remove_extensions() -> None:
-    """Delete an earlier compiled build's extensions: they would shadow the sources."""
+def _built_extensions() -> list[Path]:
+    """The files a compiled build writes next to the sources: one per COMPILED module and the
+    group's shared library, with this interpreter's extension suffix (.cpython-311-...so)."""
     runtime = Path(__file__).resolve().parent / "runtime"
     names = [Path(path).stem for path in COMPILED] + [GROUP.split(".")[-1] + "__mypyc"]
-    for name in names:
-        for suffix in EXTENSION_SUFFIXES:
-            (runtime / (name + suffix)).unlink(missing_ok=True)
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    return [runtime / (name + suffix) for name in names]
+
+
+def _remove_extensions() -> None:
+    """Delete an earlier compiled build's extensions, which would shadow the (maybe edited)
+    sources; only those files, by name, and say so."""
+    removed = [path for path in _built_extensions() if path.exists()]
+    for path in removed:
+        path.unlink()
+    if removed:
+        names = ", ".join(path.name.split(".")[0] for path in removed)
+        print(f"rt: removed an earlier compiled build, runtime/{{{names}}}"
+              f"{sysconfig.get_config_var('EXT_SUFFIX')}; pure Python from now on",
+              file=sys.stderr)
 
 
 def _extensions() -> list[object]:

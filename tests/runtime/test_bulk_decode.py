@@ -8,9 +8,10 @@ import random
 
 import pytest
 
+import runtime.scheduler
 from runtime import Scheduler
 from runtime.decode_run import _steps_with_free_blocks
-from runtime.native import implementation
+from runtime.native import is_compiled
 from tests.runtime.helpers import make_request, make_scheduler, step
 
 
@@ -45,7 +46,7 @@ def test_free_block_limit_equals_walking_every_step(seed: int) -> None:
         assert _steps_with_free_blocks(s, limit) == _steps_with_free_blocks_walked(s, limit)
 
 
-@pytest.mark.skipif(implementation() == "compiled",
+@pytest.mark.skipif(is_compiled(runtime.scheduler),
                     reason="a compiled Scheduler's methods cannot be replaced on an instance")
 @pytest.mark.parametrize("seed", range(40))
 def test_bulk_decode_step_equals_the_general_loop(seed: int) -> None:

@@ -11,10 +11,12 @@ from collections.abc import Generator
 import pytest
 import simpy
 
+import runtime.block_pool
+import runtime.engine
 from runtime import CacheConfig, SchedulerConfig
 from runtime.block_pool import BlockPool
 from runtime.engine import EngineCore
-from runtime.native import implementation
+from runtime.native import is_compiled
 from sim.api_server import server_wakes
 from sim.cost.roofline import RooflineCostModel
 from sim.hardware import resolve_gpu
@@ -87,7 +89,7 @@ def test_the_event_loop_runs_only_the_idle_engines_sleeps(seed: int) -> None:
     assert [r.to_row() for r in fast.requests] == [r.to_row() for r in slow.requests]
 
 
-@pytest.mark.skipif(implementation() == "compiled",
+@pytest.mark.skipif(is_compiled(runtime.block_pool) or is_compiled(runtime.engine),
                     reason="compiled callers do not see methods patched on compiled classes")
 @pytest.mark.parametrize("seed", [1, 3])
 def test_a_runs_blocks_are_filled_in_one_pool_call(monkeypatch: pytest.MonkeyPatch,
