@@ -108,6 +108,51 @@ def test_a_shorter_delay_enters_the_core_first_not_queued(policy: str) -> None:
     assert b.first_token_s < a.first_token_s
 
 
+def _free() -> Replica:
+    """A replica whose API server costs nothing: a hand-over is its arrival + delays."""
+    return Replica(dataclasses.replace(config(), api_server=ApiServerCost(0.0, 0.0, 0.0)))
+
+
+@pytest.mark.parametrize("policy", ["least-outstanding", "dynamo-kv"])
+def test_a_hand_over_whose_timeout_rounds_early_still_enters(policy: str) -> None:
+    """A hand-over at h is a timeout of h - now, which fires at now + (h - now): for some
+    arrivals a float's last bit before h. Its request enters all the same (it used to stay
+    pending: "1 requests never finished")."""
+    latency, delay = 0.001, 0.02
+    arrival = next(a for a in (k * 1e-7 for k in range(1, 10**6))
+                   if a + ((a + latency + delay) - a) < a + latency + delay)
+    result = simulate_fleet(Trace((TraceRequest("x", arrival, 64, 2),)), [_free()],
+                            make_policy(policy), refresh_s=0.0, routing_latency_s=latency,
+                            stack_delay_s={"x": delay})
+    assert [r.request_id for r in result.requests] == ["x"]
+
+
+def _crossed_timeouts(latency: float) -> tuple[Trace, dict[str, float]]:
+    """A routed first, B 0.3 ms later with a shorter delay that hands it over a float's
+    last bit before A, yet both timeouts fire at one time (A's, set first, first)."""
+    for k in range(1, 10**4):
+        a, b = k * 1e-7, k * 1e-7 + 3e-4
+        routed_b = a + (b - a)  # the event loop's time when B is routed
+        h_a = 0.05 + k * 1e-9
+        h_b = math.nextafter(h_a, 0.0)
+        d_a, d_b = h_a - (a + latency), h_b - (b + latency)
+        if ((a + latency) + d_a, (b + latency) + d_b) == (h_a, h_b) and \
+                a + (h_a - a) == routed_b + (h_b - routed_b):
+            trace = Trace((TraceRequest("A", a, 64, 2), TraceRequest("B", b, 64, 2)))
+            return trace, {"A": d_a, "B": d_b}
+    raise AssertionError("no such floats")
+
+
+@pytest.mark.parametrize("policy", ["least-outstanding", "dynamo-kv"])
+def test_hand_overs_whose_timeouts_fire_out_of_order_both_enter(policy: str) -> None:
+    """B is due first but A's timeout fires first: A's takes both (taking only the head,
+    B, would leave A to B's timeout, which is not due by A's time)."""
+    trace, delays = _crossed_timeouts(0.001)
+    result = simulate_fleet(trace, [_free()], make_policy(policy), refresh_s=0.0,
+                            routing_latency_s=0.001, stack_delay_s=delays)
+    assert sorted(r.request_id for r in result.requests) == ["A", "B"]
+
+
 @pytest.mark.parametrize("policy", ["round-robin", "least-outstanding", "dynamo-kv"])
 def test_no_delays_or_zero_delays_are_the_fleet_without_them(policy: str) -> None:
     trace = TRACES["prefix"]
