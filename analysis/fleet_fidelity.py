@@ -111,7 +111,7 @@ def stack_lines(s: Mapping[str, Any]) -> list[str]:
         clamped = f"; clamped at 0: {', '.join(model['clamped'])}" if model["clamped"] else ""
         cold = model.get("cold_left_out", 0)
         lines = [f"serving stack (fitted on a calibration replay of {model['requests']} other "
-                 f"requests{f', the first {cold} left out (cold)' if cold else ''}): "
+                 f"requests{_cold(cold)}): "
                  f"{model['per_request_ms']:.2f} ms per request + "
                  f"{model['per_prompt_token_us']:.2f} us per prompt token before the engine; "
                  f"real - twin TTFT p50 {model['gap_p50_ms']:.2f} / p90 "
@@ -124,17 +124,23 @@ def stack_lines(s: Mapping[str, Any]) -> list[str]:
         api = model.get("api_server") or {}
         why = f"{model['not_fitted']}; " if "not_fitted" in model else ""
         lines = [f"serving stack: not fitted ({why}the profile's API-server cost, "
-                 f"{api.get('per_request_s', math.nan) * 1e3:.2f} ms per request)"]
-    if real:
-        lines.append(f"real TTFT mean {real['client_ttft_mean_ms']:.2f} ms = routing "
-                     f"{real['routing_mean_ms']:.2f} + HTTP hops and client "
-                     f"{real['hops_mean_ms']:.2f} + API server and IPC "
-                     f"{real['api_ipc_mean_ms']:.2f} + engine {real['engine_mean_ms']:.2f} "
-                     "(the replicas' histograms)")
+                 f"{_ms(api.get('per_request_s'))} per request)"]
+    if real:  # a part not measured (the router's or a replica's /metrics unread): n/a
+        lines.append(f"real TTFT mean {_num(real['client_ttft_mean_ms'])} ms = routing "
+                     f"{_num(real['routing_mean_ms'])} + HTTP hops and client "
+                     f"{_num(real['hops_mean_ms'])} + API server and IPC "
+                     f"{_num(real['api_ipc_mean_ms'])} + engine "
+                     f"{_num(real['engine_mean_ms'])} (the replicas' histograms)")
     lines.append(f"sim TTFT mean {sim['ttft_mean_ms']:.2f} ms = routing "
                  f"{sim['routing_mean_ms']:.2f} + serving stack "
                  f"{sim['serving_stack_mean_ms']:.2f} + engine {sim['engine_mean_ms']:.2f}")
     return lines
+
+
+def _cold(left_out: int) -> str:
+    """What the stack's line says of the calibration requests left out as cold."""
+    return (f", {left_out} arriving before the first one's first token left out (cold)"
+            if left_out else "")
 
 
 def _spread_lines(model: Mapping[str, Any]) -> list[str]:
@@ -207,8 +213,14 @@ def render(c: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _ms(seconds: float) -> str:
-    return "n/a" if not math.isfinite(seconds) else f"{seconds * 1e3:.2f} ms"
+def _num(value: float | None) -> str:
+    """`value` to 2 decimals, or "n/a" when unknown (run.json's null, or NaN)."""
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.2f}"
+
+
+def _ms(seconds: float | None) -> str:
+    """Seconds as milliseconds ("1.25 ms"), or "n/a" when unknown."""
+    return "n/a" if seconds is None or not math.isfinite(seconds) else f"{seconds * 1e3:.2f} ms"
 
 
 def _clean(value: Any) -> Any:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from runtime import CacheConfig, SchedulerConfig
 from runtime.config import EngineFlags
 from runtime.flags import flag
@@ -35,7 +37,6 @@ from sim.fleet import FleetResult, simulate_fleet
 from sim.fleet_config import FleetFlags
 from sim.profile import load_profile
 from sim.serving_stack import (
-    COLD_REQUESTS,
     MeasuredReplay,
     StackFit,
     StackNotFitted,
@@ -256,19 +257,26 @@ def _stack_free(setup: SimSetup, trace: Trace, fleet: FleetFlags, seed: int,
                      seed, _router_timing(fleet, overheads))
 
 
-def _fitted_stack(setup: SimSetup, fleet: FleetFlags, seed: int, calibration: MeasuredReplay
-                  ) -> tuple[StackFit | None, dict[str, Any]]:
-    """The serving stack fitted on `calibration` against its stack-free twin and run.json's
-    description of it; (None, why) when too few requests finished to fit it."""
-    bare = _stack_free(setup, calibration.trace, fleet, seed, calibration.overheads)
-    latency_ms = _router_timing(fleet, calibration.overheads)[1] * 1e3
+def _known(overheads: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, Any]:
+    """`overheads` with each figure not measured (NaN: that replay's router /metrics could
+    not be read) taken from `other`, the other replay's through the same fleet."""
+    return {k: other.get(k, v) if isinstance(v, float) and math.isnan(v) else v
+            for k, v in overheads.items()}
+
+
+def _fitted_stack(setup: SimSetup, fleet: FleetFlags, seed: int, calibration: MeasuredReplay,
+                  overheads: Mapping[str, Any]) -> tuple[StackFit | None, dict[str, Any]]:
+    """The serving stack fitted on `calibration` against its stack-free twin (the router's
+    `overheads` during it) and run.json's description of it; (None, why) when too few
+    requests finished to fit it."""
+    bare = _stack_free(setup, calibration.trace, fleet, seed, overheads)
+    latency_ms = _router_timing(fleet, overheads)[1] * 1e3
     try:
         fit = fit_on_twin(calibration, bare.requests, seed)
     except StackNotFitted as err:
         return None, {"fitted": False, "not_fitted": str(err),
                       "api_server": dataclasses.asdict(setup.config.api_server)}
-    return fit, {"fitted": True, **fit.describe(), "cold_left_out": COLD_REQUESTS,
-                 "applied_as": "a delay per request "
+    return fit, {"fitted": True, **fit.describe(), "applied_as": "a delay per request "
                  "after the routing decision, before the engine (not queued): the line + a "
                  "residual drawn from the spread (seed: the run's)",
                  "calibration_routing_latency_ms": latency_ms}
@@ -282,7 +290,8 @@ def fleet_twin(trace: Trace, fleet: FleetFlags, engine: EngineFlags, model: str,
     --gpu GPU [--profile P] --seed SEED` with `engine`'s flags (no step-time noise: the
     live executor has none), behind `fleet.router` (its arguments and seed), with the real
     router's measured overheads (`backends.route.overheads.RouterOverheads` as a mapping;
-    `_router_timing`), so the simulated signals are as stale as the real ones. The replicas
+    `_router_timing`; a figure one replay's router could not give, the other replay's), so
+    the simulated signals are as stale as the real ones. The replicas
     generate outputs of their own (`served_outputs`), as the real ones do. With
     `calibration` (a replay of other requests through the same real fleet), the serving
     stack's own time (`sim.serving_stack`) is fitted on it against its twin without that
@@ -296,8 +305,11 @@ def fleet_twin(trace: Trace, fleet: FleetFlags, engine: EngineFlags, model: str,
     stack: dict[str, Any] = {"fitted": False, "api_server": dataclasses.asdict(
         setup.config.api_server)}
     fit = None
-    if calibration is not None:
-        fit, stack = _fitted_stack(setup, fleet, seed, calibration)
+    if calibration is not None:  # either replay's router figures stand in for the other's
+        measured = overheads
+        overheads = _known(measured, calibration.overheads)
+        fit, stack = _fitted_stack(setup, fleet, seed, calibration,
+                                   _known(calibration.overheads, measured))
     if fit is not None:
         setup = _with_api_server(setup, ApiServerCost(0.0, 0.0, 0.0))
     timing = _router_timing(fleet, overheads)
@@ -314,11 +326,13 @@ def fleet_twin(trace: Trace, fleet: FleetFlags, engine: EngineFlags, model: str,
 
 
 def _drawn(delays: Mapping[str, float]) -> dict[str, Any]:
-    """run.json's summary of the delays drawn for the trace (milliseconds): p50, p90, p99,
-    and how many came out at 0 (a residual below minus the line)."""
-    values = sorted(delays.values())
-    if not values:
+    """run.json's summary of the delays drawn for the trace (milliseconds): p50, p90, p99
+    (linear between order statistics, as the spread's), and how many came out at 0 (a
+    residual below minus the line)."""
+    values = np.fromiter(delays.values(), dtype=float, count=len(delays))
+    if not len(values):
         return {"requests": 0}
-    q = {f"p{p}_ms": values[min(len(values) - 1, math.ceil(p / 100 * len(values)) - 1)] * 1e3
-         for p in (50, 90, 99)}
-    return {"requests": len(values), **q, "at_zero": sum(v == 0.0 for v in values)}
+    q = np.quantile(values, [0.5, 0.9, 0.99]) * 1e3
+    return {"requests": len(values),
+            **{f"p{p}_ms": float(v) for p, v in zip((50, 90, 99), q, strict=True)},
+            "at_zero": int((values == 0.0).sum())}

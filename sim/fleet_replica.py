@@ -20,6 +20,7 @@ from array import array
 from bisect import bisect_right, insort
 from collections import deque
 from collections.abc import Collection, Mapping, Sequence
+from functools import partial
 from operator import itemgetter
 from typing import Protocol, cast
 
@@ -120,7 +121,8 @@ class Replica(EngineProcess):
             insort(pending, entry, key=itemgetter(0))
         else:
             pending.append(entry)
-        self.env.timeout(handover - self.env.now).callbacks.append(self._submit_head)
+        self.env.timeout(handover - self.env.now).callbacks.append(
+            partial(self._handover_due, handover))
 
     def arrived(self, req: TraceRequest, reached_s: float, max_tokens: int) -> None:
         """Record the request reaching the API server at `reached_s`; its record is the
@@ -143,23 +145,30 @@ class Replica(EngineProcess):
         delays = self.fleet.stack_delay_s
         return handover + delays.get(req.request_id, 0.0) if delays else handover
 
-    def _submit_head(self, _: simpy.Event) -> None:
-        """A hand-over is due: the oldest pending request enters the core, unless taken."""
-        if self.pending and self.pending[0][0] <= self.env.now:
-            handover, request = self.pending.popleft()
-            self.submit(request, handover)
+    def _handover_due(self, due: float, _: simpy.Event) -> None:
+        """The timeout of the hand-over at `due` (seconds) fired: `enter_due(due)`. Its own
+        time, not the event loop's: the timeout fires at now + (due - now), which may round
+        a float's last bit below `due`."""
+        self.enter_due(due)
 
-    def take_due(self, clock: float) -> None:
+    def enter_due(self, due: float) -> None:
+        """Every pending request handed over by `due` (seconds) enters the core, in
+        hand-over order. So a hand-over's timeout never leaves its request behind one due
+        before it that it took (a shorter stack delay puts a later-routed request first,
+        and timeouts of nearly equal times may fire in either order); each other one's
+        timeout then finds its request taken."""
         pending = self.pending
-        if not self.ahead:
-            return
-        while pending and pending[0][0] <= clock:
+        while pending and pending[0][0] <= due:
             handover, request = pending.popleft()
             self.submit(request, handover)
 
+    def take_due(self, clock: float) -> None:
+        if self.ahead:
+            self.enter_due(clock)
+
     def idle_until(self) -> float | None:
         # stepping ahead: an idle gap up to a routed request due before anything unrouted
-        # could be is jumped as a step is (its `_submit_head` then finds it taken)
+        # could be is jumped as a step is (its `_handover_due` then finds it taken)
         pending = self.pending
         if self.ahead and pending and pending[0][0] < self.steps_ahead_until():
             return pending[0][0]

@@ -14,9 +14,10 @@ The line is fitted robustly (Theil-Sen: the median of the pairwise slopes, at mo
 `MAX_PAIRS` of them, then the median intercept), so the CPU queueing of a loaded machine, a
 long tail of d that grows with load, does not enter the fixed cost. What the line leaves,
 the residuals r_i = d_i - line_i (in-sample), is the spread of the hops and the client
-around their median: `Spread` keeps them, centred on their median, and each simulated
-request draws its delay as line + a residual (`draw_delays`: the residuals' empirical
-quantile function at a uniform draw from a seed; never below 0). In the twin the delay is
+around their median: `Spread` keeps them as they are (their median is 0 on the line; a
+line clamped at 0 leaves them below it), and each simulated request draws its delay as
+line + a residual (`draw_delays`: the residuals' empirical quantile function at a uniform
+draw from a stream of the seed's own; never below 0). In the twin the delay is
 spent after the routing decision, between the router and the engine (`sim.fleet`'s
 `stack_delay_s`): real requests are routed in arrival order and tokenized in the replica
 after routing. Times are seconds.
@@ -26,14 +27,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
 
 from runtime.records import RequestRecord, ttft_by_request
 from sim.cost.base import _check_number
-from workloads import Trace
+from workloads import Trace, TraceRequest
 
 
 class MeasuredReplay(Protocol):
@@ -79,11 +80,13 @@ SPREAD_QUANTILES = (0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99)  # reported of a `Spr
 
 @dataclass(frozen=True, slots=True)
 class Spread:
-    """The in-sample residuals of the fit (seconds, sorted, shifted so that their median is
-    0): real requests' stack time around the fitted line. A draw is their empirical
-    quantile function (linear between order statistics, `numpy.quantile`'s default) at a
-    uniform u: bounded by the smallest and largest residual seen, median 0. Empty: no
-    spread (every draw 0)."""
+    """The in-sample residuals of the fit (seconds, sorted): real requests' stack time
+    around the fitted line, as they are. Their median is 0 around a Theil-Sen line (its
+    intercept is the median of d - slope * x); around a line clamped at 0 it is where the
+    real requests put it (below 0 when the real fleet was not slower than the twin: such
+    draws come out at 0, not re-centred onto the line). A draw is their empirical quantile
+    function (linear between order statistics, `numpy.quantile`'s default) at a uniform u:
+    bounded by the smallest and largest residual seen. Empty: no spread (every draw 0)."""
 
     residuals_s: tuple[float, ...] = ()
 
@@ -95,12 +98,9 @@ class Spread:
             raise ValueError("Spread: residuals must be sorted")
 
     @classmethod
-    def centred(cls, residuals: Sequence[float]) -> Spread:
-        """The spread of `residuals`, sorted and shifted by their median."""
-        if not len(residuals):
-            return cls()
-        values = np.sort(np.asarray(residuals, dtype=float))
-        return cls(tuple((values - np.median(values)).tolist()))
+    def of(cls, residuals: Sequence[float]) -> Spread:
+        """The spread of `residuals` (seconds, any order)."""
+        return cls(tuple(sorted(float(v) for v in residuals)))
 
     def draw(self, u: np.ndarray) -> np.ndarray:
         """The residuals' quantiles at `u` (values in [0, 1]; seconds)."""
@@ -111,19 +111,26 @@ class Spread:
     def describe(self) -> dict[str, Any]:
         """fleet_fidelity's `spread` section (milliseconds)."""
         q = self.draw(np.asarray(SPREAD_QUANTILES)) * 1e3
-        return {"fitted": "the fit's in-sample residuals, centred on their median; each "
-                          "request draws one by its empirical quantile function",
+        return {"fitted": "the fit's in-sample residuals around its line; each request "
+                          "draws one by their empirical quantile function",
                 "residuals": len(self.residuals_s),
                 "quantiles_ms": {f"p{round(p * 100)}": float(v)
                                  for p, v in zip(SPREAD_QUANTILES, q, strict=True)}}
 
 
+# Each use of a run's seed draws from a stream of its own, `default_rng([seed, STREAM])`:
+# `default_rng(seed)` is the random dataset's (`workloads.synthetic`), and with the same
+# `--seed` the delays would be the trace's lengths in other units.
+DELAY_STREAM = 1  # `draw_delays`' uniforms
+PAIR_STREAM = 2  # Theil-Sen's sample of pairs (`_pairs`)
+
+
 def draw_delays(trace: Trace, stack: ServingStack, spread: Spread, seed: int
                 ) -> dict[str, float]:
     """Each request's stack time (seconds, by request id): `stack.delay_s(prompt_len)` + a
-    residual drawn from `spread` with uniforms from `seed` (one per request, in trace order),
-    at least 0 (a real TTFT is not faster than the engine's)."""
-    u = np.random.default_rng(seed).random(len(trace))
+    residual drawn from `spread` with uniforms from `seed`'s `DELAY_STREAM` (one per
+    request, in trace order), at least 0 (a real TTFT is not faster than the engine's)."""
+    u = np.random.default_rng([seed, DELAY_STREAM]).random(len(trace))
     line = np.array([stack.delay_s(r.prompt_len) for r in trace], dtype=float)
     delays = np.maximum(line + spread.draw(u), 0.0)
     return {r.request_id: float(d) for r, d in zip(trace, delays, strict=True)}
@@ -141,6 +148,7 @@ class StackFit:
         residual_p50_s, residual_p90_s: p50/p90 of d minus the fitted line: what the fixed
             costs leave (at p90: queueing for a CPU, which grows with the machine's load).
         clamped: the terms that came out negative and were set to 0.
+        cold_left_out: calibration requests left out as cold (`warm_requests`).
     """
 
     stack: ServingStack
@@ -151,6 +159,7 @@ class StackFit:
     residual_p50_s: float
     residual_p90_s: float
     clamped: tuple[str, ...] = ()
+    cold_left_out: int = 0
 
     def describe(self) -> dict[str, Any]:
         """run.json's `serving_stack` section (milliseconds and microseconds per token)."""
@@ -161,7 +170,7 @@ class StackFit:
                 "gap_p90_ms": self.gap_p90_s * 1e3,
                 "residual_p50_ms": self.residual_p50_s * 1e3,
                 "residual_p90_ms": self.residual_p90_s * 1e3, "clamped": list(self.clamped),
-                "spread": self.spread.describe()}
+                "cold_left_out": self.cold_left_out, "spread": self.spread.describe()}
 
 
 MAX_PAIRS = 200_000  # Theil-Sen's pairs at most (a seeded sample beyond): memory O(pairs)
@@ -174,10 +183,11 @@ class StackNotFitted(ValueError):
 
 def _pairs(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Index pairs (i, j) of n points: all i < j when there are at most `MAX_PAIRS`, else
-    `MAX_PAIRS` pairs drawn uniformly (with replacement, i != j) from `seed`."""
+    `MAX_PAIRS` pairs drawn uniformly (with replacement, i != j) from `seed`'s
+    `PAIR_STREAM`."""
     if n * (n - 1) // 2 <= MAX_PAIRS:
         return np.triu_indices(n, k=1)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng([seed, PAIR_STREAM])
     i = rng.integers(0, n, MAX_PAIRS)
     j = (i + rng.integers(1, n, MAX_PAIRS)) % n  # != i
     return i, j
@@ -201,7 +211,8 @@ def fit_serving_stack(prompt_lens: Sequence[int], real_ttft_s: Sequence[float],
     """The `ServingStack` of requests with these prompt lengths, real TTFTs and their
     twin's TTFTs (without serving-stack cost), matched by position; requests whose gap is
     not finite (a failed request) are dropped. A negative per-request term is clamped to 0
-    and the slope refitted through the origin (the median of gap / prompt tokens).
+    and the slope refitted through the origin (the median of gap / prompt tokens); the
+    spread is the residuals around the line so clamped (`Spread`).
     `StackNotFitted` when fewer than `MIN_REQUESTS` remain; ValueError when the lengths
     differ."""
     if not len(prompt_lens) == len(real_ttft_s) == len(twin_ttft_s):
@@ -224,24 +235,35 @@ def fit_serving_stack(prompt_lens: Sequence[int], real_ttft_s: Sequence[float],
     residual = gap - (intercept + slope * x)
     p50, p90 = np.quantile(gap, [0.5, 0.9])
     r50, r90 = np.quantile(residual, [0.5, 0.9])
-    return StackFit(ServingStack(intercept, slope), Spread.centred(residual.tolist()), len(x),
+    return StackFit(ServingStack(intercept, slope), Spread.of(residual.tolist()), len(x),
                     float(p50), float(p90), float(r50), float(r90), tuple(clamped))
 
 
-# the calibration replay's first requests (by arrival) left out of the fit: a fresh fleet's
-# first request is cold (real - twin TTFT 119-335 ms measured, docs/route.md; the next ones
-# 1-40 ms), and the measured replay after it runs on warm replicas
-COLD_REQUESTS = 1
+def warm_requests(calibration: MeasuredReplay) -> list[TraceRequest]:
+    """The calibration replay's requests, by arrival, that arrived once the first request
+    with a TTFT had its first token. A fresh fleet's first request is cold (real - twin
+    TTFT 119-335 ms measured, docs/route.md), and the requests arriving before its first
+    token wait behind that cold start (29-130 ms over the twin, against a median of 6-10 ms,
+    in fid16's replays); the measured replay after them runs on warm replicas. Those are
+    left out of the fit, the first request with them."""
+    order = sorted(calibration.trace, key=lambda r: r.arrival_s)
+    ttft = calibration.ttft_s
+    first = next((r for r in order if r.request_id in ttft), None)
+    if first is None:
+        return []
+    warm_at = first.arrival_s + ttft[first.request_id]
+    return [r for r in order if r.arrival_s >= warm_at]
 
 
 def fit_on_twin(calibration: MeasuredReplay, twin: Sequence[RequestRecord], seed: int = 0
                 ) -> StackFit:
-    """`fit_serving_stack` on the calibration replay's requests that have a TTFT in both it
-    and `twin` (its trace through the fleet's twin without serving-stack cost), but the
-    first `COLD_REQUESTS` to arrive; `seed` draws Theil-Sen's pairs of a long replay."""
+    """`fit_serving_stack` on the calibration replay's `warm_requests` that have a TTFT in
+    both it and `twin` (its trace through the fleet's twin without serving-stack cost), the
+    others counted in `cold_left_out`; `seed` draws Theil-Sen's pairs of a long replay."""
     sim = ttft_by_request(twin)
-    warm = sorted(calibration.trace, key=lambda r: r.arrival_s)[COLD_REQUESTS:]
+    warm = warm_requests(calibration)
     both = [r for r in warm if r.request_id in sim and r.request_id in calibration.ttft_s]
-    return fit_serving_stack([r.prompt_len for r in both],
-                             [calibration.ttft_s[r.request_id] for r in both],
-                             [sim[r.request_id] for r in both], seed)
+    fit = fit_serving_stack([r.prompt_len for r in both],
+                            [calibration.ttft_s[r.request_id] for r in both],
+                            [sim[r.request_id] for r in both], seed)
+    return replace(fit, cold_left_out=len(calibration.trace) - len(warm))

@@ -283,7 +283,8 @@ def _save(out: RunOutput, root: Path, name: str, trace: Trace, result: Any,
     unread = info["router"].get("overheads_not_measured")
     if unread is not None:
         out.say(f"note: {name}/: the router's overheads are not measured (NaN; the twin "
-                f"assumes no routing latency and the flag's refresh): {unread}")
+                "takes the other replay's, else assumes no routing latency and the flag's "
+                f"refresh): {unread}")
 
 
 def run_fleet_fidelity(plan: FleetFidelityPlan, trace: Trace, root: Path, out: RunOutput,

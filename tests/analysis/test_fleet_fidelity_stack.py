@@ -4,6 +4,7 @@ model the twin used, the real TTFT's split (from the real run.json) and the simu
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -19,7 +20,7 @@ SPLIT = {"client_ttft_mean_ms": 21.0, "routing_mean_ms": 1.0, "hops_mean_ms": 5.
          "api_ipc_mean_ms": 5.0, "engine_mean_ms": 10.0, "serve_ttft_mean_ms": 15.0}
 
 
-def runs(model: dict[str, object], split: dict[str, float] | None) -> tuple[Run, Run]:
+def runs(model: dict[str, object], split: dict[str, float | None] | None) -> tuple[Run, Run]:
     sim = pd.DataFrame({"arrival_s": [0.0, 1.0], "first_token_s": [0.020, 1.022],
                         "routing_s": [0.001, 0.001], "api_server_s": [0.007, 0.007]})
     router = {} if split is None else {"router": {"ttft_split": split}}
@@ -81,3 +82,20 @@ def test_the_spread_and_the_drawn_delays_are_on_the_console() -> None:
     assert lines[2] == ("  delays drawn for the trace: p50 7.10 / p90 18.90 / p99 40.20 ms "
                         "(2 at 0), after the routing decision")
     assert lines[3].startswith("real TTFT mean")
+
+
+def test_a_split_with_parts_not_measured_still_renders() -> None:
+    """run.json's nulls (`backends.route.fleet_fidelity._replay_once`): the router's
+    /metrics unread leaves the routing and hence the hops unknown; a replica's, every part
+    from the histograms. Each unknown part reads n/a (it was a TypeError)."""
+    router_unread = {**SPLIT, "routing_mean_ms": None, "hops_mean_ms": None}
+    assert stack_lines(serving_stack(*runs(FIT, router_unread)))[1] == (
+        "real TTFT mean 21.00 ms = routing n/a + HTTP hops and client n/a + API server and "
+        "IPC 5.00 + engine 10.00 (the replicas' histograms)")
+    replica_unread = {**dict.fromkeys(SPLIT), "client_ttft_mean_ms": 21.0,
+                      "routing_mean_ms": 1.0}
+    assert stack_lines(serving_stack(*runs(FIT, replica_unread)))[1] == (
+        "real TTFT mean 21.00 ms = routing 1.00 + HTTP hops and client n/a + API server and "
+        "IPC n/a + engine n/a (the replicas' histograms)")
+    nan = {**SPLIT, "client_ttft_mean_ms": math.nan}  # no request got a first token
+    assert stack_lines(serving_stack(*runs(FIT, nan)))[1].startswith("real TTFT mean n/a ms")

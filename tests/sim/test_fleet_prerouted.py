@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 import workloads
@@ -45,13 +46,15 @@ def randomised(seed: int) -> Trace:
 
 
 def run(trace: Trace, policy: str, setups: list[Replica], ahead: bool, routers: int = 1,
-        latency_s: float = 0.0) -> FleetResult:
+        latency_s: float = 0.0, stack: dict[str, float] | None = None) -> FleetResult:
+    """`ahead`: routing (and stepping) ahead allowed; `stack`: serving-stack delays."""
     saved = fleet_module._Fleet.routes_ahead
     fleet_module._Fleet.routes_ahead = ahead
     try:
         return simulate_fleet(trace, setups, [make_policy(policy, (), seed=5 + r)
                                               for r in range(routers)],
-                              refresh_s=0.02, routing_latency_s=latency_s)
+                              refresh_s=0.02, routing_latency_s=latency_s,
+                              stack_delay_s=stack)
     finally:
         fleet_module._Fleet.routes_ahead = saved
 
@@ -75,6 +78,23 @@ def test_pre_routed_equals_lock_step_on_random_traces(seed: int, policy: str) ->
     routers = 1 + seed % 2
     lock_step = run(trace, policy, setups, ahead=False, routers=routers, latency_s=latency)
     same(run(trace, policy, setups, ahead=True, routers=routers, latency_s=latency), lock_step)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("policy", ["round-robin", "random", "session-hash",
+                                    "least-outstanding", "prefix-aware"])
+def test_fast_paths_equal_lock_step_with_stack_delays(seed: int, policy: str) -> None:
+    """With serving-stack delays (exponential, mean 1-50 ms: hand-overs out of routing
+    order), pre-routing and stepping ahead keep the lock-step records."""
+    trace = randomised(seed)
+    rng = np.random.default_rng(seed)
+    scale = (0.001, 0.01, 0.05)[seed % 3]
+    stack = {r.request_id: float(rng.exponential(scale)) for r in trace}
+    small, large = Replica(config(num_blocks=40 + 10 * seed)), Replica(config(num_blocks=300))
+    setups = [small, large, large][: 2 + seed % 2]
+    routers, latency = 1 + seed % 2, 0.002 * (seed % 3)
+    same(run(trace, policy, setups, True, routers, latency, stack),
+         run(trace, policy, setups, False, routers, latency, stack))
 
 
 def test_pre_routed_equals_stepping_one_by_one() -> None:

@@ -16,7 +16,13 @@ from runtime.router import make_policy
 from sim.cost.api_server import ApiServerCost
 from sim.fidelity import fleet_twin
 from sim.fleet import FleetResult, simulate_fleet
-from sim.serving_stack import ServingStack, Spread, draw_delays, fit_serving_stack
+from sim.serving_stack import (
+    ServingStack,
+    Spread,
+    draw_delays,
+    fit_serving_stack,
+    warm_requests,
+)
 from tests.sim.fleet_support import Replica
 from tests.sim.test_fleet import TRACES, config, rows
 from tests.sim.test_serving_stack import (
@@ -31,16 +37,17 @@ from workloads import Trace, TraceRequest, resample_like
 from workloads.flags import WorkloadFlags, load_workload
 
 FOUR = Trace(tuple(TraceRequest(str(i), i * 0.1, 100 * (i + 1), 4) for i in range(4)), "t")
-SPREAD = Spread.centred([0.004, -0.002, 0.001, 0.020, -0.001])
+SPREAD = Spread.of([0.003, -0.003, 0.0, 0.019, -0.002])  # median 0: on the line
 
 
-def test_the_spread_is_the_residuals_centred_on_their_median() -> None:
-    assert SPREAD.residuals_s == pytest.approx((-0.003, -0.002, 0.0, 0.003, 0.019), abs=1e-15)
-    assert SPREAD.residuals_s[2] == 0.0  # the median where the line puts it
+def test_the_spread_is_the_residuals_sorted_as_they_are() -> None:
+    assert SPREAD.residuals_s == (-0.003, -0.002, 0.0, 0.003, 0.019)
     q = SPREAD.describe()["quantiles_ms"]
     assert q["p50"] == 0.0 and q["p90"] == pytest.approx(12.6)
     assert q["p10"] == pytest.approx(-2.6)
-    assert Spread.centred([]) == Spread() and list(Spread().draw(np.array([0.3]))) == [0.0]
+    below = Spread.of([-0.001, -0.004, -0.002])  # a clamped line's: not re-centred
+    assert below.residuals_s == (-0.004, -0.002, -0.001)
+    assert Spread.of([]) == Spread() and list(Spread().draw(np.array([0.3]))) == [0.0]
     with pytest.raises(ValueError, match="sorted"):
         Spread((0.002, 0.001))
     with pytest.raises(ValueError, match="finite"):
@@ -50,8 +57,8 @@ def test_the_spread_is_the_residuals_centred_on_their_median() -> None:
 def test_delays_drawn_from_a_seed_are_exact_and_reproducible() -> None:
     stack = ServingStack(0.005, 2e-6)
     delays = draw_delays(FOUR, stack, SPREAD, seed=7)
-    assert delays == {"0": 0.006701145599256004, "1": 0.01782168326205283,
-                      "2": 0.010243884175692386, "3": 0.003700828759962367}
+    assert delays == {"0": 0.009489020864222344, "1": 0.0028477089772707374,
+                      "2": 0.00335639093318851, "3": 0.0034398210462362002}
     assert draw_delays(FOUR, stack, SPREAD, seed=7) == delays
     assert draw_delays(FOUR, stack, SPREAD, seed=8) != delays
     assert draw_delays(FOUR, stack, Spread(), seed=7) == {
@@ -62,7 +69,9 @@ def test_many_draws_keep_the_line_as_their_median_and_are_never_negative() -> No
     trace = Trace(tuple(TraceRequest(str(i), 0.0, 100, 1) for i in range(4001)), "t")
     stack = ServingStack(0.002, 0.0)
     delays = np.array(list(draw_delays(trace, stack, SPREAD, seed=1).values()))
-    assert np.median(delays) == pytest.approx(0.002, abs=1e-4)
+    # the median of 4001 uniforms is 0.5 within 0.008 (one sd), which the residuals'
+    # quantile function (12 ms per unit of u above 0.5) turns into 0.1 ms
+    assert np.median(delays) == pytest.approx(0.002, abs=3e-4)
     assert delays.min() == 0.0  # line - 3 ms, clamped: a TTFT no faster than the engine's
     assert delays.max() <= 0.002 + 0.019
     assert np.quantile(delays, 0.9) == pytest.approx(0.002 + 0.0126, abs=1e-3)
@@ -108,6 +117,51 @@ def test_a_shorter_delay_enters_the_core_first_not_queued(policy: str) -> None:
     assert b.first_token_s < a.first_token_s
 
 
+def _free() -> Replica:
+    """A replica whose API server costs nothing: a hand-over is its arrival + delays."""
+    return Replica(dataclasses.replace(config(), api_server=ApiServerCost(0.0, 0.0, 0.0)))
+
+
+@pytest.mark.parametrize("policy", ["least-outstanding", "dynamo-kv"])
+def test_a_hand_over_whose_timeout_rounds_early_still_enters(policy: str) -> None:
+    """A hand-over at h is a timeout of h - now, which fires at now + (h - now): for some
+    arrivals a float's last bit before h. Its request enters all the same (it used to stay
+    pending: "1 requests never finished")."""
+    latency, delay = 0.001, 0.02
+    arrival = next(a for a in (k * 1e-7 for k in range(1, 10**6))
+                   if a + ((a + latency + delay) - a) < a + latency + delay)
+    result = simulate_fleet(Trace((TraceRequest("x", arrival, 64, 2),)), [_free()],
+                            make_policy(policy), refresh_s=0.0, routing_latency_s=latency,
+                            stack_delay_s={"x": delay})
+    assert [r.request_id for r in result.requests] == ["x"]
+
+
+def _crossed_timeouts(latency: float) -> tuple[Trace, dict[str, float]]:
+    """A routed first, B 0.3 ms later with a shorter delay that hands it over a float's
+    last bit before A, yet both timeouts fire at one time (A's, set first, first)."""
+    for k in range(1, 10**4):
+        a, b = k * 1e-7, k * 1e-7 + 3e-4
+        routed_b = a + (b - a)  # the event loop's time when B is routed
+        h_a = 0.05 + k * 1e-9
+        h_b = math.nextafter(h_a, 0.0)
+        d_a, d_b = h_a - (a + latency), h_b - (b + latency)
+        if ((a + latency) + d_a, (b + latency) + d_b) == (h_a, h_b) and \
+                a + (h_a - a) == routed_b + (h_b - routed_b):
+            trace = Trace((TraceRequest("A", a, 64, 2), TraceRequest("B", b, 64, 2)))
+            return trace, {"A": d_a, "B": d_b}
+    raise AssertionError("no such floats")
+
+
+@pytest.mark.parametrize("policy", ["least-outstanding", "dynamo-kv"])
+def test_hand_overs_whose_timeouts_fire_out_of_order_both_enter(policy: str) -> None:
+    """B is due first but A's timeout fires first: A's takes both (taking only the head,
+    B, would leave A to B's timeout, which is not due by A's time)."""
+    trace, delays = _crossed_timeouts(0.001)
+    result = simulate_fleet(trace, [_free()], make_policy(policy), refresh_s=0.0,
+                            routing_latency_s=0.001, stack_delay_s=delays)
+    assert sorted(r.request_id for r in result.requests) == ["A", "B"]
+
+
 @pytest.mark.parametrize("policy", ["round-robin", "least-outstanding", "dynamo-kv"])
 def test_no_delays_or_zero_delays_are_the_fleet_without_them(policy: str) -> None:
     trace = TRACES["prefix"]
@@ -147,7 +201,9 @@ def test_the_twin_draws_each_request_s_delay_from_the_fitted_spread() -> None:
     calibration = FakeCalibration(calibration_trace, real, OVERHEADS)
     ttft, describe = twin(trace, calibration)
     stack = describe["fleet"]["serving_stack"]
-    assert stack["spread"]["residuals"] == 47 and stack["spread"]["quantiles_ms"]["p50"] == 0.0
+    # the first request and the 7 arriving before its first token (0.31 s) left out
+    assert stack["cold_left_out"] == 8
+    assert stack["spread"]["residuals"] == 40 and stack["spread"]["quantiles_ms"]["p50"] == 0.0
     assert stack["spread"]["quantiles_ms"]["p90"] > 2.0  # the exponential's tail
     assert stack["spread"]["quantiles_ms"]["p99"] < 50.0  # not the cold request's 300 ms
     fitted = ServingStack(stack["per_request_ms"] / 1e3, stack["per_prompt_token_us"] / 1e6)
@@ -164,9 +220,23 @@ def test_the_twin_draws_each_request_s_delay_from_the_fitted_spread() -> None:
 
 
 def _residuals(calibration: FakeCalibration, stack: ServingStack) -> list[float]:
-    """The calibration's residuals around `stack`'s line but the first request's, centred
-    (as `Spread.centred`)."""
+    """The calibration's residuals around `stack`'s line but the cold requests'
+    (`warm_requests`), sorted."""
     base = stack_free(calibration.trace)
-    lens = {r.request_id: r.prompt_len for r in calibration.trace[1:]}
-    gaps = [calibration.ttft_s[rid] - base[rid] - stack.delay_s(n) for rid, n in lens.items()]
-    return list(Spread.centred(gaps).residuals_s)
+    lens = {r.request_id: r.prompt_len for r in warm_requests(calibration)}
+    return sorted(calibration.ttft_s[rid] - base[rid] - stack.delay_s(n)
+                  for rid, n in lens.items())
+
+
+def test_the_delay_draws_are_not_the_random_dataset_s_lengths() -> None:
+    """The uniforms come from a stream of the seed's own: from `default_rng(seed)` itself,
+    with `--seed` equal to the trace's, they were the bits vLLM's random dataset drew its
+    lengths from (`workloads.synthetic`; correlation 1.0)."""
+    trace = load_workload(WorkloadFlags(dataset_name="random", num_prompts=400, input_len=512,
+                                        output_len=32, range_ratio=0.9, request_rate=10.0,
+                                        seed=0)).trace
+    u = np.array(list(draw_delays(trace, ServingStack(0.5, 0.0), Spread((-0.5, 0.5)),
+                                  seed=0).values()))  # the line + the residual: u itself
+    lens = np.array([r.prompt_len for r in trace], dtype=float)
+    n = len(trace) // 2
+    assert abs(np.corrcoef(u[:n], lens[1:2 * n:2])[0, 1]) < 0.3
