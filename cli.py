@@ -48,7 +48,8 @@ from sim.fidelity import FIDELITY_HELP, CalibrationFlags, FidelityFlags
 from sim.fleet_config import FLEET_UP_POLICY, ROUTER_POLICY, FleetFlags
 from sim.pd_flags import PDFlags
 from sim.plan import PLAN_HELP, PLAN_WORKLOAD, PlanFlags
-from sim.sweep import SWEEP_FLEETS, SWEEP_GRID, SWEEP_TARGETS, SWEEP_WORKLOAD, SweepFlags
+from sim.sweep import (SWEEP_FLEETS, SWEEP_GRID, SWEEP_HELP, SWEEP_TARGETS, SWEEP_WORKLOAD,
+                       SweepFlags)
 from workloads.flags import TraceFileFlags, WorkloadFlags, load_workload
 from workloads.trace_flags import FILE_FLAGS, SYNTHETIC_FLAGS, ConvertFlags, InspectFlags
 
@@ -151,10 +152,9 @@ _CheckInvariants = Annotated[bool, typer.Option(
 _Seed = Annotated[int, typer.Option("--seed", help="Seed of every random draw (as vLLM).")]
 
 
-def _result_dir(kind: str, what: str = "Run directory to write", then: str = "") -> Any:
-    """--result-dir: `what` (default: results/`kind`-<time>)`then`."""
+def _result_dir(kind: str) -> Any:
     return Annotated[Path | None, typer.Option(
-        "--result-dir", help=f"{what} (default: results/{kind}-<time>){then}.")]
+        "--result-dir", help=f"Run directory to write (default: results/{kind}-<time>).")]
 
 
 # ---- rt trace ... (workloads) ----
@@ -268,7 +268,7 @@ def compare(
         save_figures(figures, files.plot_dir or default_dir("compare"), say)
 
 
-@command(app, "sweep")
+@command(app, "sweep", help=SWEEP_HELP)
 def sweep(
     *,
     trace_file: _Trace,
@@ -279,13 +279,10 @@ def sweep(
     sim: Annotated[SimFlags, Flags(only=("profile",))],
     flags: Annotated[ReportFlags, Flags(defaults=TABLE_DEFAULTS)],
     how: Annotated[SweepFlags, Flags()],
-    result_dir: _result_dir("sweep", "Sweep directory") = None,
+    result_dir: Annotated[Path | None, typer.Option(
+        "--result-dir", help="Sweep directory (default: results/sweep-<time>).")] = None,
     plots: _Plots = True,
 ) -> None:
-    """Simulate a grid of engine flags x request rates on one trace, in parallel; print a
-    results table and draw latency against each swept flag and against rate (knee marked).
-
-    With --slo and --find-max-rate: bisect the rate for the highest one meeting every SLO."""
     from analysis.sweep import sweep_slos, write_sweep
     from analysis.sweep_run import PointRunner, run_sweep, widen_options
     from sim.sweep import GRID_ENGINE_FLAGS, SweepPlan, simulate_point
@@ -313,9 +310,10 @@ def plan(
     work: Annotated[WorkloadFlags, PLAN_WORKLOAD],
     space: Annotated[PlanFlags, Flags()],
     how: Annotated[SweepFlags, Flags(only=("executor", "address", "jobs"))],
-    result_dir: _result_dir("plan", "Where every simulated shape's run directory, plan.csv, "
-                            "the Pareto plot and the winning fleet.toml go",
-                            "; an existing one is resumed") = None,
+    result_dir: Annotated[Path | None, typer.Option(
+        "--result-dir", help="Where every simulated shape's run directory, plan.csv, the "
+        "Pareto plot and the winning fleet.toml go (default: results/plan-<time>); an "
+        "existing one is resumed.")] = None,
 ) -> None:
     """The cheapest fleet that meets every SLO on a trace."""
     from analysis.plan import report_plan
@@ -476,8 +474,9 @@ def fidelity(
     cal: Annotated[CalibrationFlags, Flags()],
     how: Annotated[FidelityFlags, Flags()],
     fleet: Annotated[FleetFlags, FLEET_UP_POLICY],
-    result_dir: _result_dir("fidelity", "Where real/, sim/, profile.json, fidelity.json and "
-                            "the plots go") = None,
+    result_dir: Annotated[Path | None, typer.Option(
+        "--result-dir", help="Where real/, sim/, profile.json, fidelity.json and the plots "
+        "go (default: results/fidelity-<time>).")] = None,
     plots: _Plots = True,
     client: Annotated[EndpointFlags, Flags()],
 ) -> None:
@@ -557,7 +556,8 @@ def bench_scheduler(flags: Annotated[SchedulerBenchFlags, Flags(inline=True)],
                     out: _Out) -> None:
     """Microseconds per step of schedule() + update_from_output(): 64/256/1024 running
     decodes with prefix caching, and a mixed chunked-prefill workload."""
-    typer.echo(out.write(flags.report()))
+    with user_errors():
+        typer.echo(out.write(flags.report()))
 
 
 @command(bench_app, "sim")
@@ -589,7 +589,7 @@ def bench_serve(
                                  engine.max_model_len, engine.max_num_seqs)
         report = run_serve_bench(work, server, load, bench,
                                  functools.partial(serve_twin, sim, engine, work.seed))
-    typer.echo(out.write(report))
+        typer.echo(out.write(report))
     if failed(report):
         raise typer.Exit(code=1)
 

@@ -43,6 +43,14 @@ SWEEP_TARGETS = FlagGroup(only=("model", "gpu"), lists=True, panel=GRID_PANEL,
 SWEEP_FLEETS = FlagGroup(only=("replicas", "router"), lists=True, panel=GRID_PANEL)
 SEARCH_PANEL = "SLO search"
 
+# `rt sweep --help`'s description of the command, beside its flags.
+SWEEP_HELP = """\
+Simulate a grid of engine flags x request rates on one trace, in parallel; print a
+results table and draw latency against each swept flag and against rate (knee marked).
+
+With --slo and --find-max-rate: bisect the rate for the highest one meeting every SLO.
+"""
+
 
 @dataclass(frozen=True, slots=True)
 class SweepFlags:
