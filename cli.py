@@ -36,7 +36,7 @@ from backends.bench.flags import SERVE_BENCH_HELP, GpuBenchFlags, ServeBenchFlag
 from backends.engine.flags import ModelDirFlags, RealEngineFlags
 from backends.replay.flags import REPLAY_HELP, REPLAY_TRACE_HELP, EndpointFlags, replay_workload
 from backends.route.flags import ROUTE_HELP, FleetModelFlags, RouteBenchFlags, RouteFlags
-from backends.serve.flags import ServeFlags, ServeModelFlags
+from backends.serve.flags import SERVE_HELP, ServeFlags, ServeModelFlags
 from runtime.config import EngineFlags
 from runtime.flags import FlagGroup as Flags
 from runtime.flags import FlagSpec, expand_groups
@@ -48,8 +48,7 @@ from sim.fidelity import FIDELITY_HELP, CalibrationFlags, FidelityFlags
 from sim.fleet_config import FLEET_UP_POLICY, ROUTER_POLICY, FleetFlags
 from sim.pd_flags import PDFlags
 from sim.plan import PLAN_HELP, PLAN_WORKLOAD, PlanFlags
-from sim.sweep import (SWEEP_FLEETS, SWEEP_GRID, SWEEP_HELP, SWEEP_TARGETS, SWEEP_WORKLOAD,
-                       SweepFlags)
+from sim.sweep import SWEEP_FLEETS, SWEEP_GRID, SWEEP_HELP, SWEEP_MODELS, SWEEP_WORKLOAD, SweepFlags
 from workloads.flags import TraceFileFlags, WorkloadFlags, load_workload
 from workloads.trace_flags import FILE_FLAGS, SYNTHETIC_FLAGS, ConvertFlags, InspectFlags
 
@@ -274,7 +273,7 @@ def sweep(
     trace_file: _Trace,
     work: Annotated[WorkloadFlags, SWEEP_WORKLOAD],
     grid: Annotated[EngineArgs, SWEEP_GRID],
-    targets: Annotated[SimFlags, SWEEP_TARGETS],
+    targets: Annotated[SimFlags, SWEEP_MODELS],
     fleets: Annotated[FleetFlags, SWEEP_FLEETS],
     sim: Annotated[SimFlags, Flags(only=("profile",))],
     flags: Annotated[ReportFlags, Flags(defaults=TABLE_DEFAULTS)],
@@ -283,6 +282,7 @@ def sweep(
         "--result-dir", help="Sweep directory (default: results/sweep-<time>).")] = None,
     plots: _Plots = True,
 ) -> None:
+    """Simulate a grid of engine flags x request rates on one trace; table and plots."""
     from analysis.sweep import sweep_slos, write_sweep
     from analysis.sweep_run import PointRunner, run_sweep, widen_options
     from sim.sweep import GRID_ENGINE_FLAGS, SweepPlan, simulate_point
@@ -395,7 +395,7 @@ def run_endpoint(trace: workloads.Trace, settings: dict[str, Any], path: Path,
 # ---- rt serve (backends; --simulate: sim) ----
 
 
-@command(app)
+@command(app, help=SERVE_HELP)
 def serve(
     *,
     model: Annotated[ServeModelFlags, Flags(inline=True)],
@@ -405,9 +405,7 @@ def serve(
     server: Annotated[ServeFlags, Flags()],
     seed: _Seed = 0,
 ) -> None:
-    """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /tokenize,
-    /health, /metrics) from an engine-core process: a real model, or with --simulate the
-    cost model on the wall clock. SIGTERM/Ctrl-C drains, then exits."""
+    """Serve the OpenAI API from a real model or, with --simulate, the cost model."""
     from backends.serve.api_server import ServeConfig, http_stack, run_server
     from backends.serve.engine_process import real_executor_spec
     from sim.live_executor import live_executor_spec
