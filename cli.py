@@ -36,7 +36,7 @@ from backends.bench.flags import SERVE_BENCH_HELP, GpuBenchFlags, ServeBenchFlag
 from backends.engine.flags import ModelDirFlags, RealEngineFlags
 from backends.replay.flags import REPLAY_HELP, REPLAY_TRACE_HELP, EndpointFlags, replay_workload
 from backends.route.flags import ROUTE_HELP, FleetModelFlags, RouteBenchFlags, RouteFlags
-from backends.serve.flags import ServeFlags, ServeModelFlags
+from backends.serve.flags import SERVE_HELP, ServeFlags, ServeModelFlags
 from runtime.config import EngineFlags
 from runtime.flags import FlagGroup as Flags
 from runtime.flags import FlagSpec, expand_groups
@@ -48,7 +48,7 @@ from sim.fidelity import FIDELITY_HELP, CalibrationFlags, FidelityFlags
 from sim.fleet_config import FLEET_UP_POLICY, ROUTER_POLICY, FleetFlags
 from sim.pd_flags import PDFlags
 from sim.plan import PLAN_HELP, PLAN_WORKLOAD, PlanFlags
-from sim.sweep import SWEEP_FLEETS, SWEEP_GRID, SWEEP_TARGETS, SWEEP_WORKLOAD, SweepFlags
+from sim.sweep import SWEEP_FLEETS, SWEEP_GRID, SWEEP_HELP, SWEEP_MODELS, SWEEP_WORKLOAD, SweepFlags
 from workloads.flags import TraceFileFlags, WorkloadFlags, load_workload
 from workloads.trace_flags import FILE_FLAGS, SYNTHETIC_FLAGS, ConvertFlags, InspectFlags
 
@@ -151,10 +151,9 @@ _CheckInvariants = Annotated[bool, typer.Option(
 _Seed = Annotated[int, typer.Option("--seed", help="Seed of every random draw (as vLLM).")]
 
 
-def _result_dir(kind: str, what: str = "Run directory to write", then: str = "") -> Any:
-    """--result-dir: `what` (default: results/`kind`-<time>)`then`."""
+def _result_dir(kind: str) -> Any:
     return Annotated[Path | None, typer.Option(
-        "--result-dir", help=f"{what} (default: results/{kind}-<time>){then}.")]
+        "--result-dir", help=f"Run directory to write (default: results/{kind}-<time>).")]
 
 
 # ---- rt trace ... (workloads) ----
@@ -268,24 +267,22 @@ def compare(
         save_figures(figures, files.plot_dir or default_dir("compare"), say)
 
 
-@command(app, "sweep")
+@command(app, "sweep", help=SWEEP_HELP)
 def sweep(
     *,
     trace_file: _Trace,
     work: Annotated[WorkloadFlags, SWEEP_WORKLOAD],
     grid: Annotated[EngineArgs, SWEEP_GRID],
-    targets: Annotated[SimFlags, SWEEP_TARGETS],
+    targets: Annotated[SimFlags, SWEEP_MODELS],
     fleets: Annotated[FleetFlags, SWEEP_FLEETS],
     sim: Annotated[SimFlags, Flags(only=("profile",))],
     flags: Annotated[ReportFlags, Flags(defaults=TABLE_DEFAULTS)],
     how: Annotated[SweepFlags, Flags()],
-    result_dir: _result_dir("sweep", "Sweep directory") = None,
+    result_dir: Annotated[Path | None, typer.Option(
+        "--result-dir", help="Sweep directory (default: results/sweep-<time>).")] = None,
     plots: _Plots = True,
 ) -> None:
-    """Simulate a grid of engine flags x request rates on one trace, in parallel; print a
-    results table and draw latency against each swept flag and against rate (knee marked).
-
-    With --slo and --find-max-rate: bisect the rate for the highest one meeting every SLO."""
+    """Simulate a grid of engine flags x request rates on one trace; table and plots."""
     from analysis.sweep import sweep_slos, write_sweep
     from analysis.sweep_run import PointRunner, run_sweep, widen_options
     from sim.sweep import GRID_ENGINE_FLAGS, SweepPlan, simulate_point
@@ -313,9 +310,10 @@ def plan(
     work: Annotated[WorkloadFlags, PLAN_WORKLOAD],
     space: Annotated[PlanFlags, Flags()],
     how: Annotated[SweepFlags, Flags(only=("executor", "address", "jobs"))],
-    result_dir: _result_dir("plan", "Where every simulated shape's run directory, plan.csv, "
-                            "the Pareto plot and the winning fleet.toml go",
-                            "; an existing one is resumed") = None,
+    result_dir: Annotated[Path | None, typer.Option(
+        "--result-dir", help="Where every simulated shape's run directory, plan.csv, the "
+        "Pareto plot and the winning fleet.toml go (default: results/plan-<time>); an "
+        "existing one is resumed.")] = None,
 ) -> None:
     """The cheapest fleet that meets every SLO on a trace."""
     from analysis.plan import report_plan
@@ -397,7 +395,7 @@ def run_endpoint(trace: workloads.Trace, settings: dict[str, Any], path: Path,
 # ---- rt serve (backends; --simulate: sim) ----
 
 
-@command(app)
+@command(app, help=SERVE_HELP)
 def serve(
     *,
     model: Annotated[ServeModelFlags, Flags(inline=True)],
@@ -407,9 +405,7 @@ def serve(
     server: Annotated[ServeFlags, Flags()],
     seed: _Seed = 0,
 ) -> None:
-    """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /tokenize,
-    /health, /metrics) from an engine-core process: a real model, or with --simulate the
-    cost model on the wall clock. SIGTERM/Ctrl-C drains, then exits."""
+    """Serve the OpenAI API from a real model or, with --simulate, the cost model."""
     from backends.serve.api_server import ServeConfig, http_stack, run_server
     from backends.serve.engine_process import real_executor_spec
     from sim.live_executor import live_executor_spec
@@ -476,8 +472,9 @@ def fidelity(
     cal: Annotated[CalibrationFlags, Flags()],
     how: Annotated[FidelityFlags, Flags()],
     fleet: Annotated[FleetFlags, FLEET_UP_POLICY],
-    result_dir: _result_dir("fidelity", "Where real/, sim/, profile.json, fidelity.json and "
-                            "the plots go") = None,
+    result_dir: Annotated[Path | None, typer.Option(
+        "--result-dir", help="Where real/, sim/, profile.json, fidelity.json and the plots "
+        "go (default: results/fidelity-<time>).")] = None,
     plots: _Plots = True,
     client: Annotated[EndpointFlags, Flags()],
 ) -> None:
@@ -557,7 +554,8 @@ def bench_scheduler(flags: Annotated[SchedulerBenchFlags, Flags(inline=True)],
                     out: _Out) -> None:
     """Microseconds per step of schedule() + update_from_output(): 64/256/1024 running
     decodes with prefix caching, and a mixed chunked-prefill workload."""
-    typer.echo(out.write(flags.report()))
+    with user_errors():
+        typer.echo(out.write(flags.report()))
 
 
 @command(bench_app, "sim")
@@ -589,7 +587,7 @@ def bench_serve(
                                  engine.max_model_len, engine.max_num_seqs)
         report = run_serve_bench(work, server, load, bench,
                                  functools.partial(serve_twin, sim, engine, work.seed))
-    typer.echo(out.write(report))
+        typer.echo(out.write(report))
     if failed(report):
         raise typer.Exit(code=1)
 

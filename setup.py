@@ -5,9 +5,14 @@ Off by default: `pip install -e .` installs pure Python, as ever. `RT_COMPILE=1 
 `COMPILED` to C extensions next to their sources (`runtime/*.cpython-*.so`, which Python
 then imports instead of the .py files). A compile that fails (no C compiler, no Python
 headers, a mypyc error) leaves no extension behind and the install goes on in pure Python,
-with a warning; `runtime.native.implementation()` says which one runs. The extensions do not
-follow later edits of the sources: install again (`pip install -e .` without RT_COMPILE
-removes them, back to pure Python).
+with a warning; `runtime.native.implementation()` says which one runs. Every run of this file
+first deletes an earlier build's extensions, so a failed or skipped compile never leaves them
+shadowing edited sources. The extensions do not follow later edits of the sources: install
+again (`pip install -e .` without RT_COMPILE removes them, back to pure Python). Beware: any
+setup.py command without RT_COMPILE=1 (`pip wheel .`, `python -m build`, `pip install .`)
+also deletes the compiled extensions from the source tree; rerun `RT_COMPILE=1 pip install
+-e .` afterwards to have them again. pip warns that `setup_requires` is deprecated when
+RT_COMPILE=1; the warning is harmless.
 """
 
 from __future__ import annotations
@@ -71,8 +76,8 @@ def _remove_extensions() -> None:
 
 def _extensions() -> list[object]:
     """mypyc's extensions for COMPILED, or none (not asked for, or mypyc unavailable)."""
+    _remove_extensions()  # an earlier build's: a failed or skipped compile must not leave it
     if os.environ.get("RT_COMPILE") != "1":
-        _remove_extensions()
         return []
     try:
         from mypyc.build import mypycify

@@ -7,7 +7,7 @@ The real replay (backends/, which sim/ does not import) and the writing of a run
 on Ctrl-C) and `save(path, kind, trace_info, result, describe, **extra)` (the CLI's
 `CONSOLE.save`, `analysis.run_console.RunConsole.save`: it writes and returns None;
 `trace_info`: `workloads.trace_info` of the run's trace). On the real engine, the engine
-(a `RealEngine`) and the terminal (a `Console`) come as one object each."""
+(a `RealEngine`) and the terminal (a `FidelityOutput`) come as one object each."""
 
 from __future__ import annotations
 
@@ -28,16 +28,23 @@ from sim.profile import Profile, load_profile
 from workloads import Trace, check_max_model_len, resample_like, trace_info
 
 Replay = Callable[[Trace], RunResult]
-Save = Callable[..., None]
 
 
-class Console(Protocol):
-    """Where the runs are written and the lines go: the CLI's `analysis.run_console.
-    RunConsole`."""
+class Save(Protocol):
+    """Writes one run directory: the CLI's `RunConsole.save` (`analysis.rundir.write_result`);
+    `trace` is `workloads.trace_info` of the run's trace, `extra` more run.json fields."""
+
+    def __call__(self, path: Path, kind: str, trace: Mapping[str, Any], result: RunResult,
+                 describe: Mapping[str, Any], **extra: Any) -> None: ...
+
+
+class FidelityOutput(Protocol):
+    """Where `rt fidelity`'s runs are written and its lines go: the CLI's
+    `analysis.run_console.RunConsole`."""
 
     def save(self, path: Path, kind: str, trace: Mapping[str, Any], result: RunResult,
              describe: Mapping[str, Any], **extra: Any) -> None:
-        """Write a run directory (`Save`)."""
+        """Write a run directory (as `Save`)."""
 
     def say(self, line: str) -> None:
         """A status line (one per replay)."""
@@ -145,7 +152,7 @@ class RealFidelity:
     log: Callable[[str], None]
 
     @classmethod
-    def of(cls, engine: RealEngine, console: Console, trace: Trace, root: Path,
+    def of(cls, engine: RealEngine, console: FidelityOutput, trace: Trace, root: Path,
            cal: CalibrationFlags, version: str) -> RealFidelity:
         """`trace`'s fidelity runs on `engine` into `root`, calibrating on its grid (`cal`)
         when it must, shown on `console`."""

@@ -35,13 +35,21 @@ GRID_ENGINE_FLAGS = ("max_num_batched_tokens", "max_num_seqs", "long_prefill_tok
                      "num_gpu_blocks_override", "block_size")
 SWEEP_WORKLOAD_FLAGS = ("fmt", "dataset_name", "num_prompts", "input_len", "output_len",
                         "range_ratio", "burstiness", "seed", "start_s", "duration_s", "first_n")
-# How the grid is offered: the engine flags, models x GPUs and fleets, as comma lists.
+# How the grid is offered: the engine flags, models x GPUs (SWEEP_MODELS), fleets, as lists.
 SWEEP_WORKLOAD = FlagGroup(only=SWEEP_WORKLOAD_FLAGS)
 SWEEP_GRID = FlagGroup(only=GRID_ENGINE_FLAGS, lists=True, panel=GRID_PANEL)
-SWEEP_TARGETS = FlagGroup(only=("model", "gpu"), lists=True, panel=GRID_PANEL,
-                          defaults={"model": "llama-3.1-8b", "gpu": "h200"})
+SWEEP_MODELS = FlagGroup(only=("model", "gpu"), lists=True, panel=GRID_PANEL,
+                         defaults={"model": "llama-3.1-8b", "gpu": "h200"})
 SWEEP_FLEETS = FlagGroup(only=("replicas", "router"), lists=True, panel=GRID_PANEL)
 SEARCH_PANEL = "SLO search"
+
+# `rt sweep --help`'s description of the command, beside its flags.
+SWEEP_HELP = """\
+Simulate a grid of engine flags x request rates on one trace, in parallel; print a
+results table and draw latency against each swept flag and against rate (knee marked).
+
+With --slo and --find-max-rate: bisect the rate for the highest one meeting every SLO.
+"""
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ import ssl
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ class RouteBenchConfig:
     num_requests: per path and round.
     max_tokens: output tokens per request.
     rounds: direct-then-routed rounds per concurrency.
-    about: the report's head (router, model, gpu).
+    about: the report's head, (name, value) pairs in order (router, model, gpu).
     """
 
     serve_command: tuple[str, ...]
@@ -58,7 +58,7 @@ class RouteBenchConfig:
     max_tokens: int = 4
     rounds: int = 2
     request_timeout_s: float = 60.0
-    about: dict[str, str] = field(default_factory=dict)
+    about: tuple[tuple[str, str], ...] = ()
 
 
 def route_bench_config(rt: Sequence[str], model: str, gpu: str, profile: str | None,
@@ -76,7 +76,7 @@ def route_bench_config(rt: Sequence[str], model: str, gpu: str, profile: str | N
         route += ["--router-arg", arg]
     return RouteBenchConfig(tuple(serve), tuple(route), tuple(flags.concurrency or (1, 200)),
                             flags.num_requests, flags.max_tokens, flags.rounds,
-                            about={"router": router, "model": model, "gpu": gpu})
+                            about=(("router", router), ("model", model), ("gpu", gpu)))
 
 
 def _cpu_s(pid: int) -> float:
@@ -241,6 +241,6 @@ def run_route_bench(config: RouteBenchConfig) -> dict[str, Any]:
     with _backend_and_router(config, (free_port(), free_port())) as (backend, router, pid):
         results = [_measure(config, concurrency, backend, router, pid)
                    for concurrency in config.concurrencies]
-    return {"command": "rt bench route", **config.about,
+    return {"command": "rt bench route", **dict(config.about),
             "num_requests": config.num_requests, "rounds": config.rounds,
             "max_tokens": config.max_tokens, "results": results}

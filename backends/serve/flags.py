@@ -8,6 +8,13 @@ from runtime.flags import flag
 
 SERVER_PANEL = "Server"
 
+# `rt serve --help`'s description of the command, beside its flags.
+SERVE_HELP = """\
+Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /tokenize,
+/health, /metrics) from an engine-core process: a real model, or with --simulate the
+cost model on the wall clock. SIGTERM/Ctrl-C drains, then exits.
+"""
+
 
 @dataclass(frozen=True, slots=True)
 class ServeFlags:
