@@ -12,7 +12,7 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -306,7 +306,6 @@ def test_a_replica_down_does_not_lose_the_replay(monkeypatch: pytest.MonkeyPatch
     """A replica that dies mid-replay: the router takes it out and its requests count as
     failed; its /metrics cannot be read after the replay, so the TTFT split is unknown
     (null in run.json, the replica named), not the whole run lost."""
-    from backends.route import fleet_fidelity as ff
 
     @contextlib.contextmanager
     def router(plan: Any, backends: list[str], logs: Path) -> Iterator[str]:
@@ -321,18 +320,26 @@ def test_a_replica_down_does_not_lose_the_replay(monkeypatch: pytest.MonkeyPatch
             raise httpx.ConnectError("[Errno 111] Connection refused")
         return httpx.Response(200, text="", request=httpx.Request("GET", url))
 
+    _, fields, _ = _replay_once_with(monkeypatch, tmp_path, router, result, get)
+    split = fields["router"]["ttft_split"]
+    assert split["engine_mean_ms"] is None and split["api_ipc_mean_ms"] is None
+    assert fields["router"]["ttft_split_not_measured"].startswith("http://r2/metrics: ")
+    json.dumps(split, allow_nan=False)  # no NaN in run.json: null
+
+
+def _replay_once_with(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, router: Any,
+                      result: Any, get: Callable[[str, float], httpx.Response]) -> Any:
+    """`_replay_once` on two replicas with the fleet's processes, the replay and the
+    scrapes (`httpx.get`) replaced: `router` yields the router's URL, `result` is the replay."""
+    from backends.route import fleet_fidelity as ff
+
     monkeypatch.setattr(ff, "running_router", router)
     monkeypatch.setattr(ff, "probe", lambda config: None)
     monkeypatch.setattr(ff, "replay_endpoint", lambda *a: result)
     monkeypatch.setattr(ff, "run_info", lambda *a: {"wall_s": 1.0})
     monkeypatch.setattr(ff.httpx, "get", get)
     plan = ff.FleetFidelityPlan(("serve",), ("route",), (1, 2, 3), {"seed": 0})
-    _, fields, _ = ff._replay_once(plan, Trace((), "t"), ["http://r1", "http://r2"],
-                                   tmp_path, 0, None)
-    split = fields["router"]["ttft_split"]
-    assert split["engine_mean_ms"] is None and split["api_ipc_mean_ms"] is None
-    assert fields["router"]["ttft_split_not_measured"].startswith("http://r2/metrics: ")
-    json.dumps(split, allow_nan=False)  # no NaN in run.json: null
+    return ff._replay_once(plan, Trace((), "t"), ["http://r1", "http://r2"], tmp_path, 0, None)
 
 
 @pytest.mark.parametrize("failure", ["refused", "status 500", "not Prometheus"])
@@ -357,14 +364,7 @@ def test_a_router_whose_metrics_cannot_be_read_does_not_end_the_run(
         text = "this is { not metrics" if url.startswith("http://router") else ""
         return httpx.Response(200, text=text, request=request)
 
-    monkeypatch.setattr(ff, "running_router", router)
-    monkeypatch.setattr(ff, "probe", lambda config: None)
-    monkeypatch.setattr(ff, "replay_endpoint", lambda *a: result)
-    monkeypatch.setattr(ff, "run_info", lambda *a: {"wall_s": 1.0})
-    monkeypatch.setattr(ff.httpx, "get", get)
-    plan = ff.FleetFidelityPlan(("serve",), ("route",), (1, 2, 3), {"seed": 0})
-    got, fields, overheads = ff._replay_once(plan, Trace((), "t"), ["http://r1", "http://r2"],
-                                             tmp_path, 0, None)
+    got, fields, overheads = _replay_once_with(monkeypatch, tmp_path, router, result, get)
     assert got is result
     assert math.isnan(overheads.routing_latency_mean_s) and len(overheads.requests) == 2
     assert fields["router"]["overheads_not_measured"].startswith("http://router/metrics: ")
