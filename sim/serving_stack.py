@@ -106,7 +106,7 @@ class Spread:
         """The residuals' quantiles at `u` (values in [0, 1]; seconds)."""
         if not self.residuals_s:
             return np.zeros(len(u))
-        return np.quantile(np.asarray(self.residuals_s), u)
+        return np.asarray(np.quantile(np.asarray(self.residuals_s), u), dtype=float)
 
     def describe(self) -> dict[str, Any]:
         """fleet_fidelity's `spread` section (milliseconds)."""

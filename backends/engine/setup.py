@@ -16,6 +16,7 @@ from backends.engine.model import ModelShape, PagedModel, load_model
 from backends.engine.model_runner import ModelRunner
 from runtime import CacheConfig, SchedulerConfig
 from runtime.config import EngineFlags, resolve_scheduler_config
+from runtime.native import implementation
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,7 @@ class RealSetup:
             "scheduler_config": asdict(self.scheduler),
             "cache_config": asdict(self.cache),
             "seed": self.args.seed,
+            "runtime": implementation(),  # the scheduler/KV core: "compiled" or "pure"
             "vocab_size": self.shape.vocab_size,
             "model": {**asdict(self.shape), "dir": str(self.args.model_dir)},
             "device": _device_name(self.runner.device),
