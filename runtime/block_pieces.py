@@ -41,6 +41,13 @@ class BlockPieces:
                              f"{len(self.bases)} pieces of {self.per_piece}")
 
 
+def within_given(pieces: BlockPieces | None, num_given: int) -> BlockPieces | None:
+    """`pieces`, or ValueError when they name more blocks than the `num_given` given names."""
+    if pieces is not None and pieces.num_blocks > num_given:
+        raise ValueError(f"{pieces.num_blocks} piece names, {num_given} given")
+    return pieces
+
+
 class PieceEntry:
     """The cached blocks of one piece: `blocks[j]` is the block a lookup of name j hits
     (the first registered still cached, later ones wait in the pool's duplicates map) or

@@ -119,7 +119,6 @@ class KVCacheManager:
         hits `new_computed_blocks`, covering `num_new_computed_tokens` tokens).
 
         Returns the newly popped blocks, or None when they do not fit; then nothing changed.
-        Free cache hits count against the free blocks, since touching consumes them.
         """
         table = self.req_to_blocks.get(request.request_id)
         if table is not None and not new_computed_blocks and not full_sequence_must_fit:
@@ -132,7 +131,21 @@ class KVCacheManager:
                 return []
         if table is None:
             table = []
-        num_held = len(table) + len(new_computed_blocks)
+        fit = self._blocks_needed(request, num_new_tokens, num_new_computed_tokens,
+                                  new_computed_blocks, len(table), full_sequence_must_fit,
+                                  has_scheduled_reqs)
+        if fit is None:
+            return None
+        self.req_to_blocks.setdefault(request.request_id, table)
+        return self._grow(request, table, new_computed_blocks, *fit)
+
+    def _blocks_needed(self, request: Request, num_new_tokens: int,
+                       num_new_computed_tokens: int, new_computed_blocks: Sequence[KVCacheBlock],
+                       num_in_table: int, full_sequence_must_fit: bool,
+                       has_scheduled_reqs: bool) -> tuple[int, int] | None:
+        """(blocks to pop, slots the table must cover), or None when they do not fit.
+        Free cache hits count against the free blocks, since touching consumes them."""
+        num_held = num_in_table + len(new_computed_blocks)
         num_free_hits = sum(1 for block in new_computed_blocks if block.ref_cnt == 0)
         free = self.block_pool.num_free_blocks
         if has_scheduled_reqs and request.status != RequestStatus.RUNNING:
@@ -147,8 +160,13 @@ class KVCacheManager:
         num_needed = cdiv(num_slots, self.block_size) - num_held
         if max(num_needed, 0) + num_free_hits > free:
             return None
+        return num_needed, num_slots
 
-        self.req_to_blocks.setdefault(request.request_id, table)
+    def _grow(self, request: Request, table: list[KVCacheBlock],
+              new_computed_blocks: Sequence[KVCacheBlock], num_needed: int,
+              num_slots: int) -> list[KVCacheBlock]:
+        """Touch the cache hits onto `table`, then pop `num_needed` blocks (<= 0: none) and
+        cache the full ones; returns the popped blocks."""
         if new_computed_blocks:
             self.block_pool.touch(new_computed_blocks)
             table.extend(new_computed_blocks)

@@ -10,7 +10,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from runtime.block_pieces import BlockPieces
+from runtime.block_pieces import BlockPieces, within_given
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,10 +157,7 @@ class Request:
         self.own_from = len(self.block_hashes) if block_key is not None else None
         # Set when the leading given names come in pieces (`runtime.block_pieces`): the
         # pool files and looks them up piece by piece.
-        if block_pieces is not None and block_pieces.num_blocks > len(self.block_hashes):
-            raise ValueError(f"{block_pieces.num_blocks} piece names, "
-                             f"{len(self.block_hashes)} given")
-        self.block_pieces = block_pieces
+        self.block_pieces = within_given(block_pieces, len(self.block_hashes))
         # 8 bytes per token: a simulator holds thousands of long prompts in its queues.
         self._all_token_ids = array("q", prompt_token_ids)
         self._block_hasher: BlockHasher | None = None
