@@ -369,7 +369,8 @@ def replay(
 
 def real_engine(model: Path | None, engine: EngineFlags, real: RealEngineFlags,
                 seed: int) -> LoadedEngine:
-    """`backends.engine.setup.load_real_engine` on the console, quiet (no transformers bars)."""
+    """`backends.engine.setup.load_real_engine` on the console, quiet (no transformers bars);
+    its callers turn a bad model or flag into one line (`user_errors`)."""
     from transformers.utils import logging as hf_logging
 
     from backends.engine.setup import load_real_engine
@@ -377,8 +378,7 @@ def real_engine(model: Path | None, engine: EngineFlags, real: RealEngineFlags,
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    with user_errors():
-        return LoadedEngine(*load_real_engine(model, engine, real, seed), CONSOLE)
+    return LoadedEngine(*load_real_engine(model, engine, real, seed), CONSOLE)
 
 
 def run_endpoint(trace: workloads.Trace, settings: dict[str, Any], path: Path,

@@ -116,15 +116,14 @@ class BlockPool:
         `pieces.num_blocks` as piece names; returns the new blocks. A new block is popped
         and registered in one touch; the state is the two calls' (registering a block and
         evicting another commute). Observed: the two calls, for their events."""
+        num_shared = len(block_hashes) if own_from is None else max(own_from - start, 0)
         if self.kv_event_log is not None:
             blocks = self.get_new_blocks(num_blocks)
             table += blocks
-            self.cache_blocks(table[start:start + len(block_hashes)], block_hashes,
-                              None if own_from is None else max(own_from - start, 0), pieces,
-                              start)
+            self.cache_blocks(table[start:start + len(block_hashes)], block_hashes, num_shared,
+                              pieces, start)
             return blocks
         num_old = max(len(table) - start, 0)  # registered first, in table order
-        num_shared = len(block_hashes) if own_from is None else max(own_from - start, 0)
         if num_old > 0:
             self._register(table[start:start + len(block_hashes)], block_hashes[:num_old],
                            num_shared, pieces, start)

@@ -348,8 +348,7 @@ def simulate_autoscaled(trace: Trace, replicas: Sequence[ReplicaSetup],
     def run() -> tuple[FleetResult, ScalingTimeline]:
         fleet = _AutoscaledFleet(trace, replicas, router, pools, interval_s, refresh_s,
                                  routing_latency_s, progress, kv_event_delay_s)
-        fleet.run()
-        result = fleet.result(time.perf_counter() - started)
+        result = fleet.run_to_end(started)
         return result, fleet.scaling(result, policy_name)
 
     return run_with_gc(run)

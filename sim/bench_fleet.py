@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import platform
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from runtime.native import implementation
-from sim.benchmarks import rate_row, timed
+from sim.benchmarks import rate_row, report_platform, timed
 from workloads import Trace, TraceRequest
 
 
@@ -55,8 +52,7 @@ def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "
     rows.append(_engines_row(shares, setup, f"{replicas} replicas' shares on one engine each"))
     engines_cpu = float(rows[-1]["cpu_s"]) / n
     report: dict[str, object] = {
-        "benchmark": "fleet", "python": sys.version.split()[0], "runtime": implementation(),
-        "machine": platform.machine(), "model": model, "gpu": gpu, "trace": name,
+        "benchmark": "fleet", **report_platform(), "model": model, "gpu": gpu, "trace": name,
         "requests": n, "router": router, "router_args": list(router_args),
         "router_refresh_ms": refresh_s * 1e3, "runs": rows,
         "fleet_vs_single_engine_per_request": round(single_cpu / per_request[replicas], 3),

@@ -197,9 +197,7 @@ def bench_scheduler(seed: int = 0, quick: bool = False) -> dict[str, object]:
     at_256 = next(d for d in decode if d["num_running"] == 256)
     best_256 = min(at_256["us_per_request_step"], at_256["cpu_us_per_request_step"])
     return {
-        "benchmark": "scheduler",
-        "python": sys.version.split()[0], "runtime": implementation(),
-        "machine": platform.machine(),
+        "benchmark": "scheduler", **report_platform(),
         "seed": seed,
         "decode": decode,
         # Engine-core steps (schedule, update, records) with steady decodes on, as the
@@ -219,6 +217,13 @@ def bench_scheduler(seed: int = 0, quick: bool = False) -> dict[str, object]:
         "cpu_us_per_request_step_at_256": at_256["cpu_us_per_request_step"],
         "meets_goal": best_256 <= 2.0,
     }
+
+
+def report_platform() -> dict[str, str]:
+    """What a benchmark report says of where it ran: the Python version, the core's
+    implementation ("compiled" or "pure") and the machine."""
+    return {"python": sys.version.split()[0], "runtime": implementation(),
+            "machine": platform.machine()}
 
 
 def _cpu_ratio(row: dict[str, float], reference: dict[str, float]) -> float:
@@ -251,8 +256,7 @@ def bench_sim(traces: dict[str, Any], model: str = "llama-3.1-8b", gpu: str = "h
             row["speedup_vs_stepped"] = round(stepped.wall_s / fast.wall_s, 2)
         results.append(row)
     return {
-        "benchmark": "sim", "python": sys.version.split()[0], "runtime": implementation(),
-        "machine": platform.machine(),
+        "benchmark": "sim", **report_platform(),
         "model": model, "gpu": gpu, "runs": results,
         "anchor": "Vidur's simulation loop: 450-1,000 simulated requests/s on this machine "
                   "(issue 4)",

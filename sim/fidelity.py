@@ -248,13 +248,14 @@ def stack_free_twin(trace: Trace, fleet: FleetFlags, engine: EngineFlags, model:
                     ) -> FleetResult:
     """`fleet_twin`'s fleet with no serving-stack cost (the replicas' API-server cost 0):
     what a calibration replay's TTFTs are compared with to fit that cost."""
-    return _stack_free(_setup(engine, model, gpu, profile, seed), trace, fleet, seed, overheads)
+    return _stack_free(_setup(engine, model, gpu, profile, seed), trace, fleet, seed,
+                       _router_timing(fleet, overheads))
 
 
 def _stack_free(setup: SimSetup, trace: Trace, fleet: FleetFlags, seed: int,
-                overheads: Mapping[str, Any]) -> FleetResult:
+                timing: tuple[float, float]) -> FleetResult:
     return _twin_run(trace, fleet, _with_api_server(setup, ApiServerCost(0.0, 0.0, 0.0)),
-                     seed, _router_timing(fleet, overheads))
+                     seed, timing)
 
 
 def _known(overheads: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, Any]:
@@ -269,8 +270,9 @@ def _fitted_stack(setup: SimSetup, fleet: FleetFlags, seed: int, calibration: Me
     """The serving stack fitted on `calibration` against its stack-free twin (the router's
     `overheads` during it) and run.json's description of it; (None, why) when too few
     requests finished to fit it."""
-    bare = _stack_free(setup, calibration.trace, fleet, seed, overheads)
-    latency_ms = _router_timing(fleet, overheads)[1] * 1e3
+    timing = _router_timing(fleet, overheads)
+    bare = _stack_free(setup, calibration.trace, fleet, seed, timing)
+    latency_ms = timing[1] * 1e3
     try:
         fit = fit_on_twin(calibration, bare.requests, seed)
     except StackNotFitted as err:
@@ -310,11 +312,10 @@ def fleet_twin(trace: Trace, fleet: FleetFlags, engine: EngineFlags, model: str,
         overheads = _known(measured, calibration.overheads)
         fit, stack = _fitted_stack(setup, fleet, seed, calibration,
                                    _known(calibration.overheads, measured))
-    if fit is not None:
-        setup = _with_api_server(setup, ApiServerCost(0.0, 0.0, 0.0))
     timing = _router_timing(fleet, overheads)
     delays = None
     if fit is not None:
+        setup = _with_api_server(setup, ApiServerCost(0.0, 0.0, 0.0))
         delays = draw_delays(trace, fit.stack, fit.spread, seed)
         stack["drawn"] = _drawn(delays)
     result = _twin_run(trace, fleet, setup, seed, timing, delays)

@@ -143,9 +143,8 @@ class _Fleet:
             for i, req in enumerate(self.trace):
                 self.route_blind(req)
                 self.next_index = i + 1
-            if self.stack_delay_s:  # delays may reorder a replica's hand-overs
-                for replica in self.replicas:
-                    cast(PreRoutedReplica, replica).order_handovers()
+            for replica in self.replicas:  # stack delays may reorder a replica's hand-overs
+                cast(PreRoutedReplica, replica).order_handovers(bool(self.stack_delay_s))
         else:
             self.env.process(self.router())
         for replica in self.replicas:

@@ -30,7 +30,7 @@ from runtime import Request
 from runtime.kv_events import KvEventLog, observe_kv_events
 from runtime.records import RequestRecord
 from runtime.router import ReplicaSnapshot
-from sim.api_server import server_wake, server_wakes
+from sim.api_server import server_wakes
 from sim.block_ids import TraceBlockIds
 from sim.cost.api_server import ApiServerCost
 from sim.cost.base import CostModel
@@ -269,20 +269,18 @@ class PreRoutedReplica(KnownHandovers, Replica):
 
     def hand_over_later(self, req: TraceRequest) -> None:
         """Route the request here (in trace order); it is built when handed over, and taken
-        in when `simulate`'s API server would wake for it (`server_wake`)."""
-        handover = self.stack_handover(req, self.reached_s(req))
-        take_in = self.take_in
+        in when `simulate`'s API server would wake for it (`order_handovers`)."""
         self.requests.append(req)
-        self.handovers.append(handover)
-        take_in.append(server_wake(take_in[-1] if take_in else 0.0, handover))
+        self.handovers.append(self.stack_handover(req, self.reached_s(req)))
 
-    def order_handovers(self) -> None:
-        """Once every request is routed: the share in hand-over order (ties in routing
-        order), taken in at a sleeping server's wakes again (serving-stack delays can put a
-        later-routed request first)."""
-        order = sorted(range(len(self.handovers)), key=self.handovers.__getitem__)
-        self.requests = [self.requests[i] for i in order]
-        self.handovers = [self.handovers[i] for i in order]
+    def order_handovers(self, reorder: bool) -> None:
+        """Once every request is routed: with `reorder` (serving-stack delays can put a
+        later-routed request first), the share in hand-over order (ties in routing order);
+        then the take-ins at a sleeping server's wakes (`server_wakes`)."""
+        if reorder:
+            order = sorted(range(len(self.handovers)), key=self.handovers.__getitem__)
+            self.requests = [self.requests[i] for i in order]
+            self.handovers = [self.handovers[i] for i in order]
         self.take_in = server_wakes(self.handovers)
 
     def arrive(self, req: TraceRequest) -> None:

@@ -51,6 +51,7 @@ from typing import Protocol
 
 from runtime import Request, SamplingParams
 from runtime.block_hash import make_block_hasher
+from runtime.kv_startup import check_int
 from runtime.records import QUEUE_COLUMNS, REQUEST_FIELDS, RequestRecord
 from runtime.request import BlockHasher
 from runtime.router import RouterPolicy, RoutingRequest
@@ -84,8 +85,7 @@ class PDDecider:
         if self.kind not in DECIDERS:
             raise ValueError(f"unknown P/D decider {self.kind!r} "
                              f"(choose from {', '.join(DECIDERS)})")
-        if type(self.threshold) is not int or self.threshold < 0:  # bool is no integer here
-            raise ValueError(f"P/D threshold must be an integer >= 0, got {self.threshold!r}")
+        check_int("P/D threshold", self.threshold, 0)
 
     def disaggregate(self, prompt_len: int, cached_tokens: int) -> bool:
         """The choice for a prompt of which `cached_tokens` are cached on the decode side."""

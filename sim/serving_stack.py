@@ -156,10 +156,16 @@ class StackFit:
     requests: int
     gap_p50_s: float
     gap_p90_s: float
-    residual_p50_s: float
-    residual_p90_s: float
     clamped: tuple[str, ...] = ()
     cold_left_out: int = 0
+
+    @property
+    def residual_p50_s(self) -> float:
+        return float(self.spread.draw(np.array([0.5]))[0])
+
+    @property
+    def residual_p90_s(self) -> float:
+        return float(self.spread.draw(np.array([0.9]))[0])
 
     def describe(self) -> dict[str, Any]:
         """run.json's `serving_stack` section (milliseconds and microseconds per token)."""
@@ -234,9 +240,8 @@ def fit_serving_stack(prompt_lens: Sequence[int], real_ttft_s: Sequence[float],
         intercept, slope = max(float(np.median(gap)), 0.0), 0.0
     residual = gap - (intercept + slope * x)
     p50, p90 = np.quantile(gap, [0.5, 0.9])
-    r50, r90 = np.quantile(residual, [0.5, 0.9])
     return StackFit(ServingStack(intercept, slope), Spread.of(residual.tolist()), len(x),
-                    float(p50), float(p90), float(r50), float(r90), tuple(clamped))
+                    float(p50), float(p90), tuple(clamped))
 
 
 def warm_requests(calibration: MeasuredReplay) -> list[TraceRequest]:
@@ -246,13 +251,12 @@ def warm_requests(calibration: MeasuredReplay) -> list[TraceRequest]:
     token wait behind that cold start (29-130 ms over the twin, against a median of 6-10 ms,
     in fid16's replays); the measured replay after them runs on warm replicas. Those are
     left out of the fit, the first request with them."""
-    order = sorted(calibration.trace, key=lambda r: r.arrival_s)
-    ttft = calibration.ttft_s
-    first = next((r for r in order if r.request_id in ttft), None)
+    ttft = calibration.ttft_s  # the trace is in arrival order (`Trace` checks it)
+    first = next((r for r in calibration.trace if r.request_id in ttft), None)
     if first is None:
         return []
     warm_at = first.arrival_s + ttft[first.request_id]
-    return [r for r in order if r.arrival_s >= warm_at]
+    return [r for r in calibration.trace if r.arrival_s >= warm_at]
 
 
 def fit_on_twin(calibration: MeasuredReplay, twin: Sequence[RequestRecord], seed: int = 0
