@@ -42,9 +42,9 @@ from sim.client_steps import REQUIRED_COLUMNS, ClientRun, client_run
 from sim.endpoint_config import ExportedConfig, endpoint_configs
 from sim.endpoint_warmup import WARMUP_REQUESTS, Warmup, run_warmup
 from sim.fidelity import FidelityFlags, twin_simulations
-from sim.fidelity_run import FidelityDirs, Save
+from sim.fidelity_run import FidelityDirs, Save, save_twins
 from sim.profile import write_profile
-from workloads import Trace, resample_like, trace_info
+from workloads import Trace, resample_like
 
 # Replay the trace into this run directory, its prompts' token ids drawn from this seed.
 EndpointReplay = Callable[[Trace, Path, int], None]
@@ -209,11 +209,9 @@ def endpoint_fidelity(trace: Trace, engine: EngineFlags, plan: EndpointFidelityP
         [run for run, _ in read[fit_on]], all_runs, infos, engine, plan, root)
     setup, twins, notes = twin_simulations(trace, scheduler, cache, plan.model, profile,
                                            plan.seed, plan.step_noise, plan.sim_runs)
-    for twin in twins:
-        save(root / twin.name, "simulate", trace_info(trace), twin.result, setup.describe(),
-             step_noise_seed=twin.noise_seed, server_config_from=sources)
+    paths = save_twins(save, root, trace, setup, twins, server_config_from=sources)
     lines = warmup.lines() + lines + notes + [f"server configuration: {name} from {where}"
                       for name, where in sources.items()]
     return EndpointFidelity([p for p, _ in replays["real"]],
                             [p for p, _ in replays["calibration"]], profile,
-                            [root / twin.name for twin in twins], sources, lines, warmup)
+                            paths, sources, lines, warmup)

@@ -23,7 +23,8 @@ from runtime import CacheConfig, SchedulerConfig
 from runtime.records import RunResult
 from sim.calibrate import predict_step_rows, replay_api_cost
 from sim.calibrate_run import GridEngine, grid_profile, save_profile, steps_profile
-from sim.fidelity import CalibrationFlags, FidelityFlags, twin_simulations
+from sim.engine_args import SimSetup
+from sim.fidelity import CalibrationFlags, FidelityFlags, TwinRun, twin_simulations
 from sim.profile import Profile, load_profile
 from workloads import Trace, check_max_model_len, resample_like, trace_info
 
@@ -108,10 +109,18 @@ class FidelityRuns:
         root/sim-2, ...; and the notes for the user."""
         sim, twins, notes = twin_simulations(self.trace, scheduler, cache, model, profile,
                                              self.seed, step_noise, runs)
-        for twin in twins:
-            self.save(self.root / twin.name, "simulate", trace_info(self.trace), twin.result,
-                      sim.describe(), step_noise_seed=twin.noise_seed)
-        return [self.root / twin.name for twin in twins], notes
+        return save_twins(self.save, self.root, self.trace, sim, twins), notes
+
+
+def save_twins(save: Save, root: Path, trace: Trace, sim: SimSetup, twins: Sequence[TwinRun],
+               **extra: Any) -> list[Path]:
+    """Each twin simulation of `trace` saved into root/<its name> (run.json: its step-noise
+    seed and `extra`); their directories."""
+    info, describe = trace_info(trace), sim.describe()
+    for twin in twins:
+        save(root / twin.name, "simulate", info, twin.result, describe,
+             step_noise_seed=twin.noise_seed, **extra)
+    return [root / twin.name for twin in twins]
 
 
 def predicted_steps(profile: Path, steps: Mapping[str, Sequence[Any]]) -> np.ndarray:
