@@ -183,7 +183,7 @@ def run_load(trace: Trace, config: LoadConfig) -> LoadResult:
 def server_pids(server: ServerProcess, config: LoadConfig) -> dict[str, int]:
     """The server's two processes ("api_server", "engine"), the engine's nice value set to
     `config.engine_nice` if given (RuntimeError when the OS refuses it). On 2 shared CPUs
-    the engine's steps, each a sleep to the cost model's end time, woke late by 0.4-1.1 s in
+    the engine's steps, each a sleep to the cost model's end time, woke late by 0.4-1.2 s in
     total per 10-s run at 200 streams (throughput 95-98% of the simulator's), 0.09-0.23 s at
     nice -10 (99.1-99.6%) (docs/serve.md, "Added TTFT at 200 streams, stage by stage")."""
     pids = {"api_server": server.proc.pid, "engine": server.engine_pid()}
