@@ -60,9 +60,15 @@ class ServeBenchFlags:
     soak: float | None = flag(None, "--soak", "Hold --concurrency streams for SECONDS "
                               "(bounded, loopback): errors, token-count mismatches, memory "
                               "and descriptors of both processes, KV blocks in use after.")
+    engine_nice: int | None = flag(None, "--engine-nice", "The engine-core process's nice "
+                                   "value during the run (-20..19; below 0 needs root or "
+                                   "CAP_SYS_NICE): its steps then wake on time on a busy "
+                                   "machine.")
 
     def __post_init__(self) -> None:
         if self.client not in ("httpx", "lean"):
             raise ValueError(f"--client must be httpx or lean, got {self.client!r}")
         if self.soak is not None and not 0 < self.soak <= 24 * 3600:
             raise ValueError(f"--soak must be in (0, 86400] seconds, got {self.soak}")
+        if self.engine_nice is not None and not -20 <= self.engine_nice <= 19:
+            raise ValueError(f"--engine-nice must be in [-20, 19], got {self.engine_nice}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from backends.bench.sse_client import Connection, Streamed
+from backends.bench.sse_client import Connection, Streamed, run_client
 from backends.replay.endpoint import EndpointResult, request_body
 from runtime.records import RequestRecord
 from workloads import Trace, TraceRequest
@@ -21,7 +21,7 @@ def replay_lean(trace: Trace, host: str, port: int, model: str, concurrency: int
     """Release each request at its arrival time on at most `concurrency` keep-alive
     connections (a request waits for a free one, as under vLLM's --max-concurrency)."""
     bodies = {req.request_id: request_body(req, model, vocab_size, seed) for req in trace}
-    return asyncio.run(_replay(trace, host, port, bodies, concurrency, timeout_s, headers))
+    return run_client(_replay(trace, host, port, bodies, concurrency, timeout_s, headers))
 
 
 async def _replay(trace: Trace, host: str, port: int, bodies: dict[str, dict[str, object]],

@@ -44,7 +44,8 @@ class SimulatedServer:
         command = simulated_server(self.python, self.model, self.gpu, self.profile, self.seed,
                                    self.max_model_len, self.max_num_seqs)
         return LoadConfig(command, load.concurrency, vocab_size, self.seed,
-                          request_timeout_s=load.timeout, client=bench.client)
+                          request_timeout_s=load.timeout, client=bench.client,
+                          engine_nice=bench.engine_nice)
 
 
 def serve_bench(trace: Trace, work: WorkloadFlags, server: SimulatedServer,
@@ -58,7 +59,8 @@ def serve_bench(trace: Trace, work: WorkloadFlags, server: SimulatedServer,
     return {"command": "rt bench serve", "concurrency": load.concurrency,
             "random_input_len": work.input_len, "random_output_len": work.output_len,
             "request_rate": rate if math.isfinite(rate) else "inf", "model": server.model,
-            "gpu": server.gpu, **compare(trace, result, simulated)}
+            "gpu": server.gpu, "engine_nice": bench.engine_nice,
+            **compare(trace, result, simulated)}
 
 
 def soak_bench(work: WorkloadFlags, server: SimulatedServer, load: ServeLoadFlags,

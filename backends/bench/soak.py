@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from backends.bench.sse_client import Connection, Streamed
+from backends.bench.sse_client import Connection, Streamed, run_client
 
 MAX_SOAK_S = 24 * 3600.0
 
@@ -85,7 +85,7 @@ class _Tally:
 def run_soak(url: str, pids: dict[str, int], config: SoakConfig) -> dict[str, Any]:
     """Run the soak against the server at `url` (`http://127.0.0.1:PORT`); `pids` names
     its processes (api_server, engine). The report as a dict."""
-    return asyncio.run(_soak(url, pids, config))
+    return run_client(_soak(url, pids, config))
 
 
 async def _soak(url: str, pids: dict[str, int], config: SoakConfig) -> dict[str, Any]:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+import os
+import subprocess
+import sys
+
+import pytest
 
 from backends.bench.flags import ServeBenchFlags, ServeLoadFlags
 from backends.bench.serve_run import SimulatedServer, failed
@@ -62,3 +68,64 @@ def test_added_ttft_per_request_pairs_each_request_with_its_twin() -> None:
     added = added_ttft_per_request(server, simulated)  # +2, +20, +30 ms
     assert added["p50"] == 20.0 and added["mean"] == 17.333
     assert math.isnan(added_ttft_per_request(server[3:], simulated[:3])["p50"])  # no pair
+
+
+def test_engine_nice_is_checked_and_handed_to_the_load() -> None:
+    server = SimulatedServer("py", "llama-3.1-8b", "h200", None, 0, 4096, None)
+    config = server.load_config(ServeLoadFlags(), ServeBenchFlags(engine_nice=-10), 500)
+    assert config.engine_nice == -10
+    assert server.load_config(ServeLoadFlags(), ServeBenchFlags(), 500).engine_nice is None
+    for bad in (-21, 20):
+        with pytest.raises(ValueError, match=rf"^--engine-nice must be in \[-20, 19\], "
+                                             rf"got {bad}$"):
+            ServeBenchFlags(engine_nice=bad)
+
+
+class _Served:
+    """A stand-in for `ServerProcess`: its own pid as the API server's, `engine` as the
+    engine's."""
+
+    def __init__(self, engine: int) -> None:
+        self.proc = subprocess.Popen(["true"])  # only its pid is read
+        self.proc.wait()
+        self.engine = engine
+
+    def engine_pid(self) -> int:
+        return self.engine
+
+
+def test_server_pids_sets_the_engine_processs_nice_value() -> None:
+    from backends.bench.serve_load import LoadConfig, server_pids
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        served = _Served(child.pid)
+        config = LoadConfig(("py",), engine_nice=min(19, os.getpriority(os.PRIO_PROCESS, 0) + 7))
+        pids = server_pids(served, config)  # type: ignore[arg-type]
+        assert pids == {"api_server": served.proc.pid, "engine": child.pid}
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == config.engine_nice
+        untouched = os.getpriority(os.PRIO_PROCESS, 0)
+        server_pids(served, LoadConfig(("py",)))  # type: ignore[arg-type]
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == config.engine_nice
+        assert os.getpriority(os.PRIO_PROCESS, 0) == untouched
+    finally:
+        child.kill()
+        child.wait(10)
+    gone = _Served(served.proc.pid)  # reaped: no such process
+    with pytest.raises(RuntimeError, match=r"^--engine-nice 5: No such process \(a value "
+                                           r"below 0 needs root or CAP_SYS_NICE\)$"):
+        server_pids(gone, LoadConfig(("py",), engine_nice=5))  # type: ignore[arg-type]
+
+
+def test_the_load_client_runs_on_uvloop_when_it_imports() -> None:
+    from backends.bench.sse_client import run_client
+
+    async def loop_module() -> str:
+        return type(asyncio.get_running_loop()).__module__
+
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        assert run_client(loop_module()).startswith("asyncio")
+    else:
+        assert run_client(loop_module()).startswith("uvloop")
