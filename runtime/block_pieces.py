@@ -67,12 +67,13 @@ class PieceEntry:
 def register_pieces(entries: dict[bytes, PieceEntry],
                     duplicates: dict[bytes, dict[int, KVCacheBlock]],
                     blocks: Sequence[KVCacheBlock], names: Sequence[bytes],
-                    pieces: BlockPieces, first: int, null_block: KVCacheBlock) -> None:
+                    pieces: BlockPieces, first: int, null_block: KVCacheBlock,
+                    fresh: bool = False) -> None:
     """Register `blocks` (at table positions `first..`, all < `pieces.num_blocks`) under
     `names`, in order, as `BlockPool.cache_blocks` would: one entry lookup per piece, each
     block at its j, or, where j holds a block already, in `duplicates` (the pool's map of
     later registrations under a name). Blocks already cached and the null block are
-    skipped."""
+    skipped. `fresh`: the caller vouches that none is (blocks just popped, uncached)."""
     per_piece = pieces.per_piece
     done = 0
     while done < len(blocks):
@@ -85,6 +86,10 @@ def register_pieces(entries: dict[bytes, PieceEntry],
         if len(slots) != per_piece:
             raise ValueError(f"piece {base!r} of {len(slots)} blocks given as {per_piece}")
         stop = min(len(blocks), done + per_piece - j)
+        if fresh and not entry.held:  # a new entry: no test per block
+            _fill_empty(entry, blocks[done:stop], names[done:stop], j)
+            done = stop
+            continue
         for block, name in zip(blocks[done:stop], names[done:stop], strict=True):
             if block.block_hash is None and block is not null_block:
                 block.block_hash = name
@@ -99,6 +104,19 @@ def register_pieces(entries: dict[bytes, PieceEntry],
         if not entry.held:  # every block was cached already (never in practice)
             del entries[base]
         done = stop
+
+
+def _fill_empty(entry: PieceEntry, blocks: Sequence[KVCacheBlock], names: Sequence[bytes],
+                j: int) -> None:
+    """`register_pieces`' loop for uncached blocks into an entry that holds none (all its
+    slots empty): every block takes its slot, from slot j on."""
+    stop = j + len(blocks)
+    entry.blocks[j:stop] = blocks
+    entry.held = len(blocks)
+    for block, name, slot in zip(blocks, names, range(j, stop), strict=True):
+        block.block_hash = name
+        block.piece = entry
+        block.j = slot
 
 
 def piece_hits(entries: dict[bytes, PieceEntry], pieces: BlockPieces,

@@ -134,7 +134,7 @@ class BlockPool:
         blocks = self._pop(num_blocks, new_hashes[skip:split], new_hashes[split:], skip)
         if skip:
             assert pieces is not None
-            self._register_pieces(blocks[:skip], new_hashes[:skip], pieces, first)
+            self._register_pieces(blocks[:skip], new_hashes[:skip], pieces, first, fresh=True)
         table += blocks
         return blocks
 
@@ -334,10 +334,11 @@ class BlockPool:
 
     def _register_pieces(self, blocks: Sequence[KVCacheBlock],
                          block_hashes: Sequence[BlockHash], pieces: BlockPieces,
-                         first: int) -> None:
-        """`_register` of blocks at table positions `first..` < `pieces.num_blocks`."""
+                         first: int, fresh: bool = False) -> None:
+        """`_register` of blocks at table positions `first..` < `pieces.num_blocks`
+        (`fresh`: just popped, none cached)."""
         register_pieces(self._pieces, self._more_cached, blocks, block_hashes, pieces, first,
-                        self.null_block)
+                        self.null_block, fresh)
 
     def _evict(self, block: KVCacheBlock) -> None:
         """Drop a free block's hash from the prefix cache (the block is being reused)."""

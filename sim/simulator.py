@@ -53,6 +53,8 @@ from sim.step_noise import StepNoise
 from workloads import Trace, TraceRequest
 from workloads.tokens import request_token_arrays
 
+_ZERO = array("q", [0])  # a placeholder token id (never read), repeated: `token_arrays`
+
 Progress = Callable[[int, int], None]  # (requests finished, requests in the trace)
 
 
@@ -146,8 +148,8 @@ class EngineProcess:
     def token_arrays(self, req: TraceRequest) -> tuple[array[int], array[int]]:
         """The request's prompt and output token ids for this engine: the trace's, or
         placeholders (zeros) when it never reads them (`tokens_unread`)."""
-        if self.tokens_unread(req):
-            return array("q", bytes(8 * req.prompt_len)), array("q", bytes(8 * req.output_len))
+        if self.tokens_unread(req):  # repeating one zero: ~10x faster than from bytes
+            return _ZERO * req.prompt_len, _ZERO * req.output_len
         return request_token_arrays(req, self.config.vocab_size, self.config.seed)
 
     def make_request(self, req: TraceRequest, prompt: array[int], max_tokens: int,

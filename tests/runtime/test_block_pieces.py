@@ -124,15 +124,16 @@ def test_pieces_must_cover_their_blocks() -> None:
         pool.extend_table([], 1, 0, [b"x0"], None, BlockPieces([b"x"], 3, 1))
 
 
-def _run(seed: int, with_pieces: bool) -> list[object]:
+def _run(seed: int, with_pieces: bool, observed: bool = True) -> list[object]:
     """A random workload over a small tree of pieces (shared prefixes, partial pieces,
     preemptions): every step's admissions with their hits, preemptions, free queue and
-    tables, and the KV events."""
+    tables, and the KV events (`observed`; unobserved, the pool pops and registers new
+    blocks in one walk, pieces new to the map in one fill)."""
     rng = random.Random(seed)
     s: Scheduler = make_scheduler(num_blocks=rng.choice([12, 20, 40]), max_num_seqs=4,
                                   max_num_batched_tokens=rng.choice([8, 16, 64]),
                                   policy=rng.choice(["fcfs", "priority"]))
-    events = observe_kv_events(s.kv_cache_manager.block_pool)
+    events = observe_kv_events(s.kv_cache_manager.block_pool) if observed else None
     pending = []
     for i in range(rng.randint(10, 30)):
         path = tuple(rng.randint(0, 1) for _ in range(rng.randint(0, 3)))
@@ -143,10 +144,19 @@ def _run(seed: int, with_pieces: bool) -> list[object]:
     for st in steps_of(s, pending):
         s.kv_cache_manager.check_invariants()
         trail.append((st.new, st.output.preempted_req_ids, st.free,
-                      [s.get_block_ids(r.request_id) for r in s.running], events.take()))
+                      [s.get_block_ids(r.request_id) for r in s.running],
+                      events.take() if events is not None else []))
     return trail
 
 
 @pytest.mark.parametrize("seed", range(16))
 def test_pieces_give_the_block_ids_and_events_of_names_in_the_map(seed: int) -> None:
     assert _run(seed, with_pieces=True) == _run(seed, with_pieces=False)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_unobserved_pieces_give_the_block_ids_of_names_in_the_map(seed: int) -> None:
+    """The same without KV events: new blocks popped and registered in one walk, a piece new
+    to the map filled at once (`block_pieces._fill_empty`), equal to the map's per name."""
+    assert (_run(seed, with_pieces=True, observed=False)
+            == _run(seed, with_pieces=False, observed=False))
