@@ -148,7 +148,7 @@ class EngineProcess:
     def token_arrays(self, req: TraceRequest) -> tuple[array[int], array[int]]:
         """The request's prompt and output token ids for this engine: the trace's, or
         placeholders (zeros) when it never reads them (`tokens_unread`)."""
-        if self.tokens_unread(req):  # repeating one zero: ~10x faster than from bytes
+        if self.tokens_unread(req):  # repeating one zero: 0.86 -> 0.31 s in a Mooncake run
             return _ZERO * req.prompt_len, _ZERO * req.output_len
         return request_token_arrays(req, self.config.vocab_size, self.config.seed)
 

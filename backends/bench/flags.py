@@ -60,10 +60,10 @@ class ServeBenchFlags:
     soak: float | None = flag(None, "--soak", "Hold --concurrency streams for SECONDS "
                               "(bounded, loopback): errors, token-count mismatches, memory "
                               "and descriptors of both processes, KV blocks in use after.")
-    engine_nice: int | None = flag(None, "--engine-nice", "The engine-core process's nice "
-                                   "value during the run (-20..19; below 0 needs root or "
-                                   "CAP_SYS_NICE): its steps then wake on time on a busy "
-                                   "machine.")
+    engine_nice: int | None = flag(None, "--engine-nice", "The nice value of every thread "
+                                   "of the engine-core process during the run (-20..19; "
+                                   "below 0 needs root or CAP_SYS_NICE): its steps then "
+                                   "wake on time on a busy machine.")
 
     def __post_init__(self) -> None:
         if self.client not in ("httpx", "lean"):

@@ -182,18 +182,30 @@ def run_load(trace: Trace, config: LoadConfig) -> LoadResult:
 
 def server_pids(server: ServerProcess, config: LoadConfig) -> dict[str, int]:
     """The server's two processes ("api_server", "engine"), the engine's nice value set to
-    `config.engine_nice` if given (RuntimeError when the OS refuses it). On 2 shared CPUs
-    the engine's steps, each a sleep to the cost model's end time, woke late by 0.4-1.2 s in
-    total per 10-s run at 200 streams (throughput 95-98% of the simulator's), 0.09-0.23 s at
-    nice -10 (99.1-99.6%) (docs/serve.md, "Added TTFT at 200 streams, stage by stage")."""
+    `config.engine_nice` if given, on every thread it has (RuntimeError when the OS refuses
+    it). On 2 shared CPUs the engine's steps, each a sleep to the cost model's end time,
+    woke late by 0.4-1.2 s in total per 10-s run at 200 streams, 0.09-0.25 s at nice -10
+    (docs/serve.md, "Added TTFT at 200 streams, stage by stage")."""
     pids = {"api_server": server.proc.pid, "engine": server.engine_pid()}
     if config.engine_nice is not None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, pids["engine"], config.engine_nice)
-        except OSError as err:
-            raise RuntimeError(f"--engine-nice {config.engine_nice}: {err.strerror} (a value "
-                               "below 0 needs root or CAP_SYS_NICE)") from None
+        renice(pids["engine"], config.engine_nice)
     return pids
+
+
+def renice(pid: int, nice: int) -> None:
+    """Set every thread of process `pid` to `nice`. Linux keeps a nice value per thread
+    and `setpriority(PRIO_PROCESS, pid)` sets only the thread whose id is `pid`; the
+    engine's ZeroMQ I/O thread, which does its socket writes, is already running by then.
+    RuntimeError naming --engine-nice when the OS refuses."""
+    task_dir = f"/proc/{pid}/task"
+    try:
+        threads = [int(tid) for tid in os.listdir(task_dir)] if os.path.isdir(task_dir) \
+            else [pid]
+        for tid in threads:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except OSError as err:
+        raise RuntimeError(f"--engine-nice {nice}: {err.strerror} (a value below 0 needs "
+                           "root or CAP_SYS_NICE)") from None
 
 
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:

@@ -70,7 +70,7 @@ def soak_bench(work: WorkloadFlags, server: SimulatedServer, load: ServeLoadFlag
     assert bench.soak is not None
     report = run_soak_load(server.load_config(load, bench, vocab_size), bench.soak,
                            work.input_len, work.output_len)
-    return {"command": "rt bench serve --soak", **report}
+    return {"command": "rt bench serve --soak", "engine_nice": bench.engine_nice, **report}
 
 
 def run_serve_bench(work: WorkloadFlags, server: SimulatedServer, load: ServeLoadFlags,

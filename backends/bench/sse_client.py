@@ -26,8 +26,9 @@ T = TypeVar("T")
 def run_client(main: Coroutine[Any, Any, T]) -> T:
     """Run the load client's `main` on uvloop's event loop when it imports (the serve extra
     installs it for the server), else on asyncio's. The client shares the 2 CPUs with the
-    server it measures: at 200 streams it needed 1.6-1.8 CPU s per 1000 requests on asyncio's
-    loop, 1.4-1.6 on uvloop (docs/serve.md, "Added TTFT at 200 streams, stage by stage")."""
+    server it measures: at 200 streams it needed 1.54-1.82 CPU s per 1000 requests on
+    asyncio's loop, 1.43 and 1.62 in two runs on uvloop, not shown to differ
+    (docs/serve.md, "Added TTFT at 200 streams, stage by stage")."""
     try:
         import uvloop
     except ImportError:

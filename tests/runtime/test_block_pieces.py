@@ -160,3 +160,29 @@ def test_unobserved_pieces_give_the_block_ids_of_names_in_the_map(seed: int) -> 
     to the map filled at once (`block_pieces._fill_empty`), equal to the map's per name."""
     assert (_run(seed, with_pieces=True, observed=False)
             == _run(seed, with_pieces=False, observed=False))
+
+
+@pytest.mark.parametrize("first", [0, 1, 3])
+def test_a_fresh_fill_equals_the_checked_fill_from_any_slot(first: int) -> None:
+    """`register_pieces(fresh=True)` (blocks just popped) files each block at its slot j, j
+    counted from the table position `first` (inside a piece when first % per_piece != 0),
+    exactly as the checked loop does."""
+    from runtime.block_pieces import register_pieces
+    from runtime.free_block_queue import KVCacheBlock
+
+    pieces = BlockPieces([base((0,)), base((0, 1)), base((0, 1, 2))], 2, 6)
+    names = [b + bytes([j]) for b in pieces.bases for j in range(2)]
+    filed = []
+    for fresh in (True, False):
+        entries: dict = {}
+        blocks = [KVCacheBlock(i) for i in range(10, 10 + 6 - first)]
+        register_pieces(entries, {}, blocks, names[first:], pieces, first, KVCacheBlock(0),
+                        fresh=fresh)
+        filed.append(({b: ([None if s is None else s.block_id for s in e.blocks], e.held)
+                       for b, e in entries.items()},
+                      [(blk.block_hash, blk.j, blk.piece.base) for blk in blocks]))
+    assert filed[0] == filed[1]
+    slots, tagged = filed[0]
+    assert tagged[0] == (names[first], first % 2, pieces.bases[first // 2])
+    assert slots[pieces.bases[first // 2]] == (
+        [None, 10] if first % 2 else [10, 11], 1 if first % 2 else 2)
