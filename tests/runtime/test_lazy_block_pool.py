@@ -8,7 +8,6 @@ import random
 
 import pytest
 
-from runtime import free_block_queue
 from runtime.block_pool import BlockPool, KVCacheBlock
 
 
@@ -30,11 +29,8 @@ class QueueModel:
         self.ids.remove(block_id)
 
 
-@pytest.mark.parametrize("chunk", [1, 3, 256])
-@pytest.mark.parametrize("seed", range(4))
-def test_random_operations_follow_the_list_model(seed: int, chunk: int,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(free_block_queue, "_BUILD_CHUNK", chunk)
+@pytest.mark.parametrize("seed", range(12))
+def test_random_operations_follow_the_list_model(seed: int) -> None:
     rng = random.Random(seed)
     num_blocks = rng.choice([40, 300, 1000])
     pool, model = BlockPool(num_blocks, enable_caching=True), QueueModel(num_blocks)
