@@ -143,20 +143,53 @@ class BlockPool:
              own: Sequence[BlockHash], skip: int = 0) -> list[KVCacheBlock]:
         """`get_new_blocks`, the first `skip` blocks left to the caller (piece names),
         the next ones then registered under `shared`, then the next ones under `own` (own
-        names); the shared ones in the same pass (a popped block carries no hash;
+        names); the shared ones as they are popped (a popped block carries no hash;
         registering one block and evicting another commute)."""
         queue = self.free_block_queue
         if num_blocks > queue.num_free_blocks:
             raise ValueError(f"cannot get {num_blocks} free blocks from the pool")
-        # `_evict` and `_register` in one pass (evicting does not touch the queue), inlined:
-        # a call per block costs ~60-100 ns, this being the prefill path
-        blocks = queue.popleft_n(num_blocks)
+        names = chain(repeat(None, skip), shared, repeat(None, num_blocks - skip - len(shared)))
+        before, made = queue.take_made(num_blocks)
+        if not made:  # linked blocks only (all of them once every block was used)
+            blocks = self._take_linked(names)
+        else:  # linked ones before the never-used ones, these, then linked ones after
+            blocks = self._take_linked(islice(names, before)) if before else []
+            cached_blocks = self.cached_blocks
+            for block, name in zip(made, names):  # no hash to evict
+                block.ref_cnt = 1
+                if name is not None:  # `_register`, inlined
+                    block.block_hash = name
+                    if cached_blocks.setdefault(name, block) is not block:
+                        self._more_cached.setdefault(name, {})[block.block_id] = block
+            blocks += made
+            if len(blocks) < num_blocks:
+                blocks += self._take_linked(names)
+        if own:  # the popped blocks are at hand: a second pass costs ~20 ns a block
+            self._own_seq += 1
+            seq = self._own_seq
+            for block, name in zip(islice(blocks, skip + len(shared), None), own,
+                                   strict=False):
+                block.block_hash = name
+                block.own_seq = seq
+        return blocks
+
+    def _take_linked(self, names: Iterable[BlockHash | None]) -> list[KVCacheBlock]:
+        """Pop one linked block from the head of the free queue per name, evicting its hash
+        and registering it under the name if not None (`popleft_n`, `_evict` and `_register`
+        in one walk, inlined: a call per block costs ~60-100 ns, this being the prefill
+        path)."""
+        queue = self.free_block_queue
         cached_blocks = self.cached_blocks
         more = self._more_cached
         pieces = self._pieces
-        for block, name in zip(blocks, chain(repeat(None, skip), shared,
-                                             repeat(None, num_blocks - skip - len(shared))),
-                               strict=True):
+        blocks = []
+        head = queue._head
+        block = head.next
+        for name in names:
+            assert block is not None
+            blocks.append(block)
+            following = block.next
+            block.prev = block.next = None
             block_hash = block.block_hash
             if block_hash is not None:
                 if block.own_seq is not None:  # no map entry
@@ -179,13 +212,10 @@ class BlockPool:
                 block.block_hash = name
                 if cached_blocks.setdefault(name, block) is not block:
                     more.setdefault(name, {})[block.block_id] = block
-        if own:  # the popped blocks are at hand: a second pass costs ~20 ns a block
-            self._own_seq += 1
-            seq = self._own_seq
-            for block, name in zip(islice(blocks, skip + len(shared), None), own,
-                                   strict=False):
-                block.block_hash = name
-                block.own_seq = seq
+            block = following
+        assert block is not None
+        head.next, block.prev = block, head
+        queue.num_free_blocks -= len(blocks)
         return blocks
 
     def get_new_block(self) -> KVCacheBlock:

@@ -144,6 +144,21 @@ class FreeBlockQueue:
         self.num_free_blocks -= count
         return blocks
 
+    def take_made(self, count: int) -> tuple[int, list[KVCacheBlock]]:
+        """The never-used blocks a pop of `count` takes, made and counted out of the queue,
+        and how many linked blocks it takes before them (all `count` when it takes none);
+        the caller then takes the linked ones from the head (`BlockPool._take_linked`)."""
+        ahead = self._ahead
+        if not self._unbuilt:
+            return count, []
+        if count <= ahead:
+            self._ahead = ahead - count
+            return count, []
+        self._ahead = 0
+        made = self._make(min(count - ahead, len(self._unbuilt)))
+        self.num_free_blocks -= len(made)
+        return ahead, made
+
     def _unlink_n(self, count: int) -> list[KVCacheBlock]:
         """Unlink the first `count` linked blocks (the count is not updated)."""
         blocks = []
