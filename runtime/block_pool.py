@@ -155,7 +155,7 @@ class BlockPool:
         else:  # linked ones before the never-used ones, these, then linked ones after
             blocks = self._take_linked(islice(names, before)) if before else []
             cached_blocks = self.cached_blocks
-            for block, name in zip(made, names):  # no hash to evict
+            for block, name in zip(made, names, strict=False):  # no hash; names go on
                 block.ref_cnt = 1
                 if name is not None:  # `_register`, inlined
                     block.block_hash = name

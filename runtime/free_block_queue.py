@@ -58,6 +58,9 @@ class FreeBlockQueue:
         self._tail = KVCacheBlock(-1)
         self._built = built if built is not None else []
         self._spares: list[KVCacheBlock] = []  # released blocks to make never-used ones of
+        self._unbuilt = unbuilt
+        self._ahead = 0  # linked entries before the never-used ones (0 once none is left)
+        self.num_free_blocks = 0
         self.restart(unbuilt)
         self.append_n(blocks)
         if unbuilt:
@@ -128,20 +131,12 @@ class FreeBlockQueue:
     def popleft_n(self, count: int) -> list[KVCacheBlock]:
         """Pop `count` blocks from the head at once (the caller checked there are enough):
         linked ones unlinked, never-used ones made."""
-        ahead = self._ahead
-        if not self._unbuilt:
-            blocks = self._unlink_n(count)
-        elif count <= ahead:
-            self._ahead = ahead - count
-            blocks = self._unlink_n(count)
-        else:  # the linked ones before the range, never-used ones, then linked ones after
-            blocks = self._unlink_n(ahead) if ahead else []
-            self._ahead = 0
-            made = min(count - ahead, len(self._unbuilt))
-            blocks += self._make(made)
-            if count > ahead + made:
-                blocks += self._unlink_n(count - ahead - made)
-        self.num_free_blocks -= count
+        before, made = self.take_made(count)
+        blocks = self._unlink_n(before)
+        if made:  # then the linked ones after the range
+            blocks += made
+            blocks += self._unlink_n(count - before - len(made))
+        self.num_free_blocks -= count - len(made)
         return blocks
 
     def take_made(self, count: int) -> tuple[int, list[KVCacheBlock]]:
