@@ -7,7 +7,8 @@ reaches the head of the free queue and an allocation pops it (lazy eviction).
 
 Free-queue order (head = next to allocate): unhashed blocks freed most recently, then
 never-used blocks in id order, then hashed blocks in LRU order.
-Never-used blocks are built lazily (`runtime.free_block_queue`).
+Never-used blocks are an id range until popped (`runtime.free_block_queue`); a pool whose
+work is done can hand its block objects to another (`release_blocks`, `reuse`).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class BlockPool:
 
     @property
     def blocks(self) -> list[KVCacheBlock]:
-        """Every block by id (building the never-used ones not built yet)."""
+        """Every block by id (making the never-used ones not made yet)."""
         self.free_block_queue.build_all()
         return self._blocks
 
@@ -73,7 +74,7 @@ class BlockPool:
 
     def free_block_ids(self) -> list[int]:
         """Ids in the free queue, head (next to be allocated or evicted) first."""
-        return [block.block_id for block in self.free_block_queue]
+        return self.free_block_queue.block_ids()
 
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
         """The block a lookup of `block_hash` hits (own names: a scan of every block)."""
@@ -142,23 +143,49 @@ class BlockPool:
              own: Sequence[BlockHash], skip: int = 0) -> list[KVCacheBlock]:
         """`get_new_blocks`, the first `skip` blocks left to the caller (piece names),
         the next ones then registered under `shared`, then the next ones under `own` (own
-        names); the shared ones in the same walk (a popped block carries no hash;
+        names); the shared ones as they are popped (a popped block carries no hash;
         registering one block and evicting another commute)."""
         queue = self.free_block_queue
         if num_blocks > queue.num_free_blocks:
             raise ValueError(f"cannot get {num_blocks} free blocks from the pool")
-        # `popleft_n`, `_evict` and `_register` in one walk (evicting does not touch the
-        # queue), inlined: a call per block costs ~60-100 ns, this being the prefill path
-        queue.ensure(num_blocks)
-        queue._taken(num_blocks)
+        names = chain(repeat(None, skip), shared, repeat(None, num_blocks - skip - len(shared)))
+        before, made = queue.take_made(num_blocks)
+        if not made:  # linked blocks only (all of them once every block was used)
+            blocks = self._take_linked(names)
+        else:  # linked ones before the never-used ones, these, then linked ones after
+            blocks = self._take_linked(islice(names, before)) if before else []
+            cached_blocks = self.cached_blocks
+            for block, name in zip(made, names, strict=False):  # no hash; names go on
+                block.ref_cnt = 1
+                if name is not None:  # `_register`, inlined
+                    block.block_hash = name
+                    if cached_blocks.setdefault(name, block) is not block:
+                        self._more_cached.setdefault(name, {})[block.block_id] = block
+            blocks += made
+            if len(blocks) < num_blocks:
+                blocks += self._take_linked(names)
+        if own:  # the popped blocks are at hand: a second pass costs ~20 ns a block
+            self._own_seq += 1
+            seq = self._own_seq
+            for block, name in zip(islice(blocks, skip + len(shared), None), own,
+                                   strict=False):
+                block.block_hash = name
+                block.own_seq = seq
+        return blocks
+
+    def _take_linked(self, names: Iterable[BlockHash | None]) -> list[KVCacheBlock]:
+        """Pop one linked block from the head of the free queue per name, evicting its hash
+        and registering it under the name if not None (`popleft_n`, `_evict` and `_register`
+        in one walk, inlined: a call per block costs ~60-100 ns, this being the prefill
+        path)."""
+        queue = self.free_block_queue
         cached_blocks = self.cached_blocks
         more = self._more_cached
         pieces = self._pieces
         blocks = []
         head = queue._head
         block = head.next
-        for name in chain(repeat(None, skip), shared,
-                          repeat(None, num_blocks - skip - len(shared))):
+        for name in names:
             assert block is not None
             blocks.append(block)
             following = block.next
@@ -188,14 +215,7 @@ class BlockPool:
             block = following
         assert block is not None
         head.next, block.prev = block, head
-        queue.num_free_blocks -= num_blocks
-        if own:  # the popped blocks are at hand: a second pass costs ~20 ns a block
-            self._own_seq += 1
-            seq = self._own_seq
-            for block, name in zip(islice(blocks, skip + len(shared), None), own,
-                                   strict=False):
-                block.block_hash = name
-                block.own_seq = seq
+        queue.num_free_blocks -= len(blocks)
         return blocks
 
     def get_new_block(self) -> KVCacheBlock:
@@ -205,16 +225,7 @@ class BlockPool:
             raise ValueError("cannot get a free block from the pool")
         if self.kv_event_log is not None:
             record_evictions(self.kv_event_log, queue, 1)
-        queue.ensure(1)
-        queue._taken(1)
-        head = queue._head
-        block = head.next
-        assert block is not None
-        following = block.next
-        assert following is not None
-        head.next, following.prev = following, head
-        block.prev = block.next = None
-        queue.num_free_blocks -= 1
+        block = queue.popleft()
         if block.block_hash is not None:
             self._evict(block)
         block.ref_cnt = 1
@@ -388,6 +399,32 @@ class BlockPool:
         if self.kv_event_log is not None:
             self.kv_event_log.events.append(PoolEvent("cleared"))
         return True
+
+    def release_blocks(self) -> list[KVCacheBlock]:
+        """Hand over every block object this pool made (not the null block), reset: free,
+        unhashed and unlinked, for another pool to make never-used blocks of (`reuse`).
+        This pool is left as new: every block never used, nothing cached. ValueError while
+        a block is in use. (No KV event: a released pool is observed no more.)"""
+        if self.num_free_blocks != self.num_blocks - 1:
+            raise ValueError(f"cannot release a pool with "
+                             f"{self.num_blocks - 1 - self.num_free_blocks} blocks in use")
+        released = self._blocks[1:]
+        del self._blocks[1:]
+        for block in released:  # drops the queue's links: no cycle is left to collect
+            block.prev = block.next = None
+            block.block_hash = block.own_seq = block.piece = None
+            block.j = 0
+        self.free_block_queue.restart(range(1, self.num_blocks))
+        self.cached_blocks.clear()
+        self._more_cached.clear()
+        self._pieces.clear()
+        return released
+
+    def reuse(self, spares: list[KVCacheBlock]) -> None:
+        """Make never-used blocks of released blocks (`release_blocks`) taken from the end of
+        `spares` while it holds any, instead of new objects (`FreeBlockQueue.reuse`); ids,
+        order and results are unchanged."""
+        self.free_block_queue.reuse(spares)
 
     def check_invariants(self) -> None:
         """Raise AssertionError if the pool's bookkeeping is inconsistent. O(num_blocks)."""

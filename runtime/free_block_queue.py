@@ -1,9 +1,12 @@
 """Free KV blocks and the queue that orders them (head = next to allocate).
 
-Never-used blocks are built lazily (a pool is tens of thousands of blocks, ~18 ms to build,
-and a fleet simulator builds one per replica): they are consumed only from the front of
-their run, and only once the blocks before them are, so the queue builds them in chunks as
-allocations reach them (`FreeBlockQueue.ensure`); lookups and results are as if built.
+Never-used blocks are an id range in the queue, not objects: a pool is tens of thousands of
+blocks, and a fleet simulator holds one per replica, most of whose blocks a replica that never
+fills its pool never touches. They are consumed only from the front of their range, and only
+once the linked blocks before them are, so a block object is made when a pop takes its id
+(`FreeBlockQueue.popleft_n`), never linked; lookups and results are as if every block were
+linked in. A released pool's block objects (`BlockPool.release_blocks`) may be made the
+next never-used blocks of another pool (`FreeBlockQueue.reuse`).
 """
 
 from __future__ import annotations
@@ -38,93 +41,146 @@ class KVCacheBlock:
         return f"KVCacheBlock({self.block_id}, ref_cnt={self.ref_cnt}{cached})"
 
 
-_BUILD_CHUNK = 256  # never-used blocks built at once
-
-
 class FreeBlockQueue:
     """Doubly linked list of free blocks; O(1) pop from the head, push at either end, and
     removal from the middle (a cache hit takes a free block out of the queue).
 
-    With `unbuilt` ids, never-used blocks not built yet follow the first `_ahead` linked
-    entries (the last of which is `_before_unbuilt`, the head sentinel when none), in id
-    order; they count as free. Invariant: the entries before them are unhashed (freed
-    unhashed blocks go to the head, hashed ones to the tail), so `remove`, which takes out
-    cached blocks only, never touches them. Built blocks are appended to `built`.
+    Never-used blocks, the ids `unbuilt` in order, are not in the list: they follow its
+    first `_ahead` entries (0 once none is left) and count as free. Invariant: those
+    entries are unhashed (freed unhashed blocks go to the head, hashed ones to the tail),
+    so `remove`, which takes out cached blocks only, never touches them. A block made from
+    the range is appended to `built`, which so stays in id order.
     """
 
-    def __init__(self, blocks: Iterable[KVCacheBlock], unbuilt: range = range(0),
+    def __init__(self, blocks: Iterable[KVCacheBlock] = (), unbuilt: range = range(0),
                  built: list[KVCacheBlock] | None = None) -> None:
         self._head = KVCacheBlock(-1)  # sentinels: real blocks lie strictly between them
         self._tail = KVCacheBlock(-1)
-        self._head.next, self._tail.prev = self._tail, self._head
-        self.num_free_blocks = 0
-        self.append_n(blocks)
-        self._unbuilt = unbuilt
         self._built = built if built is not None else []
-        self._ahead = self.num_free_blocks
-        self._before_unbuilt = self._tail.prev
-        self.num_free_blocks += len(unbuilt)
+        self._spares: list[KVCacheBlock] = []  # released blocks to make never-used ones of
+        self._unbuilt = unbuilt
+        self._ahead = 0  # linked entries before the never-used ones (0 once none is left)
+        self.num_free_blocks = 0
+        self.restart(unbuilt)
+        self.append_n(blocks)
+        if unbuilt:
+            self._ahead = self.num_free_blocks - len(unbuilt)
 
-    def ensure(self, count: int) -> None:
-        """Build never-used blocks until the first `count` entries are linked."""
-        if count > self._ahead and self._unbuilt:
-            self._build(count - self._ahead)
+    def restart(self, unbuilt: range) -> None:
+        """Hold the never-used ids `unbuilt` only, forgetting every linked block (the
+        caller released them: `BlockPool.release_blocks`)."""
+        self._head.next, self._tail.prev = self._tail, self._head
+        self._unbuilt = unbuilt
+        self._ahead = 0
+        self.num_free_blocks = len(unbuilt)
 
-    def _build(self, count: int) -> None:
+    def reuse(self, spares: list[KVCacheBlock]) -> None:
+        """Make never-used blocks of the blocks in `spares` (released and reset, no pool's:
+        `BlockPool.release_blocks`), taken from its end, while it holds any; the list is
+        shared, not copied (another pool may add to it or take from it)."""
+        self._spares = spares
+
+    def _make(self, count: int) -> list[KVCacheBlock]:
+        """The next `count` never-used blocks, out of the range (a spare renamed, or new)."""
         unbuilt = self._unbuilt
-        take = min(len(unbuilt), max(count, _BUILD_CHUNK))
-        ids, self._unbuilt = unbuilt[:take], unbuilt[take:]
-        new = [KVCacheBlock(block_id) for block_id in ids]
-        self._built.extend(new)
-        prev = self._before_unbuilt
+        ids, self._unbuilt = unbuilt[:count], unbuilt[count:]
+        spares = self._spares
+        if spares:
+            num_reused = min(count, len(spares))
+            new = spares[len(spares) - num_reused:]
+            del spares[len(spares) - num_reused:]
+            for block, block_id in zip(new, ids, strict=False):
+                block.block_id = block_id
+            if num_reused < count:
+                new += [KVCacheBlock(block_id) for block_id in ids[num_reused:]]
+        else:
+            new = [KVCacheBlock(block_id) for block_id in ids]
+        self._built += new
+        return new
+
+    def build_all(self) -> None:
+        """Make every never-used block and link them in at their place (for walks)."""
+        if not self._unbuilt:
+            return
+        prev = self._head
+        for _ in range(self._ahead):
+            assert prev.next is not None
+            prev = prev.next
         following = prev.next
         assert following is not None
-        for block in new:
+        for block in self._make(len(self._unbuilt)):
             block.prev, prev.next = prev, block
             prev = block
         prev.next, following.prev = following, prev
-        self._before_unbuilt = prev
-        self._ahead += take
-
-    def build_all(self) -> None:
-        if self._unbuilt:
-            self._build(len(self._unbuilt))
-
-    def _taken(self, count: int) -> None:
-        """`count` entries were popped from the head (after `ensure(count)`)."""
-        if self._unbuilt:
-            self._ahead -= count
-            if not self._ahead:
-                self._before_unbuilt = self._head
+        self._ahead = 0
 
     def popleft(self) -> KVCacheBlock:
-        self.ensure(1)
-        block = self._head.next
-        if block is self._tail or block is None:
+        """Pop the head block (ValueError when none is free)."""
+        if self.num_free_blocks < 1:
             raise ValueError("no free block to pop")
+        if self._unbuilt:
+            if not self._ahead:
+                self.num_free_blocks -= 1
+                return self._make(1)[0]
+            self._ahead -= 1
+        block = self._head.next
+        assert block is not None
         self.remove(block)
-        self._taken(1)
         return block
 
     def popleft_n(self, count: int) -> list[KVCacheBlock]:
-        """Pop `count` blocks from the head at once (the caller checked there are enough)."""
-        self.ensure(count)
-        self._taken(count)
+        """Pop `count` blocks from the head at once (the caller checked there are enough):
+        linked ones unlinked, never-used ones made."""
+        before, made = self.take_made(count)
+        blocks = self._unlink_n(before)
+        if made:  # then the linked ones after the range
+            blocks += made
+            blocks += self._unlink_n(count - before - len(made))
+        self.num_free_blocks -= count - len(made)
+        return blocks
+
+    def take_made(self, count: int) -> tuple[int, list[KVCacheBlock]]:
+        """The never-used blocks a pop of `count` takes, made and counted out of the queue,
+        and how many linked blocks it takes before them (all `count` when it takes none);
+        the caller then takes the linked ones from the head (`BlockPool._take_linked`)."""
+        ahead = self._ahead
+        if not self._unbuilt:
+            return count, []
+        if count <= ahead:
+            self._ahead = ahead - count
+            return count, []
+        self._ahead = 0
+        made = self._make(min(count - ahead, len(self._unbuilt)))
+        self.num_free_blocks -= len(made)
+        return ahead, made
+
+    def _unlink_n(self, count: int) -> list[KVCacheBlock]:
+        """Unlink the first `count` linked blocks (the count is not updated)."""
         blocks = []
-        block = self._head.next
+        head, tail = self._head, self._tail
+        block = head.next
         for _ in range(count):
-            assert block is not None and block is not self._tail, "free queue exhausted"
+            assert block is not None and block is not tail, "free queue exhausted"
             blocks.append(block)
             following = block.next
             block.prev = block.next = None
             block = following
         assert block is not None
-        self._head.next, block.prev = block, self._head
-        self.num_free_blocks -= count
+        head.next, block.prev = block, head
         return blocks
 
+    def next_linked(self, count: int) -> Iterator[KVCacheBlock]:
+        """The linked blocks among the next `count` pops, in pop order (the never-used
+        ones between them are not objects yet, and carry no hash)."""
+        if self._unbuilt:
+            count -= min(max(count - self._ahead, 0), len(self._unbuilt))
+        block = self._head.next
+        for _ in range(count):
+            assert block is not None and block is not self._tail, "free queue exhausted"
+            yield block
+            block = block.next
+
     def remove(self, block: KVCacheBlock) -> None:
-        assert block is not self._before_unbuilt or not self._unbuilt, "removing before unbuilt"
         prev, nxt = block.prev, block.next
         assert prev is not None and nxt is not None, f"{block} is not in the free queue"
         prev.next, nxt.prev = nxt, prev
@@ -142,9 +198,7 @@ class FreeBlockQueue:
 
     def prepend_n(self, blocks: list[KVCacheBlock]) -> None:
         """Push blocks at the head so that `blocks[0]` becomes the new head."""
-        if self._unbuilt and blocks:
-            if not self._ahead:
-                self._before_unbuilt = blocks[-1]
+        if self._unbuilt:
             self._ahead += len(blocks)
         for block in reversed(blocks):
             first = self._head.next
@@ -153,17 +207,26 @@ class FreeBlockQueue:
             first.prev = self._head.next = block
             self.num_free_blocks += 1
 
+    def block_ids(self) -> list[int]:
+        """The free blocks' ids, head first (never-used ones not made)."""
+        ids = []
+        block = self._head.next
+        for _ in range(self._ahead):  # the linked ones before the range
+            assert block is not None
+            ids.append(block.block_id)
+            block = block.next
+        ids += self._unbuilt
+        while block is not None and block is not self._tail:
+            ids.append(block.block_id)
+            block = block.next
+        return ids
+
     def __iter__(self) -> Iterator[KVCacheBlock]:
-        """Head first; never-used blocks are built when the walk reaches them."""
-        if not self._ahead:
-            self.build_all()
-        seen = 0
+        """Head first (every never-used block is made first)."""
+        self.build_all()
         block = self._head.next
         while block is not None and block is not self._tail:
             yield block
-            seen += 1
-            if seen == self._ahead:
-                self.build_all()
             block = block.next
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:

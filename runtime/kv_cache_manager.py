@@ -257,6 +257,13 @@ class KVCacheManager:
             self._own_tables.clear()
         return done
 
+    def release_blocks(self) -> list[KVCacheBlock]:
+        """`BlockPool.release_blocks` (ValueError while a block is in use), the old tables
+        of preempted requests dropped with them: the manager is left as new."""
+        released = self.block_pool.release_blocks()
+        self._own_tables.clear()
+        return released
+
     def check_invariants(self) -> None:
         """Pool invariants, plus: every reference count equals the tables holding the block."""
         self.block_pool.check_invariants()

@@ -38,15 +38,11 @@ class KvEventLog:
 
 def record_evictions(log: KvEventLog, queue: FreeBlockQueue, count: int) -> None:
     """The removed events of the cached blocks among the next `count` that `queue` hands
-    out (a walk from its head; never-used blocks, built first if need be, carry no hash)."""
-    queue.ensure(count)
+    out (never-used blocks carry no hash)."""
     append = log.events.append
-    block = queue._head.next
-    for _ in range(count):
-        assert block is not None
+    for block in queue.next_linked(count):
         if block.block_hash is not None:
             append(PoolEvent("removed", (block.block_hash,)))
-        block = block.next
 
 
 def record_stored(log: KvEventLog, null_block: KVCacheBlock, blocks: Sequence[KVCacheBlock],

@@ -39,6 +39,7 @@ from typing import cast
 
 import simpy
 
+from runtime import KVCacheBlock
 from runtime.records import RequestRecord
 from runtime.router import ReplicaSnapshot, RouterPolicy, RoutingRequest
 from sim.api_server import deliver_to_clients
@@ -117,6 +118,7 @@ class _Fleet:
         # per API cost: suffix minima of arrival + latency + cost(prompt) over the trace
         # (`handover_bounds`; replicas of one pool share their list)
         self._bounds: dict[ApiServerCost, list[float]] = {}
+        self.spare_blocks: list[KVCacheBlock] = []  # `PreRoutedReplica`s' released blocks
         kind = (KvReplica if self.kv_bus else PreRoutedReplica if self.pre_routed
                 else Replica)
         self.replicas = [kind(self, i, setup) for i, setup in enumerate(setups)]

@@ -19,14 +19,14 @@ import math
 from array import array
 from bisect import bisect_right, insort
 from collections import deque
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Generator, Mapping, Sequence
 from functools import partial
 from operator import itemgetter
 from typing import Protocol, cast
 
 import simpy
 
-from runtime import Request
+from runtime import KVCacheBlock, Request
 from runtime.kv_events import KvEventLog, observe_kv_events
 from runtime.records import RequestRecord
 from runtime.router import ReplicaSnapshot
@@ -62,6 +62,7 @@ class FleetView(Protocol):
     latency_s: float  # routing latency, s
     stack_delay_s: Mapping[str, float]  # per request id, s after the API server (or absent)
     steps_ahead: bool  # fixed for the run (docs/fleet.md, stepping ahead)
+    spare_blocks: list[KVCacheBlock]  # released by replicas whose share is done
 
     def handover_bounds(self, api: ApiServerCost) -> list[float]: ...
 
@@ -261,6 +262,11 @@ class PreRoutedReplica(KnownHandovers, Replica):
         self.requests, self.handovers, self.take_in = [], [], []
         self.next_index = 0
         self.latency_s = fleet.latency_s
+        # The replicas run one after another: each makes its never-used blocks of those
+        # the replicas before it released (same ids and order; no new objects to build,
+        # collect and free)
+        self.spare_blocks = fleet.spare_blocks
+        self.core.scheduler.kv_cache_manager.block_pool.reuse(self.spare_blocks)
 
     def reached_s(self, req: TraceRequest) -> float:
         """When the request reaches this replica's API server: its arrival + the fleet's
@@ -285,6 +291,11 @@ class PreRoutedReplica(KnownHandovers, Replica):
 
     def arrive(self, req: TraceRequest) -> None:
         self.arrived(req, self.reached_s(req), req.output_len)
+
+    def wait_for_work(self) -> Generator[simpy.Event, object, float]:
+        if self.next_index == len(self.take_in):  # its share is done: no block is used again
+            self.spare_blocks += self.core.scheduler.kv_cache_manager.release_blocks()
+        return (yield from super().wait_for_work())
 
     def submit(self, request: Request, now: float) -> None:
         EngineProcess.submit(self, request, now)  # no first token awaited step by step

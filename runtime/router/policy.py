@@ -108,6 +108,20 @@ class SnapshotBlindPolicy(RouterPolicy):
     (round-robin, random, session hashing, production-stack's prefix trie): completion-
     and snapshot-blind, so a driver may decide it any time after the dispatches before it."""
 
+    _last_ids: tuple[tuple[ReplicaSnapshot, ...], list[int]] | None = None
+
+    def candidate_ids(self, replicas: Sequence[ReplicaSnapshot]) -> list[int]:
+        """`candidate_ids(replicas)`, kept for the last tuple of candidates: a driver
+        passing one fixed tuple (`sim.fleet` does to blind routers) sorts it once, not per
+        request (O(replicas) each). The list is shared: read it only."""
+        last = self._last_ids
+        if last is not None and last[0] is replicas:
+            return last[1]
+        ids = candidate_ids(replicas)
+        if isinstance(replicas, tuple):  # immutable: the same object has the same ids
+            self._last_ids = (replicas, ids)
+        return ids
+
     @property
     def completion_blind(self) -> bool:
         return True

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from runtime.router.policy import SnapshotBlindPolicy, candidate_ids, first_min, require
+from runtime.router.policy import SnapshotBlindPolicy, first_min, require
 from runtime.router.snapshot import ReplicaSnapshot, RoutingDecision, RoutingRequest
 from runtime.router.state import RouterLocal
 
@@ -95,7 +95,7 @@ class SessionHash(SnapshotBlindPolicy):
     def choose(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]
     ) -> RoutingDecision:
-        ids = candidate_ids(replicas)
+        ids = self.candidate_ids(replicas)
         if request.session_id is None:
             replica = lowest_qps(self.local, ids, request.now_s, self.config.qps_window_s)
             return RoutingDecision(replica, "no session: lowest QPS")

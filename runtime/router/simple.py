@@ -50,7 +50,7 @@ class RoundRobin(SnapshotBlindPolicy):
     def choose(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]
     ) -> RoutingDecision:
-        ids = candidate_ids(replicas)
+        ids = self.candidate_ids(replicas)
         replica = ids[self._counter % len(ids)]
         self._counter += 1
         return RoutingDecision(replica, "next in turn")
@@ -69,7 +69,7 @@ class Random(SnapshotBlindPolicy):
     def choose(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]
     ) -> RoutingDecision:
-        return RoutingDecision(self.rng.choice(candidate_ids(replicas)), "uniform draw")
+        return RoutingDecision(self.rng.choice(self.candidate_ids(replicas)), "uniform draw")
 
 
 class LeastOutstanding(RouterPolicy):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import workloads
-from runtime import CacheConfig, SchedulerConfig
+from runtime import CacheConfig, KVCacheBlock, KVCacheManager, SchedulerConfig
 from runtime.router import make_policy
 from sim import fleet as fleet_module
 from sim.api_server import handover_times, server_wakes
@@ -176,6 +176,26 @@ def one_engine_per_share(trace: Trace, cfg: SimConfig, policy: str, replicas: in
             assert row.pop("routing_s") == (row["arrival_s"] + latency_s) - row["arrival_s"]
             row["arrival_s"] += latency_s
             assert row == expected.to_row()
+
+
+def test_pre_routed_replicas_hand_their_blocks_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each replica releases its pool when its share is done, and the next one makes its
+    never-used blocks of those: the fleet makes only as many block objects as its largest
+    share needs (the records are lock-step's: the tests above)."""
+    released: list[tuple[int, list[int]]] = []  # (blocks made, their objects' ids) per call
+    release = KVCacheManager.release_blocks
+
+    def logged(self: KVCacheManager) -> list[KVCacheBlock]:
+        blocks = release(self)
+        released.append((len(blocks), [id(b) for b in blocks]))
+        return blocks
+
+    monkeypatch.setattr(KVCacheManager, "release_blocks", logged)
+    result = run(randomised(1), "round-robin", [Replica(config(num_blocks=300))] * 3,
+                 ahead=True)
+    assert len(result.requests) == 150 and len(released) == 3
+    made = [count for count, _ in released]
+    assert min(made) > 0 and len({i for _, objects in released for i in objects}) == max(made)
 
 
 @pytest.mark.parametrize("policy", ["round-robin", "random", "session-hash"])

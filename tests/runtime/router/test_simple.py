@@ -182,3 +182,16 @@ def test_p2_snapshot_load() -> None:
     # running + waiting: 4+6 = 10 vs 2+0 = 2 -> 1
     policy = PowerOfTwo(PowerOfTwoConfig(load="snapshot"))
     assert policy.choose(req(prompt_len=8), snaps(2, [6, 0], [4, 2])).replica == 1
+
+
+def test_blind_policies_sort_one_fixed_tuple_of_candidates_once() -> None:
+    """A driver passing the same tuple each time (the fleet's blind snapshots) gets the ids
+    sorted once; a list, or another tuple, is read afresh."""
+    policy = make_policy("round-robin", (), seed=0)
+    three = snaps(3)
+    fixed = (three[2], three[0])
+    ids = policy.candidate_ids(fixed)
+    assert ids == [0, 2] and policy.candidate_ids(fixed) is ids
+    assert policy.candidate_ids(list(fixed)) == [0, 2]
+    assert policy.candidate_ids(fixed[:1]) == [2]
+    assert [policy.route(req(prompt_len=4), fixed).replica for _ in range(3)] == [0, 2, 0]

@@ -1,0 +1,109 @@
+"""Never-used blocks as an id range of the free queue: a block object is made only when a pop
+takes its id, pops across the range take vLLM's order exactly (linked blocks before it, its
+ids, then the hashed ones after it, evicting in LRU order), and a released pool's blocks
+become another pool's never-used blocks with the same ids and results."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.block_pool import BlockPool, KVCacheBlock
+from runtime.config import CacheConfig
+from runtime.kv_cache_manager import KVCacheManager
+from runtime.kv_events import PoolEvent, observe_kv_events
+
+
+def h(name: str) -> bytes:
+    return name.encode().ljust(32, b".")
+
+
+def ids(blocks: list[KVCacheBlock]) -> list[int]:
+    return [b.block_id for b in blocks]
+
+
+def _queue_around_the_range(pool: BlockPool) -> list[KVCacheBlock]:
+    """Pops 1-4, caches 1 and 2 ("a", "b"), frees them all: queue 4, 3 (unhashed, at the
+    head), the never-used 5..9, then 2, 1 (hashed, LRU at the tail)."""
+    b1, b2, b3, b4 = pool.get_new_blocks(4)
+    pool.cache_blocks([b1, b2], [h("a"), h("b")])
+    pool.free_blocks([b4, b3, b2, b1])
+    return [b1, b2, b3, b4]
+
+
+def test_pops_across_the_range_take_vllms_order_and_evict_in_lru_order() -> None:
+    pool = BlockPool(10, enable_caching=True)
+    _queue_around_the_range(pool)
+    assert pool.free_block_ids() == [4, 3, 5, 6, 7, 8, 9, 2, 1]
+    assert len(pool._blocks) == 5  # the null block and 1-4: 5..9 are ids only
+    assert ids(pool.get_new_blocks(3)) == [4, 3, 5]  # linked before the range, then into it
+    assert len(pool._blocks) == 6 and pool.free_block_ids() == [6, 7, 8, 9, 2, 1]
+    taken = pool.get_new_blocks(5)  # the rest of the range, then 2 evicts "b"
+    assert ids(taken) == [6, 7, 8, 9, 2]
+    assert taken[-1].block_hash is None and pool.cached_block_ids() == {h("a"): [1]}
+    assert ids(pool._blocks) == list(range(10))  # made in id order
+    last = pool.get_new_block()  # 1 evicts "a"
+    assert last.block_id == 1 and pool.cached_block_ids() == {}
+    assert pool.num_free_blocks == 0
+    pool.check_invariants()
+
+
+def test_a_single_pop_takes_the_linked_head_then_the_range() -> None:
+    pool = BlockPool(8, enable_caching=True)
+    _queue_around_the_range(pool)
+    assert [pool.get_new_block().block_id for _ in range(5)] == [4, 3, 5, 6, 7]
+    assert len(pool._blocks) == 8
+    pool.check_invariants()
+
+
+def test_evictions_are_reported_across_the_range() -> None:
+    pool = BlockPool(7, enable_caching=True)
+    log = observe_kv_events(pool)
+    _queue_around_the_range(pool)  # queue 4, 3, 5, 6, 2 ("b"), 1 ("a")
+    log.take()
+    assert ids(pool.get_new_blocks(5)) == [4, 3, 5, 6, 2]
+    assert log.take() == [PoolEvent("removed", (h("b"),))]
+
+
+def test_a_walk_makes_the_range_in_place() -> None:
+    pool = BlockPool(8, enable_caching=True)
+    _queue_around_the_range(pool)
+    assert ids(pool.free_block_queue.get_all_free_blocks()) == [4, 3, 5, 6, 7, 2, 1]
+    assert ids(pool.blocks) == list(range(8))
+    assert ids(pool.get_new_blocks(4)) == [4, 3, 5, 6]
+    pool.check_invariants()
+
+
+def test_a_released_pool_is_new_and_its_blocks_serve_the_next_pool() -> None:
+    first, second = BlockPool(10, enable_caching=True), BlockPool(10, enable_caching=True)
+    held = _queue_around_the_range(first)
+    table = first.get_new_blocks(3)  # 4, 3, and 5 made
+    with pytest.raises(ValueError, match="3 blocks in use"):
+        first.release_blocks()
+    first.free_blocks(table)
+    spares = first.release_blocks()
+    assert sorted(ids(spares)) == [1, 2, 3, 4, 5] and all(
+        b.ref_cnt == 0 and b.block_hash is None and b.prev is None and b.next is None
+        for b in spares)
+    assert first.free_block_ids() == list(range(1, 10)) and first.cached_block_ids() == {}
+    assert len(first._blocks) == 1
+    first.check_invariants()
+    second.reuse(spares)
+    objects = {id(b) for b in spares}
+    taken = second.get_new_blocks(3) + [second.get_new_block()]
+    assert ids(taken) == [1, 2, 3, 4] and {id(b) for b in taken} <= objects
+    assert len(spares) == 1  # one left; then new objects
+    rest = second.get_new_blocks(3)
+    assert ids(rest) == [5, 6, 7] and id(rest[0]) in objects and not spares
+    assert all(b.ref_cnt == 1 and b.block_hash is None for b in taken + rest)
+    assert held[0].block_id in range(1, 6)  # a released object now serves the second pool
+    second.check_invariants()
+
+
+def test_a_released_manager_forgets_its_tables() -> None:
+    kv = KVCacheManager(CacheConfig(block_size=4, num_blocks=6), max_model_len=64,
+                        watermark=0.0)
+    kv._own_tables["r"] = [kv.block_pool.get_new_blocks(1)]
+    with pytest.raises(ValueError, match="1 blocks in use"):
+        kv.release_blocks()
+    kv.block_pool.free_blocks(kv._own_tables["r"][0])
+    assert ids(kv.release_blocks()) == [1] and kv._own_tables == {}
