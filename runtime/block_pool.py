@@ -235,6 +235,9 @@ class BlockPool:
         """Take a reference on cache hits; a free hit leaves the free queue (never evicted)."""
         for block in blocks:
             if block.ref_cnt == 0 and block is not self.null_block:
+                # a hit is cached: never one of the unhashed blocks before the never-used
+                # range, which `remove` must not take (`FreeBlockQueue`)
+                assert block.block_hash is not None, block
                 self.free_block_queue.remove(block)
             block.ref_cnt += 1
 

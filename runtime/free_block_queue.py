@@ -4,8 +4,8 @@ Never-used blocks are an id range in the queue, not objects: a pool is tens of t
 blocks, and a fleet simulator holds one per replica, most of whose blocks a replica that never
 fills its pool never touches. They are consumed only from the front of their range, and only
 once the linked blocks before them are, so a block object is made when a pop takes its id
-(`FreeBlockQueue.popleft_n`), never linked; lookups and results are as if every block were
-linked in. A released pool's block objects (`BlockPool.release_blocks`) may be made the
+(`FreeBlockQueue.take_made`, `popleft`), never linked; lookups and results are as if every
+block were linked in. A released pool's block objects (`BlockPool.release_blocks`) may be made the
 next never-used blocks of another pool (`FreeBlockQueue.reuse`).
 """
 
@@ -52,15 +52,16 @@ class FreeBlockQueue:
     the range is appended to `built`, which so stays in id order.
     """
 
+    num_free_blocks: int  # linked blocks and never-used ids
+    _unbuilt: range  # the never-used ids, in pop order
+    _ahead: int  # linked entries before the never-used ones (0 once none is left)
+    _spares: list[KVCacheBlock]  # released blocks to make never-used ones of (`reuse`)
+
     def __init__(self, blocks: Iterable[KVCacheBlock] = (), unbuilt: range = range(0),
                  built: list[KVCacheBlock] | None = None) -> None:
         self._head = KVCacheBlock(-1)  # sentinels: real blocks lie strictly between them
         self._tail = KVCacheBlock(-1)
         self._built = built if built is not None else []
-        self._spares: list[KVCacheBlock] = []  # released blocks to make never-used ones of
-        self._unbuilt = unbuilt
-        self._ahead = 0  # linked entries before the never-used ones (0 once none is left)
-        self.num_free_blocks = 0
         self.restart(unbuilt)
         self.append_n(blocks)
         if unbuilt:
@@ -68,8 +69,10 @@ class FreeBlockQueue:
 
     def restart(self, unbuilt: range) -> None:
         """Hold the never-used ids `unbuilt` only, forgetting every linked block (the
-        caller released them: `BlockPool.release_blocks`)."""
+        caller released them: `BlockPool.release_blocks`) and any spares (`reuse` again to
+        take some)."""
         self._head.next, self._tail.prev = self._tail, self._head
+        self._spares = []
         self._unbuilt = unbuilt
         self._ahead = 0
         self.num_free_blocks = len(unbuilt)

@@ -16,12 +16,13 @@ def check_pool_invariants(pool: BlockPool) -> None:
     """Raise AssertionError if the pool's bookkeeping is inconsistent."""
     null = pool.null_block
     assert null.block_id == 0 and null.prev is None and null.block_hash is None, null
-    queued = list(pool.free_block_queue)
+    check_free_queue(pool)
+    queued = pool.free_block_queue.block_ids()  # never-used blocks are not made for this
     assert len(queued) == pool.num_free_blocks, (len(queued), pool.num_free_blocks)
-    queued_ids = {block.block_id for block in queued}
+    queued_ids = set(queued)
     assert len(queued_ids) == len(queued), "a block is queued twice"
     assert 0 not in queued_ids, "the null block is in the free queue"
-    for block in pool.blocks[1:]:
+    for block in pool._blocks[1:]:  # the blocks made so far (the rest are never used)
         assert block.ref_cnt >= 0, block
         assert (block.ref_cnt == 0) == (block.block_id in queued_ids), block
         if block.block_hash is None:
@@ -49,11 +50,27 @@ def check_pool_invariants(pool: BlockPool) -> None:
         assert more and len(cached.get(block_hash, ())) > 1, "stray hash-map entry"
     for block_hash, ids in cached.items():
         for block_id in ids:
-            block = pool.blocks[block_id]
+            block = pool._blocks[block_id]
             assert block.block_hash == block_hash, f"{block} filed under another hash"
         assert len(set(ids)) == len(ids), f"a block filed twice under {block_hash!r}"
-    in_use = sum(1 for block in pool.blocks[1:] if block.ref_cnt > 0)
+    in_use = sum(1 for block in pool._blocks[1:] if block.ref_cnt > 0)
     assert in_use + pool.num_free_blocks == pool.num_blocks - 1
+
+
+def check_free_queue(pool: BlockPool) -> None:
+    """The never-used range's own rules (`FreeBlockQueue`): the blocks made so far are the
+    ids before it, in id order, and the linked entries ahead of it are unhashed."""
+    queue = pool.free_block_queue
+    made = pool._blocks
+    assert all(block.block_id == i for i, block in enumerate(made)), "made blocks out of order"
+    unbuilt = queue._unbuilt
+    assert not unbuilt or unbuilt == range(len(made), pool.num_blocks), (unbuilt, len(made))
+    assert unbuilt or not queue._ahead, f"{queue._ahead} entries ahead of no range"
+    block = queue._head.next
+    for _ in range(queue._ahead):
+        assert block is not None and block is not queue._tail, "fewer entries than ahead"
+        assert block.block_hash is None, f"{block} (hashed) ahead of the never-used range"
+        block = block.next
 
 
 def piece_heads(pool: BlockPool) -> dict[BlockHash, KVCacheBlock]:

@@ -265,8 +265,7 @@ class PreRoutedReplica(KnownHandovers, Replica):
         # The replicas run one after another: each makes its never-used blocks of those
         # the replicas before it released (same ids and order; no new objects to build,
         # collect and free)
-        self.spare_blocks = fleet.spare_blocks
-        self.core.scheduler.kv_cache_manager.block_pool.reuse(self.spare_blocks)
+        self.core.scheduler.kv_cache_manager.block_pool.reuse(fleet.spare_blocks)
 
     def reached_s(self, req: TraceRequest) -> float:
         """When the request reaches this replica's API server: its arrival + the fleet's
@@ -294,7 +293,7 @@ class PreRoutedReplica(KnownHandovers, Replica):
 
     def wait_for_work(self) -> Generator[simpy.Event, object, float]:
         if self.next_index == len(self.take_in):  # its share is done: no block is used again
-            self.spare_blocks += self.core.scheduler.kv_cache_manager.release_blocks()
+            self.fleet.spare_blocks.extend(self.core.scheduler.kv_cache_manager.release_blocks())
         return (yield from super().wait_for_work())
 
     def submit(self, request: Request, now: float) -> None:

@@ -107,3 +107,26 @@ def test_a_released_manager_forgets_its_tables() -> None:
         kv.release_blocks()
     kv.block_pool.free_blocks(kv._own_tables["r"][0])
     assert ids(kv.release_blocks()) == [1] and kv._own_tables == {}
+
+
+def test_the_invariant_check_keeps_the_range_and_checks_its_rules() -> None:
+    pool = BlockPool(10, enable_caching=True)
+    b1, b2, b3, b4 = _queue_around_the_range(pool)
+    pool.check_invariants()
+    assert len(pool._blocks) == 5  # checked without making 5..9
+    b3.block_hash = h("c")  # a hashed block ahead of the range breaks `remove`'s rule
+    with pytest.raises(AssertionError, match="ahead of the never-used range"):
+        pool.check_invariants()
+
+
+def test_a_released_pool_takes_no_spares_until_told() -> None:
+    first, second = BlockPool(6, enable_caching=True), BlockPool(6, enable_caching=True)
+    first.get_new_blocks(5)
+    first.free_blocks(first._blocks[1:])
+    spares = first.release_blocks()
+    assert len(spares) == 5
+    first.reuse(spares)
+    first.release_blocks()  # released again: the spares stay for the next pool
+    assert first.blocks and len(spares) == 5
+    second.reuse(spares)
+    assert ids(second.get_new_blocks(2)) == [1, 2] and len(spares) == 3
