@@ -282,7 +282,7 @@ class Server:
             # write instead of four). At 200 streams whose requests end in the same step,
             # the API process wrote 200 x 3 chunks before it read the closed loop's next 200
             # requests (docs/serve.md).
-            usage = sse.event({**encoder.head, "choices": [], "usage": gen.usage()}) \
+            usage = encoder.usage(len(parsed.prompt_ids), gen.output_len, gen.cached) \
                 if parsed.include_usage else b""
             yield Last(last + usage + sse.DONE)
         except ApiError as err:

@@ -1,6 +1,7 @@
 """The API process's per-token and per-request work made cheaper (docs/serve.md, "The API
 process's CPU per request and per token"), each against what it replaced: the byte
-tokenizer's incremental decoder against UTF-8 decoded incrementally over the same bytes."""
+tokenizer's incremental decoder against UTF-8 decoded incrementally over the same bytes,
+the templated usage event against the dict-built one."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import codecs
 import random
 
 from backends.engine.text import ByteTokenizer
+from backends.serve.sse import ChunkEncoder, event
 
 
 def _reference(tokenizer: ByteTokenizer, steps: list[list[int]]) -> list[str]:
@@ -33,3 +35,15 @@ def test_the_byte_decoder_gives_what_incremental_utf8_gave() -> None:
                   for _ in range(rng.choice((1, 1, 1, 2, 3)))] for _ in range(20)]
         decoder = tokenizer.decoder()
         assert [decoder.step(step) for step in steps] == _reference(tokenizer, steps)
+
+
+def test_the_usage_event_is_the_dict_built_event() -> None:
+    for chat, model in ((False, "m"), (True, "llama-3.1-8b"), (False, 'qu"oted é/ü')):
+        encoder = ChunkEncoder("cmpl-" + "a" * 32, "chat.completion.chunk" if chat
+                               else "text_completion", 1764633600, model, chat)
+        for prompt, completion, cached in ((256, 1, 0), (3, 0, 0), (4095, 128, 4080)):
+            usage = {"prompt_tokens": prompt, "completion_tokens": completion,
+                     "total_tokens": prompt + completion,
+                     "prompt_tokens_details": {"cached_tokens": cached}}
+            assert encoder.usage(prompt, completion, cached) == \
+                event({**encoder.head, "choices": [], "usage": usage})
