@@ -23,6 +23,7 @@ from backends.serve.flags import ServeFlags
 from backends.serve.messages import EngineInfo, EngineOutputs, EngineRequest, RequestOutput
 from backends.serve.metrics import ServeMetrics
 from backends.serve.openai_protocol import ApiError, EngineDeadError, Parsed, RequestParser
+from backends.serve.stream_path import Last
 
 logger = logging.getLogger("rt.serve")
 
@@ -190,7 +191,7 @@ class Server:
         if abort:
             self.engine.abort(gen.request_id)
             assert self.metrics is not None
-            self.metrics.success.labels(**self.metrics.labels, finished_reason="abort").inc()
+            self.metrics.finished_reason("abort").inc()
         else:
             self.engine.release(gen.request_id)
 
@@ -276,13 +277,14 @@ class Server:
                 if out.finish_reason is not None:
                     break
                 yield last
-            # The stream's end as one write: the last token's chunk, the usage chunk and
-            # [DONE] (the same events and bytes; one HTTP chunk instead of three). At 200
-            # streams whose requests end in the same step, the API process wrote 200 x 3
-            # chunks before it read the closed loop's next 200 requests (docs/serve.md).
-            usage = sse.event({**encoder.head, "choices": [], "usage": gen.usage()}) \
+            # The stream's end as one write: the last token's chunk, the usage chunk, [DONE]
+            # and (`Last`) the chunked body's end (the same events and bytes; one socket
+            # write, where it was four: the three events, then the end). At 200 streams
+            # whose requests end in the same step, the API process wrote 200 x 3 chunks
+            # before it read the closed loop's next 200 requests (docs/serve.md).
+            usage = encoder.usage(len(parsed.prompt_ids), gen.output_len, gen.cached) \
                 if parsed.include_usage else b""
-            yield last + usage + sse.DONE
+            yield Last(last + usage + sse.DONE)
         except ApiError as err:
             yield sse.event(err.body())
         finally:

@@ -33,7 +33,7 @@ class ChunkEncoder:
     (chat: `"delta":{"content":T}` for `"text":T`), with `,"usage":{...}` before the last
     brace when usage is sent with every chunk."""
 
-    __slots__ = ("head", "_open", "_close", "_text_key", "_plain", "_end")
+    __slots__ = ("head", "_open", "_close", "_text_key", "_plain", "_end", "_usage_open")
 
     def __init__(self, request_id: str, obj: str, created: int, model: str, chat: bool) -> None:
         # head: the chunk's leading fields, as a dict (the once-per-request events use it)
@@ -45,6 +45,7 @@ class ChunkEncoder:
         self._text_key = b',"delta":{"content":' if chat else b',"text":'
         self._plain = self._open + b'null,"stop_reason":null' + self._text_key
         self._end = self._close + b"}\n\n"
+        self._usage_open = f'data: {fields},"choices":[],"usage":'.encode()
 
     def token(self, text: str) -> bytes:
         """The common chunk: `text`, no reasons, no usage (`chunk(text)`, faster)."""
@@ -64,3 +65,12 @@ class ChunkEncoder:
                        f'{json.dumps(stop_reason)}').encode()
         return b"".join((self._open, reasons, self._text_key,
                          encode_basestring_ascii(text).encode(), self._close, tail))
+
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> bytes:
+        """The stream's usage event (`stream_options.include_usage`): `event` of
+        `{**head, "choices": [], "usage": {...}}` with the counts formatted in place (ints
+        print as `json.dumps` prints them), once per request."""
+        return b"%s{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d," \
+            b"\"prompt_tokens_details\":{\"cached_tokens\":%d}}}\n\n" % (
+                self._usage_open, prompt_tokens, completion_tokens,
+                prompt_tokens + completion_tokens, cached_tokens)

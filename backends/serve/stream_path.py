@@ -39,6 +39,17 @@ Generate = Callable[[Request, bool], Awaitable[Response | AsyncGenerator[bytes, 
 _SSE_TYPE = (b"content-type", b"text/event-stream; charset=utf-8")
 
 
+class Last(bytes):
+    """A stream's last bytes, yielded as such by a generator that knows they are: `stream`
+    sends them as the response's last message (`more_body` false), so the server writes
+    them and the chunked body's terminator in one socket write instead of two (the bytes
+    on the wire are the same; at 200 streams of 1-token requests the API process made 3
+    writes per request, now 2). To anything else (Starlette's `StreamingResponse`) they are
+    plain bytes."""
+
+    __slots__ = ()
+
+
 class StreamPath:
     """ASGI middleware: the generation routes through `generate`, the rest to `app`."""
 
@@ -80,8 +91,9 @@ class _Watch:
 
 
 async def stream(events: AsyncGenerator[bytes, None], receive: Receive, send: Send) -> None:
-    """`events` as a 200 `text/event-stream` response, each as it comes; cancelled (which
-    closes `events`, aborting the request) when the client disconnects."""
+    """`events` as a 200 `text/event-stream` response, each as it comes, up to the first
+    `Last` (then closed) or the end; cancelled (which closes `events`, aborting the request)
+    when the client disconnects."""
     task = asyncio.current_task()
     assert task is not None
     watch = _Watch(task)
@@ -90,6 +102,10 @@ async def stream(events: AsyncGenerator[bytes, None], receive: Receive, send: Se
         # fresh messages per stream: a wrapper of `send` may add headers to them
         await send({"type": "http.response.start", "status": 200, "headers": [_SSE_TYPE]})
         async for data in events:
+            if type(data) is Last:
+                watch.done = True
+                await send({"type": "http.response.body", "body": data, "more_body": False})
+                return
             await send({"type": "http.response.body", "body": data, "more_body": True})
         watch.done = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -24,7 +24,7 @@ from backends.serve.metrics import ITL_BUCKETS, ServeMetrics, observe_all
 from backends.serve.openai_protocol import EngineDeadError, Parsed
 from backends.serve.server import ServeConfig, Server, _Generation
 from backends.serve.sse import ChunkEncoder
-from backends.serve.stream_path import stream
+from backends.serve.stream_path import Last, stream
 from runtime import SamplingParams
 
 TEXTS = ["", "a", 'quote " back \\ slash', "tab\tnew\nline\r\x00\x1f", "é ü 中文 🙂",
@@ -166,6 +166,8 @@ def test_server_stream_equals_the_dict_built_stream(chat: bool, include_usage: b
     tail = 3 if include_usage else 2
     assert events == [*expected[:-tail], b"".join(expected[-tail:])]
     assert events[-1].endswith(b"data: [DONE]\n\n") and len(events) == len(expected) - tail + 1
+    # ... marked as the last (the ASGI stream ends with it), and only it
+    assert [type(event) is Last for event in events] == [False] * (len(events) - 1) + [True]
 
 
 @pytest.mark.parametrize("chat", [False, True])
@@ -261,6 +263,41 @@ def test_the_stream_path_sends_what_streaming_response_sent(hold: bool) -> None:
     assert sent_new[0] == {"type": "http.response.start", "status": 200, "headers": [
         (b"content-type", b"text/event-stream; charset=utf-8")]}
     assert sent_new[-1]["more_body"] is (True if hold else False)
+
+
+def _chunked(messages: list[dict]) -> tuple[bytes, int]:
+    """The response body on the wire as uvicorn frames `messages` (chunked), and the number
+    of socket writes it makes for them (one per message)."""
+    wire = b""
+    for message in messages[1:]:
+        body = message.get("body", b"")
+        wire += (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + \
+            (b"" if message.get("more_body") else b"0\r\n\r\n")
+    return wire, len(messages)
+
+
+def test_a_last_event_ends_the_stream_in_one_write_with_the_same_bytes() -> None:
+    """`Last`: the stream's end goes out with the last event's message (one socket write
+    less); the framed bytes are StreamingResponse's, to which `Last` is plain bytes."""
+    parts = [b"data: {\"a\":1}\n\n", Last(b"data: {\"b\":2}\n\ndata: [DONE]\n\n")]
+    logs: dict[str, list[str]] = {"new": [], "old": []}
+
+    async def new(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await stream(_events(logs["new"], [*parts, b"never sent"]), receive, send)
+
+    async def old(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await StreamingResponse(_events(logs["old"], parts),
+                                media_type="text/event-stream")(scope, receive, send)
+
+    sent_new, sent_old = _drive(new, None), _drive(old, None)
+    assert sent_new[1:] == [
+        {"type": "http.response.body", "body": parts[0], "more_body": True},
+        {"type": "http.response.body", "body": parts[1], "more_body": False}]
+    assert _chunked(sent_new) == (_chunked(sent_old)[0], 3)
+    assert _chunked(sent_old)[1] == 4
+    assert logs == {"new": ["closed"], "old": ["closed"]}  # closed at its Last
 
 
 def test_request_outputs_survive_the_wire_with_every_field() -> None:
