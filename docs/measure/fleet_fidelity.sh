@@ -17,6 +17,7 @@ NEW_REV=${NEW_REV:-HEAD}
 BASE_REV=${BASE_REV:-8699b30}
 OUT=${OUT:-/tmp/fleet-fidelity}
 ROUNDS=${ROUNDS:-2}
+FIRST_ROUND=${FIRST_ROUND:-1}  # to add rounds to an OUT that has some
 ROUTERS=${ROUTERS:-"prefix-aware round-robin"}
 PY=${PY:-/work/main/.venv/bin/python}
 mkdir -p "$OUT"
@@ -44,7 +45,7 @@ run() {  # side router tag
   echo "$before $(cut -d' ' -f1 /proc/loadavg) $(date -u +%H:%M:%S)" > "$dest.load"
   echo "$dest $(cat "$dest.load")"
 }
-for round in $(seq 1 "$ROUNDS"); do
+for round in $(seq "$FIRST_ROUND" $((FIRST_ROUND + ROUNDS - 1))); do
   order="base new new base"; [ $((round % 2)) = 0 ] && order="new base base new"
   for router in $ROUTERS; do
     declare -A seen=([base]=0 [new]=0)
