@@ -314,18 +314,19 @@ def _noise_floor(zero: SimSetup, fleet: FleetFlags, seed: int, twins: Sequence[_
     Not measured (and why) without two windows or when either is too short to fit."""
     if len(twins) != len(WINDOW_NAMES):
         return {"measured": False, "why": f"{len(twins)} calibration window(s), not 2"}
-    windows = []
-    for own, name in enumerate(WINDOW_NAMES):
-        other = twins[1 - own]
-        try:
-            fit = fit_on_twins([(twins[own].window, twins[own].bare)], seed, fresh=own == 0)
+    fits = []
+    for own, name in enumerate(WINDOW_NAMES):  # both fitted first: each predicts the other's
+        try:  # fitted requests (10 or more, finished in both the window and its twin)
+            fits.append(fit_on_twins([(twins[own].window, twins[own].bare)], seed,
+                                     fresh=own == 0))
         except StackNotFitted as err:
             return {"measured": False, "why": f"the {name} window: {err}"}
-        windows.append({"window": name, "requests": fit.requests,
-                        "per_request_ms": fit.stack.per_request_s * 1e3,
-                        "per_prompt_token_us": fit.stack.per_prompt_token_s * 1e6,
-                        "gap_p50_ms": fit.gap_p50_s * 1e3, "gap_p90_ms": fit.gap_p90_s * 1e3,
-                        "predicts_other": _predicts(zero, fleet, seed, fit, other, own == 1)})
+    windows = [{"window": name, "requests": fit.requests,
+                "per_request_ms": fit.stack.per_request_s * 1e3,
+                "per_prompt_token_us": fit.stack.per_prompt_token_s * 1e6,
+                "gap_p50_ms": fit.gap_p50_s * 1e3, "gap_p90_ms": fit.gap_p90_s * 1e3,
+                "predicts_other": _predicts(zero, fleet, seed, fit, twins[1 - own], own == 1)}
+               for own, (name, fit) in enumerate(zip(WINDOW_NAMES, fits, strict=True))]
     errors = [w["predicts_other"] for w in windows]
     return {"measured": True, "windows": windows,
             **{key: max(abs(e[key]) for e in errors) for key in ("p50_ttft", "p90_ttft")}}
