@@ -280,9 +280,8 @@ def _replay_traces(trace: Trace, seed: int) -> dict[str, tuple[Trace, int]]:
     seed (the calibration windows' seed + 1, so that the replicas' prefix caches hold
     nothing of `trace`'s)."""
     before, after = calibration_windows(trace, seed)
-    replays = {"calibration": (before, seed + 1), "real": (trace, seed),
-               "calibration-after": (after, seed + 1)}
-    return {name: replay for name, replay in replays.items() if len(replay[0])}
+    replays = zip(REPLAYS, ((before, seed + 1), (trace, seed), (after, seed + 1)), strict=True)
+    return {name: replay for name, replay in replays if len(replay[0])}
 
 
 class ReplayInterrupted(Exception):  # noqa: N818 (an outcome, not an error)
@@ -347,9 +346,9 @@ def run_fleet_fidelity(plan: FleetFidelityPlan, trace: Trace, root: Path, out: R
     """The real fleet runs (root/calibration, root/real, root/calibration-after), then the
     simulated one given the router's measured overheads and the calibration windows
     (root/sim), then `compare`'s text; `out` shows progress, writes the run directories and
-    ends the command. ValueError
-    (one line) when a process does not come up, the router does not answer, or every
-    request failed. Ctrl-C during a replay: the replays so far written, exit 130."""
+    ends the command. ValueError (one line) when a process does not come up, the router
+    does not answer, or every request of the measured replay failed. Ctrl-C during a
+    replay: the replays so far written, exit 130."""
     root.mkdir(parents=True, exist_ok=True)
     try:
         real = replay_through_fleet(plan, trace, out)
