@@ -110,16 +110,16 @@ def stack_lines(s: Mapping[str, Any]) -> list[str]:
     if model.get("fitted"):
         clamped = f"; clamped at 0: {', '.join(model['clamped'])}" if model["clamped"] else ""
         cold = model.get("cold_left_out", 0)
-        lines = [f"serving stack (fitted on a calibration replay of {model['requests']} other "
-                 f"requests{_cold(cold)}): "
+        lines = [f"serving stack (fitted on {_windows(model.get('windows', 1))} of "
+                 f"{model['requests']} other requests{_cold(cold)}): "
                  f"{model['per_request_ms']:.2f} ms per request + "
                  f"{model['per_prompt_token_us']:.2f} us per prompt token before the engine; "
                  f"real - twin TTFT p50 {model['gap_p50_ms']:.2f} / p90 "
                  f"{model['gap_p90_ms']:.2f} ms, after the fit (in-sample, the calibration "
-                 f"replay) p50 "
+                 f"{'windows' if model.get('windows', 1) > 1 else 'replay'}) p50 "
                  f"{model['residual_p50_ms']:+.2f} / p90 {model['residual_p90_ms']:+.2f} ms"
                  f"{clamped}"]
-        lines += _spread_lines(model)
+        lines += _spread_lines(model) + _floor_lines(model.get("noise_floor"))
     else:
         api = model.get("api_server") or {}
         why = f"{model['not_fitted']}; " if "not_fitted" in model else ""
@@ -134,6 +134,32 @@ def stack_lines(s: Mapping[str, Any]) -> list[str]:
     lines.append(f"sim TTFT mean {sim['ttft_mean_ms']:.2f} ms = routing "
                  f"{sim['routing_mean_ms']:.2f} + serving stack "
                  f"{sim['serving_stack_mean_ms']:.2f} + engine {sim['engine_mean_ms']:.2f}")
+    return lines
+
+
+def _windows(count: int) -> str:
+    """What the stack's line calls the calibration replays it was fitted on."""
+    return ("a calibration replay" if count == 1 else
+            f"{count} calibration windows (before and after the measured replay, pooled)")
+
+
+def _floor_lines(floor: Mapping[str, Any] | None) -> list[str]:
+    """The console lines of the noise floor (`sim.fidelity._noise_floor`): each calibration
+    window's fit predicting the other's p50/p90 TTFT; none in older runs."""
+    if not floor:
+        return []
+    if not floor["measured"]:
+        return [f"  noise floor: not measured ({floor['why']})"]
+    lines = [f"  noise floor (real against real, out of sample: one calibration window's fit "
+             f"predicting the other's TTFT): p50 {floor['p50_ttft']:.1%} / p90 "
+             f"{floor['p90_ttft']:.1%}"]
+    for w in floor["windows"]:
+        e = w["predicts_other"]
+        lines.append(f"    {w['window']:<6} window: {w['requests']} requests, "
+                     f"{w['per_request_ms']:.2f} ms + {w['per_prompt_token_us']:.2f} us per "
+                     f"token, real - twin p50 {w['gap_p50_ms']:.2f} / p90 "
+                     f"{w['gap_p90_ms']:.2f} ms; predicts the other p50 "
+                     f"{e['p50_ttft']:+.1%} / p90 {e['p90_ttft']:+.1%}")
     return lines
 
 
@@ -210,6 +236,11 @@ def render(c: Mapping[str, Any]) -> str:
     met = c["goals"]
     lines.append("goals: " + ", ".join(f"{k} {'met' if v else 'NOT met'}"
                                        for k, v in met.items()))
+    floor = c["serving_stack"]["model"].get("noise_floor") or {}
+    if floor.get("measured"):
+        lines.append("TTFT error against the noise floor: " + ", ".join(
+            f"p{q} {c['latency'][f'p{q}_ttft_ms']['error']:+.1%} (floor "
+            f"{floor[f'p{q}_ttft']:.1%})" for q in (50, 90)))
     return "\n".join(lines)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ import numpy as np
 from runtime import CacheConfig, SchedulerConfig
 from runtime.config import EngineFlags
 from runtime.flags import flag
-from runtime.records import RunResult
+from runtime.records import RequestRecord, RunResult, ttft_by_request
 from runtime.router import make_policy
 from sim.cost.api_server import ApiServerCost
 from sim.endpoint_warmup import WARMUP_REQUESTS
@@ -41,7 +41,8 @@ from sim.serving_stack import (
     StackFit,
     StackNotFitted,
     draw_delays,
-    fit_on_twin,
+    fit_on_twins,
+    warm_requests,
 )
 from sim.simulator import simulate
 from workloads import Trace
@@ -113,12 +114,13 @@ class FidelityFlags:
     fleet: bool = flag(
         False, "--fleet", "Fidelity of a fleet instead: --replicas `rt serve --simulate` "
         "processes (model: --model, default llama-3.1-8b; --gpu, --profile, the engine flags) "
-        "behind `rt route --router` on loopback, a calibration trace (resampled from TRACE) "
-        "then TRACE replayed through the router, against `rt simulate --replicas` with the "
-        "same policy, refresh, the router's measured routing latency and the serving stack's "
-        "own time fitted on the calibration replay; per-replica share, prefix hit rate, "
-        "TTFT/ITL, errors, router overheads and the serving stack side by side "
-        "(calibration/, real/, sim/, fleet_fidelity.json).")
+        "behind `rt route --router` on loopback, TRACE replayed through the router between "
+        "two calibration windows (other requests resampled from TRACE, half before, half "
+        "after), against `rt simulate --replicas` with the same policy, refresh, the "
+        "router's measured routing latency and the serving stack's own time fitted on both "
+        "windows; per-replica share, prefix hit rate, TTFT/ITL, errors, router overheads, "
+        "the serving stack and a noise floor (each window's fit predicting the other) side "
+        "by side (calibration/, real/, calibration-after/, sim/, fleet_fidelity.json).")
 
     def calibration_replays(self) -> bool:
         """Whether calibration replays (of traces resampled from TRACE) go with the real
@@ -265,53 +267,117 @@ def _known(overheads: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, 
             for k, v in overheads.items()}
 
 
-def _fitted_stack(setup: SimSetup, fleet: FleetFlags, seed: int, calibration: MeasuredReplay,
-                  overheads: Mapping[str, Any]) -> tuple[StackFit | None, dict[str, Any]]:
-    """The serving stack fitted on `calibration` against its stack-free twin (the router's
-    `overheads` during it) and run.json's description of it; (None, why) when too few
-    requests finished to fit it."""
-    timing = _router_timing(fleet, overheads)
-    bare = _stack_free(setup, calibration.trace, fleet, seed, timing)
-    latency_ms = timing[1] * 1e3
+def _fitted_stack(setup: SimSetup, fleet: FleetFlags, seed: int,
+                  windows: Sequence[MeasuredReplay], overheads: Mapping[str, Any]
+                  ) -> tuple[StackFit | None, dict[str, Any]]:
+    """The serving stack fitted on the calibration `windows` pooled, each against its
+    stack-free twin (with the router's overheads during it; a figure its router could not
+    give, the measured replay's `overheads`), and run.json's description of it, with the
+    noise floor the windows measure (`_noise_floor`); (None, why) when too few requests
+    finished to fit it."""
+    zero = _with_api_server(setup, ApiServerCost(0.0, 0.0, 0.0))
+    timings = [_router_timing(fleet, _known(w.overheads, overheads)) for w in windows]
+    bare = [_twin_run(w.trace, fleet, zero, seed, t).requests
+            for w, t in zip(windows, timings, strict=True)]
     try:
-        fit = fit_on_twin(calibration, bare.requests, seed)
+        fit = fit_on_twins(list(zip(windows, bare, strict=True)), seed)
     except StackNotFitted as err:
         return None, {"fitted": False, "not_fitted": str(err),
                       "api_server": dataclasses.asdict(setup.config.api_server)}
+    latency_ms = float(np.mean([t[1] for t in timings])) * 1e3
+    twins = [_WindowTwin(w, b, t) for w, b, t in zip(windows, bare, timings, strict=True)]
     return fit, {"fitted": True, **fit.describe(), "applied_as": "a delay per request "
                  "after the routing decision, before the engine (not queued): the line + a "
                  "residual drawn from the spread (seed: the run's)",
-                 "calibration_routing_latency_ms": latency_ms}
+                 "calibration_routing_latency_ms": latency_ms,
+                 "noise_floor": _noise_floor(zero, fleet, seed, twins)}
+
+
+@dataclass(frozen=True, slots=True)
+class _WindowTwin:
+    """A calibration window, its stack-free twin's records and the router timing of both."""
+
+    window: MeasuredReplay
+    bare: list[RequestRecord]
+    timing: tuple[float, float]
+
+
+WINDOW_NAMES = ("before", "after")  # the calibration windows, in replay order
+
+
+def _noise_floor(zero: SimSetup, fleet: FleetFlags, seed: int, twins: Sequence[_WindowTwin]
+                 ) -> dict[str, Any]:
+    """Real against real, out of sample: the stack fitted on one calibration window alone,
+    its twin predicting the other window's p50/p90 TTFT (`_predicts`), both ways; the
+    floor is the larger |error| of the two, per percentile: how far apart the machine was
+    from itself around the measured replay, in the units of the comparison's errors.
+    Not measured (and why) without two windows or when either is too short to fit."""
+    if len(twins) != len(WINDOW_NAMES):
+        return {"measured": False, "why": f"{len(twins)} calibration window(s), not 2"}
+    fits = []
+    for own, name in enumerate(WINDOW_NAMES):  # both fitted first: each predicts the other's
+        try:  # fitted requests (10 or more, finished in both the window and its twin)
+            fits.append(fit_on_twins([(twins[own].window, twins[own].bare)], seed,
+                                     fresh=own == 0))
+        except StackNotFitted as err:
+            return {"measured": False, "why": f"the {name} window: {err}"}
+    windows = [{"window": name, "requests": fit.requests,
+                "per_request_ms": fit.stack.per_request_s * 1e3,
+                "per_prompt_token_us": fit.stack.per_prompt_token_s * 1e6,
+                "gap_p50_ms": fit.gap_p50_s * 1e3, "gap_p90_ms": fit.gap_p90_s * 1e3,
+                "predicts_other": _predicts(zero, fleet, seed, fit, twins[1 - own], own == 1)}
+               for own, (name, fit) in enumerate(zip(WINDOW_NAMES, fits, strict=True))]
+    errors = [w["predicts_other"] for w in windows]
+    return {"measured": True, "windows": windows,
+            **{key: max(abs(e[key]) for e in errors) for key in ("p50_ttft", "p90_ttft")}}
+
+
+def _predicts(zero: SimSetup, fleet: FleetFlags, seed: int, fit: StackFit,
+              other: _WindowTwin, fresh: bool) -> dict[str, float]:
+    """(sim - real) / real of p50 and p90 TTFT (linear percentiles) of the `other`
+    window's requests (its `warm_requests` when it ran on a `fresh` fleet, as in the fit)
+    through the twin with `fit`'s stack, delays drawn from `seed`."""
+    trace = other.window.trace
+    delays = draw_delays(trace, fit.stack, fit.spread, seed)
+    sim = ttft_by_request(_twin_run(trace, fleet, zero, seed, other.timing, delays).requests)
+    kept = warm_requests(other.window) if fresh else list(trace)
+    ids = [r.request_id for r in kept if r.request_id in sim and r.request_id in
+           other.window.ttft_s]
+    real_q = np.percentile([other.window.ttft_s[i] for i in ids], [50, 90])
+    sim_q = np.percentile([sim[i] for i in ids], [50, 90])
+    return {f"p{p}_ttft": float((s - r) / r)
+            for p, s, r in zip((50, 90), sim_q, real_q, strict=True)}
 
 
 def fleet_twin(trace: Trace, fleet: FleetFlags, engine: EngineFlags, model: str, gpu: str,
                profile: Path | None, seed: int, overheads: Mapping[str, Any],
-               calibration: MeasuredReplay | None = None
+               calibration: Sequence[MeasuredReplay] = ()
                ) -> tuple[FleetResult, dict[str, Any]]:
     """`trace` through `fleet.replicas` replicas of `rt serve --simulate --sim-model MODEL
     --gpu GPU [--profile P] --seed SEED` with `engine`'s flags (no step-time noise: the
     live executor has none), behind `fleet.router` (its arguments and seed), with the real
     router's measured overheads (`backends.route.overheads.RouterOverheads` as a mapping;
     `_router_timing`; a figure one replay's router could not give, the other replay's), so
-    the simulated signals are as stale as the real ones. The replicas
-    generate outputs of their own (`served_outputs`), as the real ones do. With
-    `calibration` (a replay of other requests through the same real fleet), the serving
-    stack's own time (`sim.serving_stack`) is fitted on it against its twin without that
-    time, and each request, routed at its arrival, reaches its replica's engine that time
-    later (the fitted line plus a residual drawn from the fit's spread with `seed`; the
-    replicas' API-server cost 0, as in the fit); without (or too few requests to fit), the setup's
-    API-server cost (the profile's, or the default assumption). Returns the result (request
-    ids as in `trace`) and run.json's description (its "fleet" section with the refresh,
+    the simulated signals are as stale as the real ones. The replicas generate outputs of
+    their own (`served_outputs`), as the real ones do. With `calibration` (windows of other
+    requests replayed through the same real fleet, in replay order: before and after the
+    measured replay), the serving stack's own time (`sim.serving_stack`) is fitted on them
+    pooled against their twins without that time (and each window's fit predicts the
+    other: the noise floor), and each request, routed at its arrival, reaches its replica's
+    engine that time later (the fitted line plus a residual drawn from the fit's spread
+    with `seed`; the replicas' API-server cost 0, as in the fit); without (or too few
+    requests to fit), the setup's API-server cost (the profile's, or the default
+    assumption). Returns the result (request ids as in `trace`) and run.json's description
+    (its "fleet" section with the refresh,
     latency and serving stack used)."""
     setup = _setup(engine, model, gpu, profile, seed)
     stack: dict[str, Any] = {"fitted": False, "api_server": dataclasses.asdict(
         setup.config.api_server)}
     fit = None
-    if calibration is not None:  # either replay's router figures stand in for the other's
-        measured = overheads
-        overheads = _known(measured, calibration.overheads)
-        fit, stack = _fitted_stack(setup, fleet, seed, calibration,
-                                   _known(calibration.overheads, measured))
+    if calibration:  # either replay's router figures stand in for the other's
+        fit, stack = _fitted_stack(setup, fleet, seed, calibration, overheads)
+        for window in calibration:
+            overheads = _known(overheads, window.overheads)
     timing = _router_timing(fleet, overheads)
     delays = None
     if fit is not None:

@@ -5,8 +5,9 @@ latency; a real request also crosses the client, the HTTP hops (client -> router
 replica's API process -> its engine process over ZeroMQ, and the stream back) and the API
 server's parsing. `ServingStack` names that time as a cost per request and one per prompt
 token, and `fit_serving_stack` measures it out of sample: the real fleet replays other
-requests first (a calibration replay), the fleet's twin replays the same requests with no
-serving-stack cost, and per request
+requests (calibration windows, one before and one after the measured replay, pooled by
+`fit_on_twins`), the fleet's twin replays the same requests with no serving-stack cost, and
+per request
 
     d_i = real TTFT_i - twin TTFT_i ~ per_request_s + per_prompt_token_s * prompt_len_i.
 
@@ -149,6 +150,7 @@ class StackFit:
             costs leave (at p90: queueing for a CPU, which grows with the machine's load).
         clamped: the terms that came out negative and were set to 0.
         cold_left_out: calibration requests left out as cold (`warm_requests`).
+        windows: calibration windows pooled (`fit_on_twins`).
     """
 
     stack: ServingStack
@@ -158,6 +160,7 @@ class StackFit:
     gap_p90_s: float
     clamped: tuple[str, ...] = ()
     cold_left_out: int = 0
+    windows: int = 1
 
     @property
     def residual_p50_s(self) -> float:
@@ -171,7 +174,10 @@ class StackFit:
         """run.json's `serving_stack` section (milliseconds and microseconds per token)."""
         return {"per_request_ms": self.stack.per_request_s * 1e3,
                 "per_prompt_token_us": self.stack.per_prompt_token_s * 1e6,
-                "fitted_on": "calibration replay (other requests, before the measured one)",
+                "fitted_on": ("calibration windows (other requests) before and after the "
+                              "measured replay, pooled" if self.windows > 1 else
+                              "a calibration replay (other requests)"),
+                "windows": self.windows,
                 "requests": self.requests, "gap_p50_ms": self.gap_p50_s * 1e3,
                 "gap_p90_ms": self.gap_p90_s * 1e3,
                 "residual_p50_ms": self.residual_p50_s * 1e3,
@@ -259,15 +265,29 @@ def warm_requests(calibration: MeasuredReplay) -> list[TraceRequest]:
     return [r for r in calibration.trace if r.arrival_s >= warm_at]
 
 
-def fit_on_twin(calibration: MeasuredReplay, twin: Sequence[RequestRecord], seed: int = 0
-                ) -> StackFit:
-    """`fit_serving_stack` on the calibration replay's `warm_requests` that have a TTFT in
-    both it and `twin` (its trace through the fleet's twin without serving-stack cost), the
-    others counted in `cold_left_out`; `seed` draws Theil-Sen's pairs of a long replay."""
+def _fit_rows(window: MeasuredReplay, twin: Sequence[RequestRecord], fresh: bool
+              ) -> tuple[list[TraceRequest], list[tuple[int, float, float]]]:
+    """The window's requests kept (`warm_requests` when it ran on a fresh fleet, else all)
+    and, of those with a TTFT in both it and `twin`, (prompt_len, real TTFT, twin TTFT)."""
     sim = ttft_by_request(twin)
-    warm = warm_requests(calibration)
-    both = [r for r in warm if r.request_id in sim and r.request_id in calibration.ttft_s]
-    fit = fit_serving_stack([r.prompt_len for r in both],
-                            [calibration.ttft_s[r.request_id] for r in both],
-                            [sim[r.request_id] for r in both], seed)
-    return replace(fit, cold_left_out=len(calibration.trace) - len(warm))
+    kept = warm_requests(window) if fresh else list(window.trace)
+    return kept, [(r.prompt_len, window.ttft_s[r.request_id], sim[r.request_id])
+                  for r in kept if r.request_id in sim and r.request_id in window.ttft_s]
+
+
+def fit_on_twins(windows: Sequence[tuple[MeasuredReplay, Sequence[RequestRecord]]],
+                 seed: int = 0, fresh: bool = True) -> StackFit:
+    """`fit_serving_stack` on calibration windows pooled, each against its twin (its trace
+    through the fleet's twin without serving-stack cost): the requests with a TTFT in both.
+    With `fresh`, the first window ran on a fresh fleet: only its `warm_requests` (the
+    others counted in `cold_left_out`); later windows run on the warm fleet, as the measured
+    replay does, and keep every request. `seed` draws Theil-Sen's pairs of a long replay."""
+    rows: list[tuple[int, float, float]] = []
+    cold = 0
+    for k, (window, twin) in enumerate(windows):
+        kept, window_rows = _fit_rows(window, twin, fresh and k == 0)
+        cold += len(window.trace) - len(kept)
+        rows += window_rows
+    fit = fit_serving_stack([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
+                            seed)
+    return replace(fit, cold_left_out=cold, windows=len(windows))

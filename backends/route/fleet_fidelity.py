@@ -6,22 +6,27 @@ starts and always stops them), the trace replayed through the router by the endp
 (`backends.replay.endpoint`: client-side timing; each request's replica from the router's
 `x-rt-replica` header, its prefix hits from `usage.prompt_tokens_details.cached_tokens`, which
 `rt serve` reports). Then the router's own /metrics are read: what the simulated router does not
-model by itself (`RouterOverheads`). Before that replay, a calibration replay of other
-requests (`calibration_trace`) goes through the same replicas and a router of its own: what
-the twin fits the serving stack's own time on (`sim.serving_stack`). Around each replay the
-replicas' /metrics are read too: where the mean TTFT goes (`stack_probe.ttft_split`).
+model by itself (`RouterOverheads`). Around that replay, two calibration windows of other
+requests (`calibration_windows`: one before, one after) go through the same replicas, each
+through a router of its own: what the twin fits the serving stack's own time on
+(`sim.serving_stack`), pooled, so that a machine that drifts or has a burst of load during
+the run weighs on the fit from both sides of the measured replay, and what it measures its
+noise floor on (one window's fit predicting the other). Around each replay the replicas'
+/metrics are read too: where the mean TTFT goes (`stack_probe.ttft_split`).
 
 The simulated side is injected (backends never import sim): `simulate(overheads,
 calibration=...)` returns the fleet simulator's result and its run.json description, given the
-router's measured overheads (`RouterOverheads` as a dict) and the calibration replay
-(`CalibrationReplay`) so that the simulation includes them. The run's output (progress
-bars, run directories, exit status) is the caller's `RunOutput`; the comparison (`compare`)
-is injected too. Ctrl-C during a replay writes the replays so far and exits 130, every
-process stopped; a replica whose /metrics cannot be read leaves the TTFT split NaN, named,
-and a router whose /metrics cannot be read its overheads (the run goes on).
+router's measured overheads (`RouterOverheads` as a dict) and the calibration windows
+(`CalibrationReplay`s, in replay order) so that the simulation includes them. The run's
+output (progress bars, run directories, exit status) is the caller's `RunOutput`; the
+comparison (`compare`) is injected too. Ctrl-C during a replay writes the replays so far
+and exits 130, every process stopped; a replica whose /metrics cannot be read leaves the
+TTFT split NaN, named, and a router whose /metrics cannot be read its overheads (the run
+goes on).
 
-Layout under `root`: calibration/ (the calibration replay), real/ (the replay through the
-router), sim/ (the simulated fleet), and whatever `compare` writes. Times are seconds.
+Layout under `root`: calibration/ and calibration-after/ (the calibration windows), real/
+(the measured replay through the router), sim/ (the simulated fleet), and whatever `compare`
+writes. Times are seconds.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from runtime.records import ttft_by_request
 from runtime.router import make_policy
 from workloads import Trace, resample_like, trace_digest
 
-# (the router's overheads (a dict), calibration=CalibrationReplay) -> (result, describe)
+# (the router's overheads (a dict), calibration=(CalibrationReplay, ...)) -> (result, describe)
 Simulate = Callable[..., tuple[Any, Mapping[str, Any]]]
 Compare = Callable[[Path, Path, Mapping[str, Any], Path], str]  # real, sim, overheads, root
 
@@ -102,26 +107,43 @@ def fleet_fidelity_plan(cli: Path, policy: Any, engine: Any, model: str, gpu: st
 
 @dataclass(frozen=True, slots=True)
 class CalibrationReplay:
-    """The replay of other requests through the same real fleet, before the measured one
-    (`sim.serving_stack.MeasuredReplay`): its trace, each finished request's client-side
-    TTFT (seconds, by request id) and the router's overheads during it (a dict)."""
+    """A calibration window: a replay of other requests through the same real fleet,
+    before or after the measured one (`sim.serving_stack.MeasuredReplay`): its trace, each
+    finished request's client-side TTFT (seconds, by request id) and the router's overheads
+    during it (a dict)."""
 
     trace: Trace
     ttft_s: Mapping[str, float]
     overheads: Mapping[str, Any]
 
 
+# one replay: its result, its run.json fields and the router's overheads during it
+Replayed = tuple[EndpointResult, dict[str, Any], RouterOverheads]
+
+
 @dataclass(frozen=True, slots=True)
 class RealFleetRun:
-    """The replay through the router, its run.json fields, the router's overheads and the
-    calibration replay before it (its endpoint result and run.json fields too)."""
+    """The replays through the fleet by run-directory name (`REPLAYS`: each's result,
+    run.json fields and router overheads) and their traces; the measured one is "real"."""
 
-    result: EndpointResult
-    info: dict[str, Any]
-    overheads: RouterOverheads
-    calibration: CalibrationReplay
-    calibration_result: EndpointResult
-    calibration_info: dict[str, Any]
+    replays: Mapping[str, Replayed]
+    traces: Mapping[str, Trace]
+
+    @property
+    def result(self) -> EndpointResult:
+        return self.replays["real"][0]
+
+    @property
+    def overheads(self) -> RouterOverheads:
+        return self.replays["real"][2]
+
+    @property
+    def calibration(self) -> tuple[CalibrationReplay, ...]:
+        """The calibration windows, in replay order (before, then after the measured one)."""
+        return tuple(CalibrationReplay(self.traces[name], ttft_by_request(result.requests),
+                                       asdict(overheads))
+                     for name, (result, _, overheads) in self.replays.items()
+                     if name != "real")
 
 
 @contextlib.contextmanager
@@ -226,45 +248,77 @@ def _replay_once(plan: FleetFidelityPlan, trace: Trace, backends: list[str], log
 
 
 def calibration_trace(trace: Trace, seed: int) -> Trace:
-    """The calibration replay's trace: as many other requests as `trace`, lengths resampled
+    """The calibration replays' trace: as many other requests as `trace`, lengths resampled
     from it, Poisson arrivals at its mean rate (`workloads.resample_like`, seed + 1)."""
     return resample_like(trace, seed + 1)
 
 
-class ReplayInterrupted(Exception):  # noqa: N818 (an outcome, not an error)
-    """Ctrl-C cut a replay short: the replays so far, the cut one last, by directory name
-    (calibration, real), each (result, run.json fields, router overheads)."""
+# The replays in their order, by run-directory name: a calibration window before the
+# measured replay, the measured one, a calibration window after it.
+REPLAYS = ("calibration", "real", "calibration-after")
 
-    def __init__(self, done: dict[str, tuple[EndpointResult, dict[str, Any], RouterOverheads]]
-                 ) -> None:
+
+def calibration_windows(trace: Trace, seed: int) -> tuple[Trace, Trace]:
+    """`calibration_trace` cut in two windows by arrival, the first ceil(n / 2) requests
+    replayed before the measured replay and the rest after it, so that both windows' machine
+    brackets the measured replay's (a drift or a burst of load falls on the fit from both
+    sides, as `rt fidelity --repeats` interleaves C R R C). The second window's arrivals are
+    shifted to start its gap after the first window's last request (time 0 is its replay's
+    start); its request ids (and so its prompts) stay distinct from the first's. The second
+    window is empty for a one-request trace."""
+    whole = calibration_trace(trace, seed)
+    half = (len(whole) + 1) // 2
+    before = Trace(whole.requests[:half], f"{whole.name}:before")
+    origin = whole.requests[half - 1].arrival_s
+    after = Trace(tuple(dataclasses.replace(r, arrival_s=r.arrival_s - origin)
+                        for r in whole.requests[half:]), f"{whole.name}:after")
+    return before, after
+
+
+def _replay_traces(trace: Trace, seed: int) -> dict[str, tuple[Trace, int]]:
+    """Each replay of `REPLAYS` (but an empty window): its trace and its prompts' token
+    seed (the calibration windows' seed + 1, so that the replicas' prefix caches hold
+    nothing of `trace`'s)."""
+    before, after = calibration_windows(trace, seed)
+    replays = zip(REPLAYS, ((before, seed + 1), (trace, seed), (after, seed + 1)), strict=True)
+    return {name: replay for name, replay in replays if len(replay[0])}
+
+
+class ReplayInterrupted(Exception):  # noqa: N818 (an outcome, not an error)
+    """Ctrl-C cut a replay short: the replays so far, the cut one last (`RealFleetRun`)."""
+
+    def __init__(self, done: RealFleetRun) -> None:
         super().__init__("interrupted")
         self.done = done
 
 
 def replay_through_fleet(plan: FleetFidelityPlan, trace: Trace, out: RunOutput | None = None
                          ) -> RealFleetRun:
-    """Start the replicas; replay a calibration trace (`calibration_trace`, its prompts'
-    token ids from seed + 1, so that the replicas' prefix caches hold nothing of `trace`'s)
-    through a router, then `trace` through a fresh one (the policy's state as the twin's),
-    each under a progress bar of `out`'s; read each router's /metrics and the replicas'
+    """Start the replicas; replay the first calibration window (`calibration_windows`),
+    `trace`, then the second window, each through a fresh router (the policy's state as the
+    twin's) under a progress bar of `out`'s; read each router's /metrics and the replicas'
     before and after each replay; stop everything. RuntimeError (one line) when a process
-    does not come up; `ReplayInterrupted` after a replay Ctrl-C cut short."""
-    seed = int(plan.endpoint["seed"])
-    calibration = calibration_trace(trace, seed)
-    done: dict[str, tuple[EndpointResult, dict[str, Any], RouterOverheads]] = {}
+    does not come up; `ReplayInterrupted` after a replay Ctrl-C cut short (the later ones
+    not started)."""
+    replays = _replay_traces(trace, int(plan.endpoint["seed"]))
+    done: dict[str, Replayed] = {}
     with running_replicas(plan) as (backends, logs):
-        for name, replayed, token_seed in (("calibration", calibration, seed + 1),
-                                           ("real", trace, seed)):
-            label = f"{name} replay through the router"
+        for name, (replayed, token_seed) in replays.items():
             with (contextlib.nullcontext(None) if out is None
-                  else out.progress(label, len(replayed))) as update:
+                  else out.progress(_LABELS[name], len(replayed))) as update:
                 done[name] = _replay_once(plan, replayed, backends, logs, token_seed, update)
             if done[name][0].interrupted:
-                raise ReplayInterrupted(done)
-    c_result, c_info, c_overheads = done["calibration"]
-    replay = CalibrationReplay(calibration, ttft_by_request(c_result.requests),
-                               asdict(c_overheads))
-    return RealFleetRun(*done["real"], replay, c_result, c_info)
+                raise ReplayInterrupted(RealFleetRun(done, _traces(replays)))
+    return RealFleetRun(done, _traces(replays))
+
+
+_LABELS = {"calibration": "calibration replay (before) through the router",
+           "real": "real replay through the router",
+           "calibration-after": "calibration replay (after) through the router"}
+
+
+def _traces(replays: Mapping[str, tuple[Trace, int]]) -> dict[str, Trace]:
+    return {name: replayed for name, (replayed, _) in replays.items()}
 
 
 def trace_identity(trace: Trace) -> dict[str, Any]:
@@ -289,30 +343,30 @@ def _save(out: RunOutput, root: Path, name: str, trace: Trace, result: Any,
 
 def run_fleet_fidelity(plan: FleetFidelityPlan, trace: Trace, root: Path, out: RunOutput,
                        simulate: Simulate, compare: Compare) -> str:
-    """The real fleet runs (root/calibration, root/real), then the simulated one given the
-    router's measured overheads and the calibration replay (root/sim), then `compare`'s
-    text; `out` shows progress, writes the run directories and ends the command. ValueError
-    (one line) when a process does not come up, the router does not answer, or every
-    request failed. Ctrl-C during a replay: the replays so far written, exit 130."""
+    """The real fleet runs (root/calibration, root/real, root/calibration-after), then the
+    simulated one given the router's measured overheads and the calibration windows
+    (root/sim), then `compare`'s text; `out` shows progress, writes the run directories and
+    ends the command. ValueError (one line) when a process does not come up, the router
+    does not answer, or every request of the measured replay failed. Ctrl-C during a
+    replay: the replays so far written, exit 130."""
     root.mkdir(parents=True, exist_ok=True)
     try:
         real = replay_through_fleet(plan, trace, out)
     except ReplayInterrupted as cut:
-        traces = {"calibration": calibration_trace(trace, int(plan.endpoint["seed"])),
-                  "real": trace}
-        for name, (result, info, _) in cut.done.items():
-            _save(out, root, name, traces[name], result, info)
+        _save_replays(out, root, cut.done)
         out.say(INTERRUPTED)
         out.exit(130)
     except (RuntimeError, EndpointError, httpx.HTTPError) as err:
         raise ValueError(f"the real fleet: {err}") from None
-    calibration = real.calibration
-    _save(out, root, "calibration", calibration.trace, real.calibration_result,
-          real.calibration_info)
-    _save(out, root, "real", trace, real.result, real.info)
+    _save_replays(out, root, real)
     if real.result.requests and real.result.num_failed == len(real.result.requests):
         first = next(iter(real.result.errors.values()), "?")
         raise ValueError(f"every request through the router failed (first: {first})")
-    result, describe = simulate(asdict(real.overheads), calibration=calibration)
+    result, describe = simulate(asdict(real.overheads), calibration=real.calibration)
     out.save(root / "sim", "simulate", trace_identity(trace), result, describe)
     return compare(root / "real", root / "sim", asdict(real.overheads), root)
+
+
+def _save_replays(out: RunOutput, root: Path, run: RealFleetRun) -> None:
+    for name, (result, info, _) in run.replays.items():
+        _save(out, root, name, run.traces[name], result, info)

@@ -99,3 +99,35 @@ def test_a_split_with_parts_not_measured_still_renders() -> None:
         "IPC n/a + engine n/a (the replicas' histograms)")
     nan = {**SPLIT, "client_ttft_mean_ms": math.nan}  # no request got a first token
     assert stack_lines(serving_stack(*runs(FIT, nan)))[1].startswith("real TTFT mean n/a ms")
+
+
+FLOOR = {"measured": True, "p50_ttft": 0.05, "p90_ttft": 0.125, "windows": [
+    {"window": "before", "requests": 77, "per_request_ms": 6.0, "per_prompt_token_us": 1.0,
+     "gap_p50_ms": 6.5, "gap_p90_ms": 11.0,
+     "predicts_other": {"p50_ttft": -0.05, "p90_ttft": -0.125}},
+    {"window": "after", "requests": 80, "per_request_ms": 7.5, "per_prompt_token_us": 0.5,
+     "gap_p50_ms": 8.0, "gap_p90_ms": 14.0,
+     "predicts_other": {"p50_ttft": 0.04, "p90_ttft": 0.1}}]}
+
+
+def test_two_windows_and_their_noise_floor_are_on_the_console() -> None:
+    model = {**FIT, "windows": 2, "cold_left_out": 3, "noise_floor": FLOOR}
+    lines = stack_lines(serving_stack(*runs(model, SPLIT)))
+    assert lines[0].startswith(
+        "serving stack (fitted on 2 calibration windows (before and after the measured "
+        "replay, pooled) of 160 other requests, 3 arriving before the first one's first "
+        "token left out (cold)): 6.20 ms")
+    assert "after the fit (in-sample, the calibration windows) p50 +0.00" in lines[0]
+    assert lines[1:4] == [
+        "  noise floor (real against real, out of sample: one calibration window's fit "
+        "predicting the other's TTFT): p50 5.0% / p90 12.5%",
+        "    before window: 77 requests, 6.00 ms + 1.00 us per token, real - twin p50 6.50 / "
+        "p90 11.00 ms; predicts the other p50 -5.0% / p90 -12.5%",
+        "    after  window: 80 requests, 7.50 ms + 0.50 us per token, real - twin p50 8.00 / "
+        "p90 14.00 ms; predicts the other p50 +4.0% / p90 +10.0%"]
+
+
+def test_a_floor_not_measured_says_why() -> None:
+    model = {**FIT, "noise_floor": {"measured": False, "why": "1 calibration window(s), not 2"}}
+    lines = stack_lines(serving_stack(*runs(model, SPLIT)))
+    assert lines[1] == "  noise floor: not measured (1 calibration window(s), not 2)"

@@ -61,7 +61,7 @@ class FakeCalibration:
 def twin(trace: Trace, calibration: FakeCalibration | None = None
          ) -> tuple[dict[str, float], dict[str, Any]]:
     result, describe = fleet_twin(trace, FLEET, ENGINE, "llama-3.1-8b", "h200", None, 0,
-                                  OVERHEADS, calibration)
+                                  OVERHEADS, () if calibration is None else (calibration,))
     return ttft_by_request(result.requests), describe
 
 
@@ -218,7 +218,7 @@ def test_the_stack_s_delay_is_the_records_api_server_time() -> None:
     sum to E2E), as `analysis.fleet_fidelity`'s split reads it."""
     trace = conversations()
     result, _ = fleet_twin(trace, FLEET, ENGINE, "llama-3.1-8b", "h200", None, 0, OVERHEADS,
-                           calibration_with(ServingStack(PER_REQUEST_S, PER_TOKEN_S)))
+                           (calibration_with(ServingStack(PER_REQUEST_S, PER_TOKEN_S)),))
     arrivals = {r.request_id: (r.arrival_s, r.prompt_len) for r in trace}
     for record in result.requests:
         arrival, prompt_len = arrivals[record.request_id]
@@ -278,7 +278,7 @@ def test_either_replay_s_router_figures_stand_in_for_the_other_s() -> None:
     assert stack["calibration_routing_latency_ms"] == pytest.approx(0.8)
     assert stack["per_request_ms"] == pytest.approx(PER_REQUEST_S * 1e3, rel=1e-9)
     _, describe = fleet_twin(conversations(), FLEET, ENGINE, "llama-3.1-8b", "h200", None, 0,
-                             unread, known)
+                             unread, (known,))
     assert describe["fleet"]["routing_latency_ms"] == pytest.approx(0.8)
     assert describe["fleet"]["serving_stack"]["per_request_ms"] == pytest.approx(
         PER_REQUEST_S * 1e3, rel=1e-9)

@@ -208,7 +208,7 @@ def test_the_twin_draws_each_request_s_delay_from_the_fitted_spread() -> None:
     assert stack["spread"]["quantiles_ms"]["p99"] < 50.0  # not the cold request's 300 ms
     fitted = ServingStack(stack["per_request_ms"] / 1e3, stack["per_prompt_token_us"] / 1e6)
     result, _ = fleet_twin(trace, FLEET, ENGINE, "llama-3.1-8b", "h200", None, 0,
-                           OVERHEADS, calibration)
+                           OVERHEADS, (calibration,))
     assert stack["drawn"]["requests"] == len(trace)
     spread = Spread(tuple(_residuals(calibration, fitted)))
     expected = draw_delays(trace, fitted, spread, 0)

@@ -178,10 +178,12 @@ def test_fidelity_fleet_compares_a_real_fleet_with_its_simulation(tmp_path: Path
     assert sim.info["fleet"]["routing_latency_ms"] == pytest.approx(latency_ms)
     assert sim.info["fleet"]["router_refresh_ms"] == 50.0  # round-robin reads no gauge
     assert "fleet of 2 behind round-robin" in done.stdout
-    # the serving stack: fitted on a calibration replay of as many other requests, before
-    # the measured one (its own router: the measured router counted only the trace's)
-    calibration = load_run(tmp_path / "out" / "calibration")
-    assert len(calibration.requests) == 16 and calibration.info["failed"] == 0
+    # the serving stack: fitted on calibration windows of as many other requests, half
+    # before the measured replay, half after (each its own router: the measured router
+    # counted only the trace's)
+    for name in ("calibration", "calibration-after"):
+        calibration = load_run(tmp_path / "out" / name)
+        assert len(calibration.requests) == 8 and calibration.info["failed"] == 0
     stack = report["serving_stack"]
     # but the cold ones: the first and those arriving before its first token (as timed)
     model = stack["model"]
@@ -197,9 +199,35 @@ def test_fidelity_fleet_compares_a_real_fleet_with_its_simulation(tmp_path: Path
     parts = ("routing_mean_ms", "hops_mean_ms", "api_ipc_mean_ms", "engine_mean_ms")
     assert sum(split[p] for p in parts) == pytest.approx(split["client_ttft_mean_ms"])
     assert split["engine_mean_ms"] > 0 and split["api_ipc_mean_ms"] > 0
-    assert (f"serving stack (fitted on a calibration replay of {16 - cold} other requests, "
-            f"{cold} arriving before the first one's first token left out (cold))"
-            ) in done.stdout
+    assert (f"serving stack (fitted on 2 calibration windows (before and after the measured "
+            f"replay, pooled) of {16 - cold} other requests, {cold} arriving before the first "
+            "one's first token left out (cold))") in done.stdout
+    floor = model["noise_floor"]  # each window's fit predicting the other's 8 (or fewer)
+    assert floor["measured"] or floor["why"].startswith("the before window: ")
+    assert "noise floor" in done.stdout
+
+
+def test_the_calibration_windows_split_one_resampled_trace_around_the_measured_one() -> None:
+    """The first ceil(n / 2) calibration requests before the measured replay, the rest
+    after, shifted to start their gap after the first window's last request; ids (and so
+    prompts) distinct; both replayed with token seed + 1, the measured trace with seed."""
+    from backends.route import fleet_fidelity as ff
+
+    trace = conversations(9)
+    whole = ff.calibration_trace(trace, 5)
+    before, after = ff.calibration_windows(trace, 5)
+    assert [r.request_id for r in before] == [str(i) for i in range(5)]
+    assert [r.request_id for r in after] == [str(i) for i in range(5, 9)]
+    assert before.requests == whole.requests[:5]
+    assert [r.arrival_s for r in after] == pytest.approx(
+        [r.arrival_s - whole[4].arrival_s for r in whole.requests[5:]], abs=1e-12)
+    assert [(r.prompt_len, r.output_len) for r in after] == [
+        (r.prompt_len, r.output_len) for r in whole.requests[5:]]
+    replays = ff._replay_traces(trace, 5)
+    assert list(replays) == list(ff.REPLAYS)
+    assert [seed for _, seed in replays.values()] == [6, 5, 6]
+    one = ff._replay_traces(Trace((TraceRequest("a", 0.0, 16, 4),)), 5)
+    assert list(one) == ["calibration", "real"]  # no empty window after
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -268,20 +296,21 @@ def _run(tmp_path: Path, recorder: Recorder, events: list[str]) -> str:
                                  lambda *a: "compared")
 
 
-@pytest.mark.parametrize(("cut", "saved"), [(1, ["calibration"]),
-                                            (2, ["calibration", "real"])])
+@pytest.mark.parametrize(("cut", "saved"), [
+    (1, ["calibration"]), (2, ["calibration", "real"]),
+    (3, ["calibration", "real", "calibration-after"])])
 def test_ctrl_c_in_a_replay_saves_what_exists_and_exits_130(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cut: int, saved: list[str]) -> None:
-    """Ctrl-C in the calibration replay does not start the measured one (nor the twin);
-    in either replay, the replays so far are written, every process is stopped, exit 130
-    (as `rt replay --endpoint`)."""
+    """Ctrl-C in a replay starts no later one (nor the twin); in any replay (the
+    calibration window before, the measured one, the window after), the replays so far are
+    written, every process is stopped, exit 130 (as `rt replay --endpoint`)."""
     events: list[str] = []
     recorder = Recorder()
     _stub_replicas(monkeypatch, events)
     _stub_replays(monkeypatch, events, cut)
     with pytest.raises(Exited):
         _run(tmp_path, recorder, events)
-    assert events == ["replicas up", "replay 8", *(["replay 7"] if cut == 2 else []),
+    assert events == ["replicas up", *["replay 8", "replay 7", "replay 8"][:cut],
                       "replicas stopped"]
     assert [Path(c[1][0]).name for c in recorder.calls if c[0] == "save"] == saved
     assert recorder.calls[-2:] == [("say", INTERRUPTED), ("exit", 130)]
@@ -295,10 +324,13 @@ def test_each_replay_has_its_own_progress_bar_and_every_run_is_saved(
     _stub_replays(monkeypatch, events, None)
     assert _run(tmp_path, recorder, events) == "compared"
     assert [c[1] for c in recorder.calls if c[0] == "progress"] == [
-        ("calibration replay through the router", 4), ("real replay through the router", 4)]
+        ("calibration replay (before) through the router", 2),
+        ("real replay through the router", 4),
+        ("calibration replay (after) through the router", 2)]
     assert [Path(c[1][0]).name for c in recorder.calls if c[0] == "save"] == [
-        "calibration", "real", "sim"]
-    assert events == ["replicas up", "replay 8", "replay 7", "replicas stopped", "simulate"]
+        "calibration", "real", "calibration-after", "sim"]
+    assert events == ["replicas up", "replay 8", "replay 7", "replay 8", "replicas stopped",
+                      "simulate"]
 
 
 def test_a_replica_down_does_not_lose_the_replay(monkeypatch: pytest.MonkeyPatch,
