@@ -292,6 +292,15 @@ class ReplayInterrupted(Exception):  # noqa: N818 (an outcome, not an error)
         self.done = done
 
 
+class ReplayFailed(Exception):
+    """A replay could not run (a router did not come up, or did not answer): the replays
+    finished before it (`RealFleetRun`), and why, one line."""
+
+    def __init__(self, done: RealFleetRun, why: Exception) -> None:
+        super().__init__(str(why))
+        self.done = done
+
+
 def replay_through_fleet(plan: FleetFidelityPlan, trace: Trace, out: RunOutput | None = None
                          ) -> RealFleetRun:
     """Start the replicas; replay the first calibration window (`calibration_windows`),
@@ -299,14 +308,18 @@ def replay_through_fleet(plan: FleetFidelityPlan, trace: Trace, out: RunOutput |
     twin's) under a progress bar of `out`'s; read each router's /metrics and the replicas'
     before and after each replay; stop everything. RuntimeError (one line) when a process
     does not come up; `ReplayInterrupted` after a replay Ctrl-C cut short (the later ones
-    not started)."""
+    not started); `ReplayFailed` when a replay's router fails (the later ones not started)."""
     replays = _replay_traces(trace, int(plan.endpoint["seed"]))
     done: dict[str, Replayed] = {}
     with running_replicas(plan) as (backends, logs):
         for name, (replayed, token_seed) in replays.items():
-            with (contextlib.nullcontext(None) if out is None
-                  else out.progress(_LABELS[name], len(replayed))) as update:
-                done[name] = _replay_once(plan, replayed, backends, logs, token_seed, update)
+            try:
+                with (contextlib.nullcontext(None) if out is None
+                      else out.progress(_LABELS[name], len(replayed))) as update:
+                    done[name] = _replay_once(plan, replayed, backends, logs, token_seed,
+                                              update)
+            except (RuntimeError, EndpointError, httpx.HTTPError) as err:
+                raise ReplayFailed(RealFleetRun(done, _traces(replays)), err) from None
             if done[name][0].interrupted:
                 raise ReplayInterrupted(RealFleetRun(done, _traces(replays)))
     return RealFleetRun(done, _traces(replays))
@@ -347,8 +360,8 @@ def run_fleet_fidelity(plan: FleetFidelityPlan, trace: Trace, root: Path, out: R
     simulated one given the router's measured overheads and the calibration windows
     (root/sim), then `compare`'s text; `out` shows progress, writes the run directories and
     ends the command. ValueError (one line) when a process does not come up, the router
-    does not answer, or every request of the measured replay failed. Ctrl-C during a
-    replay: the replays so far written, exit 130."""
+    does not answer (the replays finished before it written), or every request of the
+    measured replay failed. Ctrl-C during a replay: the replays so far written, exit 130."""
     root.mkdir(parents=True, exist_ok=True)
     try:
         real = replay_through_fleet(plan, trace, out)
@@ -356,6 +369,9 @@ def run_fleet_fidelity(plan: FleetFidelityPlan, trace: Trace, root: Path, out: R
         _save_replays(out, root, cut.done)
         out.say(INTERRUPTED)
         out.exit(130)
+    except ReplayFailed as failed:
+        _save_replays(out, root, failed.done)
+        raise ValueError(f"the real fleet: {failed}") from None
     except (RuntimeError, EndpointError, httpx.HTTPError) as err:
         raise ValueError(f"the real fleet: {err}") from None
     _save_replays(out, root, real)

@@ -41,22 +41,19 @@ def buckets_1_2_5(max_value: int) -> list[int]:
         exponent += 1
 
 
-def _add_locked(value: Any, amount: float) -> None:
-    value.inc(amount)
-
-
-def _add_direct(value: Any, amount: float) -> None:
-    value._value += amount
-
-
-# How a histogram's sum and bucket counts are added to. The API server updates and exports
-# its metrics from one thread (the event loop's; /metrics is served there too), so the lock
-# each prometheus-client value takes in `inc` guards nothing here: a request's 13
-# observations were 26 lock round trips (`on_finished` 12.0 us -> 4.7 us with this and its
-# counter looked up once; docs/serve.md, "The API process's CPU per request and per
-# token"). The same float additions in the same order, so the exported text is unchanged.
-# In multiprocess mode (PROMETHEUS_MULTIPROC_DIR) the values live in mmap files: `inc`.
-_add = _add_direct if _values.ValueClass is _values.MutexValue else _add_locked
+def _add(value: Any, amount: float) -> None:
+    """Add `amount` to a histogram's sum or bucket count. The API server updates and exports
+    its metrics from one thread (the event loop's; /metrics is served there too), so the
+    lock each prometheus-client value takes in `inc` guards nothing here: a request's 13
+    observations were 26 lock round trips (`on_finished` 12.0 us -> 4.7 us with this and
+    its counter looked up once; docs/serve.md, "The API process's CPU per request and per
+    token"). The same float additions in the same order, so the exported text is
+    unchanged. A value of another kind (multiprocess mode, PROMETHEUS_MULTIPROC_DIR: mmap
+    files) is told by its type, not once at import, and goes through its own `inc`."""
+    if type(value) is _values.MutexValue:
+        value._value += amount
+    else:
+        value.inc(amount)
 
 
 def observe_all(histogram: Histogram, values: list[float]) -> None:

@@ -279,7 +279,7 @@ class Server:
                 yield last
             # The stream's end as one write: the last token's chunk, the usage chunk, [DONE]
             # and (`Last`) the chunked body's end (the same events and bytes; one socket
-            # write, where it was four: the three events, then the end). At 200 streams
+            # write, where it was two: the three events, then the end). At 200 streams
             # whose requests end in the same step, the API process wrote 200 x 3 chunks
             # before it read the closed loop's next 200 requests (docs/serve.md).
             usage = encoder.usage(len(parsed.prompt_ids), gen.output_len, gen.cached) \

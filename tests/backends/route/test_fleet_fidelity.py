@@ -202,8 +202,8 @@ def test_fidelity_fleet_compares_a_real_fleet_with_its_simulation(tmp_path: Path
     assert (f"serving stack (fitted on 2 calibration windows (before and after the measured "
             f"replay, pooled) of {16 - cold} other requests, {cold} arriving before the first "
             "one's first token left out (cold))") in done.stdout
-    floor = model["noise_floor"]  # each window's fit predicting the other's 8 (or fewer)
-    assert floor["measured"] or floor["why"].startswith("the before window: ")
+    floor = model["noise_floor"]  # windows of 8 or fewer: too short to fit alone (10)
+    assert not floor["measured"] and floor["why"].startswith("the before window: ")
     assert "noise floor" in done.stdout
 
 
@@ -314,6 +314,34 @@ def test_ctrl_c_in_a_replay_saves_what_exists_and_exits_130(
                       "replicas stopped"]
     assert [Path(c[1][0]).name for c in recorder.calls if c[0] == "save"] == saved
     assert recorder.calls[-2:] == [("say", INTERRUPTED), ("exit", 130)]
+
+
+@pytest.mark.parametrize(("failing", "saved"), [
+    (1, []), (2, ["calibration"]), (3, ["calibration", "real"])])
+def test_a_replay_whose_router_fails_keeps_the_replays_before_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, failing: int, saved: list[str]
+        ) -> None:
+    """A router that does not come up for replay `failing` (the window after included)
+    starts no later replay; the replays finished before it are written, then one line."""
+    from backends.route import fleet_fidelity as ff
+
+    events: list[str] = []
+    recorder = Recorder()
+    _stub_replicas(monkeypatch, events)
+    _stub_replays(monkeypatch, events, None)
+    finished = ff._replay_once
+
+    def once(*args: Any) -> Any:
+        if len([e for e in events if "replay" in e]) + 1 == failing:
+            raise RuntimeError("rt route did not come up on 127.0.0.1:9")
+        return finished(*args)
+
+    monkeypatch.setattr(ff, "_replay_once", once)
+    with pytest.raises(ValueError, match=r"^the real fleet: rt route did not come up on "
+                                         r"127\.0\.0\.1:9$"):
+        _run(tmp_path, recorder, events)
+    assert [Path(c[1][0]).name for c in recorder.calls if c[0] == "save"] == saved
+    assert events[-1] == "replicas stopped" and "simulate" not in events
 
 
 def test_each_replay_has_its_own_progress_bar_and_every_run_is_saved(
