@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from runtime import RequestStatus
-from tests.runtime.helpers import free_ids, ids, make_request, make_scheduler, step
+from tests.runtime.helpers import (
+    free_ids,
+    ids,
+    make_request,
+    make_scheduler,
+    run_until_idle,
+    step,
+)
 
 # ---- update_from_output: stop checks -----------------------------------------------------
 
@@ -186,6 +193,22 @@ def test_decode_takes_a_new_block_exactly_when_computed_tokens_hit_a_multiple() 
         computed_before += cached.num_computed_tokens
     assert computed_before == [4, 5, 6, 7, 8]
     assert new_blocks == [[2], [], [], [], [3]]
+
+
+def test_block_ids_are_the_table_when_scheduled_though_made_when_read() -> None:
+    s = make_scheduler(num_blocks=8)
+    s.add_request(make_request("A", 6, 8))  # block size 4: blocks [1, 2] at admission
+    admitted = step(s).output.scheduled_new_reqs[0]
+    grown = [step(s).output.scheduled_cached_reqs for _ in range(3)]  # token 9: block 3
+    assert s.get_block_ids("A") == [1, 2, 3]
+    run_until_idle(s)  # A finishes, its table is freed
+    s.add_request(make_request("B", 24, 1))  # takes blocks 4-7, then A's freed 3 and 2
+    assert step(s).new == [("B", [4, 5, 6, 7, 3, 2], 0)]
+    block_ids = admitted.block_ids
+    assert block_ids == [1, 2] and [1, 2] == block_ids and block_ids == (1, 2)
+    assert block_ids != [1, 2, 3] and list(block_ids) == [1, 2] and len(block_ids) == 2
+    assert (block_ids[-1], block_ids[:1], repr(block_ids)) == (2, [1], "[1, 2]")
+    assert [c.new_block_ids for c in grown] == [[[]], [[]], [[3]]]
 
 
 def test_num_computed_tokens_lifecycle() -> None:
