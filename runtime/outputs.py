@@ -92,7 +92,7 @@ class NewRequestData:
     prompt_token_ids: Sequence[int]
     block_ids: Sequence[int]
     num_computed_tokens: int
-    prefill_token_ids: list[int] | None = None
+    prefill_token_ids: Sequence[int] | None = None
 
 
 @dataclass(slots=True)

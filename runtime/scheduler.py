@@ -413,7 +413,7 @@ class Scheduler:
             prompt_token_ids=request.prompt_token_ids,
             block_ids=BlockIds(self.kv_cache_manager.req_to_blocks[req_id]),
             num_computed_tokens=num_hit + num_external,
-            prefill_token_ids=list(request.all_token_ids) if resumed else None,
+            prefill_token_ids=request.all_token_ids if resumed else None,
         ))
         step.num_scheduled_tokens[req_id] = num_new
         step.token_budget -= num_new
@@ -479,7 +479,7 @@ class Scheduler:
         `update_from_output` (steady decodes, `runtime.steady`), as it would: status from
         the stop check, out of `running`, then freed, in the given order."""
         for request in requests:
-            status = self._check_stop(request, request.all_token_ids[-1])
+            status = self._check_stop(request, request.last_token_id)
             assert status is not None, request
             request.status = status
             self.running.remove(request)

@@ -3,9 +3,11 @@ stop checks, aborts, requests that cannot fit, config errors, block and token ac
 
 from __future__ import annotations
 
+from array import array
+
 import pytest
 
-from runtime import RequestStatus
+from runtime import Request, RequestStatus, SamplingParams
 from tests.runtime.helpers import (
     free_ids,
     ids,
@@ -239,6 +241,26 @@ def test_resumed_requests_are_listed_after_new_ones() -> None:
     assert list(st.tokens) == ["B", "N"]
     assert [n.req_id for n in st.output.scheduled_new_reqs] == ["N", "B"]
     assert st.output.scheduled_resumed_req_ids == ["B"]
+    new_n, resumed_b = st.output.scheduled_new_reqs
+    b_prompt = list(s.requests["B"].prompt_token_ids)
+    assert new_n.prefill_token_ids is None and len(b_prompt) == 4
+    assert list(resumed_b.prefill_token_ids or ()) == b_prompt + [1000]  # prompt + output
+
+
+def test_token_ids_join_prompt_and_outputs_leaving_the_prompt_as_given() -> None:
+    prompt = array("q", [5, 6, 7])
+    request = Request("A", prompt, SamplingParams(max_tokens=4))
+    assert request.last_token_id == 7 and request.all_token_ids.tolist() == [5, 6, 7]
+    request.append_output_token(8)
+    request.extend_output_tokens([9, 10])
+    assert request.prompt_token_ids is prompt and prompt.tolist() == [5, 6, 7]
+    assert request.all_token_ids.tolist() == [5, 6, 7, 8, 9, 10]
+    assert [request.token_ids(a, b).tolist() for a, b in ((0, 2), (1, 5), (3, 6), (2, 3))] \
+        == [[5, 6], [6, 7, 8, 9], [8, 9, 10], [7]]
+    assert (request.last_token_id, request.output_token_ids) == (10, [8, 9, 10])
+    from_tuple = Request("B", (1, 2), SamplingParams(max_tokens=1))
+    from_tuple.append_output_token(3)
+    assert from_tuple.token_ids(1, 3) == array("q", [2, 3])
 
 
 def test_tied_priority_requests_do_not_preempt_each_other_forever() -> None:
