@@ -70,8 +70,7 @@ def make_block_hasher(block_size: int) -> BlockHasher:
             return []
         if request.block_key is not None:  # blocks no other request holds: named
             return own_block_names(request.block_key, first, last)
-        tokens = request.all_token_ids[first * block_size : last * block_size]
-        data = (tokens if isinstance(tokens, array) else array("q", tokens)).tobytes()
+        data = request.token_ids(first * block_size, last * block_size).tobytes()
         parent = block_hashes[-1] if first else NONE_HASH
         if request.lora_name is None and request.cache_salt is None:  # no extra keys: most
             if last == first + 1:  # one block (a decode completing one): the loop run once

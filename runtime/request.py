@@ -84,9 +84,10 @@ BlockHasher = Callable[["Request"], list[bytes]]
 class Request:
     """One generation request inside the engine core.
 
-    Token layout: `all_token_ids = prompt_token_ids + output_token_ids`; `num_tokens` is its
-    length. `num_computed_tokens` counts the leading tokens whose KV is (or, once the current
-    step has run, will be) in the cache; the scheduler advances it when it schedules.
+    Token layout: `all_token_ids = prompt_token_ids + output_token_ids` (kept apart: the
+    prompt is never copied to append outputs to it); `num_tokens` is its length.
+    `num_computed_tokens` counts the leading tokens whose KV is (or, once the current step
+    has run, will be) in the cache; the scheduler advances it when it schedules.
     `block_hashes[i]` is the chained hash of full block i of `all_token_ids`, kept up to date
     on every append when prefix caching is on. A driver may give the leading ones
     (`block_hashes=`): any identity of the blocks' token prefixes that is equal exactly when
@@ -98,7 +99,7 @@ class Request:
     __slots__ = (
         "request_id", "prompt_token_ids", "sampling_params", "arrival_time", "priority",
         "cache_salt", "lora_name", "lora_path", "status", "stop_reason", "num_computed_tokens",
-        "num_preemptions", "num_cached_tokens", "block_hashes", "_all_token_ids",
+        "num_preemptions", "num_cached_tokens", "block_hashes", "_prompt", "_outputs",
         "_block_hasher", "_hash_block_size", "max_tokens", "num_prompt_tokens", "num_tokens",
         "eos_token_id", "stop_token_ids", "stop_length", "num_external_computed_tokens",
         "block_key", "own_from", "block_pieces",
@@ -158,8 +159,11 @@ class Request:
         # Set when the leading given names come in pieces (`runtime.block_pieces`): the
         # pool files and looks them up piece by piece.
         self.block_pieces = within_given(block_pieces, len(self.block_hashes))
-        # 8 bytes per token: a simulator holds thousands of long prompts in its queues.
-        self._all_token_ids = array("q", prompt_token_ids)
+        # 8 bytes per token: a simulator holds thousands of long prompts in its queues (it
+        # passes arrays, taken as they are: a copy of a 12,000-token prompt was ~1% of a run).
+        self._prompt = (prompt_token_ids if isinstance(prompt_token_ids, array)
+                        and prompt_token_ids.typecode == "q" else array("q", prompt_token_ids))
+        self._outputs = array("q")
         self._block_hasher: BlockHasher | None = None
         self._hash_block_size = 0  # 0 = not hashing
 
@@ -174,14 +178,28 @@ class Request:
         return self.num_tokens - self.num_prompt_tokens
 
     @property
-    def all_token_ids(self) -> Sequence[int]:
-        """Prompt and output tokens (a read-only view: do not modify)."""
-        return self._all_token_ids
+    def all_token_ids(self) -> array[int]:
+        """Prompt and output tokens (a copy, O(num_tokens): `token_ids` for a range)."""
+        return self._prompt + self._outputs
+
+    def token_ids(self, start: int, stop: int) -> array[int]:
+        """Tokens `[start, stop)` of prompt + outputs (a copy of that range only)."""
+        num_prompt = self.num_prompt_tokens
+        if start >= num_prompt:
+            return self._outputs[start - num_prompt : stop - num_prompt]
+        if stop <= num_prompt:
+            return self._prompt[start:stop]
+        return self._prompt[start:] + self._outputs[: stop - num_prompt]
+
+    @property
+    def last_token_id(self) -> int:
+        """The last token: the last output, or the prompt's last before any."""
+        return self._outputs[-1] if self._outputs else self._prompt[-1]
 
     @property
     def output_token_ids(self) -> list[int]:
         """The sampled tokens so far (a copy)."""
-        return self._all_token_ids[self.num_prompt_tokens :].tolist()
+        return self._outputs.tolist()
 
     def is_finished(self) -> bool:
         return self.status > RequestStatus.PREEMPTED
@@ -194,7 +212,7 @@ class Request:
 
     def extend_output_tokens(self, token_ids: Sequence[int]) -> None:
         """Append several sampled tokens at once and hash the blocks they complete."""
-        self._all_token_ids.extend(token_ids)
+        self._outputs.extend(token_ids)
         self.num_tokens += len(token_ids)
         if (self._hash_block_size
                 and self.num_tokens // self._hash_block_size > len(self.block_hashes)):
@@ -202,7 +220,7 @@ class Request:
 
     def append_output_token(self, token_id: int) -> None:
         """Append one sampled token and hash the block it completes, if any."""
-        self._all_token_ids.append(token_id)
+        self._outputs.append(token_id)
         self.num_tokens += 1
         if self._hash_block_size and self.num_tokens % self._hash_block_size == 0:
             self.block_hashes.extend(self._block_hasher(self))  # type: ignore[misc]

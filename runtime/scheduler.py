@@ -14,6 +14,7 @@ from runtime.block_pool import KVCacheBlock
 from runtime.config import CacheConfig, SchedulerConfig
 from runtime.kv_cache_manager import KVCacheManager, cdiv
 from runtime.outputs import (
+    BlockIds,
     CachedRequestData,
     NewRequestData,
     PrefixCacheStats,
@@ -46,7 +47,7 @@ class _Step:
         self.token_budget -= num_new
         cached = self.cached
         cached.req_ids.append(req_id)
-        cached.new_block_ids.append([b.block_id for b in new_blocks] if new_blocks else [])
+        cached.new_block_ids.append(BlockIds(new_blocks) if new_blocks else [])
         cached.num_computed_tokens.append(request.num_computed_tokens)
         request.num_computed_tokens += num_new
 
@@ -58,8 +59,7 @@ class _Step:
         self.token_budget -= len(requests)
         cached = self.cached
         cached.req_ids += req_ids
-        cached.new_block_ids += [[b.block_id for b in blocks] if blocks else []
-                                 for blocks in new_blocks]
+        cached.new_block_ids += [BlockIds(blocks) if blocks else [] for blocks in new_blocks]
         cached.num_computed_tokens += [request.num_computed_tokens for request in requests]
         for request in requests:
             request.num_computed_tokens += 1
@@ -411,9 +411,9 @@ class Scheduler:
         (step.resumed_reqs if resumed else step.new_reqs).append(NewRequestData(
             req_id=req_id,
             prompt_token_ids=request.prompt_token_ids,
-            block_ids=self.get_block_ids(req_id),
+            block_ids=BlockIds(self.kv_cache_manager.req_to_blocks[req_id]),
             num_computed_tokens=num_hit + num_external,
-            prefill_token_ids=list(request.all_token_ids) if resumed else None,
+            prefill_token_ids=request.all_token_ids if resumed else None,
         ))
         step.num_scheduled_tokens[req_id] = num_new
         step.token_budget -= num_new
@@ -479,7 +479,7 @@ class Scheduler:
         `update_from_output` (steady decodes, `runtime.steady`), as it would: status from
         the stop check, out of `running`, then freed, in the given order."""
         for request in requests:
-            status = self._check_stop(request, request.all_token_ids[-1])
+            status = self._check_stop(request, request.last_token_id)
             assert status is not None, request
             request.status = status
             self.running.remove(request)

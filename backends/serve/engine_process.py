@@ -300,7 +300,7 @@ class EngineLoop:
     def _new_tokens(live: _Live) -> list[int]:
         request = live.request
         start = request.num_prompt_tokens + live.sent
-        tokens = list(request.all_token_ids[start:request.num_tokens])
+        tokens = request.token_ids(start, request.num_tokens).tolist()
         live.sent += len(tokens)
         return tokens
 

@@ -3,10 +3,19 @@ stop checks, aborts, requests that cannot fit, config errors, block and token ac
 
 from __future__ import annotations
 
+from array import array
+
 import pytest
 
-from runtime import RequestStatus
-from tests.runtime.helpers import free_ids, ids, make_request, make_scheduler, step
+from runtime import Request, RequestStatus, SamplingParams
+from tests.runtime.helpers import (
+    free_ids,
+    ids,
+    make_request,
+    make_scheduler,
+    run_until_idle,
+    step,
+)
 
 # ---- update_from_output: stop checks -----------------------------------------------------
 
@@ -188,6 +197,22 @@ def test_decode_takes_a_new_block_exactly_when_computed_tokens_hit_a_multiple() 
     assert new_blocks == [[2], [], [], [], [3]]
 
 
+def test_block_ids_are_the_table_when_scheduled_though_made_when_read() -> None:
+    s = make_scheduler(num_blocks=8)
+    s.add_request(make_request("A", 6, 8))  # block size 4: blocks [1, 2] at admission
+    admitted = step(s).output.scheduled_new_reqs[0]
+    grown = [step(s).output.scheduled_cached_reqs for _ in range(3)]  # token 9: block 3
+    assert s.get_block_ids("A") == [1, 2, 3]
+    run_until_idle(s)  # A finishes, its table is freed
+    s.add_request(make_request("B", 24, 1))  # takes blocks 4-7, then A's freed 3 and 2
+    assert step(s).new == [("B", [4, 5, 6, 7, 3, 2], 0)]
+    block_ids = admitted.block_ids
+    assert block_ids == [1, 2] and [1, 2] == block_ids and block_ids == (1, 2)
+    assert block_ids != [1, 2, 3] and list(block_ids) == [1, 2] and len(block_ids) == 2
+    assert (block_ids[-1], block_ids[:1], repr(block_ids)) == (2, [1], "[1, 2]")
+    assert [c.new_block_ids for c in grown] == [[[]], [[]], [[3]]]
+
+
 def test_num_computed_tokens_lifecycle() -> None:
     s = make_scheduler(max_num_batched_tokens=8, num_blocks=8)
     s.add_request(make_request("A", list(range(100, 112)), 6))
@@ -216,6 +241,26 @@ def test_resumed_requests_are_listed_after_new_ones() -> None:
     assert list(st.tokens) == ["B", "N"]
     assert [n.req_id for n in st.output.scheduled_new_reqs] == ["N", "B"]
     assert st.output.scheduled_resumed_req_ids == ["B"]
+    new_n, resumed_b = st.output.scheduled_new_reqs
+    b_prompt = list(s.requests["B"].prompt_token_ids)
+    assert new_n.prefill_token_ids is None and len(b_prompt) == 4
+    assert list(resumed_b.prefill_token_ids or ()) == b_prompt + [1000]  # prompt + output
+
+
+def test_token_ids_join_prompt_and_outputs_leaving_the_prompt_as_given() -> None:
+    prompt = array("q", [5, 6, 7])
+    request = Request("A", prompt, SamplingParams(max_tokens=4))
+    assert request.last_token_id == 7 and request.all_token_ids.tolist() == [5, 6, 7]
+    request.append_output_token(8)
+    request.extend_output_tokens([9, 10])
+    assert request.prompt_token_ids is prompt and prompt.tolist() == [5, 6, 7]
+    assert request.all_token_ids.tolist() == [5, 6, 7, 8, 9, 10]
+    assert [request.token_ids(a, b).tolist() for a, b in ((0, 2), (1, 5), (3, 6), (2, 3))] \
+        == [[5, 6], [6, 7, 8, 9], [8, 9, 10], [7]]
+    assert (request.last_token_id, request.output_token_ids) == (10, [8, 9, 10])
+    from_tuple = Request("B", (1, 2), SamplingParams(max_tokens=1))
+    from_tuple.append_output_token(3)
+    assert from_tuple.token_ids(1, 3) == array("q", [2, 3])
 
 
 def test_tied_priority_requests_do_not_preempt_each_other_forever() -> None:
