@@ -148,6 +148,8 @@ class BlockPool:
         queue = self.free_block_queue
         if num_blocks > queue.num_free_blocks:
             raise ValueError(f"cannot get {num_blocks} free blocks from the pool")
+        if not shared and not own:
+            return self._pop_unnamed(num_blocks)
         names = chain(repeat(None, skip), shared, repeat(None, num_blocks - skip - len(shared)))
         before, made = queue.take_made(num_blocks)
         if not made:  # linked blocks only (all of them once every block was used)
@@ -171,6 +173,20 @@ class BlockPool:
                                    strict=False):
                 block.block_hash = name
                 block.own_seq = seq
+        return blocks
+
+    def _pop_unnamed(self, num_blocks: int) -> list[KVCacheBlock]:
+        """`_pop` with no name to register (a decode's next block, `get_new_blocks`): the
+        same blocks, without the names' iterators (~0.9 us a call of one block)."""
+        before, made = self.free_block_queue.take_made(num_blocks)
+        if not made:
+            return self._take_linked(repeat(None, num_blocks))
+        blocks = self._take_linked(repeat(None, before)) if before else []
+        for block in made:
+            block.ref_cnt = 1
+        blocks += made
+        if len(blocks) < num_blocks:
+            blocks += self._take_linked(repeat(None, num_blocks - len(blocks)))
         return blocks
 
     def _take_linked(self, names: Iterable[BlockHash | None]) -> list[KVCacheBlock]:

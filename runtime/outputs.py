@@ -42,8 +42,10 @@ class BlockIds(Sequence[int]):
     """The ids of `blocks[:stop]` (a block table, or the blocks a step added to one), made
     only when read: a real executor reads them once per step, the simulator never (making
     them was ~4% of a long-prompt run). Valid as long as `blocks` is only appended to,
-    as a block table is while held (a freed table is dropped, never cleared). Compares
-    equal to a list or tuple of the same ids."""
+    as a block table is while held (a freed table is dropped, never cleared), and its
+    blocks stay this pool's (a released pool's blocks take new ids in the next pool:
+    `BlockPool.release_blocks`, `reuse`). Compares equal to a list or tuple of the same
+    ids; pickles as the list of ids (not the blocks, which link the free queue)."""
 
     __slots__ = ("_blocks", "_stop")
 
@@ -65,10 +67,18 @@ class BlockIds(Sequence[int]):
     def __getitem__(self, index: slice) -> list[int]: ...
 
     def __getitem__(self, index: int | slice) -> int | list[int]:
-        return self.ids()[index]
+        if isinstance(index, slice):
+            return self.ids()[index]
+        return self._blocks[range(self._stop)[index]].block_id  # IndexError as a list's
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.ids())
+
+    def __reversed__(self) -> Iterator[int]:
+        return reversed(self.ids())
+
+    def __reduce__(self) -> tuple[type[list[int]], tuple[list[int]]]:
+        return list, (self.ids(),)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, (BlockIds, list, tuple)):

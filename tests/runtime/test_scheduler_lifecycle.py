@@ -3,6 +3,7 @@ stop checks, aborts, requests that cannot fit, config errors, block and token ac
 
 from __future__ import annotations
 
+import pickle
 from array import array
 
 import pytest
@@ -210,6 +211,12 @@ def test_block_ids_are_the_table_when_scheduled_though_made_when_read() -> None:
     assert block_ids == [1, 2] and [1, 2] == block_ids and block_ids == (1, 2)
     assert block_ids != [1, 2, 3] and list(block_ids) == [1, 2] and len(block_ids) == 2
     assert (block_ids[-1], block_ids[:1], repr(block_ids)) == (2, [1], "[1, 2]")
+    assert (block_ids[0], block_ids[-2], list(reversed(block_ids))) == (1, 1, [2, 1])
+    with pytest.raises(IndexError):
+        block_ids[2]  # the table holds 3 blocks now: the view ends where it was scheduled
+    # pickles as its ids (a freed table's blocks link the free queue: not pickled)
+    assert pickle.loads(pickle.dumps(block_ids)) == [1, 2]
+    assert type(pickle.loads(pickle.dumps(block_ids))) is list
     assert [c.new_block_ids for c in grown] == [[[]], [[]], [[3]]]
 
 
