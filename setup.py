@@ -2,7 +2,8 @@
 
 Off by default: `pip install -e .` installs pure Python, as ever. `RT_COMPILE=1 pip install
 -e .` (any spelling of pip install) also asks pip for mypy at build time and compiles
-`COMPILED` to C extensions next to their sources (`runtime/*.cpython-*.so`, which Python
+`COMPILED` to C extensions next to their sources (`runtime/*.cpython-*.so`,
+`sim/simulator.cpython-*.so`, ..., which Python
 then imports instead of the .py files). A compile that fails (no C compiler, no Python
 headers, a mypyc error) leaves no extension behind and the install goes on in pure Python,
 with a warning; `runtime.native.implementation()` says which one runs. Every run of this file
@@ -25,13 +26,16 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
-# The per-step modules (mypy --strict clean, no class of theirs subclassed by interpreted
-# code). Left out: outputs.py (ReqIdList subclasses list), config.py, flags.py and
-# records.py (subclassed by sim/ and backends/ classes), the router (per request).
+# The per-step modules (mypy --strict clean; a class subclassed by interpreted code says so
+# with `mypyc_attr(allow_interpreted_subclasses=True)`): the runtime core's, and the
+# simulator's engine loop and roofline cost model. Left out: outputs.py (ReqIdList subclasses
+# list), config.py, flags.py and records.py (subclassed by sim/ and backends/ classes), the
+# router (per request), the rest of sim/ (per run or per request).
 COMPILED = [f"runtime/{name}.py" for name in (
     "batch", "block_hash", "block_pieces", "block_pool", "decode_run", "engine",
     "free_block_queue", "kv_cache_manager", "kv_events", "pool_events", "pool_invariants",
-    "recorder", "request", "request_queue", "scheduler", "steady")]
+    "recorder", "request", "request_queue", "scheduler", "steady")] + [
+    "sim/simulator.py", "sim/cost/roofline.py"]
 GROUP = "runtime._native"  # the shared library: runtime/_native__mypyc.*.so
 
 
@@ -55,10 +59,10 @@ class OptionalBuildExt(build_ext):
 def _built_extensions() -> list[Path]:
     """The files a compiled build writes next to the sources: one per COMPILED module and the
     group's shared library, with this interpreter's extension suffix (.cpython-311-...so)."""
-    runtime = Path(__file__).resolve().parent / "runtime"
-    names = [Path(path).stem for path in COMPILED] + [GROUP.split(".")[-1] + "__mypyc"]
+    root = Path(__file__).resolve().parent
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    return [runtime / (name + suffix) for name in names]
+    modules = [root / Path(path).with_suffix(suffix) for path in COMPILED]
+    return [*modules, root / "runtime" / (GROUP.split(".")[-1] + "__mypyc" + suffix)]
 
 
 def _remove_extensions() -> None:
@@ -68,9 +72,9 @@ def _remove_extensions() -> None:
     for path in removed:
         path.unlink()
     if removed:
-        names = ", ".join(path.name.split(".")[0] for path in removed)
-        print(f"rt: removed an earlier compiled build, runtime/{{{names}}}"
-              f"{sysconfig.get_config_var('EXT_SUFFIX')}; pure Python from now on",
+        root = Path(__file__).resolve().parent
+        names = ", ".join(str(path.relative_to(root)) for path in removed)
+        print(f"rt: removed an earlier compiled build ({names}); pure Python from now on",
               file=sys.stderr)
 
 

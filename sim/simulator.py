@@ -32,6 +32,7 @@ from collections.abc import Callable, Collection, Generator, Sequence
 from dataclasses import dataclass, field
 
 import simpy
+from mypy_extensions import mypyc_attr
 
 from runtime import (
     BatchFeatures,
@@ -95,6 +96,7 @@ class SimConfig:
 SimResult = RunResult  # the records of one simulation (the replay's shape)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the fleet's replicas
 class EngineProcess:
     """One engine's SimPy process: the engine-core loop (`runtime.EngineCore`) on the
     simulated clock, shared by `simulate` and the fleet simulator (`sim.fleet`).
@@ -319,6 +321,7 @@ def make_request(req: TraceRequest, prompt: array[int], max_tokens: int,
                    block_hashes=known_hashes, block_key=block_key, block_pieces=block_pieces)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the fleet's replicas
 class KnownHandovers(EngineProcess):
     """An engine whose hand-overs are known before its first step (`_Simulation`, a pre-routed
     fleet replica): `requests[i]`, handed over at `handovers[i]`, enters at the first step
@@ -360,6 +363,7 @@ class KnownHandovers(EngineProcess):
         return self.handovers[i] if i < len(self.handovers) else math.inf
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the fleet's replicas
 class _Simulation(KnownHandovers):
     """One engine behind its API server, no process of its own: hand-overs by Lindley's
     recursion (`handover_times`), taken in when a sleeping server would wake them."""
@@ -389,8 +393,9 @@ class _Simulation(KnownHandovers):
         stats = self.core.scheduler.prefix_cache_stats
         order = {req.request_id: i for i, req in enumerate(self.requests)}
         return SimResult(requests=sorted(recorder.finished, key=lambda r: order[r.request_id]),
-                         step_columns=recorder.step_columns, prefix_cache_queries=stats.queries,
-                         prefix_cache_hits=stats.hits, wall_s=time.perf_counter() - started_s)
+                         step_columns=dict(recorder.step_columns),
+                         prefix_cache_queries=stats.queries, prefix_cache_hits=stats.hits,
+                         wall_s=time.perf_counter() - started_s)
 
 
 def simulate(trace: Trace, config: SimConfig, cost_model: CostModel,

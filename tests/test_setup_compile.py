@@ -22,6 +22,8 @@ def test_a_rejected_compile_removes_an_earlier_builds_extensions(tmp_path: Path)
                     ignore=shutil.ignore_patterns("*.so", "__pycache__"))
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     earlier = [tmp_path / "runtime" / f"{name}{suffix}" for name in ("scheduler", "_native__mypyc")]
+    earlier.append(tmp_path / "sim" / f"simulator{suffix}")  # the simulator's engine loop too
+    earlier[-1].parent.mkdir()
     for path in earlier:  # stand-ins for an earlier RT_COMPILE=1 build's extensions
         path.write_bytes(b"an earlier build")
     with (tmp_path / "runtime" / "request_queue.py").open("a") as source:  # an edit mypyc refuses

@@ -61,7 +61,7 @@ def _blocks(req: TraceRequest, size: int) -> Iterator[Hashable]:
         return
     from workloads.tokens import prompt_pieces
 
-    spans = []
+    spans: list[tuple[str, int, int]] = []  # (stream key, first index, count)
     for key, length in prompt_pieces(req):
         offset = 0
         while offset < length:

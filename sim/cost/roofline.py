@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from runtime.batch import BatchFeatures
 from sim.cost.base import _check_number
 from sim.hardware import GpuSpec
@@ -61,6 +63,7 @@ class RooflineEfficiency:
 DEFAULT_EFFICIENCY = RooflineEfficiency()
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # a user's own step_time
 class RooflineCostModel:
     """Per-operator roofline of one step on one GPU of a tensor-parallel group (ref §4).
 

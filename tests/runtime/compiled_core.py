@@ -49,10 +49,15 @@ def missing_toolchain() -> str | None:
     return None
 
 
+# the packages the build compiles from (runtime/, sim/'s engine loop) and type-checks with
+COMPILED_PACKAGES = ("runtime", "sim", "workloads")
+
+
 def copy_sources(root: Path) -> Built:
-    """The `runtime` package's sources only (no extension, no bytecode) under `root`."""
-    shutil.copytree(ROOT / "runtime", root / "runtime",
-                    ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
+    """The compiled packages' sources only (no extension, no bytecode) under `root`."""
+    for package in COMPILED_PACKAGES:
+        shutil.copytree(ROOT / package, root / package,
+                        ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
     return Built(root, 0.0)
 
 
@@ -69,7 +74,8 @@ def compile_copy(root: Path) -> Built:
         timeout=900)
     seconds = time.perf_counter() - start
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    if build.returncode != 0 or not (root / "runtime" / f"scheduler{suffix}").is_file():
+    modules = (root / "runtime" / f"scheduler{suffix}", root / "sim" / f"simulator{suffix}")
+    if build.returncode != 0 or not all(module.is_file() for module in modules):
         raise RuntimeError(f"the mypyc build left no extension (exit {build.returncode}):\n"
                            f"{build.stdout[-3000:]}\n{build.stderr[-3000:]}")
     return Built(root, seconds)
