@@ -28,7 +28,8 @@ from setuptools.command.build_ext import build_ext
 
 # The per-step modules (mypy --strict clean; a class subclassed by interpreted code says so
 # with `mypyc_attr(allow_interpreted_subclasses=True)`): the runtime core's, and the
-# simulator's engine loop and roofline cost model. Left out: outputs.py (ReqIdList subclasses
+# simulator's engine loop and roofline cost model (their frozen config dataclasses live apart:
+# compiled, one would not pickle). Left out: outputs.py (ReqIdList subclasses
 # list), config.py, flags.py and records.py (subclassed by sim/ and backends/ classes), the
 # router (per request), the rest of sim/ (per run or per request).
 COMPILED = [f"runtime/{name}.py" for name in (

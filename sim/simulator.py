@@ -29,68 +29,30 @@ import math
 import time
 from array import array
 from collections.abc import Callable, Collection, Generator, Sequence
-from dataclasses import dataclass, field
 
 import simpy
 from mypy_extensions import mypyc_attr
 
 from runtime import (
     BatchFeatures,
-    CacheConfig,
     EngineCore,
     Request,
     SamplingParams,
     Scheduler,
-    SchedulerConfig,
 )
 from runtime.block_pieces import BlockPieces
 from runtime.records import RequestRecord, RunResult
 from sim.api_server import deliver_to_clients, handover_times, server_wakes
 from sim.block_ids import TraceBlockIds, own_streams_only
-from sim.cost.api_server import ApiServerCost
 from sim.cost.base import CostModel, decode_run_timer
 from sim.run_gc import run_with_gc
-from sim.step_noise import StepNoise
+from sim.sim_config import SimConfig as SimConfig  # re-exported: its old home
 from workloads import Trace, TraceRequest
 from workloads.tokens import request_token_arrays
 
 _ZERO = array("q", [0])  # a placeholder token id (never read), repeated: `token_arrays`
 
 Progress = Callable[[int, int], None]  # (requests finished, requests in the trace)
-
-
-@dataclass(frozen=True, slots=True)
-class SimConfig:
-    """Everything a simulation run depends on besides the trace and the cost model.
-
-    Attributes:
-        scheduler, cache: the engine core's configuration.
-        api_server: tokenization cost of the API-server stage.
-        vocab_size: token ids are drawn from [10, vocab_size).
-        seed: seed of the synthetic token ids.
-        check_invariants: run `Scheduler.check_invariants()` after every step (slow).
-        fast_forward: advance runs of plain decode steps together (`runtime.decode_run`);
-            the records are identical either way, only faster.
-        step_noise: multiply the predicted time of step k, starting at t seconds, by
-            `step_noise.factor(k, t)` and add its stall (`StepNoise.duration`; None: every
-            step takes exactly the cost model's time).
-        trace_block_ids: name the KV blocks of hash-id prompts by the trace's coordinates
-            instead of SHA-256 (`sim.block_ids`); the records are identical either way.
-    """
-
-    scheduler: SchedulerConfig
-    cache: CacheConfig
-    api_server: ApiServerCost = field(default_factory=ApiServerCost)
-    vocab_size: int = 32_000
-    seed: int = 0
-    check_invariants: bool = False
-    fast_forward: bool = True
-    step_noise: StepNoise | None = None
-    trace_block_ids: bool = True
-
-    def __post_init__(self) -> None:
-        if self.vocab_size <= 10:
-            raise ValueError(f"vocab_size must be > 10, got {self.vocab_size}")
 
 
 SimResult = RunResult  # the records of one simulation (the replay's shape)

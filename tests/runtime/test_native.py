@@ -14,7 +14,14 @@ import pandas as pd
 import pytest
 
 from tests.runtime import compiled_core
-from tests.runtime.compiled_core import Built, compile_copy, copy_sources, imported, rt_with
+from tests.runtime.compiled_core import (
+    Built,
+    compile_copy,
+    copy_sources,
+    imported,
+    rt_with,
+    run_with,
+)
 
 # small runs that cross the pool's paths: preemptions with prefix hits and priorities, and a
 # fleet whose router reads the pools' KV events
@@ -47,6 +54,20 @@ def test_each_copy_is_the_runtime_imported(pure: Built, compiled: Built) -> None
         path, found = imported(built)
         assert path == built.root / "runtime" / "__init__.py"
         assert found == implementation
+
+
+def test_the_compiled_simulator_and_its_configs_pickle(compiled: Built) -> None:
+    """The engine loop and the roofline compile too; the setup a sweep or Ray task carries
+    (config, cost model) still pickles and deep-copies, equal (its frozen dataclasses live
+    in modules that are not compiled)."""
+    code = ("import copy, pickle; from runtime.native import is_compiled; "
+            "import sim.simulator, sim.cost.roofline; "
+            "from sim.engine_args import EngineArgs, build_setup; "
+            "s = build_setup(EngineArgs(), 'llama-3.1-8b', 'h200'); "
+            "back = pickle.loads(pickle.dumps(s)); copy.deepcopy(s); "
+            "print(is_compiled(sim.simulator), is_compiled(sim.cost.roofline), "
+            "back.config == s.config, back.cost_model.efficiency == s.cost_model.efficiency)")
+    assert run_with(compiled, code, []).split() == ["True", "True", "True", "True"]
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))

@@ -9,10 +9,13 @@ from collections.abc import Sequence
 
 import pytest
 
+import runtime.engine
+import sim.simulator
 from runtime import CacheConfig, SchedulerConfig
 from runtime.batch import BatchFeatures
 from runtime.decode_run import decode_run_limit, run_decode_steps, steps_before_token_stop
 from runtime.engine import EngineCore, _bulk_decode_times
+from runtime.native import is_compiled
 from sim.cost.api_server import ApiServerCost
 from sim.cost.base import CostModel, DecodeRunTimes, decode_run_timer
 from sim.cost.profile_model import ProfileCoefficients, ProfileCostModel
@@ -209,6 +212,9 @@ def test_bulk_decode_times_equal_per_step_ones_across_chunks() -> None:
     assert many_chunks >= 50
 
 
+@pytest.mark.skipif(is_compiled(sim.simulator) or is_compiled(runtime.engine),
+                    reason="patches EngineCore.begin_step, which the compiled engine loop "
+                           "calls directly")
 @pytest.mark.parametrize("seed", range(3))
 def test_only_admitting_steps_are_stepped_one_by_one(monkeypatch: pytest.MonkeyPatch,
                                                      seed: int) -> None:
