@@ -41,6 +41,7 @@ from sim.serving_stack import (
     StackFit,
     StackNotFitted,
     draw_delays,
+    drawn_summary,
     fit_on_twins,
     warm_requests,
 )
@@ -250,14 +251,13 @@ def stack_free_twin(trace: Trace, fleet: FleetFlags, engine: EngineFlags, model:
                     ) -> FleetResult:
     """`fleet_twin`'s fleet with no serving-stack cost (the replicas' API-server cost 0):
     what a calibration replay's TTFTs are compared with to fit that cost."""
-    return _stack_free(_setup(engine, model, gpu, profile, seed), trace, fleet, seed,
-                       _router_timing(fleet, overheads))
+    setup = _stack_free(_setup(engine, model, gpu, profile, seed))
+    return _twin_run(trace, fleet, setup, seed, _router_timing(fleet, overheads))
 
 
-def _stack_free(setup: SimSetup, trace: Trace, fleet: FleetFlags, seed: int,
-                timing: tuple[float, float]) -> FleetResult:
-    return _twin_run(trace, fleet, _with_api_server(setup, ApiServerCost(0.0, 0.0, 0.0)),
-                     seed, timing)
+def _stack_free(setup: SimSetup) -> SimSetup:
+    """`setup` with no serving-stack cost (the replicas' API-server cost 0)."""
+    return _with_api_server(setup, ApiServerCost(0.0, 0.0, 0.0))
 
 
 def _known(overheads: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, Any]:
@@ -275,7 +275,7 @@ def _fitted_stack(setup: SimSetup, fleet: FleetFlags, seed: int,
     give, the measured replay's `overheads`), and run.json's description of it, with the
     noise floor the windows measure (`_noise_floor`); (None, why) when too few requests
     finished to fit it."""
-    zero = _with_api_server(setup, ApiServerCost(0.0, 0.0, 0.0))
+    zero = _stack_free(setup)
     timings = [_router_timing(fleet, _known(w.overheads, overheads)) for w in windows]
     bare = [_twin_run(w.trace, fleet, zero, seed, t).requests
             for w, t in zip(windows, timings, strict=True)]
@@ -381,25 +381,12 @@ def fleet_twin(trace: Trace, fleet: FleetFlags, engine: EngineFlags, model: str,
     timing = _router_timing(fleet, overheads)
     delays = None
     if fit is not None:
-        setup = _with_api_server(setup, ApiServerCost(0.0, 0.0, 0.0))
+        setup = _stack_free(setup)
         delays = draw_delays(trace, fit.stack, fit.spread, seed)
-        stack["drawn"] = _drawn(delays)
+        stack["drawn"] = drawn_summary(delays)
     result = _twin_run(trace, fleet, setup, seed, timing, delays)
     fleet_info = {**fleet.describe(None), "routing_latency_ms": timing[1] * 1e3,
                   "router_refresh_ms": timing[0] * 1e3,
                   "router_refresh_ms_flag": fleet.router_refresh_ms,
                   "outputs": "served (not the trace's)", "serving_stack": stack}
     return result, {**setup.describe(), "fleet": fleet_info}
-
-
-def _drawn(delays: Mapping[str, float]) -> dict[str, Any]:
-    """run.json's summary of the delays drawn for the trace (milliseconds): p50, p90, p99
-    (linear between order statistics, as the spread's), and how many came out at 0 (a
-    residual below minus the line)."""
-    values = np.fromiter(delays.values(), dtype=float, count=len(delays))
-    if not len(values):
-        return {"requests": 0}
-    q = np.quantile(values, [0.5, 0.9, 0.99]) * 1e3
-    return {"requests": len(values),
-            **{f"p{p}_ms": float(v) for p, v in zip((50, 90, 99), q, strict=True)},
-            "at_zero": int((values == 0.0).sum())}

@@ -291,3 +291,16 @@ def fit_on_twins(windows: Sequence[tuple[MeasuredReplay, Sequence[RequestRecord]
     fit = fit_serving_stack([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
                             seed)
     return replace(fit, cold_left_out=cold, windows=len(windows))
+
+
+def drawn_summary(delays: Mapping[str, float]) -> dict[str, Any]:
+    """run.json's summary of the delays drawn for the trace (milliseconds): p50, p90, p99
+    (linear between order statistics, as the spread's), and how many came out at 0 (a
+    residual below minus the line)."""
+    values = np.fromiter(delays.values(), dtype=float, count=len(delays))
+    if not len(values):
+        return {"requests": 0}
+    q = np.quantile(values, [0.5, 0.9, 0.99]) * 1e3
+    return {"requests": len(values),
+            **{f"p{p}_ms": float(v) for p, v in zip((50, 90, 99), q, strict=True)},
+            "at_zero": int((values == 0.0).sum())}
