@@ -157,8 +157,7 @@ class BlockPool:
         else:  # linked ones before the never-used ones, these, then linked ones after
             blocks = self._take_linked(islice(names, before)) if before else []
             cached_blocks = self.cached_blocks
-            for block, name in zip(made, names, strict=False):  # no hash; names go on
-                block.ref_cnt = 1
+            for block, name in zip(made, names, strict=False):  # in use, no hash
                 if name is not None:  # `_register`, inlined
                     block.block_hash = name
                     if cached_blocks.setdefault(name, block) is not block:
@@ -182,9 +181,7 @@ class BlockPool:
         if not made:
             return self._take_linked(repeat(None, num_blocks))
         blocks = self._take_linked(repeat(None, before)) if before else []
-        for block in made:
-            block.ref_cnt = 1
-        blocks += made
+        blocks += made  # made in use
         if len(blocks) < num_blocks:
             blocks += self._take_linked(repeat(None, num_blocks - len(blocks)))
         return blocks

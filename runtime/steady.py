@@ -25,7 +25,14 @@ last chunk of its prefill or recompute).
 
 A member is *materialised* (computed tokens, appended tokens and their block hashes, its
 registered blocks in the KV manager) when it finishes or leaves; a fill of a block its request
-hashes (no `block_key`) appends the tokens first. The recorder writes its token times and
+hashes (no `block_key`) appends the tokens first. A block named by its request's own
+`block_key` is registered only then, with the others its request filled as a member (one
+call, names made in one list by the hasher): only that request can look such a name up,
+and only once it is preempted, i.e. materialised; until then the block is in use, so no pop
+can evict it, and a free only follows the materialising. Its registration order among the
+blocks under the same name (the request's own, from before a preemption) is unchanged.
+With KV events observed (a `stored` event per fill, in its step) every fill is made in its
+step, as before. The recorder writes its token times and
 decode run when it leaves or finishes. Scheduler, pool and records are then identical to
 stepping one by one (tested on random traces against plain `Scheduler.schedule()`).
 """
@@ -57,6 +64,7 @@ class _Member:
     finish_step: int  # the step whose appended token stops it
     seq: int  # join order = running order among members
     key: bytes | None  # its request's `block_key` (names its blocks without their tokens)
+    eager: bool  # registers each block it fills in its step (else: when materialised)
 
 
 class SteadyDecodes:
@@ -69,6 +77,11 @@ class SteadyDecodes:
         self.block_size = scheduler.block_size
         self._members: dict[str, _Member] = {}
         self._buckets: list[list[_Member]] = [[] for _ in range(self.block_size)]
+        # each bucket's members' block tables, in its order (the takers' tables of a step)
+        self._tables: list[list[list[KVCacheBlock]]] = [[] for _ in range(self.block_size)]
+        # the eager members (prefix caching on) of each bucket, in join order: the fillers
+        self._fillers: list[list[_Member]] = [[] for _ in range(self.block_size)]
+        self._num_deferred = 0  # members whose fills wait for their materialising
         self._finishes: list[tuple[int, int, _Member]] = []  # (finish step, seq, member)
         self._kv_base = 0  # Σ (c_minus_g + 1): decode KV tokens before step g = this + n·g
         self._seq = 0
@@ -147,7 +160,7 @@ class SteadyDecodes:
 
     def _take(self, g: int) -> None:
         """The members whose token of step g starts a block take one, in running order."""
-        self._take_all(self._buckets[g % self.block_size])
+        self._take_all(self._tables[g % self.block_size])
 
     def _fill(self, g: int) -> None:
         """The members whose token of step g fills a block register it, in running order
@@ -159,10 +172,13 @@ class SteadyDecodes:
         kv = self.scheduler.kv_cache_manager
         if not kv.enable_caching:
             return
-        # A member has registered every full block it had when it joined (`_can_join`) and
-        # each one it filled since, so the new one is block c // B. Its request (computed
-        # tokens, `num_cached_block`) is left untouched: `_materialise` brings it up to date.
-        upcoming, block_size, buckets = self.upcoming, self.block_size, self._buckets
+        assert kv.block_pool.kv_event_log is None or not self._num_deferred, \
+            "KV events observed after steady decodes deferred their fills"
+        # An eager member has registered every full block it had when it joined
+        # (`_can_join`) and each one it filled since, so the new one is block c // B. Its
+        # request (computed tokens, `num_cached_block`) is left untouched: `_materialise`
+        # brings it up to date.
+        upcoming, block_size, buckets = self.upcoming, self.block_size, self._fillers
         blocks, block_hashes, owns = [], [], []
         for step in range(g, g + num_steps):
             for member in buckets[(step + 1) % block_size]:
@@ -227,25 +243,26 @@ class SteadyDecodes:
         precise index fed its KV events are the same either way), so this is the steps'
         `_advance` one after the other (a run is ~17 steps on Azure, a step 0-3 blocks)."""
         g = self._step
-        block_size, buckets = self.block_size, self._buckets
-        takers: list[_Member] = []
+        block_size, tables = self.block_size, self._tables
+        takers: list[list[KVCacheBlock]] = []  # their tables
         free = self.scheduler.kv_cache_manager.block_pool.num_free_blocks
         free_after = []
         for step in range(g, g + num_steps):
-            takers += buckets[step % block_size]
+            takers += tables[step % block_size]
             free_after.append(free - len(takers))
         self._take_all(takers)
         self._fill_steps(g, num_steps)
         return free_after
 
-    def _take_all(self, takers: list[_Member]) -> None:
-        """Each of `takers`, in order, takes a new block (one pop for all of them)."""
+    def _take_all(self, tables: list[list[KVCacheBlock]]) -> None:
+        """Each of `tables` (takers' block tables), in order, takes a new block (one pop
+        for all of them)."""
         pool = self.scheduler.kv_cache_manager.block_pool
-        if len(takers) > 1:  # the pops of `get_new_block` one by one, in one walk
-            for member, block in zip(takers, pool.get_new_blocks(len(takers)), strict=True):
-                member.table.append(block)
-        elif takers:
-            takers[0].table.append(pool.get_new_block())
+        if len(tables) > 1:  # the pops of `get_new_block` one by one, in one walk
+            for table, block in zip(tables, pool.get_new_blocks(len(tables)), strict=True):
+                table.append(block)
+        elif tables:
+            tables[0].append(pool.get_new_block())
 
     def decode_kv_tokens(self) -> int:
         """Σ (c + 1) over the members before the next step: the KV its decodes read."""
@@ -321,11 +338,20 @@ class SteadyDecodes:
         c_minus_g = request.num_computed_tokens - g
         # Its appended token reaches stop_length when c + 2 = stop_length, c = c_minus_g + g.
         finish_step = request.stop_length - 2 - c_minus_g
-        member = _Member(request, self.scheduler.kv_cache_manager.req_to_blocks[
-            request.request_id], c_minus_g, finish_step, self._seq, request.block_key)
+        kv = self.scheduler.kv_cache_manager
+        key = request.block_key
+        eager = kv.enable_caching and (key is None or kv.block_pool.kv_event_log is not None)
+        member = _Member(request, kv.req_to_blocks[request.request_id], c_minus_g,
+                         finish_step, self._seq, key, eager)
         self._seq += 1
         self._members[request.request_id] = member
-        self._buckets[-c_minus_g % self.block_size].append(member)
+        bucket = -c_minus_g % self.block_size
+        self._buckets[bucket].append(member)
+        self._tables[bucket].append(member.table)
+        if eager:
+            self._fillers[bucket].append(member)
+        elif kv.enable_caching:
+            self._num_deferred += 1
         heapq.heappush(self._finishes, (finish_step, member.seq, member))
         self._kv_base += c_minus_g + 1
         self.recorder.steady_enter(request.request_id)
@@ -340,7 +366,13 @@ class SteadyDecodes:
         """Drop a member; its entry in `_finishes` stays until it reaches the top, where
         `_live_finishes` discards it (it no longer is `_members`' entry for its id)."""
         del self._members[member.request.request_id]
-        self._buckets[-member.c_minus_g % self.block_size].remove(member)
+        bucket = -member.c_minus_g % self.block_size
+        index = self._buckets[bucket].index(member)
+        del self._buckets[bucket][index], self._tables[bucket][index]
+        if member.eager:
+            self._fillers[bucket].remove(member)
+        elif self.scheduler.kv_cache_manager.enable_caching:
+            self._num_deferred -= 1
         self._kv_base -= member.c_minus_g + 1
 
     def leave_all(self) -> None:
@@ -355,6 +387,11 @@ class SteadyDecodes:
         self._members.clear()
         for bucket in self._buckets:
             bucket.clear()
+        for bucket in self._tables:
+            bucket.clear()
+        for bucket in self._fillers:
+            bucket.clear()
+        self._num_deferred = 0
         self._finishes.clear()
         self._kv_base = 0
 
@@ -372,5 +409,9 @@ class SteadyDecodes:
             request.extend_output_tokens(self.upcoming(request, missing))
         request.num_computed_tokens = computed
         kv = self.scheduler.kv_cache_manager
-        if kv.enable_caching:  # the blocks its tokens fill, registered by `_fill`
+        if not kv.enable_caching:
+            return
+        if member.eager:  # the blocks its tokens fill, registered by `_fill`
             kv.num_cached_block[request.request_id] = computed // self.block_size
+        else:  # registered now, in one call, under the names its tokens' hasher made
+            kv.cache_full_blocks(request, member.table, computed)
