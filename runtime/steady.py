@@ -385,12 +385,11 @@ class SteadyDecodes:
             self._materialise(member, g)
             self.recorder.steady_leave(member.request.request_id)
         self._members.clear()
-        for bucket in self._buckets:
-            bucket.clear()
-        for bucket in self._tables:
-            bucket.clear()
-        for bucket in self._fillers:
-            bucket.clear()
+        for members, tables, fillers in zip(self._buckets, self._tables, self._fillers,
+                                            strict=True):
+            members.clear()
+            tables.clear()
+            fillers.clear()
         self._num_deferred = 0
         self._finishes.clear()
         self._kv_base = 0
