@@ -13,7 +13,7 @@ token budget and no allocation can fail, each of them only
 keeps their progress implicit: before step g a member has c = c_minus_g + g computed tokens
 and c + 1 tokens. Members sit in B buckets by -c_minus_g mod B (bucket g mod B takes a block
 in step g, bucket (g + 1) mod B fills one) and a heap holds their finish steps. Work per step
-is O(blocks taken and filled + requests finishing), not O(running requests).
+is O(blocks taken + blocks filled under shared names + requests finishing), not O(running).
 
 Order invariant: the members are exactly the first `len(self)` requests of
 `scheduler.running`, in the order they joined. Running order is the order of block pops,
@@ -25,16 +25,14 @@ last chunk of its prefill or recompute).
 
 A member is *materialised* (computed tokens, appended tokens and their block hashes, its
 registered blocks in the KV manager) when it finishes or leaves; a fill of a block its request
-hashes (no `block_key`) appends the tokens first. A block named by its request's own
-`block_key` is registered only then, with the others its request filled as a member (one
-call, names made in one list by the hasher): only that request can look such a name up,
-and only once it is preempted, i.e. materialised; until then the block is in use, so no pop
-can evict it, and a free only follows the materialising. Its registration order among the
-blocks under the same name (the request's own, from before a preemption) is unchanged.
-With KV events observed (a `stored` event per fill, in its step) every fill is made in its
-step, as before. The recorder writes its token times and
-decode run when it leaves or finishes. Scheduler, pool and records are then identical to
-stepping one by one (tested on random traces against plain `Scheduler.schedule()`).
+hashes (no `block_key`) appends the tokens first. A block under its request's own name
+(`block_key`) is registered only then, with the member's other fills in one call: only its
+request looks such a name up, once preempted (materialised); until then the block is in use
+(no pop evicts it) and no free precedes the materialising; the order of registrations under
+one name is kept. With KV events observed, every fill is registered in its step (its event).
+The recorder writes its token times and decode run when it leaves or finishes. Scheduler,
+pool and records are then identical to stepping one by one (tested on random traces against
+plain `Scheduler.schedule()`).
 """
 
 from __future__ import annotations
@@ -64,7 +62,7 @@ class _Member:
     finish_step: int  # the step whose appended token stops it
     seq: int  # join order = running order among members
     key: bytes | None  # its request's `block_key` (names its blocks without their tokens)
-    eager: bool  # registers each block it fills in its step (else: when materialised)
+    eager: bool  # registers each fill in its step (else when materialised; caching on)
 
 
 class SteadyDecodes:
@@ -77,9 +75,8 @@ class SteadyDecodes:
         self.block_size = scheduler.block_size
         self._members: dict[str, _Member] = {}
         self._buckets: list[list[_Member]] = [[] for _ in range(self.block_size)]
-        # each bucket's members' block tables, in its order (the takers' tables of a step)
+        # per bucket, in its order: the members' block tables, and the eager members
         self._tables: list[list[list[KVCacheBlock]]] = [[] for _ in range(self.block_size)]
-        # the eager members (prefix caching on) of each bucket, in join order: the fillers
         self._fillers: list[list[_Member]] = [[] for _ in range(self.block_size)]
         self._num_deferred = 0  # members whose fills wait for their materialising
         self._finishes: list[tuple[int, int, _Member]] = []  # (finish step, seq, member)
@@ -148,36 +145,28 @@ class SteadyDecodes:
                 preempted.append(victim.request_id)
             if members.get(req_id) is member:  # not preempted (now or by an earlier taker)
                 member.table.append(get_new_block())
-        self._fill(g)
+        self._fill_steps(g, 1)
         return preempted
 
     def _advance(self, g: int) -> None:
-        """The members' scheduling in step g: blocks taken, then blocks filled, each in
-        running order (a pop and a registration commute: registrations touch blocks in
-        use, evictions free ones)."""
-        self._take(g)
-        self._fill(g)
-
-    def _take(self, g: int) -> None:
-        """The members whose token of step g starts a block take one, in running order."""
+        """The members' scheduling in step g: the members whose token starts a block take
+        one, then those whose token fills one register it, each in running order (a pop and
+        a registration commute: registrations touch blocks in use, evictions free ones)."""
         self._take_all(self._tables[g % self.block_size])
-
-    def _fill(self, g: int) -> None:
-        """The members whose token of step g fills a block register it, in running order
-        (one `cache_each` call: a registration per block, as one by one)."""
         self._fill_steps(g, 1)
 
     def _fill_steps(self, g: int, num_steps: int) -> None:
-        """`_fill` of steps g .. g + num_steps - 1 in one `cache_each` call, in step order."""
+        """The eager members whose token of a step g .. g + num_steps - 1 fills a block
+        register it, in step then running order, in one `cache_each` call (a registration
+        per block, as one by one)."""
         kv = self.scheduler.kv_cache_manager
         if not kv.enable_caching:
             return
         assert kv.block_pool.kv_event_log is None or not self._num_deferred, \
             "KV events observed after steady decodes deferred their fills"
-        # An eager member has registered every full block it had when it joined
-        # (`_can_join`) and each one it filled since, so the new one is block c // B. Its
-        # request (computed tokens, `num_cached_block`) is left untouched: `_materialise`
-        # brings it up to date.
+        # An eager member registered its full blocks at joining (`_can_join`) and each fill
+        # since: the new one is block c // B. Its request is brought up to date later
+        # (`_materialise`).
         upcoming, block_size, buckets = self.upcoming, self.block_size, self._fillers
         blocks, block_hashes, owns = [], [], []
         for step in range(g, g + num_steps):
@@ -236,12 +225,11 @@ class SteadyDecodes:
 
     def run(self, num_steps: int) -> list[int]:
         """Advance `num_steps` steps (at most `run_limit()`) of members alone; returns the
-        free blocks after each step's scheduling. The caller records the steps. The run's
-        blocks are taken in one pop and filled in one registration call, each in the order
-        of its steps (running order within a step): pops and registrations commute (a pop
-        evicts a free block, a registration names one in use; the pool's state and a
-        precise index fed its KV events are the same either way), so this is the steps'
-        `_advance` one after the other (a run is ~17 steps on Azure, a step 0-3 blocks)."""
+        free blocks after each step's scheduling (the caller records the steps). The run's
+        blocks are taken in one pop and filled in one call, each in step then running
+        order: pops and registrations commute (a pop evicts a free block, a registration
+        names one in use; the pool and its KV events' index end the same), so this is the
+        steps' `_advance` one after the other (a run: ~17 steps on Azure, 0-3 blocks each)."""
         g = self._step
         block_size, tables = self.block_size, self._tables
         takers: list[list[KVCacheBlock]] = []  # their tables
@@ -255,8 +243,7 @@ class SteadyDecodes:
         return free_after
 
     def _take_all(self, tables: list[list[KVCacheBlock]]) -> None:
-        """Each of `tables` (takers' block tables), in order, takes a new block (one pop
-        for all of them)."""
+        """Each of the takers' `tables`, in order, takes a new block (one pop for all)."""
         pool = self.scheduler.kv_cache_manager.block_pool
         if len(tables) > 1:  # the pops of `get_new_block` one by one, in one walk
             for table, block in zip(tables, pool.get_new_blocks(len(tables)), strict=True):
@@ -340,7 +327,7 @@ class SteadyDecodes:
         finish_step = request.stop_length - 2 - c_minus_g
         kv = self.scheduler.kv_cache_manager
         key = request.block_key
-        eager = kv.enable_caching and (key is None or kv.block_pool.kv_event_log is not None)
+        eager = not kv.enable_caching or key is None or kv.block_pool.kv_event_log is not None
         member = _Member(request, kv.req_to_blocks[request.request_id], c_minus_g,
                          finish_step, self._seq, key, eager)
         self._seq += 1
@@ -350,7 +337,7 @@ class SteadyDecodes:
         self._tables[bucket].append(member.table)
         if eager:
             self._fillers[bucket].append(member)
-        elif kv.enable_caching:
+        else:
             self._num_deferred += 1
         heapq.heappush(self._finishes, (finish_step, member.seq, member))
         self._kv_base += c_minus_g + 1
@@ -363,15 +350,14 @@ class SteadyDecodes:
         self.recorder.steady_leave(member.request.request_id)
 
     def _remove(self, member: _Member) -> None:
-        """Drop a member; its entry in `_finishes` stays until it reaches the top, where
-        `_live_finishes` discards it (it no longer is `_members`' entry for its id)."""
+        """Drop a member; its entry in `_finishes` stays until `_live_finishes` discards it."""
         del self._members[member.request.request_id]
         bucket = -member.c_minus_g % self.block_size
         index = self._buckets[bucket].index(member)
         del self._buckets[bucket][index], self._tables[bucket][index]
         if member.eager:
             self._fillers[bucket].remove(member)
-        elif self.scheduler.kv_cache_manager.enable_caching:
+        else:
             self._num_deferred -= 1
         self._kv_base -= member.c_minus_g + 1
 
@@ -408,9 +394,7 @@ class SteadyDecodes:
             request.extend_output_tokens(self.upcoming(request, missing))
         request.num_computed_tokens = computed
         kv = self.scheduler.kv_cache_manager
-        if not kv.enable_caching:
-            return
-        if member.eager:  # the blocks its tokens fill, registered by `_fill`
-            kv.num_cached_block[request.request_id] = computed // self.block_size
-        else:  # registered now, in one call, under the names its tokens' hasher made
+        if not member.eager:  # its fills registered now, under the names its hasher made
             kv.cache_full_blocks(request, member.table, computed)
+        elif kv.enable_caching:  # the blocks its tokens fill, registered by `_fill_steps`
+            kv.num_cached_block[request.request_id] = computed // self.block_size
