@@ -12,7 +12,6 @@ next never-used blocks of another pool (`FreeBlockQueue.reuse`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from itertools import repeat
 
 from runtime.block_hash import BlockHash
 from runtime.block_pieces import PieceEntry
@@ -102,9 +101,9 @@ class FreeBlockQueue:
                 block.block_id = block_id
                 block.ref_cnt = ref_cnt
             if num_reused < count:
-                new += map(KVCacheBlock, ids[num_reused:], repeat(ref_cnt))
-        else:
-            new = list(map(KVCacheBlock, ids, repeat(ref_cnt, count)))
+                new += [KVCacheBlock(block_id, ref_cnt) for block_id in ids[num_reused:]]
+        else:  # a comprehension: compiled, a direct constructor call (map's: a generic one)
+            new = [KVCacheBlock(block_id, ref_cnt) for block_id in ids]
         self._built += new
         return new
 
