@@ -10,6 +10,7 @@ from array import array
 import pytest
 
 from runtime import CacheConfig, EngineCore, Request, SamplingParams, Scheduler, SchedulerConfig
+from runtime.block_hash import own_block_name
 from runtime.request import RequestStatus
 
 Arrival = tuple[float, str, list[int], int, int]  # (time, id, prompt, output_len, priority)
@@ -178,22 +179,28 @@ def test_own_named_fills_are_registered_when_the_member_is_materialised() -> Non
     assert pools[0].free_block_ids() == pools[1].free_block_ids()
 
 
-def test_a_preempted_own_named_member_hits_the_blocks_it_filled() -> None:
+def test_a_preempted_own_named_member_registers_its_fills_before_the_free() -> None:
     """With 6 blocks, "a" (the newest) is preempted in step 7 for "b"'s third block: its
-    block 4, filled as a member and not yet registered, is registered before it is
-    freed, so "a", readmitted after "b" finishes, hits blocks 3 and 4 (its own names)."""
+    block 4, filled as a member and not yet registered, is registered before the free (so
+    it goes to the free queue's tail, cached under "a"'s own name of block 1), then
+    evicted by "b"'s fifth block; "a", readmitted after "b" finishes, hits block 3. Every
+    step as stepping one by one's."""
     runs = []
     for steady in (True, False):
         core, outputs = _two_decodes(steady, 7)
         pool = core.scheduler.kv_cache_manager.block_pool
         tables = core.scheduler.kv_cache_manager.req_to_blocks
-        rows = []
+        rows: list[object] = []
         for k in range(13):
             preempted = _step(core, outputs, k * 0.01)
             rows.append((preempted, pool.free_block_ids(),
-                         {req_id: [b.block_id for b in t] for req_id, t in tables.items()}))
-        runs.append(rows)
+                         {req_id: [b.block_id for b in t] for req_id, t in tables.items()},
+                         core.scheduler.prefix_cache_stats.preempted_hits))
+            if k == 7:  # "a" materialised, "b" eager: every fill registered
+                rows.append(pool.cached_block_ids())
+        runs.append((rows, core.recorder.step_columns))
     assert runs[0] == runs[1]
-    rows = runs[0]
-    assert rows[7] == (["a"], [4, 3], {"b": [1, 2, 5, 6]})
-    assert rows[12] == ([], [2, 1], {"a": [3, 4, 6, 5]})  # 3 and 4 hit
+    rows = runs[0][0]
+    assert rows[7] == (["a"], [4, 3], {"b": [1, 2, 5, 6]}, 0)
+    assert rows[8][own_block_name(b"own:a", 1)] == [4]  # type: ignore[index]
+    assert rows[13] == ([], [2, 1], {"a": [3, 4, 6, 5]}, 4)  # block 3 hit: 4 tokens
