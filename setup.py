@@ -33,7 +33,7 @@ from setuptools.command.build_ext import build_ext
 # list), config.py, flags.py and records.py (subclassed by sim/ and backends/ classes), the
 # router (per request), the rest of sim/ (per run or per request).
 COMPILED = [f"runtime/{name}.py" for name in (
-    "batch", "block_hash", "block_pieces", "block_pool", "decode_run", "engine",
+    "batch", "block_hash", "block_pieces", "block_pool", "cached_blocks", "decode_run", "engine",
     "free_block_queue", "kv_cache_manager", "kv_events", "pool_events", "pool_invariants",
     "recorder", "request", "request_queue", "scheduler", "steady")] + [
     "sim/simulator.py", "sim/cost/roofline.py"]

@@ -22,9 +22,9 @@ class KVCacheBlock:
 
     __slots__ = ("block_id", "ref_cnt", "block_hash", "own_seq", "piece", "j", "prev", "next")
 
-    def __init__(self, block_id: int) -> None:
+    def __init__(self, block_id: int, ref_cnt: int = 0) -> None:
         self.block_id = block_id
-        self.ref_cnt = 0
+        self.ref_cnt = ref_cnt
         self.block_hash: BlockHash | None = None  # set while registered in the prefix cache
         # Set while registered under its request's own name (`BlockPool` docstring): the
         # registration's order among the pool's own registrations, for duplicate names.
@@ -85,10 +85,11 @@ class FreeBlockQueue:
         shared, not copied (another pool may add to it or take from it)."""
         self._spares = spares
 
-    def _make(self, count: int) -> list[KVCacheBlock]:
-        """The next `count` never-used blocks, out of the range (a spare renamed, or new)."""
+    def _make(self, count: int, ref_cnt: int = 0) -> list[KVCacheBlock]:
+        """The next `count` never-used blocks, out of the range (a spare renamed, or new),
+        each with `ref_cnt` references (1: popped, in use; set as it is made)."""
         if count == 1:  # a steady decode crossing a block boundary
-            return [self._make_one()]
+            return [self._make_one(ref_cnt)]
         unbuilt = self._unbuilt
         ids, self._unbuilt = unbuilt[:count], unbuilt[count:]
         spares = self._spares
@@ -98,16 +99,17 @@ class FreeBlockQueue:
             del spares[len(spares) - num_reused:]
             for block, block_id in zip(new, ids, strict=False):
                 block.block_id = block_id
+                block.ref_cnt = ref_cnt
             if num_reused < count:
-                new += map(KVCacheBlock, ids[num_reused:])
-        else:
-            new = list(map(KVCacheBlock, ids))
+                new += [KVCacheBlock(block_id, ref_cnt) for block_id in ids[num_reused:]]
+        else:  # a comprehension: compiled, a direct constructor call (map's: a generic one)
+            new = [KVCacheBlock(block_id, ref_cnt) for block_id in ids]
         self._built += new
         return new
 
-    def _make_one(self) -> KVCacheBlock:
-        """`_make(1)[0]` without the lists (a steady decode crossing a block boundary pops
-        one block at a time: 1.0 -> 0.6 us a pop of a never-used block)."""
+    def _make_one(self, ref_cnt: int = 0) -> KVCacheBlock:
+        """`_make(1, ref_cnt)[0]` without the lists (a steady decode crossing a block
+        boundary pops one block at a time: 1.0 -> 0.6 us a pop of a never-used block)."""
         unbuilt = self._unbuilt
         block_id = unbuilt.start  # a step-1 range (`restart`): cheaper than slicing it
         self._unbuilt = range(block_id + 1, unbuilt.stop)
@@ -115,8 +117,9 @@ class FreeBlockQueue:
         if spares:
             block = spares.pop()
             block.block_id = block_id
+            block.ref_cnt = ref_cnt
         else:
-            block = KVCacheBlock(block_id)
+            block = KVCacheBlock(block_id, ref_cnt)
         self._built.append(block)
         return block
 
@@ -152,7 +155,7 @@ class FreeBlockQueue:
 
     def popleft_n(self, count: int) -> list[KVCacheBlock]:
         """Pop `count` blocks from the head at once (the caller checked there are enough):
-        linked ones unlinked, never-used ones made."""
+        linked ones unlinked, never-used ones made (in use: `take_made`)."""
         before, made = self.take_made(count)
         blocks = self._unlink_n(before)
         if made:  # then the linked ones after the range
@@ -162,9 +165,10 @@ class FreeBlockQueue:
         return blocks
 
     def take_made(self, count: int) -> tuple[int, list[KVCacheBlock]]:
-        """The never-used blocks a pop of `count` takes, made and counted out of the queue,
-        and how many linked blocks it takes before them (all `count` when it takes none);
-        the caller then takes the linked ones from the head (`BlockPool._take_linked`)."""
+        """The never-used blocks a pop of `count` takes, made in use (`ref_cnt` 1) and
+        counted out of the queue, and how many linked blocks it takes before them (all
+        `count` when it takes none); the caller then takes the linked ones from the head
+        (`BlockPool._take_linked`)."""
         ahead = self._ahead
         if not self._unbuilt:
             return count, []
@@ -172,7 +176,7 @@ class FreeBlockQueue:
             self._ahead = ahead - count
             return count, []
         self._ahead = 0
-        made = self._make(min(count - ahead, len(self._unbuilt)))
+        made = self._make(min(count - ahead, len(self._unbuilt)), 1)
         self.num_free_blocks -= len(made)
         return ahead, made
 

@@ -13,7 +13,7 @@ token budget and no allocation can fail, each of them only
 keeps their progress implicit: before step g a member has c = c_minus_g + g computed tokens
 and c + 1 tokens. Members sit in B buckets by -c_minus_g mod B (bucket g mod B takes a block
 in step g, bucket (g + 1) mod B fills one) and a heap holds their finish steps. Work per step
-is O(blocks taken and filled + requests finishing), not O(running requests).
+is O(blocks taken + blocks filled under shared names + requests finishing), not O(running).
 
 Order invariant: the members are exactly the first `len(self)` requests of
 `scheduler.running`, in the order they joined. Running order is the order of block pops,
@@ -25,9 +25,14 @@ last chunk of its prefill or recompute).
 
 A member is *materialised* (computed tokens, appended tokens and their block hashes, its
 registered blocks in the KV manager) when it finishes or leaves; a fill of a block its request
-hashes (no `block_key`) appends the tokens first. The recorder writes its token times and
-decode run when it leaves or finishes. Scheduler, pool and records are then identical to
-stepping one by one (tested on random traces against plain `Scheduler.schedule()`).
+hashes (no `block_key`) appends the tokens first. A block under its request's own name
+(`block_key`) is registered only then, with the member's other fills in one call: only its
+request looks such a name up, once preempted (materialised); until then the block is in use
+(no pop evicts it) and no free precedes the materialising; the order of registrations under
+one name is kept. With KV events observed, every fill is registered in its step (its event).
+The recorder writes its token times and decode run when it leaves or finishes. Scheduler,
+pool and records are then identical to stepping one by one (tested on random traces against
+plain `Scheduler.schedule()`).
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ class _Member:
     finish_step: int  # the step whose appended token stops it
     seq: int  # join order = running order among members
     key: bytes | None  # its request's `block_key` (names its blocks without their tokens)
+    eager: bool  # registers each fill in its step (else when materialised; caching on)
 
 
 class SteadyDecodes:
@@ -69,6 +75,10 @@ class SteadyDecodes:
         self.block_size = scheduler.block_size
         self._members: dict[str, _Member] = {}
         self._buckets: list[list[_Member]] = [[] for _ in range(self.block_size)]
+        # per bucket, in its order: the members' block tables, and the eager members
+        self._tables: list[list[list[KVCacheBlock]]] = [[] for _ in range(self.block_size)]
+        self._fillers: list[list[_Member]] = [[] for _ in range(self.block_size)]
+        self._num_deferred = 0  # members whose fills wait for their materialising
         self._finishes: list[tuple[int, int, _Member]] = []  # (finish step, seq, member)
         self._kv_base = 0  # Σ (c_minus_g + 1): decode KV tokens before step g = this + n·g
         self._seq = 0
@@ -135,34 +145,29 @@ class SteadyDecodes:
                 preempted.append(victim.request_id)
             if members.get(req_id) is member:  # not preempted (now or by an earlier taker)
                 member.table.append(get_new_block())
-        self._fill(g)
+        self._fill_steps(g, 1)
         return preempted
 
     def _advance(self, g: int) -> None:
-        """The members' scheduling in step g: blocks taken, then blocks filled, each in
-        running order (a pop and a registration commute: registrations touch blocks in
-        use, evictions free ones)."""
-        self._take(g)
-        self._fill(g)
-
-    def _take(self, g: int) -> None:
-        """The members whose token of step g starts a block take one, in running order."""
-        self._take_all(self._buckets[g % self.block_size])
-
-    def _fill(self, g: int) -> None:
-        """The members whose token of step g fills a block register it, in running order
-        (one `cache_each` call: a registration per block, as one by one)."""
+        """The members' scheduling in step g: the members whose token starts a block take
+        one, then those whose token fills one register it, each in running order (a pop and
+        a registration commute: registrations touch blocks in use, evictions free ones)."""
+        self._take_all(self._tables[g % self.block_size])
         self._fill_steps(g, 1)
 
     def _fill_steps(self, g: int, num_steps: int) -> None:
-        """`_fill` of steps g .. g + num_steps - 1 in one `cache_each` call, in step order."""
+        """The eager members whose token of a step g .. g + num_steps - 1 fills a block
+        register it, in step then running order, in one `cache_each` call (a registration
+        per block, as one by one)."""
         kv = self.scheduler.kv_cache_manager
         if not kv.enable_caching:
             return
-        # A member has registered every full block it had when it joined (`_can_join`) and
-        # each one it filled since, so the new one is block c // B. Its request (computed
-        # tokens, `num_cached_block`) is left untouched: `_materialise` brings it up to date.
-        upcoming, block_size, buckets = self.upcoming, self.block_size, self._buckets
+        assert kv.block_pool.kv_event_log is None or not self._num_deferred, \
+            "KV events observed after steady decodes deferred their fills"
+        # An eager member registered its full blocks at joining (`_can_join`) and each fill
+        # since: the new one is block c // B. Its request is brought up to date later
+        # (`_materialise`).
+        upcoming, block_size, buckets = self.upcoming, self.block_size, self._fillers
         blocks, block_hashes, owns = [], [], []
         for step in range(g, g + num_steps):
             for member in buckets[(step + 1) % block_size]:
@@ -220,32 +225,31 @@ class SteadyDecodes:
 
     def run(self, num_steps: int) -> list[int]:
         """Advance `num_steps` steps (at most `run_limit()`) of members alone; returns the
-        free blocks after each step's scheduling. The caller records the steps. The run's
-        blocks are taken in one pop and filled in one registration call, each in the order
-        of its steps (running order within a step): pops and registrations commute (a pop
-        evicts a free block, a registration names one in use; the pool's state and a
-        precise index fed its KV events are the same either way), so this is the steps'
-        `_advance` one after the other (a run is ~17 steps on Azure, a step 0-3 blocks)."""
+        free blocks after each step's scheduling (the caller records the steps). The run's
+        blocks are taken in one pop and filled in one call, each in step then running
+        order: pops and registrations commute (a pop evicts a free block, a registration
+        names one in use; the pool and its KV events' index end the same), so this is the
+        steps' `_advance` one after the other (a run: ~17 steps on Azure, 0-3 blocks each)."""
         g = self._step
-        block_size, buckets = self.block_size, self._buckets
-        takers: list[_Member] = []
+        block_size, tables = self.block_size, self._tables
+        takers: list[list[KVCacheBlock]] = []  # their tables
         free = self.scheduler.kv_cache_manager.block_pool.num_free_blocks
         free_after = []
         for step in range(g, g + num_steps):
-            takers += buckets[step % block_size]
+            takers += tables[step % block_size]
             free_after.append(free - len(takers))
         self._take_all(takers)
         self._fill_steps(g, num_steps)
         return free_after
 
-    def _take_all(self, takers: list[_Member]) -> None:
-        """Each of `takers`, in order, takes a new block (one pop for all of them)."""
+    def _take_all(self, tables: list[list[KVCacheBlock]]) -> None:
+        """Each of the takers' `tables`, in order, takes a new block (one pop for all)."""
         pool = self.scheduler.kv_cache_manager.block_pool
-        if len(takers) > 1:  # the pops of `get_new_block` one by one, in one walk
-            for member, block in zip(takers, pool.get_new_blocks(len(takers)), strict=True):
-                member.table.append(block)
-        elif takers:
-            takers[0].table.append(pool.get_new_block())
+        if len(tables) > 1:  # the pops of `get_new_block` one by one, in one walk
+            for table, block in zip(tables, pool.get_new_blocks(len(tables)), strict=True):
+                table.append(block)
+        elif tables:
+            tables[0].append(pool.get_new_block())
 
     def decode_kv_tokens(self) -> int:
         """Σ (c + 1) over the members before the next step: the KV its decodes read."""
@@ -321,11 +325,20 @@ class SteadyDecodes:
         c_minus_g = request.num_computed_tokens - g
         # Its appended token reaches stop_length when c + 2 = stop_length, c = c_minus_g + g.
         finish_step = request.stop_length - 2 - c_minus_g
-        member = _Member(request, self.scheduler.kv_cache_manager.req_to_blocks[
-            request.request_id], c_minus_g, finish_step, self._seq, request.block_key)
+        kv = self.scheduler.kv_cache_manager
+        key = request.block_key
+        eager = not kv.enable_caching or key is None or kv.block_pool.kv_event_log is not None
+        member = _Member(request, kv.req_to_blocks[request.request_id], c_minus_g,
+                         finish_step, self._seq, key, eager)
         self._seq += 1
         self._members[request.request_id] = member
-        self._buckets[-c_minus_g % self.block_size].append(member)
+        bucket = -c_minus_g % self.block_size
+        self._buckets[bucket].append(member)
+        self._tables[bucket].append(member.table)
+        if eager:
+            self._fillers[bucket].append(member)
+        else:
+            self._num_deferred += 1
         heapq.heappush(self._finishes, (finish_step, member.seq, member))
         self._kv_base += c_minus_g + 1
         self.recorder.steady_enter(request.request_id)
@@ -337,10 +350,15 @@ class SteadyDecodes:
         self.recorder.steady_leave(member.request.request_id)
 
     def _remove(self, member: _Member) -> None:
-        """Drop a member; its entry in `_finishes` stays until it reaches the top, where
-        `_live_finishes` discards it (it no longer is `_members`' entry for its id)."""
+        """Drop a member; its entry in `_finishes` stays until `_live_finishes` discards it."""
         del self._members[member.request.request_id]
-        self._buckets[-member.c_minus_g % self.block_size].remove(member)
+        bucket = -member.c_minus_g % self.block_size
+        index = self._buckets[bucket].index(member)
+        del self._buckets[bucket][index], self._tables[bucket][index]
+        if member.eager:
+            self._fillers[bucket].remove(member)
+        else:
+            self._num_deferred -= 1
         self._kv_base -= member.c_minus_g + 1
 
     def leave_all(self) -> None:
@@ -353,8 +371,12 @@ class SteadyDecodes:
             self._materialise(member, g)
             self.recorder.steady_leave(member.request.request_id)
         self._members.clear()
-        for bucket in self._buckets:
-            bucket.clear()
+        for members, tables, fillers in zip(self._buckets, self._tables, self._fillers,
+                                            strict=True):
+            members.clear()
+            tables.clear()
+            fillers.clear()
+        self._num_deferred = 0
         self._finishes.clear()
         self._kv_base = 0
 
@@ -372,5 +394,7 @@ class SteadyDecodes:
             request.extend_output_tokens(self.upcoming(request, missing))
         request.num_computed_tokens = computed
         kv = self.scheduler.kv_cache_manager
-        if kv.enable_caching:  # the blocks its tokens fill, registered by `_fill`
+        if not member.eager:  # its fills registered now, under the names its hasher made
+            kv.cache_full_blocks(request, member.table, computed)
+        elif kv.enable_caching:  # the blocks its tokens fill, registered by `_fill_steps`
             kv.num_cached_block[request.request_id] = computed // self.block_size

@@ -105,7 +105,8 @@ def bench_steady_decode(num_running: int, num_steps: int, seed: int,
     (vLLM does the same per filled block). Without prefix caching only the blocks taken
     remain: the fixed per-step cost then dominates up to ~1,024 running. With `named`, the
     requests' blocks are named by a key of their own (`Request.block_key`), as the simulator
-    names a plain trace's: a fill is then a name and a hash-map insert, without its tokens."""
+    names a plain trace's: a member's fills are then registered when it leaves or finishes
+    (`runtime.steady`), so a step's per-block work is its takes, as without caching."""
     from array import array
 
     from runtime import EngineCore

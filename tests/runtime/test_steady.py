@@ -10,6 +10,7 @@ from array import array
 import pytest
 
 from runtime import CacheConfig, EngineCore, Request, SamplingParams, Scheduler, SchedulerConfig
+from runtime.block_hash import own_block_name
 from runtime.request import RequestStatus
 
 Arrival = tuple[float, str, list[int], int, int]  # (time, id, prompt, output_len, priority)
@@ -120,3 +121,86 @@ def test_steady_decodes_take_over_and_skip_steps() -> None:
     steps = core.recorder.step_columns
     decodes = sum(steps["num_decode_tokens"])  # type: ignore[arg-type]
     assert decodes > 0 and core.steady._seq >= 35  # joins, of 40 requests
+
+
+def _two_decodes(steady: bool, num_blocks: int) -> tuple[EngineCore, dict[str, array[int]]]:
+    """"b" (blocks hashed from its tokens), then "a" (blocks named by its own key): 6-token
+    prompts, 12 output tokens, block size 4."""
+    outputs = {"a": array("q", range(100, 120)), "b": array("q", range(200, 220))}
+
+    def upcoming(request: Request, count: int) -> array[int]:
+        start = request.num_output_tokens
+        return outputs[request.request_id][start : start + count]
+
+    core = EngineCore(Scheduler(
+        SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, max_model_len=64),
+        CacheConfig(block_size=4, num_blocks=num_blocks)), upcoming=upcoming if steady else None)
+    for req_id, first, key in (("b", 20, None), ("a", 10, b"own:a")):
+        core.recorder.arrived(req_id, 0.0, 6, 12)
+        core.submit(Request(req_id, list(range(first, first + 6)),
+                            SamplingParams(12, ignore_eos=True), block_key=key), 0.0)
+    return core, outputs
+
+
+def _step(core: EngineCore, outputs: dict[str, array[int]], now: float) -> list[str]:
+    """One step at `now` (0.01 s long); returns the ids it preempted."""
+    step = core.begin_step(now)
+    assert step is not None
+    requests = core.scheduler.requests
+    sampled = {req_id: [outputs[req_id][requests[req_id].num_output_tokens]]
+               for req_id in step.output.num_scheduled_tokens
+               if requests[req_id].num_computed_tokens >= requests[req_id].num_tokens}
+    core.end_step(step, sampled, now + 0.01, 0.01)
+    return list(step.output.preempted_req_ids)
+
+
+def test_own_named_fills_are_registered_when_the_member_is_materialised() -> None:
+    """A steady decode whose blocks its own key names ("a") registers the blocks it fills
+    when it is materialised (`sync`, a finish, a preemption), in one call; one whose
+    blocks are hashed ("b") registers each in its step. Then the pool is stepping's."""
+    fast, outputs = _two_decodes(True, 20)
+    for k in range(5):
+        _step(fast, outputs, k * 0.01)
+    assert fast.steady is not None and len(fast.steady) == 2
+    tables = fast.scheduler.kv_cache_manager.req_to_blocks
+    # block 1 of each (tokens 4-7) was filled in step 2, as a member
+    assert [(b.block_id, b.block_hash is not None) for b in tables["b"]] == [
+        (1, True), (2, True), (5, False)]
+    assert [(b.block_id, b.block_hash is not None) for b in tables["a"]] == [
+        (3, True), (4, False), (6, False)]
+    fast.sync()
+    assert [b.block_id for b in tables["a"] if b.block_hash is not None] == [3, 4]
+    assert tables["a"][1].own_seq is not None
+    slow, _ = _two_decodes(False, 20)
+    for k in range(5):
+        _step(slow, outputs, k * 0.01)
+    pools = [core.scheduler.kv_cache_manager.block_pool for core in (fast, slow)]
+    assert pools[0].cached_block_ids() == pools[1].cached_block_ids()
+    assert pools[0].free_block_ids() == pools[1].free_block_ids()
+
+
+def test_a_preempted_own_named_member_registers_its_fills_before_the_free() -> None:
+    """With 6 blocks, "a" (the newest) is preempted in step 7 for "b"'s third block: its
+    block 4, filled as a member and not yet registered, is registered before the free (so
+    it goes to the free queue's tail, cached under "a"'s own name of block 1), then
+    evicted by "b"'s fifth block; "a", readmitted after "b" finishes, hits block 3. Every
+    step as stepping one by one's."""
+    runs = []
+    for steady in (True, False):
+        core, outputs = _two_decodes(steady, 7)
+        pool = core.scheduler.kv_cache_manager.block_pool
+        tables = core.scheduler.kv_cache_manager.req_to_blocks
+        rows: list[object] = []
+        for k in range(13):
+            preempted = _step(core, outputs, k * 0.01)
+            rows.append((preempted, pool.free_block_ids(),
+                         {req_id: [b.block_id for b in t] for req_id, t in tables.items()},
+                         core.scheduler.prefix_cache_stats.preempted_hits))
+            if k == 7:  # "a" materialised, "b" eager: every fill registered
+                rows.append(pool.cached_block_ids())
+        runs.append((rows, core.recorder.step_columns))
+    assert runs[0] == runs[1]
+    rows = runs[0][0]
+    assert rows[7] == (["a"], [4, 3], {"b": [1, 2, 5, 6]}, 0)
+    assert rows[8][own_block_name(b"own:a", 1)] == [4]  # type: ignore[index]
+    assert rows[13] == ([], [2, 1], {"a": [3, 4, 6, 5]}, 4)  # block 3 hit: 4 tokens

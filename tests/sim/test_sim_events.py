@@ -12,11 +12,11 @@ import pytest
 import simpy
 
 import runtime.block_pool
-import runtime.engine
+import runtime.steady
 from runtime import CacheConfig, SchedulerConfig
 from runtime.block_pool import BlockPool
-from runtime.engine import EngineCore
 from runtime.native import is_compiled
+from runtime.steady import SteadyDecodes
 from sim.api_server import server_wakes
 from sim.cost.roofline import RooflineCostModel
 from sim.hardware import resolve_gpu
@@ -89,17 +89,18 @@ def test_the_event_loop_runs_only_the_idle_engines_sleeps(seed: int) -> None:
     assert [r.to_row() for r in fast.requests] == [r.to_row() for r in slow.requests]
 
 
-@pytest.mark.skipif(is_compiled(runtime.block_pool) or is_compiled(runtime.engine),
+@pytest.mark.skipif(is_compiled(runtime.block_pool) or is_compiled(runtime.steady),
                     reason="compiled callers do not see methods patched on compiled classes")
 @pytest.mark.parametrize("seed", [1, 3])
-def test_a_runs_blocks_are_filled_in_one_pool_call(monkeypatch: pytest.MonkeyPatch,
-                                                   seed: int) -> None:
-    """Steady decodes register the blocks they fill once per fast-forwarded run or stepped
-    step (the base did it once per step in which one fills), with the records of
-    stepping one by one."""
-    calls = {"cache_each": 0, "runs": 0, "stepped": 0}
-    cache_each, record_run, begin_step = (BlockPool.cache_each, EngineCore._record_run,
-                                          EngineCore.begin_step)
+def test_own_named_fills_wait_for_the_member_to_leave(monkeypatch: pytest.MonkeyPatch,
+                                                      seed: int) -> None:
+    """Steady decodes of a plain trace (every block under its request's own name) make no
+    registration call in the steps in which they fill blocks (`cache_each`: never; the
+    base made one per fast-forwarded run or stepped step): each member registers its fills
+    in one call when it leaves or finishes (`SteadyDecodes._materialise`). Records are
+    stepping one by one's."""
+    calls = {"cache_each": 0, "materialised": 0}
+    cache_each, materialise = BlockPool.cache_each, SteadyDecodes._materialise
 
     def counting(name, method):  # type: ignore[no-untyped-def]
         def wrapped(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -108,11 +109,10 @@ def test_a_runs_blocks_are_filled_in_one_pool_call(monkeypatch: pytest.MonkeyPat
         return wrapped
 
     monkeypatch.setattr(BlockPool, "cache_each", counting("cache_each", cache_each))
-    monkeypatch.setattr(EngineCore, "_record_run", counting("runs", record_run))
-    monkeypatch.setattr(EngineCore, "begin_step", counting("stepped", begin_step))
+    monkeypatch.setattr(SteadyDecodes, "_materialise", counting("materialised", materialise))
     trace = sparse_trace(seed)
     fast = simulate(trace, config(True), COST)
-    assert 0 < calls["cache_each"] <= calls["runs"] + calls["stepped"]
+    assert calls["cache_each"] == 0 and 0 < calls["materialised"] <= len(trace)
     slow = simulate(trace, config(False), COST)
     assert [s.to_row() for s in fast.steps] == [s.to_row() for s in slow.steps]
     assert [r.to_row() for r in fast.requests] == [r.to_row() for r in slow.requests]
