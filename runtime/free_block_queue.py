@@ -80,28 +80,23 @@ class FreeBlockQueue:
         self.num_free_blocks = len(unbuilt)
 
     def reuse(self, spares: list[KVCacheBlock]) -> None:
-        """Make never-used blocks of the blocks in `spares` (released and reset, no pool's:
-        `BlockPool.release_blocks`), taken from its end, while it holds any; the list is
-        shared, not copied (another pool may add to it or take from it)."""
+        """Make never-used blocks of the blocks in `spares`, by id (`spares[i]` has id
+        i + 1: a released pool's blocks, reset, `BlockPool.release_blocks`), while it holds
+        one of the id. The list is shared, not copied: one pool at a time makes blocks of
+        it, and it gives them back as its own release (a fleet's replicas run one after
+        another, `sim.fleet_replica.PreRoutedReplica`). A spare keeps its id: no renaming
+        (1.645M renames at 64 replicas on the Azure excerpt, 0.89 G instructions)."""
         self._spares = spares
 
     def _make(self, count: int) -> list[KVCacheBlock]:
-        """The next `count` never-used blocks, out of the range (a spare renamed, or new)."""
+        """The next `count` never-used blocks, out of the range (the spare of the id, or new)."""
         if count == 1:  # a steady decode crossing a block boundary
             return [self._make_one()]
         unbuilt = self._unbuilt
         ids, self._unbuilt = unbuilt[:count], unbuilt[count:]
-        spares = self._spares
-        if spares:
-            num_reused = min(count, len(spares))
-            new = spares[len(spares) - num_reused:]
-            del spares[len(spares) - num_reused:]
-            for block, block_id in zip(new, ids, strict=False):
-                block.block_id = block_id
-            if num_reused < count:
-                new += map(KVCacheBlock, ids[num_reused:])
-        else:
-            new = list(map(KVCacheBlock, ids))
+        new = self._spares[ids.start - 1:ids.stop - 1]  # `reuse`: spares[i] has id i + 1
+        if len(new) < count:
+            new += map(KVCacheBlock, ids[len(new):])
         self._built += new
         return new
 
@@ -112,11 +107,7 @@ class FreeBlockQueue:
         block_id = unbuilt.start  # a step-1 range (`restart`): cheaper than slicing it
         self._unbuilt = range(block_id + 1, unbuilt.stop)
         spares = self._spares
-        if spares:
-            block = spares.pop()
-            block.block_id = block_id
-        else:
-            block = KVCacheBlock(block_id)
+        block = spares[block_id - 1] if block_id <= len(spares) else KVCacheBlock(block_id)
         self._built.append(block)
         return block
 
