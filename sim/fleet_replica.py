@@ -294,8 +294,8 @@ class PreRoutedReplica(KnownHandovers, Replica):
     def wait_for_work(self) -> Generator[simpy.Event, object, float]:
         if self.next_index == len(self.take_in):  # its share is done: no block is used again
             released = self.core.scheduler.kv_cache_manager.release_blocks()  # ids 1, 2, ...
-            spares = self.fleet.spare_blocks  # by id: those it made of are released[:k]
-            spares += released[len(spares):]
+            spares = self.fleet.spare_blocks  # by id, as `released`: which starts with the
+            spares += released[len(spares):]  # spares it made blocks of, then new objects
         return (yield from super().wait_for_work())
 
     def submit(self, request: Request, now: float) -> None:
