@@ -302,9 +302,9 @@ class BlockPool(CachedBlockMap):
         return released
 
     def reuse(self, spares: list[KVCacheBlock]) -> None:
-        """Make never-used blocks of released blocks (`release_blocks`) taken from the end of
-        `spares` while it holds any, instead of new objects (`FreeBlockQueue.reuse`); ids,
-        order and results are unchanged."""
+        """Make never-used blocks of released blocks (`release_blocks`), `spares[i]` for id
+        i + 1 while it holds one, instead of new objects (`FreeBlockQueue.reuse`: one pool
+        at a time); ids, order and results are unchanged."""
         self.free_block_queue.reuse(spares)
 
     def check_invariants(self) -> None:

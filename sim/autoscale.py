@@ -189,6 +189,7 @@ class _Window:
 
 class _AutoscaledFleet(_Fleet):
     routes_ahead = False  # its choices read replica state at the arrival
+    serving_fixed = False  # replicas start, drain and stop
 
     def __init__(self, trace: Trace, setups: Sequence[ReplicaSetup],
                  router: RouterPolicy | Sequence[RouterPolicy], pools: Sequence[ScalingPool],

@@ -263,8 +263,8 @@ class PreRoutedReplica(KnownHandovers, Replica):
         self.next_index = 0
         self.latency_s = fleet.latency_s
         # The replicas run one after another: each makes its never-used blocks of those
-        # the replicas before it released (same ids and order; no new objects to build,
-        # collect and free)
+        # the replicas before it released, by id (same ids and order; no new objects to
+        # build, collect and free, none renamed), one pool at a time
         self.core.scheduler.kv_cache_manager.block_pool.reuse(fleet.spare_blocks)
 
     def reached_s(self, req: TraceRequest) -> float:
@@ -293,7 +293,9 @@ class PreRoutedReplica(KnownHandovers, Replica):
 
     def wait_for_work(self) -> Generator[simpy.Event, object, float]:
         if self.next_index == len(self.take_in):  # its share is done: no block is used again
-            self.fleet.spare_blocks.extend(self.core.scheduler.kv_cache_manager.release_blocks())
+            released = self.core.scheduler.kv_cache_manager.release_blocks()  # ids 1, 2, ...
+            spares = self.fleet.spare_blocks  # by id, as `released`: which starts with the
+            spares += released[len(spares):]  # spares it made blocks of, then new objects
         return (yield from super().wait_for_work())
 
     def submit(self, request: Request, now: float) -> None:

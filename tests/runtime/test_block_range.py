@@ -81,22 +81,22 @@ def test_a_released_pool_is_new_and_its_blocks_serve_the_next_pool() -> None:
         first.release_blocks()
     first.free_blocks(table)
     spares = first.release_blocks()
-    assert sorted(ids(spares)) == [1, 2, 3, 4, 5] and all(
+    assert ids(spares) == [1, 2, 3, 4, 5] and all(  # by id: spares[i] has id i + 1
         b.ref_cnt == 0 and b.block_hash is None and b.prev is None and b.next is None
         for b in spares)
     assert first.free_block_ids() == list(range(1, 10)) and first.cached_block_ids() == {}
     assert len(first._blocks) == 1
     first.check_invariants()
     second.reuse(spares)
-    objects = {id(b) for b in spares}
     taken = second.get_new_blocks(3) + [second.get_new_block()]
-    assert ids(taken) == [1, 2, 3, 4] and {id(b) for b in taken} <= objects
-    assert len(spares) == 1  # one left; then new objects
+    assert ids(taken) == [1, 2, 3, 4] and taken == spares[:4]  # the spare of each id
     rest = second.get_new_blocks(3)
-    assert ids(rest) == [5, 6, 7] and id(rest[0]) in objects and not spares
+    assert ids(rest) == [5, 6, 7] and rest[0] is spares[4]  # then new objects
     assert all(b.ref_cnt == 1 and b.block_hash is None for b in taken + rest)
-    assert held[0].block_id in range(1, 6)  # a released object now serves the second pool
+    assert held[0] in spares  # a released object now serves the second pool, its id kept
     second.check_invariants()
+    second.free_blocks(taken + rest)
+    assert second.release_blocks() == [*spares, *rest[1:]]  # its own, by id: the spares first
 
 
 def test_a_released_manager_forgets_its_tables() -> None:
@@ -126,7 +126,7 @@ def test_a_released_pool_takes_no_spares_until_told() -> None:
     spares = first.release_blocks()
     assert len(spares) == 5
     first.reuse(spares)
-    first.release_blocks()  # released again: the spares stay for the next pool
-    assert first.blocks and len(spares) == 5
+    first.release_blocks()  # released again, nothing made: the spares stay for the next pool
+    assert not {id(b) for b in first.blocks} & {id(b) for b in spares}  # new objects
     second.reuse(spares)
-    assert ids(second.get_new_blocks(2)) == [1, 2] and len(spares) == 3
+    assert second.get_new_blocks(2) == spares[:2] and len(spares) == 5

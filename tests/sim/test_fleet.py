@@ -19,6 +19,8 @@ from runtime.router import (
     RoutingRequest,
     make_policy,
 )
+from sim import fleet as fleet_module
+from sim.autoscale import _AutoscaledFleet
 from sim.cost.api_server import ApiServerCost
 from sim.fleet import FleetResult, can_ever_fit, simulate_fleet
 from sim.simulator import SimConfig, simulate
@@ -279,3 +281,28 @@ def test_replicas_draw_their_own_step_noise() -> None:
     first = {columns["replica"][k]: columns["duration_s"][k]
              for k in range(result.num_steps) if columns["step"][k] == 0}
     assert first[0] != first[1]
+
+
+def test_candidates_on_a_fixed_and_a_changing_serving_set() -> None:
+    # replica 2 holds at most 999 prompt tokens (max_model_len 1000); the others 16383
+    small = dataclasses.replace(config(), scheduler=SchedulerConfig(
+        max_num_batched_tokens=1024, max_num_seqs=32, max_model_len=1000))
+    setups = [Replica(config()), Replica(config()), Replica(small)]
+    fits_all, too_long = TraceRequest("a", 0.0, 999, 4), TraceRequest("b", 0.0, 1000, 4)
+    fixed = fleet_module._Fleet(TRACES["random"], setups, make_policy("least-outstanding"),
+                                0.05, 0.0, None)
+    snapshots = fixed.snapshots(0.0)
+    assert [s.replica_id for s in fixed.candidates(too_long, snapshots)] == [0, 1]
+    fixed.serving[1] = False  # never done to a fixed fleet: shows `serving` is not scanned
+    assert fixed.candidates(fits_all, snapshots) is snapshots
+
+    class Changing(fleet_module._Fleet):
+        serving_fixed = False
+
+    changing = Changing(TRACES["random"], setups, make_policy("least-outstanding"),
+                        0.05, 0.0, None)
+    assert changing.candidates(fits_all, snapshots) is snapshots  # every replica serves
+    changing.serving[1] = False
+    assert [s.replica_id for s in changing.candidates(fits_all, snapshots)] == [0, 2]
+    assert [s.replica_id for s in changing.candidates(too_long, snapshots)] == [0]
+    assert _AutoscaledFleet.serving_fixed is False  # its replicas start, drain and stop
