@@ -14,7 +14,8 @@
 # quiet slot is spent on replays, not on start-up) and leaves it running.
 # SERVER=vllm runs vLLM 0.32 for CPU from $VLLM_VENV (../shared/tools/vllm_serve/README.md)
 # with VLLM_CPU_KVCACHE_SPACE=1 and the environment in $VLLM_ENV (space-separated NAME=VALUE;
-# default: VLLM_CPU_OMP_THREADS_BIND=nobind, see calibration.md for why); VLLM_ENV= (empty)
+# default: VLLM_ENABLE_V1_MULTIPROCESSING=0, the worker inside the engine-core process, so that
+# nothing busy-waits: calibration.md, "vLLM's stall windows"); VLLM_ENV= (empty)
 # runs it as it comes. One run is ~40 s of start-up and ~2-3 min of replays and fitting.
 set -euo pipefail
 W=${W:-$PWD}
@@ -23,7 +24,7 @@ SERVER=${SERVER:-vllm}
 NAME=${NAME:-$SERVER}
 REPEATS=${REPEATS:-2}
 VLLM_VENV=${VLLM_VENV:-/tmp/vllm-venv}
-VLLM_ENV=${VLLM_ENV-VLLM_CPU_OMP_THREADS_BIND=nobind}
+VLLM_ENV=${VLLM_ENV-VLLM_ENABLE_V1_MULTIPROCESSING=0}
 MODEL=${MODEL:-$HOME/.cache/rt/tiny-llama-v2}
 PY=${PY:-/work/main/.venv/bin/python}
 PORT=${PORT:-18341}
@@ -58,7 +59,8 @@ for _ in $(seq 120); do
   sleep 1
 done
 curl -sf "http://127.0.0.1:$PORT/v1/models" > /dev/null || { echo "server did not start" >&2; exit 1; }
-echo "$NAME: start $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg) env: ${VLLM_ENV:-none}" \
+ENV_NOTE=; [ "$SERVER" = vllm ] && ENV_NOTE=" env: ${VLLM_ENV:-none}"
+echo "$NAME: start $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)$ENV_NOTE" \
   | tee "$OUT/$NAME.load"
 rt fidelity "$TRACE" --endpoint "http://127.0.0.1:$PORT" --vocab-size 512 "${FLAGS[@]}" \
   --timeout 60 --repeats "$REPEATS" --no-plots --result-dir "$OUT/$NAME" \
