@@ -10,6 +10,8 @@ a list of ints, valid for OpenAI completions and vLLM), so prompt lengths and pr
 are the trace's exactly. `vocab_size` must not exceed the served model's vocabulary (ids are
 drawn from [10, vocab_size); default 32000, which fits Llama, Mistral and Qwen models).
 
+The stream is split into lines at `\n` only, as vLLM's client reads it (`_sse_lines`).
+
 Timing boundaries. Every time is seconds on the client's `perf_counter`, from the start of
 the replay; run.json says `"timing": "client"`. The records' columns mean:
 
