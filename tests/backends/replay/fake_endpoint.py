@@ -37,6 +37,7 @@ class FakeState:
     """How the fake server behaves, and what it saw."""
 
     tokens_per_chunk: int = 1
+    text: str = "x"  # one token's text (sent as raw UTF-8, as vLLM does)
     fail_every: int = 0  # every n-th request (by arrival at the server) gets HTTP 500
     hang_first_s: float = 0.0  # the first request waits this long before streaming
     usage: bool = True
@@ -82,9 +83,11 @@ async def _events(state: FakeState, body: dict[str, Any], hang_s: float) -> Any:
             n = min(state.tokens_per_chunk, total - sent)
             sent += n
             last = sent == total
-            choice = {"index": 0, "text": "x" * n, "logprobs": None,
+            choice = {"index": 0, "text": state.text * n, "logprobs": None,
                       "finish_reason": "length" if last else None, "stop_reason": None}
-            yield f"data: {json.dumps({'object': 'text_completion', 'choices': [choice]})}\n\n"
+            chunk = json.dumps({"object": "text_completion", "choices": [choice]},
+                               ensure_ascii=False)
+            yield f"data: {chunk}\n\n"
             if not last:
                 await asyncio.sleep(CHUNK_GAP_S)
         yield ": keep-alive\n\n"

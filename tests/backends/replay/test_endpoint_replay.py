@@ -111,6 +111,15 @@ def test_missing_usage_falls_back_to_the_chunk_count(fake_server: FakeServer,
     assert [r.output_len for r in result.requests] == [req.output_len for req in trace]
 
 
+def test_text_with_unicode_line_separators_stays_one_chunk(fake_server: FakeServer,
+                                                           trace: Trace) -> None:
+    fake_server.state.text = "a\u2028b\x85c\u2029"  # raw in JSON, no SSE line ends
+    config = config_for(fake_server)
+    result = replay_endpoint(trace, config, probe(config))
+    assert result.errors == {}
+    assert [len(r.token_times_s) for r in result.requests] == [req.output_len for req in trace]
+
+
 def test_failures_and_timeouts_are_recorded_not_raised(fake_server: FakeServer,
                                                        trace: Trace) -> None:
     fake_server.state.fail_every = 4  # 3 of 12 get HTTP 500
