@@ -310,7 +310,8 @@ def _noise_floor(zero: SimSetup, fleet: FleetFlags, seed: int, twins: Sequence[_
     """Real against real, out of sample: the stack fitted on one calibration window alone,
     its twin predicting the other window's p50/p90 TTFT (`_predicts`), both ways; the
     floor is the larger |error| of the two, per percentile: how far apart the machine was
-    from itself around the measured replay, in the units of the comparison's errors.
+    from itself around the measured replay, in the units of the comparison's errors; with
+    it, the windows' common requests paired (`_paired_drift`).
     Not measured (and why) without two windows or when either is too short to fit."""
     if len(twins) != len(WINDOW_NAMES):
         return {"measured": False, "why": f"{len(twins)} calibration window(s), not 2"}
@@ -329,7 +330,24 @@ def _noise_floor(zero: SimSetup, fleet: FleetFlags, seed: int, twins: Sequence[_
                for own, (name, fit) in enumerate(zip(WINDOW_NAMES, fits, strict=True))]
     errors = [w["predicts_other"] for w in windows]
     return {"measured": True, "windows": windows,
-            **{key: max(abs(e[key]) for e in errors) for key in ("p50_ttft", "p90_ttft")}}
+            **{key: max(abs(e[key]) for e in errors) for key in ("p50_ttft", "p90_ttft")},
+            **_paired_drift(twins[0].window, twins[1].window)}
+
+
+def _paired_drift(before: MeasuredReplay, after: MeasuredReplay) -> dict[str, Any]:
+    """The requests both windows replayed (equal `TraceRequest`s; of the first window its
+    `warm_requests`) with a TTFT in both: the real TTFT after minus before, each request
+    against itself (milliseconds), the machine's drift across the measured replay with the
+    requests' own stack times cancelled. Nothing when the windows share no request."""
+    again = {r.request_id: r for r in after.trace}
+    ids = [r.request_id for r in warm_requests(before) if again.get(r.request_id) == r
+           and r.request_id in before.ttft_s and r.request_id in after.ttft_s]
+    if not ids:
+        return {}
+    diff = np.array([after.ttft_s[i] - before.ttft_s[i] for i in ids]) * 1e3
+    return {"same_requests": {"requests": len(ids),
+                              "after_minus_before_p50_ms": float(np.median(diff)),
+                              "slower_after": int((diff > 0).sum())}}
 
 
 def _predicts(zero: SimSetup, fleet: FleetFlags, seed: int, fit: StackFit,
