@@ -260,10 +260,9 @@ def quiet_collector() -> Iterator[None]:
     ends (thresholds and heap then restored). The client times every request; its
     collections stalled its event loop mid-replay (fid15d's probe, 8 replays: a middle
     collection of 9-43 ms in 6, a full one of 151 ms in 1), which read as the TTFT of the
-    requests in flight. Neither the replicas (their
-    start-up heaps frozen) nor the routers collected more than the youngest generation
-    during the replays. A caller that disabled the collector or froze objects of its own keeps
-    its settings."""
+    requests in flight; the replicas (start-up heaps frozen) and the routers made no full
+    collection during a replay. A caller that disabled the collector or froze objects of
+    its own keeps its settings."""
     if not gc.isenabled() or gc.get_freeze_count() > 0:
         yield
         return
