@@ -116,12 +116,13 @@ class FidelityFlags:
         False, "--fleet", "Fidelity of a fleet instead: --replicas `rt serve --simulate` "
         "processes (model: --model, default llama-3.1-8b; --gpu, --profile, the engine flags) "
         "behind `rt route --router` on loopback, TRACE replayed through the router between "
-        "two calibration windows (other requests resampled from TRACE, half before, half "
-        "after), against `rt simulate --replicas` with the same policy, refresh, the "
-        "router's measured routing latency and the serving stack's own time fitted on both "
-        "windows; per-replica share, prefix hit rate, TTFT/ITL, errors, router overheads, "
-        "the serving stack and a noise floor (each window's fit predicting the other) side "
-        "by side (calibration/, real/, calibration-after/, sim/, fleet_fidelity.json).")
+        "two calibration windows (the same half as many other requests resampled from "
+        "TRACE, before and after, other prompt tokens each), against `rt simulate "
+        "--replicas` with the same policy, refresh, the router's measured routing latency "
+        "and the serving stack's own time fitted on both windows; per-replica share, prefix "
+        "hit rate, TTFT/ITL, errors, router overheads, the serving stack and a noise floor "
+        "(each window's fit predicting the other) side by side (calibration/, real/, "
+        "calibration-after/, sim/, fleet_fidelity.json).")
 
     def calibration_replays(self) -> bool:
         """Whether calibration replays (of traces resampled from TRACE) go with the real
