@@ -116,8 +116,8 @@ class FidelityFlags:
         False, "--fleet", "Fidelity of a fleet instead: --replicas `rt serve --simulate` "
         "processes (model: --model, default llama-3.1-8b; --gpu, --profile, the engine flags) "
         "behind `rt route --router` on loopback, TRACE replayed through the router between "
-        "two calibration windows (the same half as many other requests resampled from "
-        "TRACE, before and after, other prompt tokens each), against `rt simulate "
+        "two calibration windows (the same other requests, half as many, resampled from "
+        "TRACE, before and again after, other prompt tokens each time), against `rt simulate "
         "--replicas` with the same policy, refresh, the router's measured routing latency "
         "and the serving stack's own time fitted on both windows; per-replica share, prefix "
         "hit rate, TTFT/ITL, errors, router overheads, the serving stack and a noise floor "
@@ -308,7 +308,7 @@ WINDOW_NAMES = ("before", "after")  # the calibration windows, in replay order
 
 def _noise_floor(zero: SimSetup, fleet: FleetFlags, seed: int, twins: Sequence[_WindowTwin]
                  ) -> dict[str, Any]:
-    """Real against real, out of sample: the stack fitted on one calibration window alone,
+    """Real against real: the stack fitted on one calibration window alone,
     its twin predicting the other window's p50/p90 TTFT (`_predicts`), both ways; the
     floor is the larger |error| of the two, per percentile: how far apart the machine was
     from itself around the measured replay, in the units of the comparison's errors; with
