@@ -150,8 +150,8 @@ def _floor_lines(floor: Mapping[str, Any] | None) -> list[str]:
         return []
     if not floor["measured"]:
         return [f"  noise floor: not measured ({floor['why']})"]
-    lines = [f"  noise floor (real against real, out of sample: one calibration window's fit "
-             f"predicting the other's TTFT): p50 {floor['p50_ttft']:.1%} / p90 "
+    lines = [f"  noise floor (real against real: one calibration window's fit predicting "
+             f"the other's TTFT): p50 {floor['p50_ttft']:.1%} / p90 "
              f"{floor['p90_ttft']:.1%}"]
     for w in floor["windows"]:
         e = w["predicts_other"]
@@ -160,6 +160,11 @@ def _floor_lines(floor: Mapping[str, Any] | None) -> list[str]:
                      f"token, real - twin p50 {w['gap_p50_ms']:.2f} / p90 "
                      f"{w['gap_p90_ms']:.2f} ms; predicts the other p50 "
                      f"{e['p50_ttft']:+.1%} / p90 {e['p90_ttft']:+.1%}")
+    same = floor.get("same_requests")
+    if same:  # since fid15d: both windows replay the same requests
+        lines.append(f"    the same {same['requests']} requests after against before: real TTFT "
+                     f"{same['after_minus_before_p50_ms']:+.2f} ms (median, each against "
+                     f"itself), slower after in {same['slower_after']}")
     return lines
 
 

@@ -116,12 +116,13 @@ class FidelityFlags:
         False, "--fleet", "Fidelity of a fleet instead: --replicas `rt serve --simulate` "
         "processes (model: --model, default llama-3.1-8b; --gpu, --profile, the engine flags) "
         "behind `rt route --router` on loopback, TRACE replayed through the router between "
-        "two calibration windows (other requests resampled from TRACE, half before, half "
-        "after), against `rt simulate --replicas` with the same policy, refresh, the "
-        "router's measured routing latency and the serving stack's own time fitted on both "
-        "windows; per-replica share, prefix hit rate, TTFT/ITL, errors, router overheads, "
-        "the serving stack and a noise floor (each window's fit predicting the other) side "
-        "by side (calibration/, real/, calibration-after/, sim/, fleet_fidelity.json).")
+        "two calibration windows (the same other requests, half as many, resampled from "
+        "TRACE, before and again after, other prompt tokens each time), against `rt simulate "
+        "--replicas` with the same policy, refresh, the router's measured routing latency "
+        "and the serving stack's own time fitted on both windows; per-replica share, prefix "
+        "hit rate, TTFT/ITL, errors, router overheads, the serving stack and a noise floor "
+        "(each window's fit predicting the other) side by side (calibration/, real/, "
+        "calibration-after/, sim/, fleet_fidelity.json).")
 
     def calibration_replays(self) -> bool:
         """Whether calibration replays (of traces resampled from TRACE) go with the real
@@ -307,10 +308,11 @@ WINDOW_NAMES = ("before", "after")  # the calibration windows, in replay order
 
 def _noise_floor(zero: SimSetup, fleet: FleetFlags, seed: int, twins: Sequence[_WindowTwin]
                  ) -> dict[str, Any]:
-    """Real against real, out of sample: the stack fitted on one calibration window alone,
+    """Real against real: the stack fitted on one calibration window alone,
     its twin predicting the other window's p50/p90 TTFT (`_predicts`), both ways; the
     floor is the larger |error| of the two, per percentile: how far apart the machine was
-    from itself around the measured replay, in the units of the comparison's errors.
+    from itself around the measured replay, in the units of the comparison's errors; with
+    it, the windows' common requests paired (`_paired_drift`).
     Not measured (and why) without two windows or when either is too short to fit."""
     if len(twins) != len(WINDOW_NAMES):
         return {"measured": False, "why": f"{len(twins)} calibration window(s), not 2"}
@@ -329,7 +331,24 @@ def _noise_floor(zero: SimSetup, fleet: FleetFlags, seed: int, twins: Sequence[_
                for own, (name, fit) in enumerate(zip(WINDOW_NAMES, fits, strict=True))]
     errors = [w["predicts_other"] for w in windows]
     return {"measured": True, "windows": windows,
-            **{key: max(abs(e[key]) for e in errors) for key in ("p50_ttft", "p90_ttft")}}
+            **{key: max(abs(e[key]) for e in errors) for key in ("p50_ttft", "p90_ttft")},
+            **_paired_drift(twins[0].window, twins[1].window)}
+
+
+def _paired_drift(before: MeasuredReplay, after: MeasuredReplay) -> dict[str, Any]:
+    """The requests both windows replayed (equal `TraceRequest`s; of the first window its
+    `warm_requests`) with a TTFT in both: the real TTFT after minus before, each request
+    against itself (milliseconds), the machine's drift across the measured replay with the
+    requests' own stack times cancelled. Nothing when the windows share no request."""
+    again = {r.request_id: r for r in after.trace}
+    ids = [r.request_id for r in warm_requests(before) if again.get(r.request_id) == r
+           and r.request_id in before.ttft_s and r.request_id in after.ttft_s]
+    if not ids:
+        return {}
+    diff = np.array([after.ttft_s[i] - before.ttft_s[i] for i in ids]) * 1e3
+    return {"same_requests": {"requests": len(ids),
+                              "after_minus_before_p50_ms": float(np.median(diff)),
+                              "slower_after": int((diff > 0).sum())}}
 
 
 def _predicts(zero: SimSetup, fleet: FleetFlags, seed: int, fit: StackFit,

@@ -7,11 +7,12 @@ starts and always stops them), the trace replayed through the router by the endp
 `x-rt-replica` header, its prefix hits from `usage.prompt_tokens_details.cached_tokens`, which
 `rt serve` reports). Then the router's own /metrics are read: what the simulated router does not
 model by itself (`RouterOverheads`). Around that replay, two calibration windows of other
-requests (`calibration_windows`: one before, one after) go through the same replicas, each
-through a router of its own: what the twin fits the serving stack's own time on
-(`sim.serving_stack`), pooled, so that a machine that drifts or has a burst of load during
-the run weighs on the fit from both sides of the measured replay, and what it measures its
-noise floor on (one window's fit predicting the other). Around each replay the replicas'
+requests (`calibration_windows`: one before, one after; the same requests, other prompt
+tokens) go through the same replicas, each through a router of its own: what the twin fits
+the serving stack's own time on (`sim.serving_stack`), pooled, so that a machine that
+drifts or has a burst of load during the run weighs on the fit from both sides of the
+measured replay, and what it measures its noise floor on (one window's fit predicting the
+other: they differ by the machine only). Around each replay the replicas'
 /metrics are read too: where the mean TTFT goes (`stack_probe.ttft_split`).
 
 The simulated side is injected (backends never import sim): `simulate(overheads,
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import math
 import sys
 import tempfile
@@ -231,7 +233,8 @@ def _replay_once(plan: FleetFidelityPlan, trace: Trace, backends: list[str], log
     with running_router(plan, backends, logs) as url:
         config = EndpointConfig(url=url, **{**plan.endpoint, "seed": token_seed})
         info = probe(config)
-        result = replay_endpoint(trace, config, info, progress)
+        with quiet_collector():
+            result = replay_endpoint(trace, config, info, progress)
         overheads, unread = _router_overheads(url, backends)
     split = ttft_split(_mean_ttft_s(result), overheads.routing_latency_mean_s,
                        _server_totals(backends, failed).minus(before))
@@ -247,6 +250,33 @@ def _replay_once(plan: FleetFidelityPlan, trace: Trace, backends: list[str], log
     return result, fields, overheads
 
 
+_NEVER = 1 << 30  # collections of a younger generation before an older one's: never
+
+
+@contextlib.contextmanager
+def quiet_collector() -> Iterator[None]:
+    """The client's collector during a replay: what is alive now collected, then frozen
+    (out of every collection), and only the youngest generation collected until the block
+    ends (thresholds and heap then restored). The client times every request; its
+    collections stalled its event loop mid-replay (fid15d's probe, 8 replays: a middle
+    collection of 9-43 ms in 6, a full one of 151 ms in 1), which read as the TTFT of the
+    requests in flight; the replicas (start-up heaps frozen) and the routers made no full
+    collection during a replay. A caller that disabled the collector or froze objects of
+    its own keeps its settings."""
+    if not gc.isenabled() or gc.get_freeze_count() > 0:
+        yield
+        return
+    thresholds = gc.get_threshold()
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(thresholds[0], _NEVER, _NEVER)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+
+
 def calibration_trace(trace: Trace, seed: int) -> Trace:
     """The calibration replays' trace: as many other requests as `trace`, lengths resampled
     from it, Poisson arrivals at its mean rate (`workloads.resample_like`, seed + 1)."""
@@ -259,29 +289,27 @@ REPLAYS = ("calibration", "real", "calibration-after")
 
 
 def calibration_windows(trace: Trace, seed: int) -> tuple[Trace, Trace]:
-    """`calibration_trace` cut in two windows by arrival, the first ceil(n / 2) requests
-    replayed before the measured replay and the rest after it, so that both windows' machine
-    brackets the measured replay's (a drift or a burst of load falls on the fit from both
-    sides, as `rt fidelity --repeats` interleaves C R R C). The second window's arrivals are
-    shifted to start its gap after the first window's last request (time 0 is its replay's
-    start); its request ids (and so its prompts) stay distinct from the first's. The second
-    window is empty for a one-request trace."""
+    """The two calibration windows: the same requests, the first ceil(n / 2) of
+    `calibration_trace` by arrival, one replayed before the measured replay and one after
+    it (other prompt tokens: `_replay_traces`), so that a drift or a burst of load of the
+    machine falls on the fit from both sides (as `rt fidelity --repeats` interleaves C R R
+    C) and the two windows differ by the machine only. Why the same requests: a request's
+    stack time depends on the request (its length, its neighbours' timing; reproducible
+    across runs), and two halves of one resampled trace differ by chance (fid15c's seed-0
+    halves: mean prompt 991 against 1186 tokens, the second half's real - twin TTFT +0.4 ms
+    over the first's when both ran before the measured replay; docs/route.md)."""
     whole = calibration_trace(trace, seed)
-    half = (len(whole) + 1) // 2
-    before = Trace(whole.requests[:half], f"{whole.name}:before")
-    origin = whole.requests[half - 1].arrival_s
-    after = Trace(tuple(dataclasses.replace(r, arrival_s=r.arrival_s - origin)
-                        for r in whole.requests[half:]), f"{whole.name}:after")
-    return before, after
+    half = whole.requests[:(len(whole) + 1) // 2]
+    return Trace(half, f"{whole.name}:before"), Trace(half, f"{whole.name}:after")
 
 
 def _replay_traces(trace: Trace, seed: int) -> dict[str, tuple[Trace, int]]:
-    """Each replay of `REPLAYS` (but an empty window): its trace and its prompts' token
-    seed (the calibration windows' seed + 1, so that the replicas' prefix caches hold
-    nothing of `trace`'s)."""
+    """Each replay of `REPLAYS`: its trace and its prompts' token seed (the windows' seed
+    + 1 and + 2, so that the replicas' prefix caches hold nothing of `trace`'s nor of the
+    other window's)."""
     before, after = calibration_windows(trace, seed)
-    replays = zip(REPLAYS, ((before, seed + 1), (trace, seed), (after, seed + 1)), strict=True)
-    return {name: replay for name, replay in replays if len(replay[0])}
+    replays = zip(REPLAYS, ((before, seed + 1), (trace, seed), (after, seed + 2)), strict=True)
+    return dict(replays)
 
 
 class ReplayInterrupted(Exception):  # noqa: N818 (an outcome, not an error)

@@ -5,7 +5,8 @@
 Reads OUT/<router>-<side>-<round.run>/fleet_fidelity.json, its sim/run.json and the
 <dir>.load file the script wrote (load average before, after, and the end time), and prints
 the runs by router then time: shares, hit rates, p50/p90 TTFT real / sim, the fitted stack,
-the noise floor and the calibration windows' real - twin p50 (runs without windows: "-"),
+the noise floor, the calibration windows' real - twin p50 and, when both windows replayed
+the same requests, their paired real TTFT after minus before (runs without: "-"),
 then a count of the runs that met each TTFT goal per router and side. Standard library only.
 """
 
@@ -19,7 +20,7 @@ from pathlib import Path
 HEADER = ("| router | checkout | run | end (UTC) | load before/after | share max (sorted) / hit "
           "rate real=sim | p50 TTFT real / sim (ms) | p90 TTFT real / sim (ms) | stack fitted "
           "(ms + us/token) | noise floor p50 / p90 | windows' real - twin p50 before / after "
-          "(ms) |")
+          "(ms) | same requests after - before: median ms, slower |")
 
 
 def _latency(c: dict, key: str) -> str:
@@ -27,12 +28,15 @@ def _latency(c: dict, key: str) -> str:
     return f"{row['real']:.2f} / {row['sim']:.2f} ({row['error']:+.1%})"
 
 
-def _floor(stack: dict) -> tuple[str, str]:
+def _floor(stack: dict) -> tuple[str, str, str]:
     floor = stack.get("noise_floor") or {}
     if not floor.get("measured"):
-        return "-", "-"
+        return "-", "-", "-"
     gaps = " / ".join(f"{w['gap_p50_ms']:.2f}" for w in floor["windows"])
-    return f"{floor['p50_ttft']:.1%} / {floor['p90_ttft']:.1%}", gaps
+    same = floor.get("same_requests")  # since fid15d: both windows the same requests
+    paired = (f"{same['after_minus_before_p50_ms']:+.2f}, {same['slower_after']} of "
+              f"{same['requests']}" if same else "-")
+    return f"{floor['p50_ttft']:.1%} / {floor['p90_ttft']:.1%}", gaps, paired
 
 
 def row(run: Path) -> tuple[str, str, str, dict[str, bool]]:
@@ -44,11 +48,11 @@ def row(run: Path) -> tuple[str, str, str, dict[str, bool]]:
     hits = c["prefix_hit_rate"]
     fitted = (f"{stack['per_request_ms']:.2f} + {stack['per_prompt_token_us']:.2f}"
               if stack.get("fitted") else "-")
-    floor, gaps = _floor(stack)
+    floor, gaps, paired = _floor(stack)
     cells = [router, side, tag, end, f"{before}/{after}",
              f"{c['share']['sorted_max_points']:.1f} / {hits['real']:.1%}="
              f"{hits['sim']:.1%}", _latency(c, "p50_ttft_ms"), _latency(c, "p90_ttft_ms"),
-             fitted, floor, gaps]
+             fitted, floor, gaps, paired]
     return router, end, "| " + " | ".join(cells) + " |", c["goals"]
 
 

@@ -2,14 +2,17 @@
 twin's p50/p90 TTFT error against the recorded real replay when the serving stack is fitted
 on both windows (as `rt fidelity --fleet` runs; it reproduces the recorded figures), on the
 window before only and on the window after only (each alone as the first window: its
-requests arriving before its first request's first token left out). Seed 0 and the engine
-flags of the script (`--max-model-len 8192`, llama-3.1-8b, h200, 4 replicas).
+requests arriving before its first request's first token left out). Either layout of the
+windows: the same requests in both (since fid15d) or the calibration trace's two halves
+(fid15c's runs). Seed 0 and the engine flags of the script (`--max-model-len 8192`,
+llama-3.1-8b, h200, 4 replicas).
 
     PYTHONPATH=. python docs/measure/fleet_fidelity_windows.py TRACE RUN_DIR [RUN_DIR ...]
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -19,11 +22,16 @@ from typing import Any
 import numpy as np
 
 from analysis.rundir import load_run
-from backends.route.fleet_fidelity import CalibrationReplay, calibration_windows
+from backends.route.fleet_fidelity import (
+    CalibrationReplay,
+    calibration_trace,
+    calibration_windows,
+)
 from runtime.config import EngineFlags
 from runtime.records import ttft_by_request
 from sim.fidelity import fleet_twin
 from sim.fleet_config import FleetFlags
+from workloads import Trace
 from workloads.loaders import load_trace
 
 
@@ -31,11 +39,25 @@ def _numbers(figures: dict[str, Any]) -> dict[str, Any]:
     return {k: math.nan if v is None else v for k, v in figures.items()}  # JSON null: NaN
 
 
+def _halves(trace: Any) -> tuple[Trace, Trace]:
+    """fid15c's windows (before fid15d): the calibration trace's two halves by arrival, the
+    second's arrivals shifted to start its gap after the first's last request."""
+    whole = calibration_trace(trace, 0)
+    half = (len(whole) + 1) // 2
+    origin = whole.requests[half - 1].arrival_s
+    return (Trace(whole.requests[:half], f"{whole.name}:before"),
+            Trace(tuple(dataclasses.replace(r, arrival_s=r.arrival_s - origin)
+                        for r in whole.requests[half:]), f"{whole.name}:after"))
+
+
 def windows(root: Path, trace: Any) -> list[CalibrationReplay]:
-    """The run's calibration windows as the twin reads them."""
+    """The run's calibration windows as the twin reads them (the same requests in both
+    since fid15d; two halves of the calibration trace in fid15c's runs)."""
+    after_ids = set(load_run(root / "calibration-after").requests["request_id"])
+    same = calibration_windows(trace, 0)
+    layout = same if after_ids <= {r.request_id for r in same[0]} else _halves(trace)
     out = []
-    for name, replayed in zip(("calibration", "calibration-after"),
-                              calibration_windows(trace, 0), strict=True):
+    for name, replayed in zip(("calibration", "calibration-after"), layout, strict=True):
         run = load_run(root / name)
         r = run.requests[run.requests["first_token_s"].notna()]
         out.append(CalibrationReplay(replayed, dict(zip(r["request_id"], r["first_token_s"]

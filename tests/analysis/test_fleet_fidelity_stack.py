@@ -119,12 +119,20 @@ def test_two_windows_and_their_noise_floor_are_on_the_console() -> None:
         "token left out (cold)): 6.20 ms")
     assert "after the fit (in-sample, the calibration windows) p50 +0.00" in lines[0]
     assert lines[1:4] == [
-        "  noise floor (real against real, out of sample: one calibration window's fit "
-        "predicting the other's TTFT): p50 5.0% / p90 12.5%",
+        "  noise floor (real against real: one calibration window's fit predicting the "
+        "other's TTFT): p50 5.0% / p90 12.5%",
         "    before window: 77 requests, 6.00 ms + 1.00 us per token, real - twin p50 6.50 / "
         "p90 11.00 ms; predicts the other p50 -5.0% / p90 -12.5%",
         "    after  window: 80 requests, 7.50 ms + 0.50 us per token, real - twin p50 8.00 / "
         "p90 14.00 ms; predicts the other p50 +4.0% / p90 +10.0%"]
+
+
+def test_the_windows_same_requests_paired_are_on_the_console() -> None:
+    same = {"requests": 77, "after_minus_before_p50_ms": 0.25, "slower_after": 41}
+    model = {**FIT, "windows": 2, "noise_floor": {**FLOOR, "same_requests": same}}
+    lines = stack_lines(serving_stack(*runs(model, SPLIT)))
+    assert lines[4] == ("    the same 77 requests after against before: real TTFT +0.25 ms "
+                        "(median, each against itself), slower after in 41")
 
 
 def test_a_floor_not_measured_says_why() -> None:

@@ -111,3 +111,27 @@ def test_without_two_fittable_windows_the_floor_says_why() -> None:
     floor = described(window(11, STACK), short)["noise_floor"]
     assert floor["measured"] is False
     assert floor["why"].startswith("the after window: 9 requests of the calibration replay")
+
+
+def test_the_same_requests_in_both_windows_pair_each_against_itself() -> None:
+    """Both windows replay the same requests (as `rt fidelity --fleet` does since fid15d):
+    each warm request's real TTFT after minus before is exactly what the machine added
+    (the fixed cost doubled: + PER_REQUEST_S each); windows of other requests pair none."""
+    before = window(11, STACK)
+    after = window(11, SLOWER)
+    floor = described(before, after)["noise_floor"]
+    warm = len(warm_requests(before))
+    assert floor["same_requests"]["requests"] == warm == 47
+    assert floor["same_requests"]["after_minus_before_p50_ms"] == pytest.approx(
+        PER_REQUEST_S * 1e3, rel=1e-9)
+    assert floor["same_requests"]["slower_after"] == warm
+    other = window(12, STACK)  # other lengths; ids as "0".., so some draws equal by chance
+    equal = sum(r == q for r, q in zip(before.trace, other.trace, strict=True)
+                if r.request_id in {w.request_id for w in warm_requests(before)})
+    paired = described(before, other)["noise_floor"]["same_requests"]
+    assert 0 < paired["requests"] == equal < warm
+    assert paired["after_minus_before_p50_ms"] == pytest.approx(0.0, abs=1e-9)
+    moved = FakeCalibration(Trace(tuple(dataclasses.replace(r, arrival_s=r.arrival_s + 0.5)
+                                        for r in other.trace), other.trace.name),
+                            other.ttft_s, OVERHEADS)
+    assert "same_requests" not in described(before, moved)["noise_floor"]

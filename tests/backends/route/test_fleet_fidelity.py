@@ -207,27 +207,45 @@ def test_fidelity_fleet_compares_a_real_fleet_with_its_simulation(tmp_path: Path
     assert "noise floor" in done.stdout
 
 
-def test_the_calibration_windows_split_one_resampled_trace_around_the_measured_one() -> None:
-    """The first ceil(n / 2) calibration requests before the measured replay, the rest
-    after, shifted to start their gap after the first window's last request; ids (and so
-    prompts) distinct; both replayed with token seed + 1, the measured trace with seed."""
+def test_the_calibration_windows_are_the_same_requests_around_the_measured_one() -> None:
+    """Both windows replay the first ceil(n / 2) requests of the resampled calibration trace
+    (ids, lengths, arrivals), the one before with token seed + 1, the one after with seed
+    + 2, the measured trace with seed: other prompts in each replay."""
     from backends.route import fleet_fidelity as ff
 
     trace = conversations(9)
     whole = ff.calibration_trace(trace, 5)
     before, after = ff.calibration_windows(trace, 5)
     assert [r.request_id for r in before] == [str(i) for i in range(5)]
-    assert [r.request_id for r in after] == [str(i) for i in range(5, 9)]
-    assert before.requests == whole.requests[:5]
-    assert [r.arrival_s for r in after] == pytest.approx(
-        [r.arrival_s - whole[4].arrival_s for r in whole.requests[5:]], abs=1e-12)
-    assert [(r.prompt_len, r.output_len) for r in after] == [
-        (r.prompt_len, r.output_len) for r in whole.requests[5:]]
+    assert before.requests == after.requests == whole.requests[:5]
+    assert (before.name, after.name) == (f"{whole.name}:before", f"{whole.name}:after")
     replays = ff._replay_traces(trace, 5)
     assert list(replays) == list(ff.REPLAYS)
-    assert [seed for _, seed in replays.values()] == [6, 5, 6]
+    assert [seed for _, seed in replays.values()] == [6, 5, 7]
     one = ff._replay_traces(Trace((TraceRequest("a", 0.0, 16, 4),)), 5)
-    assert list(one) == ["calibration", "real"]  # no empty window after
+    assert [len(t) for t, _ in one.values()] == [1, 1, 1]
+
+
+def test_the_client_collects_only_its_youngest_generation_during_a_replay() -> None:
+    """`quiet_collector`: inside, the heap frozen and the older generations never
+    collected; after, the thresholds and an unfrozen heap back; a caller's own frozen heap
+    or disabled collector left as it is."""
+    import gc
+
+    from backends.route import fleet_fidelity as ff
+
+    thresholds = gc.get_threshold()
+    assert gc.get_freeze_count() == 0
+    with ff.quiet_collector():
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == (thresholds[0], 1 << 30, 1 << 30)
+    assert gc.get_threshold() == thresholds and gc.get_freeze_count() == 0
+    gc.disable()
+    try:
+        with ff.quiet_collector():
+            assert gc.get_freeze_count() == 0 and gc.get_threshold() == thresholds
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -310,7 +328,7 @@ def test_ctrl_c_in_a_replay_saves_what_exists_and_exits_130(
     _stub_replays(monkeypatch, events, cut)
     with pytest.raises(Exited):
         _run(tmp_path, recorder, events)
-    assert events == ["replicas up", *["replay 8", "replay 7", "replay 8"][:cut],
+    assert events == ["replicas up", *["replay 8", "replay 7", "replay 9"][:cut],
                       "replicas stopped"]
     assert [Path(c[1][0]).name for c in recorder.calls if c[0] == "save"] == saved
     assert recorder.calls[-2:] == [("say", INTERRUPTED), ("exit", 130)]
@@ -357,7 +375,7 @@ def test_each_replay_has_its_own_progress_bar_and_every_run_is_saved(
         ("calibration replay (after) through the router", 2)]
     assert [Path(c[1][0]).name for c in recorder.calls if c[0] == "save"] == [
         "calibration", "real", "calibration-after", "sim"]
-    assert events == ["replicas up", "replay 8", "replay 7", "replay 8", "replicas stopped",
+    assert events == ["replicas up", "replay 8", "replay 7", "replay 9", "replicas stopped",
                       "simulate"]
 
 
