@@ -48,7 +48,6 @@ class CachedBlockMap:
         first miss (`KVCacheManager.get_computed_blocks`)."""
         return piece_hits(self._pieces, pieces, stop)
 
-
     def cache_blocks(self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[BlockHash],
                      num_shared: int | None = None, pieces: BlockPieces | None = None,
                      first: int = 0) -> None:
@@ -79,8 +78,8 @@ class CachedBlockMap:
                    own: bool = False) -> None:
         """`cache_full_block(block, block_hash, own)` for each pair, in order: one
         registration per block (one KV event each when observed), in one call.
-        Steady decodes filling a block each in a step register them so
-        (`SteadyDecodes._fill`)."""
+        Eager steady decodes filling a block each in a step register them so
+        (`SteadyDecodes._fill_steps`)."""
         if self.kv_event_log is not None:
             for block, block_hash in zip(blocks, block_hashes, strict=True):
                 self.cache_full_block(block, block_hash, own)

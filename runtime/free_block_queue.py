@@ -151,7 +151,9 @@ class FreeBlockQueue:
 
     def popleft_n(self, count: int) -> list[KVCacheBlock]:
         """Pop `count` blocks from the head at once (the caller checked there are enough):
-        linked ones unlinked, never-used ones made (in use: `take_made`)."""
+        linked ones unlinked (`ref_cnt` as they were: 0), never-used ones made in use
+        (`ref_cnt` 1, `take_made`); the caller sets every block's count. Only a test's
+        reference path pops so: `BlockPool` takes blocks through `take_made`."""
         before, made = self.take_made(count)
         blocks = self._unlink_n(before)
         if made:  # then the linked ones after the range

@@ -162,8 +162,8 @@ class SteadyDecodes:
         kv = self.scheduler.kv_cache_manager
         if not kv.enable_caching:
             return
-        assert kv.block_pool.kv_event_log is None or not self._num_deferred, \
-            "KV events observed after steady decodes deferred their fills"
+        if self._num_deferred and kv.block_pool.kv_event_log is not None:
+            self._make_eager(g)
         # An eager member registered its full blocks at joining (`_can_join`) and each fill
         # since: the new one is block c // B. Its request is brought up to date later
         # (`_materialise`).
@@ -192,6 +192,31 @@ class SteadyDecodes:
         else:  # members with and without own names: one call each, in order
             for block, name, own in zip(blocks, block_hashes, owns, strict=True):
                 kv.block_pool.cache_full_block(block, name, own=own)
+
+    def _make_eager(self, g: int) -> None:
+        """KV events are observed from step g on (`observe_kv_events` mid-run) while members
+        defer their fills: register the fills of the steps before g without events (one by
+        one they came before the log, which saw nothing of them), then make every member
+        eager, as a member joining now would be."""
+        kv = self.scheduler.kv_cache_manager
+        pool = kv.block_pool
+        log, pool.kv_event_log = pool.kv_event_log, None
+        for members in self._buckets:
+            for member in members:
+                if not member.eager:
+                    computed = member.c_minus_g + g
+                    self._append_upcoming(member.request, computed)
+                    kv.cache_full_blocks(member.request, member.table, computed)
+                    member.eager = True
+        pool.kv_event_log = log
+        self._fillers = [list(members) for members in self._buckets]  # in running order
+        self._num_deferred = 0
+
+    def _append_upcoming(self, request: Request, computed: int) -> None:
+        """Append the request's missing tokens up to c + 1 (their blocks hashed)."""
+        missing = computed + 1 - request.num_tokens
+        if missing > 0:
+            request.extend_output_tokens(self.upcoming(request, missing))
 
     # ---- runs of steps without explicit requests -------------------------------------------
 
@@ -389,9 +414,7 @@ class SteadyDecodes:
         computed tokens, c + 1 tokens (the missing ones appended, their blocks hashed)."""
         request = member.request
         computed = member.c_minus_g + g
-        missing = computed + 1 - request.num_tokens
-        if missing > 0:
-            request.extend_output_tokens(self.upcoming(request, missing))
+        self._append_upcoming(request, computed)
         request.num_computed_tokens = computed
         kv = self.scheduler.kv_cache_manager
         if not member.eager:  # its fills registered now, under the names its hasher made

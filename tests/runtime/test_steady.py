@@ -11,6 +11,7 @@ import pytest
 
 from runtime import CacheConfig, EngineCore, Request, SamplingParams, Scheduler, SchedulerConfig
 from runtime.block_hash import own_block_name
+from runtime.kv_events import observe_kv_events
 from runtime.request import RequestStatus
 
 Arrival = tuple[float, str, list[int], int, int]  # (time, id, prompt, output_len, priority)
@@ -86,11 +87,12 @@ CASES = [  # (max_num_batched_tokens, max_num_seqs, num_blocks, policy, long_pre
 ]
 
 
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", range(9))
 @pytest.mark.parametrize("case", CASES)
 def test_steady_decodes_equal_stepping_one_by_one(
         case: tuple[int, int, int, str, int, int], seed: int) -> None:
-    """Seeds 6 and 7: half the requests have their blocks named (`Request.block_key`)."""
+    """Seeds 6-8 (block sizes 4, 16, 1): half the requests have their blocks named
+    (`Request.block_key`)."""
     budget, max_seqs, num_blocks, policy, long_prefill, abort_every = case
     block_size = (4, 16, 1)[seed % 3]
     trace = _trace(random.Random(seed), 60, block_size)
@@ -204,3 +206,26 @@ def test_a_preempted_own_named_member_registers_its_fills_before_the_free() -> N
     assert rows[7] == (["a"], [4, 3], {"b": [1, 2, 5, 6]}, 0)
     assert rows[8][own_block_name(b"own:a", 1)] == [4]  # type: ignore[index]
     assert rows[13] == ([], [2, 1], {"a": [3, 4, 6, 5]}, 4)  # block 3 hit: 4 tokens
+
+
+def test_kv_events_observed_mid_run_after_deferred_fills() -> None:
+    """KV events observed from step 5 on, after "a" (own names) deferred its fills: its
+    block 1, filled in step 2, is registered without an event; from then on each fill of
+    "a" (blocks 2, 3) and of "b" is logged in its step. Events, pool and records as
+    stepping one by one's."""
+    runs = []
+    for steady in (True, False):
+        core, outputs = _two_decodes(steady, 20)
+        for k in range(5):
+            _step(core, outputs, k * 0.01)
+        pool = core.scheduler.kv_cache_manager.block_pool
+        log = observe_kv_events(pool)
+        for k in range(5, 12):
+            _step(core, outputs, k * 0.01)
+        core.sync()
+        runs.append(([(e.kind, e.block_hashes) for e in log.events], pool.cached_block_ids(),
+                     pool.free_block_ids(), core.recorder.step_columns))
+    assert runs[0] == runs[1]
+    names = {own_block_name(b"own:a", index): index for index in range(5)}
+    events = [(kind, [names.get(name, "b") for name in hashes]) for kind, hashes in runs[0][0]]
+    assert events == [("stored", ["b"]), ("stored", [2]), ("stored", ["b"]), ("stored", [3])]
