@@ -43,8 +43,8 @@ class BlockIds(Sequence[int]):
     only when read: a real executor reads them once per step, the simulator never (making
     them was ~4% of a long-prompt run). Valid as long as `blocks` is only appended to,
     as a block table is while held (a freed table is dropped, never cleared), and its
-    blocks stay this pool's (a released pool's blocks take new ids in the next pool:
-    `BlockPool.release_blocks`, `reuse`). Compares equal to a list or tuple of the same
+    blocks stay this pool's (a released pool's blocks, reset, keep their ids in the next
+    pool: `BlockPool.release_blocks`, `reuse`). Compares equal to a list or tuple of the same
     ids; pickles as the list of ids (not the blocks, which link the free queue)."""
 
     __slots__ = ("_blocks", "_stop")

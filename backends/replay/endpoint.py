@@ -10,7 +10,8 @@ a list of ints, valid for OpenAI completions and vLLM), so prompt lengths and pr
 are the trace's exactly. `vocab_size` must not exceed the served model's vocabulary (ids are
 drawn from [10, vocab_size); default 32000, which fits Llama, Mistral and Qwen models).
 
-The stream is split into lines at `\n` only, as vLLM's client reads it (`_sse_lines`).
+The stream is split into lines at SSE's line ends only (`\r\n`, `\r`, `\n`), as vLLM's client
+reads it (`_sse_lines`), not at Unicode line separators.
 
 Timing boundaries. Every time is seconds on the client's `perf_counter`, from the start of
 the replay; run.json says `"timing": "client"`. The records' columns mean:
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -242,17 +244,26 @@ async def _stream(client: httpx.AsyncClient, url: str, body: dict[str, Any], str
             _take_chunk(chunk, stream, time.perf_counter() - start)
 
 
+_LINE_END = re.compile(rb"\r\n|\r|\n")  # an SSE stream's line ends
+
+
 async def _sse_lines(body: AsyncIterator[bytes]) -> AsyncIterator[str]:
-    """The body's lines, split at b"\\n" only (a trailing b"\\r" dropped), as vLLM's client
-    reads them: httpx's `aiter_lines` also splits at U+0085, U+2028 and U+2029, which JSON
-    leaves unescaped in a chunk's text (a byte-level tokenizer's output can hold them: 1 of
-    100 requests against vLLM serving the tiny Llama failed so), and then read the chunk's two
-    halves as broken JSON."""
+    """The body's lines, split at the SSE line ends b"\\r\\n", b"\\r" and b"\\n" only, as
+    vLLM's client reads them: httpx's `aiter_lines` also splits at U+0085, U+2028 and
+    U+2029, which JSON leaves unescaped in a chunk's text (a byte-level tokenizer's output
+    can hold them: 1 of 100 requests against vLLM serving the tiny Llama failed so), and
+    then read the chunk's two halves as broken JSON. A read ending in b"\\r" waits for the
+    next (it may be the first half of b"\\r\\n"); lines are decoded whole, so a character
+    split across reads is read whole."""
     pending = b""
     async for part in body:
-        *lines, pending = (pending + part).split(b"\n")
+        data = pending + part
+        held = data.endswith(b"\r")
+        *lines, pending = _LINE_END.split(data[:-1] if held else data)
+        if held:
+            pending += b"\r"
         for line in lines:
-            yield line.removesuffix(b"\r").decode(errors="replace")
+            yield line.decode(errors="replace")
     if pending:
         yield pending.removesuffix(b"\r").decode(errors="replace")
 

@@ -6,7 +6,8 @@ run directory: is the server steady, or does it stall now and then?
 For each replay (warmup*, calibration*, real*, or RESULT_DIR itself when it is one replay),
 in the order they ran: p50 / p90 TTFT and ITL (ms, client-side), the median TTFT of each
 window of `--window` requests in arrival order, the windows whose median TTFT is more than
-3x the median of the windows' medians ("stall windows"), and the longest in-flight silences:
+3x the median of the windows' medians ("stall windows": relative to the replay itself,
+so a replay of 1-2 windows, or one that stalls in most of them, shows none), and the longest in-flight silences:
 intervals of more than 50 ms in which at least one request was in flight (sent, not
 finished) and no stream received a chunk. A server that stalls shows them; one that is only
 slow does not.
@@ -51,6 +52,9 @@ def describe(path: Path, window: int) -> list[str]:
     """The lines printed for one replay."""
     frame = pd.read_parquet(path / "requests.parquet").sort_values("arrival_s")
     frame = frame[frame.first_token_s.notna()]
+    if not any(t is not None and len(t) > 1 for t in frame.token_times_s):
+        return [f"{path.name}: {len(frame)} requests with a first token; none with two "
+                "chunks: nothing to measure"]
     ttft = (frame.first_token_s - frame.arrival_s).to_numpy() * 1e3
     itl = np.concatenate([np.diff(np.asarray(t)) * 1e3 for t in frame.token_times_s
                           if t is not None and len(t) > 1])

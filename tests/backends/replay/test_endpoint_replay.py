@@ -5,7 +5,9 @@ one-line errors for a bad endpoint."""
 
 from __future__ import annotations
 
+import asyncio
 import math
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pandas as pd
@@ -18,7 +20,7 @@ uvicorn = pytest.importorskip("uvicorn")
 from typer.testing import CliRunner  # noqa: E402
 
 from analysis.rundir import load_run  # noqa: E402
-from backends.replay.endpoint import replay_endpoint  # noqa: E402
+from backends.replay.endpoint import _sse_lines, replay_endpoint  # noqa: E402
 from backends.replay.endpoint_probe import (  # noqa: E402
     EndpointConfig,
     EndpointError,
@@ -225,3 +227,20 @@ def test_cli_negative_warm_up_is_one_line_exit_2(tmp_path: Path) -> None:
     assert result.stderr.strip().splitlines() == [
         "rt: error: --warmup-requests must be >= 0, got -1"]
     assert not (tmp_path / "fid").exists()
+
+
+def test_sse_lines_split_at_sse_line_ends_only() -> None:
+    """`\\r\\n` split across reads is one line end; a bare `\\r` ends a line; U+2028 (its
+    UTF-8 bytes split across reads) stays inside its line; the last line needs no end."""
+    parts = [b"data: a\r", b"\ndata: b\rdata: c\n", b"data: \xe2\x80", b"\xa8x\r\n\r\n",
+             b"data: end"]
+
+    async def body() -> AsyncIterator[bytes]:
+        for part in parts:
+            yield part
+
+    async def lines() -> list[str]:
+        return [line async for line in _sse_lines(body())]
+
+    assert asyncio.run(lines()) == ["data: a", "data: b", "data: c", "data: \u2028x", "",
+                                    "data: end"]
