@@ -8,8 +8,8 @@ in the order they ran: p50 / p90 TTFT and ITL (ms, client-side), the median TTFT
 window of `--window` requests in arrival order, the windows whose median TTFT is more than
 3x the median of the windows' medians ("stall windows": relative to the replay itself,
 so a replay of 1-2 windows, or one that stalls in most of them, shows none), and the
-longest in-flight silences: intervals of more than 50 ms in which at least one request was in flight (sent, not
-finished) and no stream received a chunk. A server that stalls shows them; one that is only
+longest in-flight silences: intervals of more than 50 ms in which at least one request was
+in flight (sent, not finished) and no stream received a chunk. A server that stalls shows them; one that is only
 slow does not.
 """
 
