@@ -9,8 +9,8 @@ window of `--window` requests in arrival order, the windows whose median TTFT is
 3x the median of the windows' medians ("stall windows": relative to the replay itself,
 so a replay of 1-2 windows, or one that stalls in most of them, shows none), and the
 longest in-flight silences: intervals of more than 50 ms in which at least one request was
-in flight (sent, not finished) and no stream received a chunk. A server that stalls shows them; one that is only
-slow does not.
+in flight (sent, not finished) and no stream received a chunk. A server that stalls shows
+them; one that is only slow does not.
 """
 
 from __future__ import annotations
