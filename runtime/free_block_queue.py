@@ -85,7 +85,9 @@ class FreeBlockQueue:
         one of the id. The list is shared, not copied: one pool at a time makes blocks of
         it, and it gives them back as its own release (a fleet's replicas run one after
         another, `sim.fleet_replica.PreRoutedReplica`). A spare keeps its id: no renaming
-        (1.645M renames at 64 replicas on the Azure excerpt, 0.89 G instructions)."""
+        (1.645M renames at 64 replicas on the Azure excerpt, 0.89 G instructions). A spare
+        found in use or linked (a second pool making blocks of the list before the first
+        released them) raises AssertionError."""
         self._spares = spares
 
     def _make(self, count: int, ref_cnt: int = 0) -> list[KVCacheBlock]:
@@ -96,9 +98,10 @@ class FreeBlockQueue:
         unbuilt = self._unbuilt
         ids, self._unbuilt = unbuilt[:count], unbuilt[count:]
         new = self._spares[ids.start - 1:ids.stop - 1]  # `reuse`: spares[i] has id i + 1
-        if ref_cnt:  # a released spare was reset to no references
-            for block in new:
-                block.ref_cnt = ref_cnt
+        for block in new:  # a released spare is reset: no references, no links
+            if block.ref_cnt or block.prev is not None:
+                raise AssertionError(f"spare block {block.block_id} is another pool's")
+            block.ref_cnt = ref_cnt
         if len(new) < count:  # a comprehension: compiled, a direct constructor call
             new += [KVCacheBlock(block_id, ref_cnt) for block_id in ids[len(new):]]
         self._built += new
@@ -113,6 +116,8 @@ class FreeBlockQueue:
         spares = self._spares
         if block_id <= len(spares):  # `reuse`: spares[i] has id i + 1, reset
             block = spares[block_id - 1]
+            if block.ref_cnt or block.prev is not None:  # one pool at a time makes spares
+                raise AssertionError(f"spare block {block_id} is another pool's")
             block.ref_cnt = ref_cnt
         else:
             block = KVCacheBlock(block_id, ref_cnt)

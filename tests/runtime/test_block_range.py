@@ -130,3 +130,28 @@ def test_a_released_pool_takes_no_spares_until_told() -> None:
     assert not {id(b) for b in first.blocks} & {id(b) for b in spares}  # new objects
     second.reuse(spares)
     assert second.get_new_blocks(2) == spares[:2] and len(spares) == 5
+
+
+def test_two_pools_making_blocks_of_one_spare_list_at_once_raise() -> None:
+    """A spare another pool still holds (in use, or linked in its free queue) is refused:
+    one pool at a time makes blocks of a released pool's list."""
+    first = BlockPool(6, enable_caching=True)
+    first.get_new_blocks(5)
+    first.free_blocks(first._blocks[1:])
+    spares = first.release_blocks()
+    second, third = BlockPool(6, enable_caching=True), BlockPool(6, enable_caching=True)
+    second.reuse(spares)
+    third.reuse(spares)
+    taken = second.get_new_blocks(2)
+    assert taken == spares[:2]  # ids 1, 2, in use by the second pool
+    with pytest.raises(AssertionError, match="spare block 1 is another pool's"):
+        third.get_new_block()
+    bulk = BlockPool(6, enable_caching=True)
+    bulk.reuse(spares)
+    with pytest.raises(AssertionError, match="spare block 1 is another pool's"):
+        bulk.get_new_blocks(2)
+    second.free_blocks(taken)  # now linked in the second pool's free queue
+    fourth = BlockPool(6, enable_caching=True)
+    fourth.reuse(spares)
+    with pytest.raises(AssertionError, match="spare block 1 is another pool's"):
+        fourth.get_new_block()
