@@ -36,9 +36,9 @@ def run_with_gc(run: Callable[[], R]) -> R:
     if not gc.isenabled() or gc.get_freeze_count() > 0:
         return run()
     thresholds = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(thresholds[0], _NEVER, _NEVER)
-    try:
+    try:  # set inside: an interrupt between the calls still restores them
+        gc.freeze()
+        gc.set_threshold(thresholds[0], _NEVER, _NEVER)
         return run()
     finally:
         gc.set_threshold(*thresholds)

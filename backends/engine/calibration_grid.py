@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from backends.engine.model_runner import ModelRunner
+from backends.heap import frozen_heap
 from backends.replay.api_process import Tokenizer
-from backends.replay.driver import frozen_heap
 from runtime import (
     BatchFeatures,
     CacheConfig,

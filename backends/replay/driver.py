@@ -21,15 +21,14 @@ the start of the replay.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import time
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from backends.engine.model_runner import ModelRunner
+from backends.heap import frozen_heap
 from backends.replay.api_process import ApiServerFailed, ApiServerProcess, Done, HandOver, Tokenizer
 from runtime import (
     CacheConfig,
@@ -47,20 +46,6 @@ if TYPE_CHECKING:
     from backends.engine.setup import RealSetup
 
 Progress = Callable[[int, int], None]  # (requests finished, requests in the trace)
-
-
-@contextlib.contextmanager
-def frozen_heap() -> Iterator[None]:
-    """Collect, then freeze every object alive now (the model, torch, transformers: ~430 k
-    objects) out of the garbage collector's reach until the block ends. Otherwise a full
-    collection scans them all in the middle of a timed run: a single 210-320 ms stall, measured
-    once per process in the second replay, that no cost model should learn."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import math
 import sys
 import tempfile
@@ -46,6 +45,7 @@ from typing import Any
 import httpx
 
 from backends.bench.serve_load import free_port
+from backends.heap import frozen_heap
 from backends.replay.endpoint import EndpointResult, replay_endpoint, run_info
 from backends.replay.endpoint_probe import EndpointConfig, EndpointError, probe
 from backends.replay.run_output import INTERRUPTED, RunOutput
@@ -233,7 +233,7 @@ def _replay_once(plan: FleetFidelityPlan, trace: Trace, backends: list[str], log
     with running_router(plan, backends, logs) as url:
         config = EndpointConfig(url=url, **{**plan.endpoint, "seed": token_seed})
         info = probe(config)
-        with quiet_collector():
+        with frozen_heap():  # no old-generation collection of the start-up heap mid-replay
             result = replay_endpoint(trace, config, info, progress)
         overheads, unread = _router_overheads(url, backends)
     split = ttft_split(_mean_ttft_s(result), overheads.routing_latency_mean_s,
@@ -248,33 +248,6 @@ def _replay_once(plan: FleetFidelityPlan, trace: Trace, backends: list[str], log
     if failed:  # the split unknown: NaN (null), and why
         fields["router"]["ttft_split_not_measured"] = failed[0]
     return result, fields, overheads
-
-
-_NEVER = 1 << 30  # collections of a younger generation before an older one's: never
-
-
-@contextlib.contextmanager
-def quiet_collector() -> Iterator[None]:
-    """The client's collector during a replay: what is alive now collected, then frozen
-    (out of every collection), and only the youngest generation collected until the block
-    ends (thresholds and heap then restored). The client times every request; its
-    collections stalled its event loop mid-replay (fid15d's probe, 8 replays: a middle
-    collection of 9-43 ms in 6, a full one of 151 ms in 1), which read as the TTFT of the
-    requests in flight; the replicas (start-up heaps frozen) and the routers made no full
-    collection during a replay. A caller that disabled the collector or froze objects of
-    its own keeps its settings."""
-    if not gc.isenabled() or gc.get_freeze_count() > 0:
-        yield
-        return
-    thresholds = gc.get_threshold()
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(thresholds[0], _NEVER, _NEVER)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*thresholds)
-        gc.unfreeze()
 
 
 def calibration_trace(trace: Trace, seed: int) -> Trace:

@@ -226,28 +226,6 @@ def test_the_calibration_windows_are_the_same_requests_around_the_measured_one()
     assert [len(t) for t, _ in one.values()] == [1, 1, 1]
 
 
-def test_the_client_collects_only_its_youngest_generation_during_a_replay() -> None:
-    """`quiet_collector`: inside, the heap frozen and the older generations never
-    collected; after, the thresholds and an unfrozen heap back; a caller's own frozen heap
-    or disabled collector left as it is."""
-    import gc
-
-    from backends.route import fleet_fidelity as ff
-
-    thresholds = gc.get_threshold()
-    assert gc.get_freeze_count() == 0
-    with ff.quiet_collector():
-        assert gc.get_freeze_count() > 0
-        assert gc.get_threshold() == (thresholds[0], 1 << 30, 1 << 30)
-    assert gc.get_threshold() == thresholds and gc.get_freeze_count() == 0
-    gc.disable()
-    try:
-        with ff.quiet_collector():
-            assert gc.get_freeze_count() == 0 and gc.get_threshold() == thresholds
-    finally:
-        gc.enable()
-
-
 @pytest.mark.parametrize(("args", "message"), [
     (("--repeats", "2"), "--fleet does not take --repeats"),
     (("--router", "nope"), "unknown router policy 'nope'"),
