@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from runtime.batch import BatchFeatures
 from runtime.block_hash import own_block_name
@@ -49,20 +48,10 @@ from runtime.outputs import SchedulerOutput
 from runtime.recorder import Recorder
 from runtime.request import Request, RequestStatus
 from runtime.scheduler import Scheduler
+from runtime.steady_bucket import SteadyBucket, SteadyMember
 
 Upcoming = Callable[[Request, int], Sequence[int]]
 """`upcoming(request, n)`: the request's next n sampled tokens (after its current ones)."""
-
-
-@dataclass(slots=True, eq=False)
-class _Member:
-    request: Request
-    table: list[KVCacheBlock]  # its block table (the KV manager's list, shared)
-    c_minus_g: int  # computed tokens before step g = c_minus_g + g
-    finish_step: int  # the step whose appended token stops it
-    seq: int  # join order = running order among members
-    key: bytes | None  # its request's `block_key` (names its blocks without their tokens)
-    eager: bool  # registers each fill in its step (else when materialised; caching on)
 
 
 class SteadyDecodes:
@@ -73,13 +62,10 @@ class SteadyDecodes:
         self.recorder = recorder
         self.upcoming = upcoming
         self.block_size = scheduler.block_size
-        self._members: dict[str, _Member] = {}
-        self._buckets: list[list[_Member]] = [[] for _ in range(self.block_size)]
-        # per bucket, in its order: the members' block tables, and the eager members
-        self._tables: list[list[list[KVCacheBlock]]] = [[] for _ in range(self.block_size)]
-        self._fillers: list[list[_Member]] = [[] for _ in range(self.block_size)]
+        self._members: dict[str, SteadyMember] = {}
+        self._buckets = [SteadyBucket() for _ in range(self.block_size)]
         self._num_deferred = 0  # members whose fills wait for their materialising
-        self._finishes: list[tuple[int, int, _Member]] = []  # (finish step, seq, member)
+        self._finishes: list[tuple[int, int, SteadyMember]] = []  # (finish step, seq, member)
         self._kv_base = 0  # Σ (c_minus_g + 1): decode KV tokens before step g = this + n·g
         self._seq = 0
 
@@ -107,7 +93,7 @@ class SteadyDecodes:
             return None
         pool = scheduler.kv_cache_manager.block_pool
         g = self._step
-        takers = self._buckets[g % self.block_size]
+        takers = self._buckets[g % self.block_size].members
         if scheduler.scheduler_config.policy == "fcfs":
             if len(takers) <= pool.num_free_blocks:
                 self._advance(g)
@@ -134,7 +120,7 @@ class SteadyDecodes:
         get_new_block = kv.block_pool.get_new_block
         running, members = scheduler.running, self._members
         preempted: list[str] = []
-        for member in list(self._buckets[g % self.block_size]):  # victims leave the bucket
+        for member in list(self._buckets[g % self.block_size].members):  # victims leave it
             req_id = member.request.request_id
             while queue.num_free_blocks < 1 and members.get(req_id) is member:
                 victim = running[-1]
@@ -152,7 +138,7 @@ class SteadyDecodes:
         """The members' scheduling in step g: the members whose token starts a block take
         one, then those whose token fills one register it, each in running order (a pop and
         a registration commute: registrations touch blocks in use, evictions free ones)."""
-        self._take_all(self._tables[g % self.block_size])
+        self._take_all(self._buckets[g % self.block_size].tables)
         self._fill_steps(g, 1)
 
     def _fill_steps(self, g: int, num_steps: int) -> None:
@@ -167,10 +153,10 @@ class SteadyDecodes:
         # An eager member registered its full blocks at joining (`_can_join`) and each fill
         # since: the new one is block c // B. Its request is brought up to date later
         # (`_materialise`).
-        upcoming, block_size, buckets = self.upcoming, self.block_size, self._fillers
+        upcoming, block_size, buckets = self.upcoming, self.block_size, self._buckets
         blocks, block_hashes, owns = [], [], []
         for step in range(g, g + num_steps):
-            for member in buckets[(step + 1) % block_size]:
+            for member in buckets[(step + 1) % block_size].eager:
                 computed = member.c_minus_g + step
                 index = computed // block_size
                 key = member.key
@@ -201,15 +187,15 @@ class SteadyDecodes:
         kv = self.scheduler.kv_cache_manager
         pool = kv.block_pool
         log, pool.kv_event_log = pool.kv_event_log, None
-        for members in self._buckets:
-            for member in members:
+        for bucket in self._buckets:
+            for member in bucket.members:
                 if not member.eager:
                     computed = member.c_minus_g + g
                     self._append_upcoming(member.request, computed)
                     kv.cache_full_blocks(member.request, member.table, computed)
                     member.eager = True
+            bucket.eager = list(bucket.members)  # in running order
         pool.kv_event_log = log
-        self._fillers = [list(members) for members in self._buckets]  # in running order
         self._num_deferred = 0
 
     def _append_upcoming(self, request: Request, computed: int) -> None:
@@ -242,7 +228,7 @@ class SteadyDecodes:
         cycles = min(free // per_cycle, max(limit, 0) // block_size)
         k, used = cycles * block_size, cycles * per_cycle
         while k < limit:
-            used += len(buckets[(g + k) % block_size])
+            used += len(buckets[(g + k) % block_size].members)
             if used > free:
                 return k
             k += 1
@@ -256,12 +242,12 @@ class SteadyDecodes:
         names one in use; the pool and its KV events' index end the same), so this is the
         steps' `_advance` one after the other (a run: ~17 steps on Azure, 0-3 blocks each)."""
         g = self._step
-        block_size, tables = self.block_size, self._tables
+        block_size, buckets = self.block_size, self._buckets
         takers: list[list[KVCacheBlock]] = []  # their tables
         free = self.scheduler.kv_cache_manager.block_pool.num_free_blocks
         free_after = []
         for step in range(g, g + num_steps):
-            takers += tables[step % block_size]
+            takers += buckets[step % block_size].tables
             free_after.append(free - len(takers))
         self._take_all(takers)
         self._fill_steps(g, num_steps)
@@ -310,7 +296,7 @@ class SteadyDecodes:
         assert not finishes or finishes[0][0] > g, "a steady decode missed its finish"
         return done
 
-    def _live_finishes(self) -> list[tuple[int, int, _Member]]:
+    def _live_finishes(self) -> list[tuple[int, int, SteadyMember]]:
         """`_finishes` with the entries of members that left popped off its top."""
         finishes, members = self._finishes, self._members
         while finishes and members.get(finishes[0][2].request.request_id) is not finishes[0][2]:
@@ -353,36 +339,28 @@ class SteadyDecodes:
         kv = self.scheduler.kv_cache_manager
         key = request.block_key
         eager = not kv.enable_caching or key is None or kv.block_pool.kv_event_log is not None
-        member = _Member(request, kv.req_to_blocks[request.request_id], c_minus_g,
+        member = SteadyMember(request, kv.req_to_blocks[request.request_id], c_minus_g,
                          finish_step, self._seq, key, eager)
         self._seq += 1
         self._members[request.request_id] = member
-        bucket = -c_minus_g % self.block_size
-        self._buckets[bucket].append(member)
-        self._tables[bucket].append(member.table)
-        if eager:
-            self._fillers[bucket].append(member)
-        else:
+        self._buckets[-c_minus_g % self.block_size].add(member)
+        if not eager:
             self._num_deferred += 1
         heapq.heappush(self._finishes, (finish_step, member.seq, member))
         self._kv_base += c_minus_g + 1
         self.recorder.steady_enter(request.request_id)
 
-    def _leave(self, member: _Member, g: int) -> None:
+    def _leave(self, member: SteadyMember, g: int) -> None:
         """One member leaves before step g (a preemption victim): materialised, explicit."""
         self._remove(member)
         self._materialise(member, g)
         self.recorder.steady_leave(member.request.request_id)
 
-    def _remove(self, member: _Member) -> None:
+    def _remove(self, member: SteadyMember) -> None:
         """Drop a member; its entry in `_finishes` stays until `_live_finishes` discards it."""
         del self._members[member.request.request_id]
-        bucket = -member.c_minus_g % self.block_size
-        index = self._buckets[bucket].index(member)
-        del self._buckets[bucket][index], self._tables[bucket][index]
-        if member.eager:
-            self._fillers[bucket].remove(member)
-        else:
+        self._buckets[-member.c_minus_g % self.block_size].remove(member)
+        if not member.eager:
             self._num_deferred -= 1
         self._kv_base -= member.c_minus_g + 1
 
@@ -396,11 +374,7 @@ class SteadyDecodes:
             self._materialise(member, g)
             self.recorder.steady_leave(member.request.request_id)
         self._members.clear()
-        for members, tables, fillers in zip(self._buckets, self._tables, self._fillers,
-                                            strict=True):
-            members.clear()
-            tables.clear()
-            fillers.clear()
+        self._buckets = [SteadyBucket() for _ in range(self.block_size)]
         self._num_deferred = 0
         self._finishes.clear()
         self._kv_base = 0
@@ -409,7 +383,7 @@ class SteadyDecodes:
         finishes = self._live_finishes()
         return finishes[0][0] if finishes else None
 
-    def _materialise(self, member: _Member, g: int) -> None:
+    def _materialise(self, member: SteadyMember, g: int) -> None:
         """Bring the member's request to its state before step g: c = c_minus_g + g
         computed tokens, c + 1 tokens (the missing ones appended, their blocks hashed)."""
         request = member.request
