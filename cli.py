@@ -533,11 +533,11 @@ def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: Engin
 def _fidelity_fleet(trace: workloads.Trace, args: tuple[Any, ...], fleet: FleetFlags,
                     root: Path) -> None:
     """`rt fidelity --fleet`: the real fleet (`backends.route.fleet_fidelity`) against its
-    twin (`sim.fidelity.fleet_twin`); `args`: engine flags, model, GPU, profile and seed."""
+    twin (`sim.fleet_twin.fleet_twin`); `args`: engine flags, model, GPU, profile and seed."""
     try:
         from analysis.fleet_fidelity import write_fleet_fidelity
         from backends.route.fleet_fidelity import fleet_fidelity_plan, run_fleet_fidelity
-        from sim.fidelity import fleet_twin
+        from sim.fleet_twin import fleet_twin
     except ImportError as err:
         fail(f"--fleet needs {err.name}: pip install 'rt[serve]'")
     with user_errors():

@@ -12,7 +12,7 @@ same way (`analysis.fleet`). Side by side:
 * failed requests;
 * the router's measured overheads (`backends.route.overheads.RouterOverheads` as a dict) and
   what the simulation assumed of them (its routing latency; its scrape staleness: a tick
-  every refresh, refresh / 2 on average; `sim.fidelity.fleet_twin` sets both from the
+  every refresh, refresh / 2 on average; `sim.fleet_twin.fleet_twin` sets both from the
   measured ones);
 * the serving stack's own time: what the twin modelled (fitted on a calibration replay,
   `sim.serving_stack`), and the mean TTFT split into its parts, real (the replicas'
@@ -144,7 +144,7 @@ def _windows(count: int) -> str:
 
 
 def _floor_lines(floor: Mapping[str, Any] | None) -> list[str]:
-    """The console lines of the noise floor (`sim.fidelity._noise_floor`): each calibration
+    """The console lines of the noise floor (`sim.fleet_twin._noise_floor`): each calibration
     window's fit predicting the other's p50/p90 TTFT; none in older runs."""
     if not floor:
         return []

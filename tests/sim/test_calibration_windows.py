@@ -1,7 +1,7 @@
 """Calibration windows before and after the measured replay (`rt fidelity --fleet`): the
 serving stack fitted on both pooled (`sim.serving_stack.fit_on_twins`: the first window
 alone loses its cold requests), and the noise floor, each window's fit predicting the
-other's TTFT out of sample (`sim.fidelity`). Deterministic: no process, no clock."""
+other's TTFT out of sample (`sim.fleet_twin`). Deterministic: no process, no clock."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from sim.fidelity import fleet_twin
+from sim.fleet_twin import fleet_twin
 from sim.serving_stack import ServingStack, warm_requests
 from tests.sim.test_serving_stack import (
     ENGINE,

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from runtime.config import EngineFlags
-from sim.fidelity import fleet_twin, stack_free_twin
+from sim.fleet_twin import fleet_twin, stack_free_twin
 from sim.fleet_config import FleetFlags
 from sim.serving_stack import (
     ServingStack,
