@@ -29,8 +29,8 @@ from backends.route.fleet_fidelity import (
 )
 from runtime.config import EngineFlags
 from runtime.records import ttft_by_request
-from sim.fleet_twin import fleet_twin
 from sim.fleet_config import FleetFlags
+from sim.fleet_twin import fleet_twin
 from workloads import Trace
 from workloads.loaders import load_trace
 

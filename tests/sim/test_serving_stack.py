@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from runtime.config import EngineFlags
-from sim.fleet_twin import fleet_twin, stack_free_twin
 from sim.fleet_config import FleetFlags
+from sim.fleet_twin import fleet_twin, stack_free_twin
 from sim.serving_stack import (
     ServingStack,
     StackNotFitted,

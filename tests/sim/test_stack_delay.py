@@ -14,8 +14,8 @@ import pytest
 
 from runtime.router import make_policy
 from sim.cost.api_server import ApiServerCost
-from sim.fleet_twin import fleet_twin
 from sim.fleet import FleetResult, simulate_fleet
+from sim.fleet_twin import fleet_twin
 from sim.serving_stack import (
     ServingStack,
     Spread,
