@@ -31,13 +31,14 @@ from typing import Any
 import httpx
 import numpy as np
 
-from backends.bench.lean_replay import replay_lean
+from backends.bench.lean_replay import capture_run, replay_lean
 from backends.replay.endpoint import EndpointResult, replay_endpoint
 from backends.replay.endpoint_probe import EndpointConfig, probe
 from runtime.records import RequestRecord
 from workloads import Trace
 
 _HOST = "127.0.0.1"
+CLIENTS = ("httpx", "lean", "capture")  # `rt bench serve --client`
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +51,8 @@ class LoadConfig:
         vocab_size: prompt token ids are drawn from [10, vocab_size).
         seed: seed of the prompts' token ids.
         start_timeout_s, request_timeout_s, stop_timeout_s: the bounds of every wait.
-        client: "httpx" (`rt replay --endpoint`'s client) or "lean" (`sse_client`).
+        client: "httpx" (`rt replay --endpoint`'s client), "lean" (`sse_client`) or
+            "capture" (`capture_client`: reads kept during the run, parsed after it).
         engine_nice: the engine process's nice value once it is up (None: inherited).
     """
 
@@ -65,8 +67,8 @@ class LoadConfig:
     engine_nice: int | None = None
 
     def __post_init__(self) -> None:
-        if self.client not in ("httpx", "lean"):
-            raise ValueError(f"--client must be httpx or lean, got {self.client!r}")
+        if self.client not in CLIENTS:
+            raise ValueError(f"--client must be httpx, lean or capture, got {self.client!r}")
 
 
 @dataclass(slots=True)
@@ -168,12 +170,17 @@ def run_load(trace: Trace, config: LoadConfig) -> LoadResult:
         info = probe(endpoint)
         pids = server_pids(server, config)
         before = cpu_seconds(pids)
-        if config.client == "lean":
-            result = replay_lean(trace, _HOST, server.port, info.model, config.concurrency,
-                                 config.vocab_size, config.seed, config.request_timeout_s)
+        if config.client == "capture":
+            run = capture_run(trace, _HOST, server.port, info.model, config.concurrency,
+                              config.vocab_size, config.seed, config.request_timeout_s)
+            after = cpu_seconds(pids)  # the run's, not the parse's after it
+            result = run.result()
         else:
-            result = replay_endpoint(trace, endpoint, info)
-        after = cpu_seconds(pids)
+            result = replay_lean(trace, _HOST, server.port, info.model, config.concurrency,
+                                 config.vocab_size, config.seed, config.request_timeout_s
+                                 ) if config.client == "lean" else replay_endpoint(
+                                     trace, endpoint, info)
+            after = cpu_seconds(pids)
         spent = {k: round(v - before[k], 3) for k, v in after.items() if k in before}
         counters = server.counters()
         tail = server.log_tail()
