@@ -18,13 +18,19 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
+import socket
+import struct
 import time
 from dataclasses import dataclass, field
-from typing import cast
 
 from backends.bench.sse_client import Streamed, take_event
 
 _END = b"\r\n0\r\n\r\n"  # a chunk's CRLF, the last-chunk line and the empty trailer
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux's value; Python names it 3.13+
+_STAMP = struct.Struct("qq")  # struct timespec: seconds, nanoseconds (CLOCK_REALTIME)
+_ANCILLARY_BYTES = socket.CMSG_SPACE(_STAMP.size)
+_READ_BYTES = 1 << 18
 
 
 @dataclass(slots=True)
@@ -38,33 +44,74 @@ class Captured:
     error: str | None = None
 
 
-class CaptureConnection(asyncio.Protocol):
-    """One keep-alive connection. `begin(request)` writes a request and returns a future done
-    when its response is whole (a chunked body's last chunk read, a Content-Length body read
-    to its length) or the connection is lost; the reads stay in `captured`."""
+class CaptureConnection:
+    """One keep-alive connection on a non-blocking socket read by the event loop's reader
+    callback. `send(request, sent_s)` writes a request and returns a future done when its
+    response is whole (a chunked body's last chunk read, a Content-Length body read to its
+    length) or the connection is lost; the reads stay in `captured`.
 
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
+    Each read is stamped with the kernel's receive time of its last byte (Linux
+    SO_TIMESTAMPNS, CLOCK_REALTIME, moved to perf_counter's clock by `realtime_offset_s`):
+    on loopback that is when the server's write reached the socket, however late this
+    client then got a CPU to read it. Where the kernel gives no stamp, the read's own time."""
+
+    def __init__(self, sock: socket.socket, realtime_offset_s: float) -> None:
+        self.sock = sock
+        self.realtime_offset_s = realtime_offset_s  # time.time() - time.perf_counter()
         self.captured = Captured(0.0)
         self.done: asyncio.Future[None] | None = None
         self.chunked: bool | None = None  # None until the response's head is read
         self.body_left = 0  # bytes of a Content-Length body not read yet
         self.lost = False
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+    @classmethod
+    async def open(cls, host: str, port: int, realtime_offset_s: float) -> CaptureConnection:
+        """Connect, ask for receive stamps, start reading. OSError when it cannot connect."""
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with contextlib.suppress(OSError):  # no stamps: the read's own time
+                sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+            await loop.sock_connect(sock, (host, port))
+        except BaseException:
+            sock.close()
+            raise
+        conn = cls(sock, realtime_offset_s)
+        loop.add_reader(sock.fileno(), conn._readable)
+        return conn
 
-    def begin(self, request: bytes, sent_s: float) -> asyncio.Future[None]:
-        assert self.transport is not None and not self.lost
+    async def send(self, request: bytes, sent_s: float) -> asyncio.Future[None]:
+        assert not self.lost
+        loop = asyncio.get_running_loop()
         self.captured = Captured(sent_s)
         self.chunked = None
-        self.done = asyncio.get_running_loop().create_future()
-        self.transport.write(request)
+        self.done = loop.create_future()
+        await loop.sock_sendall(self.sock, request)
         return self.done
 
-    def data_received(self, data: bytes) -> None:
+    def close(self) -> None:
+        if not self.lost:
+            self._lose()
+        self.sock.close()
+
+    def _readable(self) -> None:
+        try:
+            data, ancillary, _, _ = self.sock.recvmsg(_READ_BYTES, _ANCILLARY_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._lose()
+            return
+        self._take(data, _STAMP.unpack(ancillary[0][2]) if ancillary else None)
+
+    def _take(self, data: bytes, stamp: tuple[int, int] | None) -> None:
         captured = self.captured
-        captured.read_times_s.append(time.perf_counter())
+        captured.read_times_s.append(time.perf_counter() if stamp is None else
+                                     stamp[0] + stamp[1] * 1e-9 - self.realtime_offset_s)
         captured.reads.append(data)
         if self.done is None or self.done.done():
             return  # bytes nobody asked for: kept, the parse reports them
@@ -98,10 +145,17 @@ class CaptureConnection(asyncio.Protocol):
         if self.body_left <= 0:
             self.done.set_result(None)
 
-    def connection_lost(self, exc: Exception | None) -> None:
+    def _lose(self) -> None:
         self.lost = True
+        asyncio.get_running_loop().remove_reader(self.sock.fileno())
         if self.done is not None and not self.done.done():
             self.done.set_result(None)  # cut short: the parse finds the response incomplete
+
+
+def realtime_offset_s() -> float:
+    """CLOCK_REALTIME minus perf_counter's clock (CLOCK_MONOTONIC on Linux), seconds: the
+    kernel's receive stamps are on the first; the run's times on the second."""
+    return time.time() - time.perf_counter()
 
 
 def _content_length(head: bytes) -> int:

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from backends.bench.capture_client import CaptureConnection, Captured, parse
+from backends.bench.capture_client import CaptureConnection, Captured, parse, realtime_offset_s
 from backends.bench.sse_client import Connection, Streamed, post_bytes, request_head, run_client
 from backends.replay.endpoint import EndpointResult, request_body
 from runtime.records import RequestRecord
@@ -100,19 +100,19 @@ async def _capture(trace: Trace, host: str, port: int, requests: dict[str, bytes
                    ) -> tuple[dict[str, Captured], float, float]:
     order = iter(sorted(trace, key=lambda r: r.arrival_s))
     captured: dict[str, Captured] = {}
-    start = time.perf_counter()
-    workers = [_capture_worker(order, host, port, requests, captured, start, timeout_s)
-               for _ in range(min(concurrency, len(trace)))]
+    start, offset = time.perf_counter(), realtime_offset_s()
+    workers = [_capture_worker(order, (host, port, offset), requests, captured, start,
+                               timeout_s) for _ in range(min(concurrency, len(trace)))]
     await asyncio.gather(*workers)
     return captured, start, time.perf_counter() - start
 
 
-async def _capture_worker(order: Iterator[TraceRequest], host: str, port: int,
+async def _capture_worker(order: Iterator[TraceRequest], where: tuple[str, int, float],
                           requests: dict[str, bytes], captured: dict[str, Captured],
                           start: float, timeout_s: float) -> None:
-    """One connection: the next request of `order` (shared by the workers) until none is
-    left; a timeout or a socket error is that request's error, and a fresh connection."""
-    loop = asyncio.get_running_loop()
+    """One connection to `where` (host, port, the clocks' offset): the next request of
+    `order` (shared by the workers) until none is left; a timeout or a socket error is that
+    request's error, and a fresh connection."""
     conn: CaptureConnection | None = None
     for req in order:
         if (delay := start + req.arrival_s - time.perf_counter()) > 0:
@@ -121,8 +121,9 @@ async def _capture_worker(order: Iterator[TraceRequest], host: str, port: int,
         try:
             async with asyncio.timeout(timeout_s):
                 if conn is None or conn.lost:
-                    _, conn = await loop.create_connection(CaptureConnection, host, port)
-                await conn.begin(requests[req.request_id], sent)
+                    _closed(conn)
+                    conn = await CaptureConnection.open(*where)
+                await (await conn.send(requests[req.request_id], sent))
             captured[req.request_id] = conn.captured
         except (TimeoutError, OSError) as err:
             message = "timed out" if isinstance(err, TimeoutError) else \
@@ -134,8 +135,8 @@ async def _capture_worker(order: Iterator[TraceRequest], host: str, port: int,
 
 
 def _closed(conn: CaptureConnection | None) -> None:
-    if conn is not None and conn.transport is not None:
-        conn.transport.close()
+    if conn is not None:
+        conn.close()
 
 
 def _record(req: TraceRequest, s: Streamed, start: float) -> RequestRecord:
