@@ -218,16 +218,34 @@ def renice(pid: int, nice: int) -> None:
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     """Seconds each process (and this one, "client") ran on a CPU and waited, runnable,
     for one ("<name>_runqueue": the machine was busy) from Linux's /proc/PID/schedstat
-    (main threads), and the wall clock ("wall"); empty where it cannot be read."""
+    (main threads), the same summed over the threads alive when read ("<name>_threads",
+    "<name>_threads_runqueue": ZeroMQ's I/O threads too), and the wall clock ("wall");
+    empty where it cannot be read."""
     stats: dict[str, float] = {"wall": time.monotonic()}
     try:
         for name, pid in {**pids, "client": os.getpid()}.items():
-            ran_ns, waited_ns, _ = Path(f"/proc/{pid}/schedstat").read_text().split()
-            stats[name] = int(ran_ns) / 1e9
-            stats[f"{name}_runqueue"] = int(waited_ns) / 1e9
+            stats[name], stats[f"{name}_runqueue"] = _schedstat(f"/proc/{pid}/schedstat")
+            threads = _thread_schedstats(pid)
+            stats[f"{name}_threads"] = sum(ran for ran, _ in threads)
+            stats[f"{name}_threads_runqueue"] = sum(waited for _, waited in threads)
     except OSError:
         return {}
     return stats
+
+
+def _thread_schedstats(pid: int) -> list[tuple[float, float]]:
+    """`_schedstat` of each thread of `pid` (one that ends as it is read is left out)."""
+    stats = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            stats.append(_schedstat(f"/proc/{pid}/task/{tid}/schedstat"))
+    return stats
+
+
+def _schedstat(path: str) -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable waiting for one) of a task's schedstat."""
+    ran_ns, waited_ns, _ = Path(path).read_text().split()
+    return int(ran_ns) / 1e9, int(waited_ns) / 1e9
 
 
 def sent_arrivals(trace: Trace, records: Sequence[RequestRecord]) -> Trace:
