@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from backends.bench.capture_client import CaptureConnection, Captured, parse, realtime_offset_s
 from backends.bench.sse_client import Connection, Streamed, post_bytes, request_head, run_client
+from backends.heap import frozen_heap
 from backends.replay.endpoint import EndpointResult, request_body
 from runtime.records import RequestRecord
 from workloads import Trace, TraceRequest
@@ -85,13 +86,17 @@ def capture_run(trace: Trace, host: str, port: int, model: str, concurrency: int
     """`replay_lean`'s load with the capture client: each request's bytes are built before
     the run, and during it `concurrency` connections each send the next request in arrival
     order (at its arrival time at the earliest) and keep its reads until its response is
-    whole; nothing is parsed until `CaptureRun.result()`."""
+    whole; nothing is parsed until `CaptureRun.result()`. The heap alive at the start is
+    frozen out of the collector during the run (`backends.heap.frozen_heap`): in
+    `rt bench serve`'s process (the simulator loaded) a full collection 5 ms into a run
+    stalled the client 150 ms between two sends of the first 200."""
     head = request_head(host, port, headers)
     requests = {req.request_id: post_bytes(head, "/v1/completions", json.dumps(
         request_body(req, model, vocab_size, seed), separators=(",", ":")).encode())
         for req in trace}
-    captured, start, wall = run_client(_capture(trace, host, port, requests, concurrency,
-                                                timeout_s))
+    with frozen_heap():  # a full collection of the start-up heap stalled a run 150 ms
+        captured, start, wall = run_client(_capture(trace, host, port, requests, concurrency,
+                                                    timeout_s))
     return CaptureRun(trace, captured, start, wall)
 
 

@@ -32,8 +32,9 @@ import httpx
 import numpy as np
 
 from backends.bench.lean_replay import capture_run, replay_lean
+from backends.heap import frozen_heap
 from backends.replay.endpoint import EndpointResult, replay_endpoint
-from backends.replay.endpoint_probe import EndpointConfig, probe
+from backends.replay.endpoint_probe import EndpointConfig, EndpointInfo, probe
 from runtime.records import RequestRecord
 from workloads import Trace
 
@@ -168,23 +169,34 @@ def run_load(trace: Trace, config: LoadConfig) -> LoadResult:
         endpoint = EndpointConfig(server.url, None, None, config.concurrency,
                                   config.request_timeout_s, config.vocab_size, config.seed)
         info = probe(endpoint)
-        pids = server_pids(server, config)
-        before = cpu_seconds(pids)
-        if config.client == "capture":
-            run = capture_run(trace, _HOST, server.port, info.model, config.concurrency,
-                              config.vocab_size, config.seed, config.request_timeout_s)
-            after = cpu_seconds(pids)  # the run's, not the parse's after it
-            result = run.result()
-        else:
-            result = replay_lean(trace, _HOST, server.port, info.model, config.concurrency,
-                                 config.vocab_size, config.seed, config.request_timeout_s
-                                 ) if config.client == "lean" else replay_endpoint(
-                                     trace, endpoint, info)
-            after = cpu_seconds(pids)
-        spent = {k: round(v - before[k], 3) for k, v in after.items() if k in before}
+        result, spent = _replay(trace, config, server.port, endpoint, info,
+                                server_pids(server, config))
         counters = server.counters()
         tail = server.log_tail()
     return LoadResult(result, counters, server.proc.returncode, tail, spent)
+
+
+def _replay(trace: Trace, config: LoadConfig, port: int, endpoint: EndpointConfig,
+            info: EndpointInfo, pids: dict[str, int]
+            ) -> tuple[EndpointResult, dict[str, float]]:
+    """The replay with the configured client, and the CPU seconds spent during it (for the
+    capture client: its run, not the parse after it, and its heap's collection before)."""
+    if config.client == "capture":
+        with frozen_heap():
+            before = cpu_seconds(pids)
+            run = capture_run(trace, _HOST, port, info.model, config.concurrency,
+                              config.vocab_size, config.seed, config.request_timeout_s)
+            after = cpu_seconds(pids)
+        result = run.result()
+    else:
+        before = cpu_seconds(pids)
+        if config.client == "lean":
+            result = replay_lean(trace, _HOST, port, info.model, config.concurrency,
+                                 config.vocab_size, config.seed, config.request_timeout_s)
+        else:
+            result = replay_endpoint(trace, endpoint, info)
+        after = cpu_seconds(pids)
+    return result, {k: round(v - before[k], 3) for k, v in after.items() if k in before}
 
 
 def server_pids(server: ServerProcess, config: LoadConfig) -> dict[str, int]:
