@@ -129,6 +129,7 @@ class _ScriptedServer:
     def __init__(self, gap_s: float = 0.005, answer: bool = True) -> None:
         self.gap_s, self.answer = gap_s, answer
         self.connections = 0
+        self.closed = 0  # connections whose client closed them
         self.writes_s: list[list[float]] = []  # per response
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -155,6 +156,7 @@ class _ScriptedServer:
                     times.append(time.perf_counter())
                     writer.write(piece)
                     await writer.drain()
+        self.closed += 1
 
     def __enter__(self) -> _ScriptedServer:
         self._thread.start()
@@ -204,6 +206,10 @@ def test_a_loopback_run_keeps_exact_counts_and_stamps_after_each_write(
         times = [run.start_s + t for t in record.token_times_s]
         assert writes[0] <= times[0] and writes[1] <= times[1] == times[2] <= end
         assert run.start_s + record.arrival_s <= writes[0]
+    deadline = time.monotonic() + 10
+    while scripted.closed < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert scripted.closed == 2  # the client closed both connections when it was done
 
 
 def test_a_request_never_answered_times_out_and_the_run_ends() -> None:
