@@ -4,14 +4,17 @@ counts are parsed after the run ends (`rt bench serve --client capture`).
 
 Why: at 200 streams the lean client (`sse_client`) spends ~11 us of CPU per streamed token
 (1.4 CPU s per 1000 requests of 128 tokens) on the 2 CPUs it shares with the server it
-measures, and does it at the moments the server is busiest (a wave's last chunks and the
-next wave's requests). Here a read costs one `asyncio.Protocol.data_received` call: the time,
-two appends and one `endswith` to see the chunked body's end.
+measures, and does it at the moments the server is busiest (each step's 200 chunks, a
+wave's requests). Here a read costs one reader callback: a `recvmsg`, two appends and one
+`endswith` to see the chunked body's end (5.6-7.9 us per token, the system calls included;
+docs/serve.md, "The load client's share at 200 streams").
 
-The parse afterwards gives the lean client's view exactly: an event is stamped with the time
-of the read that completed its HTTP chunk (the lean client stamps a chunk once it has read
-it whole) and goes through the lean client's `take_event`. Times are `time.perf_counter()`
-seconds, as the lean client's.
+Each read is stamped with the kernel's receive time of the newest packet it took (Linux
+`SO_TIMESTAMPNS`): on the loopback, when the server's write reached this socket, however
+late the client then got a CPU to read it. The parse afterwards gives the lean client's
+view: an event is stamped with the read that completed its HTTP chunk (the lean client
+stamps a chunk once it has read it whole) and goes through the lean client's `take_event`.
+Times are `time.perf_counter()` seconds, as the lean client's.
 """
 
 from __future__ import annotations
@@ -21,13 +24,15 @@ import bisect
 import contextlib
 import socket
 import struct
+import sys
 import time
 from dataclasses import dataclass, field
 
 from backends.bench.sse_client import Streamed, take_event
 
 _END = b"\r\n0\r\n\r\n"  # a chunk's CRLF, the last-chunk line and the empty trailer
-_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux's value; Python names it 3.13+
+# Linux's SO_TIMESTAMPNS (35 on every Linux ABI but a few old ones), not named by Python 3.11
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35) if sys.platform == "linux" else None
 _STAMP = struct.Struct("qq")  # struct timespec: seconds, nanoseconds (CLOCK_REALTIME)
 _ANCILLARY_BYTES = socket.CMSG_SPACE(_STAMP.size)
 _READ_BYTES = 1 << 18
@@ -50,10 +55,9 @@ class CaptureConnection:
     response is whole (a chunked body's last chunk read, a Content-Length body read to its
     length) or the connection is lost; the reads stay in `captured`.
 
-    Each read is stamped with the kernel's receive time of its last byte (Linux
-    SO_TIMESTAMPNS, CLOCK_REALTIME, moved to perf_counter's clock by `realtime_offset_s`):
-    on loopback that is when the server's write reached the socket, however late this
-    client then got a CPU to read it. Where the kernel gives no stamp, the read's own time."""
+    Each read is stamped with the kernel's receive time of the newest packet it took (Linux
+    SO_TIMESTAMPNS, CLOCK_REALTIME, moved to perf_counter's clock by `realtime_offset_s`);
+    where the kernel gives no stamp, with the read's own time."""
 
     def __init__(self, sock: socket.socket, realtime_offset_s: float) -> None:
         self.sock = sock
@@ -72,8 +76,9 @@ class CaptureConnection:
         try:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with contextlib.suppress(OSError):  # no stamps: the read's own time
-                sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+            if _SO_TIMESTAMPNS is not None:
+                with contextlib.suppress(OSError):  # no stamps: the read's own time
+                    sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
             await loop.sock_connect(sock, (host, port))
         except BaseException:
             sock.close()
