@@ -54,9 +54,11 @@ class ServeLoadFlags:
 @dataclass(frozen=True, slots=True)
 class ServeBenchFlags:
     """`rt bench serve`'s client and soak mode."""
-    client: str = flag("httpx", "--client", "httpx (rt replay --endpoint's client) or lean "
+    client: str = flag("httpx", "--client", "httpx (rt replay --endpoint's client), lean "
                        "(HTTP/1.1 on asyncio streams: a client that does not starve at 200 "
-                       "streams on 2 cores).")
+                       "streams on 2 cores) or capture (keeps each read's bytes and time "
+                       "during the run, parses them after it: the least client CPU while "
+                       "the server runs).")
     soak: float | None = flag(None, "--soak", "Hold --concurrency streams for SECONDS "
                               "(bounded, loopback): errors, token-count mismatches, memory "
                               "and descriptors of both processes, KV blocks in use after.")
@@ -66,8 +68,8 @@ class ServeBenchFlags:
                                    "wake on time on a busy machine.")
 
     def __post_init__(self) -> None:
-        if self.client not in ("httpx", "lean"):
-            raise ValueError(f"--client must be httpx or lean, got {self.client!r}")
+        if self.client not in ("httpx", "lean", "capture"):
+            raise ValueError(f"--client must be httpx, lean or capture, got {self.client!r}")
         if self.soak is not None and not 0 < self.soak <= 24 * 3600:
             raise ValueError(f"--soak must be in (0, 86400] seconds, got {self.soak}")
         if self.engine_nice is not None and not -20 <= self.engine_nice <= 19:

@@ -31,13 +31,15 @@ from typing import Any
 import httpx
 import numpy as np
 
-from backends.bench.lean_replay import replay_lean
+from backends.bench.lean_replay import capture_run, replay_lean
+from backends.heap import frozen_heap
 from backends.replay.endpoint import EndpointResult, replay_endpoint
-from backends.replay.endpoint_probe import EndpointConfig, probe
+from backends.replay.endpoint_probe import EndpointConfig, EndpointInfo, probe
 from runtime.records import RequestRecord
 from workloads import Trace
 
 _HOST = "127.0.0.1"
+CLIENTS = ("httpx", "lean", "capture")  # `rt bench serve --client`
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +52,8 @@ class LoadConfig:
         vocab_size: prompt token ids are drawn from [10, vocab_size).
         seed: seed of the prompts' token ids.
         start_timeout_s, request_timeout_s, stop_timeout_s: the bounds of every wait.
-        client: "httpx" (`rt replay --endpoint`'s client) or "lean" (`sse_client`).
+        client: "httpx" (`rt replay --endpoint`'s client), "lean" (`sse_client`) or
+            "capture" (`capture_client`: reads kept during the run, parsed after it).
         engine_nice: the engine process's nice value once it is up (None: inherited).
     """
 
@@ -65,8 +68,8 @@ class LoadConfig:
     engine_nice: int | None = None
 
     def __post_init__(self) -> None:
-        if self.client not in ("httpx", "lean"):
-            raise ValueError(f"--client must be httpx or lean, got {self.client!r}")
+        if self.client not in CLIENTS:
+            raise ValueError(f"--client must be httpx, lean or capture, got {self.client!r}")
 
 
 @dataclass(slots=True)
@@ -166,18 +169,34 @@ def run_load(trace: Trace, config: LoadConfig) -> LoadResult:
         endpoint = EndpointConfig(server.url, None, None, config.concurrency,
                                   config.request_timeout_s, config.vocab_size, config.seed)
         info = probe(endpoint)
-        pids = server_pids(server, config)
+        result, spent = _replay(trace, config, server.port, endpoint, info,
+                                server_pids(server, config))
+        counters = server.counters()
+        tail = server.log_tail()
+    return LoadResult(result, counters, server.proc.returncode, tail, spent)
+
+
+def _replay(trace: Trace, config: LoadConfig, port: int, endpoint: EndpointConfig,
+            info: EndpointInfo, pids: dict[str, int]
+            ) -> tuple[EndpointResult, dict[str, float]]:
+    """The replay with the configured client, and the CPU seconds spent during it (for the
+    capture client: its run, not the parse after it, and its heap's collection before)."""
+    if config.client == "capture":
+        with frozen_heap():
+            before = cpu_seconds(pids)
+            run = capture_run(trace, _HOST, port, info.model, config.concurrency,
+                              config.vocab_size, config.seed, config.request_timeout_s)
+            after = cpu_seconds(pids)
+        result = run.result()
+    else:
         before = cpu_seconds(pids)
         if config.client == "lean":
-            result = replay_lean(trace, _HOST, server.port, info.model, config.concurrency,
+            result = replay_lean(trace, _HOST, port, info.model, config.concurrency,
                                  config.vocab_size, config.seed, config.request_timeout_s)
         else:
             result = replay_endpoint(trace, endpoint, info)
         after = cpu_seconds(pids)
-        spent = {k: round(v - before[k], 3) for k, v in after.items() if k in before}
-        counters = server.counters()
-        tail = server.log_tail()
-    return LoadResult(result, counters, server.proc.returncode, tail, spent)
+    return result, {k: round(v - before[k], 3) for k, v in after.items() if k in before}
 
 
 def server_pids(server: ServerProcess, config: LoadConfig) -> dict[str, int]:
@@ -211,16 +230,34 @@ def renice(pid: int, nice: int) -> None:
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     """Seconds each process (and this one, "client") ran on a CPU and waited, runnable,
     for one ("<name>_runqueue": the machine was busy) from Linux's /proc/PID/schedstat
-    (main threads), and the wall clock ("wall"); empty where it cannot be read."""
+    (main threads), the same summed over the threads alive when read ("<name>_threads",
+    "<name>_threads_runqueue": ZeroMQ's I/O threads too), and the wall clock ("wall");
+    empty where it cannot be read."""
     stats: dict[str, float] = {"wall": time.monotonic()}
     try:
         for name, pid in {**pids, "client": os.getpid()}.items():
-            ran_ns, waited_ns, _ = Path(f"/proc/{pid}/schedstat").read_text().split()
-            stats[name] = int(ran_ns) / 1e9
-            stats[f"{name}_runqueue"] = int(waited_ns) / 1e9
+            stats[name], stats[f"{name}_runqueue"] = _schedstat(f"/proc/{pid}/schedstat")
+            threads = _thread_schedstats(pid)
+            stats[f"{name}_threads"] = sum(ran for ran, _ in threads)
+            stats[f"{name}_threads_runqueue"] = sum(waited for _, waited in threads)
     except OSError:
         return {}
     return stats
+
+
+def _thread_schedstats(pid: int) -> list[tuple[float, float]]:
+    """`_schedstat` of each thread of `pid` (one that ends as it is read is left out)."""
+    stats = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            stats.append(_schedstat(f"/proc/{pid}/task/{tid}/schedstat"))
+    return stats
+
+
+def _schedstat(path: str) -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable waiting for one) of a task's schedstat."""
+    ran_ns, waited_ns, _ = Path(path).read_text().split()
+    return int(ran_ns) / 1e9, int(waited_ns) / 1e9
 
 
 def sent_arrivals(trace: Trace, records: Sequence[RequestRecord]) -> Trace:

@@ -49,13 +49,24 @@ class Streamed:
     done_s: float | None = None
 
 
+def request_head(host: str, port: int, headers: dict[str, str] | None) -> str:
+    """The header lines every request to `host:port` carries (each ending in CRLF)."""
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    return f"Host: {host}:{port}\r\nContent-Type: application/json\r\n{extra}"
+
+
+def post_bytes(head: str, path: str, data: bytes) -> bytes:
+    """An HTTP/1.1 POST of the JSON `data` with the header lines `head`, as sent."""
+    return (f"POST {path} HTTP/1.1\r\n{head}Content-Length: {len(data)}\r\n\r\n".encode()
+            + data)
+
+
 class Connection:
     """One keep-alive HTTP/1.1 connection to `host:port` (reopened when the server closes)."""
 
     def __init__(self, host: str, port: int, headers: dict[str, str] | None = None) -> None:
         self.host, self.port = host, port
-        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        self.head = f"Host: {host}:{port}\r\nContent-Type: application/json\r\n{extra}"
+        self.head = request_head(host, port, headers)
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
@@ -71,8 +82,7 @@ class Connection:
         try:
             if self.writer is None:
                 self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-            self.writer.write(f"POST {path} HTTP/1.1\r\n{self.head}Content-Length: "
-                              f"{len(data)}\r\n\r\n".encode() + data)
+            self.writer.write(post_bytes(self.head, path, data))
             await self._read_response(out)
         except (OSError, asyncio.IncompleteReadError, ValueError) as err:
             out.error = out.error or f"{type(err).__name__}: {err}"
@@ -102,12 +112,13 @@ class Connection:
             now = time.perf_counter()
             *events, pending = (pending + chunk[:-2]).split(b"\n\n")
             for event in events:
-                _take_event(event, out, now)
+                take_event(event, out, now)
         if status != 200 and out.error is None:
             out.error = f"HTTP {status}"
 
 
-def _take_event(event: bytes, out: Streamed, now: float) -> None:
+def take_event(event: bytes, out: Streamed, now: float) -> None:
+    """Take one SSE event (`data: ...` without its blank line) read at `now` into `out`."""
     if not event.startswith(b"data: {"):
         return
     if b'"error"' in event[:20]:

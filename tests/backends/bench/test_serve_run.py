@@ -138,3 +138,31 @@ def test_the_load_client_runs_on_uvloop_when_it_imports() -> None:
         assert run_client(loop_module()).startswith("asyncio")
     else:
         assert run_client(loop_module()).startswith("uvloop")
+
+
+def test_cpu_seconds_of_the_main_thread_and_of_all_threads() -> None:
+    """A child whose second thread spins for 0.3 CPU s, then sleeps: the threads' CPU is
+    the main thread's and at least that."""
+    from backends.bench.serve_load import cpu_seconds
+
+    child = subprocess.Popen([sys.executable, "-c", "import threading, time\n"
+                              "def spin():\n    end = time.thread_time() + 0.3\n"
+                              "    while time.thread_time() < end: pass\n"
+                              "    time.sleep(30)\n"
+                              "threading.Thread(target=spin).start(); time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 20
+        stats = cpu_seconds({"engine": child.pid})
+        while stats["engine_threads"] - stats["engine"] < 0.3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            stats = cpu_seconds({"engine": child.pid})
+        names = {"wall", "engine", "engine_runqueue", "engine_threads",
+                 "engine_threads_runqueue", "client", "client_runqueue", "client_threads",
+                 "client_threads_runqueue"}
+        assert set(stats) == names
+        assert stats["engine_threads"] - stats["engine"] >= 0.3
+        assert stats["engine_threads_runqueue"] >= stats["engine_runqueue"]
+    finally:
+        child.kill()
+        child.wait(10)
+    assert cpu_seconds({"engine": child.pid}) == {}  # gone: nothing to read
