@@ -282,19 +282,17 @@ class BlockPool(CachedBlockMap):
         return True
 
     def release_blocks(self) -> list[KVCacheBlock]:
-        """Hand over every block object this pool made (not the null block), reset: free,
-        unhashed and unlinked, for another pool to make never-used blocks of (`reuse`).
-        This pool is left as new: every block never used, nothing cached. ValueError while
-        a block is in use. (No KV event: a released pool is observed no more.)"""
+        """Hand over every block object this pool made (not the null block), free, for
+        another pool to make never-used blocks of (`reuse`), which resets each as it makes
+        it: they keep this pool's hashes and links till then (a cycle for the collector
+        if never made again). This pool is left as new: every block never used, nothing
+        cached. ValueError while a block is in use. (No KV event: a released pool is
+        observed no more.)"""
         if self.num_free_blocks != self.num_blocks - 1:
             raise ValueError(f"cannot release a pool with "
                              f"{self.num_blocks - 1 - self.num_free_blocks} blocks in use")
         released = self._blocks[1:]
         del self._blocks[1:]
-        for block in released:  # drops the queue's links: no cycle is left to collect
-            block.prev = block.next = None
-            block.block_hash = block.own_seq = block.piece = None
-            block.j = 0
         self.free_block_queue.restart(range(1, self.num_blocks))
         self.cached_blocks.clear()
         self._more_cached.clear()

@@ -81,9 +81,9 @@ def test_a_released_pool_is_new_and_its_blocks_serve_the_next_pool() -> None:
         first.release_blocks()
     first.free_blocks(table)
     spares = first.release_blocks()
-    assert ids(spares) == [1, 2, 3, 4, 5] and all(  # by id: spares[i] has id i + 1
-        b.ref_cnt == 0 and b.block_hash is None and b.prev is None and b.next is None
-        for b in spares)
+    assert ids(spares) == [1, 2, 3, 4, 5]  # by id: spares[i] has id i + 1
+    assert all(b.ref_cnt == 0 for b in spares)  # free, as they were: linked, 1 and 2 cached
+    assert [b.block_hash is not None for b in spares] == [True, True, False, False, False]
     assert first.free_block_ids() == list(range(1, 10)) and first.cached_block_ids() == {}
     assert len(first._blocks) == 1
     first.check_invariants()
@@ -92,7 +92,9 @@ def test_a_released_pool_is_new_and_its_blocks_serve_the_next_pool() -> None:
     assert ids(taken) == [1, 2, 3, 4] and taken == spares[:4]  # the spare of each id
     rest = second.get_new_blocks(3)
     assert ids(rest) == [5, 6, 7] and rest[0] is spares[4]  # then new objects
-    assert all(b.ref_cnt == 1 and b.block_hash is None for b in taken + rest)
+    assert all(b.ref_cnt == 1 and b.block_hash is None and b.prev is None and b.next is None
+               and b.own_seq is None and b.piece is None and b.j == 0
+               for b in taken + rest)  # each spare reset as it is made
     assert held[0] in spares  # a released object now serves the second pool, its id kept
     second.check_invariants()
     second.free_blocks(taken + rest)
@@ -133,8 +135,9 @@ def test_a_released_pool_takes_no_spares_until_told() -> None:
 
 
 def test_two_pools_making_blocks_of_one_spare_list_at_once_raise() -> None:
-    """A spare another pool still holds (in use, or linked in its free queue) is refused:
-    one pool at a time makes blocks of a released pool's list."""
+    """A spare another pool still holds in use is refused: one pool at a time makes blocks
+    of a released pool's list (one linked in its free queue is not told apart from a
+    released one, whose links stay till it is made again)."""
     first = BlockPool(6, enable_caching=True)
     first.get_new_blocks(5)
     first.free_blocks(first._blocks[1:])
@@ -150,8 +153,4 @@ def test_two_pools_making_blocks_of_one_spare_list_at_once_raise() -> None:
     bulk.reuse(spares)
     with pytest.raises(AssertionError, match="spare block 1 is another pool's"):
         bulk.get_new_blocks(2)
-    second.free_blocks(taken)  # now linked in the second pool's free queue
-    fourth = BlockPool(6, enable_caching=True)
-    fourth.reuse(spares)
-    with pytest.raises(AssertionError, match="spare block 1 is another pool's"):
-        fourth.get_new_block()
+    second.free_blocks(taken)  # free again: linked in the second pool's free queue
