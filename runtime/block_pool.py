@@ -134,15 +134,17 @@ class BlockPool(CachedBlockMap):
             blocks = self._take_linked(names)
         else:  # linked ones before the never-used ones, these, then linked ones after
             blocks = self._take_linked(islice(names, before)) if before else []
-            cached_blocks = self.cached_blocks
-            for block, name in zip(made, names, strict=False):  # in use, no hash
-                if name is not None:  # `_register`, inlined
-                    block.block_hash = name
-                    if cached_blocks.setdefault(name, block) is not block:
-                        self._more_cached.setdefault(name, {})[block.block_id] = block
+            if shared:  # else no name to register: skip the made ones (1.4M at 64 replicas)
+                cached_blocks = self.cached_blocks
+                for block, name in zip(made, names, strict=False):  # in use, no hash
+                    if name is not None:  # `_register`, inlined
+                        block.block_hash = name
+                        if cached_blocks.setdefault(name, block) is not block:
+                            self._more_cached.setdefault(name, {})[block.block_id] = block
             blocks += made
             if len(blocks) < num_blocks:
-                blocks += self._take_linked(names)
+                blocks += self._take_linked(names if shared
+                                            else repeat(None, num_blocks - len(blocks)))
         if own:  # the popped blocks are at hand: a second pass costs ~20 ns a block
             self._own_seq += 1
             seq = self._own_seq
