@@ -133,7 +133,7 @@ class BlockPool(CachedBlockMap):
         if not made:  # linked blocks only (all of them once every block was used)
             blocks = self._take_linked(names)
         else:  # linked ones before the never-used ones, these, then linked ones after
-            blocks = self._take_linked(islice(names, before)) if before else []
+            blocks = self._take_linked(islice(names, before)) if before else made
             if shared:  # else no name to register: skip the made ones (1.4M at 64 replicas)
                 cached_blocks = self.cached_blocks
                 for block, name in zip(made, names, strict=False):  # in use, no hash
@@ -141,7 +141,8 @@ class BlockPool(CachedBlockMap):
                         block.block_hash = name
                         if cached_blocks.setdefault(name, block) is not block:
                             self._more_cached.setdefault(name, {})[block.block_id] = block
-            blocks += made
+            if before:
+                blocks += made
             if len(blocks) < num_blocks:
                 blocks += self._take_linked(names if shared
                                             else repeat(None, num_blocks - len(blocks)))
@@ -160,8 +161,11 @@ class BlockPool(CachedBlockMap):
         before, made = self.free_block_queue.take_made(num_blocks)
         if not made:
             return self._take_linked(repeat(None, num_blocks))
-        blocks = self._take_linked(repeat(None, before)) if before else []
-        blocks += made  # made in use
+        if not before:  # `made`, a list of its own: no copy
+            blocks = made
+        else:
+            blocks = self._take_linked(repeat(None, before))
+            blocks += made  # made in use
         if len(blocks) < num_blocks:
             blocks += self._take_linked(repeat(None, num_blocks - len(blocks)))
         return blocks

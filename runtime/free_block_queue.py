@@ -186,7 +186,8 @@ class FreeBlockQueue:
             self._ahead = ahead - count
             return count, []
         self._ahead = 0
-        made = self._make(min(count - ahead, len(self._unbuilt)), 1)
+        wanted, left = count - ahead, len(self._unbuilt)
+        made = self._make(wanted if wanted < left else left, 1)
         self.num_free_blocks -= len(made)
         return ahead, made
 

@@ -303,10 +303,17 @@ class PreRoutedReplica(KnownHandovers, Replica):
 
     def wait_for_work(self) -> Generator[simpy.Event, object, float]:
         if self.next_index == len(self.take_in):  # its share is done: no block is used again
-            released = self.core.scheduler.kv_cache_manager.release_blocks()  # ids 1, 2, ...
-            spares = self.fleet.spare_blocks  # by id, as `released`: which starts with the
-            spares += released[len(spares):]  # spares it made blocks of, then new objects
+            self.hand_on_blocks()
         return (yield from super().wait_for_work())
+
+    def hand_on_blocks(self) -> None:
+        """Release the pool's blocks to the fleet's spares, for the replicas after it. Not
+        in `wait_for_work`, whose frame stays suspended to the end: its locals (the
+        released list, ~25k blocks at 64 replicas) would live on, and young collections
+        walk them once each (~60 M instructions at 64 replicas on the Azure excerpt)."""
+        released = self.core.scheduler.kv_cache_manager.release_blocks()  # ids 1, 2, ...
+        spares = self.fleet.spare_blocks  # by id, as `released`: which starts with the
+        spares += released[len(spares):]  # spares it made blocks of, then new objects
 
     def submit(self, request: Request, now: float) -> None:
         EngineProcess.submit(self, request, now)  # no first token awaited step by step
