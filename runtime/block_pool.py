@@ -288,18 +288,23 @@ class BlockPool(CachedBlockMap):
         return True
 
     def release_blocks(self) -> list[KVCacheBlock]:
-        """Hand over every block object this pool made (not the null block), free, for
-        another pool to make never-used blocks of (`reuse`), which resets each as it makes
-        it: they keep this pool's hashes and links till then (a cycle for the collector
-        if never made again). This pool is left as new: every block never used, nothing
-        cached. ValueError while a block is in use. (No KV event: a released pool is
-        observed no more.)"""
+        """Hand over every block object this pool made (not the null block), reset as a
+        pop leaves a never-used block (one reference: in use; unhashed, unlinked), for
+        another pool to make never-used blocks of as they are (`reuse`: touched here, where
+        they are in the cache, not again there). This pool is left as new: every block
+        never used, nothing cached. ValueError while a block is in use. (No KV event: a
+        released pool is observed no more.)"""
         if self.num_free_blocks != self.num_blocks - 1:
             raise ValueError(f"cannot release a pool with "
                              f"{self.num_blocks - 1 - self.num_free_blocks} blocks in use")
-        released = self._blocks[1:]
-        del self._blocks[1:]
-        self.free_block_queue.restart(range(1, self.num_blocks))
+        released = self._blocks  # the list itself, not a copy: the pool takes a new one
+        self._blocks = [released[0]]
+        del released[0]  # the null block stays
+        self.free_block_queue.restart(range(1, self.num_blocks), self._blocks)
+        for block in released:  # drops the queue's links: no cycle is left to collect
+            block.ref_cnt = 1  # (`j` is read only with a `piece`)
+            block.prev = block.next = None
+            block.block_hash = block.own_seq = block.piece = None
         self.cached_blocks.clear()
         self._more_cached.clear()
         self._pieces.clear()
