@@ -302,9 +302,9 @@ class BlockPool(CachedBlockMap):
         del released[0]  # the null block stays
         self.free_block_queue.restart(range(1, self.num_blocks), self._blocks)
         for block in released:  # drops the queue's links: no cycle is left to collect
-            block.ref_cnt = 1  # (`j` is read only with a `piece`)
+            block.ref_cnt = 1
             block.prev = block.next = None
-            block.block_hash = block.own_seq = block.piece = None
+            block.block_hash = block.own_seq = block.piece = None  # `j`: read with a piece
         self.cached_blocks.clear()
         self._more_cached.clear()
         self._pieces.clear()
