@@ -310,7 +310,8 @@ class PreRoutedReplica(KnownHandovers, Replica):
         """Release the pool's blocks to the fleet's spares, for the replicas after it. Not
         in `wait_for_work`, whose frame stays suspended to the end: its locals (the
         released list, ~25k blocks at 64 replicas) would live on, and young collections
-        walk them once each (~60 M instructions at 64 replicas on the Azure excerpt)."""
+        walk them once each (64 replicas on the Azure excerpt: 1.79M list items walked,
+        against 0.38M at 4 replicas)."""
         released = self.core.scheduler.kv_cache_manager.release_blocks()  # ids 1, 2, ...
         spares = self.fleet.spare_blocks  # by id, as `released`: which starts with the
         spares += released[len(spares):]  # spares it made blocks of, then new objects
