@@ -133,16 +133,19 @@ class BlockPool(CachedBlockMap):
         if not made:  # linked blocks only (all of them once every block was used)
             blocks = self._take_linked(names)
         else:  # linked ones before the never-used ones, these, then linked ones after
-            blocks = self._take_linked(islice(names, before)) if before else []
-            cached_blocks = self.cached_blocks
-            for block, name in zip(made, names, strict=False):  # in use, no hash
-                if name is not None:  # `_register`, inlined
-                    block.block_hash = name
-                    if cached_blocks.setdefault(name, block) is not block:
-                        self._more_cached.setdefault(name, {})[block.block_id] = block
-            blocks += made
+            blocks = self._take_linked(islice(names, before)) if before else made
+            if shared:  # else no name to register: skip the made ones (1.4M at 64 replicas)
+                cached_blocks = self.cached_blocks
+                for block, name in zip(made, names, strict=False):  # in use, no hash
+                    if name is not None:  # `_register`, inlined
+                        block.block_hash = name
+                        if cached_blocks.setdefault(name, block) is not block:
+                            self._more_cached.setdefault(name, {})[block.block_id] = block
+            if before:
+                blocks += made
             if len(blocks) < num_blocks:
-                blocks += self._take_linked(names)
+                blocks += self._take_linked(names if shared
+                                            else repeat(None, num_blocks - len(blocks)))
         if own:  # the popped blocks are at hand: a second pass costs ~20 ns a block
             self._own_seq += 1
             seq = self._own_seq
@@ -158,8 +161,11 @@ class BlockPool(CachedBlockMap):
         before, made = self.free_block_queue.take_made(num_blocks)
         if not made:
             return self._take_linked(repeat(None, num_blocks))
-        blocks = self._take_linked(repeat(None, before)) if before else []
-        blocks += made  # made in use
+        if not before:  # `made`, a list of its own: no copy
+            blocks = made
+        else:
+            blocks = self._take_linked(repeat(None, before))
+            blocks += made  # made in use
         if len(blocks) < num_blocks:
             blocks += self._take_linked(repeat(None, num_blocks - len(blocks)))
         return blocks
@@ -282,20 +288,23 @@ class BlockPool(CachedBlockMap):
         return True
 
     def release_blocks(self) -> list[KVCacheBlock]:
-        """Hand over every block object this pool made (not the null block), reset: free,
-        unhashed and unlinked, for another pool to make never-used blocks of (`reuse`).
-        This pool is left as new: every block never used, nothing cached. ValueError while
-        a block is in use. (No KV event: a released pool is observed no more.)"""
+        """Hand over every block object this pool made (not the null block), reset as a
+        pop leaves a never-used block (one reference: in use; unhashed, unlinked), for
+        another pool to make never-used blocks of as they are (`reuse`: touched here, where
+        they are in the cache, not again there). This pool is left as new: every block
+        never used, nothing cached. ValueError while a block is in use. (No KV event: a
+        released pool is observed no more.)"""
         if self.num_free_blocks != self.num_blocks - 1:
             raise ValueError(f"cannot release a pool with "
                              f"{self.num_blocks - 1 - self.num_free_blocks} blocks in use")
-        released = self._blocks[1:]
-        del self._blocks[1:]
+        released = self._blocks  # the list itself, not a copy: the pool takes a new one
+        self._blocks = [released[0]]
+        del released[0]  # the null block stays
+        self.free_block_queue.restart(range(1, self.num_blocks), self._blocks)
         for block in released:  # drops the queue's links: no cycle is left to collect
+            block.ref_cnt = 1
             block.prev = block.next = None
-            block.block_hash = block.own_seq = block.piece = None
-            block.j = 0
-        self.free_block_queue.restart(range(1, self.num_blocks))
+            block.block_hash = block.own_seq = block.piece = None  # `j`: read with a piece
         self.cached_blocks.clear()
         self._more_cached.clear()
         self._pieces.clear()

@@ -16,7 +16,7 @@ operations in the same order, so they give identical records.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, MutableSequence, Sequence
 from dataclasses import dataclass
 from functools import reduce
 from operator import add, sub
@@ -64,12 +64,20 @@ class Recorder:
     `step_started` then `step_finished`; a fast-forwarded run calls `decode_steps` (and, for
     its last step when steady decodes finish in it, `step_started` then `step_finished`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, step_columns: dict[str, MutableSequence[object]] | None = None) -> None:
+        """`step_columns`: columns (`new_step_columns`) to append this recorder's steps to,
+        after the rows already there (recorders that run one after another can share one
+        set: a pre-routed fleet's replicas, `sim.fleet_replica`); by default its own."""
         self.live: dict[str, _Live] = {}
         self.finished: list[RequestRecord] = []
         # Steps as columns, in StepRecord's field order: a run of decode steps extends them.
-        self.step_columns = new_step_columns()
+        self.step_columns = new_step_columns() if step_columns is None else step_columns
         self._columns = list(self.step_columns.values())
+        # Rows of the columns before this recorder's first step (`follow`): its step k is
+        # row first_row + k. Token times and steady decodes hold rows (`StepTimes` indexes
+        # the whole column).
+        self.first_row = len(self._columns[0])
+        self.num_steps = 0  # steps recorded so far (this recorder's)
         self._ends = cast(Sequence[float], self.step_columns["end_s"])  # array("d")
         self._span_total = 0.0  # S
         self._span_total_before_step = 0.0  # S at the start of the step being closed
@@ -80,20 +88,26 @@ class Recorder:
         # Requests taken in after their step's interval began (the host gap between steps):
         # the part of the interval before they were handed over is not theirs.
         self._credits: list[tuple[_Live, float]] = []
-        # Steady decodes (`runtime.steady`): request id -> the first step whose end is not
-        # yet in its token times. Such a request is scheduled as a decode in every step from
-        # then on, so its open decode run goes on and each step's end is one of its tokens;
+        # Steady decodes (`runtime.steady`): request id -> the row of the first step whose end
+        # is not yet in its token times. Such a request is scheduled as a decode in every step
+        # from then on, so its open decode run goes on and each step's end is one of its tokens;
         # both are written into its record only when it leaves (`steady_leave`).
         self._steady_since: dict[str, int] = {}
 
     @property
     def steps(self) -> list[StepRecord]:
-        """Every step so far, in order (built from the columns: slow, for tests)."""
-        return steps_from_columns(self.step_columns)
+        """Every step of this recorder so far, in order (built from the columns: slow, for
+        tests)."""
+        rows = slice(self.first_row, self.first_row + self.num_steps)
+        return steps_from_columns({name: column[rows]
+                                   for name, column in self.step_columns.items()})
 
-    @property
-    def num_steps(self) -> int:
-        return len(self._columns[0])
+    def follow(self) -> None:
+        """Number this recorder's rows from the end of its columns as they are now: the
+        recorders sharing them before it have recorded all their steps. Before its first
+        step."""
+        assert not self.num_steps, "follow() after a step"
+        self.first_row = len(self._columns[0])
 
     # ---- request events --------------------------------------------------------------------
 
@@ -227,7 +241,7 @@ class Recorder:
         self._span_total += span
         for req_id, kind in kinds.items():
             self._schedule(self.live[req_id], kind, self._span_total)
-        step = self.num_steps  # this step's row, appended below
+        step = len(self._columns[0])  # this step's row, appended below
         for req_id in token_owners:
             live = self.live[req_id]
             if live.record.first_token_s is None:
@@ -254,6 +268,7 @@ class Recorder:
         )
         for column, value in zip(self._columns, row, strict=True):
             column.append(value)
+        self.num_steps += 1
 
     def _settle_credits(self, wait_reason: WaitReason | None) -> None:
         """Take the pre-hand-over part of this step's interval back from where it went."""
@@ -283,14 +298,14 @@ class Recorder:
             self._close_run(live, self._span_total)
             live.kind = "decode"
             live.run_start = self._span_total
-        self._steady_since[request_id] = self.num_steps
+        self._steady_since[request_id] = len(self._columns[0])  # the next step's row
 
     def steady_leave(self, request_id: str) -> None:
         """Write the steps since `steady_enter` into the request's record, as stepping would
         have: their ends are its token times, and its decode run extends to now."""
         live = self.live[request_id]
         since = self._steady_since.pop(request_id)
-        live.times.add_steps(since, self.num_steps)
+        live.times.add_steps(since, len(self._columns[0]))
         live.run_end = self._span_total
 
     # ---- fast-forwarded decode runs ------------------------------------------------------
@@ -315,7 +330,7 @@ class Recorder:
             self._queue_totals[index] = reduce(add, spans, self._queue_totals[index])
         self._last_end = ends[-1]
         count = len(ends)
-        first_step = self.num_steps
+        first_row = len(self._columns[0])
         self._extend_decode_columns(starts, ends, durations, num_seqs, decode_kv_tokens,
                                     kv_usages, num_waiting, wait_reason)
         # One `_schedule` per request does what the steps one by one would: open (or keep)
@@ -328,7 +343,7 @@ class Recorder:
                 live.run_end = total  # its open decode run goes on: `_schedule`'s no-op case
             else:
                 self._schedule(live, "decode", total)
-            live.times.add_steps(first_step, first_step + count)
+            live.times.add_steps(first_row, first_row + count)
         self._interval_start = self._last_end
         self._last_reason = wait_reason
 
@@ -352,6 +367,7 @@ class Recorder:
         )
         for column, values in zip(self._columns, columns, strict=True):
             column.extend(values)
+        self.num_steps += count
 
     # ---- finishing ---------------------------------------------------------------------------
 

@@ -49,6 +49,11 @@ def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "
         per_request[count] = float(row["cpu_s_per_request"])
         if count == replicas:
             shares = _replica_shares(scale_time(trace, 1.0 / count), result)
+        # Freed before the next size runs, not while it runs: each size after the sizes
+        # before it freed theirs. A result freed mid-series raised glibc's mmap threshold
+        # for the next size only (its step columns, ~5 MB arrays, then grew by copying in
+        # the heap instead of mremap: ~0.2 s more for whichever size came after it).
+        del result
     rows.append(_engines_row(shares, setup, f"{replicas} replicas' shares on one engine each"))
     engines_cpu = float(rows[-1]["cpu_s"]) / n
     report: dict[str, object] = {

@@ -40,7 +40,7 @@ from typing import cast
 import simpy
 
 from runtime import KVCacheBlock
-from runtime.records import RequestRecord
+from runtime.records import RequestRecord, new_step_columns
 from runtime.router import ReplicaSnapshot, RouterPolicy, RoutingRequest
 from sim.api_server import deliver_to_clients
 from sim.block_ids import TraceBlockIds, own_streams_only
@@ -122,6 +122,7 @@ class _Fleet:
         # (`handover_bounds`; replicas of one pool share their list)
         self._bounds: dict[ApiServerCost, list[float]] = {}
         self.spare_blocks: list[KVCacheBlock] = []  # `PreRoutedReplica`s' released blocks
+        self.step_columns = new_step_columns()  # `PreRoutedReplica`s' steps, one after another
         kind = (KvReplica if self.kv_bus else PreRoutedReplica if self.pre_routed
                 else Replica)
         self.replicas = [kind(self, i, setup) for i, setup in enumerate(setups)]

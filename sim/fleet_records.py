@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, cast
 
-from runtime import EngineCore
+from runtime import EngineCore, Recorder
 from runtime.records import REQUEST_FIELDS, RequestRecord, RunResult, new_step_columns
 from workloads import Trace
 
@@ -127,9 +127,8 @@ def fleet_result(trace: Trace, replicas: Sequence[tuple[int, EngineCore]],
     requests: list[RequestRecord] = []
     summaries = []
     queries = hits = 0
-    columns = new_step_columns()  # typed as a single engine's (8 bytes a value)
+    columns = _joined_steps([core.recorder for _, core in replicas])
     columns["replica"] = array("q")
-    _concatenate(columns, [core.recorder.step_columns for _, core in replicas])
     for index, core in replicas:
         recorder = core.recorder
         assert not recorder.live, f"{len(recorder.live)} requests never finished"
@@ -145,6 +144,26 @@ def fleet_result(trace: Trace, replicas: Sequence[tuple[int, EngineCore]],
     requests.sort(key=lambda r: order[r.request_id])
     return FleetResult(requests=requests, step_columns=columns, prefix_cache_queries=queries,
                        prefix_cache_hits=hits, wall_s=wall_s, replicas=summaries)
+
+
+def _joined_steps(recorders: Sequence[Recorder]) -> dict[str, MutableSequence[object]]:
+    """The recorders' steps, one recorder after another, typed as a single engine's (8 bytes
+    a value). Recorders that share one set of columns (`Recorder(step_columns)`, run one
+    after another: a pre-routed fleet's replicas) filled it in this order: it is taken as it
+    is, no copy (the result's columns are the recorders'). Others are joined."""
+    shared = recorders[0].step_columns if recorders else None
+    if shared is not None and all(r.step_columns is shared for r in recorders):
+        rows = 0
+        for recorder in recorders:  # each recorder's rows follow the one before it
+            assert recorder.first_row == rows, (recorder.first_row, rows)
+            rows += recorder.num_steps
+        assert rows == len(shared["step"]), (rows, len(shared["step"]))
+        return dict(shared)
+    assert all(r.first_row == 0 and r.num_steps == len(r.step_columns["step"])
+               for r in recorders), "recorders sharing columns with others"
+    columns = new_step_columns()
+    _concatenate(columns, [recorder.step_columns for recorder in recorders])
+    return columns
 
 
 def _concatenate(columns: dict[str, MutableSequence[object]],

@@ -36,6 +36,7 @@ from mypy_extensions import mypyc_attr
 from runtime import (
     BatchFeatures,
     EngineCore,
+    Recorder,
     Request,
     SamplingParams,
     Scheduler,
@@ -72,15 +73,17 @@ class EngineProcess:
     """
 
     def __init__(self, env: simpy.Environment, config: SimConfig, cost_model: CostModel,
-                 block_ids: TraceBlockIds | None = None) -> None:
+                 block_ids: TraceBlockIds | None = None,
+                 recorder: Recorder | None = None) -> None:
         """`block_ids`: the simulation's shared block identities (a fleet's engines and
-        routers share one); by default the engine's own."""
+        routers share one); by default the engine's own. `recorder`: the core's (one
+        appending to step columns it shares, `sim.fleet_replica`); by default its own."""
         self.env = env
         self.config = config
         self.cost_model = cost_model
         # request id -> its trace output tokens (8 bytes per token)
         self.outputs: dict[str, array[int]] = {}
-        self.core = EngineCore(Scheduler(config.scheduler, config.cache),
+        self.core = EngineCore(Scheduler(config.scheduler, config.cache), recorder,
                                upcoming=self.upcoming if config.fast_forward else None)
         self.wake = env.event()
         # Durations of a decode run in bulk; with step noise each step is timed on its own.

@@ -80,10 +80,12 @@ def test_a_released_pool_is_new_and_its_blocks_serve_the_next_pool() -> None:
     with pytest.raises(ValueError, match="3 blocks in use"):
         first.release_blocks()
     first.free_blocks(table)
+    made = first._blocks
     spares = first.release_blocks()
+    assert spares is made and first._blocks == [first.null_block]  # the list, not a copy
     assert ids(spares) == [1, 2, 3, 4, 5] and all(  # by id: spares[i] has id i + 1
-        b.ref_cnt == 0 and b.block_hash is None and b.prev is None and b.next is None
-        for b in spares)
+        b.ref_cnt == 1 and b.block_hash is None and b.own_seq is None and b.piece is None
+        and b.prev is None and b.next is None for b in spares)  # as a pop leaves a block
     assert first.free_block_ids() == list(range(1, 10)) and first.cached_block_ids() == {}
     assert len(first._blocks) == 1
     first.check_invariants()
@@ -132,26 +134,27 @@ def test_a_released_pool_takes_no_spares_until_told() -> None:
     assert second.get_new_blocks(2) == spares[:2] and len(spares) == 5
 
 
-def test_two_pools_making_blocks_of_one_spare_list_at_once_raise() -> None:
-    """A spare another pool still holds (in use, or linked in its free queue) is refused:
-    one pool at a time makes blocks of a released pool's list."""
-    first = BlockPool(6, enable_caching=True)
-    first.get_new_blocks(5)
-    first.free_blocks(first._blocks[1:])
-    spares = first.release_blocks()
-    second, third = BlockPool(6, enable_caching=True), BlockPool(6, enable_caching=True)
-    second.reuse(spares)
-    third.reuse(spares)
-    taken = second.get_new_blocks(2)
-    assert taken == spares[:2]  # ids 1, 2, in use by the second pool
-    with pytest.raises(AssertionError, match="spare block 1 is another pool's"):
-        third.get_new_block()
-    bulk = BlockPool(6, enable_caching=True)
-    bulk.reuse(spares)
-    with pytest.raises(AssertionError, match="spare block 1 is another pool's"):
-        bulk.get_new_blocks(2)
-    second.free_blocks(taken)  # now linked in the second pool's free queue
-    fourth = BlockPool(6, enable_caching=True)
-    fourth.reuse(spares)
-    with pytest.raises(AssertionError, match="spare block 1 is another pool's"):
-        fourth.get_new_block()
+def _released(num_blocks: int) -> list[KVCacheBlock]:
+    """A pool's blocks 1..num_blocks-1, all made, freed and released."""
+    pool = BlockPool(num_blocks, enable_caching=True)
+    pool.get_new_blocks(num_blocks - 1)
+    pool.free_blocks(pool._blocks[1:])
+    return pool.release_blocks()
+
+
+def test_a_walk_makes_spares_free_and_a_single_pop_takes_one() -> None:
+    """Spares are made in use by pops (as released: one reference each), free by a walk
+    that makes the whole range (`build_all`), and by a single pop as a pop sets them."""
+    spares = _released(6)
+    walked = BlockPool(8, enable_caching=True)
+    walked.reuse(spares)
+    free = walked.free_block_queue.get_all_free_blocks()
+    assert ids(free) == [1, 2, 3, 4, 5, 6, 7] and free[:5] == spares  # then new objects
+    assert all(b.ref_cnt == 0 for b in free)
+    walked.check_invariants()
+    spares = _released(6)
+    single = BlockPool(6, enable_caching=True)
+    single.reuse(spares)
+    block = single.get_new_block()
+    assert block is spares[0] and block.ref_cnt == 1 and block.prev is None
+    single.check_invariants()

@@ -7,6 +7,8 @@ replica's are the single engine's on its share exactly, idle gaps included."""
 from __future__ import annotations
 
 import dataclasses
+import gc
+from types import GeneratorType
 
 import numpy as np
 import pytest
@@ -214,3 +216,43 @@ def test_pre_routed_policy_hears_every_first_token_and_finish(policy: str) -> No
     for rid in ids:  # its first token before its finish
         assert heard.index(("first", rid)) < heard.index(("done", rid))
     assert not router.local.in_flight
+
+
+def test_pre_routed_replicas_append_to_one_set_of_step_columns() -> None:
+    """The replicas run one after another, each recording its steps after the rows of
+    those before it in the fleet's one set of step columns, which the result takes as it
+    is (no join); each replica's rows are the single engine's steps on its share."""
+    trace, cfg = randomised(1), config(num_blocks=300)
+    fleet = fleet_module._Fleet(trace, [Replica(cfg)] * 3, make_policy("round-robin", (), 5),
+                                0.02, 0.0, None)
+    fleet.run()
+    result = fleet.result(0.0)
+    recorders = [replica.core.recorder for replica in fleet.replicas]
+    counts = [recorder.num_steps for recorder in recorders]
+    assert [recorder.first_row for recorder in recorders] == [0, counts[0], sum(counts[:2])]
+    assert all(recorder.step_columns is fleet.step_columns for recorder in recorders)
+    columns = result.step_columns
+    assert all(columns[name] is fleet.step_columns[name] for name in fleet.step_columns)
+    assert list(columns["replica"]) == [0] * counts[0] + [1] * counts[1] + [2] * counts[2]
+    starts = [0, counts[0], counts[0] + counts[1]]
+    assert [columns["step"][row] for row in starts] == [0, 0, 0]
+    for index, recorder in enumerate(recorders):
+        share = Trace(tuple(req for req, record in zip(trace, result.requests, strict=True)
+                            if record.replica == index))
+        assert recorder.steps == simulate(share, cfg, COST).steps
+
+
+def test_a_done_replica_keeps_no_released_blocks() -> None:
+    """A replica whose share is done waits to the end in `wait_for_work`, its frame
+    suspended: the blocks it released are the fleet's spares only, not a local of that
+    frame too (young collections walked a ~25k-block list per replica at 64 replicas)."""
+    fleet = fleet_module._Fleet(randomised(1), [Replica(config(num_blocks=300))] * 3,
+                                make_policy("round-robin", (), 5), 0.02, 0.0, None)
+    fleet.run()
+    frames = [g.gi_frame for replica in fleet.replicas for g in gc.get_referrers(replica)
+              if isinstance(g, GeneratorType)]
+    assert sorted(frame.f_code.co_name for frame in frames) == [  # 2 of each a replica:
+        "engine"] * 6 + ["wait_for_work"] * 6  # its own and EngineProcess's
+    held = [value for frame in frames for value in frame.f_locals.values()
+            if isinstance(value, list) and value and isinstance(value[0], KVCacheBlock)]
+    assert held == [] and len(fleet.spare_blocks) > 0
