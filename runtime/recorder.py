@@ -16,11 +16,12 @@ operations in the same order, so they give identical records.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import reduce
 from operator import add, sub
-from typing import cast
+from struct import pack
+from typing import Any, cast
 
 from runtime.batch import BatchFeatures
 from runtime.outputs import WaitReason
@@ -55,6 +56,11 @@ def _repeat(value: int, count: int) -> array[int]:
     return array("q", (value,)) * count
 
 
+def _packed(typecode: str, values: Sequence[int]) -> array[int]:
+    """`array(typecode, values)`, converted by `struct` (see `_extend_decode_columns`)."""
+    return array(typecode, pack(f"{len(values)}{typecode}", *values))
+
+
 def _add(record: RequestRecord, column: str, seconds: float) -> None:
     setattr(record, column, getattr(record, column) + seconds)
 
@@ -70,6 +76,10 @@ class Recorder:
         # Steps as columns, in StepRecord's field order: a run of decode steps extends them.
         self.step_columns = new_step_columns()
         self._columns = list(self.step_columns.values())
+        *typed, reasons = self._columns  # StepRecord's fields: wait_reason, a list, is last
+        assert isinstance(reasons, list) and all(isinstance(c, array) for c in typed)
+        self._typed_columns = cast("list[array[Any]]", typed)
+        self._reasons = cast(list[str | None], reasons)
         self._ends = cast(Sequence[float], self.step_columns["end_s"])  # array("d")
         self._span_total = 0.0  # S
         self._span_total_before_step = 0.0  # S at the start of the step being closed
@@ -337,21 +347,26 @@ class Recorder:
                                kv_usages: list[float], num_waiting: int,
                                wait_reason: WaitReason | None) -> None:
         """Append the rows of a decode run (`decode_steps`) column by column: the constant
-        columns as repeated typed arrays (a copy, not a conversion per value)."""
+        columns as repeated typed arrays (a copy, not a conversion per value), the others
+        packed by `struct` in the column's typecode (array's own extend parses a format
+        string per item: ~2x the cost, ~9% of an Azure run's instructions)."""
         count = len(ends)
         first_step = self.num_steps
-        decode_kv = array("q", range(decode_kv_tokens, decode_kv_tokens + count * num_seqs,
-                                     num_seqs)) if num_seqs else _repeat(decode_kv_tokens, count)
+        decode_kv = _packed("q", range(decode_kv_tokens, decode_kv_tokens + count * num_seqs,
+                                       num_seqs)) if num_seqs else _repeat(decode_kv_tokens, count)
         zeros = _repeat(0, count)
         seqs = _repeat(num_seqs, count)
-        columns: tuple[Iterable[object], ...] = (
+        columns: tuple[Sequence[float], ...] = (
             range(first_step, first_step + count), starts, ends, durations,
             zeros, seqs, seqs, zeros, zeros, zeros, decode_kv, decode_kv, kv_usages,
             seqs, _repeat(num_waiting, count), zeros, zeros,  # every running request decodes
-            [None if wait_reason is None else wait_reason.value] * count,
         )
-        for column, values in zip(self._columns, columns, strict=True):
-            column.extend(values)
+        for column, values in zip(self._typed_columns, columns, strict=True):
+            if isinstance(values, array):
+                column.extend(values)
+            else:
+                column.frombytes(pack(f"{count}{column.typecode}", *values))
+        self._reasons.extend([None if wait_reason is None else wait_reason.value] * count)
 
     # ---- finishing ---------------------------------------------------------------------------
 
