@@ -42,7 +42,6 @@ class KVCacheBlock:
         return f"KVCacheBlock({self.block_id}, ref_cnt={self.ref_cnt}{cached})"
 
 
-
 # Pure Python, a `KVCacheBlock(...)` call is a Python frame for `__init__` (~0.7 k
 # instructions of ~1.9 k a block); blocks made in bulk from the never-used range are made
 # without it: `_BareBlock()` runs object's C `__init__`, and `make_blocks` sets every slot.
@@ -68,6 +67,7 @@ def make_blocks(block_ids: range, ref_cnt: int) -> list[KVCacheBlock]:
         block.j = 0
         blocks.append(block)
     return blocks
+
 
 class FreeBlockQueue:
     """Doubly linked list of free blocks; O(1) pop from the head, push at either end, and

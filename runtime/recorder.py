@@ -348,8 +348,8 @@ class Recorder:
                                wait_reason: WaitReason | None) -> None:
         """Append the rows of a decode run (`decode_steps`) column by column: the constant
         columns as repeated typed arrays (a copy, not a conversion per value), the others
-        packed by `struct` in the column's typecode (array's own extend parses a format
-        string per item: ~2x the cost, ~9% of an Azure run's instructions)."""
+        packed by `struct` in the column's typecode (the same doubles and int64s; array's
+        own extend parses a format string per item, ~2x the cost)."""
         count = len(ends)
         first_step = self.num_steps
         decode_kv = _packed("q", range(decode_kv_tokens, decode_kv_tokens + count * num_seqs,
