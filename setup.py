@@ -35,7 +35,8 @@ from setuptools.command.build_ext import build_ext
 COMPILED = [f"runtime/{name}.py" for name in (
     "batch", "block_hash", "block_pieces", "block_pool", "cached_blocks", "decode_run", "engine",
     "free_block_queue", "kv_cache_manager", "kv_events", "pool_events", "pool_invariants",
-    "recorder", "request", "request_queue", "scheduler", "steady", "steady_bucket")] + [
+    "recorder", "request", "request_queue", "scheduler", "steady", "steady_bucket",
+    "step_columns")] + [
     "sim/simulator.py", "sim/cost/roofline.py"]
 GROUP = "runtime._native"  # the shared library: runtime/_native__mypyc.*.so
 

@@ -128,8 +128,11 @@ class BlockPool(CachedBlockMap):
             raise ValueError(f"cannot get {num_blocks} free blocks from the pool")
         if not shared and not own:
             return self._pop_unnamed(num_blocks)
-        names = chain(repeat(None, skip), shared, repeat(None, num_blocks - skip - len(shared)))
         before, made = queue.take_made(num_blocks)
+        if not made and not shared and not skip:  # own names only (a plain trace's prompt)
+            self._own_seq += 1
+            return self._take_own(num_blocks, own, self._own_seq)
+        names = chain(repeat(None, skip), shared, repeat(None, num_blocks - skip - len(shared)))
         if not made:  # linked blocks only (all of them once every block was used)
             blocks = self._take_linked(names)
         else:  # linked ones before the never-used ones, these, then linked ones after
@@ -160,14 +163,45 @@ class BlockPool(CachedBlockMap):
         same blocks, without the names' iterators (~0.9 us a call of one block)."""
         before, made = self.free_block_queue.take_made(num_blocks)
         if not made:
-            return self._take_linked(repeat(None, num_blocks))
+            return self._take_own(num_blocks, (), 0)
         if not before:  # `made`, a list of its own: no copy
             blocks = made
         else:
-            blocks = self._take_linked(repeat(None, before))
+            blocks = self._take_own(before, (), 0)
             blocks += made  # made in use
         if len(blocks) < num_blocks:
-            blocks += self._take_linked(repeat(None, num_blocks - len(blocks)))
+            blocks += self._take_own(num_blocks - len(blocks), (), 0)
+        return blocks
+
+    def _take_own(self, count: int, own: Sequence[BlockHash], seq: int) -> list[KVCacheBlock]:
+        """`_take_linked` of `count` blocks without shared names, the first `len(own)`
+        registered under the own names `own` (registration `seq`) in the same walk: a
+        popped block's old own name is overwritten, not cleared first, and no second pass
+        names them (a plain trace's prompts, a decode's next blocks). Evicting a block
+        cached under a shared name is `_evict`'s (a call: rare on these paths)."""
+        queue = self.free_block_queue
+        num_own = len(own)
+        blocks = []
+        head = queue._head
+        block = head.next
+        for index in range(count):
+            assert block is not None
+            blocks.append(block)
+            following = block.next
+            block.prev = block.next = None
+            if block.block_hash is not None:
+                if block.own_seq is None:
+                    self._evict(block)
+                elif index >= num_own:  # no map entry
+                    block.own_seq = block.block_hash = None
+            block.ref_cnt = 1
+            if index < num_own:
+                block.block_hash = own[index]
+                block.own_seq = seq
+            block = following
+        assert block is not None
+        head.next, block.prev = block, head
+        queue.num_free_blocks -= count
         return blocks
 
     def _take_linked(self, names: Iterable[BlockHash | None]) -> list[KVCacheBlock]:

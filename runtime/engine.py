@@ -153,7 +153,10 @@ class EngineCore:
         than are run).
         """
         scheduler = self.scheduler
-        if self._inbox or clock >= horizon or not plain_decode_wait_reason(scheduler)[0]:
+        if self._inbox or clock >= horizon:
+            return None
+        plain, reason = plain_decode_wait_reason(scheduler)  # the run's, finishes aside
+        if not plain:
             return None
         steady = self.steady if self.steady is not None and len(self.steady) else None
         running = scheduler.running
@@ -167,7 +170,6 @@ class EngineCore:
         else:
             ends, durations = _bulk_decode_times(clock, horizon, run_times, limit,
                                                  num_running, kv_tokens)
-        _, reason = plain_decode_wait_reason(scheduler)  # the run's, finishes aside
         if steady is not None:  # no EOS or stop token can end a steady decode
             free_after = steady.run(len(ends))
             explicit: list[str] = []

@@ -16,11 +16,11 @@ operations in the same order, so they give identical records.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, MutableSequence, Sequence
+from collections.abc import MutableSequence, Sequence
 from dataclasses import dataclass
 from functools import reduce
 from operator import add, sub
-from typing import cast
+from typing import Any, cast
 
 from runtime.batch import BatchFeatures
 from runtime.outputs import WaitReason
@@ -35,6 +35,7 @@ from runtime.records import (
     steps_from_columns,
 )
 from runtime.request import Request, RequestStatus, finish_reason
+from runtime.step_columns import extend_decode_run
 
 
 @dataclass(slots=True)
@@ -48,11 +49,6 @@ class _Live:
     kind: str | None = None  # kind of its open run; None while not running
     run_start: float = 0.0  # S when the open run started
     run_end: float = 0.0  # S at the end of the last step it was scheduled in
-
-
-def _repeat(value: int, count: int) -> array[int]:
-    """`count` copies of an int64 as a typed array (a step column's type)."""
-    return array("q", (value,)) * count
 
 
 def _add(record: RequestRecord, column: str, seconds: float) -> None:
@@ -78,6 +74,10 @@ class Recorder:
         # the whole column).
         self.first_row = len(self._columns[0])
         self.num_steps = 0  # steps recorded so far (this recorder's)
+        *typed, reasons = self._columns  # StepRecord's fields: wait_reason, a list, is last
+        assert isinstance(reasons, list) and all(isinstance(c, array) for c in typed)
+        self._typed_columns = cast("list[array[Any]]", typed)
+        self._reasons = cast(list[str | None], reasons)
         self._ends = cast(Sequence[float], self.step_columns["end_s"])  # array("d")
         self._span_total = 0.0  # S
         self._span_total_before_step = 0.0  # S at the start of the step being closed
@@ -331,8 +331,10 @@ class Recorder:
         self._last_end = ends[-1]
         count = len(ends)
         first_row = len(self._columns[0])
-        self._extend_decode_columns(starts, ends, durations, num_seqs, decode_kv_tokens,
-                                    kv_usages, num_waiting, wait_reason)
+        extend_decode_run(self._typed_columns, self._reasons, self.num_steps, starts, ends,
+                          durations, num_seqs, decode_kv_tokens, kv_usages, num_waiting,
+                          None if wait_reason is None else wait_reason.value)
+        self.num_steps += count
         # One `_schedule` per request does what the steps one by one would: open (or keep)
         # a decode run at the first step, extend it to the last.
         self._span_total_before_step = first_step_total
@@ -346,28 +348,6 @@ class Recorder:
             live.times.add_steps(first_row, first_row + count)
         self._interval_start = self._last_end
         self._last_reason = wait_reason
-
-    def _extend_decode_columns(self, starts: list[float], ends: list[float],
-                               durations: list[float], num_seqs: int, decode_kv_tokens: int,
-                               kv_usages: list[float], num_waiting: int,
-                               wait_reason: WaitReason | None) -> None:
-        """Append the rows of a decode run (`decode_steps`) column by column: the constant
-        columns as repeated typed arrays (a copy, not a conversion per value)."""
-        count = len(ends)
-        first_step = self.num_steps
-        decode_kv = array("q", range(decode_kv_tokens, decode_kv_tokens + count * num_seqs,
-                                     num_seqs)) if num_seqs else _repeat(decode_kv_tokens, count)
-        zeros = _repeat(0, count)
-        seqs = _repeat(num_seqs, count)
-        columns: tuple[Iterable[object], ...] = (
-            range(first_step, first_step + count), starts, ends, durations,
-            zeros, seqs, seqs, zeros, zeros, zeros, decode_kv, decode_kv, kv_usages,
-            seqs, _repeat(num_waiting, count), zeros, zeros,  # every running request decodes
-            [None if wait_reason is None else wait_reason.value] * count,
-        )
-        for column, values in zip(self._columns, columns, strict=True):
-            column.extend(values)
-        self.num_steps += count
 
     # ---- finishing ---------------------------------------------------------------------------
 

@@ -75,3 +75,23 @@ def test_a_pool_makes_only_the_blocks_it_hands_out() -> None:
     pool.free_blocks(reversed(blocks))  # unhashed: back at the head, 10 first
     assert [pool.get_new_block().block_id for _ in range(3)] == [10, 9, 8]
     assert len(pool.blocks) == 100_000 and pool.blocks[77_777].block_id == 77_777
+
+
+def test_blocks_made_in_bulk_equal_constructed_ones() -> None:
+    """`make_blocks` (pure Python: without `__init__`'s call) makes the blocks the
+    constructor makes, every slot equal, each a `KVCacheBlock` that pickles as one."""
+    import pickle
+
+    from runtime.free_block_queue import make_blocks
+
+    def slots(block: KVCacheBlock) -> list[object]:
+        return [getattr(block, name) for name in KVCacheBlock.__slots__]
+
+    made = make_blocks(range(7, 10), 1)
+    assert [slots(block) for block in made] == [
+        slots(KVCacheBlock(block_id, 1)) for block_id in (7, 8, 9)]
+    assert slots(made[0]) == [7, 1, None, None, None, 0, None, None]
+    assert all(isinstance(block, KVCacheBlock) for block in made)
+    assert repr(made[2]) == "KVCacheBlock(9, ref_cnt=1)"
+    assert slots(pickle.loads(pickle.dumps(made[1]))) == slots(made[1])
+    assert make_blocks(range(3, 3), 0) == []

@@ -1,0 +1,60 @@
+"""The measured steps of `rt bench scheduler`'s steady decode rows, for an instruction count.
+
+    PYTHONHASHSEED=0 PYTHONPATH=. valgrind --tool=callgrind --collect-atstart=no \\
+        --toggle-collect=dropwhile_next python docs/measure/steady_steps.py N STEPS CACHING NAMED
+
+`sim.benchmarks.bench_steady_decode`'s set-up and loop (N running requests, prefix caching
+on when CACHING is 1, blocks under the requests' own names when NAMED is 1), its 40 warm-up
+steps, then STEPS steps inside `itertools.dropwhile`: callgrind collects only those (its
+"Collected" total / STEPS = instructions a step, without the set-up or the exit).
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from array import array
+from collections import deque
+from itertools import dropwhile
+
+from runtime import CacheConfig, EngineCore, Request, SamplingParams, Scheduler, SchedulerConfig
+from sim.benchmarks import EOS_FREE_TOKEN, _prompt
+
+
+def main(num_running: int, num_steps: int, caching: bool, named: bool) -> None:
+    rng = random.Random(0)
+    max_len = 300 + num_steps + 64
+    tokens = array("q", [EOS_FREE_TOKEN]) * (num_steps + 64)
+    core = EngineCore(Scheduler(
+        SchedulerConfig(max_num_batched_tokens=max(8192, num_running),
+                        max_num_seqs=num_running, max_model_len=max_len),
+        CacheConfig(block_size=16, num_blocks=num_running * (max_len // 16 + 2) + 1,
+                    enable_prefix_caching=caching),
+    ), upcoming=lambda request, count: tokens[:count])
+    for i in range(num_running):
+        request = Request(f"r{i}", _prompt(rng, rng.randint(100, 300)),
+                          SamplingParams(max_tokens=num_steps + 64, ignore_eos=True),
+                          block_key=f"bench:r{i}".encode() if named else None)
+        core.recorder.arrived(request.request_id, 0.0, request.num_prompt_tokens,
+                              request.max_tokens)
+        core.submit(request, 0.0)
+    now = [0.0]
+
+    def step(_: int) -> bool:  # bench_steady_decode's loop body
+        t = now[0]
+        s = core.begin_step(t)
+        assert s is not None
+        requests = core.scheduler.requests
+        sampled = {r: [EOS_FREE_TOKEN] for r in s.output.num_scheduled_tokens
+                   if requests[r].num_computed_tokens >= requests[r].num_tokens}
+        core.end_step(s, sampled, t + 0.01, 0.01)
+        now[0] = t + 0.01
+        return True
+
+    for k in range(40):  # prefill and the first decodes (joining): not measured
+        step(k)
+    deque(dropwhile(step, range(num_steps)), maxlen=0)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1")
