@@ -33,12 +33,13 @@ probability (a count), the stall sizes' distribution (with 2 or more stalls) and
 quantiles; with no stall the profile has none.
 
 *Late reads stay in the body.* A chunk delivered or read late (the server's output path or
-the client: a client cannot tell which) lands beside its stream's next chunk: the client sees one ITL gap of about two steps and one of ~0.1 ms, and the
-cluster of that step splits into a long and a short duration. The twin predicts the client's
-times, so such pairs are scatter like any other: 3.6-4.5% of a vLLM replay's timed steps (4% of
-its client ITL gaps under 0.3x the median), 14-16% of the steps above the observed p90.
-Left out (before 2026-12-02), the simulated steps' p90 was 5-6% under the observed one and
-the in-sample p90 ITL 5-7.5% low against vLLM in all six quiet-slot runs
+the client: a client cannot tell which) lands beside its stream's next chunk: the client
+sees one ITL gap of about two steps and one of ~0.1 ms, and the cluster of that step splits
+into a long and a short duration. The twin predicts the client's times, so such pairs are
+scatter like any other: 3.6-4.5% of a vLLM replay's timed steps (4% of its client ITL gaps
+under 0.3x the median), 14-16% of the steps above the observed p90. Left out (before
+2026-12-02), the simulated steps' p90 was 5-6% under the observed one and the in-sample p90
+ITL 5-7.5% low against vLLM in all six quiet-slot runs
 (docs/calibration.md, "p90 ITL against vLLM"). A pair whose long step the trim leaves out
 (and gives back, so no stall) is left out with its short step.
 """
