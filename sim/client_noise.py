@@ -31,6 +31,17 @@ table is then scaled so that the busy time is unbiased: predicted · E[Q] plus t
 seconds equals the observed busy span. Identified from the residuals: the
 probability (a count), the stall sizes' distribution (with 2 or more stalls) and the body's
 quantiles; with no stall the profile has none.
+
+*Late reads stay in the body.* A chunk delivered or read late (the server's output path or
+the client: a client cannot tell which) lands beside its stream's next chunk: the client
+sees one ITL gap of about two steps and one of ~0.1 ms, and the cluster of that step splits
+into a long and a short duration. The twin predicts the client's times, so such pairs are
+scatter like any other: 3.6-4.5% of a vLLM replay's timed steps (4% of its client ITL gaps
+under 0.3x the median), 14-16% of the steps above the observed p90. Left out (before
+2026-12-02), the simulated steps' p90 was 5-6% under the observed one and the in-sample p90
+ITL 5-7.5% low against vLLM in all six quiet-slot runs
+(docs/calibration.md, "p90 ITL against vLLM"). A pair whose long step the trim leaves out
+(and gives back, so no stall) is left out with its short step.
 """
 
 from __future__ import annotations
@@ -41,7 +52,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.client_steps import CLUSTER_FRACTION
 from sim.step_noise import ratio_quantiles
 
 WINDOW_S = 1.0  # disturbance windows, seconds of a run's clock
@@ -93,11 +103,9 @@ def disturbed_windows(run: np.ndarray, end_s: np.ndarray, observed_s: np.ndarray
 @dataclass(frozen=True, slots=True)
 class StepScatter:
     """`step_scatter`'s result: the body's quantile table (mean: the busy-time scale), the
-    shrink applied for the delivery jitter (None: not estimated), the stall probability
-    and the stalls' quantile table in seconds (None: no stall observed)."""
+    stall probability and the stalls' quantile table in seconds (None: no stall observed)."""
 
     quantiles: tuple[float, ...]
-    shrink: float | None
     stall_probability: float
     stall_quantiles_s: tuple[float, ...] | None
     steps: int = 0  # body steps and stalls the probability was counted over
@@ -107,7 +115,7 @@ class StepScatter:
         q = self.quantiles
         stalls = self.stall_quantiles_s
         return {"scatter_p10": q[len(q) // 10], "scatter_p50": q[len(q) // 2],
-                "scatter_p90": q[-1 - len(q) // 10], "scatter_shrink": self.shrink,
+                "scatter_p90": q[-1 - len(q) // 10],
                 "stall_probability": self.stall_probability, "stall_steps": self.steps,
                 "stall_p50_ms": stalls[len(stalls) // 2] * 1e3 if stalls else None,
                 "stall_p90_ms": stalls[-1 - len(stalls) // 10] * 1e3 if stalls else None}
@@ -142,45 +150,26 @@ def _given_back(residual: np.ndarray, follows: np.ndarray) -> tuple[np.ndarray, 
     return residual - given_back, given_back
 
 
-def _shrink(y: np.ndarray, predicted: np.ndarray, follows: np.ndarray, body: np.ndarray
-            ) -> float | None:
-    """sqrt(steps' own variance / observed variance) of the body's residuals: a chunk delay
-    j_m (step m's chunks read late) makes consecutive durations covary by -Var(j), so the
-    steps' own variance is Var(e) + 2 Cov(e_m, e_{m-1}). None with too few pairs."""
-    pairs = np.flatnonzero(follows & body & np.roll(body, 1))
-    centred = y - predicted - float((y - predicted)[body].mean())
-    var = float(np.mean(centred[body] ** 2))
-    if len(pairs) < 2 or var <= 0:
-        return None
-    cov = float(np.mean(centred[pairs] * centred[pairs - 1]))
-    return math.sqrt(max(var + 2.0 * min(cov, 0.0), 0.0) / var)
-
-
 def step_scatter(y: np.ndarray, predicted: np.ndarray, follows: np.ndarray, keep: np.ndarray
                  ) -> StepScatter | None:
     """The body's scatter and the stalls (module docstring) of the timed steps: observed
     durations `y`, their predictions, whether the row before is the step just before, and
-    the steps stage 1's trim kept. A late read splits a step's cluster (one duration under
-    `CLUSTER_FRACTION` of the median and a long one before it): such pairs are in neither
-    part, only in the busy span. None with fewer than 2 body steps."""
-    short = y < CLUSTER_FRACTION * float(np.median(y))
-    valid = ~short & ~np.append(short[1:] & follows[1:], False)
+    the steps stage 1's trim kept. A late read's pair (a long duration and a short one) is
+    scatter when the trim keeps its long step, else in neither part, only in the busy span.
+    None with fewer than 2 body steps."""
     excess, given_back = _given_back(y - predicted, follows)
-    slow = valid & ~keep & (y >= STALL_RATIO * predicted)
+    slow = ~keep & (y >= STALL_RATIO * predicted)
     stall = slow & (excess >= (STALL_RATIO - 1.0) * predicted)
-    body = valid & keep & ~np.append(False, (slow & (given_back > 0))[:-1])
+    body = keep & ~np.append(False, (slow & (given_back > 0))[:-1])
     if body.sum() < 2:
         return None
     seconds = excess[stall]
     table = np.asarray(ratio_quantiles(y[body], predicted[body], TABLE_POINTS, trim=0.0))
-    shrink = _shrink(y, predicted, follows, body)
-    if shrink is not None:
-        table = 1.0 + shrink * (table - 1.0)
     if float(seconds.sum()) >= float(y.sum()):  # degenerate: keep the busy span, no stalls
         seconds = seconds[:0]
     scale = float(y.sum() - seconds.sum()) / float(predicted.sum())
     stalls = (tuple(float(v) for v in np.quantile(seconds, np.linspace(0, 1, TABLE_POINTS)))
               if len(seconds) else None)
     probability = float(len(seconds) / (body.sum() + len(seconds))) if stalls else 0.0
-    return StepScatter(tuple(float(v) for v in scale * table), shrink, probability, stalls,
+    return StepScatter(tuple(float(v) for v in scale * table), probability, stalls,
                        int(body.sum() + len(seconds)))
