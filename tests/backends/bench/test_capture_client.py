@@ -26,7 +26,7 @@ from backends.bench.capture_client import (
     parse,
     realtime_offset_s,
 )
-from backends.bench.lean_replay import capture_run
+from backends.bench.lean_replay import _capture, _Target, capture_run
 from backends.bench.sse_client import Connection, Streamed
 from workloads import Trace, TraceRequest
 
@@ -324,6 +324,27 @@ def test_a_request_never_answered_times_out_and_the_run_ends() -> None:
     assert refused.errors["r0"].startswith("ConnectionRefusedError: ")
 
 
+def test_a_cancelled_run_closes_its_connections() -> None:
+    """Ctrl-C (the run's task cancelled) with 2 requests in flight: both connections are
+    closed before the event loop ends (the loop's reader would keep them open)."""
+    async def cancel(silent: _ScriptedServer) -> int:
+        trace = _trace(2)
+        run = asyncio.create_task(_capture(trace, _Target("127.0.0.1", silent.port, 30.0),
+                                           {req.request_id: b"x" for req in trace}, 2))
+        deadline = time.monotonic() + 10
+        while silent.connections < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        while silent.closed < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return silent.closed
+
+    with _ScriptedServer(answer=False) as silent:
+        assert asyncio.run(cancel(silent)) == 2
+
+
 def test_rt_bench_serve_with_the_capture_client(tmp_path: Path) -> None:
     """The CI size: every stream's token count, no error, the server stopped (exit 0)."""
     out = tmp_path / "bench.json"
@@ -336,6 +357,6 @@ def test_rt_bench_serve_with_the_capture_client(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(out.read_text())
     assert (report["errors"], report["sent"], report["token_count_mismatches"]) == (0, 32, 0)
-    assert report["server_exit_code"] == 0
+    assert report["server_exit_code"] == 0 and "client_parse" in report["cpu_s"]
     assert report["server_path"]["output_tokens"] == 32 * 16
     assert report["server_counters"]["vllm:generation_tokens_total"] == 32 * 16
