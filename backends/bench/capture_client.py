@@ -5,7 +5,7 @@ counts are parsed after the run ends (`rt bench serve --client capture`).
 Why: at 200 streams the lean client (`sse_client`) spends ~11 us of CPU per streamed token
 (1.4 CPU s per 1000 requests of 128 tokens) on the 2 CPUs it shares with the server it
 measures, and does it at the moments the server is busiest (each step's 200 chunks, a
-wave's requests). Here a read costs one reader callback: a `recvmsg`, two appends and one
+wave's requests). Here a read costs one reader callback: a `recvmsg_into`, two appends and one
 `endswith` to see the chunked body's end (5.6-7.9 us per token, the system calls included;
 docs/serve.md, "The load client's share at 200 streams").
 
@@ -35,13 +35,22 @@ _END = b"\r\n0\r\n\r\n"  # a chunk's CRLF, the last-chunk line and the empty tra
 _SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35) if sys.platform == "linux" else None
 _STAMP = struct.Struct("qq")  # struct timespec: seconds, nanoseconds (CLOCK_REALTIME)
 _ANCILLARY_BYTES = socket.CMSG_SPACE(_STAMP.size)
-_READ_BYTES = 1 << 18
+# One reused receive buffer per connection (`recvmsg_into`): each read is then kept as a
+# bytes object of its own length (a 256 KiB recvmsg buffer, shrunk, kept a whole page and an
+# mmap per read outside `rt bench serve`'s raised malloc threshold)
+_READ_BYTES = 1 << 16
 
 
 @dataclass(slots=True)
 class Captured:
     """One request's raw view: its send time, each read's time and bytes (the same length),
-    and an error found during the run (a refused connection, a timeout) or None."""
+    and an error found during the run (a refused connection, a timeout, a response the
+    reader could not follow) or None.
+
+    Memory: every read is kept until the run's parse, ~440 B per read at 200 streams (one
+    read per streamed chunk: ~300 B of bytes object, a float and two list slots): 56 MB for
+    1000 requests of 128 tokens, ~5.6 GB for 100,000. Size --num-prompts x output length
+    to the machine's memory."""
 
     sent_s: float
     read_times_s: list[float] = field(default_factory=list)
@@ -56,8 +65,11 @@ class CaptureConnection:
     length) or the connection is lost; the reads stay in `captured`.
 
     Each read is stamped with the kernel's receive time of the newest packet it took (Linux
-    SO_TIMESTAMPNS, CLOCK_REALTIME, moved to perf_counter's clock by `realtime_offset_s`);
-    where the kernel gives no stamp, with the read's own time."""
+    SO_TIMESTAMPNS, CLOCK_REALTIME, moved to perf_counter's clock by `realtime_offset_s`,
+    and never later than the read's own time: a wall-clock step after the offset was taken
+    cannot put a stamp after its read); where the kernel gives no stamp, with the read's own
+    time. An exception while following the response (a bad Content-Length, a malformed
+    stamp) is the request's error at once and the connection is dropped."""
 
     def __init__(self, sock: socket.socket, realtime_offset_s: float) -> None:
         self.sock = sock
@@ -67,6 +79,7 @@ class CaptureConnection:
         self.chunked: bool | None = None  # None until the response's head is read
         self.body_left = 0  # bytes of a Content-Length body not read yet
         self.lost = False
+        self.buffer = bytearray(_READ_BYTES)  # recvmsg_into's, reused by every read
 
     @classmethod
     async def open(cls, host: str, port: int, realtime_offset_s: float) -> CaptureConnection:
@@ -103,20 +116,26 @@ class CaptureConnection:
 
     def _readable(self) -> None:
         try:
-            data, ancillary, _, _ = self.sock.recvmsg(_READ_BYTES, _ANCILLARY_BYTES)
+            size, ancillary, _, _ = self.sock.recvmsg_into([self.buffer], _ANCILLARY_BYTES)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            data = b""
-        if not data:
+            size = 0
+        if not size:
             self._lose()
             return
-        self._take(data, _STAMP.unpack(ancillary[0][2]) if ancillary else None)
+        try:
+            self._take(bytes(memoryview(self.buffer)[:size]), _stamp(ancillary))
+        except Exception as err:  # a response the reader cannot follow: that request's error
+            self.captured.error = f"{type(err).__name__}: {err}"
+            self._lose()
 
     def _take(self, data: bytes, stamp: tuple[int, int] | None) -> None:
         captured = self.captured
-        captured.read_times_s.append(time.perf_counter() if stamp is None else
-                                     stamp[0] + stamp[1] * 1e-9 - self.realtime_offset_s)
+        now = time.perf_counter()
+        captured.read_times_s.append(now if stamp is None else  # never after the read
+                                     min(stamp[0] + stamp[1] * 1e-9 - self.realtime_offset_s,
+                                         now))
         captured.reads.append(data)
         if self.done is None or self.done.done():
             return  # bytes nobody asked for: kept, the parse reports them
@@ -155,6 +174,18 @@ class CaptureConnection:
         asyncio.get_running_loop().remove_reader(self.sock.fileno())
         if self.done is not None and not self.done.done():
             self.done.set_result(None)  # cut short: the parse finds the response incomplete
+
+
+def _stamp(ancillary: list[tuple[int, int, bytes]]) -> tuple[int, int] | None:
+    """The receive stamp (seconds, nanoseconds) among a read's ancillary data; None when
+    there is none. ValueError for an SO_TIMESTAMPNS item not a struct timespec long."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
+            if len(data) != _STAMP.size:
+                raise ValueError(f"a receive stamp of {len(data)} bytes, not {_STAMP.size}")
+            seconds, nanoseconds = _STAMP.unpack(data)
+            return seconds, nanoseconds
+    return None
 
 
 def realtime_offset_s() -> float:

@@ -72,5 +72,8 @@ class ServeBenchFlags:
             raise ValueError(f"--client must be httpx, lean or capture, got {self.client!r}")
         if self.soak is not None and not 0 < self.soak <= 24 * 3600:
             raise ValueError(f"--soak must be in (0, 86400] seconds, got {self.soak}")
+        if self.soak is not None and self.client != "httpx":
+            raise ValueError(f"--client {self.client} is not used by --soak (its streams "
+                             "are the soak's own): drop one of them")
         if self.engine_nice is not None and not -20 <= self.engine_nice <= 19:
             raise ValueError(f"--engine-nice must be in [-20, 19], got {self.engine_nice}")

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 from backends.bench.capture_client import CaptureConnection, Captured, parse, realtime_offset_s
 from backends.bench.sse_client import Connection, Streamed, post_bytes, request_head, run_client
-from backends.heap import frozen_heap
 from backends.replay.endpoint import EndpointResult, request_body
 from runtime.records import RequestRecord
 from workloads import Trace, TraceRequest
@@ -58,9 +57,7 @@ async def _replay(trace: Trace, host: str, port: int, bodies: dict[str, dict[str
     wall = time.perf_counter() - start
     while not idle.empty():
         await idle.get_nowait().close()
-    records = [_record(req, seen[req.request_id], start) for req in trace]
-    errors = {rid: s.error for rid, s in seen.items() if s.error is not None}
-    return EndpointResult(records, errors, wall)
+    return _result(trace, seen, start, wall)
 
 
 @dataclass(slots=True)
@@ -75,9 +72,14 @@ class CaptureRun:
     def result(self) -> EndpointResult:
         """The records, as `replay_lean` returns them, parsed from the captured reads."""
         seen = {rid: parse(c) for rid, c in self.captured.items()}
-        records = [_record(req, seen[req.request_id], self.start_s) for req in self.trace]
-        errors = {rid: s.error for rid, s in seen.items() if s.error is not None}
-        return EndpointResult(records, errors, self.wall_s)
+        return _result(self.trace, seen, self.start_s, self.wall_s)
+
+
+def _result(trace: Trace, seen: dict[str, Streamed], start: float, wall: float
+            ) -> EndpointResult:
+    records = [_record(req, seen[req.request_id], start) for req in trace]
+    errors = {rid: s.error for rid, s in seen.items() if s.error is not None}
+    return EndpointResult(records, errors, wall)
 
 
 def capture_run(trace: Trace, host: str, port: int, model: str, concurrency: int,
@@ -86,57 +88,68 @@ def capture_run(trace: Trace, host: str, port: int, model: str, concurrency: int
     """`replay_lean`'s load with the capture client: each request's bytes are built before
     the run, and during it `concurrency` connections each send the next request in arrival
     order (at its arrival time at the earliest) and keep its reads until its response is
-    whole; nothing is parsed until `CaptureRun.result()`. The heap alive at the start is
-    frozen out of the collector during the run (`backends.heap.frozen_heap`): in
-    `rt bench serve`'s process (the simulator loaded) a full collection 5 ms into a run
-    stalled the client 150 ms between two sends of the first 200."""
+    whole; nothing is parsed until `CaptureRun.result()`. Call it inside
+    `backends.heap.frozen_heap()` (`rt bench serve` does, around its CPU readings too): in
+    its process (the simulator loaded) a full collection 5 ms into a run stalled the client
+    150 ms between two sends of the first 200. Memory: see `Captured`."""
     head = request_head(host, port, headers)
     requests = {req.request_id: post_bytes(head, "/v1/completions", json.dumps(
         request_body(req, model, vocab_size, seed), separators=(",", ":")).encode())
         for req in trace}
-    with frozen_heap():  # a full collection of the start-up heap stalled a run 150 ms
-        captured, start, wall = run_client(_capture(trace, host, port, requests, concurrency,
-                                                    timeout_s))
+    captured, start, wall = run_client(_capture(trace, _Target(host, port, timeout_s),
+                                                requests, concurrency))
     return CaptureRun(trace, captured, start, wall)
 
 
-async def _capture(trace: Trace, host: str, port: int, requests: dict[str, bytes],
-                   concurrency: int, timeout_s: float
-                   ) -> tuple[dict[str, Captured], float, float]:
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """The server the capture workers connect to, and the bound on one request (s)."""
+
+    host: str
+    port: int
+    timeout_s: float
+
+
+async def _capture(trace: Trace, target: _Target, requests: dict[str, bytes],
+                   concurrency: int) -> tuple[dict[str, Captured], float, float]:
     order = iter(sorted(trace, key=lambda r: r.arrival_s))
     captured: dict[str, Captured] = {}
     start, offset = time.perf_counter(), realtime_offset_s()
-    workers = [_capture_worker(order, (host, port, offset), requests, captured, start,
-                               timeout_s) for _ in range(min(concurrency, len(trace)))]
+    workers = [_capture_worker(order, target, offset, requests, captured, start)
+               for _ in range(min(concurrency, len(trace)))]
     await asyncio.gather(*workers)
     return captured, start, time.perf_counter() - start
 
 
-async def _capture_worker(order: Iterator[TraceRequest], where: tuple[str, int, float],
+async def _capture_worker(order: Iterator[TraceRequest], target: _Target, offset_s: float,
                           requests: dict[str, bytes], captured: dict[str, Captured],
-                          start: float, timeout_s: float) -> None:
-    """One connection to `where` (host, port, the clocks' offset): the next request of
-    `order` (shared by the workers) until none is left; a timeout or a socket error is that
-    request's error, and a fresh connection."""
+                          start: float) -> None:
+    """One connection to `target`: the next request of `order` (shared by the workers)
+    until none is left; a timeout or a socket error is that request's error, and a fresh
+    connection. `offset_s`: `realtime_offset_s()` at the start. The connection is closed
+    however the worker ends (Ctrl-C, an unexpected exception included)."""
     conn: CaptureConnection | None = None
-    for req in order:
-        if (delay := start + req.arrival_s - time.perf_counter()) > 0:
-            await asyncio.sleep(delay)
-        sent = time.perf_counter()
-        try:
-            async with asyncio.timeout(timeout_s):
-                if conn is None or conn.lost:
-                    _closed(conn)
-                    conn = await CaptureConnection.open(*where)
-                await (await conn.send(requests[req.request_id], sent))
-            captured[req.request_id] = conn.captured
-        except (TimeoutError, OSError) as err:
-            message = "timed out" if isinstance(err, TimeoutError) else \
-                f"{type(err).__name__}: {err}"
-            captured[req.request_id] = Captured(sent, error=message)
-            _closed(conn)
-            conn = None
-    _closed(conn)
+    try:
+        for req in order:
+            if (delay := start + req.arrival_s - time.perf_counter()) > 0:
+                await asyncio.sleep(delay)
+            sent = time.perf_counter()
+            try:
+                async with asyncio.timeout(target.timeout_s):
+                    if conn is None or conn.lost:
+                        _closed(conn)
+                        conn = await CaptureConnection.open(target.host, target.port,
+                                                            offset_s)
+                    await (await conn.send(requests[req.request_id], sent))
+                captured[req.request_id] = conn.captured
+            except (TimeoutError, OSError) as err:
+                message = "timed out" if isinstance(err, TimeoutError) else \
+                    f"{type(err).__name__}: {err}"
+                captured[req.request_id] = Captured(sent, error=message)
+                _closed(conn)
+                conn = None
+    finally:
+        _closed(conn)
 
 
 def _closed(conn: CaptureConnection | None) -> None:

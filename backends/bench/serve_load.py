@@ -180,23 +180,37 @@ def _replay(trace: Trace, config: LoadConfig, port: int, endpoint: EndpointConfi
             info: EndpointInfo, pids: dict[str, int]
             ) -> tuple[EndpointResult, dict[str, float]]:
     """The replay with the configured client, and the CPU seconds spent during it (for the
-    capture client: its run, not the parse after it, and its heap's collection before)."""
+    capture client: its run, not its heap's collection before; the parse after it apart, as
+    "client_parse", this thread's CPU seconds)."""
     if config.client == "capture":
         with frozen_heap():
             before = cpu_seconds(pids)
             run = capture_run(trace, _HOST, port, info.model, config.concurrency,
                               config.vocab_size, config.seed, config.request_timeout_s)
             after = cpu_seconds(pids)
+        parse_start = time.thread_time()
         result = run.result()
+        return result, {**spent(before, after),
+                        "client_parse": round(time.thread_time() - parse_start, 3)}
+    before = cpu_seconds(pids)
+    if config.client == "lean":
+        result = replay_lean(trace, _HOST, port, info.model, config.concurrency,
+                             config.vocab_size, config.seed, config.request_timeout_s)
     else:
-        before = cpu_seconds(pids)
-        if config.client == "lean":
-            result = replay_lean(trace, _HOST, port, info.model, config.concurrency,
-                                 config.vocab_size, config.seed, config.request_timeout_s)
-        else:
-            result = replay_endpoint(trace, endpoint, info)
-        after = cpu_seconds(pids)
-    return result, {k: round(v - before[k], 3) for k, v in after.items() if k in before}
+        result = replay_endpoint(trace, endpoint, info)
+    return result, spent(before, cpu_seconds(pids))
+
+
+def spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """`after - before` of two `cpu_seconds` readings, rounded to ms. A thread that ends
+    between them takes its seconds out of the threads' sum (it can even drop): a threads'
+    figure is floored at the same process's main-thread figure, which it contains."""
+    out = {k: round(v - before[k], 3) for k, v in after.items() if k in before}
+    for key in out:
+        main = key.replace("_threads", "", 1)
+        if "_threads" in key and main in out:
+            out[key] = max(out[key], out[main])
+    return out
 
 
 def server_pids(server: ServerProcess, config: LoadConfig) -> dict[str, int]:
@@ -344,7 +358,7 @@ def cpu_per_output(cpu_s: dict[str, float], server: dict[str, Any]) -> dict[str,
     if not tokens or not chunks:
         return {}
     out = {}
-    for name in ("api_server", "engine", "client"):
+    for name in ("api_server", "engine", "client", "client_parse"):
         if name in cpu_s:
             out[f"{name}_per_token"] = round(1e6 * cpu_s[name] / tokens, 2)
             out[f"{name}_per_chunk"] = round(1e6 * cpu_s[name] / chunks, 2)

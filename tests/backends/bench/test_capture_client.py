@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -18,8 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from backends.bench.capture_client import CaptureConnection, Captured, parse
-from backends.bench.lean_replay import capture_run
+from backends.bench.capture_client import (
+    CaptureConnection,
+    Captured,
+    _stamp,
+    parse,
+    realtime_offset_s,
+)
+from backends.bench.lean_replay import _capture, _Target, capture_run
 from backends.bench.sse_client import Connection, Streamed
 from workloads import Trace, TraceRequest
 
@@ -119,6 +126,99 @@ def test_the_end_of_a_response_is_seen_however_the_reads_split_it() -> None:
     error = b"HTTP/1.1 404 Not Found\r\ncontent-length: 9\r\n\r\nnot found"
     assert _fed(_split(error, [5, 30, 45])) == [False, False, False, True]
     assert _fed([error]) == [True]
+
+
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+
+
+class _OneRead:
+    """A socket stand-in whose next `recvmsg_into` gives `data` and `ancillary` (its file
+    descriptor is a real socket's, for the loop's reader bookkeeping)."""
+
+    def __init__(self, data: bytes, ancillary: list[tuple[int, int, bytes]]) -> None:
+        self.data, self.ancillary = data, ancillary
+        self.real = socket.socket()
+
+    def recvmsg_into(self, buffers: list[bytearray], ancbufsize: int
+                     ) -> tuple[int, list[tuple[int, int, bytes]], int, None]:
+        buffers[0][:len(self.data)] = self.data
+        return len(self.data), self.ancillary, 0, None
+
+    def fileno(self) -> int:
+        return self.real.fileno()
+
+    def close(self) -> None:
+        self.real.close()
+
+
+def _one_read(data: bytes, ancillary: list[tuple[int, int, bytes]]) -> CaptureConnection:
+    """A connection after one reader callback that read `data` with `ancillary`."""
+    async def read() -> CaptureConnection:
+        sock = _OneRead(data, ancillary)
+        conn = CaptureConnection(sock, 0.0)  # type: ignore[arg-type]
+        conn.done = asyncio.get_running_loop().create_future()
+        conn._readable()
+        sock.close()
+        return conn
+
+    return asyncio.run(read())
+
+
+def test_a_response_the_reader_cannot_follow_is_the_requests_error_at_once() -> None:
+    """A bad Content-Length, a receive stamp of the wrong size: the request is done, with
+    the error, the connection dropped (not a traceback, then a hang until --timeout)."""
+    bad_length = _one_read(b"HTTP/1.1 200 OK\r\ncontent-length: abc\r\n\r\n", [])
+    assert bad_length.done is not None and bad_length.done.done() and bad_length.lost
+    assert bad_length.captured.error == \
+        "ValueError: invalid literal for int() with base 10: b' abc'"
+    short_stamp = _one_read(_STREAM, [(socket.SOL_SOCKET, _SO_TIMESTAMPNS, b"\0" * 8)])
+    assert short_stamp.done is not None and short_stamp.done.done() and short_stamp.lost
+    assert short_stamp.captured.error == "ValueError: a receive stamp of 8 bytes, not 16"
+    whole = _one_read(_STREAM, [(socket.SOL_SOCKET, _SO_TIMESTAMPNS, struct.pack("qq", 0, 0))])
+    assert (whole.captured.error, whole.lost, whole.captured.reads) == (None, False, [_STREAM])
+
+
+def test_the_receive_stamp_is_read_by_its_type_and_length() -> None:
+    stamp = struct.pack("qq", 5, 250_000_000)
+    assert _stamp([(socket.SOL_SOCKET, _SO_TIMESTAMPNS, stamp)]) == (5, 250_000_000)
+    assert _stamp([(socket.SOL_SOCKET, _SO_TIMESTAMPNS + 1, b"x"),
+                   (socket.SOL_SOCKET, _SO_TIMESTAMPNS, stamp)]) == (5, 250_000_000)
+    assert _stamp([(socket.IPPROTO_IP, _SO_TIMESTAMPNS, b"x")]) is None
+    assert _stamp([]) is None
+
+
+def _stamped_read(offset_shift_s: float) -> tuple[float, float, float, float]:
+    """(write time, the read's stamp, perf_counter before and after the reader callback) of
+    one loopback write read 1 ms later, the clocks' offset moved by `offset_shift_s`."""
+    async def read() -> tuple[float, float, float, float]:
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            conn = await CaptureConnection.open("127.0.0.1", listener.getsockname()[1],
+                                                realtime_offset_s() + offset_shift_s)
+            peer, _ = listener.accept()
+            asyncio.get_running_loop().remove_reader(conn.sock.fileno())  # read by hand
+            conn.done = asyncio.get_running_loop().create_future()
+            with peer:
+                written = time.perf_counter()
+                peer.sendall(_HEAD)
+                time.sleep(0.001)  # the bytes wait in the socket: stamp and read apart
+                before = time.perf_counter()
+                conn._readable()
+                after = time.perf_counter()
+            conn.sock.close()
+            return written, conn.captured.read_times_s[-1], before, after
+
+    return asyncio.run(read())
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="SO_TIMESTAMPNS is Linux's")
+def test_a_read_is_stamped_with_the_kernels_receive_time() -> None:
+    """The stamp is when the write reached the socket, before the client's read began (the
+    read's own time would be after it); a stamp the clocks' offset puts after the read (a
+    wall-clock step) is the read's time."""
+    written, stamp, before, _ = _stamped_read(0.0)
+    assert written <= stamp < before
+    _, late, before, after = _stamped_read(-100.0)  # the stamp would be 100 s ahead
+    assert before <= late <= after
 
 
 class _ScriptedServer:
@@ -224,6 +324,27 @@ def test_a_request_never_answered_times_out_and_the_run_ends() -> None:
     assert refused.errors["r0"].startswith("ConnectionRefusedError: ")
 
 
+def test_a_cancelled_run_closes_its_connections() -> None:
+    """Ctrl-C (the run's task cancelled) with 2 requests in flight: both connections are
+    closed before the event loop ends (the loop's reader would keep them open)."""
+    async def cancel(silent: _ScriptedServer) -> int:
+        trace = _trace(2)
+        run = asyncio.create_task(_capture(trace, _Target("127.0.0.1", silent.port, 30.0),
+                                           {req.request_id: b"x" for req in trace}, 2))
+        deadline = time.monotonic() + 10
+        while silent.connections < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        while silent.closed < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return silent.closed
+
+    with _ScriptedServer(answer=False) as silent:
+        assert asyncio.run(cancel(silent)) == 2
+
+
 def test_rt_bench_serve_with_the_capture_client(tmp_path: Path) -> None:
     """The CI size: every stream's token count, no error, the server stopped (exit 0)."""
     out = tmp_path / "bench.json"
@@ -236,6 +357,6 @@ def test_rt_bench_serve_with_the_capture_client(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(out.read_text())
     assert (report["errors"], report["sent"], report["token_count_mismatches"]) == (0, 32, 0)
-    assert report["server_exit_code"] == 0
+    assert report["server_exit_code"] == 0 and "client_parse" in report["cpu_s"]
     assert report["server_path"]["output_tokens"] == 32 * 16
     assert report["server_counters"]["vllm:generation_tokens_total"] == 32 * 16

@@ -26,6 +26,34 @@ def test_load_config_starts_rt_serve_simulate_with_the_engine_limits() -> None:
             config.client) == (7, 500, 3, 9.0, "lean")
 
 
+def test_soak_with_a_client_it_does_not_use_is_one_line_exit_2() -> None:
+    from typer.testing import CliRunner
+
+    import cli
+
+    with pytest.raises(ValueError, match="^--client lean is not used by --soak "):
+        ServeBenchFlags(client="lean", soak=5.0)
+    assert ServeBenchFlags(client="httpx", soak=5.0).soak == 5.0
+    result = CliRunner().invoke(cli.app, ["bench", "serve", "--soak", "5", "--client",
+                                          "capture"])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        "rt: error: --client capture is not used by --soak (its streams are the soak's own): "
+        "drop one of them"]
+
+
+def test_cpu_spent_between_readings_floors_a_threads_sum_at_its_main_thread() -> None:
+    """A thread that ended between the readings takes its seconds out of the sum."""
+    from backends.bench.serve_load import spent
+
+    before = {"wall": 10.0, "engine": 1.0, "engine_threads": 3.0, "engine_runqueue": 0.5,
+              "engine_threads_runqueue": 0.9}
+    after = {"wall": 12.0, "engine": 1.5, "engine_threads": 2.0, "engine_runqueue": 0.75,
+             "engine_threads_runqueue": 1.2}
+    assert spent(before, after) == {"wall": 2.0, "engine": 0.5, "engine_threads": 0.5,
+                                    "engine_runqueue": 0.25, "engine_threads_runqueue": 0.3}
+
+
 def test_failed_on_errors_mismatches_or_kv_left() -> None:
     ok = {"errors": 0, "token_count_mismatches": 0}
     assert not failed(ok) and not failed({**ok, "kv_blocks_in_use_after": 0})
@@ -46,6 +74,9 @@ def test_cpu_per_token_and_per_chunk_from_the_server_records() -> None:
     assert cpu_per_output({"api_server": 0.0004, "engine": 0.0008, "wall": 9.0}, summary) == {
         "api_server_per_token": 50.0, "api_server_per_chunk": 80.0,
         "engine_per_token": 100.0, "engine_per_chunk": 160.0}
+    assert cpu_per_output({"client": 0.0008, "client_parse": 0.0004}, summary) == {
+        "client_per_token": 100.0, "client_per_chunk": 160.0,
+        "client_parse_per_token": 50.0, "client_parse_per_chunk": 80.0}
     assert cpu_per_output({}, summary) == {} and cpu_per_output({"engine": 1.0}, {}) == {}
 
 
@@ -161,7 +192,6 @@ def test_cpu_seconds_of_the_main_thread_and_of_all_threads() -> None:
                  "client_threads_runqueue"}
         assert set(stats) == names
         assert stats["engine_threads"] - stats["engine"] >= 0.3
-        assert stats["engine_threads_runqueue"] >= stats["engine_runqueue"]
     finally:
         child.kill()
         child.wait(10)
