@@ -12,7 +12,7 @@ next never-used blocks of another pool (`FreeBlockQueue.reuse`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from importlib.machinery import EXTENSION_SUFFIXES
+from types import FunctionType
 
 from runtime.block_hash import BlockHash
 from runtime.block_pieces import PieceEntry
@@ -47,9 +47,9 @@ class KVCacheBlock:
 # without it: `_BareBlock()` runs object's C `__init__`, and `make_blocks` sets every slot.
 # Compiled (mypyc), the native constructor is a direct call, and an interpreted class cannot
 # subclass the native one: there is no `_BareBlock`.
-_COMPILED = (__file__ or "").endswith(tuple(EXTENSION_SUFFIXES))
-_BareBlock: Callable[[], KVCacheBlock] | None = None if _COMPILED else type(
-    "_BareBlock", (KVCacheBlock,), {"__slots__": (), "__init__": object.__init__})
+_BareBlock: Callable[[], KVCacheBlock] | None = type(
+    "_BareBlock", (KVCacheBlock,), {"__slots__": (), "__init__": object.__init__}
+) if isinstance(KVCacheBlock.__init__, FunctionType) else None  # pure: a Python frame
 
 
 def make_blocks(block_ids: range, ref_cnt: int) -> list[KVCacheBlock]:

@@ -109,6 +109,14 @@ class Recorder:
         assert not self.num_steps, "follow() after a step"
         self.first_row = len(self._columns[0])
 
+    def forget_steps(self) -> None:
+        """Clear the step columns and number the next step 0, as a new recorder would (a
+        server that keeps no records, `rt serve`). Live requests' token-time spans and
+        steady decodes' step indices then point at cleared rows: never read again."""
+        for column in self._columns:
+            del column[:]  # typed arrays have no clear()
+        self.first_row = self.num_steps = 0
+
     # ---- request events --------------------------------------------------------------------
 
     def arrived(self, request_id: str, arrival_s: float, prompt_len: int, max_tokens: int,

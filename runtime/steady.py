@@ -282,10 +282,10 @@ class SteadyDecodes:
         )
 
     def finish_due(self) -> list[Request]:
-        """The members whose token of the step being run (the recorder's next row) stops
-        them, in running order: materialised through the step and no longer members. The
-        caller finishes them (`Scheduler.finish_decoded`) before the step's other
-        requests."""
+        """The members whose token of the step being run (the recorder's next step
+        number, `num_steps`) stops them, in running order: materialised through the step
+        and no longer members. The caller finishes them (`Scheduler.finish_decoded`) before
+        the step's other requests."""
         g = self._step
         done = []
         while (finishes := self._live_finishes()) and finishes[0][0] == g:

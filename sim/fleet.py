@@ -122,6 +122,7 @@ class _Fleet:
         # (`handover_bounds`; replicas of one pool share their list)
         self._bounds: dict[ApiServerCost, list[float]] = {}
         self.spare_blocks: list[KVCacheBlock] = []  # `PreRoutedReplica`s' released blocks
+        self.spare_holder: int | None = None  # the `PreRoutedReplica` making blocks of them
         self.step_columns = new_step_columns()  # `PreRoutedReplica`s' steps, one after another
         kind = (KvReplica if self.kv_bus else PreRoutedReplica if self.pre_routed
                 else Replica)

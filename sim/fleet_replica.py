@@ -63,6 +63,7 @@ class FleetView(Protocol):
     stack_delay_s: Mapping[str, float]  # per request id, s after the API server (or absent)
     steps_ahead: bool  # fixed for the run (docs/fleet.md, stepping ahead)
     spare_blocks: list[KVCacheBlock]  # released by replicas whose share is done
+    spare_holder: int | None  # the replica whose pool makes blocks of them now
     step_columns: dict[str, MutableSequence[object]]  # `PreRoutedReplica`s' steps, in turn
 
     def handover_bounds(self, api: ApiServerCost) -> list[float]: ...
@@ -268,14 +269,25 @@ class PreRoutedReplica(KnownHandovers, Replica):
         self.requests, self.handovers, self.take_in = [], [], []
         self.next_index = 0
         self.latency_s = fleet.latency_s
-        # The replicas run one after another: each makes its never-used blocks of those
-        # the replicas before it released, by id (same ids and order; no new objects to
-        # build, collect and free, none renamed), one pool at a time
-        self.core.scheduler.kv_cache_manager.block_pool.reuse(fleet.spare_blocks)
 
     def engine(self) -> Generator[simpy.Event, object, None]:
-        self.core.recorder.follow()  # the replicas before it have run: its rows follow theirs
+        # The replicas run one after another: its rows follow theirs, and it makes its
+        # never-used blocks of the blocks they released, by id (same ids and order; no new
+        # objects to build, collect and free, none renamed). One pool at a time holds the
+        # spares (a released spare and one in use look alike: both have one reference).
+        fleet = self.fleet
+        if fleet.spare_holder is not None:
+            raise AssertionError(f"replica {self.index} started while replica "
+                                 f"{fleet.spare_holder} still holds the spare blocks")
+        fleet.spare_holder = self.index
+        self.core.scheduler.kv_cache_manager.block_pool.reuse(fleet.spare_blocks)
+        self.core.recorder.follow()
         yield from super().engine()
+
+    def snapshot(self, at_s: float) -> ReplicaSnapshot:
+        """Never read: a pre-routed fleet's routers read nothing of the replicas (and its
+        step columns hold every replica's rows, so `end_s` is not this replica's)."""
+        raise AssertionError("a pre-routed fleet's routers read no replica snapshot")
 
     def reached_s(self, req: TraceRequest) -> float:
         """When the request reaches this replica's API server: its arrival + the fleet's
@@ -315,6 +327,7 @@ class PreRoutedReplica(KnownHandovers, Replica):
         released = self.core.scheduler.kv_cache_manager.release_blocks()  # ids 1, 2, ...
         spares = self.fleet.spare_blocks  # by id, as `released`: which starts with the
         spares += released[len(spares):]  # spares it made blocks of, then new objects
+        self.fleet.spare_holder = None
 
     def submit(self, request: Request, now: float) -> None:
         EngineProcess.submit(self, request, now)  # no first token awaited step by step

@@ -326,15 +326,15 @@ class EngineLoop:
         """Forget old records: the server keeps no run directory. Finished requests' records
         (each with its token times) go at every step: kept for 2048 steps, ~2,000 of them at
         100 requests/s held several MiB that `rt bench serve --soak` read as growth.
-        Clearing the step columns leaves live requests' token-time spans (`StepTimes`) and
-        steady-decode step indices pointing at cleared rows: the server never reads them (it
-        keeps no records), so the trim must stay here and never reach a run directory."""
+        Clearing the step columns (`Recorder.forget_steps`) leaves live requests' token-time
+        spans (`StepTimes`) and steady-decode step indices pointing at cleared rows: the
+        server never reads them (it keeps no records), so the trim must stay here and never
+        reach a run directory."""
         self.steps += 1
         recorder = self.core.recorder
         recorder.finished.clear()
         if self.steps % _TRIM_EVERY_STEPS == 0:
-            for column in recorder.step_columns.values():
-                del column[:]  # typed arrays have no clear()
+            recorder.forget_steps()
 
 
 def run_engine_process(factory: ExecutorFactory, factory_kwargs: dict[str, Any],
