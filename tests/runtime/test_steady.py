@@ -229,3 +229,19 @@ def test_kv_events_observed_mid_run_after_deferred_fills() -> None:
     names = {own_block_name(b"own:a", index): index for index in range(5)}
     events = [(kind, [names.get(name, "b") for name in hashes]) for kind, hashes in runs[0][0]]
     assert events == [("stored", ["b"]), ("stored", [2]), ("stored", ["b"]), ("stored", [3])]
+
+
+def test_forget_steps_numbers_the_next_step_zero() -> None:
+    """`rt serve`'s trim: after `forget_steps` the columns hold only the steps since, the
+    first numbered 0, as in a new recorder."""
+    core, outputs = _two_decodes(steady=False, num_blocks=16)
+    for k in range(3):
+        _step(core, outputs, k * 0.01)
+    recorder = core.recorder
+    assert (recorder.num_steps, list(recorder.step_columns["step"])) == (3, [0, 1, 2])
+    recorder.forget_steps()
+    _step(core, outputs, 0.03)
+    assert (recorder.first_row, recorder.num_steps) == (0, 1)
+    assert list(recorder.step_columns["step"]) == [0]
+    assert list(recorder.step_columns["end_s"]) == [0.04]
+    assert [step.step for step in recorder.steps] == [0]

@@ -256,3 +256,25 @@ def test_a_done_replica_keeps_no_released_blocks() -> None:
     held = [value for frame in frames for value in frame.f_locals.values()
             if isinstance(value, list) and value and isinstance(value[0], KVCacheBlock)]
     assert held == [] and len(fleet.spare_blocks) > 0
+
+
+def test_one_pre_routed_replica_holds_the_spares_at_a_time() -> None:
+    """A released spare and a block in use both have one reference: a second pool making
+    blocks of the spares while another holds them would share blocks unnoticed, so a
+    replica takes them in `engine()` only once the one before has handed its blocks on."""
+    fleet = fleet_module._Fleet(randomised(1), [Replica(config(num_blocks=300))] * 2,
+                                make_policy("round-robin", (), 5), 0.02, 0.0, None)
+    first, second = fleet.replicas
+    assert isinstance(first, PreRoutedReplica) and isinstance(second, PreRoutedReplica)
+    next(first.engine())  # nothing routed: its share is done at once, the spares go back
+    assert fleet.spare_holder is None
+    fleet.spare_holder = 0  # as while replica 0 runs its share
+    with pytest.raises(AssertionError, match="replica 1 started while replica 0 still holds"):
+        next(second.engine())
+
+
+def test_pre_routed_fleet_gives_the_spares_back() -> None:
+    fleet = fleet_module._Fleet(randomised(2), [Replica(config(num_blocks=300))] * 3,
+                                make_policy("round-robin", (), 5), 0.02, 0.0, None)
+    fleet.run()
+    assert fleet.spare_holder is None and len(fleet.spare_blocks) == 299
