@@ -43,11 +43,11 @@ client ITL gaps under 0.3x the median), 14-16% of the steps above the observed p
 runs (docs/calibration.md, "p90 ITL against vLLM"). The trim decides per pair, by its long
 half: both halves in the body or neither (a pair whose long step is left out and given back
 is no stall, only in the busy span). The table multiplies every step, prefill steps too, so
-a short half's ratio (0.01-0.2x: the client's bunching, not the engine's speed) is raised to
-the smallest ratio of a step in no pair (`bounded_ratios`); the long halves stay (up to
-~2.3x: an 8 ms prefill drawn there takes ~18 ms, where a late read would add one decode
-step's time, ~2 ms). Modelling the pair as an additive delay given back by the next step
-(as a stall is added) would remove that too; not done (review 17, finding 1).
+a short step's ratio (a short half's 0.01-0.2x: the client's bunching, not the engine's
+speed) is raised to the smallest ratio of a step that is not short (`bounded_ratios`); the
+long halves stay (up to ~2.3x: an 8 ms prefill drawn there takes ~18 ms, where a late read
+adds one decode step's time, ~2 ms). Modelling the pair as an additive delay given back by
+the next step (as a stall is added) would remove that too; not done (review 17, finding 1).
 """
 
 from __future__ import annotations
@@ -157,11 +157,10 @@ def _given_back(residual: np.ndarray, follows: np.ndarray) -> tuple[np.ndarray, 
     return residual - given_back, given_back
 
 
-def late_pairs(y: np.ndarray, follows: np.ndarray) -> np.ndarray:
-    """The long halves of late-read pairs (a mask): steps followed by their next step whose
-    duration is under `CLUSTER_FRACTION` of the median (a chunk read late beside its
-    stream's next one); the short half is the row after."""
-    short = y < CLUSTER_FRACTION * float(np.median(y))
+def late_pairs(short: np.ndarray, follows: np.ndarray) -> np.ndarray:
+    """The long halves of late-read pairs (a mask): steps followed by their next step, a
+    `short` one (under `CLUSTER_FRACTION` of the median duration: a chunk read late beside
+    its stream's next one); the short half is the row after."""
     return np.append(short[1:] & follows[1:], False)
 
 
@@ -171,9 +170,10 @@ def step_scatter(y: np.ndarray, predicted: np.ndarray, follows: np.ndarray, keep
     durations `y`, their predictions, whether the row before is the step just before, and
     the steps stage 1's trim kept. A late read's pair (a long duration and a short one) is
     decided as one: both halves are scatter when the trim keeps the long one, else neither
-    is (only in the busy span). In the table a short half's ratio is raised to the body's
-    floor without pairs (`bounded_ratios`). None with fewer than 2 body steps."""
-    long_half = late_pairs(y, follows)
+    is (only in the busy span). In the table a short step's ratio is raised to the floor
+    of the steps that are not short (`bounded_ratios`). None with fewer than 2 body steps."""
+    short = y < CLUSTER_FRACTION * float(np.median(y))
+    long_half = late_pairs(short, follows)
     short_half = np.append(False, long_half[:-1])
     keep = np.where(short_half, np.append(False, keep[:-1]), keep)
     excess, given_back = _given_back(y - predicted, follows)
@@ -183,7 +183,7 @@ def step_scatter(y: np.ndarray, predicted: np.ndarray, follows: np.ndarray, keep
     if body.sum() < 2:
         return None
     seconds = excess[stall]
-    ratios = bounded_ratios(y[body] / np.maximum(predicted[body], 1e-12), short_half[body])
+    ratios = bounded_ratios(y[body] / np.maximum(predicted[body], 1e-12), short[body])
     table = np.asarray(ratio_quantiles(ratios, np.ones(len(ratios)), TABLE_POINTS, trim=0.0))
     if float(seconds.sum()) >= float(y.sum()):  # degenerate: keep the busy span, no stalls
         seconds = seconds[:0]
@@ -195,13 +195,14 @@ def step_scatter(y: np.ndarray, predicted: np.ndarray, follows: np.ndarray, keep
                        int(body.sum() + len(seconds)))
 
 
-def bounded_ratios(ratios: np.ndarray, short_half: np.ndarray) -> np.ndarray:
-    """The body's ratios observed / predicted, each short half of a late pair raised to the
-    smallest ratio of the steps in no pair. A short half is the client's bunching, not the
-    engine's speed (it did not run that step in 0.1 ms), and the table multiplies every
-    step: drawn onto an 8 ms prefill a 0.01x factor made it 0.08 ms. The floor is the
-    fastest the engine was seen to run a step; the long halves stay (they carry the p90
-    ITL). Unchanged when every step is a short half."""
-    if short_half.all() or not short_half.any():
+def bounded_ratios(ratios: np.ndarray, short: np.ndarray) -> np.ndarray:
+    """The body's ratios observed / predicted, each short step's (under `CLUSTER_FRACTION`
+    of the median duration: a late pair's short half, or a chunk bunched otherwise) raised
+    to the smallest ratio of a step that is not short. A short duration is the client's
+    bunching, not the engine's speed (it did not run that step in 0.1 ms), and the table
+    multiplies every step: drawn onto an 8 ms prefill a 0.01x factor made it 0.08 ms. The
+    floor is the fastest the engine was seen to run a step; the long halves stay (they carry
+    the p90 ITL). Unchanged when every step or none is short."""
+    if short.all() or not short.any():
         return ratios
-    return np.where(short_half, np.maximum(ratios, float(ratios[~short_half].min())), ratios)
+    return np.where(short, np.maximum(ratios, float(ratios[~short].min())), ratios)
