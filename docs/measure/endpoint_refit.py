@@ -78,7 +78,7 @@ def observed(run: ClientRun) -> np.ndarray:
     times = run.token_times_s
     ttft = [times[r.request_id][0] - r.arrival_s for r in run.trace]
     itl = [b - a for t in times.values() for a, b in zip(t, t[1:], strict=False)]
-    return np.concatenate([np.percentile(ttft, [50, 90]), np.percentile(itl, [50, 90])]) * 1e3
+    return np.asarray([*np.percentile(ttft, [50, 90]), *np.percentile(itl, [50, 90])]) * 1e3
 
 
 def refit(result: Path, trace_path: Path, fit: str) -> list[str]:
