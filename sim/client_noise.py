@@ -32,16 +32,22 @@ seconds equals the observed busy span. Identified from the residuals: the
 probability (a count), the stall sizes' distribution (with 2 or more stalls) and the body's
 quantiles; with no stall the profile has none.
 
-*Late reads stay in the body.* A chunk delivered or read late (the server's output path or
-the client: a client cannot tell which) lands beside its stream's next chunk: the client
-sees one ITL gap of about two steps and one of ~0.1 ms, and the cluster of that step splits
-into a long and a short duration. The twin predicts the client's times, so such pairs are
-scatter like any other: 3.6-4.5% of a vLLM replay's timed steps (4% of its client ITL gaps
-under 0.3x the median), 14-16% of the steps above the observed p90. Left out (before
-2026-12-02), the simulated steps' p90 was 5-6% under the observed one and the in-sample p90
-ITL 5-7.5% low against vLLM in all six quiet-slot runs
-(docs/calibration.md, "p90 ITL against vLLM"). A pair whose long step the trim leaves out
-(and gives back, so no stall) is left out with its short step.
+*Late reads stay in the body, as pairs, their short halves floored.* A chunk delivered or
+read late (the server's output path or the client: a client cannot tell which) lands beside
+its stream's next chunk: the client sees one ITL gap of about two steps and one of ~0.1 ms,
+and the cluster of that step splits into a long and a short duration (`late_pairs`: a step
+followed by one under `CLUSTER_FRACTION` of the median). The twin predicts the client's
+times, so such pairs are scatter: 3.6-4.5% of a vLLM replay's timed steps (3.2-4.0% of its
+client ITL gaps under 0.3x the median), 14-16% of the steps above the observed p90. Left out
+(before 2026-12-02), the in-sample p90 ITL was 5-7.5% low against vLLM in all six quiet-slot
+runs (docs/calibration.md, "p90 ITL against vLLM"). The trim decides per pair, by its long
+half: both halves in the body or neither (a pair whose long step is left out and given back
+is no stall, only in the busy span). The table multiplies every step, prefill steps too, so
+a short step's ratio (a short half's 0.01-0.2x: the client's bunching, not the engine's
+speed) is raised to the smallest ratio of a step that is not short (`bounded_ratios`); the
+long halves stay (up to ~2.3x: an 8 ms prefill drawn there takes ~18 ms, where a late read
+adds one decode step's time, ~2 ms). Modelling the pair as an additive delay given back by
+the next step (as a stall is added) would remove that too; not done (review 17, finding 1).
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.client_steps import CLUSTER_FRACTION
 from sim.step_noise import ratio_quantiles
 
 WINDOW_S = 1.0  # disturbance windows, seconds of a run's clock
@@ -150,13 +157,25 @@ def _given_back(residual: np.ndarray, follows: np.ndarray) -> tuple[np.ndarray, 
     return residual - given_back, given_back
 
 
+def late_pairs(short: np.ndarray, follows: np.ndarray) -> np.ndarray:
+    """The long halves of late-read pairs (a mask): steps followed by their next step, a
+    `short` one (under `CLUSTER_FRACTION` of the median duration: a chunk read late beside
+    its stream's next one); the short half is the row after."""
+    return np.append(short[1:] & follows[1:], False)
+
+
 def step_scatter(y: np.ndarray, predicted: np.ndarray, follows: np.ndarray, keep: np.ndarray
                  ) -> StepScatter | None:
     """The body's scatter and the stalls (module docstring) of the timed steps: observed
     durations `y`, their predictions, whether the row before is the step just before, and
     the steps stage 1's trim kept. A late read's pair (a long duration and a short one) is
-    scatter when the trim keeps its long step, else in neither part, only in the busy span.
-    None with fewer than 2 body steps."""
+    decided as one: both halves are scatter when the trim keeps the long one, else neither
+    is (only in the busy span). In the table a short step's ratio is raised to the floor
+    of the steps that are not short (`bounded_ratios`). None with fewer than 2 body steps."""
+    short = y < CLUSTER_FRACTION * float(np.median(y))
+    long_half = late_pairs(short, follows)
+    short_half = np.append(False, long_half[:-1])
+    keep = np.where(short_half, np.append(False, keep[:-1]), keep)
     excess, given_back = _given_back(y - predicted, follows)
     slow = ~keep & (y >= STALL_RATIO * predicted)
     stall = slow & (excess >= (STALL_RATIO - 1.0) * predicted)
@@ -164,7 +183,8 @@ def step_scatter(y: np.ndarray, predicted: np.ndarray, follows: np.ndarray, keep
     if body.sum() < 2:
         return None
     seconds = excess[stall]
-    table = np.asarray(ratio_quantiles(y[body], predicted[body], TABLE_POINTS, trim=0.0))
+    ratios = bounded_ratios(y[body] / np.maximum(predicted[body], 1e-12), short[body])
+    table = np.asarray(ratio_quantiles(ratios, np.ones(len(ratios)), TABLE_POINTS, trim=0.0))
     if float(seconds.sum()) >= float(y.sum()):  # degenerate: keep the busy span, no stalls
         seconds = seconds[:0]
     scale = float(y.sum() - seconds.sum()) / float(predicted.sum())
@@ -173,3 +193,16 @@ def step_scatter(y: np.ndarray, predicted: np.ndarray, follows: np.ndarray, keep
     probability = float(len(seconds) / (body.sum() + len(seconds))) if stalls else 0.0
     return StepScatter(tuple(float(v) for v in scale * table), probability, stalls,
                        int(body.sum() + len(seconds)))
+
+
+def bounded_ratios(ratios: np.ndarray, short: np.ndarray) -> np.ndarray:
+    """The body's ratios observed / predicted, each short step's (under `CLUSTER_FRACTION`
+    of the median duration: a late pair's short half, or a chunk bunched otherwise) raised
+    to the smallest ratio of a step that is not short. A short duration is the client's
+    bunching, not the engine's speed (it did not run that step in 0.1 ms), and the table
+    multiplies every step: drawn onto an 8 ms prefill a 0.01x factor made it 0.08 ms. The
+    floor is the fastest the engine was seen to run a step; the long halves stay (they carry
+    the p90 ITL). Unchanged when every step or none is short."""
+    if short.all() or not short.any():
+        return ratios
+    return np.where(short, np.maximum(ratios, float(ratios[~short].min())), ratios)

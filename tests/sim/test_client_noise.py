@@ -197,3 +197,33 @@ def test_late_reads_stay_in_the_scatter_the_client_sees() -> None:
     drawn = np.asarray([noise.duration(STEP_S, k, 0.0) for k in range(n)])
     for q in (10, 50, 90, 99):
         assert np.percentile(drawn, q) == pytest.approx(np.percentile(y, q), rel=0.03), q
+
+
+def test_a_late_pair_is_kept_or_left_out_whole_and_its_short_half_floored() -> None:
+    """A narrow body (0.9-1.1x) with late pairs of +-0.9 step: a trim bound inside the pairs'
+    spread keeps one half of some pairs and not the other. The fit decides by the long
+    half, for both: the pairs whose long half is kept are in the table (long and short),
+    the others are in neither part (not stalls). The short halves (0-0.2x: the client's
+    bunching) are raised to the smallest ratio of a step in no pair."""
+    rng = np.random.default_rng(7)
+    n = 20_000
+    predicted = np.full(n, STEP_S)
+    y = predicted * rng.uniform(0.9, 1.1, n)
+    late = np.flatnonzero(rng.random(n - 2) < 0.04)
+    late = late[np.diff(late, prepend=-3) > 2]  # pairs apart: no short half is a long half
+    y[late] += 0.9 * STEP_S
+    y[late + 1] = np.maximum(y[late + 1] - 0.9 * STEP_S, 0.01 * STEP_S)
+    keep = np.abs(y - predicted) <= 0.9 * STEP_S  # the trim's bound, inside the pairs' spread
+    assert (keep[late] & ~keep[late + 1]).any() and (~keep[late] & keep[late + 1]).any()
+    fit = step_scatter(y, predicted, np.ones(n, dtype=bool), keep)
+    assert fit is not None and fit.stall_probability == 0.0
+    whole = late[keep[late]]
+    assert fit.steps == n - 2 * len(late) + 2 * len(whole)
+    in_pair = np.zeros(n, dtype=bool)
+    in_pair[late] = in_pair[late + 1] = True
+    body_mean = (y[~in_pair].sum() + y[whole].sum() + np.maximum(
+        y[whole + 1], y[~in_pair].min()).sum()) / (predicted[0] * fit.steps)
+    scale = y.sum() / predicted.sum() / body_mean
+    assert fit.quantiles[0] == pytest.approx(y[~in_pair].min() / STEP_S * scale, rel=1e-9)
+    above = np.mean(np.asarray(fit.quantiles) > 1.5)  # the long halves kept
+    assert above == pytest.approx(len(whole) / fit.steps, abs=0.011)
