@@ -23,6 +23,7 @@ from runtime import CacheConfig, Request, SamplingParams, Scheduler, SchedulerCo
 from runtime.native import implementation
 
 if TYPE_CHECKING:
+    from runtime import EngineCore
     from runtime.config import EngineFlags
     from runtime.records import RunResult
     from sim.engine_args import SimFlags
@@ -93,6 +94,39 @@ def bench_decode(num_running: int, num_steps: int, seed: int) -> dict[str, float
     }
 
 
+def steady_decode_core(num_running: int, max_tokens: int, seed: int, prefix_caching: bool,
+                       named: bool) -> EngineCore:
+    """`bench_steady_decode`'s engine core: `num_running` requests submitted at time 0
+    (prompts of 100-300 tokens drawn from `seed`, `max_tokens` outputs each, never EOS),
+    room for all of them, block size 16, steady decodes on; with `named`, each request's
+    blocks named by a key of its own."""
+    from array import array
+
+    from runtime import EngineCore
+
+    rng = random.Random(seed)
+    max_len = 300 + max_tokens
+    tokens = array("q", [EOS_FREE_TOKEN]) * max_tokens
+
+    def upcoming(request: Request, count: int) -> array[int]:
+        return tokens[:count]
+
+    core = EngineCore(Scheduler(
+        SchedulerConfig(max_num_batched_tokens=max(8192, num_running),
+                        max_num_seqs=num_running, max_model_len=max_len),
+        CacheConfig(block_size=16, num_blocks=num_running * (max_len // 16 + 2) + 1,
+                    enable_prefix_caching=prefix_caching),
+    ), upcoming=upcoming)
+    for i in range(num_running):
+        request = Request(f"r{i}", _prompt(rng, rng.randint(100, 300)),
+                          SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                          block_key=f"bench:r{i}".encode() if named else None)
+        core.recorder.arrived(request.request_id, 0.0, request.num_prompt_tokens,
+                              request.max_tokens)
+        core.submit(request, 0.0)
+    return core
+
+
 def bench_steady_decode(num_running: int, num_steps: int, seed: int,
                         prefix_caching: bool = True, named: bool = False) -> dict[str, float]:
     """`bench_decode`'s steady decodes through the engine core with steady decodes on
@@ -107,30 +141,7 @@ def bench_steady_decode(num_running: int, num_steps: int, seed: int,
     requests' blocks are named by a key of their own (`Request.block_key`), as the simulator
     names a plain trace's: a member's fills are then registered when it leaves or finishes
     (`runtime.steady`), so a step's per-block work is its takes, as without caching."""
-    from array import array
-
-    from runtime import EngineCore
-
-    rng = random.Random(seed)
-    max_len = 300 + num_steps + 64
-    tokens = array("q", [EOS_FREE_TOKEN]) * (num_steps + 64)
-
-    def upcoming(request: Request, count: int) -> array[int]:
-        return tokens[:count]
-
-    core = EngineCore(Scheduler(
-        SchedulerConfig(max_num_batched_tokens=max(8192, num_running),
-                        max_num_seqs=num_running, max_model_len=max_len),
-        CacheConfig(block_size=16, num_blocks=num_running * (max_len // 16 + 2) + 1,
-                    enable_prefix_caching=prefix_caching),
-    ), upcoming=upcoming)
-    for i in range(num_running):
-        request = Request(f"r{i}", _prompt(rng, rng.randint(100, 300)),
-                          SamplingParams(max_tokens=num_steps + 64, ignore_eos=True),
-                          block_key=f"bench:r{i}".encode() if named else None)
-        core.recorder.arrived(request.request_id, 0.0, request.num_prompt_tokens,
-                              request.max_tokens)
-        core.submit(request, 0.0)
+    core = steady_decode_core(num_running, num_steps + 64, seed, prefix_caching, named)
     now, wall, cpu = 0.0, [], []
     for k in range(num_steps + 40):
         c0, t0 = time.thread_time(), time.perf_counter()

@@ -11,33 +11,15 @@ steps, then STEPS steps inside `itertools.dropwhile`: callgrind collects only th
 
 from __future__ import annotations
 
-import random
 import sys
-from array import array
 from collections import deque
 from itertools import dropwhile
 
-from runtime import CacheConfig, EngineCore, Request, SamplingParams, Scheduler, SchedulerConfig
-from sim.benchmarks import EOS_FREE_TOKEN, _prompt
+from sim.benchmarks import EOS_FREE_TOKEN, steady_decode_core
 
 
 def main(num_running: int, num_steps: int, caching: bool, named: bool) -> None:
-    rng = random.Random(0)
-    max_len = 300 + num_steps + 64
-    tokens = array("q", [EOS_FREE_TOKEN]) * (num_steps + 64)
-    core = EngineCore(Scheduler(
-        SchedulerConfig(max_num_batched_tokens=max(8192, num_running),
-                        max_num_seqs=num_running, max_model_len=max_len),
-        CacheConfig(block_size=16, num_blocks=num_running * (max_len // 16 + 2) + 1,
-                    enable_prefix_caching=caching),
-    ), upcoming=lambda request, count: tokens[:count])
-    for i in range(num_running):
-        request = Request(f"r{i}", _prompt(rng, rng.randint(100, 300)),
-                          SamplingParams(max_tokens=num_steps + 64, ignore_eos=True),
-                          block_key=f"bench:r{i}".encode() if named else None)
-        core.recorder.arrived(request.request_id, 0.0, request.num_prompt_tokens,
-                              request.max_tokens)
-        core.submit(request, 0.0)
+    core = steady_decode_core(num_running, num_steps + 64, 0, caching, named)
     now = [0.0]
 
     def step(_: int) -> bool:  # bench_steady_decode's loop body

@@ -12,7 +12,6 @@ import socket
 import struct
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ from backends.bench.capture_client import (
 )
 from backends.bench.lean_replay import _capture, _Target, capture_run
 from backends.bench.sse_client import Connection, Streamed
+from tests.backends.loop_server import LoopbackServer, read_request
 from workloads import Trace, TraceRequest
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -221,29 +221,22 @@ def test_a_read_is_stamped_with_the_kernels_receive_time() -> None:
     assert before <= late <= after
 
 
-class _ScriptedServer:
+class _ScriptedServer(LoopbackServer):
     """An HTTP/1.1 keep-alive server on the loopback answering each POST with `_STREAM`, one
     write per HTTP chunk `gap_s` apart, noting `perf_counter()` before each write (the same
     clock as the client's), or never answering (`answer=False`)."""
 
     def __init__(self, gap_s: float = 0.005, answer: bool = True) -> None:
+        super().__init__()
         self.gap_s, self.answer = gap_s, answer
-        self.connections = 0
         self.closed = 0  # connections whose client closed them
         self.writes_s: list[list[float]] = []  # per response
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._writers: list[asyncio.StreamWriter] = []
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        self._writers.append(writer)
+        self._accepted(writer)
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length:"))
-                body = json.loads(await reader.readexactly(length))
+                body = json.loads(await read_request(reader))
                 assert body["stream"] is True and body["max_tokens"] == 3
                 if not self.answer:
                     continue
@@ -257,25 +250,6 @@ class _ScriptedServer:
                     writer.write(piece)
                     await writer.drain()
         self.closed += 1
-
-    def __enter__(self) -> _ScriptedServer:
-        self._thread.start()
-        self._server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._handle, "127.0.0.1", 0), self._loop).result(10)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def _close(self) -> None:
-        self._server.close()
-        for writer in self._writers:
-            writer.close()
-        await asyncio.sleep(0.05)
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
 
 
 def _trace(n: int) -> Trace:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import Iterator
 
 import pytest
 
 from backends.replay.endpoint import replay_endpoint
 from backends.replay.endpoint_probe import EndpointConfig, EndpointInfo
+from tests.backends.loop_server import LoopbackServer, read_request
 from workloads import Trace, TraceRequest
 
 _BODY = (b'data: {"choices":[{"index":0,"text":"a","finish_reason":"length"}]}\n\n'
@@ -23,50 +23,18 @@ _RESPONSE = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
              + b"%x\r\n%s\r\n0\r\n\r\n" % (len(_BODY), _BODY))
 
 
-class _KeepAliveServer:
+class _KeepAliveServer(LoopbackServer):
     """An HTTP/1.1 keep-alive server on the loopback that answers every POST with one SSE
     stream, counting the TCP connections it accepts."""
 
-    def __init__(self) -> None:
-        self.connections = 0
-        self.port = 0
-        self._writers: list[asyncio.StreamWriter] = []
-        self._ready = threading.Event()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        self._writers.append(writer)
+        self._accepted(writer)
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
-                await reader.readexactly(length)
+                await read_request(reader)
                 writer.write(_RESPONSE)
                 await writer.drain()
         writer.close()
-
-    def __enter__(self) -> _KeepAliveServer:
-        self._thread.start()
-        server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._handle, "127.0.0.1", 0), self._loop).result(10)
-        self.port = server.sockets[0].getsockname()[1]
-        self._server = server
-        return self
-
-    async def _close(self) -> None:
-        self._server.close()
-        for writer in self._writers:  # kept-alive connections: their handlers then end
-            writer.close()
-        await asyncio.sleep(0.05)
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
 
 
 @pytest.fixture
