@@ -127,6 +127,17 @@ def steady_decode_core(num_running: int, max_tokens: int, seed: int, prefix_cach
     return core
 
 
+def steady_decode_step(core: EngineCore, now: float) -> None:
+    """One 10 ms step of `steady_decode_core`'s requests at `now` (seconds): every request
+    that has caught up samples a token that never stops it."""
+    step = core.begin_step(now)
+    assert step is not None
+    requests = core.scheduler.requests
+    sampled = {req_id: [EOS_FREE_TOKEN] for req_id in step.output.num_scheduled_tokens
+               if requests[req_id].num_computed_tokens >= requests[req_id].num_tokens}
+    core.end_step(step, sampled, now + 0.01, 0.01)
+
+
 def bench_steady_decode(num_running: int, num_steps: int, seed: int,
                         prefix_caching: bool = True, named: bool = False) -> dict[str, float]:
     """`bench_decode`'s steady decodes through the engine core with steady decodes on
@@ -145,12 +156,7 @@ def bench_steady_decode(num_running: int, num_steps: int, seed: int,
     now, wall, cpu = 0.0, [], []
     for k in range(num_steps + 40):
         c0, t0 = time.thread_time(), time.perf_counter()
-        step = core.begin_step(now)
-        assert step is not None
-        requests = core.scheduler.requests
-        sampled = {req_id: [EOS_FREE_TOKEN] for req_id in step.output.num_scheduled_tokens
-                   if requests[req_id].num_computed_tokens >= requests[req_id].num_tokens}
-        core.end_step(step, sampled, now + 0.01, 0.01)
+        steady_decode_step(core, now)
         t1, c1 = time.perf_counter(), time.thread_time()
         now += 0.01
         if k >= 40:  # prefill and the first decodes (joining) not measured

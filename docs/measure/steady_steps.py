@@ -15,7 +15,7 @@ import sys
 from collections import deque
 from itertools import dropwhile
 
-from sim.benchmarks import EOS_FREE_TOKEN, steady_decode_core
+from sim.benchmarks import steady_decode_core, steady_decode_step
 
 
 def main(num_running: int, num_steps: int, caching: bool, named: bool) -> None:
@@ -24,12 +24,7 @@ def main(num_running: int, num_steps: int, caching: bool, named: bool) -> None:
 
     def step(_: int) -> bool:  # bench_steady_decode's loop body
         t = now[0]
-        s = core.begin_step(t)
-        assert s is not None
-        requests = core.scheduler.requests
-        sampled = {r: [EOS_FREE_TOKEN] for r in s.output.num_scheduled_tokens
-                   if requests[r].num_computed_tokens >= requests[r].num_tokens}
-        core.end_step(s, sampled, t + 0.01, 0.01)
+        steady_decode_step(core, t)
         now[0] = t + 0.01
         return True
 
