@@ -17,8 +17,6 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Sequence
-from itertools import repeat
-from operator import add
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -125,8 +123,9 @@ def own_block_names(block_key: bytes, first: int, last: int) -> list[BlockHash]:
     """`own_block_name` of blocks [first, last)."""
     if first < 0 or last < 0:
         raise ValueError(f"own_block_names: first and last must be >= 0, got {first}, {last}")
-    # map with operator.add: ~25% less than a comprehension's bytecode per name
-    return list(map(add, _index_bytes(last)[first:last], repeat(block_key)))
+    # a comprehension, not map(operator.add): compiled, it is a C loop (map was ~5% slower
+    # on a whole compiled Azure run; pure, map saves ~25% of the bytecode per name)
+    return [prefix + block_key for prefix in _index_bytes(last)[first:last]]
 
 
 def _hash_packed(parent: BlockHash, packed: bytes, extra_keys: ExtraKeys | None) -> BlockHash:
