@@ -7,6 +7,7 @@ construction. Variants come from `dataclasses.replace`.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -71,6 +72,10 @@ class CacheConfig:
         _require(
             self.num_blocks >= 2,
             f"num_blocks must be >= 2 (block 0 is the null block), got {self.num_blocks}",
+        )
+        _require(  # the free queue's range of unbuilt blocks has a C length
+            self.num_blocks <= sys.maxsize,
+            f"num_blocks must be <= {sys.maxsize}, got {self.num_blocks}",
         )
 
     @property
