@@ -515,6 +515,8 @@ def calibrate(
     from sim.calibrate_run import grid_profile, runs_profile, save_profile, steps_profile
 
     with user_errors():
+        if output.is_dir():  # before the fit, not after it
+            raise ValueError(f"--output {output}: a directory is there, not a profile file")
         mode = sources.mode(checkpoint.model is not None, cal.step_drift)
         if mode == "runs":
             profile, lines = runs_profile(sources.from_run or [], request_columns, engine, seed,

@@ -117,7 +117,7 @@ class PlanFlags:
     def candidates(self) -> list[Candidate]:
         """Every combination, in flag order (GPU outermost; aggregated before P:D splits)."""
         lists = [_items("--gpus", self.gpus, str), _items("--models", self.models, str),
-                 _counts("--tensor-parallel-sizes", self.tensor_parallel_sizes),
+                 _counts("--tensor-parallel-sizes", self.tensor_parallel_sizes, required=True),
                  _counts("--max-num-batched-tokens", self.max_num_batched_tokens) or [None],
                  _counts("--max-num-seqs", self.max_num_seqs) or [None],
                  _items("--routers", self.routers, str),
@@ -149,9 +149,11 @@ def _items(option: str, text: str | None, kind: type) -> list[Any]:
     return comma_list(option, text, kind) if text and text.strip() else []
 
 
-def _counts(option: str, text: str | None) -> list[int]:
-    """`_items` of integers, each >= 1."""
+def _counts(option: str, text: str | None, required: bool = False) -> list[int]:
+    """`_items` of integers, each >= 1 (and at least one when `required`)."""
     values = _items(option, text, int)
+    if required and not values:
+        raise ValueError(f"{option}: empty list")
     if any(v < 1 for v in values):
         raise ValueError(f"{option}: each value must be an integer >= 1, got {text!r}")
     return values
