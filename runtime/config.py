@@ -7,7 +7,6 @@ construction. Variants come from `dataclasses.replace`.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,6 +16,9 @@ Policy = Literal["fcfs", "priority"]
 
 
 ENGINE_PANEL = "Engine (vLLM flags)"
+# Blocks in a pool at most: the free queue's range of unbuilt blocks has a C length (a
+# 64-bit ssize_t); the pool builds blocks lazily, so any count up to it simulates.
+MAX_NUM_BLOCKS = 2**63 - 1
 
 
 def _require(ok: bool, message: str) -> None:
@@ -73,9 +75,9 @@ class CacheConfig:
             self.num_blocks >= 2,
             f"num_blocks must be >= 2 (block 0 is the null block), got {self.num_blocks}",
         )
-        _require(  # the free queue's range of unbuilt blocks has a C length
-            self.num_blocks <= sys.maxsize,
-            f"num_blocks must be <= {sys.maxsize}, got {self.num_blocks}",
+        _require(
+            self.num_blocks <= MAX_NUM_BLOCKS,
+            f"num_blocks must be <= {MAX_NUM_BLOCKS}, got {self.num_blocks}",
         )
 
     @property
