@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from sim.fidelity_run import FidelityDirs
 
 _ARGV = "rt.argv"  # ctx.meta key: the arguments as given, for naming a refused value
-# The exceptions of the click typer parses with (its own copy since typer 0.2x).
+# The exceptions of the click that typer parses with (typer 0.29 vendors its own copy).
 _CLICK = importlib.import_module(typer.BadParameter.__module__)
 
 
