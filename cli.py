@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib
 import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
+from typer.core import TyperGroup
 
 import workloads
 from analysis.compare import COMPARE_HELP, CompareFiles
@@ -56,9 +58,58 @@ if TYPE_CHECKING:
     from backends.replay.real_run import LoadedEngine
     from sim.fidelity_run import FidelityDirs
 
+_ARGV = "rt.argv"  # ctx.meta key: the arguments as given, for naming a refused value
+# The exceptions of the click that typer parses with (typer 0.29 vendors its own copy).
+_CLICK = importlib.import_module(typer.BadParameter.__module__)
+
+
+class _ParserErrors(TyperGroup):
+    """rt's root group: the parser's own refusals (an unknown command or option, a missing
+    one, a value of the wrong type or out of range) as one line naming the option and the
+    value, exit 2, as the commands' own checks (`fail`); not click's usage block."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        ctx.meta.setdefault(_ARGV, list(args))
+        with _one_line(ctx):
+            return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: Any) -> Any:
+        with _one_line(ctx):
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def _one_line(ctx: Any) -> Iterator[None]:
+    try:
+        yield
+    except getattr(_CLICK, "NoArgsIsHelpError", ()):  # `rt bench`: the help, as before
+        raise
+    except _CLICK.UsageError as err:
+        fail(parser_error(err, ctx.meta.get(_ARGV, [])))
+
+
+def parser_error(err: Any, argv: list[str]) -> str:
+    """A click UsageError's message on one line, with the refused value when it does not
+    name it."""
+    message = " ".join(err.format_message().split())
+    param = err.param if isinstance(err, _CLICK.BadParameter) else None
+    given = _given(param.opts + param.secondary_opts, argv) if param is not None else None
+    return message if given is None or repr(given) in message else f"{message} (got {given!r})"
+
+
+def _given(opts: list[str], argv: list[str]) -> str | None:
+    """The value last given to one of `opts` in `argv` ("--x V" or "--x=V"), else None."""
+    found = None
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name in opts:
+            found = value if eq else argv[i + 1] if i + 1 < len(argv) else found
+    return found
+
+
 app = typer.Typer(name="rt", help="LLM-serving runtime twin: one vLLM-V1 scheduler/KV core, "
                   "simulated or real.", no_args_is_help=True, add_completion=False,
-                  pretty_exceptions_enable=False)
+                  pretty_exceptions_enable=False, cls=_ParserErrors)
 RT = (sys.executable, str(Path(__file__).resolve()))  # the command line that starts rt
 bench_app = typer.Typer(help="Benchmarks that write JSON.", no_args_is_help=True)
 trace_app = typer.Typer(help="Generate, inspect and convert request traces.", no_args_is_help=True)
@@ -136,6 +187,26 @@ def workload(flags: WorkloadFlags, path: Path | None = None) -> workloads.Trace:
     loaded = load_workload(flags, path)
     note(loaded.notes)
     return loaded.trace
+
+
+def run_path(result_dir: Path | None, kind: str) -> Path:
+    """--result-dir (default: results/KIND-<time>), checked before any work: a file or a
+    directory of other things is never replaced (`check_run_path`)."""
+    from analysis.rundir import check_run_path
+
+    path = result_dir or default_dir(kind)
+    check_run_path(path)
+    return path
+
+
+def runs_root(result_dir: Path | None, kind: str) -> Path:
+    """A sweep's or plan's --result-dir (default: results/KIND-<time>), checked before any
+    work (`check_runs_root`)."""
+    from analysis.rundir import check_runs_root
+
+    path = result_dir or default_dir(kind)
+    check_runs_root(path)
+    return path
 
 
 # ---- parameters several commands share ----
@@ -221,11 +292,11 @@ def simulate(
 
     with user_errors():
         percentiles = report.options().percentiles
+        out = run_path(result_dir, "simulate")
         trace = workload(work, trace_file.trace)
         run = SimulateRun.build(engine, sim, fleet, pd, autoscale, work.seed, check_invariants)
         rate = work.request_rate if work.dataset_name is not None else None
-        run.simulate_into(trace, result_dir or default_dir("simulate"), CONSOLE, percentiles,
-                          rate)
+        run.simulate_into(trace, out, CONSOLE, percentiles, rate)
 
 
 # ---- rt report / compare (analysis), rt sweep / plan (sim + analysis) ----
@@ -290,7 +361,7 @@ def sweep(
     with user_errors():
         slos = sweep_slos(how.slo, how.find_max_rate)
         plan, notes = SweepPlan.build(trace_file.trace, work, grid, targets, fleets,
-                                      sim.profile, how, result_dir or default_dir("sweep"))
+                                      sim.profile, how, runs_root(result_dir, "sweep"))
         note(notes)
         runner = PointRunner(how.run_all, simulate_point, workloads.trace_info,
                              widen_options(flags.options(), slos))
@@ -324,8 +395,8 @@ def plan(
     with user_errors():
         if space.slo is None:
             raise ValueError("--slo is required, e.g. p99_ttft_ms=500,p99_itl_ms=50")
+        root, records = runs_root(result_dir, "plan"), []
         slos, trace = parse_slo(space.slo), workload(work, trace_file)
-        root, records = result_dir or default_dir("plan"), []
         runner = PointRunner(how.run_all, simulate_shape, workloads.trace_info, widen_options(
             ReportFlags(percentile_metrics="ttft,tpot,itl,e2el").options(), slos))
         ranked, pruned = space.plan(trace, work.seed, functools.partial(
@@ -357,14 +428,15 @@ def replay(
     """Replay a trace in real time on a real model, or against an OpenAI-compatible server."""
     with user_errors():
         percentiles = list(report.options().percentiles)
+        out = run_path(result_dir, "endpoint" if client.endpoint is not None else "replay")
         trace = workload(replay_workload(work, trace_file), trace_file)
         if client.endpoint is not None:
             settings = client.config_args(str(checkpoint.model) if checkpoint.model else None,
                                           work.seed)
-            run_endpoint(trace, settings, result_dir or default_dir("endpoint"), percentiles)
+            run_endpoint(trace, settings, out, percentiles)
             return
         real_engine(checkpoint.model, engine, real, work.seed).replay_into(
-            trace, result_dir or default_dir("replay"), percentiles, check_invariants)
+            trace, out, percentiles, check_invariants)
 
 
 def real_engine(model: Path | None, engine: EngineFlags, real: RealEngineFlags,
@@ -443,6 +515,8 @@ def calibrate(
     from sim.calibrate_run import grid_profile, runs_profile, save_profile, steps_profile
 
     with user_errors():
+        if output.is_dir():  # before the fit, not after it
+            raise ValueError(f"--output {output}: a directory is there, not a profile file")
         mode = sources.mode(checkpoint.model is not None, cal.step_drift)
         if mode == "runs":
             profile, lines = runs_profile(sources.from_run or [], request_columns, engine, seed,

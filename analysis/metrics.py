@@ -12,6 +12,7 @@ Statistics: mean, median, std (population) and linear-interpolated percentiles, 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -239,8 +240,8 @@ def parse_goodput(items: Sequence[str]) -> dict[str, float]:
             slos[key] = float(value)
         except ValueError:
             raise ValueError(f"--goodput: {item!r}: {value!r} is not a number") from None
-        if slos[key] < 0:
-            raise ValueError(f"--goodput: {item!r}: the SLO must be >= 0")
+        if not 0 <= slos[key] < math.inf:  # nan too: no request would meet it
+            raise ValueError(f"--goodput: {item!r}: the SLO must be a number of ms >= 0")
     return slos
 
 

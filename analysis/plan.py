@@ -102,6 +102,7 @@ def report_plan(records: Sequence[dict[str, Any]], slos: dict[str, float], root:
     `pruned` candidates) to `log`; then the cheapest of the `ranked` shapes (`sim.plan`'s,
     cheapest first: `fleet_toml()`, `summary()`) as root/fleet.toml. Returns None, or with
     no shape ranked the closest one."""
+    root.mkdir(parents=True, exist_ok=True)  # nothing simulated: no shape's run made it
     text, closest, figures = write_plan(records, slos, root)
     echo(text)
     save_figures(figures, root, log)

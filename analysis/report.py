@@ -121,6 +121,8 @@ class ReportFiles:
 
     def __post_init__(self) -> None:
         self.time_window()  # a bad --window fails before any work
+        if self.requests is not None and self.requests < 1:
+            raise ValueError(f"--requests must be >= 1, got {self.requests}")
 
     def time_window(self) -> tuple[float, float] | None:
         """--window as (lo, hi) seconds; ValueError naming the flag."""

@@ -52,14 +52,45 @@ class Run:
 Rows = Sequence[dict[str, Any]] | Mapping[str, Sequence[Any]]  # row dicts, or columns
 
 
+def check_run_path(path: Path) -> None:
+    """ValueError (naming the path) unless a run may be written at `path`: nothing there,
+    an empty directory, or a run directory (which the new run replaces). A file, or a
+    directory holding anything else ("/", a home directory), is never replaced."""
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise ValueError(f"result directory {path}: a file is there, not a run directory "
+                         "(nothing was written)")
+    if not path.resolve().name or (any(path.iterdir()) and not (path / RUN_FILE).is_file()):
+        raise ValueError(f"result directory {path}: holds other files, not a run "
+                         f"directory ({RUN_FILE} is missing); give a new or empty one")
+
+
+def check_runs_root(path: Path) -> None:
+    """ValueError (naming the path) unless `path` may hold a sweep's or plan's run
+    directories: nothing there, an empty directory, or one holding run directories already
+    (a sweep or plan resumed); never a file, "/" or a directory of other things."""
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise ValueError(f"result directory {path}: a file is there (nothing was written)")
+    entries = [e for e in path.iterdir() if not e.name.endswith(".partial")]  # interrupted
+    if not path.resolve().name or (entries and not any(
+            (entry / RUN_FILE).is_file() for entry in entries if entry.is_dir())):
+        raise ValueError(f"result directory {path}: holds other files and no run directory; "
+                         "give a new or empty one (or one to resume)")
+
+
 def write_run(path: Path, requests: Rows, steps: Rows, info: dict[str, Any]) -> None:
     """Write the three files. Tables come as a list of row dicts or as a mapping of column
     name to values.
 
     Atomic: the files go to `.<name>.partial/` beside `path`, which is renamed to `path`
-    once complete (a run already at `path` is replaced), so a reader never sees half a
-    run. A write cut short (Ctrl-C, a full disk) leaves the partial directory marked with
-    an `INTERRUPTED` file, never a directory named `path`."""
+    once complete (a run already at `path` is replaced; anything else there is refused,
+    `check_run_path`), so a reader never sees half a run. A write cut short (Ctrl-C, a
+    full disk) leaves the partial directory marked with an `INTERRUPTED` file, never a
+    directory named `path`."""
+    check_run_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.parent / f".{path.name}.partial"
     shutil.rmtree(partial, ignore_errors=True)
@@ -154,6 +185,8 @@ def load_run(path: Path, *, token_times: bool = True,
             raise ValueError(f"{path}: not a run directory ({name} is missing)")
     try:
         info = json.loads((path / RUN_FILE).read_text())
+        if not isinstance(info, dict):
+            raise ValueError(f"{RUN_FILE} holds {type(info).__name__}, not a JSON object")
         requests = _read_frame(path / REQUESTS_FILE,
                                lambda name: token_times or name != "token_times_s")
         steps = _read_frame(path / STEPS_FILE,

@@ -44,6 +44,8 @@ def parse_slo(text: str) -> dict[str, float]:
             slos[key.strip()] = float(value)
         except ValueError:
             raise ValueError(f"--slo: {item!r}: {value!r} is not a number") from None
+        if not 0 < slos[key.strip()] < math.inf:  # nan too: no latency meets it
+            raise ValueError(f"--slo: {item!r}: the bound must be a number of ms > 0")
     if not slos:
         raise ValueError("--slo: no SLO given")
     return slos

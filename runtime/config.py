@@ -16,6 +16,9 @@ Policy = Literal["fcfs", "priority"]
 
 
 ENGINE_PANEL = "Engine (vLLM flags)"
+# Blocks in a pool at most: the free queue's range of unbuilt blocks has a C length (a
+# 64-bit ssize_t); the pool builds blocks lazily, so any count up to it simulates.
+MAX_NUM_BLOCKS = 2**63 - 1
 
 
 def _require(ok: bool, message: str) -> None:
@@ -71,6 +74,10 @@ class CacheConfig:
         _require(
             self.num_blocks >= 2,
             f"num_blocks must be >= 2 (block 0 is the null block), got {self.num_blocks}",
+        )
+        _require(
+            self.num_blocks <= MAX_NUM_BLOCKS,
+            f"num_blocks must be <= {MAX_NUM_BLOCKS}, got {self.num_blocks}",
         )
 
     @property

@@ -24,7 +24,13 @@ from sim.autoscale import (
 from sim.engine_args import SimSetup
 from sim.fleet_config import FleetFlags, FleetSpec, build_fleet
 from sim.fleet_records import FleetResult
-from sim.scaling_policies import DEFAULT_INTERVAL_S, POLICIES, EngineBench, make_scaling_policy
+from sim.scaling_policies import (
+    DEFAULT_INTERVAL_S,
+    POLICIES,
+    EngineBench,
+    make_scaling_policy,
+    scaling_args,
+)
 from sim.simulator import Progress
 from workloads import Trace
 
@@ -82,6 +88,8 @@ class AutoscaleFlags:
                                                      if self.min_replicas != 1 else [])
         if self.autoscale is None and given:
             raise ValueError(f"{given[0]} needs --autoscale")
+        if self.autoscale is not None:  # a bad --autoscale-arg: one line before any output
+            scaling_args(self.autoscale, self.autoscale_arg or [])
 
     @property
     def enabled(self) -> bool:

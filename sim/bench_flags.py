@@ -8,6 +8,7 @@ from pathlib import Path
 
 import workloads
 from runtime.flags import flag
+from sim.fleet_config import MAX_REPLICAS
 from workloads import Trace
 
 DEFAULT_TRACE_NAME = "embedded azure_conv first 10 min"
@@ -71,6 +72,9 @@ class FleetBenchFlags:
         sizes = self.sizes()
         if len(sizes) < 2 or min(sizes) < 1:
             raise ValueError(f"--scaling needs two or more sizes >= 1, got {self.scaling!r}")
+        if max(*sizes, self.replicas) > MAX_REPLICAS:
+            raise ValueError(f"--replicas and --scaling sizes must be at most {MAX_REPLICAS}, "
+                             f"got {max(*sizes, self.replicas)}")
 
     def sizes(self) -> tuple[int, ...]:
         """--scaling's fleet sizes (ValueError on a non-integer)."""

@@ -284,6 +284,8 @@ def read_replay_steps(path: Path, target: str = "wall") -> StepSamples:
     file = path / "steps.parquet" if path.is_dir() else path
     if not file.is_file():
         raise ValueError(f"{file}: no such file")
+    if (file.parent / "INTERRUPTED").exists():  # analysis.rundir.INTERRUPTED_FILE
+        raise ValueError(f"{file.parent}: the write of this run was interrupted")
     try:
         return steps_training_data(pq.read_table(file).to_pydict(), target)
     except (OSError, ValueError) as err:
@@ -328,7 +330,12 @@ def profile_from_replays(paths: Sequence[Path], target: str = "wall", *,
         raise ValueError(f"{len(seconds)} usable steps, at least {MIN_REPLAY_STEPS} are "
                          "needed")
     run_json = (paths[0] if paths[0].is_dir() else paths[0].parent) / "run.json"
-    info = json.loads(run_json.read_text()) if run_json.is_file() else {}
+    try:
+        info = json.loads(run_json.read_text()) if run_json.is_file() else {}
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{run_json}: not valid JSON ({err})") from None
+    if not isinstance(info, dict):
+        raise ValueError(f"{run_json}: not a JSON object")
     model = info.get("model", {}) if isinstance(info.get("model"), dict) else {}
     fit = fit_with_holdout(features, seconds, relative=False)
     if drift:

@@ -20,6 +20,7 @@ from sim.simulator import simulate
 from workloads import Trace
 
 CALIBRATION_PANEL = "Calibration"
+MAX_RUNS = 1000  # --repeats / --sim-runs at most (each real replay takes the trace's span)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,10 +106,14 @@ class FidelityFlags:
         against an `--endpoint`."""
         if self.calibrate_on not in ("grid", "replay"):
             raise ValueError(f"--calibrate-on must be grid or replay, got {self.calibrate_on!r}")
-        if self.repeats < 1:
-            raise ValueError(f"--repeats must be >= 1, got {self.repeats}")
-        if self.sim_runs < 1:
-            raise ValueError(f"--sim-runs must be >= 1, got {self.sim_runs}")
+        if self.fleet and endpoint:
+            raise ValueError("--fleet starts its own rt serve replicas behind rt route: give "
+                             "--fleet or --endpoint, not both")
+        for name, value in (("--repeats", self.repeats), ("--sim-runs", self.sim_runs)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+            if value > MAX_RUNS:
+                raise ValueError(f"{name} must be at most {MAX_RUNS}, got {value}")
         if self.warmup_requests < 0:
             raise ValueError(f"--warmup-requests must be >= 0, got {self.warmup_requests}")
         if self.warmup_requests != WARMUP_REQUESTS and not endpoint:

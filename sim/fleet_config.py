@@ -36,6 +36,10 @@ POOL_FIELDS = ("name", "count", "gpu", "model", "tensor_parallel_size", "cost_pe
                "profile", "role", "engine")
 ROLES = ("prefill", "decode", "both")
 REQUIRED_FIELDS = ("name", "count", "gpu", "model")
+# Replicas (and router replicas) of one fleet at most: each is a simulated engine, or with
+# `rt fleet up` a process; far beyond any fleet measured here (64), far below a size whose
+# lists alone exhaust memory or that never finishes (a 10^20-replica --replicas).
+MAX_REPLICAS = 4096
 ENGINE_FIELDS = {f.name: str(f.type) for f in dataclasses.fields(EngineArgs)
                  if f.name != "tensor_parallel_size"}
 
@@ -91,6 +95,9 @@ def parse_fleet(text: str, source: str = "fleet file") -> FleetSpec:
     tables = data.get("pool")
     if not isinstance(tables, list) or not tables:
         raise ValueError(f"{source}: no [[pool]] tables (a fleet needs at least one pool)")
+    for i, table in enumerate(tables):
+        if not isinstance(table, dict):
+            raise ValueError(f"{source}: pool {i + 1} must be a [[pool]] table, got {table!r}")
     pools = tuple(_pool(table, i) for i, table in enumerate(tables))
     names = [pool.name for pool in pools]
     for name in names:
@@ -145,6 +152,8 @@ def _integer(table: dict[str, Any], key: str, where: str, default: int | None = 
     value = table.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{where}: {key} must be an integer >= 1, got {value!r}")
+    if value > MAX_REPLICAS:
+        raise ValueError(f"{where}: {key} must be at most {MAX_REPLICAS}, got {value}")
     return value
 
 
@@ -216,16 +225,19 @@ class FleetFlags:
                         "round-robin by arrival.", FLEET_PANEL)
 
     def __post_init__(self) -> None:
-        if self.replicas < 1:
-            raise ValueError(f"--replicas must be >= 1, got {self.replicas}")
-        if self.routers < 1:
-            raise ValueError(f"--routers must be >= 1, got {self.routers}")
+        for name in ("replicas", "routers"):
+            value = getattr(self, name)
+            if value < 1:
+                raise ValueError(f"--{name} must be >= 1, got {value}")
+            if value > MAX_REPLICAS:
+                raise ValueError(f"--{name} must be at most {MAX_REPLICAS}, got {value}")
         for name in ("router_refresh_ms", "routing_latency_ms", "kv_event_delay_ms"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
         if self.fleet is not None and self.replicas != 1:
             raise ValueError("give --replicas or --fleet, not both")
+        make_policy(self.router, self.router_arg or [])  # a bad one: one line, fleet or not
 
     @property
     def is_fleet(self) -> bool:

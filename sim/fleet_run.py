@@ -71,6 +71,9 @@ class FleetRun:
         if autoscale.enabled and pd.is_pd(roles):
             raise ValueError("--autoscale does not combine with P/D (--pd-decider, pool roles) "
                              "yet")
+        if fleet.routers > 1 and pd.is_pd(roles):  # before the start-up lines
+            raise ValueError(f"--routers {fleet.routers} does not combine with P/D yet (one "
+                             "decode and one prefill router)")
         return cls(setup, fleet, pd, autoscale, spec, replicas, roles, policies)
 
     def run(self, trace: Trace, progress: Progress | None = None

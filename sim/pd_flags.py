@@ -45,6 +45,8 @@ class PDFlags:
     def __post_init__(self) -> None:
         PDDecider(self.pd_decider, self.pd_threshold)  # raises on a bad decider or threshold
         KvTransferConfig(self.pd_transfer_gbps * GB, self.pd_transfer_latency_ms / 1e3)
+        if self.prefill_router is not None:  # a bad name or argument: one line, P/D or not
+            make_policy(self.prefill_router, self.prefill_router_arg or [])
 
     @property
     def decider(self) -> PDDecider:

@@ -30,6 +30,7 @@ from runtime.records import RunResult
 from runtime.router.registry import policy_names
 from sim.engine_args import EngineArgs, SimSetup, build_setup
 from sim.fleet import can_ever_fit
+from sim.fleet_config import MAX_REPLICAS
 from sim.hardware import resolve_gpu
 from sim.model_presets import resolve_model
 from workloads import Trace
@@ -85,6 +86,8 @@ class PlanFlags:
     def __post_init__(self) -> None:
         if self.max_gpus < 1:
             raise ValueError(f"--max-gpus must be >= 1, got {self.max_gpus}")
+        if self.max_gpus > MAX_REPLICAS:
+            raise ValueError(f"--max-gpus must be at most {MAX_REPLICAS}, got {self.max_gpus}")
 
     def prices(self) -> dict[str, float]:
         prices = dict(DEFAULT_GPU_COST)
@@ -92,9 +95,16 @@ class PlanFlags:
             if item.strip():
                 name, _, value = item.partition("=")
                 try:
-                    prices[name.strip()] = float(value)
+                    price = float(value)
                 except ValueError:
                     raise ValueError(f"--gpu-cost: expected NAME=USD, got {item!r}") from None
+                if not 0 <= price < math.inf:
+                    raise ValueError(f"--gpu-cost: {item!r}: the price must be >= 0 $/h")
+                try:
+                    resolve_gpu(name)
+                except ValueError as err:
+                    raise ValueError(f"--gpu-cost: {err}") from None
+                prices[name.strip()] = price
         return prices
 
     def plan(self, trace: Trace, seed: int, judge: Judge) -> tuple[list[Shape], list[Pruned]]:
@@ -107,9 +117,9 @@ class PlanFlags:
     def candidates(self) -> list[Candidate]:
         """Every combination, in flag order (GPU outermost; aggregated before P:D splits)."""
         lists = [_items("--gpus", self.gpus, str), _items("--models", self.models, str),
-                 _items("--tensor-parallel-sizes", self.tensor_parallel_sizes, int),
-                 _items("--max-num-batched-tokens", self.max_num_batched_tokens, int) or [None],
-                 _items("--max-num-seqs", self.max_num_seqs, int) or [None],
+                 _counts("--tensor-parallel-sizes", self.tensor_parallel_sizes, required=True),
+                 _counts("--max-num-batched-tokens", self.max_num_batched_tokens) or [None],
+                 _counts("--max-num-seqs", self.max_num_seqs) or [None],
                  _items("--routers", self.routers, str),
                  [None, *_ratios(self.pd_ratios)]]
         combos: list[tuple[Any, ...]] = [()]
@@ -137,6 +147,16 @@ def _ratios(text: str | None) -> list[tuple[int, int]]:
 def _items(option: str, text: str | None, kind: type) -> list[Any]:
     """A comma-list flag's values ([] when not given); ValueError naming the flag."""
     return comma_list(option, text, kind) if text and text.strip() else []
+
+
+def _counts(option: str, text: str | None, required: bool = False) -> list[int]:
+    """`_items` of integers, each >= 1 (and at least one when `required`)."""
+    values = _items(option, text, int)
+    if required and not values:
+        raise ValueError(f"{option}: empty list")
+    if any(v < 1 for v in values):
+        raise ValueError(f"{option}: each value must be an integer >= 1, got {text!r}")
+    return values
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,11 +278,14 @@ def replica_bounds(candidate: Candidate, trace: Trace, max_gpus: int, seed: int 
 
 
 def _mean_token_load(trace: Trace) -> float:
-    """Tokens per second the trace asks for (prompt + output), over its arrival span."""
+    """Tokens per second the trace asks for (prompt + output), over its arrival span; 0
+    (no bound) when the requests arrive at one instant, or so nearly that the rate
+    overflows (e.g. --target-rate 1e308)."""
     arrivals = [r.arrival_s for r in trace]
     span = max(arrivals) - min(arrivals)
     tokens = sum(r.prompt_len + r.output_len for r in trace)
-    return tokens / span if span > 0 else 0.0
+    load = tokens / span if span > 0 else 0.0
+    return load if math.isfinite(load) else 0.0
 
 
 def _peak_tokens_per_s(setup: SimSetup) -> float:

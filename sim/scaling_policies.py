@@ -223,16 +223,23 @@ def make_scaling_policy(name: str, args: Sequence[str], bench: EngineBench,
                         role: str = "both") -> ScalingPolicy:
     """A fresh policy by CLI name with `KEY=VALUE` arguments (its numeric or boolean
     fields); ValueError naming a bad name, key or value."""
-    kinds: dict[str, tuple[type[Any], dict[str, Any]]] = {
-        "kv-threshold": (KvThreshold, {}),
-        "dynamo-planner": (DynamoPlanner, {"bench": bench, "role": role})}
+    values = scaling_args(name, args)
+    if name == "dynamo-planner":
+        return DynamoPlanner(bench=bench, role=role, **values)
+    return KvThreshold(**values)
+
+
+def scaling_args(name: str, args: Sequence[str]) -> dict[str, Any]:
+    """Policy `name`'s `KEY=VALUE` arguments by field (checked before any engine is built);
+    ValueError naming a bad name, key or value."""
+    kinds: dict[str, type[Any]] = {"kv-threshold": KvThreshold, "dynamo-planner": DynamoPlanner}
     if name not in kinds:
         raise ValueError(f"--autoscale: unknown policy {name!r} (policies: "
                          f"{', '.join(POLICIES)})")
-    kind, values = kinds[name]
-    defaults = {f.name: f.default for f in dataclasses.fields(kind)
-                if not f.name.startswith("_") and f.name not in values
-                and f.name not in ("p_correction", "d_correction")}
+    defaults = {f.name: f.default for f in dataclasses.fields(kinds[name])
+                if not f.name.startswith("_")
+                and f.name not in ("bench", "role", "p_correction", "d_correction")}
+    values: dict[str, Any] = {}
     for arg in args:
         key, sep, raw = arg.partition("=")
         key = key.strip().replace("-", "_")
@@ -240,8 +247,7 @@ def make_scaling_policy(name: str, args: Sequence[str], bench: EngineBench,
             raise ValueError(f"--autoscale-arg {arg!r}: {name} takes KEY=VALUE with KEY one "
                              f"of {', '.join(defaults)}")
         values[key] = _value(arg, defaults[key], raw.strip())
-    policy: ScalingPolicy = kind(**values)
-    return policy
+    return values
 
 
 def _value(arg: str, default: object, raw: str) -> float | bool:

@@ -79,6 +79,12 @@ class SweepFlags:
     jobs: int | None = flag(None, "--jobs", "Parallel runs (default: the CPU count).",
                             short="-j")
 
+    def __post_init__(self) -> None:
+        if not 0 < self.rate_tolerance < 1:
+            raise ValueError(f"--rate-tolerance must be in (0, 1), got {self.rate_tolerance}")
+        if self.jobs is not None and self.jobs < 1:
+            raise ValueError(f"--jobs must be >= 1, got {self.jobs}")
+
     def axis(self) -> tuple[str | None, list[float] | None]:
         """The rate axis as (key, values): request rates, time scales, or (None, None).
         ValueError naming the flag for a bad list, a value <= 0, or both given."""

@@ -38,7 +38,7 @@ import numpy as np
 from workloads.arrivals import ArrivalProcess
 from workloads.errors import TraceError
 from workloads.stats import time_stats
-from workloads.trace import UNIQUE_PREFIX, Span, Trace, TraceRequest
+from workloads.trace import MAX_TOKENS, UNIQUE_PREFIX, Span, Trace, TraceRequest
 
 RANDOM_PREFIX_KEY = "p:random-prefix"  # stream of the shared --random-prefix-len tokens
 
@@ -56,9 +56,9 @@ class RandomLengths:
     num_special_tokens: int = 0
 
     def __post_init__(self) -> None:
-        _at_least(self.input_len, 0, "--random-input-len")
-        _at_least(self.output_len, 1, "--random-output-len")
-        _at_least(self.prefix_len, 0, "--random-prefix-len")
+        _in_range(self.input_len, 0, "--random-input-len")
+        _in_range(self.output_len, 1, "--random-output-len")
+        _in_range(self.prefix_len, 0, "--random-prefix-len")
         _at_least(self.num_special_tokens, 0, "num_special_tokens")
         if not 0.0 <= self.range_ratio < 1.0:
             raise TraceError("must be in [0, 1)", column="--random-range-ratio",
@@ -99,10 +99,10 @@ class PrefixRepetition:
     output_len: int = 128
 
     def __post_init__(self) -> None:
-        _at_least(self.prefix_len, 0, "--prefix-repetition-prefix-len")
-        _at_least(self.suffix_len, 0, "--prefix-repetition-suffix-len")
-        _at_least(self.num_prefixes, 1, "--prefix-repetition-num-prefixes")
-        _at_least(self.output_len, 1, "--prefix-repetition-output-len")
+        _in_range(self.prefix_len, 0, "--prefix-repetition-prefix-len")
+        _in_range(self.suffix_len, 0, "--prefix-repetition-suffix-len")
+        _in_range(self.num_prefixes, 1, "--prefix-repetition-num-prefixes")
+        _in_range(self.output_len, 1, "--prefix-repetition-output-len")
         _at_least(self.prefix_len + self.suffix_len, 1, "--prefix-repetition-suffix-len")
 
 
@@ -217,3 +217,10 @@ def _prefixed(rid: str, arrival_s: float, prefix_key: str, prefix_len: int, own_
 def _at_least(value: int, minimum: int, option: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise TraceError(f"must be an integer >= {minimum}", column=option, value=value)
+
+
+def _in_range(value: int, minimum: int, option: str) -> None:
+    """`_at_least`, and at most `MAX_TOKENS` (a length, or a count of prefixes)."""
+    _at_least(value, minimum, option)
+    if value > MAX_TOKENS:
+        raise TraceError(f"must be <= {MAX_TOKENS:,}", column=option, value=value)

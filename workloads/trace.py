@@ -29,6 +29,9 @@ import numpy as np
 
 from workloads.errors import TraceError
 
+# Tokens of one prompt or one output at most: past every model's context (10M at most
+# today), which no engine would accept anyway; a 10^20-token row would only exhaust memory.
+MAX_TOKENS = 1 << 24
 UNIQUE_PREFIX = "u:"  # stream key prefix of a request's own unique tokens: "u:<request_id>"
 OUTPUT_PREFIX = "o:"  # stream key prefix of a request's output tokens: "o:<request_id>"
 
@@ -87,8 +90,8 @@ class TraceRequest:
             raise TraceError("arrival time must be a finite number >= 0 seconds",
                              column="arrival_s", value=self.arrival_s)
         object.__setattr__(self, "arrival_s", float(self.arrival_s))
-        _check_count(self.prompt_len, "prompt_len", minimum=1)
-        _check_count(self.output_len, "output_len", minimum=1)
+        _check_count(self.prompt_len, "prompt_len", minimum=1, maximum=MAX_TOKENS)
+        _check_count(self.output_len, "output_len", minimum=1, maximum=MAX_TOKENS)
         _check_count(self.priority, "priority", minimum=None)
         self._check_structure()
 
@@ -185,11 +188,14 @@ class Trace:
         return Trace(tuple(requests), name=self.name)
 
 
-def _check_count(value: object, column: str, *, minimum: int | None) -> None:
+def _check_count(value: object, column: str, *, minimum: int | None,
+                 maximum: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TraceError("must be an integer", column=column, value=value)
     if minimum is not None and value < minimum:
         raise TraceError(f"must be >= {minimum}", column=column, value=value)
+    if maximum is not None and value > maximum:
+        raise TraceError(f"must be <= {maximum:,}", column=column, value=value)
 
 
 def _check_token_ids(ids: tuple[int, ...], prompt_len: int) -> None:

@@ -7,6 +7,7 @@ reserve; on the CPU a fixed default budget.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -55,9 +56,12 @@ def size_pool(spec: KVCacheSpec, device: torch.device, num_blocks_override: int 
         if num_blocks_override < 2:
             raise ValueError(f"--num-gpu-blocks-override must be >= 2, got "
                              f"{num_blocks_override}")
+        _fits(device, num_blocks_override * spec.bytes_per_block,
+              f"--num-gpu-blocks-override {num_blocks_override}")
         return KVPoolSize(num_blocks_override, "override",
                           num_blocks_override * spec.bytes_per_block)
     if kv_cache_memory is not None:
+        _fits(device, kv_cache_memory, f"--kv-cache-memory {kv_cache_memory}")
         budget, source = kv_cache_memory, "kv_cache_memory"
     elif device.type == "cuda":
         budget, source = _gpu_budget(device, gpu_memory_utilization, activation_reserve), \
@@ -69,6 +73,16 @@ def size_pool(spec: KVCacheSpec, device: torch.device, num_blocks_override: int 
         raise ValueError(f"KV cache memory of {budget / GIB:.3f} GiB holds {num_blocks} "
                          f"blocks of {spec.bytes_per_block} bytes; at least 2 are needed")
     return KVPoolSize(int(num_blocks), source, int(num_blocks * spec.bytes_per_block))
+
+
+def _fits(device: torch.device, pool_bytes: int, given: str) -> None:
+    """ValueError naming `given` when a pool of `pool_bytes` exceeds the device's memory
+    (CUDA: its total; the CPU: physical memory), which no allocation could hold."""
+    total = (torch.cuda.mem_get_info(device)[1] if device.type == "cuda"
+             else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    if pool_bytes > total:
+        raise ValueError(f"{given}: a KV pool of {pool_bytes / GIB:,.1f} GiB is more than "
+                         f"the device's {total / GIB:,.1f} GiB")
 
 
 def _gpu_budget(device: torch.device, utilization: float, reserve: int) -> int:

@@ -38,6 +38,9 @@ class RealEngineArgs(EngineFlags):
             raise ValueError(f"--device must be cpu or cuda, got {self.device!r}")
         if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
             raise ValueError(f"--kv-cache-memory must be > 0 bytes, got {self.kv_cache_memory}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:  # nan too; vLLM refuses it anywhere
+            raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got "
+                             f"{self.gpu_memory_utilization}")
 
 
 def real_engine_args(model_dir: Path, engine: EngineFlags, real: RealEngineFlags,

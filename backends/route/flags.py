@@ -49,6 +49,8 @@ class RouteFlags:
     def __post_init__(self) -> None:
         if self.max_failures < 1:
             raise ValueError(f"--max-failures must be >= 1, got {self.max_failures}")
+        if not 0 <= self.port <= 65535:  # 0: a free port
+            raise ValueError(f"--port must be in [0, 65535], got {self.port}")
         for name in ("health_check_ms", "backend_timeout", "shutdown_timeout"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):

@@ -1,0 +1,136 @@
+"""Bad input through the whole CLI (the audit in docs/results.md, "Bad input audit
+(2026-12-02)"): each case below once ended in a traceback, a hang, a misleading error after
+the work was done, silent acceptance, or the loss of a user's files. Each now exits 2 with
+one line on stderr that names the field (and the value where it is the value's fault),
+before any work starts. In-process (typer's CliRunner); no server, no model is loaded."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import cli
+from workloads import Trace, TraceRequest, write_rt_jsonl
+
+HUGE = "99999999999999999999"  # > 2**63: once an OverflowError or a hang
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A 4-request trace, a run of it, and broken copies of that run."""
+    root = tmp_path_factory.mktemp("bad")
+    trace = root / "t.jsonl"
+    write_rt_jsonl(Trace(tuple(TraceRequest(f"r{i}", 0.5 * i, 32, 4) for i in range(4)),
+                         "t"), trace)
+    run = root / "run"
+    result = CliRunner().invoke(cli.app, ["simulate", "--trace", str(trace),
+                                          "--result-dir", str(run)])
+    assert result.exit_code == 0, result.output
+    listed = root / "listed"
+    shutil.copytree(run, listed)
+    (listed / "run.json").write_text("[1]\n")
+    interrupted = root / "interrupted"
+    shutil.copytree(run, interrupted)
+    (interrupted / "INTERRUPTED").write_text("x\n")
+    fleet = root / "fleet.toml"
+    fleet.write_text("pool = [1, 2]\n")
+    return {"trace": trace, "run": run, "listed": listed, "interrupted": interrupted,
+            "fleet": fleet, "root": root}
+
+
+def _cases(f: dict[str, Path]) -> list[tuple[list[str], list[str]]]:
+    """(arguments, what the one line must contain)."""
+    t, run, out = str(f["trace"]), str(f["run"]), str(f["root"] / "out")
+    sim = ["simulate", "--trace", t, "--result-dir", out]
+    plan = ["plan", t, "--slo", "p99_ttft_ms=500", "--result-dir", out, "-j", "1"]
+    sweep = ["sweep", "--trace", t, "--result-dir", out, "-j", "1", "--no-plots"]
+    return [
+        # the parser's own refusals, as one line with the value
+        (["simulate", "--max-num-seqs", "abc"], ["--max-num-seqs", "'abc'"]),
+        (["bench", "fleet", "--replicas=0"], ["--replicas", "'0'"]),
+        (["simulate", "--bogus"], ["--bogus"]),
+        # once an OverflowError or a hang
+        ([*sim, "--replicas", HUGE], ["--replicas", HUGE]),
+        ([*sim, "--routers", HUGE], ["--routers", HUGE]),
+        ([*sim, "--num-gpu-blocks-override", HUGE], ["num_blocks", HUGE]),
+        (["trace", "gen", "-o", out, "--random-prefix-len", HUGE], ["--random-prefix-len"]),
+        (["bench", "fleet", "--replicas", HUGE], ["--replicas", HUGE]),
+        ([*plan, "--max-gpus", HUGE], ["--max-gpus", HUGE]),
+        (["fidelity", t, "--repeats", HUGE], ["--repeats", HUGE]),
+        (["fleet", "up", "--simulate", "--port", "70000"], ["--port", "70000"]),
+        (["route", "--backend", "http://127.0.0.1:9", "--port", "-1"], ["--port", "-1"]),
+        # once an AttributeError or TypeError on a malformed file
+        ([*sim, "--fleet", str(f["fleet"])], ["pool 1", "[[pool]]"]),
+        (["report", str(f["listed"]), "--no-plots"], ["run.json", "list"]),
+        (["calibrate", "-o", out, "--from-steps", str(f["listed"])], ["run.json"]),
+        ([*sweep, "--slo", "p99_ttft_ms=-1", "--find-max-rate"], ["--slo", "p99_ttft_ms=-1"]),
+        ([*sweep, "--slo", "p99_ttft_ms=nan", "--find-max-rate"], ["--slo", "nan"]),
+        ([*plan, "--max-num-seqs", "0"], ["--max-num-seqs", "'0'"]),
+        # once after the start-up lines or the work
+        ([*sim, "--replicas", "2", "--autoscale", "kv-threshold", "--autoscale-arg", "x"],
+         ["--autoscale-arg", "'x'"]),
+        ([*sim, "--replicas", "2", "--routers", "2", "--pd-decider", "always"],
+         ["--routers 2"]),
+        (["calibrate", "-o", str(f["root"]), "--from-steps", run], ["--output"]),
+        # once accepted silently
+        ([*sim, "--router", "nope"], ["'nope'"]),
+        ([*sim, "--prefill-router", "nope"], ["'nope'"]),
+        (["calibrate", "-o", out, "--from-steps", str(f["interrupted"])], ["interrupted"]),
+        ([*plan, "--gpu-cost", "nope=1"], ["--gpu-cost", "'nope'"]),
+        ([*plan, "--gpu-cost", "h200=-1"], ["--gpu-cost", "h200=-1"]),
+        ([*plan, "--tensor-parallel-sizes", "0"], ["--tensor-parallel-sizes", "'0'"]),
+        (["report", run, "--no-plots", "--goodput", "ttft:nan"], ["--goodput", "ttft:nan"]),
+        (["report", run, "--no-plots", "--requests", "0"], ["--requests", "0"]),
+        ([*sweep, "--rate-tolerance", "nan"], ["--rate-tolerance", "nan"]),
+        ([*sweep, "--jobs", "0"], ["--jobs", "0"]),
+        (["fidelity", t, "--fleet", "--endpoint", "http://127.0.0.1:9"],
+         ["--fleet", "--endpoint"]),
+    ]
+
+
+def _one_line(args: list[str]) -> str:
+    result = CliRunner().invoke(cli.app, args)
+    assert result.exit_code == 2, (result.exception, result.output)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rt: error: "), lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("index", range(32))
+def test_bad_input_is_one_line_naming_the_field(files: dict[str, Path], index: int) -> None:
+    args, named = _cases(files)[index]
+    line = _one_line(args)
+    assert all(part in line for part in named), line
+
+
+def test_every_case_is_run() -> None:
+    assert len(_cases({k: Path(k) for k in ("trace", "run", "listed", "interrupted",
+                                            "fleet", "root")})) == 32
+
+
+def test_a_result_dir_holding_other_files_is_never_replaced(files: dict[str, Path],
+                                                             tmp_path: Path) -> None:
+    """`rt simulate --result-dir DIR` replaced DIR whatever it held (a file, a home
+    directory); a sweep wrote its files into any directory, "/" included."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep\n")
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep\n")
+    t = str(files["trace"])
+    for args in (["simulate", "--trace", t, "--result-dir", str(mine)],
+                 ["simulate", "--trace", t, "--result-dir", str(precious)],
+                 ["sweep", "--trace", t, "--result-dir", str(mine), "--no-plots"],
+                 ["plan", t, "--slo", "p99_ttft_ms=500", "--result-dir", "/"]):
+        assert f"result directory {args[args.index('--result-dir') + 1]}" in _one_line(args)
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    assert precious.read_text() == "keep\n"
+    again = tmp_path / "again"  # a run directory is still replaced
+    shutil.copytree(files["run"], again)
+    assert CliRunner().invoke(cli.app, ["simulate", "--trace", t, "--result-dir",
+                                        str(again)]).exit_code == 0
+    assert json.loads((again / "run.json").read_text())["seed"] == 0
