@@ -26,9 +26,27 @@ def flag(default: Any, option: str, help: str | None = None, panel: str | None =
     """A dataclass field that is also a command-line flag. `option` is e.g. "--block-size" or
     "--enable-x/--no-enable-x" for a boolean pair; `extra` passes on short="-tp" (or
     alias="--sim-model": a second spelling),
-    envvar="NAME" or min=1 (the parser refuses a smaller value)."""
+    envvar="NAME", min=1 (the parser refuses a smaller value) or bounds=(1, 4096) (the
+    dataclass refuses a value outside them, `check_bounds`)."""
     return field(default=default, metadata={"flag": option, "help": help, "panel": panel,
                                             **extra})
+
+
+def check_bounds(config: Any) -> None:
+    """ValueError naming the option and the value for the first flag field of dataclass
+    `config` outside its `bounds=(lo, hi)` (inclusive; None, an unset flag, passes). Called
+    from `__post_init__`, so a limit declared on the field holds for the CLI and for code
+    that builds the dataclass alike."""
+    for f in dataclasses.fields(config):
+        if "bounds" not in f.metadata:
+            continue
+        lo, hi = f.metadata["bounds"]
+        value = getattr(config, f.name)
+        option = str(f.metadata["flag"]).split("/")[0]
+        if value is not None and value < lo:
+            raise ValueError(f"{option} must be >= {lo}, got {value}")
+        if value is not None and value > hi:
+            raise ValueError(f"{option} must be at most {hi}, got {value}")
 
 
 @dataclass(frozen=True)

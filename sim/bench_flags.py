@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import workloads
-from runtime.flags import flag
+from runtime.flags import check_bounds, flag
 from sim.fleet_config import MAX_REPLICAS
 from workloads import Trace
 
@@ -59,7 +59,8 @@ class FleetBenchFlags:
     trace: Path | None = flag(None, "--trace", "Trace (default: the embedded Azure "
                               "conversation excerpt).")
     first_n: int | None = flag(None, "--first-n", "Keep the first N requests.", min=1)
-    replicas: int = flag(16, "--replicas", "The fleet timed against one engine.", min=1)
+    replicas: int = flag(16, "--replicas", "The fleet timed against one engine.", min=1,
+                         bounds=(1, MAX_REPLICAS))
     scaling: str = flag("4,64", "--scaling", "Two or more fleet sizes whose cost per request "
                         "is compared.")
     router: str = flag("round-robin", "--router", "Routing policy.")
@@ -72,9 +73,10 @@ class FleetBenchFlags:
         sizes = self.sizes()
         if len(sizes) < 2 or min(sizes) < 1:
             raise ValueError(f"--scaling needs two or more sizes >= 1, got {self.scaling!r}")
-        if max(*sizes, self.replicas) > MAX_REPLICAS:
-            raise ValueError(f"--replicas and --scaling sizes must be at most {MAX_REPLICAS}, "
-                             f"got {max(*sizes, self.replicas)}")
+        if max(sizes) > MAX_REPLICAS:
+            raise ValueError(f"--scaling sizes must be at most {MAX_REPLICAS}, got "
+                             f"{self.scaling!r}")
+        check_bounds(self)
 
     def sizes(self) -> tuple[int, ...]:
         """--scaling's fleet sizes (ValueError on a non-integer)."""

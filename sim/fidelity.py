@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime import CacheConfig, SchedulerConfig
-from runtime.flags import flag
+from runtime.flags import check_bounds, flag
 from runtime.records import RunResult
 from sim.endpoint_warmup import WARMUP_REQUESTS
 from sim.engine_args import SimSetup, args_from_configs, build_setup, with_noise_seed
@@ -73,11 +73,12 @@ class FidelityFlags:
         "calibration replays, interleaved with them in the order C R R C C R ... so a linear "
         "drift of the machine's speed falls on both alike). With 2 or more, 'real' is their "
         "mean and 'noise' the largest deviation of one of them from it: how far this machine "
-        "is from itself.")
+        "is from itself.", bounds=(1, MAX_RUNS))
     sim_runs: int = flag(
         8, "--sim-runs", "Simulations of TRACE, step-time noise drawn from seeds SEED, SEED+1, "
         "...; 'sim' is their mean (as 'real' is of the real runs). One run when simulated "
-        "steps are deterministic (--no-step-noise).", CALIBRATION_PANEL)
+        "steps are deterministic (--no-step-noise).", CALIBRATION_PANEL,
+        bounds=(1, MAX_RUNS))
     warmup_requests: int = flag(
         WARMUP_REQUESTS, "--warmup-requests", "With --endpoint: replay at most this many "
         "requests like TRACE's before any measured replay (0: none), in 5 windows of at least "
@@ -109,11 +110,7 @@ class FidelityFlags:
         if self.fleet and endpoint:
             raise ValueError("--fleet starts its own rt serve replicas behind rt route: give "
                              "--fleet or --endpoint, not both")
-        for name, value in (("--repeats", self.repeats), ("--sim-runs", self.sim_runs)):
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-            if value > MAX_RUNS:
-                raise ValueError(f"{name} must be at most {MAX_RUNS}, got {value}")
+        check_bounds(self)
         if self.warmup_requests < 0:
             raise ValueError(f"--warmup-requests must be >= 0, got {self.warmup_requests}")
         if self.warmup_requests != WARMUP_REQUESTS and not endpoint:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.flags import FlagGroup, flag
+from runtime.flags import FlagGroup, check_bounds, flag
 from runtime.router.policy import RouterPolicy
 from runtime.router.registry import make_policy, policy_names
 from sim.engine_args import EngineArgs, SimSetup, build_setup
@@ -203,7 +203,8 @@ class FleetFlags:
     """How many replicas, behind which router, seeing what and when (times in ms)."""
 
     replicas: int = flag(1, "--replicas", "Identical replicas of the engine behind one "
-                         "router (1: the single-engine simulator).", FLEET_PANEL)
+                         "router (1: the single-engine simulator).", FLEET_PANEL,
+                         bounds=(1, MAX_REPLICAS))
     fleet: Path | None = flag(None, "--fleet", "TOML file of heterogeneous pools (name, count, "
                               "gpu, model, tensor_parallel_size, engine flags, cost_per_hour); "
                               "instead of --replicas.", FLEET_PANEL)
@@ -222,15 +223,10 @@ class FleetFlags:
                                     FLEET_PANEL)
     routers: int = flag(1, "--routers", "Router replicas, each with private state (in-flight "
                         "counts, prefix indexes, its own scrape ticks); requests spread "
-                        "round-robin by arrival.", FLEET_PANEL)
+                        "round-robin by arrival.", FLEET_PANEL, bounds=(1, MAX_REPLICAS))
 
     def __post_init__(self) -> None:
-        for name in ("replicas", "routers"):
-            value = getattr(self, name)
-            if value < 1:
-                raise ValueError(f"--{name} must be >= 1, got {value}")
-            if value > MAX_REPLICAS:
-                raise ValueError(f"--{name} must be at most {MAX_REPLICAS}, got {value}")
+        check_bounds(self)
         for name in ("router_refresh_ms", "routing_latency_ms", "kv_event_delay_ms"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime import BatchFeatures
-from runtime.flags import FlagGroup, comma_list, flag
+from runtime.flags import FlagGroup, check_bounds, comma_list, flag
 from runtime.records import RunResult
 from runtime.router.registry import policy_names
 from sim.engine_args import EngineArgs, SimSetup, build_setup
@@ -79,15 +79,13 @@ class PlanFlags:
                                  "aggregated fleets, e.g. 1:1,1:3 (prefill:decode replicas, "
                                  "every request disaggregated; see docs/fleet.md).",
                                  PLAN_PANEL)
-    max_gpus: int = flag(16, "--max-gpus", "GPUs per fleet at most.", PLAN_PANEL)
+    max_gpus: int = flag(16, "--max-gpus", "GPUs per fleet at most.", PLAN_PANEL,
+                         bounds=(1, MAX_REPLICAS))
     gpu_cost: str | None = flag(None, "--gpu-cost", "$/GPU-hour overrides, e.g. "
                                 "h200=3.5,h100-sxm=2.5 (defaults: docs/plan.md).", PLAN_PANEL)
 
     def __post_init__(self) -> None:
-        if self.max_gpus < 1:
-            raise ValueError(f"--max-gpus must be >= 1, got {self.max_gpus}")
-        if self.max_gpus > MAX_REPLICAS:
-            raise ValueError(f"--max-gpus must be at most {MAX_REPLICAS}, got {self.max_gpus}")
+        check_bounds(self)
 
     def prices(self) -> dict[str, float]:
         prices = dict(DEFAULT_GPU_COST)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from runtime.flags import flag
+from runtime.flags import check_bounds, flag
 
 ROUTE_PANEL = "Router"
 # The response header naming the backend that answered: its index among --backend (0-based,
@@ -34,7 +34,7 @@ class RouteFlags:
                                      "http://127.0.0.1:8001 (repeat; order = replica id).",
                                      ROUTE_PANEL)
     host: str = flag("127.0.0.1", "--host", None, ROUTE_PANEL)
-    port: int = flag(8080, "--port", None, ROUTE_PANEL)
+    port: int = flag(8080, "--port", None, ROUTE_PANEL, bounds=(0, 65535))  # 0: a free port
     max_failures: int = flag(3, "--max-failures", "Consecutive failed scrapes or connections "
                              "after which a backend is taken out (until /health answers).",
                              ROUTE_PANEL)
@@ -49,8 +49,7 @@ class RouteFlags:
     def __post_init__(self) -> None:
         if self.max_failures < 1:
             raise ValueError(f"--max-failures must be >= 1, got {self.max_failures}")
-        if not 0 <= self.port <= 65535:  # 0: a free port
-            raise ValueError(f"--port must be in [0, 65535], got {self.port}")
+        check_bounds(self)
         for name in ("health_check_ms", "backend_timeout", "shutdown_timeout"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
