@@ -189,23 +189,12 @@ def workload(flags: WorkloadFlags, path: Path | None = None) -> workloads.Trace:
     return loaded.trace
 
 
-def run_path(result_dir: Path | None, kind: str) -> Path:
+def checked_dir(result_dir: Path | None, kind: str, check: Callable[[Path], None]) -> Path:
     """--result-dir (default: results/KIND-<time>), checked before any work: a file or a
-    directory of other things is never replaced (`check_run_path`)."""
-    from analysis.rundir import check_run_path
-
+    directory of other things is never replaced (`analysis.rundir.check_run_path`, or
+    `check_runs_root` for a sweep's or plan's root)."""
     path = result_dir or default_dir(kind)
-    check_run_path(path)
-    return path
-
-
-def runs_root(result_dir: Path | None, kind: str) -> Path:
-    """A sweep's or plan's --result-dir (default: results/KIND-<time>), checked before any
-    work (`check_runs_root`)."""
-    from analysis.rundir import check_runs_root
-
-    path = result_dir or default_dir(kind)
-    check_runs_root(path)
+    check(path)
     return path
 
 
@@ -292,7 +281,9 @@ def simulate(
 
     with user_errors():
         percentiles = report.options().percentiles
-        out = run_path(result_dir, "simulate")
+        from analysis.rundir import check_run_path
+
+        out = checked_dir(result_dir, "simulate", check_run_path)
         trace = workload(work, trace_file.trace)
         run = SimulateRun.build(engine, sim, fleet, pd, autoscale, work.seed, check_invariants)
         rate = work.request_rate if work.dataset_name is not None else None
@@ -354,14 +345,17 @@ def sweep(
     plots: _Plots = True,
 ) -> None:
     """Simulate a grid of engine flags x request rates on one trace; table and plots."""
-    from analysis.sweep import sweep_slos, write_sweep
+    from analysis.rundir import check_runs_root
+    from analysis.sweep import SWEEP_TABLE, sweep_slos, write_sweep
     from analysis.sweep_run import PointRunner, run_sweep, widen_options
     from sim.sweep import GRID_ENGINE_FLAGS, SweepPlan, simulate_point
 
     with user_errors():
         slos = sweep_slos(how.slo, how.find_max_rate)
         plan, notes = SweepPlan.build(trace_file.trace, work, grid, targets, fleets,
-                                      sim.profile, how, runs_root(result_dir, "sweep"))
+                                      sim.profile, how,
+                                      checked_dir(result_dir, "sweep", functools.partial(
+                                          check_runs_root, table=SWEEP_TABLE)))
         note(notes)
         runner = PointRunner(how.run_all, simulate_point, workloads.trace_info,
                              widen_options(flags.options(), slos))
@@ -387,7 +381,8 @@ def plan(
         "existing one is resumed.")] = None,
 ) -> None:
     """The cheapest fleet that meets every SLO on a trace."""
-    from analysis.plan import report_plan
+    from analysis.plan import PLAN_TABLE, report_plan
+    from analysis.rundir import check_runs_root
     from analysis.sweep import parse_slo
     from analysis.sweep_run import PointRunner, widen_options
     from sim.plan import simulate_shape
@@ -395,7 +390,9 @@ def plan(
     with user_errors():
         if space.slo is None:
             raise ValueError("--slo is required, e.g. p99_ttft_ms=500,p99_itl_ms=50")
-        root, records = runs_root(result_dir, "plan"), []
+        root = checked_dir(result_dir, "plan", functools.partial(check_runs_root,
+                                                                 table=PLAN_TABLE))
+        records: list[dict[str, Any]] = []
         slos, trace = parse_slo(space.slo), workload(work, trace_file)
         runner = PointRunner(how.run_all, simulate_shape, workloads.trace_info, widen_options(
             ReportFlags(percentile_metrics="ttft,tpot,itl,e2el").options(), slos))
@@ -426,9 +423,12 @@ def replay(
     client: Annotated[EndpointFlags, Flags()],
 ) -> None:
     """Replay a trace in real time on a real model, or against an OpenAI-compatible server."""
+    from analysis.rundir import check_run_path
+
     with user_errors():
         percentiles = list(report.options().percentiles)
-        out = run_path(result_dir, "endpoint" if client.endpoint is not None else "replay")
+        out = checked_dir(result_dir, "endpoint" if client.endpoint is not None else "replay",
+                          check_run_path)
         trace = workload(replay_workload(work, trace_file), trace_file)
         if client.endpoint is not None:
             settings = client.config_args(str(checkpoint.model) if checkpoint.model else None,

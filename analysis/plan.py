@@ -19,6 +19,8 @@ from analysis.output import save_figures
 
 EXECUTION = ("prefill_ms", "decode_ms")
 
+PLAN_TABLE = "plan.csv"  # the plan's summary table, in its result directory
+
 
 def what_binds(requests: pd.DataFrame) -> str:
     """The largest waiting part of the slowest 1% of requests by TTFT (execution excluded):
@@ -90,7 +92,7 @@ def write_plan(records: Sequence[dict[str, Any]], slos: dict[str, float], root: 
     """`rt plan`'s outputs: writes root/plan.csv; returns the table as text, the closest
     shape (the table's first; "none simulated") and the Pareto figure by file stem."""
     table = plan_table(records, slos)
-    table.to_csv(root / "plan.csv", index=False)
+    table.to_csv(root / PLAN_TABLE, index=False)
     closest = str(table.iloc[0]["shape"]) if len(table) else "none simulated"
     return render_plan(table), closest, {"pareto": pareto_figure(records)}
 

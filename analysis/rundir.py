@@ -66,17 +66,19 @@ def check_run_path(path: Path) -> None:
                          f"directory ({RUN_FILE} is missing); give a new or empty one")
 
 
-def check_runs_root(path: Path) -> None:
+def check_runs_root(path: Path, table: str) -> None:
     """ValueError (naming the path) unless `path` may hold a sweep's or plan's run
-    directories: nothing there, an empty directory, or one holding run directories already
-    (a sweep or plan resumed); never a file, "/" or a directory of other things."""
+    directories: nothing there, an empty directory, or one an earlier sweep or plan left (run
+    directories, or its summary `table`, e.g. "plan.csv" of a plan whose every shape was
+    pruned); never a file, "/" or a directory of other things."""
     if not path.exists():
         return
     if not path.is_dir():
         raise ValueError(f"result directory {path}: a file is there (nothing was written)")
     entries = [e for e in path.iterdir() if not e.name.endswith(".partial")]  # interrupted
-    if not path.resolve().name or (entries and not any(
-            (entry / RUN_FILE).is_file() for entry in entries if entry.is_dir())):
+    ours = (path / table).is_file() or any(
+        (entry / RUN_FILE).is_file() for entry in entries if entry.is_dir())
+    if not path.resolve().name or (entries and not ours):
         raise ValueError(f"result directory {path}: holds other files and no run directory; "
                          "give a new or empty one (or one to resume)")
 

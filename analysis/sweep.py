@@ -15,6 +15,8 @@ import pandas as pd
 
 from analysis.metrics import METRICS
 
+SWEEP_TABLE = "sweep.csv"  # the sweep's summary table, in its result directory
+
 _SLO_KEY = re.compile(r"^(mean|median|std|p(\d+(?:\.\d+)?))_([a-z0-9_]+)_ms$")
 _SLO_METRICS = (*METRICS, "request_queue_time", "request_prefill_time",
                 "request_decode_time", "request_inference_time")
@@ -225,7 +227,7 @@ def write_sweep(records: list[dict[str, Any]], root: Path, grid_keys: Sequence[s
     table = results_table(records, point_keys, slos)
     table["run_dir"] = [Path(str(r["run_dir"])).name for r in records]
     root.mkdir(parents=True, exist_ok=True)
-    table.to_csv(root / "sweep.csv", index=False)
+    table.to_csv(root / SWEEP_TABLE, index=False)
     (root / "sweep.json").write_text(json.dumps(records, indent=2, default=str) + "\n")
     figures = _sweep_figures(pd.DataFrame(records), records, point_keys, grid_keys) if plots \
         else {}

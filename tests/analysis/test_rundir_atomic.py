@@ -38,3 +38,15 @@ def test_a_rewrite_replaces_the_run_whole(tmp_path: Path) -> None:
     run = rundir.load_run(path)
     assert run.info["n"] == 2 and list(run.requests["a"]) == [2, 3]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no partial, no old
+
+
+def test_a_runs_root_with_only_its_own_summary_may_be_reused(tmp_path: Path) -> None:
+    """A plan whose every shape was pruned leaves plan.csv (and its figure) and no run
+    directory: running it again into the same root is allowed; other files are not."""
+    root = tmp_path / "plan"
+    root.mkdir()
+    (root / "plan.csv").write_text("shape\n")
+    (root / "pareto.png").write_bytes(b"")
+    rundir.check_runs_root(root, "plan.csv")
+    with pytest.raises(ValueError, match=f"result directory {root}: holds other files"):
+        rundir.check_runs_root(root, "sweep.csv")
