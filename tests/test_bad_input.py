@@ -6,8 +6,12 @@ before any work starts. In-process (typer's CliRunner); no server, no model is l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import signal
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -63,6 +67,10 @@ def _cases(f: dict[str, Path]) -> list[tuple[list[str], list[str]]]:
         (["fidelity", t, "--repeats", HUGE], ["--repeats", HUGE]),
         (["fleet", "up", "--simulate", "--port", "70000"], ["--port", "70000"]),
         (["route", "--backend", "http://127.0.0.1:9", "--port", "-1"], ["--port", "-1"]),
+        (["serve", "--simulate", "--port", "70000"], ["--port", "70000"]),  # once a hang
+        # once uvicorn's lines and exit 3
+        (["serve", "--simulate", "--host", "999.1.1.1", "--port", "0"],
+         ["--host '999.1.1.1'", "cannot listen"]),
         # once an AttributeError or TypeError on a malformed file
         ([*sim, "--fleet", str(f["fleet"])], ["pool 1", "[[pool]]"]),
         (["report", str(f["listed"]), "--no-plots"], ["run.json", "list"]),
@@ -92,15 +100,31 @@ def _cases(f: dict[str, Path]) -> list[tuple[list[str], list[str]]]:
     ]
 
 
+@contextlib.contextmanager
+def _deadline(seconds: int) -> Iterator[None]:
+    """TimeoutError in the test after `seconds`: a case that regresses into a hang fails."""
+    def expire(signum: int, frame: object) -> None:
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _one_line(args: list[str]) -> str:
-    result = CliRunner().invoke(cli.app, args)
+    with _deadline(60):  # every case refuses before any work: well under a second
+        result = CliRunner().invoke(cli.app, args)
     assert result.exit_code == 2, (result.exception, result.output)
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("rt: error: "), lines
     return lines[0]
 
 
-@pytest.mark.parametrize("index", range(32))
+@pytest.mark.parametrize("index", range(34))
 def test_bad_input_is_one_line_naming_the_field(files: dict[str, Path], index: int) -> None:
     args, named = _cases(files)[index]
     line = _one_line(args)
@@ -109,13 +133,13 @@ def test_bad_input_is_one_line_naming_the_field(files: dict[str, Path], index: i
 
 def test_every_case_is_run() -> None:
     assert len(_cases({k: Path(k) for k in ("trace", "run", "listed", "interrupted",
-                                            "fleet", "root")})) == 32
+                                            "fleet", "root")})) == 34
 
 
 def test_a_result_dir_holding_other_files_is_never_replaced(files: dict[str, Path],
                                                              tmp_path: Path) -> None:
     """`rt simulate --result-dir DIR` replaced DIR whatever it held (a file, a home
-    directory); a sweep wrote its files into any directory, "/" included."""
+    directory); a sweep or a plan wrote its files into any directory, "/" included."""
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep\n")
@@ -125,7 +149,7 @@ def test_a_result_dir_holding_other_files_is_never_replaced(files: dict[str, Pat
     for args in (["simulate", "--trace", t, "--result-dir", str(mine)],
                  ["simulate", "--trace", t, "--result-dir", str(precious)],
                  ["sweep", "--trace", t, "--result-dir", str(mine), "--no-plots"],
-                 ["plan", t, "--slo", "p99_ttft_ms=500", "--result-dir", "/"]):
+                 ["plan", t, "--slo", "p99_ttft_ms=500", "--result-dir", str(mine)]):
         assert f"result directory {args[args.index('--result-dir') + 1]}" in _one_line(args)
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
     assert precious.read_text() == "keep\n"
@@ -134,3 +158,14 @@ def test_a_result_dir_holding_other_files_is_never_replaced(files: dict[str, Pat
     assert CliRunner().invoke(cli.app, ["simulate", "--trace", t, "--result-dir",
                                         str(again)]).exit_code == 0
     assert json.loads((again / "run.json").read_text())["seed"] == 0
+
+
+def test_serve_on_a_port_in_use_is_one_line_before_the_engine_starts() -> None:
+    """`rt serve --port P` with P taken: uvicorn's log lines and exit 3 once, after the
+    engine process had started; now the address is bound first."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        line = _one_line(["serve", "--simulate", "--port", port])
+    assert f"--port {port}: cannot listen there" in line, line

@@ -41,6 +41,7 @@ from workloads.stats import time_stats
 from workloads.trace import MAX_TOKENS, UNIQUE_PREFIX, Span, Trace, TraceRequest
 
 RANDOM_PREFIX_KEY = "p:random-prefix"  # stream of the shared --random-prefix-len tokens
+MAX_PREFIXES = 1 << 20  # --prefix-repetition-num-prefixes' limit (a count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,11 @@ class RandomLengths:
         if not 0.0 <= self.range_ratio < 1.0:
             raise TraceError("must be in [0, 1)", column="--random-range-ratio",
                              value=self.range_ratio)
+        # the longest prompt (shared prefix + the longest draw) and output, each <= MAX_TOKENS
+        _fits(self.prefix_len + self.input_bounds()[1], "--random-input-len", self.input_len,
+              "with --random-prefix-len and --random-range-ratio")
+        _fits(self.output_bounds()[1], "--random-output-len", self.output_len,
+              "with --random-range-ratio")
 
     def input_bounds(self) -> tuple[int, int]:
         """Inclusive [low, high] of the sampled input length (prefix excluded)."""
@@ -101,9 +107,14 @@ class PrefixRepetition:
     def __post_init__(self) -> None:
         _in_range(self.prefix_len, 0, "--prefix-repetition-prefix-len")
         _in_range(self.suffix_len, 0, "--prefix-repetition-suffix-len")
-        _in_range(self.num_prefixes, 1, "--prefix-repetition-num-prefixes")
+        _at_least(self.num_prefixes, 1, "--prefix-repetition-num-prefixes")
+        if self.num_prefixes > MAX_PREFIXES:  # a count of prefixes, not tokens
+            raise TraceError(f"must be <= {MAX_PREFIXES:,}",
+                             column="--prefix-repetition-num-prefixes", value=self.num_prefixes)
         _in_range(self.output_len, 1, "--prefix-repetition-output-len")
         _at_least(self.prefix_len + self.suffix_len, 1, "--prefix-repetition-suffix-len")
+        _fits(self.prefix_len + self.suffix_len, "--prefix-repetition-suffix-len",
+              self.suffix_len, "with --prefix-repetition-prefix-len")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +128,13 @@ class MultiTurn:
 
     def __post_init__(self) -> None:
         _at_least(self.num_turns, 1, "--multi-turn-num-turns")
+        # the last turn's prompt: the system prompt, every message and output before it,
+        # and its own message
+        lengths, turns = self.lengths, self.num_turns
+        longest = (lengths.prefix_len + turns * lengths.input_bounds()[1]
+                   + (turns - 1) * lengths.output_bounds()[1])
+        _fits(longest, "--multi-turn-num-turns", turns,
+              "with the message, output and system prompt lengths")
         if not (math.isfinite(self.turn_gap_s) and self.turn_gap_s >= 0):
             raise TraceError("must be a finite number >= 0 seconds",
                              column="--multi-turn-gap-s", value=self.turn_gap_s)
@@ -220,7 +238,15 @@ def _at_least(value: int, minimum: int, option: str) -> None:
 
 
 def _in_range(value: int, minimum: int, option: str) -> None:
-    """`_at_least`, and at most `MAX_TOKENS` (a length, or a count of prefixes)."""
+    """`_at_least`, and at most `MAX_TOKENS` (a length in tokens)."""
     _at_least(value, minimum, option)
     if value > MAX_TOKENS:
         raise TraceError(f"must be <= {MAX_TOKENS:,}", column=option, value=value)
+
+
+def _fits(tokens: int, option: str, value: int, combined: str) -> None:
+    """TraceError naming `option` and its `value` when the lengths it sets, `combined` with
+    the others named, reach `tokens` > `MAX_TOKENS` (a request's length)."""
+    if tokens > MAX_TOKENS:
+        raise TraceError(f"{combined} makes requests of up to {tokens:,} tokens, more than "
+                         f"{MAX_TOKENS:,}", column=option, value=value)

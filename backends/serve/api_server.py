@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import socket
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ from backends.serve.server import ServeConfig, Server
 from backends.serve.stream_path import ASGIApp, Generate, StreamPath
 
 __all__ = ["HttpStack", "ServeConfig", "Server", "build_app", "front", "http_stack",
-           "routes_app", "run_server"]
+           "listening_socket", "routes_app", "run_server", "socket_url"]
 
 logger = logging.getLogger("rt.serve")
 
@@ -253,24 +254,56 @@ def _imports(module: str) -> bool:
     return True
 
 
-def run_server(config: ServeConfig, host: str, port: int, stack: HttpStack,
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (host, port) and listening, for `run_server`: bound here, before
+    the engine process starts, so an address that cannot be had (a bad host, a port in use or
+    out of range) is a ValueError naming --host and --port (the command's one-line error), not
+    uvicorn's log lines and exit 3. Port 0: a free port (`getsockname()` says which)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+    except (OSError, OverflowError) as err:
+        raise ValueError(f"--host {host!r} --port {port}: cannot listen there ({err})") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        sock.bind(address)
+        sock.listen(2048)  # uvicorn's default backlog
+    except OSError as err:
+        sock.close()
+        raise ValueError(f"--host {host!r} --port {port}: cannot listen there "
+                         f"({err.strerror or err})") from None
+    return sock  # not inheritable: the engine process (spawned) does not hold the port
+
+
+def socket_url(sock: socket.socket) -> str:
+    """The base URL a listening socket answers on, e.g. http://127.0.0.1:8000 (IPv6 in
+    brackets)."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def run_server(config: ServeConfig, sock: socket.socket, stack: HttpStack,
                shutdown_timeout_s: float = 10.0, log_level: str = "warning") -> None:
     """Serve until SIGINT/SIGTERM: then stop accepting, let streams in flight finish for up
     to `shutdown_timeout_s` (after that they are cancelled, which aborts them), stop the
     engine process and return. If the engine process dies, every stream in flight ends with
     an error event, then the server stops the same way and raises RuntimeError (the command
-    exits non-zero, for a supervisor to restart it, as vLLM's API server does)."""
+    exits non-zero, for a supervisor to restart it, as vLLM's API server does). `sock`: the
+    listening socket (`listening_socket`), closed on return."""
     import uvicorn
 
     _Server = _quiet_server_class()
     app = routes_app(config)
+    host, port = sock.getsockname()[:2]
     uv_config = uvicorn.Config(front(app), host=host, port=port, loop=stack.loop, http=stack.http,
                                log_level=log_level,
                                timeout_graceful_shutdown=max(int(shutdown_timeout_s), 1),
                                access_log=False)
     server = _Server(uv_config)
     app.state.server.request_exit = lambda: setattr(server, "should_exit", True)
-    server.run()
+    with sock:
+        server.run(sockets=[sock])
     if not server.started:
         raise RuntimeError("the server did not start (see the messages above)")
     if app.state.server.engine.dead:

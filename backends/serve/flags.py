@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.flags import flag
+from runtime.flags import check_bounds, flag
 
 SERVER_PANEL = "Server"
 
@@ -23,7 +23,8 @@ class ServeFlags:
     simulate: bool = flag(False, "--simulate", "Execution times from the cost model on the "
                           "wall clock, synthetic tokens (no model, no GPU).", SERVER_PANEL)
     host: str = flag("127.0.0.1", "--host", None, SERVER_PANEL)
-    port: int = flag(8000, "--port", None, SERVER_PANEL)
+    port: int = flag(8000, "--port", "0: a free port (the start-up line says which).",
+                     SERVER_PANEL, bounds=(0, 65535))
     served_model_name: str | None = flag(None, "--served-model-name", "The name clients pass "
                                          "as `model`.", SERVER_PANEL)
     max_num_queued_requests: int | None = flag(
@@ -39,6 +40,7 @@ class ServeFlags:
                                   "body longer than this.", SERVER_PANEL)
 
     def __post_init__(self) -> None:
+        check_bounds(self)
         if self.max_num_queued_requests is not None and self.max_num_queued_requests < 1:
             raise ValueError("--max-num-queued-requests must be >= 1, got "
                              f"{self.max_num_queued_requests}")

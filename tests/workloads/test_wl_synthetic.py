@@ -24,6 +24,7 @@ from workloads import (
     trace_stats,
     vllm_arrival_times,
 )
+from workloads.trace import MAX_TOKENS
 
 from .helpers import simple_trace
 
@@ -138,3 +139,32 @@ def test_bad_parameters_name_the_flag(build, column: str) -> None:  # type: igno
     with pytest.raises(TraceError) as info:
         build()
     assert info.value.column == column
+
+
+def test_token_limits_hold_for_the_longest_request_the_flags_make() -> None:
+    """Each length flag is capped at MAX_TOKENS, and so is the longest request the flags
+    make together (once refused only later, naming the trace's column, not a flag)."""
+    RandomLengths(input_len=MAX_TOKENS - 100, prefix_len=100)  # exactly MAX_TOKENS: fine
+    for build, column in [
+        (lambda: RandomLengths(input_len=MAX_TOKENS - 100, prefix_len=101),
+         "--random-input-len"),
+        (lambda: RandomLengths(input_len=MAX_TOKENS // 3 * 2 + 3, range_ratio=0.5),
+         "--random-input-len"),  # x 1.5 at most: past MAX_TOKENS
+        (lambda: RandomLengths(output_len=MAX_TOKENS, range_ratio=0.5), "--random-output-len"),
+        (lambda: PrefixRepetition(prefix_len=MAX_TOKENS, suffix_len=1),
+         "--prefix-repetition-suffix-len"),
+        (lambda: PrefixRepetition(num_prefixes=(1 << 20) + 1),
+         "--prefix-repetition-num-prefixes"),
+    ]:
+        with pytest.raises(TraceError) as info:
+            build()
+        assert info.value.column == column
+    PrefixRepetition(num_prefixes=1 << 20)  # a count (once capped as if it were tokens)
+    # the last turn quotes the system prompt, 3 messages and 2 outputs: 8 + 3 x 20 + 2 x 6
+    spec = MultiTurn(num_turns=3, lengths=RandomLengths(20, 6, 0.0, 8))
+    assert max(r.prompt_len for r in multi_turn_trace(3, spec, ArrivalProcess())) == 80
+    turns = (MAX_TOKENS - 8 + 6) // 26  # the most turns of (20 + 6) that fit
+    MultiTurn(num_turns=turns, lengths=RandomLengths(20, 6, 0.0, 8))
+    with pytest.raises(TraceError) as info:
+        MultiTurn(num_turns=turns + 1, lengths=RandomLengths(20, 6, 0.0, 8))
+    assert info.value.column == "--multi-turn-num-turns"
