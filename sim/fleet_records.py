@@ -12,6 +12,7 @@ from typing import Any, cast
 
 from runtime import EngineCore, Recorder
 from runtime.records import REQUEST_FIELDS, RequestRecord, RunResult, new_step_columns
+from sim.record_columns import RecordColumns
 from workloads import Trace
 
 
@@ -128,6 +129,20 @@ class ReplicaOutcome:
     num_steps: int
     prefix_cache_queries: int
     prefix_cache_hits: int
+
+    def __reduce__(self) -> tuple[object, ...]:
+        """Pickled with its records as columns (`sim.record_columns`: ~10x faster)."""
+        columns = RecordColumns.of(self.records)
+        return (_unpickled_outcome, (self.index, self.records if columns is None else columns,
+                                     self.num_steps, self.prefix_cache_queries,
+                                     self.prefix_cache_hits))
+
+
+def _unpickled_outcome(index: int, records: list[RequestRecord] | RecordColumns,
+                       num_steps: int, queries: int, hits: int) -> ReplicaOutcome:
+    if isinstance(records, RecordColumns):
+        records = records.records()
+    return ReplicaOutcome(index, records, num_steps, queries, hits)
 
 
 def replica_outcome(index: int, core: EngineCore) -> ReplicaOutcome:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
+import pickle
 import signal
 import time
 from collections.abc import Callable
@@ -16,12 +17,15 @@ import pandas as pd
 import pytest
 
 import workloads
+from runtime.records import RequestRecord, StepTimes
 from runtime.router import make_policy
 from sim import fleet as fleet_module
 from sim import fleet_workers
 from sim.cost.api_server import ApiServerCost
 from sim.fleet import FleetResult, simulate_fleet
+from sim.fleet_records import ReplicaOutcome
 from sim.fleet_workers import run_forked, worker_ranges
+from sim.record_columns import RecordColumns
 from tests.sim.fleet_support import FIXTURES, Replica
 from tests.sim.test_fleet_prerouted import config, randomised
 from workloads import Trace
@@ -190,3 +194,23 @@ def test_without_fork_the_fleet_runs_in_one_process(monkeypatch: pytest.MonkeyPa
 def test_zero_workers_is_refused() -> None:
     with pytest.raises(ValueError, match="^workers must be >= 1, got 0$"):
         fleet(randomised(1), "round-robin", uneven(1), workers=0)
+
+
+def test_outcomes_cross_a_pipe_as_columns_and_come_back_equal() -> None:
+    """`ReplicaOutcome` pickles its records as columns (`sim.record_columns`): the same
+    classes and values back, token times over the step columns that travel with them."""
+    result = fleet(randomised(1), "round-robin", uneven(1), workers=1)
+    plain = [r for r in result.requests if r.replica == 1]  # StepTimes token times
+    shifted = [r for r in result.requests if r.replica == 3]  # arrays: an output cost
+    assert isinstance(plain[0].token_times_s, StepTimes)
+    assert not isinstance(shifted[0].token_times_s, StepTimes)
+    for records in (plain, shifted, [*plain, RequestRecord("x", 0.0, 1, 1)]):
+        outcome = ReplicaOutcome(1, records, 7, 3, 2)
+        columns = RecordColumns.of(records)
+        assert (columns is None) is (len({type(r) for r in records}) > 1)
+        back, steps = pickle.loads(pickle.dumps((outcome, result.step_columns)))
+        assert back == outcome and [type(r) for r in back.records] == [type(r) for r in records]
+        assert [r.to_row() for r in back.records] == [r.to_row() for r in records]
+        if records is plain:
+            assert columns is not None and columns.times is not None
+            assert all(r.token_times_s.ends is steps["end_s"] for r in back.records)
