@@ -26,6 +26,7 @@ from sim.fleet import FleetResult, simulate_fleet
 from sim.fleet_records import ReplicaOutcome
 from sim.fleet_workers import run_forked, worker_ranges
 from sim.record_columns import RecordColumns
+from sim.step_noise import StepNoise
 from tests.sim.fleet_support import FIXTURES, Replica
 from tests.sim.test_fleet_prerouted import config, randomised
 from workloads import Trace
@@ -52,11 +53,13 @@ def equal(a: FleetResult, b: FleetResult) -> None:
 
 def uneven(seed: int) -> list[Replica]:
     """Four replicas of two sizes (prompts the small ones cannot hold go to the large: the
-    shares are uneven), an output cost on one (client times shifted per replica)."""
-    small = Replica(config(num_blocks=40 + 10 * seed))
-    large = Replica(config(num_blocks=300))
+    shares are uneven), an output cost on one (client times shifted per replica); step
+    noise (each replica its own seed) on seed 3."""
+    noise = StepNoise((0.7, 1.0, 1.6), seed=seed) if seed == 3 else None
+    small = Replica(config(num_blocks=40 + 10 * seed, noise=noise))
+    large = Replica(config(num_blocks=300, noise=noise))
     slow_out = Replica(dataclasses.replace(
-        config(num_blocks=300), api_server=ApiServerCost(per_output_token_s=2e-5)))
+        config(num_blocks=300, noise=noise), api_server=ApiServerCost(per_output_token_s=2e-5)))
     return [small, large, small, slow_out]
 
 
