@@ -177,11 +177,13 @@ class _Fleet:
         requests (`run_range`), the records joined in replica order: the same result as one
         process. Progress is reported as each worker ends."""
         self.route_whole_trace()
-        shares = [len(cast(PreRoutedReplica, r).requests) for r in self.replicas]
-        parts = run_forked([partial(self.run_range, share)
-                            for share in worker_ranges(shares, workers)],
+        shares = worker_ranges([len(cast(PreRoutedReplica, r).requests)
+                                for r in self.replicas], workers)
+        parts = run_forked([partial(self.run_range, share) for share in shares],
                            lambda _, part: self.count_done(sum(len(r.records)
-                                                               for r in part.replicas)))
+                                                               for r in part.replicas)),
+                           [f"worker {k} (replicas {share.start}-{share.stop - 1})"
+                            for k, share in enumerate(shares)])
         return assembled_result(self.trace, parts, time.perf_counter() - started_s,
                                 self.router_of if len(self.routers) > 1 else None)
 

@@ -62,10 +62,12 @@ def worker_ranges(sizes: Sequence[int], workers: int) -> list[range]:
 
 
 def run_forked(tasks: Sequence[Callable[[], T]],
-               on_result: Callable[[int, T], None] | None = None) -> list[T]:
+               on_result: Callable[[int, T], None] | None = None,
+               names: Sequence[str] | None = None) -> list[T]:
     """`[task() for task in tasks]`, each task in a child forked for it (at once: they run
     in parallel); `on_result(i, result)` as each arrives. The first failure (in arrival
-    order) is raised, after every child has been ended."""
+    order) is raised, after every child has been ended; a child that died is named by
+    `names[i]` (default: "worker i")."""
     context = multiprocessing.get_context("fork")
     children: list[tuple[multiprocessing.process.BaseProcess, Connection]] = []
     answered = False
@@ -76,7 +78,8 @@ def run_forked(tasks: Sequence[Callable[[], T]],
             child.start()
             send.close()  # the child holds the only writer: its death reads as EOF
             children.append((child, receive))
-        results = _collect(children, on_result)
+        results = _collect(children, on_result,
+                           names or [f"worker {i}" for i in range(len(children))])
         answered = True
         return results
     finally:  # every child answered and exits by itself, or is ended here
@@ -88,7 +91,7 @@ def run_forked(tasks: Sequence[Callable[[], T]],
 
 
 def _collect(children: Sequence[tuple[multiprocessing.process.BaseProcess, Connection]],
-             on_result: Callable[[int, Any], None] | None) -> list[Any]:
+             on_result: Callable[[int, Any], None] | None, names: Sequence[str]) -> list[Any]:
     """Each child's result, in child order, received as they arrive."""
     results: list[Any] = [None] * len(children)
     index = {id(receive): i for i, (_, receive) in enumerate(children)}
@@ -98,14 +101,15 @@ def _collect(children: Sequence[tuple[multiprocessing.process.BaseProcess, Conne
             assert isinstance(receive, Connection)
             i = index[id(receive)]
             waiting.remove(receive)
-            results[i] = _received(i, *children[i])
+            results[i] = _received(names[i], *children[i])
             if on_result is not None:
                 on_result(i, results[i])
     return results
 
 
-def _received(i: int, child: multiprocessing.process.BaseProcess, receive: Connection) -> Any:
-    """Child `i`'s result, or its error raised here."""
+def _received(name: str, child: multiprocessing.process.BaseProcess, receive: Connection
+              ) -> Any:
+    """The child's result, or its error raised here (`name`: the child's, for the user)."""
     try:
         ok, value = receive.recv()
     except EOFError:  # it closed the pipe without answering: it died
@@ -113,8 +117,8 @@ def _received(i: int, child: multiprocessing.process.BaseProcess, receive: Conne
         code = child.exitcode
         how = (f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0
                else f"exited with status {code}")
-        raise ChildProcessError(f"simulation worker {i} {how} before sending its "
-                                "records") from None
+        raise ChildProcessError(f"simulation {name} {how} before sending its records"
+                                ) from None
     if not ok:
         raise value
     return value

@@ -161,8 +161,8 @@ def test_a_killed_worker_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fleet_module._Fleet, "run_range", killed)
     with pytest.raises(ChildProcessError) as raised:
         fleet(randomised(1), "round-robin", uneven(1), workers=2)
-    assert str(raised.value) == ("simulation worker 0 was killed by SIGKILL before sending "
-                                 "its records")
+    assert str(raised.value) == ("simulation worker 0 (replicas 0-1) was killed by SIGKILL "
+                                 "before sending its records")
     assert not multiprocessing.active_children()
 
 
