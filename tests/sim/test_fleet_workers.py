@@ -217,3 +217,13 @@ def test_outcomes_cross_a_pipe_as_columns_and_come_back_equal() -> None:
         if records is plain:
             assert columns is not None and columns.times is not None
             assert all(r.token_times_s.ends is steps["end_s"] for r in back.records)
+
+
+def test_a_result_that_does_not_pickle_is_one_line() -> None:
+    """A bug, not a user's error: the worker exits with its traceback on stderr, the
+    caller gets one line naming it (the result streams as it is pickled, so nothing else
+    can be sent once part of it is written)."""
+    with pytest.raises(ChildProcessError) as raised:
+        run_forked([lambda: 1, lambda: (1, lambda: 2)], names=["a", "b"])
+    assert str(raised.value) == "simulation b exited with status 1 before sending its records"
+    assert not multiprocessing.active_children()
