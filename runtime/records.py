@@ -54,6 +54,24 @@ class StepTimes(Sequence[float]):
         self._ends = ends  # the recorder's end_s column: it grows, never changes
         self._runs = array("q")  # step indices, flattened [start, stop) pairs, increasing
 
+    @classmethod
+    def of_runs(cls, ends: Sequence[float], runs: array[int]) -> StepTimes:
+        """The token times at rows `runs` (flattened [start, stop) pairs, increasing) of
+        `ends` (a record sent between processes, `sim.record_columns`)."""
+        times = cls(ends)
+        times._runs = runs
+        return times
+
+    @property
+    def ends(self) -> Sequence[float]:
+        """The `end_s` column the runs index."""
+        return self._ends
+
+    @property
+    def runs(self) -> array[int]:
+        """Flattened [start, stop) pairs of rows of `ends`, increasing (do not change)."""
+        return self._runs
+
     def add_steps(self, start: int, stop: int) -> None:
         """Steps start..stop-1 gave a token each (after every step added so far)."""
         runs = self._runs

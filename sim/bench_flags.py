@@ -8,7 +8,7 @@ from pathlib import Path
 
 import workloads
 from runtime.flags import check_bounds, flag
-from sim.fleet_config import MAX_REPLICAS
+from sim.fleet_config import MAX_REPLICAS, MAX_SIM_WORKERS
 from workloads import Trace
 
 DEFAULT_TRACE_NAME = "embedded azure_conv first 10 min"
@@ -50,7 +50,9 @@ FLEET_BENCH_HELP = """\
 Simulated requests per second of the fleet simulator: N replicas on the trace replayed
 N times faster (each replica carries one engine's load) against one engine on the trace
 as recorded, in the same run; and the cost per request of the smallest and largest
---scaling fleets. Rates per wall and per CPU second.
+--scaling fleets. Rates per wall and per CPU second. With a pre-routed router
+(round-robin, random, session-hash), the N replicas also in --sim-workers processes: the
+wall-clock rate against one engine's (CPU seconds stay the measure of the work).
 """
 
 
@@ -68,6 +70,10 @@ class FleetBenchFlags:
                                         "policy (repeat).")
     baseline: bool = flag(True, "--baseline/--no-baseline", "Also time the fleet stepping "
                           "one by one.")
+    sim_workers: int | None = flag(None, "--sim-workers", "Processes for the --replicas "
+                                   "fleet's wall-clock row (a pre-routed router only; "
+                                   "default: the CPU count, at most --replicas).",
+                                   bounds=(1, MAX_SIM_WORKERS))
 
     def __post_init__(self) -> None:
         sizes = self.sizes()
@@ -97,4 +103,5 @@ class FleetBenchFlags:
 
         trace, name = self.load()
         return bench_fleet(trace, name, model, gpu, self.replicas, self.sizes(), self.router,
-                           tuple(self.router_arg or ()), baseline=self.baseline)
+                           tuple(self.router_arg or ()), baseline=self.baseline,
+                           sim_workers=self.sim_workers)

@@ -27,7 +27,9 @@ When no router reads snapshots, completions or token ids (round-robin, random, s
 hashing), the whole trace is routed before any step and each replica runs its share to the
 end in turn (`sim.fleet_replica.PreRoutedReplica`). With one replica and no routing latency
 the records are those of `sim.simulator.simulate` (a pre-routed replica takes requests in
-when `simulate`'s sleeping API server would wake, `sim.api_server.server_wake`).
+when `simulate`'s sleeping API server would wake, `sim.api_server.server_wake`). Nothing
+passes between such replicas: with `workers` > 1 they run in that many forked processes,
+each a contiguous range of replicas (`sim.fleet_workers`), with the same records.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Generator, Mapping, Sequence
+from functools import partial
 from typing import cast
 
 import simpy
@@ -48,8 +51,10 @@ from sim.cost.api_server import ApiServerCost
 from sim.fleet_records import (
     FleetRequestRecord,
     FleetResult,
+    ReplicasOutcome,
     ReplicaSummary,
-    fleet_result,
+    assembled_result,
+    replicas_outcome,
 )
 from sim.fleet_replica import KvReplica, PreRoutedReplica, Replica, ReplicaSetup
 from sim.fleet_router import (
@@ -63,12 +68,13 @@ from sim.fleet_router import (
     routing_request,
 )
 from sim.fleet_tokens import replica_inputs, routing_tokens
+from sim.fleet_workers import can_fork, run_forked, worker_ranges
 from sim.run_gc import run_with_gc
 from sim.simulator import Progress, make_request
 from workloads import Trace, TraceRequest
 
 __all__ = ["FleetRequestRecord", "FleetResult", "Replica", "ReplicaSetup", "ReplicaSummary",
-           "can_ever_fit", "make_request", "simulate_fleet"]
+           "can_ever_fit", "make_request", "pre_routable", "simulate_fleet"]
 
 
 _ROUTE_AHEAD_S = 10.0  # snapshot-blind routing ahead, s (routed requests hold their tokens)
@@ -140,22 +146,57 @@ class _Fleet:
         self.start_processes()
         self.env.run()
 
-    def run_to_end(self, started_s: float) -> FleetResult:
-        """`run`, then `result` with the wall seconds since `started_s` (`perf_counter`)."""
+    def run_to_end(self, started_s: float, workers: int = 1) -> FleetResult:
+        """`run`, then `result` with the wall seconds since `started_s` (`perf_counter`); a
+        pre-routed fleet of several replicas runs them in `workers` processes if > 1
+        (`run_in_workers`; in this one where fork is unavailable)."""
+        if workers > 1 and self.pre_routed and len(self.replicas) > 1 and can_fork():
+            return self.run_in_workers(workers, started_s)
         self.run()
         return self.result(time.perf_counter() - started_s)
 
     def start_processes(self) -> None:
         if self.pre_routed:  # before any step: each replica then runs its share in one go
-            for i, req in enumerate(self.trace):
-                self.route_blind(req)
-                self.next_index = i + 1
-            for replica in self.replicas:  # stack delays may reorder a replica's hand-overs
-                cast(PreRoutedReplica, replica).order_handovers(bool(self.stack_delay_s))
+            self.route_whole_trace()
         else:
             self.env.process(self.router())
         for replica in self.replicas:
             self.env.process(replica.engine())
+
+    def route_whole_trace(self) -> None:
+        """Route every request (`pre_routed`) and order each replica's hand-overs."""
+        for i, req in enumerate(self.trace):
+            self.route_blind(req)
+            self.next_index = i + 1
+        for replica in self.replicas:  # stack delays may reorder a replica's hand-overs
+            cast(PreRoutedReplica, replica).order_handovers(bool(self.stack_delay_s))
+
+    def run_in_workers(self, workers: int, started_s: float) -> FleetResult:
+        """`run_to_end` of a pre-routed fleet in `workers` forked processes: the trace routed
+        here, each worker running a contiguous range of replicas balanced by their shares'
+        requests (`run_range`), the records joined in replica order: the same result as one
+        process. Progress is reported as each worker ends."""
+        self.route_whole_trace()
+        shares = worker_ranges([len(cast(PreRoutedReplica, r).requests)
+                                for r in self.replicas], workers)
+        parts = run_forked([partial(self.run_range, share) for share in shares],
+                           lambda _, part: self.count_done(sum(len(r.records)
+                                                               for r in part.replicas)),
+                           [f"worker {k} (replicas {share.start}-{share.stop - 1})"
+                            for k, share in enumerate(shares)])
+        return assembled_result(self.trace, parts, time.perf_counter() - started_s,
+                                self.router_of if len(self.routers) > 1 else None)
+
+    def run_range(self, replicas: range) -> ReplicasOutcome:
+        """In a worker, on the routed fleet: `replicas` run one after another as `run` runs
+        them (the first makes new blocks, its own step columns start empty), their records
+        as `result` makes them. Block identities (`sim.block_ids`) are numbered in this
+        worker's own order: only their equality reaches the records, as with SHA-256."""
+        self.progress = None  # the parent reports progress as workers end
+        for i in replicas:
+            self.env.process(self.replicas[i].engine())
+        self.env.run()
+        return self.outcome([self.replicas[i] for i in replicas])
 
     def kv_run_limit_s(self) -> float:
         """The next routing decision minus the KV-event delay (`sim.fleet_kv`), seconds."""
@@ -264,20 +305,25 @@ class _Fleet:
             self.progress(self.done, len(self.trace))
 
     def result(self, wall_s: float) -> FleetResult:
-        """The records; token times as clients see them, each replica's through its own
-        front end (`deliver_to_clients`, as `simulate`; nothing changes without an output
-        cost). Call once: the replicas' records are shifted in place."""
-        for replica in self.replicas:
+        """The records. Call once: the replicas' records are shifted in place (`outcome`)."""
+        return assembled_result(self.trace, [self.outcome(self.replicas)], wall_s,
+                                self.router_of if len(self.routers) > 1 else None)
+
+    def outcome(self, replicas: Sequence[Replica]) -> ReplicasOutcome:
+        """What the records read of `replicas` once run; token times as clients see them,
+        each replica's through its own front end (`deliver_to_clients`, as `simulate`;
+        nothing changes without an output cost)."""
+        for replica in replicas:
             deliver_to_clients(replica.core.recorder.finished, replica.config.api_server)
-        return fleet_result(self.trace, [(r.index, r.core) for r in self.replicas], wall_s,
-                            self.router_of if len(self.routers) > 1 else None)
+        return replicas_outcome([(r.index, r.core) for r in replicas])
 
 
 def simulate_fleet(trace: Trace, replicas: Sequence[ReplicaSetup],
                    policy: RouterPolicy | Sequence[RouterPolicy], refresh_s: float = 0.05,
                    routing_latency_s: float = 0.0, progress: Progress | None = None,
                    kv_event_delay_s: float = 0.0,
-                   stack_delay_s: Mapping[str, float] | None = None) -> FleetResult:
+                   stack_delay_s: Mapping[str, float] | None = None,
+                   workers: int = 1) -> FleetResult:
     """Run the trace through `replicas` behind `policy` to completion (every request ends
     finished or ignored).
 
@@ -297,11 +343,24 @@ def simulate_fleet(trace: Trace, replicas: Sequence[ReplicaSetup],
             the serving stack after the routing decision and its API server, before its
             replica's core (`sim.serving_stack`): routed at its arrival, it enters the core
             that much later, not queued behind the others.
+        workers: processes that simulate the replicas of a pre-routed fleet (`pre_routable`
+            policies: round-robin, random, session hashing), each a contiguous range of
+            them; the same records as 1. Other fleets run in this process.
     """
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
     started = time.perf_counter()
     return run_with_gc(lambda: _Fleet(trace, replicas, policy, refresh_s, routing_latency_s,
                                       progress, kv_event_delay_s, stack_delay_s=stack_delay_s
-                                      ).run_to_end(started))
+                                      ).run_to_end(started, workers))
+
+
+def pre_routable(policies: Sequence[RouterPolicy]) -> bool:
+    """Whether a fleet behind these router policies (one per router replica) is routed whole
+    before any step (`_Fleet.pre_routed`; not P/D nor autoscaled): none reads snapshots,
+    completions, token ids or KV events."""
+    return all(p.snapshot_blind and p.completion_blind and not p.reads_token_ids
+               and not p.wants_kv_events for p in policies)
 
 
 def _checked_delays(delays: Mapping[str, float]) -> Mapping[str, float]:

@@ -40,6 +40,9 @@ REQUIRED_FIELDS = ("name", "count", "gpu", "model")
 # `rt fleet up` a process; far beyond any fleet measured here (64), far below a size whose
 # lists alone exhaust memory or that never finishes (a 10^20-replica --replicas).
 MAX_REPLICAS = 4096
+# Processes that simulate one pre-routed fleet (`--sim-workers`): a many-core machine's,
+# not a number that forks thousands of processes by a typo.
+MAX_SIM_WORKERS = 256
 ENGINE_FIELDS = {f.name: str(f.type) for f in dataclasses.fields(EngineArgs)
                  if f.name != "tensor_parallel_size"}
 
@@ -224,6 +227,11 @@ class FleetFlags:
     routers: int = flag(1, "--routers", "Router replicas, each with private state (in-flight "
                         "counts, prefix indexes, its own scrape ticks); requests spread "
                         "round-robin by arrival.", FLEET_PANEL, bounds=(1, MAX_REPLICAS))
+    sim_workers: int = flag(1, "--sim-workers", "Processes that simulate the replicas of a "
+                            "fleet routed before any step (routers blind to the replicas: "
+                            "round-robin, random, session-hash), each a contiguous range of "
+                            "them; the records are those of 1. Other fleets run in one "
+                            "process.", FLEET_PANEL, bounds=(1, MAX_SIM_WORKERS))
 
     def __post_init__(self) -> None:
         check_bounds(self)

@@ -16,7 +16,7 @@ from runtime.records import RunResult, RunSummary
 from runtime.router.policy import RouterPolicy
 from sim.autoscale_flags import AutoscaleFlags, fixed_scaling, simulate_autoscaled_fleet
 from sim.engine_args import EngineArgs, SimFlags, SimSetup, build_setup, token_times
-from sim.fleet import simulate_fleet
+from sim.fleet import pre_routable, simulate_fleet
 from sim.fleet_config import FleetFlags, FleetSpec, build_fleet, load_fleet
 from sim.pd_flags import PDFlags, simulate_pd_fleet
 from sim.simulator import Progress, simulate
@@ -90,12 +90,33 @@ class FleetRun:
                                            self.setup.config.seed, progress)
             else:
                 result = simulate_fleet(trace, self.replicas, list(self.policies),
-                                        progress=progress, **fleet.timing())
+                                        progress=progress, workers=fleet.sim_workers,
+                                        **fleet.timing())
             scaling = fixed_scaling(self.setup, self.spec, fleet, autoscale, result)
         return result, {"fleet": fleet.describe(self.spec),
                         "pd": pd.describe() if is_pd else None,
                         "autoscale": autoscale.describe() if autoscale.enabled else None,
                         "scaling": scaling.to_json()}
+
+    def workers_note(self) -> str | None:
+        """The start-up line saying why --sim-workers > 1 does not apply (the fleet then runs
+        in one process: not an error, so one flag serves a loop over routers); None when it
+        applies or is 1."""
+        workers = self.fleet.sim_workers
+        if workers == 1:
+            return None
+        if self.autoscale.enabled:
+            why = "--autoscale reads the replicas as it runs"
+        elif self.pd.is_pd(self.roles):
+            why = "P/D reads the replicas as it routes"
+        elif not pre_routable(self.policies):
+            why = (f"router {self.fleet.router!r} reads the replicas, completions or tokens "
+                   "as it routes")
+        elif len(self.replicas) == 1:
+            why = "one replica"
+        else:
+            return None
+        return f"note: --sim-workers {workers}: {why}; simulating the fleet in one process"
 
 
 @dataclass(frozen=True)
@@ -138,6 +159,9 @@ class SimulateRun:
             describe["token_times"] = token_times(r.config for r in self.fleet.replicas)
         for line in self.first.startup_lines:
             out.tell(line)
+        note = self.fleet.workers_note() if self.fleet else None
+        if note is not None:
+            out.tell(note)
         with out.progress("simulating", len(trace)) as update:
             result, extra = self.run(trace, update)
         summary = result.summary()

@@ -60,6 +60,9 @@ def _cases(f: dict[str, Path]) -> list[tuple[list[str], list[str]]]:
         # once an OverflowError or a hang
         ([*sim, "--replicas", HUGE], ["--replicas", HUGE]),
         ([*sim, "--routers", HUGE], ["--routers", HUGE]),
+        ([*sim, "--replicas", "2", "--sim-workers", "0"], ["--sim-workers", "0"]),
+        ([*sim, "--replicas", "2", "--sim-workers", "300"], ["--sim-workers", "300"]),
+        (["bench", "fleet", "--sim-workers", "0"], ["--sim-workers", "0"]),
         ([*sim, "--num-gpu-blocks-override", HUGE], ["num_blocks", HUGE]),
         (["trace", "gen", "-o", out, "--random-prefix-len", HUGE], ["--random-prefix-len"]),
         (["bench", "fleet", "--replicas", HUGE], ["--replicas", HUGE]),
@@ -124,7 +127,7 @@ def _one_line(args: list[str]) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("index", range(34))
+@pytest.mark.parametrize("index", range(37))
 def test_bad_input_is_one_line_naming_the_field(files: dict[str, Path], index: int) -> None:
     args, named = _cases(files)[index]
     line = _one_line(args)
@@ -133,7 +136,7 @@ def test_bad_input_is_one_line_naming_the_field(files: dict[str, Path], index: i
 
 def test_every_case_is_run() -> None:
     assert len(_cases({k: Path(k) for k in ("trace", "run", "listed", "interrupted",
-                                            "fleet", "root")})) == 34
+                                            "fleet", "root")})) == 37
 
 
 def test_a_result_dir_holding_other_files_is_never_replaced(files: dict[str, Path],

@@ -29,7 +29,24 @@ def test_bench_fleet_report() -> None:
     assert set(report) >= {"fleet_vs_single_engine_per_request", "meets_goal_rate",
                            "cost_per_request_3_vs_1", "meets_goal_scaling",
                            "speedup_vs_stepped", "fleet_vs_replica_engines_per_request"}
+    # llm-d reads the replicas: no parallel row, its keys empty
+    assert report["sim_workers"] is None and report["meets_goal_rate_wall"] is None
+    assert report["fleet_parallel_vs_single_engine_wall"] is None
     json.dumps(report)
+
+
+def test_bench_fleet_parallel_row() -> None:
+    trace = workloads.first_n(workloads.default_trace(), 40)
+    report = bench_fleet(trace, "first 40", replicas=3, scaling=(1, 2), baseline=False,
+                         sim_workers=2)
+    runs = report["runs"]
+    assert isinstance(runs, list)
+    assert [r["run"] for r in runs][-1] == "3 replicas, trace x3 faster, 2 sim workers"
+    assert runs[-1]["steps"] == runs[1]["steps"] and runs[-1]["sim_workers"] == 2
+    assert report["sim_workers"] == 2
+    assert isinstance(report["fleet_parallel_vs_single_engine_wall"], float)
+    assert isinstance(report["meets_goal_rate_wall"], bool)
+    assert "meets_goal_rate_wall" in str(report["goals"])
 
 
 def test_bench_fleet_cli_bad_input() -> None:

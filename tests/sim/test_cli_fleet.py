@@ -53,6 +53,27 @@ def test_round_robin_fleet_spreads_requests_and_prints_the_fleet_block(
     assert result["fleet_jain_requests"] == 1.0
 
 
+def test_sim_workers_write_the_same_records(small_trace: Path, tmp_path: Path) -> None:
+    fleet = ["--trace", str(small_trace), "--replicas", "4", "--router", "random"]
+    assert simulate(*fleet, "--result-dir", str(tmp_path / "one"))[0] == 0
+    code, _, err = simulate(*fleet, "--sim-workers", "2", "--result-dir", str(tmp_path / "two"))
+    assert code == 0, err
+    assert "--sim-workers" not in err  # it applies: no note
+    for name in ("requests.parquet", "steps.parquet"):
+        one, two = (pd.read_parquet(tmp_path / run / name) for run in ("one", "two"))
+        assert one.equals(two), name
+
+
+def test_sim_workers_behind_a_router_reading_replicas_run_in_one_process(
+        small_trace: Path, tmp_path: Path) -> None:
+    code, _, err = simulate("--trace", str(small_trace), "--replicas", "2", "--router", "llm-d",
+                            "--sim-workers", "2", "--result-dir", str(tmp_path / "f"))
+    assert code == 0, err
+    assert err.count("--sim-workers") == 1
+    assert ("note: --sim-workers 2: router 'llm-d' reads the replicas, completions or tokens "
+            "as it routes; simulating the fleet in one process") in err
+
+
 def test_one_replica_fleet_equals_the_single_engine(small_trace: Path, tmp_path: Path) -> None:
     assert simulate("--trace", str(small_trace), "--result-dir", str(tmp_path / "one"))[0] == 0
     code, _, err = simulate("--trace", str(small_trace), "--fleet", str(_fleet_file(
