@@ -72,7 +72,7 @@ class FleetBenchFlags:
                           "one by one.")
     sim_workers: int | None = flag(None, "--sim-workers", "Processes for the --replicas "
                                    "fleet's wall-clock row (a pre-routed router only; "
-                                   "default: the CPU count, at most --replicas).",
+                                   "default: the CPUs it may use, at most --replicas).",
                                    bounds=(1, MAX_SIM_WORKERS))
 
     def __post_init__(self) -> None:

@@ -35,7 +35,7 @@ def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "
       fast-forward), and the speed-up of fast-forwarding.
 
     With a pre-routed router (`sim.fleet.pre_routable`: round-robin, random, session-hash),
-    the `replicas` fleet also runs in `sim_workers` processes (default: the CPU count, at
+    the `replicas` fleet also runs in `sim_workers` processes (default: the CPUs it may use, at
     most `replicas`): its wall rate per request against the single engine's is the
     wall-clock goal (CPU seconds there are the parent's and its workers'); the CPU goals
     above stay the honest measure of the work.
@@ -65,11 +65,10 @@ def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "
         del result
     rows.append(_engines_row(shares, setup, f"{replicas} replicas' shares on one engine each"))
     engines_cpu = float(rows[-1]["cpu_s"]) / n
-    workers = sim_workers or min(os.cpu_count() or 1, replicas)
+    workers = sim_workers or min(_usable_cpus(), replicas)
     parallel = _parallel_row(fleet, replicas, workers, n, router, router_args)
     if parallel is not None:
         rows.append(parallel)
-    single_wall = float(rows[0]["wall_s"])
     report: dict[str, object] = {
         "benchmark": "fleet", **report_platform(), "model": model, "gpu": gpu, "trace": name,
         "requests": n, "router": router, "router_args": list(router_args),
@@ -78,12 +77,7 @@ def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "
         "meets_goal_rate": per_request[replicas] <= single_cpu,
         # the same engine work without the fleet: routing and bookkeeping's cost
         "fleet_vs_replica_engines_per_request": round(engines_cpu / per_request[replicas], 3),
-        "sim_workers": workers if parallel is not None else None,
-        # wall clock: the single engine uses one core, a pre-routed fleet's workers several
-        "fleet_parallel_vs_single_engine_wall": (
-            None if parallel is None else round(single_wall / float(parallel["wall_s"]), 3)),
-        "meets_goal_rate_wall": (None if parallel is None
-                                 else float(parallel["wall_s"]) <= single_wall),
+        **_wall_goal(parallel, workers, float(rows[0]["wall_s"])),
     }
     small, large = min(scaling), max(scaling)
     ratio = per_request[large] / per_request[small]
@@ -94,15 +88,39 @@ def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "
         steps = sum(r.num_steps for r in result.replicas)
         rows.append(rate_row(f"{replicas} replicas stepping one by one", n, steps, wall, cpu))
         report["speedup_vs_stepped"] = round(cpu / n / per_request[replicas], 2)
-    report["goals"] = (f"{replicas} replicas: CPU per request <= the single engine's "
-                       "(meets_goal_rate, CPU seconds: the work); "
-                       f"{large} replicas: CPU per request <= {small} replicas' "
-                       "(meets_goal_scaling); wall: "
-                       + (f"{replicas} replicas in {workers} sim workers, wall seconds per "
-                          "request <= the single engine's (meets_goal_rate_wall, wall "
-                          "seconds: uses more than one core)" if parallel is not None else
-                          f"no parallel row (router {router!r} is not pre-routed)"))
+    report["goals"] = _goals(replicas, small, large, workers if parallel else None, router)
     return report
+
+
+def _usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, where the platform has one; a
+    container's or `taskset`'s limit), not the host's count."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _wall_goal(parallel: dict[str, object] | None, workers: int, single_wall_s: float
+               ) -> dict[str, object]:
+    """The report's wall-clock keys: the single engine uses one core, a pre-routed fleet's
+    `workers` several (None without a parallel row)."""
+    if parallel is None:
+        return {"sim_workers": None, "fleet_parallel_vs_single_engine_wall": None,
+                "meets_goal_rate_wall": None}
+    wall_s = float(str(parallel["wall_s"]))
+    return {"sim_workers": workers,
+            "fleet_parallel_vs_single_engine_wall": round(single_wall_s / wall_s, 3),
+            "meets_goal_rate_wall": wall_s <= single_wall_s}
+
+
+def _goals(replicas: int, small: int, large: int, workers: int | None, router: str) -> str:
+    """The report's `goals` text: which key measures what."""
+    wall = (f"{replicas} replicas in {workers} sim workers, wall seconds per request <= the "
+            "single engine's (meets_goal_rate_wall, wall seconds: uses more than one core)"
+            if workers is not None else f"no parallel row (router {router!r} is not pre-routed)")
+    return (f"{replicas} replicas: CPU per request <= the single engine's (meets_goal_rate, "
+            f"CPU seconds: the work); {large} replicas: CPU per request <= {small} replicas' "
+            f"(meets_goal_scaling); wall: {wall}")
 
 
 def _fleet_run(trace: Any, setup: Any, router: str, router_args: tuple[str, ...],

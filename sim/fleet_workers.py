@@ -18,11 +18,15 @@ worker's traceback as a note; one that would not pickle: a RuntimeError naming i
 worker that dies without answering (killed by a signal, out of memory; or a result that
 fails to pickle midway, a bug: its traceback on the worker's stderr) is a one-line
 ChildProcessError naming it; no worker outlives the call (Ctrl-C included: workers ignore
-SIGINT and the parent terminates them).
+SIGINT and the parent terminates them), nor its parent: a worker holds no pipe but its own
+writer (so a dead parent reads as EPIPE), and on Linux the kernel kills it when the parent
+dies (SIGTERM, SIGKILL, a closed terminal; `PR_SET_PDEATHSIG`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import multiprocessing
 import os
 import pickle
@@ -77,9 +81,12 @@ def run_forked(tasks: Sequence[Callable[[], T]],
     children: list[tuple[multiprocessing.process.BaseProcess, BufferedReader]] = []
     answered = False
     try:
+        parent = os.getpid()
         for task in tasks:
             reader, writer = os.pipe()
-            child = context.Process(target=_child, args=(task, writer), daemon=True)
+            inherited = [reader, *(receive.fileno() for _, receive in children)]
+            child = context.Process(target=_child, args=(task, writer, inherited, parent),
+                                    daemon=True)
             child.start()
             os.close(writer)  # the child holds the only writer: its death reads as EOF
             children.append((child, open(reader, "rb")))
@@ -130,17 +137,39 @@ def _received(name: str, child: multiprocessing.process.BaseProcess, receive: Bu
     return value
 
 
-def _child(task: Callable[[], Any], writer: int) -> None:
+def _child(task: Callable[[], Any], writer: int, inherited: Sequence[int], parent: int
+           ) -> None:
     """In the child: run `task`, send (True, its result) or (False, its error), pickled as
     it is written (no copy of the whole message). A result that fails to pickle midway is a
-    bug: the child exits with its traceback on stderr, the parent reads a broken stream."""
+    bug: the child exits with its traceback on stderr, the parent reads a broken stream.
+    `inherited`: the read ends it was forked with (its own, its elder siblings'), closed so
+    that only the parent reads; `parent`: the parent's pid, whose death ends the child."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent ends its children
+    for fd in inherited:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _die_with(parent)
     try:
         outcome: tuple[bool, Any] = (True, task())
     except BaseException as error:  # every failure goes to the parent
         outcome = (False, _portable(error))
     with open(writer, "wb") as out:
         pickle.dump(outcome, out, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _die_with(parent: int) -> None:
+    """On Linux, have the kernel SIGKILL this process when `parent` (the process that
+    forked it) dies; exit at once if it already has. Elsewhere a dead parent is seen only
+    when the result is written (EPIPE)."""
+    if not os.uname().sysname == "Linux":
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the request took effect
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def _portable(error: BaseException) -> BaseException:

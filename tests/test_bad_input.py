@@ -71,9 +71,9 @@ def _cases(f: dict[str, Path]) -> list[tuple[list[str], list[str]]]:
         (["fleet", "up", "--simulate", "--port", "70000"], ["--port", "70000"]),
         (["route", "--backend", "http://127.0.0.1:9", "--port", "-1"], ["--port", "-1"]),
         (["serve", "--simulate", "--port", "70000"], ["--port", "70000"]),  # once a hang
-        # once uvicorn's lines and exit 3
-        (["serve", "--simulate", "--host", "999.1.1.1", "--port", "0"],
-         ["--host '999.1.1.1'", "cannot listen"]),
+        # once uvicorn's lines and exit 3 (TEST-NET-1: no DNS, not on this machine)
+        (["serve", "--simulate", "--host", "192.0.2.1", "--port", "0"],
+         ["--host '192.0.2.1'", "cannot listen"]),
         # once an AttributeError or TypeError on a malformed file
         ([*sim, "--fleet", str(f["fleet"])], ["pool 1", "[[pool]]"]),
         (["report", str(f["listed"]), "--no-plots"], ["run.json", "list"]),

@@ -227,3 +227,46 @@ def test_a_result_that_does_not_pickle_is_one_line() -> None:
         run_forked([lambda: 1, lambda: (1, lambda: 2)], names=["a", "b"])
     assert str(raised.value) == "simulation b exited with status 1 before sending its records"
     assert not multiprocessing.active_children()
+
+
+_ORPHANS = """
+import os, sys, time
+from sim.fleet_workers import run_forked
+def report():
+    print(os.getpid(), flush=True)
+    time.sleep(60)
+run_forked([report, report])
+"""
+
+
+@pytest.mark.parametrize("kill", [signal.SIGTERM, signal.SIGKILL])
+def test_no_worker_outlives_its_parent(kill: signal.Signals) -> None:
+    """A parent ended by a signal it does not catch (a supervisor's SIGTERM, SIGKILL) once
+    left its workers blocked on a pipe nobody read, forever."""
+    import subprocess
+    import sys
+
+    parent = subprocess.Popen([sys.executable, "-c", _ORPHANS], stdout=subprocess.PIPE,
+                              text=True, cwd=os.getcwd(),
+                              env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert parent.stdout is not None
+    workers = [int(parent.stdout.readline()) for _ in range(2)]
+    parent.send_signal(kill)
+    parent.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    alive = workers
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [pid for pid in alive if _running(pid)]
+    for pid in alive:  # a failing run leaves none behind either
+        os.kill(pid, signal.SIGKILL)
+    assert alive == [], f"workers {alive} outlived their parent"
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (not a zombie awaiting its reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
