@@ -35,6 +35,8 @@ def _serving_raises(monkeypatch: pytest.MonkeyPatch, raised: Exception) -> None:
     monkeypatch.setattr(api_server, "http_stack", lambda: SimpleNamespace(
         describe=lambda: "stub"))
     monkeypatch.setattr(api_server, "run_server", serve)
+    monkeypatch.setattr(api_server, "listening_socket", lambda *a: SimpleNamespace(
+        getsockname=lambda: ("127.0.0.1", 8000)))  # no real port taken
 
 
 COMMANDS = [["route", "--backend", "http://b"], ["serve", "--simulate"]]
