@@ -84,12 +84,19 @@ def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "
     report[f"cost_per_request_{large}_vs_{small}"] = round(ratio, 3)
     report["meets_goal_scaling"] = per_request[large] <= per_request[small]
     if baseline:
-        result, wall, cpu = fleet(replicas, dataclasses.replace(setup.config, fast_forward=False))
-        steps = sum(r.num_steps for r in result.replicas)
-        rows.append(rate_row(f"{replicas} replicas stepping one by one", n, steps, wall, cpu))
-        report["speedup_vs_stepped"] = round(cpu / n / per_request[replicas], 2)
+        rows.append(_stepped_row(fleet, replicas, setup, n))
+        report["speedup_vs_stepped"] = round(
+            float(rows[-1]["cpu_s"]) / n / per_request[replicas], 2)
     report["goals"] = _goals(replicas, small, large, workers if parallel else None, router)
     return report
+
+
+def _stepped_row(fleet: Callable[..., tuple[Any, float, float]], replicas: int, setup: Any,
+                 n: int) -> dict[str, object]:
+    """The `replicas` fleet stepping one by one (no decode-run fast-forward)."""
+    result, wall, cpu = fleet(replicas, dataclasses.replace(setup.config, fast_forward=False))
+    steps = sum(r.num_steps for r in result.replicas)
+    return rate_row(f"{replicas} replicas stepping one by one", n, steps, wall, cpu)
 
 
 def _usable_cpus() -> int:
