@@ -9,7 +9,7 @@ import dataclasses
 import functools
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from sim.benchmarks import rate_row, report_platform, timed
 from workloads import Trace, TraceRequest
@@ -114,7 +114,7 @@ def _wall_goal(parallel: dict[str, object] | None, workers: int, single_wall_s: 
     if parallel is None:
         return {"sim_workers": None, "fleet_parallel_vs_single_engine_wall": None,
                 "meets_goal_rate_wall": None}
-    wall_s = float(str(parallel["wall_s"]))
+    wall_s = float(cast(float, parallel["wall_s"]))
     return {"sim_workers": workers,
             "fleet_parallel_vs_single_engine_wall": round(single_wall_s / wall_s, 3),
             "meets_goal_rate_wall": wall_s <= single_wall_s}
@@ -145,23 +145,7 @@ def _fleet_run(trace: Any, setup: Any, router: str, router_args: tuple[str, ...]
     policy = make_policy(router, router_args, setup.config.seed)
     run = functools.partial(simulate_fleet, scaled, [one] * count, policy, refresh_s,
                             workers=workers)
-    return timed(run) if workers == 1 else _timed_with_workers(run)
-
-
-def _timed_with_workers(run: Callable[[], Any]) -> tuple[Any, float, float]:
-    """`sim.benchmarks.timed`, CPU seconds counting the child processes `run` waited for."""
-    before = _children_cpu_s()
-    result, wall, cpu = timed(run)
-    return result, wall, cpu + _children_cpu_s() - before
-
-
-def _children_cpu_s() -> float:
-    """User + system CPU seconds of this process's children that have ended and been waited
-    for (Unix)."""
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    return timed(run)  # CPU seconds: with workers, this process's and theirs
 
 
 def _parallel_row(fleet: Callable[..., tuple[Any, float, float]], count: int, workers: int,

@@ -282,13 +282,25 @@ def bench_sim(traces: dict[str, Any], model: str = "llama-3.1-8b", gpu: str = "h
 
 
 def timed(run: Any) -> tuple[Any, float, float]:
-    """(result, wall seconds, CPU seconds of this process) of `run()`. Garbage left by
-    earlier work is collected first, so that no run pays for another's (a simulation frees
-    its own KV pools on return, `sim.run_gc`)."""
+    """(result, wall seconds, CPU seconds) of `run()`: CPU of this process and of the
+    children it waited for meanwhile (a fleet's `--sim-workers`). Garbage left by earlier
+    work is collected first, so that no run pays for another's (a simulation frees its own
+    KV pools on return, `sim.run_gc`)."""
     gc.collect()
-    c0, t0 = time.process_time(), time.perf_counter()
+    c0, t0 = _cpu_s(), time.perf_counter()
     result = run()
-    return result, time.perf_counter() - t0, time.process_time() - c0
+    return result, time.perf_counter() - t0, _cpu_s() - c0
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and of its children that ended and were waited for (the
+    latter where the platform reports them: Unix)."""
+    try:
+        import resource
+    except ImportError:
+        return time.process_time()
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + usage.ru_utime + usage.ru_stime
 
 
 def rate_row(label: str, requests: int, steps: int, wall_s: float, cpu_s: float

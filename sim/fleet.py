@@ -122,8 +122,7 @@ class _Fleet:
                             and all(p.completion_blind for p in policies))
         self.token_blind = not any(p.reads_token_ids for p in policies)
         # route the whole trace first, then run each replica's share to its end (docs/fleet.md)
-        self.pre_routed = (self.steps_ahead and self.token_blind
-                           and all(p.snapshot_blind for p in policies))
+        self.pre_routed = self.steps_ahead and pre_routable(policies)
         # per API cost: suffix minima of arrival + latency + cost(prompt) over the trace
         # (`handover_bounds`; replicas of one pool share their list)
         self._bounds: dict[ApiServerCost, list[float]] = {}
@@ -357,8 +356,8 @@ def simulate_fleet(trace: Trace, replicas: Sequence[ReplicaSetup],
 
 def pre_routable(policies: Sequence[RouterPolicy]) -> bool:
     """Whether a fleet behind these router policies (one per router replica) is routed whole
-    before any step (`_Fleet.pre_routed`; not P/D nor autoscaled): none reads snapshots,
-    completions, token ids or KV events."""
+    before any step (`_Fleet.pre_routed`, which adds the fleet's own conditions: not P/D nor
+    autoscaled): none reads snapshots, completions, token ids or KV events."""
     return all(p.snapshot_blind and p.completion_blind and not p.reads_token_ids
                and not p.wants_kv_events for p in policies)
 

@@ -169,19 +169,14 @@ def replicas_outcome(replicas: Sequence[tuple[int, EngineCore]]) -> ReplicasOutc
     return ReplicasOutcome([replica_outcome(index, core) for index, core in replicas], columns)
 
 
-def fleet_result(trace: Trace, replicas: Sequence[tuple[int, EngineCore]],
-                 wall_s: float, router_of: Mapping[str, int] | None = None) -> FleetResult:
-    """The fleet's records from its replicas' engine cores (index, core): requests in trace
-    order, timed from their trace arrival; steps replica by replica with a `replica`
-    column; prefix-cache totals; one summary per replica. With `router_of` (request id ->
-    router replica, several routers), request rows gain a `router` column."""
-    return assembled_result(trace, [replicas_outcome(replicas)], wall_s, router_of)
-
-
 def assembled_result(trace: Trace, parts: Sequence[ReplicasOutcome], wall_s: float,
                      router_of: Mapping[str, int] | None = None) -> FleetResult:
-    """`fleet_result` from outcomes of consecutive ranges of replicas, in replica order (one
-    part: its step columns are the result's, gaining the `replica` column; several: joined)."""
+    """The fleet's records from the outcomes of consecutive ranges of its replicas, in
+    replica order (one part: its step columns are the result's, gaining the `replica`
+    column; several: joined): requests in trace order, timed from their trace arrival;
+    steps replica by replica with a `replica` column; prefix-cache totals; one summary per
+    replica. With `router_of` (request id -> router replica, several routers), request rows
+    gain a `router` column."""
     order = {req.request_id: i for i, req in enumerate(trace)}
     arrivals = {req.request_id: req.arrival_s for req in trace}
     requests: list[RequestRecord] = []

@@ -131,7 +131,7 @@ class Replica(EngineProcess):
 
     def arrived(self, req: TraceRequest, reached_s: float, max_tokens: int) -> None:
         """Record the request reaching the API server at `reached_s`; its record is the
-        fleet's row from the start (`sim.fleet_records.fleet_result` completes it)."""
+        fleet's row from the start (`sim.fleet_records.assembled_result` completes it)."""
         record = self.core.recorder.arrived(req.request_id, reached_s, req.prompt_len,
                                             max_tokens, FleetRequestRecord)
         cast(FleetRequestRecord, record).replica = self.index

@@ -31,6 +31,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import traceback
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
@@ -161,7 +162,7 @@ def _die_with(parent: int) -> None:
     """On Linux, have the kernel SIGKILL this process when `parent` (the process that
     forked it) dies; exit at once if it already has. Elsewhere a dead parent is seen only
     when the result is written (EPIPE)."""
-    if not os.uname().sysname == "Linux":
+    if not sys.platform.startswith("linux"):
         return
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
