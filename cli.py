@@ -478,27 +478,22 @@ def serve(
     seed: _Seed = 0,
 ) -> None:
     """Serve the OpenAI API from a real model or, with --simulate, the cost model."""
-    from backends.serve.api_server import (
-        ServeConfig,
-        http_stack,
-        listening_socket,
-        run_server,
-        socket_url,
-    )
+    from backends.serve import api_server
     from backends.serve.engine_process import real_executor_spec
     from sim.live_executor import live_executor_spec
 
     with user_errors():
-        config = ServeConfig.of(server, *(
+        config = api_server.ServeConfig.of(server, *(
             live_executor_spec(EngineArgs(**dataclasses.asdict(engine)), model.model, sim.gpu,
                                sim.profile, seed, sim.step_noise) if server.simulate
             else real_executor_spec(model.model, engine, real, seed)))
-        sock = listening_socket(server.host, server.port)  # before the engine starts
-    stack = http_stack()
-    say(f"serving {config.model_name} on {socket_url(sock)}/v1 "
+        sock = api_server.listening_socket(server.host, server.port)  # before the engine
+    stack = api_server.http_stack()
+    say(f"serving {config.model_name} on {api_server.socket_url(sock)}/v1 "
         f"({stack.describe()})")
     with user_errors(RuntimeError, only=True):  # RuntimeError: the engine process died
-        run_server(config, sock, stack, server.shutdown_timeout, server.uvicorn_log_level)
+        api_server.run_server(config, sock, stack, server.shutdown_timeout,
+                              server.uvicorn_log_level)
     say("server stopped")
 
 
