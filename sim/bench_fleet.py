@@ -31,8 +31,8 @@ def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "
 
     - `replicas` (16): the fleet's rate per request >= the single engine's (routing and the
       fleet's bookkeeping are not the bottleneck);
-    - `scaling` (4, 64): the largest fleet costs no more per request than the smallest, on
-      the median of `repeat` pairs (the sizes run interleaved, `_run_order`);
+    - `scaling` (4, 64): the largest fleet costs no more per request than the smallest
+      (the median of `repeat` interleaved pairs);
     - with `baseline`: the `replicas` fleet stepping one by one (no decode-run
       fast-forward), and the speed-up of fast-forwarding.
 
@@ -44,7 +44,6 @@ def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "
     """
     from sim.engine_args import EngineArgs, build_setup
     from sim.simulator import simulate
-    from workloads.transforms import scale_time
 
     setup = build_setup(EngineArgs(), model, gpu)
     n = len(trace)
@@ -52,11 +51,8 @@ def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "
     single, wall, cpu = timed(lambda: simulate(trace, setup.config, setup.cost_model))
     rows = [rate_row("single engine, trace as recorded", n, single.num_steps, wall, cpu)]
     single_cpu = cpu / n
-    sizes = tuple(dict.fromkeys(scaling))
-    runs, shares = _size_runs(fleet, _run_order(replicas, sizes, repeat), replicas,
-                              lambda result: _replica_shares(scale_time(trace, 1.0 / replicas),
-                                                             result))
-    rows += [_fleet_row(runs[count], n, single_cpu) for count in dict.fromkeys((replicas, *sizes))]
+    runs, shares = _size_runs(fleet, _run_order(replicas, scaling, repeat), replicas, trace)
+    rows += [_fleet_row(size_runs, n, single_cpu) for size_runs in runs.values()]
     per_request = float(rows[1]["cpu_s_per_request"])  # the `replicas` fleet's
     rows.append(_engines_row(shares, setup, f"{replicas} replicas' shares on one engine each"))
     engines_cpu = float(rows[-1]["cpu_s"]) / n
@@ -73,13 +69,12 @@ def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "
         # the same engine work without the fleet: routing and bookkeeping's cost
         "fleet_vs_replica_engines_per_request": round(engines_cpu / per_request, 3),
         **_wall_goal(parallel, workers, float(rows[0]["wall_s"])),
-        **_scaling_keys(runs[min(sizes)], runs[max(sizes)]),
+        **_scaling_keys(runs[min(scaling)], runs[max(scaling)]),
     }
     if baseline:
         rows.append(_stepped_row(fleet, replicas, setup, n))
         report["speedup_vs_stepped"] = round(float(rows[-1]["cpu_s"]) / n / per_request, 2)
-    report["goals"] = _goals(replicas, min(sizes), max(sizes), workers if parallel else None,
-                             router, repeat)
+    report["goals"] = _goals(replicas, scaling, workers if parallel else None, router, repeat)
     return report
 
 
@@ -101,14 +96,16 @@ def _run_order(replicas: int, scaling: tuple[int, ...], repeat: int) -> list[int
     64, ...: a process's first fleets run faster than its later ones, so no size takes all
     the early turns). Each size's k-th run is run k of the pairs (`_scaling_keys`)."""
     first = list(dict.fromkeys((replicas, *scaling)))
-    return first + [count for _ in range(repeat - 1) for count in scaling]
+    return first + [count for _ in range(repeat - 1) for count in dict.fromkeys(scaling)]
 
 
 def _size_runs(fleet: Callable[[int], tuple[Any, float, float]], order: Sequence[int],
-               replicas: int, shares_of: Callable[[Any], list[Trace]]
-               ) -> tuple[dict[int, list[FleetRun]], list[Trace]]:
-    """Each size's runs (in run order) of the fleets in `order`, and `shares_of` the first
-    `replicas` fleet's result."""
+               replicas: int, trace: Trace) -> tuple[dict[int, list[FleetRun]], list[Trace]]:
+    """Each size's runs (sizes in the order of their first run, runs in run order) of the
+    fleets in `order`, and each replica's share of the `trace` in the first `replicas`
+    fleet."""
+    from workloads.transforms import scale_time
+
     runs: dict[int, list[FleetRun]] = {}
     shares: list[Trace] = []
     for count in order:
@@ -116,7 +113,7 @@ def _size_runs(fleet: Callable[[int], tuple[Any, float, float]], order: Sequence
         runs.setdefault(count, []).append(
             FleetRun(count, wall, cpu, sum(r.num_steps for r in result.replicas)))
         if count == replicas and not shares:
-            shares = shares_of(result)
+            shares = _replica_shares(scale_time(trace, 1.0 / count), result)
         # Freed before the next size runs, not while it runs: each size after the sizes
         # before it freed theirs. A result freed mid-series raised glibc's mmap threshold
         # for the next size only (its step columns, ~5 MB arrays, then grew by copying in
@@ -171,9 +168,10 @@ def _wall_goal(parallel: dict[str, object] | None, workers: int, single_wall_s: 
             "meets_goal_rate_wall": wall_s <= single_wall_s}
 
 
-def _goals(replicas: int, small: int, large: int, workers: int | None, router: str,
+def _goals(replicas: int, scaling: tuple[int, ...], workers: int | None, router: str,
            repeat: int) -> str:
     """The report's `goals` text: which key measures what."""
+    small, large = min(scaling), max(scaling)
     wall = (f"{replicas} replicas in {workers} sim workers, wall seconds per request <= the "
             "single engine's (meets_goal_rate_wall, wall seconds: uses more than one core)"
             if workers is not None else f"no parallel row (router {router!r} is not pre-routed)")

@@ -79,7 +79,8 @@ class _StubFleet:
     def __call__(self, count: int) -> tuple[object, float, float]:
         self.calls.append(count)
         replicas = [SimpleNamespace(num_steps=self.steps[count] // count)] * count
-        return SimpleNamespace(replicas=replicas), 0.5, self.cpu_s[count].pop(0)
+        result = SimpleNamespace(replicas=replicas, requests=[])
+        return result, 0.5, self.cpu_s[count].pop(0)
 
 
 def test_run_order_interleaves_the_scaling_fleets() -> None:
@@ -88,20 +89,16 @@ def test_run_order_interleaves_the_scaling_fleets() -> None:
     # the --replicas fleet's run is its size's run 1
     assert _run_order(4, (4, 64), 3) == [4, 64, 4, 64, 4, 64]
     assert _run_order(2, (1, 3), 2) == [2, 1, 3, 1, 3]
+    assert _run_order(2, (3, 1, 3), 2) == [2, 3, 1, 3, 1]  # each size once a round
 
 
 def test_scaling_median_of_the_pairs() -> None:
     stub = _StubFleet({16: [3.0], 4: [2.0, 4.0, 2.0], 64: [2.2, 3.0, 1.9]},
                       {16: 1600, 4: 400, 64: 512})
-    shared: list[object] = []
-
-    def shares_of(result: object) -> list[workloads.Trace]:
-        shared.append(result)
-        return [workloads.Trace(())]
-
-    runs, shares = _size_runs(stub, _run_order(16, (4, 64), 3), 16, shares_of)
-    # the --replicas fleet's result is shared out once, from its (only) run
-    assert stub.calls == [16, 4, 64, 4, 64, 4, 64] and len(shared) == 1 and len(shares) == 1
+    runs, shares = _size_runs(stub, _run_order(16, (4, 64), 3), 16, workloads.Trace(()))
+    assert stub.calls == [16, 4, 64, 4, 64, 4, 64]
+    assert list(runs) == [16, 4, 64]  # the report's rows in this order
+    assert len(shares) == 16  # the --replicas fleet's, one (empty) share per replica
     assert [r.cpu_s for r in runs[4]] == [2.0, 4.0, 2.0] and runs[64][0].steps == 512
     keys = _scaling_keys(runs[4], runs[64])
     # pairs 2.2/2.0, 3.0/4.0, 1.9/2.0: median 0.95; per step x400/512
