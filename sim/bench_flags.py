@@ -12,6 +12,7 @@ from sim.fleet_config import MAX_REPLICAS, MAX_SIM_WORKERS
 from workloads import Trace
 
 DEFAULT_TRACE_NAME = "embedded azure_conv first 10 min"
+MAX_REPEAT = 20  # `rt bench fleet --repeat` at most: each repeat runs every --scaling fleet
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +51,10 @@ FLEET_BENCH_HELP = """\
 Simulated requests per second of the fleet simulator: N replicas on the trace replayed
 N times faster (each replica carries one engine's load) against one engine on the trace
 as recorded, in the same run; and the cost per request of the smallest and largest
---scaling fleets. Rates per wall and per CPU second. With a pre-routed router
-(round-robin, random, session-hash), the N replicas also in --sim-workers processes: the
-wall-clock rate against one engine's (CPU seconds stay the measure of the work).
+--scaling fleets (with --repeat N, the median of N interleaved pairs). Rates per wall and
+per CPU second. With a pre-routed router (round-robin, random, session-hash), the N
+replicas also in --sim-workers processes: the wall-clock rate against one engine's (CPU
+seconds stay the measure of the work).
 """
 
 
@@ -74,6 +76,9 @@ class FleetBenchFlags:
                                    "fleet's wall-clock row (a pre-routed router only; "
                                    "default: the CPUs it may use, at most --replicas).",
                                    bounds=(1, MAX_SIM_WORKERS))
+    repeat: int = flag(1, "--repeat", "Runs of each --scaling fleet, interleaved (4, 64, 4, "
+                       "64, ...); the cost ratio is the median of the pairs.", min=1,
+                       bounds=(1, MAX_REPEAT))
 
     def __post_init__(self) -> None:
         sizes = self.sizes()
@@ -104,4 +109,4 @@ class FleetBenchFlags:
         trace, name = self.load()
         return bench_fleet(trace, name, model, gpu, self.replicas, self.sizes(), self.router,
                            tuple(self.router_arg or ()), baseline=self.baseline,
-                           sim_workers=self.sim_workers)
+                           sim_workers=self.sim_workers, repeat=self.repeat)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import statistics
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -19,7 +20,7 @@ def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "
                 replicas: int = 16, scaling: tuple[int, ...] = (4, 64),
                 router: str = "round-robin", router_args: tuple[str, ...] = (),
                 refresh_s: float = 0.05, baseline: bool = True,
-                sim_workers: int | None = None) -> dict[str, object]:
+                sim_workers: int | None = None, repeat: int = 1) -> dict[str, object]:
     """The `rt bench fleet` report: simulated requests per second of the fleet simulator.
 
     A fleet of N replicas replays the trace N times faster (arrival times x 1/N), so every
@@ -30,7 +31,8 @@ def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "
 
     - `replicas` (16): the fleet's rate per request >= the single engine's (routing and the
       fleet's bookkeeping are not the bottleneck);
-    - `scaling` (4, 64): the largest fleet costs no more per request than the smallest;
+    - `scaling` (4, 64): the largest fleet costs no more per request than the smallest
+      (the median of `repeat` interleaved pairs);
     - with `baseline`: the `replicas` fleet stepping one by one (no decode-run
       fast-forward), and the speed-up of fast-forwarding.
 
@@ -42,7 +44,6 @@ def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "
     """
     from sim.engine_args import EngineArgs, build_setup
     from sim.simulator import simulate
-    from workloads.transforms import scale_time
 
     setup = build_setup(EngineArgs(), model, gpu)
     n = len(trace)
@@ -50,19 +51,9 @@ def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "
     single, wall, cpu = timed(lambda: simulate(trace, setup.config, setup.cost_model))
     rows = [rate_row("single engine, trace as recorded", n, single.num_steps, wall, cpu)]
     single_cpu = cpu / n
-    per_request: dict[int, float] = {}
-    shares: list[Trace] = []
-    for count in dict.fromkeys((replicas, *scaling)):
-        result, row = _fleet_row(fleet, count, n, single_cpu)
-        rows.append(row)
-        per_request[count] = float(row["cpu_s_per_request"])
-        if count == replicas:
-            shares = _replica_shares(scale_time(trace, 1.0 / count), result)
-        # Freed before the next size runs, not while it runs: each size after the sizes
-        # before it freed theirs. A result freed mid-series raised glibc's mmap threshold
-        # for the next size only (its step columns, ~5 MB arrays, then grew by copying in
-        # the heap instead of mremap: ~0.2 s more for whichever size came after it).
-        del result
+    runs, shares = _size_runs(fleet, _run_order(replicas, scaling, repeat), replicas, trace)
+    rows += [_fleet_row(size_runs, n, single_cpu) for size_runs in runs.values()]
+    per_request = float(rows[1]["cpu_s_per_request"])  # the `replicas` fleet's
     rows.append(_engines_row(shares, setup, f"{replicas} replicas' shares on one engine each"))
     engines_cpu = float(rows[-1]["cpu_s"]) / n
     workers = sim_workers or min(_usable_cpus(), replicas)
@@ -72,23 +63,80 @@ def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "
     report: dict[str, object] = {
         "benchmark": "fleet", **report_platform(), "model": model, "gpu": gpu, "trace": name,
         "requests": n, "router": router, "router_args": list(router_args),
-        "router_refresh_ms": refresh_s * 1e3, "runs": rows,
-        "fleet_vs_single_engine_per_request": round(single_cpu / per_request[replicas], 3),
-        "meets_goal_rate": per_request[replicas] <= single_cpu,
+        "router_refresh_ms": refresh_s * 1e3, "repeat": repeat, "runs": rows,
+        "fleet_vs_single_engine_per_request": round(single_cpu / per_request, 3),
+        "meets_goal_rate": per_request <= single_cpu,
         # the same engine work without the fleet: routing and bookkeeping's cost
-        "fleet_vs_replica_engines_per_request": round(engines_cpu / per_request[replicas], 3),
+        "fleet_vs_replica_engines_per_request": round(engines_cpu / per_request, 3),
         **_wall_goal(parallel, workers, float(rows[0]["wall_s"])),
+        **_scaling_keys(runs[min(scaling)], runs[max(scaling)]),
     }
-    small, large = min(scaling), max(scaling)
-    ratio = per_request[large] / per_request[small]
-    report[f"cost_per_request_{large}_vs_{small}"] = round(ratio, 3)
-    report["meets_goal_scaling"] = per_request[large] <= per_request[small]
     if baseline:
         rows.append(_stepped_row(fleet, replicas, setup, n))
-        report["speedup_vs_stepped"] = round(
-            float(rows[-1]["cpu_s"]) / n / per_request[replicas], 2)
-    report["goals"] = _goals(replicas, small, large, workers if parallel else None, router)
+        report["speedup_vs_stepped"] = round(float(rows[-1]["cpu_s"]) / n / per_request, 2)
+    report["goals"] = _goals(replicas, scaling, workers if parallel else None, router, repeat)
     return report
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FleetRun:
+    """One timed run of a fleet: wall and CPU seconds, and the engine steps it simulated
+    (summed over its replicas; the same in every run of a size: the simulation is
+    deterministic)."""
+
+    replicas: int
+    wall_s: float
+    cpu_s: float
+    steps: int
+
+
+def _run_order(replicas: int, scaling: tuple[int, ...], repeat: int) -> list[int]:
+    """The fleet sizes in the order they run: the `replicas` fleet, the `scaling` sizes
+    other than it, then `repeat - 1` more rounds of all the `scaling` sizes (16, 4, 64, 4,
+    64, ...: a process's first fleets run faster than its later ones, so no size takes all
+    the early turns). Each size's k-th run is run k of the pairs (`_scaling_keys`)."""
+    first = list(dict.fromkeys((replicas, *scaling)))
+    return first + [count for _ in range(repeat - 1) for count in dict.fromkeys(scaling)]
+
+
+def _size_runs(fleet: Callable[[int], tuple[Any, float, float]], order: Sequence[int],
+               replicas: int, trace: Trace) -> tuple[dict[int, list[FleetRun]], list[Trace]]:
+    """Each size's runs (sizes in the order of their first run, runs in run order) of the
+    fleets in `order`, and each replica's share of the `trace` in the first `replicas`
+    fleet."""
+    from workloads.transforms import scale_time
+
+    runs: dict[int, list[FleetRun]] = {}
+    shares: list[Trace] = []
+    for count in order:
+        result, wall, cpu = fleet(count)
+        runs.setdefault(count, []).append(
+            FleetRun(count, wall, cpu, sum(r.num_steps for r in result.replicas)))
+        if count == replicas and not shares:
+            shares = _replica_shares(scale_time(trace, 1.0 / count), result)
+        # Freed before the next size runs, not while it runs: each size after the sizes
+        # before it freed theirs. A result freed mid-series raised glibc's mmap threshold
+        # for the next size only (its step columns, ~5 MB arrays, then grew by copying in
+        # the heap instead of mremap: ~0.2 s more for whichever size came after it).
+        del result
+    return runs, shares
+
+
+def _scaling_keys(small: list[FleetRun], large: list[FleetRun]) -> dict[str, object]:
+    """The scaling goal's keys: the largest fleet's CPU per request over the smallest's, run
+    i against run i, the median of those pairs deciding `meets_goal_scaling`; and the same
+    per simulated engine step (information: a larger fleet simulates more steps, each
+    replica ramping up and draining on its own)."""
+    s, g = small[0].replicas, large[0].replicas
+    per_request = [big.cpu_s / one.cpu_s for one, big in zip(small, large, strict=True)]
+    per_step = [(big.cpu_s / big.steps) / (one.cpu_s / one.steps)
+                for one, big in zip(small, large, strict=True)]
+    ratio = statistics.median(per_request)
+    key = f"cost_per_request_{g}_vs_{s}"
+    return {key: round(ratio, 3), "meets_goal_scaling": ratio <= 1.0,
+            f"{key}_runs": [round(r, 3) for r in per_request],
+            f"{key}_spread": [round(min(per_request), 3), round(max(per_request), 3)],
+            f"cost_per_step_{g}_vs_{s}": round(statistics.median(per_step), 3)}
 
 
 def _stepped_row(fleet: Callable[..., tuple[Any, float, float]], replicas: int, setup: Any,
@@ -120,14 +168,18 @@ def _wall_goal(parallel: dict[str, object] | None, workers: int, single_wall_s: 
             "meets_goal_rate_wall": wall_s <= single_wall_s}
 
 
-def _goals(replicas: int, small: int, large: int, workers: int | None, router: str) -> str:
+def _goals(replicas: int, scaling: tuple[int, ...], workers: int | None, router: str,
+           repeat: int) -> str:
     """The report's `goals` text: which key measures what."""
+    small, large = min(scaling), max(scaling)
     wall = (f"{replicas} replicas in {workers} sim workers, wall seconds per request <= the "
             "single engine's (meets_goal_rate_wall, wall seconds: uses more than one core)"
             if workers is not None else f"no parallel row (router {router!r} is not pre-routed)")
     return (f"{replicas} replicas: CPU per request <= the single engine's (meets_goal_rate, "
             f"CPU seconds: the work); {large} replicas: CPU per request <= {small} replicas' "
-            f"(meets_goal_scaling); wall: {wall}")
+            f"(meets_goal_scaling, the median of {repeat} interleaved pairs; "
+            f"cost_per_step_{large}_vs_{small}, CPU per simulated step, is information, not "
+            f"a goal); wall: {wall}")
 
 
 def _fleet_run(trace: Any, setup: Any, router: str, router_args: tuple[str, ...],
@@ -166,16 +218,20 @@ def _parallel_row(fleet: Callable[..., tuple[Any, float, float]], count: int, wo
     return row
 
 
-def _fleet_row(fleet: Callable[[int], tuple[Any, float, float]], count: int, n: int,
-               single_cpu: float) -> tuple[Any, dict[str, object]]:
-    """The fleet's result and its report row."""
-    result, wall, cpu = fleet(count)
-    steps = sum(r.num_steps for r in result.replicas)
-    row = rate_row(f"{count} replicas, trace x{count} faster", n, steps, wall, cpu)
-    row["replicas"] = count
-    row["vs_single_engine_per_request"] = round(single_cpu / (cpu / n), 3)
-    row["cpu_s_per_request"] = cpu / n
-    return result, row
+def _fleet_row(runs: list[FleetRun], n: int, single_cpu: float) -> dict[str, object]:
+    """A fleet size's report row: its median run's figures (the lower median by CPU
+    seconds, `median_run` counting from 1 in run order) and every run's CPU seconds."""
+    order = sorted(range(len(runs)), key=lambda i: runs[i].cpu_s)
+    median = order[(len(runs) - 1) // 2]
+    run = runs[median]
+    row = rate_row(f"{run.replicas} replicas, trace x{run.replicas} faster", n, run.steps,
+                   run.wall_s, run.cpu_s)
+    row["replicas"] = run.replicas
+    row["vs_single_engine_per_request"] = round(single_cpu / (run.cpu_s / n), 3)
+    row["cpu_s_per_request"] = run.cpu_s / n
+    row["cpu_s_runs"] = [round(r.cpu_s, 3) for r in runs]
+    row["median_run"] = median + 1
+    return row
 
 
 def _replica_shares(scaled: Trace, result: Any) -> list[Trace]:
