@@ -92,11 +92,14 @@ class FleetRun:
 
 def _run_order(replicas: int, scaling: tuple[int, ...], repeat: int) -> list[int]:
     """The fleet sizes in the order they run: the `replicas` fleet, the `scaling` sizes
-    other than it, then `repeat - 1` more rounds of all the `scaling` sizes (16, 4, 64, 4,
-    64, ...: a process's first fleets run faster than its later ones, so no size takes all
-    the early turns). Each size's k-th run is run k of the pairs (`_scaling_keys`)."""
+    other than it, then `repeat - 1` more rounds of all the `scaling` sizes, every other
+    round reversed (16, 4, 64, 64, 4, 4, 64, ...): a process's later fleets run slower than
+    its first ones (its heap has grown), so no size takes all the early turns of the pairs.
+    Each size's k-th run is run k of the pairs (`_scaling_keys`)."""
     first = list(dict.fromkeys((replicas, *scaling)))
-    return first + [count for _ in range(repeat - 1) for count in dict.fromkeys(scaling)]
+    sizes = list(dict.fromkeys(scaling))
+    return first + [count for k in range(1, repeat)
+                    for count in (sizes[::-1] if k % 2 else sizes)]
 
 
 def _size_runs(fleet: Callable[[int], tuple[Any, float, float]], order: Sequence[int],

@@ -85,18 +85,19 @@ class _StubFleet:
 
 def test_run_order_interleaves_the_scaling_fleets() -> None:
     assert _run_order(16, (4, 64), 1) == [16, 4, 64]  # as before --repeat
-    assert _run_order(16, (4, 64), 3) == [16, 4, 64, 4, 64, 4, 64]
+    assert _run_order(16, (4, 64), 3) == [16, 4, 64, 64, 4, 4, 64]  # every other reversed
+    assert _run_order(16, (4, 64), 4) == [16, 4, 64, 64, 4, 4, 64, 64, 4]
     # the --replicas fleet's run is its size's run 1
-    assert _run_order(4, (4, 64), 3) == [4, 64, 4, 64, 4, 64]
-    assert _run_order(2, (1, 3), 2) == [2, 1, 3, 1, 3]
-    assert _run_order(2, (3, 1, 3), 2) == [2, 3, 1, 3, 1]  # each size once a round
+    assert _run_order(4, (4, 64), 3) == [4, 64, 64, 4, 4, 64]
+    assert _run_order(2, (1, 3), 2) == [2, 1, 3, 3, 1]
+    assert _run_order(2, (3, 1, 3), 2) == [2, 3, 1, 1, 3]  # each size once a round
 
 
 def test_scaling_median_of_the_pairs() -> None:
     stub = _StubFleet({16: [3.0], 4: [2.0, 4.0, 2.0], 64: [2.2, 3.0, 1.9]},
                       {16: 1600, 4: 400, 64: 512})
     runs, shares = _size_runs(stub, _run_order(16, (4, 64), 3), 16, workloads.Trace(()))
-    assert stub.calls == [16, 4, 64, 4, 64, 4, 64]
+    assert stub.calls == [16, 4, 64, 64, 4, 4, 64]
     assert list(runs) == [16, 4, 64]  # the report's rows in this order
     assert len(shares) == 16  # the --replicas fleet's, one (empty) share per replica
     assert [r.cpu_s for r in runs[4]] == [2.0, 4.0, 2.0] and runs[64][0].steps == 512
