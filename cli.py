@@ -619,6 +619,7 @@ def _fidelity_fleet(trace: workloads.Trace, args: tuple[Any, ...], fleet: FleetF
         typer.echo(run_fleet_fidelity(fleet_fidelity_plan(Path(__file__), fleet, *args),
                    trace, root, CONSOLE, functools.partial(fleet_twin, trace, fleet, *args),
                    write_fleet_fidelity))
+    say(f"wrote {root / 'fleet_fidelity.json'}")  # as the one-engine comparison says
 
 
 # ---- rt bench ... ----

@@ -246,12 +246,22 @@ def _sweep_figures(full: pd.DataFrame, records: list[dict[str, Any]], point_keys
     varying = [k for k in point_keys if k != "request_rate" and full[k].nunique() > 1]
     rate_key = "time_scale" if "time_scale" in point_keys else "request_rate"
     for flag in varying:
-        if flag in grid_keys:
-            series = rate_key if full[rate_key].nunique() > 1 else None
-            figures[f"latency_vs_{flag}"] = latency_vs_flag(full, flag, series)
+        rows = _rates_at_every_value(full, flag, rate_key)
+        if flag in grid_keys and len(rows):
+            series = rate_key if rows[rate_key].nunique() > 1 else None
+            figures[f"latency_vs_{flag}"] = latency_vs_flag(rows, flag, series)
     if full["request_rate"].nunique() >= 3:
         full["config"] = [", ".join(f"{k}={r[k]}" for k in varying if k != rate_key) or "run"
                           for r in records]
         full["request_rate"] = full["request_rate"].astype(float)
         figures["latency_vs_rate"] = latency_vs_rate(full)
     return figures
+
+
+def _rates_at_every_value(full: pd.DataFrame, flag: str, rate_key: str) -> pd.DataFrame:
+    """The rows of the rates that ran at every value of `flag`: all of a grid's; with
+    --find-max-rate, where each configuration bisects its own rates, the bracket's ends and
+    the midpoints all took (a series per bisected rate would be a point or two, and a legend
+    taller than the plot)."""
+    values = full[flag].nunique()
+    return full[full.groupby(rate_key)[flag].transform("nunique") == values]

@@ -96,3 +96,20 @@ def test_fidelity_fleet_without_the_serve_extra_is_one_line(
                                           "--result-dir", str(tmp_path / "out")])
     assert result.exit_code == 2, result.exception
     assert result.stderr == "rt: error: --fleet needs httpx: pip install 'rt[serve]'\n"
+
+
+def test_fidelity_fleet_says_where_it_wrote(monkeypatch: pytest.MonkeyPatch,
+                                            tmp_path: Path) -> None:
+    from backends.route import fleet_fidelity
+    from workloads import Trace, TraceRequest, write_rt_jsonl
+
+    trace = tmp_path / "t.jsonl"
+    write_rt_jsonl(Trace((TraceRequest("a", 0.0, 16, 4),), "t"), trace)
+    monkeypatch.setattr(fleet_fidelity, "fleet_fidelity_plan", lambda *a: None)
+    monkeypatch.setattr(fleet_fidelity, "run_fleet_fidelity", lambda *a: "the comparison")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli.app, ["fidelity", str(trace), "--fleet",
+                                          "--result-dir", str(out)])
+    assert result.exit_code == 0, result.exception
+    assert result.stdout == "the comparison\n"
+    assert result.stderr == f"rt: wrote {out / 'fleet_fidelity.json'}\n"

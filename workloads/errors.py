@@ -10,7 +10,8 @@ class TraceError(ValueError):
 
     Carries where the problem is, so the CLI can print one line naming it:
     `path` (the file), `line` (1-based physical line, the header being line 1 in CSV files),
-    `column` (the column or JSON key) and `value` (the offending text or number).
+    `column` (the column or JSON key, or the flag: "--first-n") and `value` (the offending
+    text or number).
     Any of them may be None when it does not apply (e.g. a bad parameter has no line).
     """
 
@@ -37,8 +38,9 @@ class TraceError(ValueError):
         elif self.line is not None:
             where = f"line {self.line}"
         parts = [where] if where else []
-        if self.column is not None:
-            parts.append(f"column {self.column!r}")
+        if self.column is not None:  # a flag ("--time-scale") is named as one, bare
+            parts.append(self.column if self.column.startswith("--")
+                         else f"column {self.column!r}")
         if self.value is not None:
             parts.append(f"value {_short(self.value)}")
         parts.append(self.message)

@@ -207,7 +207,24 @@ def _quiet_server_class() -> type:
 
     class QuietServer(uvicorn.Server):
         """uvicorn re-raises a captured SIGTERM after its graceful shutdown (the process then
-        dies of the signal); rt serve exits 0 after a clean drain instead."""
+        dies of the signal); rt serve exits 0 after a clean drain instead. A second Ctrl-C
+        (uvicorn's force exit) cuts the drain short and still stops the engine process."""
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            """uvicorn's; on a force exit it stops waiting for the requests in flight and
+            skips the app's lifespan shutdown, leaving both to asyncio.run's final cancel,
+            where the lifespan's cancel is logged as a traceback (`ERROR: Traceback ...
+            CancelledError`). Here those requests are cancelled, as when
+            --shutdown-timeout runs out, and the lifespan shut down (the engine stopped)."""
+            import asyncio
+
+            await super().shutdown(sockets)
+            if self.force_exit:
+                tasks = list(self.server_state.tasks)
+                for task in tasks:
+                    task.cancel(msg="Task cancelled, a second Ctrl-C")
+                await asyncio.gather(*tasks, return_exceptions=True)
+                await self.lifespan.shutdown()
 
         @contextlib.contextmanager
         def capture_signals(self) -> Any:

@@ -112,3 +112,22 @@ def test_a_sweep_run_again_reuses_its_finished_points(tmp_path: Path) -> None:
     assert again == first
     assert (runs[0] / "requests.parquet").stat().st_mtime_ns == kept
     assert (runs[1] / "run.json").is_file()
+
+
+def test_a_rate_search_plots_against_the_flag_only_the_rates_every_value_ran(
+        tmp_path: Path) -> None:
+    """--find-max-rate: each budget bisects its own rates; only the bracket's ends (5 and
+    200 req/s) and its first midpoint ran at both budgets, so the budget figure has those
+    three series, not one per rate."""
+    from analysis.sweep import write_sweep
+
+    rates = {512: (5.0, 200.0, 31.62, 36.52), 2048: (5.0, 200.0, 31.62, 47.33)}
+    records = [{"max_num_batched_tokens": budget, "request_rate": rate,
+                "run_dir": f"r{budget}-{rate}", "completed": 10,
+                **{f"p{p}_{m}_ms": rate + p for p in (50, 90, 99) for m in ("ttft", "itl")}}
+               for budget, budget_rates in rates.items() for rate in budget_rates]
+    _, figures = write_sweep(records, tmp_path, ("max_num_batched_tokens",), None, plots=True)
+    ttft_axes = figures["latency_vs_max_num_batched_tokens"].axes[0]
+    assert sorted({line.get_label().split()[0] for line in ttft_axes.get_lines()}) == [
+        "request_rate=200.0", "request_rate=31.62", "request_rate=5.0"]
+    assert len(ttft_axes.get_lines()) == 9  # 3 rates x p50, p90, p99

@@ -130,3 +130,11 @@ def test_byte_order_mark_is_tolerated(tmp_path: Path) -> None:
     path.write_bytes(b"\xef\xbb\xbf" + (AZURE + ROW0 + ROW1).encode())
     trace = load_trace(path).trace
     assert [(r.arrival_s, r.prompt_len) for r in trace] == [(0.0, 374), (4.314579, 396)]
+
+
+def test_a_bad_flag_is_named_as_a_flag_and_a_bad_cell_as_a_column() -> None:
+    flag = TraceError("must be > 0", column="--time-scale", value=0.0)
+    cell = TraceError("not a finite number", path="t.csv", line=3, column="ContextTokens",
+                      value="x7")
+    assert str(flag) == "--time-scale: value 0.0: must be > 0"
+    assert str(cell) == "t.csv:3: column 'ContextTokens': value 'x7': not a finite number"

@@ -6,6 +6,7 @@ H200); every wait is bounded."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -166,4 +167,42 @@ def test_sigterm_drains_every_stream_in_flight_then_exits_0() -> None:
         assert lines[-1] == "data: [DONE]"
         assert f'"completion_tokens":{100 + i}' in lines[-2]
     assert len(results) == 4
+    server.stop()
+
+
+def _refuses(url: str) -> bool:
+    try:
+        httpx.get(f"{url}/health", timeout=1)
+    except httpx.ConnectError:
+        return True
+    return False
+
+
+def test_a_second_ctrl_c_cuts_the_drain_short_and_stops_cleanly() -> None:
+    """Ctrl-C drains (the listening socket closes, the stream goes on); Ctrl-C again stops
+    at once (uvicorn's force exit): the stream is cut (logged by uvicorn, as when
+    --shutdown-timeout runs out), the engine process stopped by the app's lifespan, exit 0;
+    the lifespan is not left to asyncio.run's final cancel, which starlette logged as
+    `ERROR: Traceback ... in lifespan ... CancelledError`."""
+    server = Served(["--simulate", "--shutdown-timeout", "60"])
+
+    def one() -> None:
+        with contextlib.suppress(httpx.HTTPError), httpx.stream(
+                "POST", f"{server.url}/v1/completions", timeout=60,
+                json={**BODY, "max_tokens": 5000}) as response:
+            for _ in response.iter_lines():
+                pass
+
+    thread = threading.Thread(target=one)
+    thread.start()
+    _wait_for(lambda: server.metrics()["vllm:num_requests_running"] == 1, 10, "not started")
+    server.proc.send_signal(signal.SIGINT)
+    _wait_for(lambda: _refuses(server.url), 10, "still accepting after Ctrl-C")
+    server.proc.send_signal(signal.SIGINT)
+    assert server.proc.wait(20) == 0, server.output()
+    thread.join(20)
+    assert "in lifespan" not in server.output()
+    assert server.output().count("Traceback") == 1  # the cut stream's (uvicorn's run_asgi)
+    assert "CancelledError: Task cancelled, a second Ctrl-C" in server.output()
+    assert server.output().endswith("rt: server stopped\n")
     server.stop()
