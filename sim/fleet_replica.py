@@ -135,10 +135,12 @@ class Replica(EngineProcess):
             insort(pending, entry, key=itemgetter(0))
         else:
             pending.append(entry)
+        if self.asleep is not None and not self.asleep.triggered:
+            # it may cut the run: woken before its hand-over's timeout is made, so that at
+            # an instant hand-over (no latency, no API time) the run is cut first
+            self.asleep.succeed()
         self.env.timeout(handover - self.env.now).callbacks.append(
             partial(self._handover_due, handover))
-        if self.asleep is not None and not self.asleep.triggered:  # may cut its run
-            self.asleep.succeed()
 
     def arrived(self, req: TraceRequest, reached_s: float, max_tokens: int) -> None:
         """Record the request reaching the API server at `reached_s`; its record is the
