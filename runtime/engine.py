@@ -61,10 +61,14 @@ class EngineCore:
         self._inbox: list[Request] = []
         self.steady = (SteadyDecodes(scheduler, self.recorder, upcoming)
                        if upcoming is not None else None)
+        # `run_end`'s last plan: (clock, horizon, steps recorded then, plan), for the
+        # `fast_forward` from the same clock that follows it with nothing run in between
+        self._planned: tuple[float, float, int, _RunPlan | None] | None = None
 
     def sync(self) -> None:
         """Materialise the steady decodes: every request's state as if stepped one by one
         (call before reading running requests from outside)."""
+        self._planned = None  # planned on the steady decodes
         if self.steady is not None:
             self.steady.leave_all()
 
@@ -158,7 +162,9 @@ class EngineCore:
         tokens (a cost model's bulk form of its step time; possibly asked for more steps
         than are run).
         """
-        plan = self._plan_run(clock, horizon, step_time, upcoming, run_times)
+        plan = self._planned_run(clock, horizon)
+        if plan is None:
+            plan = self._plan_run(clock, horizon, step_time, upcoming, run_times)
         if plan is None:
             return None
         ends, durations, limit, kv_tokens, finishes_last, reason, tokens = plan
@@ -188,7 +194,23 @@ class EngineCore:
         """The end of the run `fast_forward` would run with these arguments (seconds), or
         None where it would run none; nothing is run or recorded."""
         plan = self._plan_run(clock, horizon, step_time, upcoming, run_times)
+        self._planned = (clock, horizon, self.recorder.num_steps, plan)
         return None if plan is None else plan[0][-1]
+
+    def _planned_run(self, clock: float, horizon: float) -> _RunPlan | None:
+        """`run_end`'s plan if it was made from `clock` with nothing run or taken in since,
+        cut to the steps starting before `horizon` (at most its own): the plan
+        `_plan_run` would make now (same state, same step times); else None."""
+        planned, self._planned = self._planned, None
+        if planned is None or self._inbox:
+            return None
+        at, planned_horizon, num_steps, plan = planned
+        if (plan is None or at != clock or num_steps != self.recorder.num_steps
+                or horizon > planned_horizon or clock >= horizon):
+            return None
+        ends, durations, limit, kv_tokens, finishes_last, reason, tokens = plan
+        count = min(bisect_left(ends, horizon) + 1, len(ends))  # steps starting before it
+        return ends[:count], durations[:count], limit, kv_tokens, finishes_last, reason, tokens
 
     def _plan_run(
         self,

@@ -11,8 +11,8 @@ import pytest
 from runtime import CacheConfig, EngineCore, SchedulerConfig
 from runtime.router import make_policy
 from sim import fleet as fleet_module
-from sim.fleet import FleetResult, simulate_fleet
 from sim.cost.api_server import ApiServerCost
+from sim.fleet import FleetResult, simulate_fleet
 from sim.simulator import SimConfig
 from sim.step_noise import StepNoise
 from tests.sim.fleet_support import Replica
