@@ -29,6 +29,12 @@ from runtime.request import Request
 from runtime.scheduler import Scheduler
 from runtime.steady import SteadyDecodes, Upcoming
 
+# `EngineCore._plan_run`'s plan: step ends and durations (seconds), step limit, first step's
+# KV tokens, steady finishes in the last step at the limit, wait reason, next tokens by
+# request (None with steady decodes)
+_RunPlan = tuple[list[float], list[float], int, int, bool, WaitReason | None,
+                 dict[str, Sequence[int]] | None]
+
 
 @dataclass(frozen=True, slots=True)
 class ScheduledStep:
@@ -55,10 +61,14 @@ class EngineCore:
         self._inbox: list[Request] = []
         self.steady = (SteadyDecodes(scheduler, self.recorder, upcoming)
                        if upcoming is not None else None)
+        # `run_end`'s last plan: (clock, horizon, steps recorded then, plan), for the
+        # `fast_forward` from the same clock that follows it with nothing run in between
+        self._planned: tuple[float, float, int, _RunPlan | None] | None = None
 
     def sync(self) -> None:
         """Materialise the steady decodes: every request's state as if stepped one by one
         (call before reading running requests from outside)."""
+        self._planned = None  # planned on the steady decodes
         if self.steady is not None:
             self.steady.leave_all()
 
@@ -152,34 +162,19 @@ class EngineCore:
         tokens (a cost model's bulk form of its step time; possibly asked for more steps
         than are run).
         """
+        plan = self._planned_run(clock, horizon)
+        if plan is None:
+            plan = self._plan_run(clock, horizon, step_time, upcoming, run_times)
+        if plan is None:
+            return None
+        ends, durations, limit, kv_tokens, finishes_last, reason, tokens = plan
         scheduler = self.scheduler
-        if self._inbox or clock >= horizon:
-            return None
-        plain, reason = plain_decode_wait_reason(scheduler)  # the run's, finishes aside
-        if not plain:
-            return None
-        steady = self.steady if self.steady is not None and len(self.steady) else None
-        running = scheduler.running
-        limit, kv_tokens, finishes_last = self._run_bounds(steady)
-        if limit <= 0:
-            return None
-        num_running = len(running)
-        if run_times is None:
-            ends, durations = self._decode_times(clock, horizon, step_time, limit,
-                                                 num_running, kv_tokens)
-        else:
-            ends, durations = _bulk_decode_times(clock, horizon, run_times, limit,
-                                                 num_running, kv_tokens)
-        if steady is not None:  # no EOS or stop token can end a steady decode
-            free_after = steady.run(len(ends))
+        num_running = len(scheduler.running)
+        if tokens is None:  # steady decodes: no EOS or stop token can end them
+            free_after = self.steady.run(len(ends))  # type: ignore[union-attr]
             explicit: list[str] = []
         else:
-            tokens = {r.request_id: upcoming(r, len(ends)) for r in running}
-            num_steps = steps_before_token_stop(scheduler, tokens, len(ends))
-            if num_steps == 0:
-                return None
-            del ends[num_steps:], durations[num_steps:]
-            free_after = run_decode_steps(scheduler, num_steps, tokens)
+            free_after = run_decode_steps(scheduler, len(ends), tokens)
             explicit = [r.request_id for r in scheduler.running]
         finishing = finishes_last and len(ends) == limit
         self._record_run(clock, ends, durations, free_after, (num_running, kv_tokens),
@@ -187,6 +182,73 @@ class EngineCore:
         if self.steady is not None:
             self.steady.join()
         return ends[-1]
+
+    def run_end(
+        self,
+        clock: float,
+        horizon: float,
+        step_time: Callable[[BatchFeatures, float], float],
+        upcoming: Callable[[Request, int], Sequence[int]],
+        run_times: Callable[[int, int, int], Sequence[float]] | None = None,
+    ) -> float | None:
+        """The end of the run `fast_forward` would run with these arguments (seconds), or
+        None where it would run none; nothing is run or recorded."""
+        plan = self._plan_run(clock, horizon, step_time, upcoming, run_times)
+        self._planned = (clock, horizon, self.recorder.num_steps, plan)
+        return None if plan is None else plan[0][-1]
+
+    def _planned_run(self, clock: float, horizon: float) -> _RunPlan | None:
+        """`run_end`'s plan if it was made from `clock` with nothing run or taken in since,
+        cut to the steps starting before `horizon` (at most its own): the plan
+        `_plan_run` would make now (same state, same step times); else None."""
+        planned, self._planned = self._planned, None
+        if planned is None or self._inbox:
+            return None
+        at, planned_horizon, num_steps, plan = planned
+        if (plan is None or at != clock or num_steps != self.recorder.num_steps
+                or horizon > planned_horizon or clock >= horizon):
+            return None
+        ends, durations, limit, kv_tokens, finishes_last, reason, tokens = plan
+        count = min(bisect_left(ends, horizon) + 1, len(ends))  # steps starting before it
+        return ends[:count], durations[:count], limit, kv_tokens, finishes_last, reason, tokens
+
+    def _plan_run(
+        self,
+        clock: float,
+        horizon: float,
+        step_time: Callable[[BatchFeatures, float], float],
+        upcoming: Callable[[Request, int], Sequence[int]],
+        run_times: Callable[[int, int, int], Sequence[float]] | None,
+    ) -> _RunPlan | None:
+        """`fast_forward`'s run, not run yet: its step ends and durations, the step limit,
+        the KV tokens of its first step, whether steady decodes finish in its last step
+        when it reaches the limit, its wait reason, and the requests' next tokens (None
+        with steady decodes); None where no plain decode step can run."""
+        scheduler = self.scheduler
+        if self._inbox or clock >= horizon:
+            return None
+        plain, reason = plain_decode_wait_reason(scheduler)  # the run's, finishes aside
+        if not plain:
+            return None
+        steady = self.steady if self.steady is not None and len(self.steady) else None
+        limit, kv_tokens, finishes_last = self._run_bounds(steady)
+        if limit <= 0:
+            return None
+        running = scheduler.running
+        if run_times is None:
+            ends, durations = self._decode_times(clock, horizon, step_time, limit,
+                                                 len(running), kv_tokens)
+        else:
+            ends, durations = _bulk_decode_times(clock, horizon, run_times, limit,
+                                                 len(running), kv_tokens)
+        tokens = None
+        if steady is None:
+            tokens = {r.request_id: upcoming(r, len(ends)) for r in running}
+            num_steps = steps_before_token_stop(scheduler, tokens, len(ends))
+            if num_steps == 0:
+                return None
+            del ends[num_steps:], durations[num_steps:]
+        return ends, durations, limit, kv_tokens, finishes_last, reason, tokens
 
     def _record_run(self, clock: float, ends: list[float], durations: list[float],
                     free_after: list[int], batch: tuple[int, int], explicit: list[str],

@@ -84,6 +84,9 @@ class _Fleet:
     # Route (and step) ahead, docs/fleet.md: same records, fewer cut runs. Off where choices
     # read replica state at the arrival (P/D, the autoscaler's serving set).
     routes_ahead = True
+    # Replicas sleep through runs nobody routed can cut (docs/fleet.md), where routers read
+    # completions but neither snapshots nor KV events (least-outstanding, ...).
+    sleeps_through_runs_allowed = True
     # Every replica serves throughout (an autoscaler's fleet changes `serving`): a prompt
     # every replica can hold has them all as candidates, without reading `serving`.
     serving_fixed = True
@@ -123,6 +126,9 @@ class _Fleet:
         self.token_blind = not any(p.reads_token_ids for p in policies)
         # route the whole trace first, then run each replica's share to its end (docs/fleet.md)
         self.pre_routed = self.steps_ahead and pre_routable(policies)
+        self.sleeps_through_runs = (self.sleeps_through_runs_allowed and self.routes_ahead
+                                    and not self.steps_ahead and not self.kv_bus
+                                    and all(p.snapshot_blind for p in policies))
         # per API cost: suffix minima of arrival + latency + cost(prompt) over the trace
         # (`handover_bounds`; replicas of one pool share their list)
         self._bounds: dict[ApiServerCost, list[float]] = {}

@@ -62,6 +62,7 @@ class FleetView(Protocol):
     latency_s: float  # routing latency, s
     stack_delay_s: Mapping[str, float]  # per request id, s after the API server (or absent)
     steps_ahead: bool  # fixed for the run (docs/fleet.md, stepping ahead)
+    sleeps_through_runs: bool  # fixed for the run (docs/fleet.md, sleeping through runs)
     spare_blocks: list[KVCacheBlock]  # released by replicas whose share is done
     spare_holder: int | None  # the replica whose pool makes blocks of them now
     step_columns: dict[str, MutableSequence[object]]  # `PreRoutedReplica`s' steps, in turn
@@ -73,6 +74,12 @@ class FleetView(Protocol):
     def first_token(self, replica: Replica, request_id: str) -> None: ...
 
     def finished(self, replica: Replica, records: list[RequestRecord]) -> None: ...
+
+
+def _wake(event: simpy.Event, _: simpy.Event) -> None:
+    """A sleeping replica's run end: wake it unless a hand-over already did."""
+    if not event.triggered:
+        event.succeed()
 
 
 _NOISE_SEED_STRIDE = 0x9E3779B1  # replica i's step-noise seed: the config's + i * this
@@ -109,6 +116,8 @@ class Replica(EngineProcess):
         # later one (seconds); read at the fleet's first unrouted index, twice per step
         self.bounds = fleet.handover_bounds(self.config.api_server)
         self.ahead = fleet.steps_ahead  # fixed for the run: due hand-overs enter in take_due
+        self.sleeps_through_runs = fleet.sleeps_through_runs
+        self.asleep: simpy.Event | None = None  # in `sleep_through_run`: a hand-over wakes it
         self.kv_log: KvEventLog | None = None  # the pool's KV events (`KvReplica`)
 
     def hand_over(self, req: TraceRequest, prompt: array[int], output: array[int],
@@ -126,6 +135,10 @@ class Replica(EngineProcess):
             insort(pending, entry, key=itemgetter(0))
         else:
             pending.append(entry)
+        if self.asleep is not None and not self.asleep.triggered:
+            # it may cut the run: woken before its hand-over's timeout is made, so that at
+            # an instant hand-over (no latency, no API time) the run is cut first
+            self.asleep.succeed()
         self.env.timeout(handover - self.env.now).callbacks.append(
             partial(self._handover_due, handover))
 
@@ -182,6 +195,25 @@ class Replica(EngineProcess):
     def submit(self, request: Request, now: float) -> None:
         self.awaiting_first.add(request.request_id)
         super().submit(request, now)
+
+    def sleep_through_run(self, clock: float) -> Generator[simpy.Event, object, None]:
+        """Sleeping through runs (docs/fleet.md): with no routed request waiting for its
+        hand-over, the run from `clock` ends at E; while a request not yet routed could
+        still come here before E, sleep until E or until the router routes one here,
+        whichever is first; then the loop fast-forwards up to `horizon` as it would have
+        at each arrival, in one run. Nothing the routers read changes inside a plain decode run
+        (no first token; finishes only in its last step, reported at its end), so they
+        route as if it had been run step by step."""
+        if self.pending:  # its hand-over enters the core during the run: cut as routed
+            return
+        end = self.run_end(clock, math.inf)
+        if end is None or end <= self.bounds[self.fleet.next_index]:
+            return  # nothing unrouted can come here within the run: run it now
+        env = self.env
+        self.asleep = woken = env.event()
+        env.timeout(max(end - env.now, 0.0)).callbacks.append(partial(_wake, woken))
+        yield woken
+        self.asleep = None
 
     def horizon(self) -> float:
         earliest = self.bounds[self.fleet.next_index]

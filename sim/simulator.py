@@ -91,6 +91,9 @@ class EngineProcess:
         self.notified = 0  # finished records already passed to `on_finished`
         self.block_ids = block_ids if block_ids is not None else TraceBlockIds()
         self._plain_timer = _start_blind(cost_model.step_time)  # no noise: one for the run
+        # Whether the loop calls `sleep_through_run` before each fast-forward (a fleet
+        # replica behind routers that read completions only, `sim.fleet_replica`).
+        self.sleeps_through_runs = False
 
     def known_hashes(self, req: TraceRequest) -> list[bytes]:
         """The identities of the request's leading prompt blocks that this engine takes as
@@ -173,11 +176,14 @@ class EngineProcess:
         it runs ahead of the event loop's time while `steps_ahead_until` allows."""
         core, env = self.core, self.env
         fast_forward = self.config.fast_forward
+        sleeps = fast_forward and self.sleeps_through_runs
         clock = 0.0
         while True:
             self.take_due(clock)
             if not core.has_work():
                 clock = yield from self.wait_for_work()
+            if sleeps:
+                yield from self.sleep_through_run(clock)
             end = self.fast_forward(clock) if fast_forward else None
             sampled: Collection[str] = ()
             if end is None:
@@ -186,6 +192,13 @@ class EngineProcess:
                 yield env.timeout(end - env.now)
             clock = end
             self.on_step_end(sampled)
+
+    def sleep_through_run(self, clock: float) -> Generator[simpy.Event, object, None]:
+        """Before a fast-forward from `clock`, with `sleeps_through_runs`: wait until the
+        run it would take can be cut no more (a fleet replica, `sim.fleet_replica`);
+        default: never called."""
+        raise NotImplementedError
+        yield  # a generator
 
     def wait_for_work(self) -> Generator[simpy.Event, object, float]:
         """Idle: wait until the core may have work; returns the engine's clock then
@@ -205,19 +218,30 @@ class EngineProcess:
         return self.outputs[request.request_id][start : start + count]
 
     def fast_forward(self, clock: float) -> float | None:
-        timed = self._plain_timer
-        if self.config.step_noise is not None:  # steps are timed in index order
-            indices = itertools.count(self.core.recorder.num_steps)
-
-            def timed(features: BatchFeatures, start_s: float) -> float:
-                return self.step_time(features, next(indices), start_s)
-
-        end = self.core.fast_forward(clock, self.horizon(), timed, self.upcoming,
+        end = self.core.fast_forward(clock, self.horizon(), self._run_timer(), self.upcoming,
                                      self.run_times)
         if end is not None and self.config.check_invariants:
             self.core.sync()
             self.core.scheduler.check_invariants()
         return end
+
+    def run_end(self, clock: float, horizon: float) -> float | None:
+        """When the run `fast_forward` would take from `clock` up to `horizon` (seconds)
+        ends, or None where it would take none; nothing is run."""
+        return self.core.run_end(clock, horizon, self._run_timer(), self.upcoming,
+                                 self.run_times)
+
+    def _run_timer(self) -> Callable[[BatchFeatures, float], float]:
+        """A run's step timer (features, start s) -> s: the cost model's, or with step
+        noise each step's own in index order from the next step."""
+        if self.config.step_noise is None:
+            return self._plain_timer
+        indices = itertools.count(self.core.recorder.num_steps)
+
+        def timed(features: BatchFeatures, start_s: float) -> float:
+            return self.step_time(features, next(indices), start_s)
+
+        return timed
 
     def step_time(self, features: BatchFeatures, step: int, start_s: float) -> float:
         """Seconds of step number `step`, which starts at `start_s` (seconds): the cost

@@ -74,8 +74,9 @@ class RouterPolicy:
 
     @property
     def snapshot_blind(self) -> bool:
-        """Whether, being completion-blind, `choose` does not read the snapshots' metrics
-        either (only their replica ids): a driver may then decide a request at any time
+        """Whether `choose` reads only the snapshots' replica ids, never their metrics
+        (waiting, running, KV usage): a driver may pass it any snapshots of the same
+        replicas. Being completion-blind too, a driver may decide a request at any time
         after the dispatches before it. False unless a policy says so."""
         return False
 

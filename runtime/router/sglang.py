@@ -61,6 +61,10 @@ class SglangCacheAware(RouterPolicy):
         self.tree = PageTrie(self.config.page_size)
         self._next_eviction_s = self.config.eviction_interval_s
 
+    @property
+    def snapshot_blind(self) -> bool:
+        return True  # its own in-flight counts and tree only
+
     def _maybe_evict(self, now_s: float) -> None:
         if now_s >= self._next_eviction_s:
             self.tree.evict_to(self.config.max_tree_size)

@@ -89,6 +89,10 @@ class LeastOutstanding(RouterPolicy):
         load = {r: float(self.local.count.get(r, 0)) for r in ids}
         return RoutingDecision(first_min(ids, load), "fewest in flight", load)
 
+    @property
+    def snapshot_blind(self) -> bool:
+        return True  # its own in-flight counts only
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VllmDPConfig:
@@ -189,6 +193,10 @@ class PowerOfTwo(RouterPolicy):
     @property
     def completion_blind(self) -> bool:
         return self.config.load == "snapshot"
+
+    @property
+    def snapshot_blind(self) -> bool:
+        return self.config.load != "snapshot"  # in flight: its own counts only
 
     def choose(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]
