@@ -212,8 +212,8 @@ class EngineClient:
             deadline = time.monotonic() + timeout_s
             while process.is_alive() and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
-            if process.is_alive():
-                process.terminate()
+            if process.is_alive():  # SIGTERM is ignored there (`run_engine_process`)
+                process.kill()
                 process.join(2.0)
         self.input.close(linger=0)
         self.output.close(linger=0)

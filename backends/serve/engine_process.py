@@ -340,8 +340,12 @@ class EngineLoop:
 def run_engine_process(factory: ExecutorFactory, factory_kwargs: dict[str, Any],
                        input_address: str, output_address: str, parent_pid: int) -> None:
     """The engine process's entry point: build the executor, say "ready", loop until told
-    to shut down (or the parent is gone). Ctrl-C is the API server's to handle."""
+    to shut down (or the parent is gone). Ctrl-C and SIGTERM are the API server's to handle:
+    a supervisor that signals the whole process group (systemd's default KillMode, `timeout`,
+    a terminal's Ctrl-C) must not stop the engine under the streams the server is draining;
+    the server stops it when done (`EngineClient.shutdown`, SIGKILL if it does not stop)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     context = zmq.Context()
     inbox = context.socket(zmq.PULL)
     inbox.connect(input_address)

@@ -17,6 +17,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from tests.backends.serve.test_serve import Served, _first_data
 
@@ -145,8 +146,12 @@ def test_engine_sigkill_mid_stream_errors_then_exits_nonzero() -> None:
     server.stop()
 
 
-def test_sigterm_drains_every_stream_in_flight_then_exits_0() -> None:
-    server = Served(["--simulate", "--shutdown-timeout", "10"])
+@pytest.mark.parametrize("group", [False, True])
+def test_sigterm_drains_every_stream_in_flight_then_exits_0(group: bool) -> None:
+    """SIGTERM to the server, or to its whole process group, engine process included (a
+    supervisor's stop: systemd's default KillMode, `timeout`): the engine ignores it, the
+    server drains, stops the engine, exits 0."""
+    server = Served(["--simulate", "--shutdown-timeout", "10"], new_session=group)
     results: dict[int, list[str]] = {}
 
     def one(i: int) -> None:
@@ -159,7 +164,10 @@ def test_sigterm_drains_every_stream_in_flight_then_exits_0() -> None:
     for thread in threads:
         thread.start()
     _wait_for(lambda: server.metrics()["vllm:num_requests_running"] == 4, 10, "not started")
-    server.proc.send_signal(signal.SIGTERM)
+    if group:
+        os.killpg(server.proc.pid, signal.SIGTERM)
+    else:
+        server.proc.send_signal(signal.SIGTERM)
     for thread in threads:
         thread.join(30)
     assert server.proc.wait(20) == 0

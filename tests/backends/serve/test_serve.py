@@ -35,7 +35,10 @@ class Served:
     """`rt serve` in a subprocess; its output goes to a log file (an unread pipe could fill
     and block the server)."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, args: list[str], env: dict[str, str] | None = None,
+                 new_session: bool = False) -> None:
+        """`new_session`: the server leads its own process group (with its engine process,
+        for a test to signal the whole group, as a supervisor does)."""
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
@@ -43,7 +46,7 @@ class Served:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cli", "serve", "--port", str(self.port), *args],
             cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=self.log,
-            stderr=subprocess.STDOUT)
+            stderr=subprocess.STDOUT, start_new_session=new_session)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
