@@ -108,7 +108,9 @@ def report_plan(records: Sequence[dict[str, Any]], slos: dict[str, float], root:
     text, closest, figures = write_plan(records, slos, root)
     echo(text)
     save_figures(figures, root, log)
-    log(f"{len(records)} shapes simulated, {pruned} candidates pruned")
+    shapes = "shape" if len(records) == 1 else "shapes"
+    candidates = "candidate" if pruned == 1 else "candidates"
+    log(f"{len(records)} {shapes} simulated, {pruned} {candidates} pruned")
     if not ranked:
         return closest
     (root / "fleet.toml").write_text(ranked[0].fleet_toml())
