@@ -15,6 +15,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import NamedTuple
 
 from runtime.batch import BatchFeatures, describe_batch
 from runtime.decode_run import (
@@ -29,11 +30,33 @@ from runtime.request import Request
 from runtime.scheduler import Scheduler
 from runtime.steady import SteadyDecodes, Upcoming
 
-# `EngineCore._plan_run`'s plan: step ends and durations (seconds), step limit, first step's
-# KV tokens, steady finishes in the last step at the limit, wait reason, next tokens by
-# request (None with steady decodes)
-_RunPlan = tuple[list[float], list[float], int, int, bool, WaitReason | None,
-                 dict[str, Sequence[int]] | None]
+
+class RunPlan(NamedTuple):
+    """A run of plain decode steps `EngineCore.plan_run` worked out and did not run: what
+    `fast_forward` from `clock` up to `horizon` would run while the core stays as it was
+    (`num_steps` steps recorded, nothing taken in)."""
+
+    clock: float  # seconds
+    horizon: float  # seconds: every step starts before it
+    num_steps: int  # steps the recorder held when planned
+    ends: list[float]  # step ends, seconds
+    durations: list[float]  # step durations, seconds
+    limit: int  # steps the run may take at most
+    kv_tokens: int  # KV tokens its first step's decodes read
+    finishes_last: bool  # steady decodes finish in the step at the limit
+    reason: WaitReason | None  # the wait reason its steps report
+    tokens: dict[str, Sequence[int]] | None  # next tokens by request (None: steady decodes)
+
+    @property
+    def end(self) -> float:
+        """When the run ends (seconds)."""
+        return self.ends[-1]
+
+    def cut(self, horizon: float) -> RunPlan:
+        """The plan's steps that start before `horizon` (at most its own horizon)."""
+        count = min(bisect_left(self.ends, horizon) + 1, len(self.ends))
+        return self._replace(horizon=horizon, ends=self.ends[:count],
+                             durations=self.durations[:count])
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,14 +84,10 @@ class EngineCore:
         self._inbox: list[Request] = []
         self.steady = (SteadyDecodes(scheduler, self.recorder, upcoming)
                        if upcoming is not None else None)
-        # `run_end`'s last plan: (clock, horizon, steps recorded then, plan), for the
-        # `fast_forward` from the same clock that follows it with nothing run in between
-        self._planned: tuple[float, float, int, _RunPlan | None] | None = None
 
     def sync(self) -> None:
         """Materialise the steady decodes: every request's state as if stepped one by one
         (call before reading running requests from outside)."""
-        self._planned = None  # planned on the steady decodes
         if self.steady is not None:
             self.steady.leave_all()
 
@@ -146,6 +165,7 @@ class EngineCore:
         step_time: Callable[[BatchFeatures, float], float],
         upcoming: Callable[[Request, int], Sequence[int]],
         run_times: Callable[[int, int, int], Sequence[float]] | None = None,
+        plan: RunPlan | None = None,
     ) -> float | None:
         """Run plain decode steps back to back from `clock`, each starting before `horizon`
         (the next hand-over); `step_time(features, start)` gives a step's duration, seconds,
@@ -161,69 +181,52 @@ class EngineCore:
         steps of `num_seqs` sequences, step k reading `decode_kv_tokens + k * num_seqs` KV
         tokens (a cost model's bulk form of its step time; possibly asked for more steps
         than are run).
+
+        `plan`: the caller's `plan_run` of this run, from `clock` with nothing run, taken
+        in or changed in the core since (the caller vouches for it: a scheduler change
+        from outside, such as an abort, makes it stale), and a horizon at least this one:
+        run as planned, not worked out again. Ignored where it cannot be (another clock,
+        steps recorded since, requests taken in, a shorter horizon).
         """
-        plan = self._planned_run(clock, horizon)
-        if plan is None:
-            plan = self._plan_run(clock, horizon, step_time, upcoming, run_times)
+        if plan is not None and self._still_valid(plan, clock, horizon):
+            plan = plan.cut(horizon)
+        else:
+            plan = self.plan_run(clock, horizon, step_time, upcoming, run_times)
         if plan is None:
             return None
-        ends, durations, limit, kv_tokens, finishes_last, reason, tokens = plan
         scheduler = self.scheduler
         num_running = len(scheduler.running)
-        if tokens is None:  # steady decodes: no EOS or stop token can end them
+        ends = plan.ends
+        if plan.tokens is None:  # steady decodes: no EOS or stop token can end them
             free_after = self.steady.run(len(ends))  # type: ignore[union-attr]
             explicit: list[str] = []
         else:
-            free_after = run_decode_steps(scheduler, len(ends), tokens)
+            free_after = run_decode_steps(scheduler, len(ends), plan.tokens)
             explicit = [r.request_id for r in scheduler.running]
-        finishing = finishes_last and len(ends) == limit
-        self._record_run(clock, ends, durations, free_after, (num_running, kv_tokens),
-                         explicit, reason, finishing)
+        finishing = plan.finishes_last and len(ends) == plan.limit
+        self._record_run(clock, ends, plan.durations, free_after,
+                         (num_running, plan.kv_tokens), explicit, plan.reason, finishing)
         if self.steady is not None:
             self.steady.join()
         return ends[-1]
 
-    def run_end(
+    def _still_valid(self, plan: RunPlan, clock: float, horizon: float) -> bool:
+        """Whether `plan` is the run `fast_forward(clock, horizon)` would work out now, cut
+        at `horizon`: same clock, no step recorded and nothing taken in since, a horizon
+        within its own."""
+        return (plan.clock == clock and plan.num_steps == self.recorder.num_steps
+                and not self._inbox and clock < horizon <= plan.horizon)
+
+    def plan_run(
         self,
         clock: float,
         horizon: float,
         step_time: Callable[[BatchFeatures, float], float],
         upcoming: Callable[[Request, int], Sequence[int]],
         run_times: Callable[[int, int, int], Sequence[float]] | None = None,
-    ) -> float | None:
-        """The end of the run `fast_forward` would run with these arguments (seconds), or
-        None where it would run none; nothing is run or recorded."""
-        plan = self._plan_run(clock, horizon, step_time, upcoming, run_times)
-        self._planned = (clock, horizon, self.recorder.num_steps, plan)
-        return None if plan is None else plan[0][-1]
-
-    def _planned_run(self, clock: float, horizon: float) -> _RunPlan | None:
-        """`run_end`'s plan if it was made from `clock` with nothing run or taken in since,
-        cut to the steps starting before `horizon` (at most its own): the plan
-        `_plan_run` would make now (same state, same step times); else None."""
-        planned, self._planned = self._planned, None
-        if planned is None or self._inbox:
-            return None
-        at, planned_horizon, num_steps, plan = planned
-        if (plan is None or at != clock or num_steps != self.recorder.num_steps
-                or horizon > planned_horizon or clock >= horizon):
-            return None
-        ends, durations, limit, kv_tokens, finishes_last, reason, tokens = plan
-        count = min(bisect_left(ends, horizon) + 1, len(ends))  # steps starting before it
-        return ends[:count], durations[:count], limit, kv_tokens, finishes_last, reason, tokens
-
-    def _plan_run(
-        self,
-        clock: float,
-        horizon: float,
-        step_time: Callable[[BatchFeatures, float], float],
-        upcoming: Callable[[Request, int], Sequence[int]],
-        run_times: Callable[[int, int, int], Sequence[float]] | None,
-    ) -> _RunPlan | None:
-        """`fast_forward`'s run, not run yet: its step ends and durations, the step limit,
-        the KV tokens of its first step, whether steady decodes finish in its last step
-        when it reaches the limit, its wait reason, and the requests' next tokens (None
-        with steady decodes); None where no plain decode step can run."""
+    ) -> RunPlan | None:
+        """The run `fast_forward` would run with these arguments, worked out and not run
+        (nothing run or recorded); None where it would run none."""
         scheduler = self.scheduler
         if self._inbox or clock >= horizon:
             return None
@@ -248,7 +251,8 @@ class EngineCore:
             if num_steps == 0:
                 return None
             del ends[num_steps:], durations[num_steps:]
-        return ends, durations, limit, kv_tokens, finishes_last, reason, tokens
+        return RunPlan(clock, horizon, self.recorder.num_steps, ends, durations, limit,
+                       kv_tokens, finishes_last, reason, tokens)
 
     def _record_run(self, clock: float, ends: list[float], durations: list[float],
                     free_after: list[int], batch: tuple[int, int], explicit: list[str],

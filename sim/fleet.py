@@ -20,8 +20,11 @@ A snapshot is what vLLM's /metrics would show: waiting, running and KV usage as 
 step that *ended* by the scrape time (the replica's step records), however far ahead the
 replica has stepped. A replica fast-forwards plain decode runs up to its next pending
 hand-over or the earliest one any unrouted request could have (a suffix minimum over the
-trace of arrival + latency + API cost). With KV events, replicas publish their pools'
-events at each step's (or run's) end, runs ending by the next decision minus the delay.
+trace of arrival + latency + API cost); behind routers that read completions but no
+snapshots nor KV events, a replica with nothing routed to it waiting sleeps through a run
+that only a request routed to it could cut, until its end or that routing
+(`Replica.sleep_through_run`). With KV events, replicas publish their pools' events at each
+step's (or run's) end, runs ending by the next decision minus the delay.
 
 When no router reads snapshots, completions or token ids (round-robin, random, session
 hashing), the whole trace is routed before any step and each replica runs its share to the
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import math
 import time
+from bisect import bisect_left
 from collections.abc import Generator, Mapping, Sequence
 from functools import partial
 from typing import cast
@@ -120,6 +124,7 @@ class _Fleet:
         self.env = simpy.Environment()
         self.block_ids = TraceBlockIds(own_streams_only(trace))  # every replica's and router's
         self.next_index = 0  # the first request not yet routed
+        self.arrivals = [req.arrival_s for req in trace]  # seconds, in trace order
         policies = [r.policy for r in self.routers]
         self.steps_ahead = (self.routes_ahead and not self.kv_bus  # docs/fleet.md
                             and all(p.completion_blind for p in policies))
@@ -216,6 +221,12 @@ class _Fleet:
         if bounds is None:
             bounds = self._bounds[api] = earliest_handovers(self.trace, self.latency_s, api)
         return bounds
+
+    def arrives_at(self, at_s: float) -> bool:
+        """Whether a request not yet routed arrives at exactly `at_s` (seconds)."""
+        arrivals = self.arrivals
+        i = bisect_left(arrivals, at_s, self.next_index)
+        return i < len(arrivals) and arrivals[i] == at_s
 
     def router(self) -> Generator[simpy.Event, object, None]:
         policies = [r.policy for r in self.routers]

@@ -4,7 +4,9 @@ them ends (a pre-routed replica: both when the step that finishes the request en
 kinds, chosen once per run by what the routers read:
 
     Replica          routed requests wait in `pending` as engine requests; with stepping
-                     ahead, due ones enter in `take_due` and idle gaps are jumped
+                     ahead, due ones enter in `take_due` and idle gaps are jumped; behind
+                     routers reading completions only, it sleeps through plain decode runs
+                     (`sleep_through_run`)
     KvReplica        a router reads its pool's KV events: steps and runs publish them at
                      their end, and runs end by the next decision minus the delay
     PreRoutedReplica every router is blind to replicas, completions and token ids: the whole
@@ -69,6 +71,8 @@ class FleetView(Protocol):
 
     def handover_bounds(self, api: ApiServerCost) -> list[float]: ...
 
+    def arrives_at(self, at_s: float) -> bool: ...
+
     def kv_run_limit_s(self) -> float: ...
 
     def first_token(self, replica: Replica, request_id: str) -> None: ...
@@ -81,6 +85,11 @@ def _wake(event: simpy.Event, _: simpy.Event) -> None:
     if not event.triggered:
         event.succeed()
 
+
+# How far ahead a sleeping replica plans its run (simulated seconds): a request routed to it
+# cuts the plan, and a longer run is slept through in several plans (step noise times each
+# step on its own: an unbounded plan cut early was most of a noisy fleet's time).
+_PLAN_AHEAD_S = 0.25
 
 _NOISE_SEED_STRIDE = 0x9E3779B1  # replica i's step-noise seed: the config's + i * this
 
@@ -139,7 +148,8 @@ class Replica(EngineProcess):
             # it may cut the run: woken before its hand-over's timeout is made, so that at
             # an instant hand-over (no latency, no API time) the run is cut first
             self.asleep.succeed()
-        self.env.timeout(handover - self.env.now).callbacks.append(
+        # (an instant hand-over's time may round a hair below now: no negative delay)
+        self.env.timeout(max(handover - self.env.now, 0.0)).callbacks.append(
             partial(self._handover_due, handover))
 
     def arrived(self, req: TraceRequest, reached_s: float, max_tokens: int) -> None:
@@ -198,20 +208,24 @@ class Replica(EngineProcess):
 
     def sleep_through_run(self, clock: float) -> Generator[simpy.Event, object, None]:
         """Sleeping through runs (docs/fleet.md): with no routed request waiting for its
-        hand-over, the run from `clock` ends at E; while a request not yet routed could
-        still come here before E, sleep until E or until the router routes one here,
-        whichever is first; then the loop fast-forwards up to `horizon` as it would have
-        at each arrival, in one run. Nothing the routers read changes inside a plain decode run
-        (no first token; finishes only in its last step, reported at its end), so they
-        route as if it had been run step by step."""
+        hand-over, plan the run from `clock` (at most `_PLAN_AHEAD_S` of it); while a
+        request not yet routed could still come here before it ends, sleep until it ends
+        or until the router routes one here, whichever is first; the loop then
+        fast-forwards up to `horizon` as it would have at each arrival, in one run (the
+        plan's, if nothing came). Nothing the routers read changes inside a plain decode
+        run (no first token; finishes only in its last step, reported at its end), so they
+        route as if it had been run step by step. Not where the run would end exactly at
+        an arrival: the tie is left to the event loop's order, as when cutting."""
         if self.pending:  # its hand-over enters the core during the run: cut as routed
             return
-        end = self.run_end(clock, math.inf)
-        if end is None or end <= self.bounds[self.fleet.next_index]:
-            return  # nothing unrouted can come here within the run: run it now
+        plan = self.run_plan = self.plan_run(clock, clock + _PLAN_AHEAD_S)
+        fleet = self.fleet
+        if (plan is None or plan.end <= self.bounds[fleet.next_index]
+                or fleet.arrives_at(plan.end)):
+            return  # nothing unrouted can come here within the run (or a tie): run it now
         env = self.env
         self.asleep = woken = env.event()
-        env.timeout(max(end - env.now, 0.0)).callbacks.append(partial(_wake, woken))
+        env.timeout(max(plan.end - env.now, 0.0)).callbacks.append(partial(_wake, woken))
         yield woken
         self.asleep = None
 

@@ -42,6 +42,7 @@ from runtime import (
     Scheduler,
 )
 from runtime.block_pieces import BlockPieces
+from runtime.engine import RunPlan
 from runtime.records import RequestRecord, RunResult
 from sim.api_server import deliver_to_clients, handover_times, server_wakes
 from sim.block_ids import TraceBlockIds, own_streams_only
@@ -92,8 +93,10 @@ class EngineProcess:
         self.block_ids = block_ids if block_ids is not None else TraceBlockIds()
         self._plain_timer = _start_blind(cost_model.step_time)  # no noise: one for the run
         # Whether the loop calls `sleep_through_run` before each fast-forward (a fleet
-        # replica behind routers that read completions only, `sim.fleet_replica`).
+        # replica behind routers that read completions only, `sim.fleet_replica`), and the
+        # plan it leaves for that fast-forward.
         self.sleeps_through_runs = False
+        self.run_plan: RunPlan | None = None
 
     def known_hashes(self, req: TraceRequest) -> list[bytes]:
         """The identities of the request's leading prompt blocks that this engine takes as
@@ -195,9 +198,9 @@ class EngineProcess:
 
     def sleep_through_run(self, clock: float) -> Generator[simpy.Event, object, None]:
         """Before a fast-forward from `clock`, with `sleeps_through_runs`: wait until the
-        run it would take can be cut no more (a fleet replica, `sim.fleet_replica`);
-        default: never called."""
-        raise NotImplementedError
+        run it would take can be cut no more (a fleet replica, `sim.fleet_replica`), and
+        leave its plan in `run_plan`; default: no wait."""
+        return
         yield  # a generator
 
     def wait_for_work(self) -> Generator[simpy.Event, object, float]:
@@ -218,18 +221,19 @@ class EngineProcess:
         return self.outputs[request.request_id][start : start + count]
 
     def fast_forward(self, clock: float) -> float | None:
+        plan, self.run_plan = self.run_plan, None
         end = self.core.fast_forward(clock, self.horizon(), self._run_timer(), self.upcoming,
-                                     self.run_times)
+                                     self.run_times, plan)
         if end is not None and self.config.check_invariants:
             self.core.sync()
             self.core.scheduler.check_invariants()
         return end
 
-    def run_end(self, clock: float, horizon: float) -> float | None:
-        """When the run `fast_forward` would take from `clock` up to `horizon` (seconds)
-        ends, or None where it would take none; nothing is run."""
-        return self.core.run_end(clock, horizon, self._run_timer(), self.upcoming,
-                                 self.run_times)
+    def plan_run(self, clock: float, horizon: float) -> RunPlan | None:
+        """The run `fast_forward` would take from `clock` up to `horizon` (seconds), not
+        run (None where it would take none)."""
+        return self.core.plan_run(clock, horizon, self._run_timer(), self.upcoming,
+                                  self.run_times)
 
     def _run_timer(self) -> Callable[[BatchFeatures, float], float]:
         """A run's step timer (features, start s) -> s: the cost model's, or with step

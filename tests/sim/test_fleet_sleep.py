@@ -6,9 +6,11 @@ yet routed could cut, instead of cutting it at every arrival: the same records, 
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from runtime import CacheConfig, EngineCore, SchedulerConfig
+from runtime import BatchFeatures, CacheConfig, EngineCore, SchedulerConfig
 from runtime.router import make_policy
 from sim import fleet as fleet_module
 from sim.cost.api_server import ApiServerCost
@@ -17,6 +19,7 @@ from sim.simulator import SimConfig
 from sim.step_noise import StepNoise
 from tests.sim.fleet_support import Replica
 from tests.sim.test_fleet_ahead import TRACES
+from workloads import Trace, TraceRequest
 
 SLEEPING = [("least-outstanding", []), ("power-of-two", []), ("sglang-cache-aware", [])]
 
@@ -100,3 +103,80 @@ def test_a_sleeping_replica_runs_fewer_runs(monkeypatch: pytest.MonkeyPatch) -> 
         counts.append(len(runs))
     cut, slept = counts
     assert slept < cut
+
+
+class _Dyadic:
+    """A cost model of dyadic step times (1/64 s a decode step, 1/32 s a step with a
+    prefill), so that step ends meet dyadic arrivals exactly."""
+
+    def step_time(self, features: BatchFeatures) -> float:
+        return 1 / 64 if features.num_prefill_tokens == 0 else 1 / 32
+
+    def describe(self) -> dict[str, object]:
+        return {"kind": "dyadic"}
+
+
+def _dyadic_trace(seed: int, n: int = 120) -> Trace:
+    rng = random.Random(seed)
+    arrival, requests = 0.0, []
+    for i in range(n):
+        arrival += rng.choice([0, 1, 1, 2, 3, 5, 8]) / 64
+        requests.append(TraceRequest(request_id=f"r{i}", arrival_s=arrival,
+                                     prompt_len=rng.randint(8, 200),
+                                     output_len=rng.randint(2, 40)))
+    return Trace(requests)
+
+
+# r1 finishes on replica 1 at 0.140625 s, when r6 arrives (review 20's case): cutting and
+# stepping one by one route r6 to replica 1
+_TIE = Trace([TraceRequest(request_id=f"r{i}", arrival_s=a, prompt_len=p, output_len=o)
+              for i, (a, p, o) in enumerate([
+                  (0.015625, 126, 26), (0.03125, 84, 5), (0.0625, 68, 20), (0.078125, 200, 30),
+                  (0.109375, 67, 7), (0.125, 85, 16), (0.140625, 144, 5), (0.140625, 176, 28)])])
+
+
+def _dyadic_run(trace: Trace, policy: str, sleeps: bool, replicas: int, routers: int,
+                fast_forward: bool = True) -> FleetResult:
+    """The fleet on `_Dyadic` replicas (the first with a small pool), no routing latency
+    and no API-server time: hand-overs at the arrivals."""
+    def config(num_blocks: int) -> SimConfig:
+        return SimConfig(
+            scheduler=SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=8,
+                                      max_model_len=4096),
+            cache=CacheConfig(block_size=16, num_blocks=num_blocks),
+            api_server=ApiServerCost(0.0, 0.0), fast_forward=fast_forward)
+
+    setups = [Replica(config(40 if i == 0 and replicas > 2 else 200), _Dyadic())  # type: ignore[arg-type]
+              for i in range(replicas)]
+    saved = fleet_module._Fleet.sleeps_through_runs_allowed
+    fleet_module._Fleet.sleeps_through_runs_allowed = sleeps
+    try:
+        return simulate_fleet(trace, setups, [make_policy(policy, [], seed=5 + r)
+                                              for r in range(routers)], refresh_s=0.02)
+    finally:
+        fleet_module._Fleet.sleeps_through_runs_allowed = saved
+
+
+def _rows(result: FleetResult) -> list[dict[str, object]]:
+    return [r.to_row() for r in result.requests]
+
+
+def test_a_run_ending_at_an_arrival_is_cut_as_at_each_arrival() -> None:
+    """Ties: a run whose last step ends exactly at an arrival is not slept through (the
+    event loop orders the finish and the routing, as when cutting); sleeping through it
+    reported the finish after the routing (review 20)."""
+    cut, stepped, slept = (_dyadic_run(_TIE, "least-outstanding", sleeps, 2, 1, fast)
+                           for sleeps, fast in ((False, True), (False, False), (True, True)))
+    assert _rows(cut) == _rows(stepped)
+    assert [r.replica for r in slept.requests] == [r.replica for r in cut.requests]
+    assert _rows(slept) == _rows(cut) and slept.step_columns == cut.step_columns
+
+
+@pytest.mark.parametrize("policy", [policy for policy, _ in SLEEPING])
+@pytest.mark.parametrize(("seed", "routers"), [(0, 1), (1, 2), (2, 1), (3, 2)])
+def test_dyadic_ties_with_arrivals_keep_the_records(policy: str, seed: int,
+                                                    routers: int) -> None:
+    trace = _dyadic_trace(seed)
+    cut, slept = (_dyadic_run(trace, policy, sleeps, 4, routers) for sleeps in (False, True))
+    assert _rows(slept) == _rows(cut)
+    assert slept.step_columns == cut.step_columns
