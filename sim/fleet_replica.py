@@ -89,7 +89,7 @@ def _wake(event: simpy.Event, _: simpy.Event) -> None:
 # How far ahead a sleeping replica plans its run (simulated seconds): a request routed to it
 # cuts the plan, and a longer run is slept through in several plans (step noise times each
 # step on its own: an unbounded plan cut early was most of a noisy fleet's time).
-_PLAN_AHEAD_S = 0.25
+_PLAN_AHEAD_S = 1.0
 
 _NOISE_SEED_STRIDE = 0x9E3779B1  # replica i's step-noise seed: the config's + i * this
 
