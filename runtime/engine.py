@@ -32,9 +32,9 @@ from runtime.steady import SteadyDecodes, Upcoming
 
 
 class RunPlan(NamedTuple):
-    """A run of plain decode steps `EngineCore.plan_run` worked out and did not run: what
-    `fast_forward` from `clock` up to `horizon` would run while the core stays as it was
-    (`num_steps` steps recorded, nothing taken in)."""
+    """A run of plain decode steps `EngineCore.plan_run` worked out and did not run, for
+    `EngineCore.run_plan` while the core stays as it was (`num_steps` steps recorded,
+    nothing taken in)."""
 
     clock: float  # seconds
     horizon: float  # seconds: every step starts before it
@@ -158,42 +158,16 @@ class EngineCore:
             steady.join()
         return finished
 
-    def fast_forward(
-        self,
-        clock: float,
-        horizon: float,
-        step_time: Callable[[BatchFeatures, float], float],
-        upcoming: Callable[[Request, int], Sequence[int]],
-        run_times: Callable[[int, int, int], Sequence[float]] | None = None,
-        plan: RunPlan | None = None,
-    ) -> float | None:
-        """Run plain decode steps back to back from `clock`, each starting before `horizon`
-        (the next hand-over); `step_time(features, start)` gives a step's duration, seconds,
-        from its features and its start (seconds: the same float as when stepping one by
-        one; called in step order, possibly for a few steps past the run's end that are then
-        not run); `upcoming(request, n)` gives a request's next n sampled tokens. Records
-        are those of running the steps one by one. With steady decodes the run may end with
-        the step in which members finish (`_finishing_step`). Returns the end of the last
-        step, or None when the next step is not plain.
-
-        `run_times(num_seqs, decode_kv_tokens, count)`, when given, replaces `step_time`
-        for durations that do not depend on the start: the durations of `count` decode
-        steps of `num_seqs` sequences, step k reading `decode_kv_tokens + k * num_seqs` KV
-        tokens (a cost model's bulk form of its step time; possibly asked for more steps
-        than are run).
-
-        `plan`: the caller's `plan_run` of this run, from `clock` with nothing run, taken
-        in or changed in the core since (the caller vouches for it: a scheduler change
-        from outside, such as an abort, makes it stale), and a horizon at least this one:
-        run as planned, not worked out again. Ignored where it cannot be (another clock,
-        steps recorded since, requests taken in, a shorter horizon).
-        """
-        if plan is not None and self._still_valid(plan, clock, horizon):
-            plan = plan.cut(horizon)
-        else:
-            plan = self.plan_run(clock, horizon, step_time, upcoming, run_times)
-        if plan is None:
-            return None
+    def run_plan(self, plan: RunPlan) -> float:
+        """Run the plain decode steps `plan_run` planned (all of them, or those starting
+        before a horizon: `RunPlan.cut`): records as if run one by one. With steady decodes
+        the run may end with the step in which members finish (`_finishing_step`). Returns
+        the end of the last step (seconds). ValueError unless the core is as planned (no
+        step recorded, nothing taken in since); a scheduler change from outside (an abort)
+        is the caller's to rule out."""
+        if not self.plan_holds(plan, plan.clock):
+            raise ValueError(f"a stale run plan (planned at step {plan.num_steps}, the core "
+                             f"at {self.recorder.num_steps}, {len(self._inbox)} taken in)")
         scheduler = self.scheduler
         num_running = len(scheduler.running)
         ends = plan.ends
@@ -204,18 +178,19 @@ class EngineCore:
             free_after = run_decode_steps(scheduler, len(ends), plan.tokens)
             explicit = [r.request_id for r in scheduler.running]
         finishing = plan.finishes_last and len(ends) == plan.limit
-        self._record_run(clock, ends, plan.durations, free_after,
+        self._record_run(plan.clock, ends, plan.durations, free_after,
                          (num_running, plan.kv_tokens), explicit, plan.reason, finishing)
         if self.steady is not None:
             self.steady.join()
         return ends[-1]
 
-    def _still_valid(self, plan: RunPlan, clock: float, horizon: float) -> bool:
-        """Whether `plan` is the run `fast_forward(clock, horizon)` would work out now, cut
-        at `horizon`: same clock, no step recorded and nothing taken in since, a horizon
-        within its own."""
+    def plan_holds(self, plan: RunPlan, clock: float, horizon: float | None = None) -> bool:
+        """Whether `plan` (cut at `horizon`, if given) is the run `plan_run` would plan now
+        from `clock` (up to `horizon`): same clock, no step recorded and nothing taken in
+        since, a horizon within its own."""
         return (plan.clock == clock and plan.num_steps == self.recorder.num_steps
-                and not self._inbox and clock < horizon <= plan.horizon)
+                and not self._inbox
+                and (horizon is None or clock < horizon <= plan.horizon))
 
     def plan_run(
         self,
@@ -225,8 +200,20 @@ class EngineCore:
         upcoming: Callable[[Request, int], Sequence[int]],
         run_times: Callable[[int, int, int], Sequence[float]] | None = None,
     ) -> RunPlan | None:
-        """The run `fast_forward` would run with these arguments, worked out and not run
-        (nothing run or recorded); None where it would run none."""
+        """Plan a run of plain decode steps back to back from `clock`, each starting before
+        `horizon` (the next hand-over), up to the first finish or the free blocks' limit;
+        nothing is run (`run_plan` runs it). `step_time(features, start)` gives a step's
+        duration, seconds, from its features and its start (seconds: the same float as when
+        stepping one by one; called in step order, possibly for a few steps past the run's
+        end that are then not run); `upcoming(request, n)` gives a request's next n sampled
+        tokens. None when the next step is not plain.
+
+        `run_times(num_seqs, decode_kv_tokens, count)`, when given, replaces `step_time`
+        for durations that do not depend on the start: the durations of `count` decode
+        steps of `num_seqs` sequences, step k reading `decode_kv_tokens + k * num_seqs` KV
+        tokens (a cost model's bulk form of its step time; possibly asked for more steps
+        than are run).
+        """
         scheduler = self.scheduler
         if self._inbox or clock >= horizon:
             return None

@@ -30,11 +30,12 @@ def run_before(process: EngineProcess, clock: float, horizon: float,
     horizon = min(horizon, limit_s)
     while horizon > clock:
         try:
-            end = process.core.fast_forward(clock, horizon, _timer(process, limit_s),
-                                            process.upcoming)
+            plan = process.core.plan_run(clock, horizon, _timer(process, limit_s),
+                                         process.upcoming)
         except _PastLimit as past:
             horizon = past.start_s  # not run: time it again without that step
             continue
+        end = None if plan is None else process.core.run_plan(plan)
         if end is not None and process.config.check_invariants:
             process.core.sync()
             process.core.scheduler.check_invariants()

@@ -218,7 +218,7 @@ class Replica(EngineProcess):
         an arrival: the tie is left to the event loop's order, as when cutting."""
         if self.pending:  # its hand-over enters the core during the run: cut as routed
             return
-        plan = self.run_plan = self.plan_run(clock, clock + _PLAN_AHEAD_S)
+        plan = self.planned = self.plan_run(clock, clock + _PLAN_AHEAD_S)
         fleet = self.fleet
         if (plan is None or plan.end <= self.bounds[fleet.next_index]
                 or fleet.arrives_at(plan.end)):

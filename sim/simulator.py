@@ -96,7 +96,7 @@ class EngineProcess:
         # replica behind routers that read completions only, `sim.fleet_replica`), and the
         # plan it leaves for that fast-forward.
         self.sleeps_through_runs = False
-        self.run_plan: RunPlan | None = None
+        self.planned: RunPlan | None = None
 
     def known_hashes(self, req: TraceRequest) -> list[bytes]:
         """The identities of the request's leading prompt blocks that this engine takes as
@@ -199,7 +199,7 @@ class EngineProcess:
     def sleep_through_run(self, clock: float) -> Generator[simpy.Event, object, None]:
         """Before a fast-forward from `clock`, with `sleeps_through_runs`: wait until the
         run it would take can be cut no more (a fleet replica, `sim.fleet_replica`), and
-        leave its plan in `run_plan`; default: no wait."""
+        leave its plan in `planned`; default: no wait."""
         return
         yield  # a generator
 
@@ -221,9 +221,13 @@ class EngineProcess:
         return self.outputs[request.request_id][start : start + count]
 
     def fast_forward(self, clock: float) -> float | None:
-        plan, self.run_plan = self.run_plan, None
-        end = self.core.fast_forward(clock, self.horizon(), self._run_timer(), self.upcoming,
-                                     self.run_times, plan)
+        core, horizon = self.core, self.horizon()
+        plan, self.planned = self.planned, None  # `sleep_through_run`'s, if any
+        if plan is not None and core.plan_holds(plan, clock, horizon):
+            plan = plan.cut(horizon)
+        else:
+            plan = self.plan_run(clock, horizon)
+        end = None if plan is None else core.run_plan(plan)
         if end is not None and self.config.check_invariants:
             self.core.sync()
             self.core.scheduler.check_invariants()

@@ -11,6 +11,7 @@ import random
 import pytest
 
 from runtime import BatchFeatures, CacheConfig, EngineCore, SchedulerConfig
+from runtime.engine import RunPlan
 from runtime.router import make_policy
 from sim import fleet as fleet_module
 from sim.cost.api_server import ApiServerCost
@@ -86,15 +87,13 @@ def test_which_fleets_sleep_through_runs(policy: str, args: list[str], sleeps: b
 
 def test_a_sleeping_replica_runs_fewer_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     runs: list[float] = []
-    fast_forward = EngineCore.fast_forward
+    run_plan = EngineCore.run_plan
 
-    def counting(self: EngineCore, clock: float, *args: object) -> float | None:
-        end = fast_forward(self, clock, *args)  # type: ignore[arg-type]
-        if end is not None:
-            runs.append(end)
-        return end
+    def counting(self: EngineCore, plan: RunPlan) -> float:
+        runs.append(run_plan(self, plan))
+        return runs[-1]
 
-    monkeypatch.setattr(EngineCore, "fast_forward", counting)
+    monkeypatch.setattr(EngineCore, "run_plan", counting)
     counts = []
     for sleeps in (False, True):
         runs.clear()
