@@ -200,3 +200,19 @@ def test_pools_must_cover_the_replicas() -> None:
         simulate_autoscaled(trace, [Replica(config())] * 2, make_policy("round-robin"), [pool])
     with pytest.raises(ValueError, match="min replicas"):
         ScalingPool("p", range(2), KvThreshold(), 0.0, min_replicas=3)
+
+
+def test_an_autoscaled_fleet_never_sleeps_through_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The autoscaler's serving set is read at each arrival (`routes_ahead` off): its
+    replicas never sleep through runs, whatever the router (docs/fleet.md)."""
+    from sim.fleet_replica import Replica as FleetReplica
+
+    def never(self: FleetReplica, clock: float) -> object:
+        raise AssertionError("an autoscaled replica slept through a run")
+
+    monkeypatch.setattr(FleetReplica, "sleep_through_run", never)
+    trace = Trace([TraceRequest(str(i), 0.25 + 0.5 * i, 64, 200) for i in range(40)])
+    pool = ScalingPool("p", range(2), Scripted({}), 1.0, 2, cost_per_hour=3.0)
+    result, _ = simulate_autoscaled(trace, [Replica(config()), Replica(config())],
+                                    make_policy("least-outstanding"), [pool])
+    assert len(result.requests) == 40

@@ -369,3 +369,19 @@ def test_the_attribution_table_has_the_transfer_part() -> None:
     assert columns.index("kv_transfer_s") == columns.index("prefill_s") + 1
     assert columns[0] == "routing_s"
     assert table["share"].sum() == pytest.approx(1.0, abs=1e-9)
+
+
+def test_a_pd_fleet_never_sleeps_through_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """P/D routes at each arrival reading replica state (`routes_ahead` off): its replicas
+    never sleep through runs, whatever the routers (docs/fleet.md)."""
+    from sim.fleet_replica import Replica as FleetReplica
+
+    def never(self: FleetReplica, clock: float) -> object:
+        raise AssertionError("a P/D replica slept through a run")
+
+    monkeypatch.setattr(FleetReplica, "sleep_through_run", never)
+    trace = Trace([TraceRequest(f"r{i}", 0.05 * i, 120, 30) for i in range(12)])
+    result = simulate_pd(trace, [Replica(config()), Replica(config()), Replica(config())],
+                         ["prefill", "decode", "decode"], make_policy("least-outstanding"),
+                         make_policy("least-outstanding"), PDDecider("always"))
+    assert len(result.requests) == 12
