@@ -182,7 +182,7 @@ class EngineCore:
                          (num_running, plan.kv_tokens), explicit, plan.reason, finishing)
         if self.steady is not None:
             self.steady.join()
-        return ends[-1]
+        return plan.end
 
     def plan_holds(self, plan: RunPlan, clock: float, horizon: float | None = None) -> bool:
         """Whether `plan` (cut at `horizon`, if given) is the run `plan_run` would plan now

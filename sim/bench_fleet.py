@@ -114,7 +114,7 @@ def _size_runs(fleet: Callable[[int], tuple[Any, float, float]], order: Sequence
     for count in order:
         result, wall, cpu = fleet(count)
         runs.setdefault(count, []).append(
-            FleetRun(count, wall, cpu, sum(r.num_steps for r in result.replicas)))
+            FleetRun(count, wall, cpu, result.num_steps))
         if count == replicas and not shares:
             shares = _replica_shares(scale_time(trace, 1.0 / count), result)
         # Freed before the next size runs, not while it runs: each size after the sizes
@@ -146,8 +146,8 @@ def _stepped_row(fleet: Callable[..., tuple[Any, float, float]], replicas: int, 
                  n: int) -> dict[str, object]:
     """The `replicas` fleet stepping one by one (no decode-run fast-forward)."""
     result, wall, cpu = fleet(replicas, dataclasses.replace(setup.config, fast_forward=False))
-    steps = sum(r.num_steps for r in result.replicas)
-    return rate_row(f"{replicas} replicas stepping one by one", n, steps, wall, cpu)
+    return rate_row(f"{replicas} replicas stepping one by one", n, result.num_steps, wall,
+                    cpu)
 
 
 def _usable_cpus() -> int:
@@ -214,9 +214,8 @@ def _parallel_row(fleet: Callable[..., tuple[Any, float, float]], count: int, wo
     if not pre_routable([make_policy(router, router_args)]):
         return None
     result, wall, cpu = fleet(count, workers=workers)
-    steps = sum(r.num_steps for r in result.replicas)
-    row = rate_row(f"{count} replicas, trace x{count} faster, {workers} sim workers", n, steps,
-                   wall, cpu)
+    row = rate_row(f"{count} replicas, trace x{count} faster, {workers} sim workers", n,
+                   result.num_steps, wall, cpu)
     row["sim_workers"] = workers
     return row
 

@@ -80,8 +80,8 @@ class FleetView(Protocol):
     def finished(self, replica: Replica, records: list[RequestRecord]) -> None: ...
 
 
-def _wake(event: simpy.Event, _: simpy.Event) -> None:
-    """A sleeping replica's run end: wake it unless a hand-over already did."""
+def _wake(event: simpy.Event, _: simpy.Event | None = None) -> None:
+    """Wake a sleeping replica (its run's end, or a hand-over) unless already woken."""
     if not event.triggered:
         event.succeed()
 
@@ -144,10 +144,8 @@ class Replica(EngineProcess):
             insort(pending, entry, key=itemgetter(0))
         else:
             pending.append(entry)
-        if self.asleep is not None and not self.asleep.triggered:
-            # it may cut the run: woken before its hand-over's timeout is made, so that at
-            # an instant hand-over (no latency, no API time) the run is cut first
-            self.asleep.succeed()
+        if self.asleep is not None:  # it may cut the run: woken before its hand-over's
+            _wake(self.asleep)  # timeout is made, so an instant hand-over finds it cut
         # (an instant hand-over's time may round a hair below now: no negative delay)
         self.env.timeout(max(handover - self.env.now, 0.0)).callbacks.append(
             partial(self._handover_due, handover))

@@ -92,11 +92,8 @@ class EngineProcess:
         self.notified = 0  # finished records already passed to `on_finished`
         self.block_ids = block_ids if block_ids is not None else TraceBlockIds()
         self._plain_timer = _start_blind(cost_model.step_time)  # no noise: one for the run
-        # Whether the loop calls `sleep_through_run` before each fast-forward (a fleet
-        # replica behind routers that read completions only, `sim.fleet_replica`), and the
-        # plan it leaves for that fast-forward.
-        self.sleeps_through_runs = False
-        self.planned: RunPlan | None = None
+        self.sleeps_through_runs = False  # the loop calls `sleep_through_run` (a replica's)
+        self.planned: RunPlan | None = None  # the run `sleep_through_run` planned
 
     def known_hashes(self, req: TraceRequest) -> list[bytes]:
         """The identities of the request's leading prompt blocks that this engine takes as
@@ -197,11 +194,9 @@ class EngineProcess:
             self.on_step_end(sampled)
 
     def sleep_through_run(self, clock: float) -> Generator[simpy.Event, object, None]:
-        """Before a fast-forward from `clock`, with `sleeps_through_runs`: wait until the
-        run it would take can be cut no more (a fleet replica, `sim.fleet_replica`), and
-        leave its plan in `planned`; default: no wait."""
-        return
-        yield  # a generator
+        """Before a fast-forward from `clock`: wait until its run can be cut no more,
+        leaving the plan in `planned` (`sim.fleet_replica`); default: no wait."""
+        yield from ()
 
     def wait_for_work(self) -> Generator[simpy.Event, object, float]:
         """Idle: wait until the core may have work; returns the engine's clock then

@@ -79,7 +79,7 @@ class _StubFleet:
     def __call__(self, count: int) -> tuple[object, float, float]:
         self.calls.append(count)
         replicas = [SimpleNamespace(num_steps=self.steps[count] // count)] * count
-        result = SimpleNamespace(replicas=replicas, requests=[])
+        result = SimpleNamespace(replicas=replicas, requests=[], num_steps=self.steps[count])
         return result, 0.5, self.cpu_s[count].pop(0)
 
 
