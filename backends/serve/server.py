@@ -285,8 +285,8 @@ class Server:
             usage = encoder.usage(len(parsed.prompt_ids), gen.output_len, gen.cached) \
                 if parsed.include_usage else b""
             yield Last(last + usage + sse.DONE)
-        except ApiError as err:
-            yield sse.event(err.body())
+        except ApiError as err:  # as vLLM's stream generators: the error event, then [DONE]
+            yield Last(sse.event(err.body()) + sse.DONE)
         finally:
             self._forget(gen, abort=True)
 

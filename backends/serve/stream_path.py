@@ -26,6 +26,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from backends.serve import sse
 from backends.serve.openai_protocol import GENERATION_PATHS as PATHS
 from backends.serve.openai_protocol import ApiError
 
@@ -66,10 +67,28 @@ class StreamPath:
             answer = await self.generate(Request(scope, receive), chat)
         except ApiError as err:
             answer = err.response()
+        except asyncio.CancelledError:  # a shutdown cut it (no response started yet)
+            _uncancel()
+            answer = SHUT_DOWN.response()
         if isinstance(answer, Response):
             await answer(scope, receive, send)
         else:
             await stream(answer, receive, send)
+
+
+# A request still running when the server stops waiting for it: --shutdown-timeout ran out, or
+# a second Ctrl-C. Its handler is cancelled (uvicorn's `Server.shutdown`), which aborts it in
+# the engine; the client gets this error (a stream: as its last event, then `[DONE]`), and the
+# log gets uvicorn's one line ("Cancel N running task(s) ..."), not a traceback per request.
+SHUT_DOWN = ApiError(503, "the server shut down before the request finished")
+
+
+def _uncancel() -> None:
+    """Take back every cancellation of the current task: its handler ends by itself."""
+    task = asyncio.current_task()
+    assert task is not None
+    while task.cancelling():
+        task.uncancel()
 
 
 class _Watch:
@@ -98,9 +117,11 @@ async def stream(events: AsyncGenerator[bytes, None], receive: Receive, send: Se
     assert task is not None
     watch = _Watch(task)
     watcher = asyncio.ensure_future(watch.run(receive))
+    started = False
     try:
         # fresh messages per stream: a wrapper of `send` may add headers to them
         await send({"type": "http.response.start", "status": 200, "headers": [_SSE_TYPE]})
+        started = True
         async for data in events:
             if type(data) is Last:
                 watch.done = True
@@ -110,9 +131,15 @@ async def stream(events: AsyncGenerator[bytes, None], receive: Receive, send: Se
         watch.done = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except asyncio.CancelledError:
-        if not watch.gone or task.cancelling() > 1:
-            raise  # not (only) the client leaving: a shutdown
-        task.uncancel()  # the client left: the stream just ends, as StreamingResponse's
+        shutdown = not watch.gone or task.cancelling() > 1  # not (only) the client leaving
+        _uncancel()  # the stream ends here (the client left: as StreamingResponse's)
+        if shutdown and started and not watch.done:
+            watch.done = True
+            try:
+                await send({"type": "http.response.body", "more_body": False,
+                            "body": sse.event(SHUT_DOWN.body()) + sse.DONE})
+            except asyncio.CancelledError:  # a reader that never drains, cancelled again
+                _uncancel()
     finally:
         watch.done = True
         watcher.cancel()

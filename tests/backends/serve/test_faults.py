@@ -6,7 +6,6 @@ H200); every wait is bounded."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -132,7 +131,8 @@ def test_engine_sigkill_mid_stream_errors_then_exits_nonzero() -> None:
             killed = time.monotonic()
             rest = [line for line in lines if line.startswith("data:")]
             errored_s = time.monotonic() - killed
-        error = json.loads(rest[-1].removeprefix("data: "))["error"]
+        assert rest[-1] == "data: [DONE]"  # after the error event, as vLLM's streams
+        error = json.loads(rest[-2].removeprefix("data: "))["error"]
         assert error["type"] == "EngineDeadError" and error["code"] == 500
         assert errored_s < 2.0  # the liveness poll is 0.2 s
         with_health = httpx.get(f"{server.url}/health", timeout=5)
@@ -186,31 +186,47 @@ def _refuses(url: str) -> bool:
     return False
 
 
-def test_a_second_ctrl_c_cuts_the_drain_short_and_stops_cleanly() -> None:
-    """Ctrl-C drains (the listening socket closes, the stream goes on); Ctrl-C again stops
-    at once (uvicorn's force exit): the stream is cut (logged by uvicorn, as when
-    --shutdown-timeout runs out), the engine process stopped by the app's lifespan, exit 0;
-    the lifespan is not left to asyncio.run's final cancel, which starlette logged as
-    `ERROR: Traceback ... in lifespan ... CancelledError`."""
-    server = Served(["--simulate", "--shutdown-timeout", "60"])
+@pytest.mark.parametrize("cut", ["second-ctrl-c", "shutdown-timeout"])
+def test_a_stream_cut_at_shutdown_ends_with_an_error_event_and_no_traceback(cut: str) -> None:
+    """Ctrl-C drains (the listening socket closes, the streams go on); then the drain is cut:
+    by a second Ctrl-C (uvicorn's force exit), or when --shutdown-timeout runs out. Each
+    request still running is aborted and answered: a stream with a 503 error event, then
+    `[DONE]` (as vLLM ends a stream on an error), a non-streaming request with a 503. The
+    engine process is stopped by the app's lifespan, exit 0; the log has uvicorn's one line
+    for the cut, no traceback (it had one per request: `CancelledError` in `run_asgi`, and,
+    before that, starlette's `in lifespan`)."""
+    timeout = "60" if cut == "second-ctrl-c" else "1"
+    server = Served(["--simulate", "--shutdown-timeout", timeout])
+    got: dict[str, object] = {}
 
-    def one() -> None:
-        with contextlib.suppress(httpx.HTTPError), httpx.stream(
-                "POST", f"{server.url}/v1/completions", timeout=60,
-                json={**BODY, "max_tokens": 5000}) as response:
-            for _ in response.iter_lines():
-                pass
+    def streamed() -> None:
+        with httpx.stream("POST", f"{server.url}/v1/completions", timeout=60,
+                          json={**BODY, "max_tokens": 5000}) as response:
+            got["stream"] = [line for line in response.iter_lines() if line.startswith("data:")]
 
-    thread = threading.Thread(target=one)
-    thread.start()
-    _wait_for(lambda: server.metrics()["vllm:num_requests_running"] == 1, 10, "not started")
+    def whole() -> None:
+        response = httpx.post(f"{server.url}/v1/completions", timeout=60,
+                              json={**BODY, "max_tokens": 5000, "stream": False})
+        got["whole"] = (response.status_code, response.json())
+
+    threads = [threading.Thread(target=streamed), threading.Thread(target=whole)]
+    for thread in threads:
+        thread.start()
+    _wait_for(lambda: server.metrics()["vllm:num_requests_running"] == 2, 10, "not started")
     server.proc.send_signal(signal.SIGINT)
     _wait_for(lambda: _refuses(server.url), 10, "still accepting after Ctrl-C")
-    server.proc.send_signal(signal.SIGINT)
+    if cut == "second-ctrl-c":
+        server.proc.send_signal(signal.SIGINT)
     assert server.proc.wait(20) == 0, server.output()
-    thread.join(20)
-    assert "in lifespan" not in server.output()
-    assert server.output().count("Traceback") == 1  # the cut stream's (uvicorn's run_asgi)
-    assert "CancelledError: Task cancelled, a second Ctrl-C" in server.output()
+    for thread in threads:
+        thread.join(20)
+    lines = got["stream"]
+    assert isinstance(lines, list) and lines[-1] == "data: [DONE]"
+    error = json.loads(lines[-2].removeprefix("data: "))["error"]
+    assert error == {"message": "the server shut down before the request finished",
+                     "type": "ServiceUnavailableError", "param": None, "code": 503}
+    assert len(lines) > 3  # tokens came before the cut
+    assert got["whole"] == (503, {"error": error})
+    assert "Traceback" not in server.output() and "CancelledError" not in server.output()
     assert server.output().endswith("rt: server stopped\n")
     server.stop()

@@ -123,7 +123,7 @@ def _expected(chat: bool, items: list[RequestOutput | Exception], include_usage:
         if isinstance(item, Exception):
             assert isinstance(item, EngineDeadError)
             return [*events, f"data: {json.dumps(item.body(), separators=(',', ':'))}\n\n"
-                    .encode()]
+                    .encode() + b"data: [DONE]\n\n"]
         if chat and i == 0:
             role: dict[str, Any] = {**head, "choices": [{
                 "index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -171,12 +171,16 @@ def test_server_stream_equals_the_dict_built_stream(chat: bool, include_usage: b
 
 
 @pytest.mark.parametrize("chat", [False, True])
-def test_an_error_mid_stream_ends_it_as_before(chat: bool) -> None:
+def test_an_error_mid_stream_ends_it_with_the_error_then_done(chat: bool) -> None:
+    """As vLLM's stream generators (serving_completion / serving_chat: `except Exception`
+    yields the error event, then `data: [DONE]` follows it), in one last write."""
     items: list[RequestOutput | Exception] = [RequestOutput("r", _tokens("hi")),
                                               EngineDeadError()]
     events = _stream(chat, items, True, False)
     assert events == _expected(chat, items, True, False, _created(events))
-    assert b"[DONE]" not in events[-1]
+    assert events[-1].startswith(b'data: {"error":')
+    assert events[-1].endswith(b"\n\ndata: [DONE]\n\n")
+    assert type(events[-1]) is Last
 
 
 def test_bulk_itl_observations_equal_one_observe_each() -> None:
