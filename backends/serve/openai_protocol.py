@@ -40,6 +40,17 @@ class ApiError(Exception):
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status)
 
+    def encoded(self) -> bytes:
+        """The body's bytes as `response()` sends them (for a server without Starlette's
+        responses: `rt route`)."""
+        return json_bytes(self.body())
+
+
+def json_bytes(value: Any) -> bytes:
+    """`value` as rt serve's JSON responses encode it (Starlette's `JSONResponse`: compact,
+    UTF-8, no NaN), so that `rt route`'s own answers are the same bytes."""
+    return bytes(JSONResponse(value).body)
+
 
 class EngineDeadError(ApiError):
     def __init__(self) -> None:
@@ -124,7 +135,11 @@ class RequestParser:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
             prompt = prompt[0]  # a batch of one
         if isinstance(prompt, str):
-            return self.codec.encode(prompt)
+            try:
+                return self.codec.encode(prompt)
+            except UnicodeEncodeError:  # "\ud800" alone: JSON, but no text a tokenizer takes
+                raise ApiError(400, "prompt is not valid Unicode text (a lone surrogate)",
+                               "prompt") from None
         if isinstance(prompt, list):
             return token_list(prompt, "prompt", self.info.vocab_size)
         raise ApiError(400, "prompt must be a string, a list of token ids, or a list of "
