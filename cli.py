@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import importlib
 import json
+import os
 import socket
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -764,9 +765,10 @@ def fleet_up(
 
     with user_errors():  # a bad policy or argument: one line before anything starts
         make_policy(policy.router, policy.router_arg or [], seed)
+    key = None if server.api_key is None else {**os.environ, "VLLM_API_KEY": server.api_key}
     plan = FleetPlan.of(RT, seed, [(server, _FLEET_SERVER_ARGV), (sim, _FLEET_SIM),
                                    (engine, None), (model, None)], policy.replicas,
-                        route.shutdown_timeout, server.api_key)
+                        route.shutdown_timeout, env=key)  # the key: not on a command line
     with _router_socket(route) as sock, user_errors(RuntimeError, only=True):
         run_fleet(plan, functools.partial(route_until_stopped, policy=policy, route=route,
                                           guard=server, seed=seed, sock=sock,

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,16 +56,14 @@ def flag_argv(flags: Any, group: FlagGroup | None = None) -> list[str]:
 
 
 class Replica:
-    """One `rt serve` subprocess on a port of 127.0.0.1; its output in a log file; its API
-    key (if any) in its environment (`VLLM_API_KEY`), not on its command line, which any
-    user of the machine can read."""
+    """One `rt serve` subprocess on a port of 127.0.0.1, in environment `env` (None: this
+    process's); its output in a log file."""
 
     def __init__(self, command: Sequence[str], port: int, log_dir: Path,
-                 api_key: str | None = None) -> None:
+                 env: Mapping[str, str] | None = None) -> None:
         self.port = port
         self.url = f"http://{_HOST}:{port}"
         self.log_path = log_dir / f"replica-{port}.log"
-        env = None if api_key is None else {**os.environ, "VLLM_API_KEY": api_key}
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
                 [*command, "--host", _HOST, "--port", str(port)], stdin=subprocess.DEVNULL,
@@ -138,27 +136,30 @@ class FleetPlan:
         serve_command: `rt serve ...` without --host/--port (appended per replica).
         ports: one per replica, on 127.0.0.1.
         start_timeout_s, stop_timeout_s: bounds of the start and of the drain.
-        api_key: each replica's --api-key (None: none), passed in its environment.
+        env: the replicas' environment (None: this process's), e.g. with their API key
+            as `VLLM_API_KEY`: a secret goes there, not on a command line, which any user of
+            the machine can read.
     """
 
     serve_command: tuple[str, ...]
     ports: tuple[int, ...]
     start_timeout_s: float = 180.0
     stop_timeout_s: float = 20.0
-    api_key: str | None = dataclasses.field(default=None, repr=False)
+    env: Mapping[str, str] | None = dataclasses.field(default=None, repr=False)
 
     @classmethod
     def of(cls, rt: Sequence[str], seed: int, flags: Sequence[tuple[Any, FlagGroup | None]],
-           replicas: int, shutdown_timeout_s: float, api_key: str | None = None) -> FleetPlan:
+           replicas: int, shutdown_timeout_s: float, env: Mapping[str, str] | None = None
+           ) -> FleetPlan:
         """`rt serve --seed SEED` (`rt` the command line that starts rt) with each of `flags`
-        passed on (`flag_argv`), on `replicas` free ports, with `api_key`; the drain bounded
-        by the router's shutdown timeout plus 10 s."""
+        passed on (`flag_argv`), on `replicas` free ports, in `env`; the drain bounded by
+        the router's shutdown timeout plus 10 s."""
         from backends.bench.serve_load import free_port
 
         command = [*rt, "serve", "--seed", str(seed), *(
             arg for values, group in flags for arg in flag_argv(values, group))]
         return cls(tuple(command), tuple(free_port() for _ in range(replicas)),
-                   stop_timeout_s=shutdown_timeout_s + 10, api_key=api_key)
+                   stop_timeout_s=shutdown_timeout_s + 10, env=env)
 
 
 def run_fleet(plan: FleetPlan, serve_router: Callable[[list[str]], None],
@@ -171,7 +172,7 @@ def run_fleet(plan: FleetPlan, serve_router: Callable[[list[str]], None],
             with _signals_raise():
                 for port in plan.ports:
                     replicas.append(Replica(plan.serve_command, port, Path(log_dir),
-                                            plan.api_key))
+                                            plan.env))
                 wait_healthy(replicas, plan.start_timeout_s)
             log(f"{len(replicas)} replicas up: {', '.join(r.url for r in replicas)}")
             serve_router([r.url for r in replicas])
