@@ -16,11 +16,12 @@ HTTP is the router's own both ways: `backends.route.server` (clients) and
 `backends.route.upstream` (backends); the handler is `backends.route.relay`.
 
 Input is checked as `rt serve` checks it (`backends.serve.guard`): with an API key, /v1/*
-needs `Authorization: Bearer KEY` (401 in vLLM's body otherwise; /health and /metrics stay
-open), and the client's `Authorization` header is forwarded to the backend, so backends
-sharing the key accept it (the router's own calls to /v1/models carry its key); a body over
-`max_request_bytes` gets 413 (`backends.route.server`); a body that is not a UTF-8 JSON
-object 400. Every error the router answers itself is vLLM's shape, encoded as rt serve's.
+needs `Authorization: Bearer KEY` (401 in vLLM's body otherwise, from the request's head,
+before its body is read: `Router.screen`; /health and /metrics stay open), and the client's
+`Authorization` header is forwarded to the backend, so backends sharing the key accept it
+(the router's own calls to /v1/models carry its key); a body over `max_request_bytes` gets
+413 (`backends.route.server`); a body that is not a UTF-8 JSON object 400. Every error the
+router answers itself is vLLM's shape, encoded as rt serve's.
 
 A request's life: the body is parsed for the prompt (`backends.route.prompt`); the shared
 policy (`runtime.router`) chooses among the backends up, from their last scraped metrics
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import itertools
 import signal
@@ -52,7 +54,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -67,7 +69,7 @@ from backends.route.backends import (
     needed_signals,
 )
 from backends.route.flags import REPLICA_HEADER
-from backends.route.http1 import request_head
+from backends.route.http1 import field, request_head
 from backends.route.metrics import RouterMetrics
 from backends.route.prompt import routing_request
 from backends.route.relay import handle
@@ -81,8 +83,8 @@ from backends.route.upstream import (
     UpstreamPool,
     get,
 )
-from backends.serve.guard import ApiKey, parse_body
-from backends.serve.openai_protocol import ApiError
+from backends.serve.guard import UNAUTHORIZED, ApiKey, parse_body
+from backends.serve.openai_protocol import ApiError, json_bytes
 from runtime.router import RoutingRequest, make_policy
 
 # hop-by-hop and framing headers: never forwarded either way (and `expect`: the router has
@@ -95,6 +97,7 @@ _SESSION = b"x-session-id"
 _SCRAPE_TIMEOUT_S = 5.0  # a backend saturated by load answers /metrics late, not never
 _CONNECT_TIMEOUT_S = 5.0
 _MAX_IDLE = 128  # idle keep-alive connections kept per backend
+_UNAUTHORIZED = json_bytes(UNAUTHORIZED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +125,7 @@ class RouterConfig:
     max_failures: int = 3
     health_check_s: float = 0.5
     backend_timeout_s: float = 300.0
-    api_key: str | None = field(default=None, repr=False)
+    api_key: str | None = dataclasses.field(default=None, repr=False)
     max_request_bytes: int = 1 << 20
 
 
@@ -207,6 +210,13 @@ class Router:
         else:
             self.metrics.errors.labels(backend.url, "scrape").inc()
             backend.failed(self.config.max_failures)
+
+    def screen(self, path: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes] | None:
+        """vLLM's 401 for a request to /v1/* without the API key, from its head (the server
+        asks before it reads the body: `backends.route.server.Screen`); None: read on."""
+        if self.key is not None and self.key.refuses(path, field(headers, b"authorization")):
+            return 401, _UNAUTHORIZED
+        return None
 
     @property
     def any_up(self) -> bool:
@@ -350,7 +360,7 @@ async def _serve(config: RouterConfig, sock: socket.socket, shutdown_timeout_s: 
     await router.start()
     try:
         await serve(functools.partial(handle, router), sock, shutdown_timeout_s, stop,
-                    config.max_request_bytes)
+                    config.max_request_bytes, router.screen if router.key else None)
     finally:
         await router.stop()
 

@@ -8,8 +8,8 @@ together goes out together: the head with the bytes that came with the backend's
 each later piece, the last with the end of the body), chunk-framed anew for the client (the
 backend's chunk boundaries are not kept; its bytes are).
 
-With an API key (`Router.key`), a request to /v1/* without it gets vLLM's 401 before
-anything else. Errors the router answers itself are `ApiError`s encoded as rt serve's
+(A request to /v1/* without the API key never gets here: `Router.screen` answers it from
+its head.) Errors the router answers itself are `ApiError`s encoded as rt serve's
 (`ApiError.encoded`; an SSE error event as `backends.serve.sse.event`).
 
 Stream semantics: the first event with output calls the policy's `on_prefill_done` (chat:
@@ -24,11 +24,9 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from backends.route.http1 import field
 from backends.route.upstream import UpstreamFailed
-from backends.serve.guard import UNAUTHORIZED
 from backends.serve.openai_protocol import GENERATION_PATHS as PATHS
-from backends.serve.openai_protocol import ApiError, json_bytes
+from backends.serve.openai_protocol import ApiError
 from backends.serve.sse import event
 
 if TYPE_CHECKING:
@@ -39,15 +37,10 @@ if TYPE_CHECKING:
 
 _JSON = (b"content-type", b"application/json")
 _SSE = b"text/event-stream"
-_UNAUTHORIZED = json_bytes(UNAUTHORIZED)
 
 
 async def handle(router: Router, request: Request, conn: Connection) -> None:
     """Answer one request."""
-    if router.key is not None and router.key.refuses(request.path,
-                                                     field(request.headers, b"authorization")):
-        conn.respond(401, [_JSON], _UNAUTHORIZED)
-        return
     chat = PATHS.get(request.path)
     if chat is not None and request.method == b"POST":
         await _generate(router, request, conn, chat)

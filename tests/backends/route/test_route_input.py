@@ -183,6 +183,22 @@ def test_v1_without_the_key_is_vllms_401(keyed: tuple[Rt, Rt], headers: dict[str
     assert (answer.status_code, answer.content) == (401, UNAUTHORIZED)
 
 
+@pytest.mark.parametrize("head", [
+    b"content-length: 10000000\r\n",  # over the limit: the 401 still comes first
+    b"content-length: 1000\r\nexpect: 100-continue\r\n",  # no 100 Continue: the 401
+])
+def test_without_the_key_the_401_comes_before_the_body_is_read(keyed: tuple[Rt, Rt],
+                                                               head: bytes) -> None:
+    _, router = keyed
+    with socket.create_connection(("127.0.0.1", router.port), timeout=10) as client:
+        client.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: h\r\n" + head + b"\r\n")
+        answer = b""
+        while chunk := client.recv(65536):  # the router closes after its answer
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 401 Unauthorized\r\n")
+    assert answer.endswith(b"\r\n\r\n" + UNAUTHORIZED)
+
+
 def test_with_the_key_the_request_reaches_the_backend_which_shares_it(keyed: tuple[Rt, Rt]
                                                                       ) -> None:
     backend, router = keyed
