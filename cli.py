@@ -21,6 +21,8 @@ import dataclasses
 import functools
 import importlib
 import json
+import os
+import socket
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -37,7 +39,13 @@ from analysis.run_console import RunConsole
 from backends.bench.flags import SERVE_BENCH_HELP, GpuBenchFlags, ServeBenchFlags, ServeLoadFlags
 from backends.engine.flags import ModelDirFlags, RealEngineFlags
 from backends.replay.flags import REPLAY_HELP, REPLAY_TRACE_HELP, EndpointFlags, replay_workload
-from backends.route.flags import ROUTE_HELP, FleetModelFlags, RouteBenchFlags, RouteFlags
+from backends.route.flags import (
+    ROUTE_HELP,
+    ROUTE_PANEL,
+    FleetModelFlags,
+    RouteBenchFlags,
+    RouteFlags,
+)
 from backends.serve.flags import SERVE_HELP, ServeFlags, ServeModelFlags
 from runtime.config import EngineFlags
 from runtime.flags import FlagGroup as Flags
@@ -692,29 +700,48 @@ def bench_gpu(flags: Annotated[GpuBenchFlags, Flags()], out: _Out) -> None:
 # ---- rt route, rt fleet up (backends.route) ----
 
 
-def route_until_stopped(urls: list[str], policy: FleetFlags, route: RouteFlags, seed: int,
+# rt serve's input limits (--api-key or VLLM_API_KEY, --max-request-bytes), on the router too
+_ROUTE_GUARD = Flags(only=("api_key", "max_request_bytes"), panel=ROUTE_PANEL)
+
+
+def route_until_stopped(urls: list[str], policy: FleetFlags, route: RouteFlags,
+                        guard: ServeFlags, seed: int, sock: socket.socket,
                         print_url: bool = False) -> None:
-    """`backends.route.app`'s router under `policy` (its URL on stdout when `print_url`)."""
+    """`backends.route.app`'s router under `policy` on `sock` (listening), with `guard`'s
+    API key and body limit (its URL on stdout when `print_url`)."""
     from backends.route import app as route_app
 
     with user_errors():
-        config = route_app.router_config(urls, policy, route, seed)
+        config = route_app.router_config(urls, policy, route, guard, seed)
     with user_errors(RuntimeError, only=True):
-        route_app.route_until_stopped(config, route, say, typer.echo if print_url else None)
+        route_app.route_until_stopped(config, sock, route.shutdown_timeout, say,
+                                      typer.echo if print_url else None)
+
+
+def _router_socket(route: RouteFlags) -> socket.socket:
+    """The router's listening socket, bound before anything else starts: a bad --host or
+    --port is one line, and port 0's real port is the one printed."""
+    from backends.listen import listening_socket
+
+    with user_errors():
+        return listening_socket(route.host, route.port)
 
 
 @command(app, "route", help=ROUTE_HELP)
 def route_command(*, route: Annotated[RouteFlags, Flags()], policy: _RouterPolicy,
-                  seed: _Seed = 0) -> None:
+                  guard: Annotated[ServeFlags, _ROUTE_GUARD], seed: _Seed = 0) -> None:
     """Route the OpenAI API over --backend servers under a router policy."""
-    route_until_stopped(route.backend or [], policy, route, seed)
+    with _router_socket(route) as sock:
+        route_until_stopped(route.backend or [], policy, route, guard, seed, sock)
 
 
 fleet_app = typer.Typer(help="A fleet of rt serve replicas behind rt route, on loopback.",
                         no_args_is_help=True)
 app.add_typer(fleet_app, name="fleet")
 # What `rt fleet up` passes on to each replica's `rt serve`.
-_FLEET_SERVER = Flags(only=("simulate", "max_num_queued_requests"))
+_FLEET_SERVER = Flags(only=("simulate", "max_num_queued_requests", "api_key",
+                            "max_request_bytes"))
+_FLEET_SERVER_ARGV = dataclasses.replace(_FLEET_SERVER, exclude=("api_key",))  # key: by env
 _FLEET_SIM = Flags(only=("gpu", "profile"))
 
 
@@ -731,17 +758,21 @@ def fleet_up(
 ) -> None:
     """Start --replicas `rt serve` processes (free ports of 127.0.0.1) and `rt route` in
     front of them on --port; print the router URL; on Ctrl-C/SIGTERM stop everything (no
-    process is left behind)."""
+    process is left behind). --api-key and --max-request-bytes hold for the router and
+    every replica."""
     from backends.route.fleet import FleetPlan, run_fleet
     from runtime.router import make_policy
 
     with user_errors():  # a bad policy or argument: one line before anything starts
         make_policy(policy.router, policy.router_arg or [], seed)
-    plan = FleetPlan.of(RT, seed, [(server, _FLEET_SERVER), (sim, _FLEET_SIM), (engine, None),
-                                   (model, None)], policy.replicas, route.shutdown_timeout)
-    with user_errors(RuntimeError, only=True):  # a replica did not come up
+    key = None if server.api_key is None else {**os.environ, "VLLM_API_KEY": server.api_key}
+    plan = FleetPlan.of(RT, seed, [(server, _FLEET_SERVER_ARGV), (sim, _FLEET_SIM),
+                                   (engine, None), (model, None)], policy.replicas,
+                        route.shutdown_timeout, env=key)  # the key: not on a command line
+    with _router_socket(route) as sock, user_errors(RuntimeError, only=True):
         run_fleet(plan, functools.partial(route_until_stopped, policy=policy, route=route,
-                                          seed=seed, print_url=True), say)
+                                          guard=server, seed=seed, sock=sock,
+                                          print_url=True), say)
 
 
 @command(bench_app, "route")

@@ -5,6 +5,7 @@ OSError raised while serving is a bug and keeps its traceback. The servers are s
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,6 +20,7 @@ BUG = ValueError("a bug while serving")
 
 
 def _serving_raises(monkeypatch: pytest.MonkeyPatch, raised: Exception) -> None:
+    from backends import listen
     from backends.route import app as route_app
     from backends.serve import api_server
     from sim import live_executor
@@ -37,6 +39,8 @@ def _serving_raises(monkeypatch: pytest.MonkeyPatch, raised: Exception) -> None:
     monkeypatch.setattr(api_server, "run_server", serve)
     monkeypatch.setattr(api_server, "listening_socket", lambda *a: SimpleNamespace(
         getsockname=lambda: ("127.0.0.1", 8000)))  # no real port taken
+    monkeypatch.setattr(listen, "listening_socket", lambda *a: contextlib.nullcontext(
+        SimpleNamespace(getsockname=lambda: ("127.0.0.1", 8000))))  # the router's
 
 
 COMMANDS = [["route", "--backend", "http://b"], ["serve", "--simulate"]]

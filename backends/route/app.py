@@ -15,6 +15,14 @@ the index of the backend that answered (its position among `--backend`, 0-based:
 HTTP is the router's own both ways: `backends.route.server` (clients) and
 `backends.route.upstream` (backends); the handler is `backends.route.relay`.
 
+Input is checked as `rt serve` checks it (`backends.serve.guard`): with an API key, /v1/*
+needs `Authorization: Bearer KEY` (401 in vLLM's body otherwise, from the request's head,
+before its body is read: `Router.screen`; /health and /metrics stay open), and the client's
+`Authorization` header is forwarded to the backend, so backends sharing the key accept it
+(the router's own calls to /v1/models carry its key); a body over `max_request_bytes` gets
+413 (`backends.route.server`); a body that is not a UTF-8 JSON object 400. Every error the
+router answers itself is vLLM's shape, encoded as rt serve's.
+
 A request's life: the body is parsed for the prompt (`backends.route.prompt`); the shared
 policy (`runtime.router`) chooses among the backends up, from their last scraped metrics
 and its own state (`on_routed`); the request is sent, its body as received (never
@@ -38,10 +46,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import itertools
-import json
 import signal
+import socket
 import ssl
 import time
 from collections.abc import Callable, Sequence
@@ -52,6 +61,7 @@ from urllib.parse import urlsplit
 import certifi
 import httpx
 
+from backends.listen import socket_url
 from backends.route.backends import (
     Backend,
     check_backends,
@@ -59,7 +69,7 @@ from backends.route.backends import (
     needed_signals,
 )
 from backends.route.flags import REPLICA_HEADER
-from backends.route.http1 import request_head
+from backends.route.http1 import field, request_head
 from backends.route.metrics import RouterMetrics
 from backends.route.prompt import routing_request
 from backends.route.relay import handle
@@ -73,7 +83,8 @@ from backends.route.upstream import (
     UpstreamPool,
     get,
 )
-from backends.serve.openai_protocol import ApiError
+from backends.serve.guard import UNAUTHORIZED, ApiKey, parse_body
+from backends.serve.openai_protocol import ApiError, json_bytes
 from runtime.router import RoutingRequest, make_policy
 
 # hop-by-hop and framing headers: never forwarded either way (and `expect`: the router has
@@ -86,6 +97,7 @@ _SESSION = b"x-session-id"
 _SCRAPE_TIMEOUT_S = 5.0  # a backend saturated by load answers /metrics late, not never
 _CONNECT_TIMEOUT_S = 5.0
 _MAX_IDLE = 128  # idle keep-alive connections kept per backend
+_UNAUTHORIZED = json_bytes(UNAUTHORIZED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +112,9 @@ class RouterConfig:
         max_failures: consecutive failures that take a backend out.
         health_check_s: how often a backend taken out is probed on /health.
         backend_timeout_s: the longest a backend may stay silent within one request.
+        api_key: the Bearer token /v1/* requires (None: none), also sent on the router's own
+            calls to the backends' /v1/models.
+        max_request_bytes: longer request bodies get 413.
     """
 
     backends: tuple[str, ...]
@@ -110,6 +125,8 @@ class RouterConfig:
     max_failures: int = 3
     health_check_s: float = 0.5
     backend_timeout_s: float = 300.0
+    api_key: str | None = dataclasses.field(default=None, repr=False)
+    max_request_bytes: int = 1 << 20
 
 
 class Router:
@@ -125,6 +142,7 @@ class Router:
         self.backends = [Backend(i, url) for i, url in enumerate(config.backends)]
         self.scrape_period_s = config.refresh_s if self.reads_metrics else config.health_check_s
         self.metrics = RouterMetrics(config.policy, self.backends, self.scrape_period_s)
+        self.key = None if config.api_key is None else ApiKey(config.api_key)
         self.client: httpx.AsyncClient | None = None  # scrapes, health, /v1/models
         # the requests' connections, per backend (index = replica id), and the path each
         # backend's URL puts before /v1/...
@@ -141,7 +159,7 @@ class Router:
 
     async def start(self) -> None:
         timeout = httpx.Timeout(self.config.backend_timeout_s, connect=_CONNECT_TIMEOUT_S)
-        self.client = httpx.AsyncClient(timeout=timeout)
+        self.client = httpx.AsyncClient(timeout=timeout, headers=bearer(self.config.api_key))
         await asyncio.gather(*(self._scrape(b) for b in self.backends))
         self._tasks = [asyncio.create_task(self._watch(b)) for b in self.backends]
 
@@ -193,6 +211,13 @@ class Router:
             self.metrics.errors.labels(backend.url, "scrape").inc()
             backend.failed(self.config.max_failures)
 
+    def screen(self, path: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes] | None:
+        """vLLM's 401 for a request to /v1/* without the API key, from its head (the server
+        asks before it reads the body: `backends.route.server.Screen`); None: read on."""
+        if self.key is not None and self.key.refuses(path, field(headers, b"authorization")):
+            return 401, _UNAUTHORIZED
+        return None
+
     @property
     def any_up(self) -> bool:
         return any(b.up for b in self.backends)
@@ -229,12 +254,7 @@ class Router:
         read, and its router id.
         ApiError (400 bad body, 503 nothing up, 502 the backend failed) otherwise; a refused
         connection is routed again among the backends not yet tried."""
-        try:
-            payload = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ApiError(400, f"malformed JSON body: {err}") from None
-        if not isinstance(payload, dict):
-            raise ApiError(400, "the body must be a JSON object")
+        payload = parse_body(body)
         request_id = f"route-{next(self._ids)}"
         session = [v.decode("latin-1") for k, v in headers if k == _SESSION][:1]
         routing = routing_request(payload, chat, {"x-session-id": session[0]} if session
@@ -316,16 +336,21 @@ def _upstream(url: str, tls: ssl.SSLContext | None, timeout_s: float) -> Upstrea
                           tls if https else None, _MAX_IDLE, _CONNECT_TIMEOUT_S, timeout_s)
 
 
-def run_router(config: RouterConfig, host: str, port: int, shutdown_timeout_s: float = 10.0
+def bearer(api_key: str | None) -> dict[str, str]:
+    """The header that carries `api_key` (none without one)."""
+    return {} if api_key is None else {"authorization": f"Bearer {api_key}"}
+
+
+def run_router(config: RouterConfig, sock: socket.socket, shutdown_timeout_s: float = 10.0
                ) -> None:
-    """Serve until SIGINT/SIGTERM: then stop accepting, let responses in flight finish for
-    up to `shutdown_timeout_s` (then they are cut), close the clients and return.
-    RuntimeError (one line) if host:port cannot be bound. The router's own server
+    """Serve on `sock` (listening, `backends.listen.listening_socket`) until SIGINT/SIGTERM:
+    then stop accepting, let responses in flight finish for up to `shutdown_timeout_s` (then
+    they are cut), close the clients and return. The router's own server
     (`backends.route.server`) logs nothing."""
-    asyncio.run(_serve(config, host, port, shutdown_timeout_s))
+    asyncio.run(_serve(config, sock, shutdown_timeout_s))
 
 
-async def _serve(config: RouterConfig, host: str, port: int, shutdown_timeout_s: float
+async def _serve(config: RouterConfig, sock: socket.socket, shutdown_timeout_s: float
                  ) -> None:
     router = Router(config)
     stop = asyncio.Event()
@@ -334,31 +359,37 @@ async def _serve(config: RouterConfig, host: str, port: int, shutdown_timeout_s:
         loop.add_signal_handler(sig, stop.set)
     await router.start()
     try:
-        await serve(functools.partial(handle, router), host, port, shutdown_timeout_s, stop)
+        await serve(functools.partial(handle, router), sock, shutdown_timeout_s, stop,
+                    config.max_request_bytes, router.screen if router.key else None)
     finally:
         await router.stop()
 
 
-def router_config(urls: Sequence[str], policy: Any, route: Any, seed: int) -> RouterConfig:
+def router_config(urls: Sequence[str], policy: Any, route: Any, guard: Any, seed: int
+                  ) -> RouterConfig:
     """The router's settings from its flags (`FleetFlags` as `policy`: router, router_arg,
-    router_refresh_ms; `RouteFlags` as `route`); ValueError (one line) on an unknown
-    policy, a bad argument, or a backend that is unreachable, not OpenAI-compatible or
-    lacks a metric the policy reads."""
+    router_refresh_ms; `RouteFlags` as `route`; `ServeFlags` as `guard`: api_key,
+    max_request_bytes); ValueError (one line) on an unknown policy, a bad argument, or a
+    backend that is unreachable, not OpenAI-compatible (or refuses the key) or lacks a
+    metric the policy reads."""
     args = list(policy.router_arg or [])
-    bases = check_backends(list(urls), make_policy(policy.router, args, seed))
+    bases = check_backends(list(urls), make_policy(policy.router, args, seed),
+                           bearer(guard.api_key))
     return RouterConfig(tuple(bases), policy.router, tuple(args), seed,
                         policy.router_refresh_ms / 1000.0, route.max_failures,
-                        route.health_check_ms / 1000.0, route.backend_timeout)
+                        route.health_check_ms / 1000.0, route.backend_timeout,
+                        guard.api_key, guard.max_request_bytes)
 
 
-def route_until_stopped(config: RouterConfig, route: Any, say: Callable[[str], None],
+def route_until_stopped(config: RouterConfig, sock: socket.socket, shutdown_timeout_s: float,
+                        say: Callable[[str], None],
                         print_url: Callable[[str], None] | None = None) -> None:
-    """`rt route`: the router of `config` (`router_config`) on `route`'s host and port, its
-    URL to `print_url` when given, served until SIGINT/SIGTERM (`run_router`: RuntimeError
-    if it cannot bind), saying where and when it stopped."""
-    url = f"http://{route.host}:{route.port}/v1"
+    """`rt route`: the router of `config` (`router_config`) on `sock` (bound by the command,
+    so port 0's real port is known), its URL to `print_url` when given, served until
+    SIGINT/SIGTERM (`run_router`), saying where and when it stopped."""
+    url = f"{socket_url(sock)}/v1"
     if print_url is not None:
         print_url(url)
     say(f"routing ({config.policy}) over {len(config.backends)} backends on {url}")
-    run_router(config, route.host, route.port, route.shutdown_timeout)
+    run_router(config, sock, shutdown_timeout_s)
     say("router stopped")

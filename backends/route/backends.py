@@ -165,10 +165,11 @@ def normalize_url(url: str) -> str:
     return base
 
 
-def check_backends(urls: list[str], policy: RouterPolicy, timeout_s: float = 5.0
-                   ) -> list[str]:
-    """Normalized URLs of backends that answer as OpenAI servers and export what `policy`
-    needs; ValueError (one line) naming the first that does not."""
+def check_backends(urls: list[str], policy: RouterPolicy, headers: dict[str, str] | None = None,
+                   timeout_s: float = 5.0) -> list[str]:
+    """Normalized URLs of backends that answer as OpenAI servers (GET /v1/models with
+    `headers`: the router's API key) and export what `policy` needs; ValueError (one line)
+    naming the first that does not."""
     if not urls:
         raise ValueError("give at least one --backend URL")
     bases = [normalize_url(u) for u in urls]
@@ -176,7 +177,7 @@ def check_backends(urls: list[str], policy: RouterPolicy, timeout_s: float = 5.0
         if bases.count(base) > 1:
             raise ValueError(f"--backend {base} is given twice")
     needed = needed_signals(policy)
-    with httpx.Client(timeout=timeout_s) as client:
+    with httpx.Client(timeout=timeout_s, headers=headers) as client:
         for base in bases:
             _check_one(client, base, policy.name, needed)
     return bases
@@ -192,6 +193,9 @@ def _check_one(client: httpx.Client, base: str, policy: str, needed: tuple[str, 
         data = models.json().get("data") if models.status_code == 200 else None
     except ValueError:
         data = None
+    if models.status_code == 401:
+        raise ValueError(f"backend {base} refuses the router's API key (GET /v1/models "
+                         "answered 401): give rt route the backends' --api-key")
     if not isinstance(data, list) or not data:
         raise ValueError(f"backend {base} is not OpenAI-compatible: GET /v1/models answered "
                          f"{models.status_code} without a model list")

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,16 +56,18 @@ def flag_argv(flags: Any, group: FlagGroup | None = None) -> list[str]:
 
 
 class Replica:
-    """One `rt serve` subprocess on a port of 127.0.0.1; its output in a log file."""
+    """One `rt serve` subprocess on a port of 127.0.0.1, in environment `env` (None: this
+    process's); its output in a log file."""
 
-    def __init__(self, command: Sequence[str], port: int, log_dir: Path) -> None:
+    def __init__(self, command: Sequence[str], port: int, log_dir: Path,
+                 env: Mapping[str, str] | None = None) -> None:
         self.port = port
         self.url = f"http://{_HOST}:{port}"
         self.log_path = log_dir / f"replica-{port}.log"
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
                 [*command, "--host", _HOST, "--port", str(port)], stdin=subprocess.DEVNULL,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)
 
     def log_tail(self, chars: int = 1500) -> str:
@@ -134,25 +136,30 @@ class FleetPlan:
         serve_command: `rt serve ...` without --host/--port (appended per replica).
         ports: one per replica, on 127.0.0.1.
         start_timeout_s, stop_timeout_s: bounds of the start and of the drain.
+        env: the replicas' environment (None: this process's), e.g. with their API key
+            as `VLLM_API_KEY`: a secret goes there, not on a command line, which any user of
+            the machine can read.
     """
 
     serve_command: tuple[str, ...]
     ports: tuple[int, ...]
     start_timeout_s: float = 180.0
     stop_timeout_s: float = 20.0
+    env: Mapping[str, str] | None = dataclasses.field(default=None, repr=False)
 
     @classmethod
     def of(cls, rt: Sequence[str], seed: int, flags: Sequence[tuple[Any, FlagGroup | None]],
-           replicas: int, shutdown_timeout_s: float) -> FleetPlan:
+           replicas: int, shutdown_timeout_s: float, env: Mapping[str, str] | None = None
+           ) -> FleetPlan:
         """`rt serve --seed SEED` (`rt` the command line that starts rt) with each of `flags`
-        passed on (`flag_argv`), on `replicas` free ports; the drain bounded by the router's
-        shutdown timeout plus 10 s."""
+        passed on (`flag_argv`), on `replicas` free ports, in `env`; the drain bounded by
+        the router's shutdown timeout plus 10 s."""
         from backends.bench.serve_load import free_port
 
         command = [*rt, "serve", "--seed", str(seed), *(
             arg for values, group in flags for arg in flag_argv(values, group))]
         return cls(tuple(command), tuple(free_port() for _ in range(replicas)),
-                   stop_timeout_s=shutdown_timeout_s + 10)
+                   stop_timeout_s=shutdown_timeout_s + 10, env=env)
 
 
 def run_fleet(plan: FleetPlan, serve_router: Callable[[list[str]], None],
@@ -164,7 +171,8 @@ def run_fleet(plan: FleetPlan, serve_router: Callable[[list[str]], None],
         try:
             with _signals_raise():
                 for port in plan.ports:
-                    replicas.append(Replica(plan.serve_command, port, Path(log_dir)))
+                    replicas.append(Replica(plan.serve_command, port, Path(log_dir),
+                                            plan.env))
                 wait_healthy(replicas, plan.start_timeout_s)
             log(f"{len(replicas)} replicas up: {', '.join(r.url for r in replicas)}")
             serve_router([r.url for r in replicas])

@@ -6,7 +6,9 @@ text's UTF-8 bytes, as ids 3 + byte: exactly `rt serve`'s `ByteTokenizer` ids (t
 of `--simulate` and of models without one), so router blocks line up with such a backend's
 KV blocks; in front of a model with a real tokenizer, prefix lengths are in bytes (about 4
 per token). Chat messages are rendered as `rt serve`'s template of models without one
-(`role: content` lines). A completion prompt given as token ids is used as is.
+(`role: content` lines). A completion prompt given as token ids is used as is (ids outside
+[0, 2**63), which no tokenizer makes and the policies' int64 hashing cannot pack, left out:
+the backend refuses such a prompt itself).
 
 The session key (for `session-hash`, and kv-aware's fallback) is the `x-session-id` header,
 else the body's `user` field.
@@ -22,6 +24,7 @@ from backends.engine.text import simple_chat_text
 from runtime.router import RoutingRequest
 
 _BYTE_OFFSET = 3  # ByteTokenizer: ids 0, 1, 2 are pad, BOS, EOS; byte b -> 3 + b
+_MAX_ID = (1 << 63) - 1  # the policies hash token ids as int64
 
 
 def prompt_text(body: Mapping[str, Any], chat: bool) -> str | list[int]:
@@ -37,11 +40,15 @@ def prompt_text(body: Mapping[str, Any], chat: bool) -> str | list[int]:
     if isinstance(prompt, list) and prompt:
         first = prompt[0]
         if isinstance(first, int):
-            return [t for t in prompt if isinstance(t, int)]
+            return _ids(prompt)
         prompt = first  # a batch: route by its first prompt
         if isinstance(prompt, list):
-            return [t for t in prompt if isinstance(t, int)]
+            return _ids(prompt)
     return prompt if isinstance(prompt, str) else ""
+
+
+def _ids(prompt: list[Any]) -> list[int]:
+    return [t for t in prompt if isinstance(t, int) and 0 <= t <= _MAX_ID]
 
 
 def _content(content: object) -> str:
@@ -58,7 +65,9 @@ def routing_request(body: Mapping[str, Any], chat: bool, headers: Mapping[str, s
     without `with_ids`, no token ids (for a policy that never reads them: building them
     costs ~0.1 ms per KB of prompt), the same prompt length."""
     prompt = prompt_text(body, chat)
-    raw = prompt if isinstance(prompt, list) else prompt.encode("utf-8")
+    # a lone surrogate (JSON's "\ud800" escape) is not UTF-8: its bytes as Python's
+    # surrogatepass writes them
+    raw = prompt if isinstance(prompt, list) else prompt.encode("utf-8", "surrogatepass")
     ids = (list(raw) if isinstance(prompt, list) else [_BYTE_OFFSET + b for b in raw]) \
         if with_ids else []
     session = headers.get("x-session-id") or body.get("user")

@@ -8,6 +8,10 @@ together goes out together: the head with the bytes that came with the backend's
 each later piece, the last with the end of the body), chunk-framed anew for the client (the
 backend's chunk boundaries are not kept; its bytes are).
 
+(A request to /v1/* without the API key never gets here: `Router.screen` answers it from
+its head.) Errors the router answers itself are `ApiError`s encoded as rt serve's
+(`ApiError.encoded`; an SSE error event as `backends.serve.sse.event`).
+
 Stream semantics: the first event with output calls the policy's `on_prefill_done` (chat:
 the second, after the role), the end or failure `on_finished`; a stream cut by its backend
 ends with an OpenAI-style `data: {"error": ...}` event. A client that disconnects closes the
@@ -16,7 +20,6 @@ backend's connection at once (its request is aborted there).
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -24,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from backends.route.upstream import UpstreamFailed
 from backends.serve.openai_protocol import GENERATION_PATHS as PATHS
 from backends.serve.openai_protocol import ApiError
+from backends.serve.sse import event
 
 if TYPE_CHECKING:
     from backends.route.app import Router
@@ -63,7 +67,7 @@ async def handle(router: Router, request: Request, conn: Connection) -> None:
 
 
 def _error(conn: Connection, err: ApiError) -> None:
-    conn.respond(err.status, [_JSON], json.dumps(err.body()).encode())
+    conn.respond(err.status, [_JSON], err.encoded())
 
 
 async def _generate(router: Router, request: Request, conn: Connection, chat: bool) -> None:
@@ -124,7 +128,7 @@ async def _relay(router: Router, backend: Backend, upstream: Exchange, request_i
             return
         router.metrics.errors.labels(backend.url, "stream").inc()
         error = ApiError(502, f"backend {backend.url} failed mid-stream: {err}")
-        conn.send(f"data: {json.dumps(error.body())}\n\n".encode(), last=True)
+        conn.send(event(error.body()), last=True)
 
 
 class _Output:

@@ -1,6 +1,6 @@
 """The router's HTTP/1.1 server: asyncio protocols, one task per request, no ASGI layer.
 
-    await serve(handler, host, port, shutdown_timeout_s, stop)
+    await serve(handler, sock, shutdown_timeout_s, stop, max_body, screen)
 
 Each connection parses its requests (head, then a Content-Length or chunked body; `Expect:
 100-continue` answered) and runs `handler(request, connection)` for one at a time (bytes of
@@ -14,7 +14,11 @@ a pipelined next request wait). The handler answers through the connection:
 
 An HTTP/1.0 client (or one that sent `connection: close`) gets `connection: close` and, for a
 stream, a body framed by the close. A connection idle (no request, or a request's bytes
-stalled) for `KEEP_ALIVE_S` is closed. A malformed request gets a 400 and the close.
+stalled) for `KEEP_ALIVE_S` is closed. A malformed request gets a 400 and the close; a body
+over `max_body` bytes a 413 and the close (declared: as soon as the head is in; chunked: once
+its data passes the limit, or its bytes with their framing pass twice it). `screen`, when
+given, may refuse a request from its head, before its body is read (the router's API key):
+its answer, then the close.
 
 Shutdown (`stop` set): the listening socket closes, idle connections close, requests in
 flight may finish for `shutdown_timeout_s`, then their connections are cut (the handlers'
@@ -26,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http
-import json
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -41,10 +45,10 @@ from backends.route.http1 import (
     field,
     split_head,
 )
+from backends.serve.guard import too_large
 from backends.serve.openai_protocol import ApiError
 
 KEEP_ALIVE_S = 5.0  # as uvicorn's default
-MAX_BODY = 64 * 1024 * 1024  # bytes of a request body at most (413 above)
 _PHRASES = {s.value: s.phrase.encode() for s in http.HTTPStatus}
 
 
@@ -67,16 +71,29 @@ class Request:
 
 
 Handler = Callable[[Request, "Connection"], Awaitable[None]]
+# A request's path and headers -> the status and JSON body refusing it, or None to read on
+Screen = Callable[[str, list[tuple[bytes, bytes]]], tuple[int, bytes] | None]
 
 
 class _State:
     """The server's connections and the requests running on them."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, max_body: int, screen: Screen | None) -> None:
         self.handler = handler
+        self.max_body = max_body  # bytes of a request body at most (413 above)
+        self.screen = screen
         self.connections: set[Connection] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.stopping = False
+
+
+class Refused(Exception):
+    """A request answered from its head alone (a body over `max_body`, or `screen`'s
+    refusal): the status and JSON body of the answer."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(status)
+        self.status, self.body = status, body
 
 
 def response_head(status: int, headers: list[tuple[bytes, bytes]], framing: bytes,
@@ -120,7 +137,7 @@ class Connection(asyncio.Protocol):
         if not self._busy:
             self._arm_idle()
             self._parse()
-        elif len(self._buf) > MAX_HEAD + MAX_BODY:  # a pipelining client: wait for us
+        elif len(self._buf) > MAX_HEAD + 2 * self._state.max_body:  # pipelining: wait for us
             self.transport.pause_reading()  # type: ignore[union-attr]
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -190,7 +207,10 @@ class Connection(asyncio.Protocol):
         try:
             request = self._next_request()
         except ProtocolError as err:
-            self._reject(400, str(err))
+            self._reject(400, ApiError(400, str(err)).encoded())
+            return
+        except Refused as refused:
+            self._reject(refused.status, refused.body)
             return
         if request is None:
             return
@@ -209,6 +229,11 @@ class Connection(asyncio.Protocol):
             return None
         first, headers = split_head(self._buf[:end])
         method, target, version = _request_line(first)
+        path = target.split(b"?", 1)[0].decode("latin-1")
+        if self._state.screen is not None:
+            refusal = self._state.screen(path, headers)
+            if refusal is not None:
+                raise Refused(*refusal)
         body, used = self._body(headers, end + 4)
         if body is None:
             return None
@@ -217,23 +242,25 @@ class Connection(asyncio.Protocol):
         self._close_after = not self._chunked or b"close" in (field(headers, b"connection")
                                                               or b"").lower()
         self._responded = False
-        path = target.split(b"?", 1)[0].decode("latin-1")
         return Request(method, target, path, headers, body, time.monotonic())
 
     def _body(self, headers: list[tuple[bytes, bytes]], start: int) -> tuple[bytes | None, int]:
         """The body once it is all here (None before) and where the request ends."""
         mode, size = body_framing(headers)
+        limit = self._state.max_body
         if mode == "chunked":
-            if len(self._buf) - start > MAX_BODY:  # bounded as it arrives, framing included
-                raise ProtocolError(f"a chunked request body over {MAX_BODY} bytes")
+            if len(self._buf) - start > 2 * limit:  # bounded as it arrives, framing included
+                raise Refused(413, too_large(limit).encoded())
             decoder = ChunkedDecoder()
             pieces = decoder.feed(self._buf[start:])
+            if sum(map(len, pieces)) > limit:
+                raise Refused(413, too_large(limit).encoded())
             if not decoder.done:
                 self._expect_continue(headers, len(self._buf) - start)
                 return None, 0
             return b"".join(pieces), len(self._buf) - len(decoder.leftover)
-        if size > MAX_BODY:
-            raise ProtocolError(f"a request body of {size} bytes (at most {MAX_BODY})")
+        if size > limit:
+            raise Refused(413, too_large(limit).encoded())
         if len(self._buf) - start < size:
             self._expect_continue(headers, len(self._buf) - start)
             return None, 0
@@ -250,7 +277,8 @@ class Connection(asyncio.Protocol):
             if self._responded and self.transport is not None:
                 self.transport.abort()  # a response cut in the middle: the client sees it
             elif not self.gone:
-                self._reject(500, f"the router failed: {type(err).__name__}: {err}")
+                self._reject(500, ApiError(500, f"the router failed: {type(err).__name__}: "
+                                                f"{err}").encoded())
             return
         finally:
             self.on_lost = None
@@ -266,8 +294,8 @@ class Connection(asyncio.Protocol):
         if self._buf:
             self._parse()
 
-    def _reject(self, status: int, message: str) -> None:
-        body = json.dumps(ApiError(status, message).body()).encode()
+    def _reject(self, status: int, body: bytes) -> None:
+        """Answer `body` (JSON) and close: what is left of the request is not read."""
         self._close_after = True
         self.respond(status, [(b"content-type", b"application/json")], body)
         assert self.transport is not None
@@ -291,17 +319,14 @@ def _request_line(line: bytes) -> tuple[bytes, bytes, bytes]:
     return parts[0], parts[1], parts[2]
 
 
-async def serve(handler: Handler, host: str, port: int, shutdown_timeout_s: float,
-                stop: asyncio.Event) -> None:
-    """Serve on host:port until `stop` is set, then drain (see the module docstring);
-    RuntimeError (one line) if the address cannot be bound."""
-    state = _State(handler)
+async def serve(handler: Handler, sock: socket.socket, shutdown_timeout_s: float,
+                stop: asyncio.Event, max_body: int, screen: Screen | None = None) -> None:
+    """Serve on `sock` (listening: `backends.listen.listening_socket`; closed on return)
+    until `stop` is set, then drain (see the module docstring); request bodies of at most
+    `max_body` bytes; `screen` asked first (None: every request is read)."""
+    state = _State(handler, max_body, screen)
     loop = asyncio.get_running_loop()
-    try:
-        server = await loop.create_server(lambda: Connection(state), host, port,
-                                          reuse_address=True)
-    except OSError as err:
-        raise RuntimeError(f"the router cannot listen on {host}:{port}: {err}") from None
+    server = await loop.create_server(lambda: Connection(state), sock=sock)
     try:
         await stop.wait()
     finally:

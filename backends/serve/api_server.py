@@ -36,6 +36,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from backends.listen import listening_socket, socket_url
 from backends.serve.guard import RequestGuard, json_body
 from backends.serve.openai_protocol import ApiError, token_list
 from backends.serve.openapi_schema import request_schema
@@ -269,35 +270,6 @@ def _imports(module: str) -> bool:
     except ImportError:
         return False
     return True
-
-
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to (host, port) and listening, for `run_server`: bound here, before
-    the engine process starts, so an address that cannot be had (a bad host, a port in use or
-    out of range) is a ValueError naming --host and --port (the command's one-line error), not
-    uvicorn's log lines and exit 3. Port 0: a free port (`getsockname()` says which)."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        family, kind, proto, _, address = infos[0]
-        sock = socket.socket(family, kind, proto)
-    except (OSError, OverflowError) as err:
-        raise ValueError(f"--host {host!r} --port {port}: cannot listen there ({err})") from None
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
-        sock.bind(address)
-        sock.listen(2048)  # uvicorn's default backlog
-    except OSError as err:
-        sock.close()
-        raise ValueError(f"--host {host!r} --port {port}: cannot listen there "
-                         f"({err.strerror or err})") from None
-    return sock  # not inheritable: the engine process (spawned) does not hold the port
-
-
-def socket_url(sock: socket.socket) -> str:
-    """The base URL a listening socket answers on, e.g. http://127.0.0.1:8000 (IPv6 in
-    brackets)."""
-    host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def run_server(config: ServeConfig, sock: socket.socket, stack: HttpStack,

@@ -1,5 +1,6 @@
 """What `rt serve` checks before a handler runs: the API key and the body's size, and the
-bounded reading of a JSON body.
+bounded reading of a JSON body. `rt route` checks the same with `ApiKey`, `too_large` and
+`parse_body` (its own HTTP server has no ASGI middleware).
 
     /v1/*  without `Authorization: Bearer KEY` (when a key is set)   401 {"error": "Unauthorized"}
     a body longer than `max_request_bytes` (Content-Length or read)  413, OpenAI-style error
@@ -26,13 +27,32 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from backends.serve.openai_protocol import ApiError
 
+# vLLM's 401 body (not the OpenAI error shape: vLLM's middleware answers it so)
+UNAUTHORIZED = {"error": "Unauthorized"}
+
+
+class ApiKey:
+    """The API-key check: a request to /v1/* must carry `Authorization: Bearer KEY`."""
+
+    def __init__(self, key: str) -> None:
+        self._digest = _digest(key.encode())
+
+    def refuses(self, path: str, authorization: bytes | None) -> bool:
+        """Whether a request to `path` with this `Authorization` header value (None: none)
+        gets the 401."""
+        if not path.startswith("/v1"):
+            return False
+        scheme, _, token = (authorization or b"").partition(b" ")
+        return scheme.lower() != b"bearer" or not secrets.compare_digest(_digest(token),
+                                                                         self._digest)
+
 
 class RequestGuard:
     """ASGI middleware: 401 on /v1/* without the API key, 413 on a declared oversize body."""
 
     def __init__(self, app: ASGIApp, api_key: str | None, max_request_bytes: int) -> None:
         self.app = app
-        self.key_digest = None if api_key is None else _digest(api_key.encode())
+        self.key = None if api_key is None else ApiKey(api_key)
         self.max_request_bytes = max_request_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -40,22 +60,15 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        if self.key_digest is not None and scope["path"].startswith("/v1") \
-                and not self._authorized(headers.get(b"authorization", b"")):
-            await JSONResponse({"error": "Unauthorized"}, 401)(scope, receive, send)
+        if self.key is not None and self.key.refuses(scope["path"],
+                                                     headers.get(b"authorization")):
+            await JSONResponse(UNAUTHORIZED, 401)(scope, receive, send)
             return
         length = headers.get(b"content-length", b"0")
         if length.isdigit() and int(length) > self.max_request_bytes:
             await too_large(self.max_request_bytes).response()(scope, receive, send)
             return
         await self.app(scope, receive, send)
-
-    def _authorized(self, header: bytes) -> bool:
-        scheme, _, token = header.partition(b" ")
-        if scheme.lower() != b"bearer":
-            return False
-        assert self.key_digest is not None
-        return secrets.compare_digest(_digest(token), self.key_digest)
 
 
 def _digest(token: bytes) -> bytes:
@@ -92,8 +105,14 @@ async def json_body(request: Request, limit: int) -> dict[str, Any]:
         data += chunk
         if len(data) > limit:
             raise too_large(limit)
+    return parse_body(bytes(data))
+
+
+def parse_body(data: bytes) -> dict[str, Any]:
+    """A request body as a JSON object; ApiError 400 (in vLLM's shape) otherwise: not UTF-8,
+    malformed, nested too deeply, or not an object."""
     try:
-        body = parse_json(bytes(data).decode("utf-8"))
+        body = parse_json(data.decode("utf-8"))
     except UnicodeDecodeError:
         raise ApiError(400, "the body is not UTF-8") from None
     except ValueError as err:  # JSONDecodeError, or an integer of over 4300 digits

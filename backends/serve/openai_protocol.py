@@ -40,6 +40,17 @@ class ApiError(Exception):
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status)
 
+    def encoded(self) -> bytes:
+        """The body's bytes as `response()` sends them (for a server without Starlette's
+        responses: `rt route`)."""
+        return json_bytes(self.body())
+
+
+def json_bytes(value: Any) -> bytes:
+    """`value` as rt serve's JSON responses encode it (Starlette's `JSONResponse`: compact,
+    UTF-8, no NaN), so that `rt route`'s own answers are the same bytes."""
+    return bytes(JSONResponse(value).body)
+
 
 class EngineDeadError(ApiError):
     def __init__(self) -> None:
@@ -111,6 +122,19 @@ def token_list(value: Any, name: str, vocab_size: int) -> list[int]:
     return value
 
 
+def _text(value: str, name: str) -> str:
+    """`value` if it is Unicode text; ApiError 400 for a lone surrogate (JSON's "\ud800"
+    escape makes one; no tokenizer takes it: ByteTokenizer raises UnicodeEncodeError, a
+    Hugging Face one TypeError). An ASCII string is known as such in O(1)."""
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ApiError(400, f"{name} is not valid Unicode text (a lone surrogate)",
+                           name) from None
+    return value
+
+
 class RequestParser:
     """Validates OpenAI request bodies into `Parsed` (ApiError 400 otherwise)."""
 
@@ -124,7 +148,7 @@ class RequestParser:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
             prompt = prompt[0]  # a batch of one
         if isinstance(prompt, str):
-            return self.codec.encode(prompt)
+            return self.codec.encode(_text(prompt, "prompt"))
         if isinstance(prompt, list):
             return token_list(prompt, "prompt", self.info.vocab_size)
         raise ApiError(400, "prompt must be a string, a list of token ids, or a list of "

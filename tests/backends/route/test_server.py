@@ -11,9 +11,8 @@ from typing import Any
 
 import pytest
 
-from backends.route import server as server_module
+from backends.listen import listening_socket
 from backends.route.server import Connection, Request, serve
-from tests.backends.route.procs import free_port
 
 
 def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -21,19 +20,21 @@ def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
 
 
 class Harness:
-    """`serve` on a free port with `handler`; `stop` ends it; `seen` the requests."""
+    """`serve` on a free port with `handler` (bodies of at most `max_body` bytes); `stop`
+    ends it; `seen` the requests."""
 
     def __init__(self, handler: Callable[[Request, Connection], Coroutine[Any, Any, None]],
-                 shutdown_timeout_s: float = 5.0) -> None:
-        self.port = free_port()
+                 shutdown_timeout_s: float = 5.0, max_body: int = 1 << 20) -> None:
+        sock = listening_socket("127.0.0.1", 0)
+        self.port = sock.getsockname()[1]
         self.seen: list[Request] = []
         self.stop = asyncio.Event()
 
         async def recording(request: Request, conn: Connection) -> None:
             self.seen.append(request)
             await handler(request, conn)
-        self.task = asyncio.ensure_future(serve(recording, "127.0.0.1", self.port,
-                                                shutdown_timeout_s, self.stop))
+        self.task = asyncio.ensure_future(serve(recording, sock, shutdown_timeout_s, self.stop,
+                                                max_body))
 
     async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         for _ in range(100):
@@ -126,17 +127,51 @@ def test_a_malformed_request_is_a_400_and_the_close() -> None:
     run(main)
 
 
-def test_a_chunked_body_over_the_limit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server_module, "MAX_BODY", 64)  # bytes, framing included
+TOO_LARGE = (b'{"error":{"message":"the request body is longer than 64 bytes",'
+             b'"type":"RequestTooLargeError","param":null,"code":413}}')
 
+
+@pytest.mark.parametrize("body", [
+    b"20\r\n" + b"x" * 32 + b"\r\n" + b"21\r\n" + b"x" * 33 + b"\r\n",  # data: 65 bytes
+    b"1\r\nx\r\n" * 22,  # data: 22 bytes, but 132 bytes on the wire (over twice the limit)
+])
+def test_a_chunked_body_over_the_limit_is_a_413(body: bytes) -> None:
     async def main() -> None:
-        server = Harness(echo)
+        server = Harness(echo, max_body=64)
         reader, writer = await server.connect()
         writer.write(b"POST /c HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\n\r\n"
-                     + b"20\r\n" + b"x" * 32 + b"\r\n" + b"20\r\n" + b"x" * 32 + b"\r\n")
+                     + body)
         answer = await reader.read()
-        assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n")
-        assert b"a chunked request body over 64 bytes" in answer and not server.seen
+        assert answer.startswith(b"HTTP/1.1 413 Request Entity Too Large\r\n")
+        assert answer.endswith(b"\r\n\r\n" + TOO_LARGE) and not server.seen
+        writer.close()
+        await server.close()
+    run(main)
+
+
+def test_a_chunked_body_of_exactly_the_limit_is_served() -> None:
+    async def main() -> None:
+        server = Harness(echo, max_body=64)
+        reader, writer = await server.connect()
+        writer.write(b"POST /c HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\n\r\n"
+                     b"20\r\n" + b"x" * 32 + b"\r\n20\r\n" + b"y" * 32 + b"\r\n0\r\n\r\n")
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert await reader.readexactly(8 + 64) == b"POST /c " + b"x" * 32 + b"y" * 32
+        writer.close()
+        await server.close()
+    run(main)
+
+
+def test_a_declared_body_over_the_limit_is_a_413_before_it_is_sent() -> None:
+    async def main() -> None:
+        server = Harness(echo, max_body=64)
+        reader, writer = await server.connect()
+        writer.write(b"POST /c HTTP/1.1\r\nhost: h\r\ncontent-length: 65\r\n"
+                     b"expect: 100-continue\r\n\r\n")
+        answer = await reader.read()  # no 100 Continue: the answer, then the close
+        assert answer.startswith(b"HTTP/1.1 413 Request Entity Too Large\r\n")
+        assert answer.endswith(b"\r\n\r\n" + TOO_LARGE) and not server.seen
         writer.close()
         await server.close()
     run(main)

@@ -87,6 +87,9 @@ MALFORMED: list[tuple[str, bytes, str | None]] = [
     ("/v1/completions", b'{"prompt": "hi", "seed": 1180591620717411303424}', "seed"),
     ("/v1/completions", b'{"prompt": "hi", "stream_options": 3}', "stream_options"),
     ("/v1/completions", b'{"prompt": [1, 2, 512]}', "prompt"),  # the vocabulary is 512
+    ("/v1/completions", b'{"prompt": "a lone \\ud800"}', "prompt"),  # JSON, not Unicode
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\udfff"}]}',
+     "messages"),
     ("/v1/completions", b'{"prompt": [-1]}', "prompt"),
     ("/v1/completions", b'{"prompt": [[1], [2]]}', "prompt"),
     ("/v1/completions", b'{"prompt": "hi", "stop_token_ids": [9999]}', "stop_token_ids"),
@@ -98,6 +101,7 @@ MALFORMED: list[tuple[str, bytes, str | None]] = [
      "messages"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 5}]}', "messages"),
     ("/tokenize", b'{"prompt": {}}', "prompt"),
+    ("/tokenize", b'{"prompt": "\\ud800"}', "prompt"),
     ("/detokenize", b'{"tokens": [1, "a"]}', "tokens"),
     ("/detokenize", b'{"tokens": [100000]}', "tokens"),
 ]
