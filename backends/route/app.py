@@ -317,16 +317,17 @@ def _upstream(url: str, tls: ssl.SSLContext | None, timeout_s: float) -> Upstrea
 
 
 def run_router(config: RouterConfig, host: str, port: int, shutdown_timeout_s: float = 10.0
-               ) -> None:
+               ) -> int:
     """Serve until SIGINT/SIGTERM: then stop accepting, let responses in flight finish for
-    up to `shutdown_timeout_s` (then they are cut), close the clients and return.
-    RuntimeError (one line) if host:port cannot be bound. The router's own server
-    (`backends.route.server`) logs nothing."""
-    asyncio.run(_serve(config, host, port, shutdown_timeout_s))
+    up to `shutdown_timeout_s` (then they are cut: a stream ends with an error event and
+    [DONE], a request not yet answered gets a 503, their backend requests are aborted),
+    close the clients and return how many were cut. RuntimeError (one line) if host:port
+    cannot be bound. The router's own server (`backends.route.server`) logs nothing."""
+    return asyncio.run(_serve(config, host, port, shutdown_timeout_s))
 
 
 async def _serve(config: RouterConfig, host: str, port: int, shutdown_timeout_s: float
-                 ) -> None:
+                 ) -> int:
     router = Router(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -334,7 +335,8 @@ async def _serve(config: RouterConfig, host: str, port: int, shutdown_timeout_s:
         loop.add_signal_handler(sig, stop.set)
     await router.start()
     try:
-        await serve(functools.partial(handle, router), host, port, shutdown_timeout_s, stop)
+        return await serve(functools.partial(handle, router), host, port, shutdown_timeout_s,
+                           stop)
     finally:
         await router.stop()
 
@@ -355,10 +357,12 @@ def route_until_stopped(config: RouterConfig, route: Any, say: Callable[[str], N
                         print_url: Callable[[str], None] | None = None) -> None:
     """`rt route`: the router of `config` (`router_config`) on `route`'s host and port, its
     URL to `print_url` when given, served until SIGINT/SIGTERM (`run_router`: RuntimeError
-    if it cannot bind), saying where and when it stopped."""
+    if it cannot bind), saying where and when it stopped (in one line: and how many requests
+    the drain cut)."""
     url = f"http://{route.host}:{route.port}/v1"
     if print_url is not None:
         print_url(url)
     say(f"routing ({config.policy}) over {len(config.backends)} backends on {url}")
-    run_router(config, route.host, route.port, route.shutdown_timeout)
-    say("router stopped")
+    cut = run_router(config, route.host, route.port, route.shutdown_timeout)
+    say("router stopped" + (f"; --shutdown-timeout ({route.shutdown_timeout:g} s) cut {cut} "
+                            "request(s) in flight" if cut else ""))

@@ -17,8 +17,11 @@ stream, a body framed by the close. A connection idle (no request, or a request'
 stalled) for `KEEP_ALIVE_S` is closed. A malformed request gets a 400 and the close.
 
 Shutdown (`stop` set): the listening socket closes, idle connections close, requests in
-flight may finish for `shutdown_timeout_s`, then their connections are cut (the handlers'
-`on_lost` callbacks run) and their tasks cancelled. Times are seconds.
+flight may finish for `shutdown_timeout_s`; then the drain is cut: the handlers still running
+are cancelled and answer the cut themselves (a handler that catches CancelledError writes its
+end, then re-raises); a request whose response has not started gets a 503 (`SHUT_DOWN`'s
+message) from the server; then every connection is closed (a client that is not reading:
+aborted). `serve` returns how many requests were cut. Times are seconds.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from backends.route.http1 import (
 from backends.serve.openai_protocol import ApiError
 
 KEEP_ALIVE_S = 5.0  # as uvicorn's default
+SHUT_DOWN = "the server shut down before the request finished"  # rt serve's words
 MAX_BODY = 64 * 1024 * 1024  # bytes of a request body at most (413 above)
 _PHRASES = {s.value: s.phrase.encode() for s in http.HTTPStatus}
 
@@ -246,6 +250,10 @@ class Connection(asyncio.Protocol):
     async def _run(self, request: Request) -> None:
         try:
             await self._state.handler(request, self)
+        except asyncio.CancelledError:  # the drain was cut: answered here, not raised
+            if not self._responded and not self.gone:
+                self._reject(503, SHUT_DOWN)
+            return
         except Exception as err:  # noqa: BLE001 (a bug must not take the server down)
             if self._responded and self.transport is not None:
                 self.transport.abort()  # a response cut in the middle: the client sees it
@@ -283,6 +291,14 @@ class Connection(asyncio.Protocol):
         if not self._busy and self.transport is not None:
             self.transport.close()
 
+    def close_now(self) -> None:
+        """Close after what is written is sent; abort if the client is not reading."""
+        if self.transport is not None and not self.gone:
+            if self._paused:
+                self.transport.abort()
+            else:
+                self.transport.close()
+
 
 def _request_line(line: bytes) -> tuple[bytes, bytes, bytes]:
     parts = line.split(b" ")
@@ -292,9 +308,10 @@ def _request_line(line: bytes) -> tuple[bytes, bytes, bytes]:
 
 
 async def serve(handler: Handler, host: str, port: int, shutdown_timeout_s: float,
-                stop: asyncio.Event) -> None:
-    """Serve on host:port until `stop` is set, then drain (see the module docstring);
-    RuntimeError (one line) if the address cannot be bound."""
+                stop: asyncio.Event) -> int:
+    """Serve on host:port until `stop` is set, then drain (see the module docstring); the
+    number of requests cut when the drain ran out of time. RuntimeError (one line) if the
+    address cannot be bound."""
     state = _State(handler)
     loop = asyncio.get_running_loop()
     try:
@@ -312,11 +329,20 @@ async def serve(handler: Handler, host: str, port: int, shutdown_timeout_s: floa
         deadline = time.monotonic() + shutdown_timeout_s
         while state.tasks and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        for connection in list(state.connections):  # cut what did not finish
-            if connection.transport is not None:
-                connection.transport.abort()
-        for task in list(state.tasks):
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*state.tasks, return_exceptions=True)
+        cut = await _cut(state)
         await server.wait_closed()
+    return cut
+
+
+async def _cut(state: _State) -> int:
+    """Cancel the requests still running (each answers the cut), then close every
+    connection; how many were cut."""
+    tasks = list(state.tasks)
+    for task in tasks:
+        task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for connection in list(state.connections):
+        connection.close_now()
+    await asyncio.sleep(0)  # the closes' callbacks: the sockets closed
+    return len(tasks)
