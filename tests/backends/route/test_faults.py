@@ -7,18 +7,22 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import signal
 import socket
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
 from backends.bench.soak import process_stats
-from tests.backends.route.procs import SIMULATED, Rt
+from tests.backends.route.procs import ROOT, SIMULATED, Rt
 from tests.backends.serve.test_faults import BODY, _itl_ms, _wait_for
 
 STREAM_BYTES = 256 * 1024 * 1024  # what the fast stub offers one stream
@@ -242,3 +246,33 @@ def test_a_request_cut_at_shutdown_is_answered_and_aborted_at_its_backend() -> N
     finally:
         router.stop()
         backend.stop()
+
+
+def _rt(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_a_short_soak_through_the_router_holds(tmp_path: Path) -> None:
+    """`rt bench route --soak`: 8 streams for 6 s through the router in front of two
+    backends: no error, no token-count mismatch, the router's descriptors back to idle,
+    no KV block left in use, the router drained (exit 0)."""
+    out = tmp_path / "soak.json"
+    done = _rt("bench", "route", "--soak", "6", "--concurrency", "8", "--max-tokens", "16",
+               "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    router = report["processes"]["router"]
+    print({k: report[k] for k in ("completed", "errors", "token_count_mismatches")}, router)
+    assert report["completed"] > 0 and report["backends"] == 2
+    assert (report["errors"], report["token_count_mismatches"]) == (0, 0)
+    assert (report["kv_blocks_in_use_after"], report["requests_running_after"]) == (0, 0)
+    assert router["settled"]["fds"] == router["idle"]["fds"]
+    assert router["rss_growth_pct"] < 10
+    assert report["router_exit_code"] == 0
+
+
+def test_a_soak_holds_one_concurrency() -> None:
+    done = _rt("bench", "route", "--soak", "5", "--concurrency", "1", "--concurrency", "2")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "--soak holds one --concurrency" in done.stderr
