@@ -61,7 +61,7 @@ class RouteBenchFlags:
     """`rt bench route`'s load: closed-loop streams, requests, tokens, rounds."""
 
     concurrency: list[int] | None = flag(None, "--concurrency", "Closed-loop streams (repeat) "
-                                         "[default: 1 and 200].", min=1)
+                                         "[default: 1 and 200; --soak: 200].", min=1)
     num_requests: int = flag(400, "--num-requests", "Requests per path, round and "
                              "concurrency.", min=1)
     max_tokens: int = flag(4, "--max-tokens", min=1)
