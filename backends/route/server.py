@@ -39,6 +39,7 @@ from backends.route.http1 import (
     MAX_HEAD,
     ChunkedDecoder,
     ProtocolError,
+    ReadBuffer,
     body_framing,
     chunk,
     field,
@@ -81,6 +82,7 @@ class _State:
         self.connections: set[Connection] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.stopping = False
+        self.read_buffer = ReadBuffer()  # its connections' reads (one loop: shared)
 
 
 def response_head(status: int, headers: list[tuple[bytes, bytes]], framing: bytes,
@@ -94,8 +96,9 @@ def response_head(status: int, headers: list[tuple[bytes, bytes]], framing: byte
     return b"".join(parts)
 
 
-class Connection(asyncio.Protocol):
-    """One client connection (see the module docstring)."""
+class Connection(asyncio.BufferedProtocol):
+    """One client connection (see the module docstring); reads into its server's
+    `ReadBuffer`."""
 
     def __init__(self, state: _State) -> None:
         self._state = state
@@ -118,6 +121,12 @@ class Connection(asyncio.Protocol):
         self.transport = transport
         self._state.connections.add(self)
         self._arm_idle()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._state.read_buffer.view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._state.read_buffer.take(nbytes))
 
     def data_received(self, data: bytes) -> None:
         self._buf += data
