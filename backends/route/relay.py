@@ -12,12 +12,12 @@ Stream semantics: the first event with output calls the policy's `on_prefill_don
 the second, after the role), the end or failure `on_finished`. A stream cut by its backend
 (the process died, the backend was taken out) ends with an OpenAI-style `data: {"error":
 ...}` event (502) and `data: [DONE]`, as vLLM ends a stream on an error; one cut by the
-router's shutdown (`--shutdown-timeout` ran out) the same way with `SHUT_DOWN` (503), its
-backend request aborted. A client that disconnects closes the backend's connection at once
-(its request is aborted there). Flow control is end to end: while the client's transport is
-paused the relay does not read the backend, whose connection stops being read once its
-buffer holds `upstream`'s high-water mark, so the backend's socket fills and its server
-stops writing.
+router's shutdown (`--shutdown-timeout` ran out) the same way with the server's
+`SHUT_DOWN` (503), its backend request aborted. A client that disconnects closes the
+backend's connection at once (its request is aborted there). Flow control is end to end:
+while the client's transport is paused the relay does not read the backend, whose
+connection stops being read once its buffer holds `upstream`'s high-water mark, so the
+backend's socket fills and its server stops writing.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from backends.route.server import SHUT_DOWN
 from backends.route.upstream import UpstreamFailed
 from backends.serve.openai_protocol import GENERATION_PATHS as PATHS
 from backends.serve.openai_protocol import ApiError
@@ -41,10 +42,6 @@ if TYPE_CHECKING:
 _JSON = (b"content-type", b"application/json")
 _SSE = b"text/event-stream"
 _DONE = b"data: [DONE]\n\n"
-# A request still running when the router stops waiting for it (--shutdown-timeout ran out):
-# its stream ends with this error event and [DONE] (rt serve's words and code), its backend
-# request is aborted; a request not yet answered gets it as a 503 (`backends.route.server`).
-SHUT_DOWN = ApiError(503, "the server shut down before the request finished")
 
 
 async def handle(router: Router, request: Request, conn: Connection) -> None:

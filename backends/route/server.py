@@ -19,8 +19,8 @@ stalled) for `KEEP_ALIVE_S` is closed. A malformed request gets a 400 and the cl
 Shutdown (`stop` set): the listening socket closes, idle connections close, requests in
 flight may finish for `shutdown_timeout_s`; then the drain is cut: the handlers still running
 are cancelled and answer the cut themselves (a handler that catches CancelledError writes its
-end, then re-raises); a request whose response has not started gets a 503 (`SHUT_DOWN`'s
-message) from the server; then every connection is closed (a client that is not reading:
+end, then re-raises); a request whose response has not started gets `SHUT_DOWN` (503) from
+the server; then every connection is closed (a client that is not reading:
 aborted). `serve` returns how many requests were cut. Times are seconds.
 """
 
@@ -48,7 +48,9 @@ from backends.route.http1 import (
 from backends.serve.openai_protocol import ApiError
 
 KEEP_ALIVE_S = 5.0  # as uvicorn's default
-SHUT_DOWN = "the server shut down before the request finished"  # rt serve's words
+# The answer to a request cut by the drain (rt serve's words and code): a 503 before its
+# response started (here), else its handler's to write (`relay`: an error event and [DONE]).
+SHUT_DOWN = ApiError(503, "the server shut down before the request finished")
 MAX_BODY = 64 * 1024 * 1024  # bytes of a request body at most (413 above)
 _PHRASES = {s.value: s.phrase.encode() for s in http.HTTPStatus}
 
@@ -261,7 +263,7 @@ class Connection(asyncio.BufferedProtocol):
             await self._state.handler(request, self)
         except asyncio.CancelledError:  # the drain was cut: answered here, not raised
             if not self._responded and not self.gone:
-                self._reject(503, SHUT_DOWN)
+                self._reject(SHUT_DOWN.status, SHUT_DOWN.message)
             return
         except Exception as err:  # noqa: BLE001 (a bug must not take the server down)
             if self._responded and self.transport is not None:
