@@ -91,6 +91,40 @@ def firehose() -> Iterator[http.server.ThreadingHTTPServer]:
     server.server_close()
 
 
+class _CutAfterDone(_Firehose):
+    """A backend whose stream sends an event and `data: [DONE]`, then drops the connection
+    without the chunked body's end."""
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers["content-length"]))
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        events = b'data: {"choices": []}\n\ndata: [DONE]\n\n'
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(events), events))
+        self.wfile.flush()
+        self.close_connection = True
+
+
+def test_a_stream_cut_after_the_backends_done_gets_no_error_event() -> None:
+    """The backend's `[DONE]` came, then its connection broke: the client's stream ends
+    there, without an error event or a second `[DONE]`."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CutAfterDone)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    router = route(f"http://127.0.0.1:{server.server_port}")
+    try:
+        with httpx.stream("POST", f"{router.url}/v1/completions", timeout=10,
+                          json={**BODY, "max_tokens": 5}) as response:
+            lines = [line for line in response.iter_lines() if line.startswith("data:")]
+        assert lines == ['data: {"choices": []}', "data: [DONE]"]
+    finally:
+        router.stop()
+        server.shutdown()
+        server.server_close()
+
+
 def test_a_reader_that_never_drains_stops_the_router_reading_its_backend(
         firehose: http.server.ThreadingHTTPServer) -> None:
     """Flow control end to end: a backend that could send 256 MiB at once to a client that
