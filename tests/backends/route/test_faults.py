@@ -1,6 +1,7 @@
 """`rt route` under faults, one test each (issue #18's, as `tests/backends/serve/test_faults.py`
-for `rt serve`): a client that never reads its stream, a backend SIGKILLed mid-stream, the
-drain cut at shutdown, and a short soak. The router and `rt serve --simulate` backends are
+for `rt serve`): a client that never reads its stream, a backend SIGKILLed mid-stream (and
+one whose connection breaks after its `[DONE]`), the drain cut at shutdown, and a short
+soak. The router and `rt serve --simulate` backends are
 subprocesses on 127.0.0.1 (`procs.Rt`); every wait is bounded and every process stopped."""
 
 from __future__ import annotations
