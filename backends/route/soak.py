@@ -11,7 +11,7 @@ descriptors, and the KV blocks in use on the backends after the last request (su
 The router keeps up to 128 idle keep-alive connections per backend (`app._MAX_IDLE`), so its
 descriptors at the end of the load exceed those before it by the pool; the backends close
 idle connections after their keep-alive timeout (uvicorn's 5 s), and `settled` is the
-router's descriptors once back at the idle count (or after `SETTLE_S`): flat means equal.
+router's descriptors once back at the idle count (or after `SETTLE_S`): flat means not above.
 The router's exit code after SIGTERM is reported too (0: drained). Every wait is bounded;
 every process is always stopped.
 """

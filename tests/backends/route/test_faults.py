@@ -302,7 +302,7 @@ def test_a_short_soak_through_the_router_holds(tmp_path: Path) -> None:
     assert report["completed"] > 0 and report["backends"] == 2
     assert (report["errors"], report["token_count_mismatches"]) == (0, 0)
     assert (report["kv_blocks_in_use_after"], report["requests_running_after"]) == (0, 0)
-    assert router["settled"]["fds"] == router["idle"]["fds"]
+    assert router["settled"]["fds"] <= router["idle"]["fds"]  # no descriptor leaked
     assert router["rss_growth_pct"] < 10
     assert report["router_exit_code"] == 0
 
