@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,13 +83,16 @@ class _Tally:
             self.mismatches += 1
 
 
-def run_soak(url: str, pids: dict[str, int], config: SoakConfig) -> dict[str, Any]:
+def run_soak(url: str, pids: dict[str, int], config: SoakConfig,
+             engines: Sequence[str] = ()) -> dict[str, Any]:
     """Run the soak against the server at `url` (`http://127.0.0.1:PORT`); `pids` names
-    its processes (api_server, engine). The report as a dict."""
-    return run_client(_soak(url, pids, config))
+    its processes (api_server, engine). `engines`: the servers whose KV blocks are read
+    after (summed; default `url`; a router's backends). The report as a dict."""
+    return run_client(_soak(url, pids, config, tuple(engines) or (url,)))
 
 
-async def _soak(url: str, pids: dict[str, int], config: SoakConfig) -> dict[str, Any]:
+async def _soak(url: str, pids: dict[str, int], config: SoakConfig, engines: tuple[str, ...]
+                ) -> dict[str, Any]:
     host, port = url.removeprefix("http://").rsplit(":", 1)
     tally = _Tally()
     idle = {name: process_stats(pid) for name, pid in pids.items()}
@@ -135,7 +139,7 @@ async def _soak(url: str, pids: dict[str, int], config: SoakConfig) -> dict[str,
     await asyncio.gather(*(worker(i) for i in range(config.concurrency)))
     baseline = await sampling
     wall = time.monotonic() - start
-    kv = await asyncio.to_thread(_kv_after, url)
+    kv = await asyncio.to_thread(_kv_after_all, engines)
     end = {name: process_stats(pid) for name, pid in pids.items()}
     processes = {name: _process_report(idle[name], baseline[name], peak[name], end[name])
                  for name in pids}
@@ -157,6 +161,12 @@ def _process_report(idle: dict[str, float], start: dict[str, float], peak: dict[
     return {"idle": idle, "start": start, "peak": peak, "end": end,
             "rss_growth_pct": round(100 * (end["rss_mib"] / start["rss_mib"] - 1), 1),
             "fds_growth": end["fds"] - idle["fds"]}
+
+
+def _kv_after_all(urls: tuple[str, ...]) -> dict[str, Any]:
+    """`_kv_after` summed over servers."""
+    each = [_kv_after(url) for url in urls]
+    return {key: sum(kv[key] for kv in each) for key in each[0]}
 
 
 def _kv_after(url: str, timeout_s: float = 10.0) -> dict[str, Any]:

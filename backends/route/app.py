@@ -342,16 +342,17 @@ def bearer(api_key: str | None) -> dict[str, str]:
 
 
 def run_router(config: RouterConfig, sock: socket.socket, shutdown_timeout_s: float = 10.0
-               ) -> None:
+               ) -> int:
     """Serve on `sock` (listening, `backends.listen.listening_socket`) until SIGINT/SIGTERM:
     then stop accepting, let responses in flight finish for up to `shutdown_timeout_s` (then
-    they are cut), close the clients and return. The router's own server
-    (`backends.route.server`) logs nothing."""
-    asyncio.run(_serve(config, sock, shutdown_timeout_s))
+    they are cut: a stream ends with an error event and [DONE], a request not yet answered
+    gets a 503, their backend requests are aborted), close the clients and return how many
+    were cut. The router's own server (`backends.route.server`) logs nothing."""
+    return asyncio.run(_serve(config, sock, shutdown_timeout_s))
 
 
 async def _serve(config: RouterConfig, sock: socket.socket, shutdown_timeout_s: float
-                 ) -> None:
+                 ) -> int:
     router = Router(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -359,8 +360,8 @@ async def _serve(config: RouterConfig, sock: socket.socket, shutdown_timeout_s: 
         loop.add_signal_handler(sig, stop.set)
     await router.start()
     try:
-        await serve(functools.partial(handle, router), sock, shutdown_timeout_s, stop,
-                    config.max_request_bytes, router.screen if router.key else None)
+        return await serve(functools.partial(handle, router), sock, shutdown_timeout_s, stop,
+                           config.max_request_bytes, router.screen if router.key else None)
     finally:
         await router.stop()
 
@@ -386,10 +387,12 @@ def route_until_stopped(config: RouterConfig, sock: socket.socket, shutdown_time
                         print_url: Callable[[str], None] | None = None) -> None:
     """`rt route`: the router of `config` (`router_config`) on `sock` (bound by the command,
     so port 0's real port is known), its URL to `print_url` when given, served until
-    SIGINT/SIGTERM (`run_router`), saying where and when it stopped."""
+    SIGINT/SIGTERM (`run_router`), saying where and when it stopped (and how many requests
+    the drain cut)."""
     url = f"{socket_url(sock)}/v1"
     if print_url is not None:
         print_url(url)
     say(f"routing ({config.policy}) over {len(config.backends)} backends on {url}")
-    run_router(config, sock, shutdown_timeout_s)
-    say("router stopped")
+    cut = run_router(config, sock, shutdown_timeout_s)
+    say("router stopped" + (f"; --shutdown-timeout ({shutdown_timeout_s:g} s) cut {cut} "
+                            "request(s) in flight" if cut else ""))

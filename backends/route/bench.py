@@ -14,6 +14,7 @@ p50/p99 of both, per path, and the router's added p50/p99 (routed minus direct),
 router process's CPU time per routed request (from /proc: a cost that, unlike added latency,
 does not grow with the load other processes put on the machine; its scrapes during the
 measured requests included). Every wait is bounded; both processes are always stopped.
+With `soak_s`, a soak instead (`backends.route.soak`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class RouteBenchConfig:
     max_tokens: output tokens per request.
     rounds: direct-then-routed rounds per concurrency.
     about: the report's head, (name, value) pairs in order (router, model, gpu).
+    soak_s: instead of the above, a soak of this many seconds (`backends.route.soak`) at
+        the one concurrency, in front of `soak_backends` backends.
     """
 
     serve_command: tuple[str, ...]
@@ -59,6 +62,8 @@ class RouteBenchConfig:
     rounds: int = 2
     request_timeout_s: float = 60.0
     about: tuple[tuple[str, str], ...] = ()
+    soak_s: float | None = None
+    soak_backends: int = 2
 
 
 def route_bench_config(rt: Sequence[str], model: str, gpu: str, profile: str | None,
@@ -74,9 +79,11 @@ def route_bench_config(rt: Sequence[str], model: str, gpu: str, profile: str | N
              str(refresh_ms)]
     for arg in router_args:
         route += ["--router-arg", arg]
-    return RouteBenchConfig(tuple(serve), tuple(route), tuple(flags.concurrency or (1, 200)),
+    default = (200,) if flags.soak is not None else (1, 200)
+    return RouteBenchConfig(tuple(serve), tuple(route), tuple(flags.concurrency or default),
                             flags.num_requests, flags.max_tokens, flags.rounds,
-                            about=(("router", router), ("model", model), ("gpu", gpu)))
+                            about=(("router", router), ("model", model), ("gpu", gpu)),
+                            soak_s=flags.soak, soak_backends=flags.soak_backends)
 
 
 def _cpu_s(pid: int) -> float:
@@ -238,6 +245,10 @@ def _measure(config: RouteBenchConfig, concurrency: int, backend: str, router: s
 
 def run_route_bench(config: RouteBenchConfig) -> dict[str, Any]:
     """The report (see the module docstring); the backend and the router on free ports."""
+    if config.soak_s is not None:
+        from backends.route.soak import run_route_soak
+
+        return run_route_soak(config)
     with _backend_and_router(config, (free_port(), free_port())) as (backend, router, pid):
         results = [_measure(config, concurrency, backend, router, pid)
                    for concurrency in config.concurrencies]

@@ -61,12 +61,25 @@ class RouteBenchFlags:
     """`rt bench route`'s load: closed-loop streams, requests, tokens, rounds."""
 
     concurrency: list[int] | None = flag(None, "--concurrency", "Closed-loop streams (repeat) "
-                                         "[default: 1 and 200].", min=1)
+                                         "[default: 1 and 200; --soak: 200].", min=1)
     num_requests: int = flag(400, "--num-requests", "Requests per path, round and "
                              "concurrency.", min=1)
     max_tokens: int = flag(4, "--max-tokens", min=1)
     rounds: int = flag(2, "--rounds", "Direct-then-routed rounds (interleaved against drift).",
                        min=1)
+    soak: float | None = flag(None, "--soak", "Instead: hold --concurrency streams (one value; "
+                              "default 200) of 256 prompt + --max-tokens tokens through the "
+                              "router for SECONDS; report errors, token-count mismatches, the "
+                              "router's RSS and descriptors, the backends' KV blocks after.")
+    soak_backends: int = flag(2, "--soak-backends", "rt serve --simulate backends behind the "
+                              "router in --soak.", min=1)
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
+        if self.soak is not None and not 0 < self.soak <= 24 * 3600:
+            raise ValueError(f"--soak must be in (0, 86400] seconds, got {self.soak}")
+        if self.soak is not None and len(self.concurrency or ()) > 1:
+            raise ValueError(f"--soak holds one --concurrency, got {self.concurrency}")
 
 
 @dataclass(frozen=True, slots=True)

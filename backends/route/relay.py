@@ -13,20 +13,27 @@ its head.) Errors the router answers itself are `ApiError`s encoded as rt serve'
 (`ApiError.encoded`; an SSE error event as `backends.serve.sse.event`).
 
 Stream semantics: the first event with output calls the policy's `on_prefill_done` (chat:
-the second, after the role), the end or failure `on_finished`; a stream cut by its backend
-ends with an OpenAI-style `data: {"error": ...}` event. A client that disconnects closes the
-backend's connection at once (its request is aborted there).
+the second, after the role), the end or failure `on_finished`. A stream cut by its backend
+(the process died, the backend was taken out) ends with an OpenAI-style `data: {"error":
+...}` event (502) and `data: [DONE]`, as vLLM ends a stream on an error; one cut by the
+router's shutdown (`--shutdown-timeout` ran out) the same way with rt serve's
+`SHUT_DOWN` (503), its backend request aborted. A client that disconnects closes the
+backend's connection at once (its request is aborted there). Flow control is end to end:
+while the client's transport is paused the relay does not read the backend, whose
+connection stops being read once its buffer holds `upstream`'s high-water mark, so the
+backend's socket fills and its server stops writing.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from backends.route.upstream import UpstreamFailed
 from backends.serve.openai_protocol import GENERATION_PATHS as PATHS
-from backends.serve.openai_protocol import ApiError
+from backends.serve.openai_protocol import SHUT_DOWN, ApiError
 from backends.serve.sse import event
 
 if TYPE_CHECKING:
@@ -37,6 +44,7 @@ if TYPE_CHECKING:
 
 _JSON = (b"content-type", b"application/json")
 _SSE = b"text/event-stream"
+_DONE = b"data: [DONE]\n\n"
 
 
 async def handle(router: Router, request: Request, conn: Connection) -> None:
@@ -115,7 +123,7 @@ async def _relay(router: Router, backend: Backend, upstream: Exchange, request_i
     output.seen(data)
     try:
         while not upstream.complete:
-            if conn.paused:
+            if conn.paused:  # the client is not reading: neither do we (flow control)
                 await conn.drain()
             data = await upstream.read()  # every byte that has come; b"": the end
             output.seen(data)
@@ -127,17 +135,33 @@ async def _relay(router: Router, backend: Backend, upstream: Exchange, request_i
         if conn.gone:
             return
         router.metrics.errors.labels(backend.url, "stream").inc()
-        error = ApiError(502, f"backend {backend.url} failed mid-stream: {err}")
-        conn.send(event(error.body()), last=True)
+        _end_with(conn, output, ApiError(502, f"backend {backend.url} failed mid-stream: {err}"))
+    except asyncio.CancelledError:  # the router's drain was cut: answered, then cancelled
+        if not conn.gone:
+            _end_with(conn, output, SHUT_DOWN)
+        raise
+
+
+def _end_with(conn: Connection, output: _Output, error: ApiError) -> None:
+    """End a stream on an error: its event, then `[DONE]` (unless the backend's came)."""
+    conn.send(b"" if output.done else event(error.body()) + _DONE, last=True)
 
 
 class _Output:
-    """Counts the stream's events until the first with output: then `on_prefill_done`."""
+    """Counts the stream's events until the first with output: then `on_prefill_done`;
+    `done`: the last bytes seen end the stream (`data: [DONE]`)."""
 
     def __init__(self, router: Router, request_id: str, first_output: int) -> None:
         self.router, self.request_id, self.left = router, request_id, first_output
+        self._tail = b""  # the stream's last len(_DONE) bytes so far
+
+    @property
+    def done(self) -> bool:
+        return self._tail == _DONE
 
     def seen(self, data: bytes) -> None:
+        if data:
+            self._tail = (self._tail + data)[-len(_DONE):]
         if self.left > 0 and data:
             self.left -= data.count(b"data:")
             if self.left <= 0:

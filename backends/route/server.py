@@ -21,8 +21,11 @@ given, may refuse a request from its head, before its body is read (the router's
 its answer, then the close.
 
 Shutdown (`stop` set): the listening socket closes, idle connections close, requests in
-flight may finish for `shutdown_timeout_s`, then their connections are cut (the handlers'
-`on_lost` callbacks run) and their tasks cancelled. Times are seconds.
+flight may finish for `shutdown_timeout_s`; then the drain is cut: the handlers still running
+are cancelled and answer the cut themselves (a handler that catches CancelledError writes its
+end, then re-raises); a request whose response has not started gets `SHUT_DOWN` (503) from
+the server; then every connection is closed (a client that is not reading:
+aborted). `serve` returns how many requests were cut. Times are seconds.
 """
 
 from __future__ import annotations
@@ -40,13 +43,14 @@ from backends.route.http1 import (
     MAX_HEAD,
     ChunkedDecoder,
     ProtocolError,
+    ReadBuffer,
     body_framing,
     chunk,
     field,
     split_head,
 )
 from backends.serve.guard import too_large
-from backends.serve.openai_protocol import ApiError
+from backends.serve.openai_protocol import SHUT_DOWN, ApiError
 
 KEEP_ALIVE_S = 5.0  # as uvicorn's default
 _PHRASES = {s.value: s.phrase.encode() for s in http.HTTPStatus}
@@ -85,6 +89,7 @@ class _State:
         self.connections: set[Connection] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.stopping = False
+        self.read_buffer = ReadBuffer()  # its connections' reads (one loop: shared)
 
 
 class Refused(Exception):
@@ -107,8 +112,9 @@ def response_head(status: int, headers: list[tuple[bytes, bytes]], framing: byte
     return b"".join(parts)
 
 
-class Connection(asyncio.Protocol):
-    """One client connection (see the module docstring)."""
+class Connection(asyncio.BufferedProtocol):
+    """One client connection (see the module docstring); reads into its server's
+    `ReadBuffer`."""
 
     def __init__(self, state: _State) -> None:
         self._state = state
@@ -131,6 +137,12 @@ class Connection(asyncio.Protocol):
         self.transport = transport
         self._state.connections.add(self)
         self._arm_idle()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._state.read_buffer.view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._state.read_buffer.take(nbytes))
 
     def data_received(self, data: bytes) -> None:
         self._buf += data
@@ -273,6 +285,10 @@ class Connection(asyncio.Protocol):
     async def _run(self, request: Request) -> None:
         try:
             await self._state.handler(request, self)
+        except asyncio.CancelledError:  # the drain was cut: answered here, not raised
+            if not self._responded and not self.gone:
+                self._reject(SHUT_DOWN.status, SHUT_DOWN.encoded())
+            return
         except Exception as err:  # noqa: BLE001 (a bug must not take the server down)
             if self._responded and self.transport is not None:
                 self.transport.abort()  # a response cut in the middle: the client sees it
@@ -311,6 +327,14 @@ class Connection(asyncio.Protocol):
         if not self._busy and self.transport is not None:
             self.transport.close()
 
+    def close_now(self) -> None:
+        """Close after what is written is sent; abort if the client is not reading."""
+        if self.transport is not None and not self.gone:
+            if self._paused:
+                self.transport.abort()
+            else:
+                self.transport.close()
+
 
 def _request_line(line: bytes) -> tuple[bytes, bytes, bytes]:
     parts = line.split(b" ")
@@ -320,10 +344,11 @@ def _request_line(line: bytes) -> tuple[bytes, bytes, bytes]:
 
 
 async def serve(handler: Handler, sock: socket.socket, shutdown_timeout_s: float,
-                stop: asyncio.Event, max_body: int, screen: Screen | None = None) -> None:
+                stop: asyncio.Event, max_body: int, screen: Screen | None = None) -> int:
     """Serve on `sock` (listening: `backends.listen.listening_socket`; closed on return)
     until `stop` is set, then drain (see the module docstring); request bodies of at most
-    `max_body` bytes; `screen` asked first (None: every request is read)."""
+    `max_body` bytes; `screen` asked first (None: every request is read). Returns the number
+    of requests cut when the drain ran out of time."""
     state = _State(handler, max_body, screen)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: Connection(state), sock=sock)
@@ -337,11 +362,20 @@ async def serve(handler: Handler, sock: socket.socket, shutdown_timeout_s: float
         deadline = time.monotonic() + shutdown_timeout_s
         while state.tasks and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        for connection in list(state.connections):  # cut what did not finish
-            if connection.transport is not None:
-                connection.transport.abort()
-        for task in list(state.tasks):
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*state.tasks, return_exceptions=True)
+        cut = await _cut(state)
         await server.wait_closed()
+    return cut
+
+
+async def _cut(state: _State) -> int:
+    """Cancel the requests still running (each answers the cut), then close every
+    connection; how many were cut."""
+    tasks = list(state.tasks)
+    for task in tasks:
+        task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for connection in list(state.connections):
+        connection.close_now()
+    await asyncio.sleep(0)  # the closes' callbacks: the sockets closed
+    return len(tasks)

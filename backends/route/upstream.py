@@ -29,6 +29,7 @@ from backends.route.http1 import (
     MAX_HEAD,
     ChunkedDecoder,
     ProtocolError,
+    ReadBuffer,
     body_framing,
     field,
     split_head,
@@ -77,10 +78,12 @@ class UpstreamConfig:
                              f"{self.connect_timeout_s}, {self.read_timeout_s}")
 
 
-class _Connection(asyncio.Protocol):
-    """One TCP connection; feeds what it reads to its current exchange."""
+class _Connection(asyncio.BufferedProtocol):
+    """One TCP connection; feeds what it reads (into its pool's `ReadBuffer`) to its current
+    exchange."""
 
-    def __init__(self) -> None:
+    def __init__(self, buffer: ReadBuffer) -> None:
+        self._buffer = buffer
         self.transport: asyncio.Transport | None = None
         self.exchange: Exchange | None = None
         self.closed = False
@@ -89,6 +92,12 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._buffer.view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._buffer.take(nbytes))
 
     def data_received(self, data: bytes) -> None:
         if self.exchange is None:
@@ -118,6 +127,7 @@ class UpstreamPool:
         self.host_header = f"{config.host}:{config.port}".encode()
         self.opened = 0  # connections opened so far (reuse shows as fewer)
         self._idle: list[_Connection] = []
+        self._buffer = ReadBuffer()  # its connections' reads (one loop: shared)
 
     @property
     def idle(self) -> int:
@@ -137,7 +147,8 @@ class UpstreamPool:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(loop.create_connection(
-                _Connection, cfg.host, cfg.port, ssl=cfg.tls), cfg.connect_timeout_s)
+                lambda: _Connection(self._buffer), cfg.host, cfg.port, ssl=cfg.tls),
+                cfg.connect_timeout_s)
         except OSError as err:  # TimeoutError included
             raise ConnectFailed(f"cannot connect to {cfg.host}:{cfg.port}: "
                                 f"{err or type(err).__name__}") from None

@@ -52,6 +52,12 @@ def json_bytes(value: Any) -> bytes:
     return bytes(JSONResponse(value).body)
 
 
+# A request still running when the server stops waiting for it (`--shutdown-timeout` ran out,
+# or a second Ctrl-C): aborted, and answered with this (a stream: as its last event, then
+# `[DONE]`); rt serve's and rt route's words.
+SHUT_DOWN = ApiError(503, "the server shut down before the request finished")
+
+
 class EngineDeadError(ApiError):
     def __init__(self) -> None:
         super().__init__(500, "the engine process died", kind="EngineDeadError")

@@ -28,7 +28,7 @@ from starlette.responses import Response
 
 from backends.serve import sse
 from backends.serve.openai_protocol import GENERATION_PATHS as PATHS
-from backends.serve.openai_protocol import ApiError
+from backends.serve.openai_protocol import SHUT_DOWN, ApiError
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -67,7 +67,9 @@ class StreamPath:
             answer = await self.generate(Request(scope, receive), chat)
         except ApiError as err:
             answer = err.response()
-        except asyncio.CancelledError:  # a shutdown cut it (no response started yet)
+        except asyncio.CancelledError:  # a shutdown cut it (no response started yet): the
+            # handler was cancelled (uvicorn's `Server.shutdown`), which aborted the request;
+            # the log has uvicorn's one line ("Cancel N running task(s) ..."), no traceback
             _uncancel()
             answer = SHUT_DOWN.response()
         if isinstance(answer, Response):
@@ -76,11 +78,6 @@ class StreamPath:
             await stream(answer, receive, send)
 
 
-# A request still running when the server stops waiting for it: --shutdown-timeout ran out, or
-# a second Ctrl-C. Its handler is cancelled (uvicorn's `Server.shutdown`), which aborts it in
-# the engine; the client gets this error (a stream: as its last event, then `[DONE]`), and the
-# log gets uvicorn's one line ("Cancel N running task(s) ..."), not a traceback per request.
-SHUT_DOWN = ApiError(503, "the server shut down before the request finished")
 
 
 def _uncancel() -> None:

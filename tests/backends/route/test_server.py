@@ -220,3 +220,32 @@ def test_stop_lets_requests_in_flight_finish_and_closes_idle_connections() -> No
         for w in (writer, idle_writer):
             w.close()
     run(main)
+
+
+def test_a_request_not_yet_answered_when_the_drain_runs_out_gets_a_503() -> None:
+    """The drain cut: a handler still waiting is cancelled; its request, not yet answered,
+    gets the server's 503 (a stream started is its handler's to end: `relay`); `serve`
+    returns how many were cut."""
+    async def handler(request: Request, conn: Connection) -> None:
+        if request.path == "/stream":
+            conn.start_stream(200, [], b"first")
+        await asyncio.sleep(60)
+
+    async def main() -> None:
+        server = Harness(handler, shutdown_timeout_s=0.2)
+        waiting, waiting_writer = await server.connect()
+        waiting_writer.write(b"GET /wait HTTP/1.1\r\nhost: h\r\n\r\n")
+        streaming, streaming_writer = await server.connect()
+        streaming_writer.write(b"GET /stream HTTP/1.1\r\nhost: h\r\n\r\n")
+        await streaming.readuntil(b"first\r\n")
+        server.stop.set()
+        answer = await waiting.read()
+        assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answer
+        assert answer.endswith(b'{"error":{"message":"the server shut down before the '
+                               b'request finished","type":"ServiceUnavailableError",'
+                               b'"param":null,"code":503}}')  # rt serve's bytes
+        assert await streaming.read() == b""  # closed; no end written by this handler
+        assert await server.task == 2
+        for w in (waiting_writer, streaming_writer):
+            w.close()
+    run(main)
