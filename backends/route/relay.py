@@ -6,7 +6,7 @@ A generation request is routed and sent (`Router.dispatch`); the backend's answe
 as it came: a whole body in one write, or an SSE stream as its bytes arrive (what arrived
 together goes out together: the head with the bytes that came with the backend's head, then
 each later piece, the last with the end of the body), chunk-framed anew for the client (the
-backend's chunk boundaries are not kept; its bytes are).
+backend's chunk boundaries are not kept; its bytes are), whole events only (`_Output`).
 
 (A request to /v1/* without the API key never gets here: `Router.screen` answers it from
 its head.) Errors the router answers itself are `ApiError`s encoded as rt serve's
@@ -34,7 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from backends.route.upstream import UpstreamFailed
 from backends.serve.openai_protocol import GENERATION_PATHS as PATHS
 from backends.serve.openai_protocol import SHUT_DOWN, ApiError
-from backends.serve.sse import event
+from backends.serve.sse import DONE, event
 
 if TYPE_CHECKING:
     from backends.route.app import Router
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
 
 _JSON = (b"content-type", b"application/json")
 _SSE = b"text/event-stream"
-_DONE = b"data: [DONE]\n\n"
 
 
 async def handle(router: Router, request: Request, conn: Connection) -> None:
@@ -118,19 +117,17 @@ async def _relay(router: Router, backend: Backend, upstream: Exchange, request_i
     """The backend's SSE bytes as they come; an error event if the stream is cut."""
     conn.on_lost = upstream.close  # the client left: the backend's request is aborted
     output = _Output(router, request_id, 2 if chat else 1)  # chat: the role event first
-    data = upstream.read_nowait()  # what came with the backend's head
-    conn.start_stream(upstream.status, headers, data)
-    output.seen(data)
+    # what came with the backend's head
+    conn.start_stream(upstream.status, headers, output.forward(upstream.read_nowait(), False))
     try:
         while not upstream.complete:
             if conn.paused:  # the client is not reading: neither do we (flow control)
                 await conn.drain()
             data = await upstream.read()  # every byte that has come; b"": the end
-            output.seen(data)
-            conn.send(data, last=upstream.complete)
+            conn.send(output.forward(data, upstream.complete), last=upstream.complete)
             if upstream.complete:
                 return
-        conn.send(upstream.read_nowait(), last=True)
+        conn.send(output.forward(upstream.read_nowait(), True), last=True)
     except UpstreamFailed as err:
         if conn.gone:
             return
@@ -143,26 +140,49 @@ async def _relay(router: Router, backend: Backend, upstream: Exchange, request_i
 
 
 def _end_with(conn: Connection, output: _Output, error: ApiError) -> None:
-    """End a stream on an error: its event, then `[DONE]` (unless the backend's came)."""
-    conn.send(b"" if output.done else event(error.body()) + _DONE, last=True)
+    """End a stream on an error: its event, then `[DONE]` (unless the backend's came). The
+    client has whole events only (`_Output.forward`): the error event starts one."""
+    conn.send(b"" if output.done else event(error.body()) + DONE, last=True)
+
+
+# Bytes after a stream's last event boundary wait for the rest of their event, up to this many
+# (then they go as they are: framing without blank lines, which this relay does not know).
+_HOLD_MAX = 64 * 1024
 
 
 class _Output:
-    """Counts the stream's events until the first with output: then `on_prefill_done`;
-    `done`: the last bytes seen end the stream (`data: [DONE]`)."""
+    """What the client is sent of a backend's stream: whole events only (an event ends at a
+    blank line, `\n\n` or `\r\n\r\n`; the bytes after the last one are held for the next
+    read), so a cut's error event never lands inside half an event; all of it at the end.
+    Counts the events until the first with output: then `on_prefill_done`; `done`: the bytes
+    sent end the stream (`data: [DONE]`)."""
 
     def __init__(self, router: Router, request_id: str, first_output: int) -> None:
         self.router, self.request_id, self.left = router, request_id, first_output
-        self._tail = b""  # the stream's last len(_DONE) bytes so far
+        self._held = b""  # the start of an event whose end has not come
+        self._tail = b""  # the last len(DONE) bytes sent
 
     @property
     def done(self) -> bool:
-        return self._tail == _DONE
+        return self._tail == DONE
 
-    def seen(self, data: bytes) -> None:
-        if data:
-            self._tail = (self._tail + data)[-len(_DONE):]
-        if self.left > 0 and data:
+    def forward(self, data: bytes, last: bool) -> bytes:
+        """The bytes to send after `data` came (`last`: the stream's end: all of them)."""
+        if self._held:
+            data, self._held = self._held + data, b""
+        if not last:
+            lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
+            end = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+            if end < len(data) and len(data) - end <= _HOLD_MAX:
+                data, self._held = data[:end], data[end:]
+        self._seen(data)
+        return data
+
+    def _seen(self, data: bytes) -> None:
+        if not data:
+            return
+        self._tail = (self._tail + data[-len(DONE):])[-len(DONE):]
+        if self.left > 0:
             self.left -= data.count(b"data:")
             if self.left <= 0:
                 self.router.policy.on_prefill_done(self.request_id)

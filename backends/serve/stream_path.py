@@ -78,8 +78,6 @@ class StreamPath:
             await stream(answer, receive, send)
 
 
-
-
 def _uncancel() -> None:
     """Take back every cancellation of the current task: its handler ends by itself."""
     task = asyncio.current_task()
