@@ -188,10 +188,19 @@ def _stamp(ancillary: list[tuple[int, int, bytes]]) -> tuple[int, int] | None:
     return None
 
 
-def realtime_offset_s() -> float:
+def realtime_offset_s(samples: int = 16) -> float:
     """CLOCK_REALTIME minus perf_counter's clock (CLOCK_MONOTONIC on Linux), seconds: the
-    kernel's receive stamps are on the first; the run's times on the second."""
-    return time.time() - time.perf_counter()
+    kernel's receive stamps are on the first; the run's times on the second. Of `samples`
+    readings of the wall clock between two of perf_counter, the most tightly bracketed one
+    (a reading the process was preempted in moves the offset by the preemption: ~1 ms was
+    seen on this 2-core machine under load, which put stamps after their reads)."""
+    readings = []
+    for _ in range(samples):
+        before = time.perf_counter()
+        wall = time.time()
+        after = time.perf_counter()
+        readings.append((after - before, wall - (before + after) / 2))
+    return min(readings)[1]
 
 
 def _content_length(head: bytes) -> int:
