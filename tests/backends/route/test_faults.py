@@ -24,7 +24,13 @@ import pytest
 
 from backends.bench.soak import process_stats
 from tests.backends.route.procs import ROOT, SIMULATED, Rt
-from tests.backends.serve.test_faults import BODY, _itl_ms, _wait_for
+from tests.backends.serve.test_faults import (
+    BODY,
+    _itl_ms,
+    _wait_for,
+    assert_cut_answered,
+    stream_and_whole,
+)
 
 STREAM_BYTES = 256 * 1024 * 1024  # what the fast stub offers one stream
 PIECE = b"data: " + b"x" * (64 * 1024 - 8) + b"\n\n"  # one SSE event of 64 KiB
@@ -61,12 +67,16 @@ class _Firehose(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_POST(self) -> None:  # noqa: N802
+    def start_stream(self) -> None:
+        """Read the request; answer 200 with a chunked SSE body to come."""
         self.rfile.read(int(self.headers["content-length"]))
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.send_header("transfer-encoding", "chunked")
         self.end_headers()
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.start_stream()
         framed = b"%x\r\n%s\r\n" % (len(PIECE), PIECE)
         try:
             for _ in range(STREAM_BYTES // len(PIECE)):
@@ -99,11 +109,7 @@ class _CutAfter(_Firehose):
     EVENTS = b""
 
     def do_POST(self) -> None:  # noqa: N802
-        self.rfile.read(int(self.headers["content-length"]))
-        self.send_response(200)
-        self.send_header("content-type", "text/event-stream")
-        self.send_header("transfer-encoding", "chunked")
-        self.end_headers()
+        self.start_stream()
         self.wfile.write(b"%x\r\n%s\r\n" % (len(self.EVENTS), self.EVENTS))
         self.wfile.flush()
         self.close_connection = True
@@ -266,34 +272,12 @@ def test_a_request_cut_at_shutdown_is_answered_and_aborted_at_its_backend() -> N
     backend = Rt(SIMULATED)
     router = route(backend.url, args=("--shutdown-timeout", "1"))
     assert _aborted(backend) == 0
-    got: dict[str, object] = {}
-
-    def streamed() -> None:
-        with httpx.stream("POST", f"{router.url}/v1/completions", timeout=60,
-                          json={**BODY, "max_tokens": 3000}) as response:
-            got["stream"] = [line for line in response.iter_lines() if line.startswith("data:")]
-
-    def whole() -> None:
-        response = httpx.post(f"{router.url}/v1/completions", timeout=60,
-                              json={**BODY, "max_tokens": 1000, "stream": False})
-        got["whole"] = (response.status_code, response.json())
-
-    threads = [threading.Thread(target=streamed), threading.Thread(target=whole)]
     try:
-        for thread in threads:
-            thread.start()
+        threads, got = stream_and_whole(router.url, 3000)
         _wait_for(lambda: _running(backend) == 2, 10, "not started")
         router.proc.send_signal(signal.SIGTERM)
         assert router.proc.wait(20) == 0, router.output()
-        for thread in threads:
-            thread.join(20)
-        lines = got["stream"]
-        assert isinstance(lines, list) and lines[-1] == "data: [DONE]"
-        error = json.loads(lines[-2].removeprefix("data: "))["error"]
-        assert error == {"message": "the server shut down before the request finished",
-                         "type": "ServiceUnavailableError", "param": None, "code": 503}
-        assert len(lines) > 3  # tokens came before the cut
-        assert got["whole"] == (503, {"error": error})
+        assert_cut_answered(threads, got)
         # the stream is aborted at the backend (rt serve aborts a non-streaming request
         # whose client left only once it finishes: it does not watch for the disconnect)
         _wait_for(lambda: _aborted(backend) == 1, 10, "the stream was not aborted")

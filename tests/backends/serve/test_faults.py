@@ -14,6 +14,7 @@ import socket
 import statistics
 import threading
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -197,36 +198,50 @@ def test_a_stream_cut_at_shutdown_ends_with_an_error_event_and_no_traceback(cut:
     before that, starlette's `in lifespan`)."""
     timeout = "60" if cut == "second-ctrl-c" else "1"
     server = Served(["--simulate", "--shutdown-timeout", timeout])
-    got: dict[str, object] = {}
-
-    def streamed() -> None:
-        with httpx.stream("POST", f"{server.url}/v1/completions", timeout=60,
-                          json={**BODY, "max_tokens": 5000}) as response:
-            got["stream"] = [line for line in response.iter_lines() if line.startswith("data:")]
-
-    def whole() -> None:
-        response = httpx.post(f"{server.url}/v1/completions", timeout=60,
-                              json={**BODY, "max_tokens": 5000, "stream": False})
-        got["whole"] = (response.status_code, response.json())
-
-    threads = [threading.Thread(target=streamed), threading.Thread(target=whole)]
-    for thread in threads:
-        thread.start()
+    threads, got = stream_and_whole(server.url, 5000)
     _wait_for(lambda: server.metrics()["vllm:num_requests_running"] == 2, 10, "not started")
     server.proc.send_signal(signal.SIGINT)
     _wait_for(lambda: _refuses(server.url), 10, "still accepting after Ctrl-C")
     if cut == "second-ctrl-c":
         server.proc.send_signal(signal.SIGINT)
     assert server.proc.wait(20) == 0, server.output()
+    assert_cut_answered(threads, got)
+    assert "Traceback" not in server.output() and "CancelledError" not in server.output()
+    assert server.output().endswith("rt: server stopped\n")
+    server.stop()
+
+
+def stream_and_whole(url: str, max_tokens: int) -> tuple[list[threading.Thread], dict[str, Any]]:
+    """A stream and a non-streaming request of `max_tokens` to `url`, each in a started
+    thread; what they got lands in the dict (`stream`: its data lines; `whole`: status and
+    body)."""
+    got: dict[str, Any] = {}
+
+    def streamed() -> None:
+        with httpx.stream("POST", f"{url}/v1/completions", timeout=60,
+                          json={**BODY, "max_tokens": max_tokens}) as response:
+            got["stream"] = [line for line in response.iter_lines() if line.startswith("data:")]
+
+    def whole() -> None:
+        response = httpx.post(f"{url}/v1/completions", timeout=60,
+                              json={**BODY, "max_tokens": max_tokens, "stream": False})
+        got["whole"] = (response.status_code, response.json())
+
+    threads = [threading.Thread(target=streamed), threading.Thread(target=whole)]
+    for thread in threads:
+        thread.start()
+    return threads, got
+
+
+def assert_cut_answered(threads: list[threading.Thread], got: dict[str, Any]) -> None:
+    """Both requests of `stream_and_whole` were cut by a shutdown and answered: the stream,
+    after some tokens, with the 503 error event and `[DONE]`; the other with that 503."""
     for thread in threads:
         thread.join(20)
     lines = got["stream"]
-    assert isinstance(lines, list) and lines[-1] == "data: [DONE]"
+    assert lines[-1] == "data: [DONE]"
     error = json.loads(lines[-2].removeprefix("data: "))["error"]
     assert error == {"message": "the server shut down before the request finished",
                      "type": "ServiceUnavailableError", "param": None, "code": 503}
     assert len(lines) > 3  # tokens came before the cut
     assert got["whole"] == (503, {"error": error})
-    assert "Traceback" not in server.output() and "CancelledError" not in server.output()
-    assert server.output().endswith("rt: server stopped\n")
-    server.stop()
