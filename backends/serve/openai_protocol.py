@@ -215,6 +215,7 @@ class RequestParser:
         sampler_stops = tuple(stop_ids) + (() if ignore_eos else tuple(eos_ids))
         sampling = self._sampling(body, min_tokens, sampler_stops)
         stream = _get(body, "stream", (bool,), False)
+        _get(body, "user", (str,), None)  # unused; vLLM's schema: a string or null
         options = _get(body, "stream_options", (dict,), {})
         return Parsed(prompt_ids, params, sampling, stream,
                       bool(options.get("include_usage")),

@@ -24,6 +24,7 @@ _MESSAGES = {"type": "array", "minItems": 1, "items": {
                                           "text": {"type": "string"}}}}]}}}}
 _SAMPLING: dict[str, Any] = {
     "model": {"type": "string"},
+    "user": {"type": "string"},
     "min_tokens": {"type": "integer", "minimum": 0},
     "ignore_eos": {"type": "boolean"},
     "stop_token_ids": _TOKEN_IDS,

@@ -94,6 +94,9 @@ MALFORMED: list[tuple[str, bytes, str | None]] = [
     ("/v1/completions", b'{"prompt": [[1], [2]]}', "prompt"),
     ("/v1/completions", b'{"prompt": "hi", "stop_token_ids": [9999]}', "stop_token_ids"),
     ("/v1/completions", b'{"prompt": "hi", "model": {"a": 1}}', "model"),
+    ("/v1/completions", b'{"prompt": "hi", "user": 5}', "user"),  # vLLM: a string or null
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "user": []}',
+     "user"),
     ("/v1/chat/completions", b'{"messages": []}', "messages"),
     ("/v1/chat/completions", b'{"messages": [{"role": 1}]}', "messages"),
     ("/v1/chat/completions",
