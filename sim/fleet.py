@@ -74,7 +74,7 @@ from sim.fleet_router import (
 )
 from sim.fleet_tokens import replica_inputs, routing_tokens
 from sim.fleet_workers import can_fork, run_forked, worker_ranges
-from sim.run_gc import run_with_gc
+from sim.run_gc import release_pools, run_with_gc
 from sim.simulator import Progress, make_request
 from workloads import Trace, TraceRequest
 
@@ -163,7 +163,10 @@ class _Fleet:
         if workers > 1 and self.pre_routed and len(self.replicas) > 1 and can_fork():
             return self.run_in_workers(workers, started_s)
         self.run()
-        return self.result(time.perf_counter() - started_s)
+        result = self.result(time.perf_counter() - started_s)
+        if not self.pre_routed:  # a pre-routed replica released its pool as it finished
+            release_pools(r.core.scheduler.kv_cache_manager for r in self.replicas)
+        return result
 
     def start_processes(self) -> None:
         if self.pre_routed:  # before any step: each replica then runs its share in one go

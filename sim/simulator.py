@@ -47,7 +47,7 @@ from runtime.records import RequestRecord, RunResult
 from sim.api_server import deliver_to_clients, handover_times, server_wakes
 from sim.block_ids import TraceBlockIds, own_streams_only
 from sim.cost.base import CostModel, decode_run_timer
-from sim.run_gc import run_with_gc
+from sim.run_gc import release_pools, run_with_gc
 from sim.sim_config import SimConfig as SimConfig  # re-exported: its old home
 from workloads import Trace, TraceRequest
 from workloads.tokens import request_token_arrays
@@ -384,10 +384,12 @@ class _Simulation(KnownHandovers):
         deliver_to_clients(recorder.finished, self.config.api_server)
         stats = self.core.scheduler.prefix_cache_stats
         order = {req.request_id: i for i, req in enumerate(self.requests)}
-        return SimResult(requests=sorted(recorder.finished, key=lambda r: order[r.request_id]),
-                         step_columns=dict(recorder.step_columns),
-                         prefix_cache_queries=stats.queries, prefix_cache_hits=stats.hits,
-                         wall_s=time.perf_counter() - started_s)
+        result = SimResult(requests=sorted(recorder.finished, key=lambda r: order[r.request_id]),
+                           step_columns=dict(recorder.step_columns),
+                           prefix_cache_queries=stats.queries, prefix_cache_hits=stats.hits,
+                           wall_s=time.perf_counter() - started_s)
+        release_pools([self.core.scheduler.kv_cache_manager])
+        return result
 
 
 def simulate(trace: Trace, config: SimConfig, cost_model: CostModel,

@@ -95,6 +95,21 @@ class RouterPolicy:
     def on_kv_events(self, events: Iterable[KvEvent]) -> None:
         """KV events now visible to the router; ignored by policies without a precise index."""
 
+    _last_ids: tuple[tuple[ReplicaSnapshot, ...], list[int]] | None = None
+
+    def candidate_ids(self, replicas: Sequence[ReplicaSnapshot]) -> list[int]:
+        """`candidate_ids(replicas)`, kept for the last tuple of candidates: a driver
+        passing one fixed tuple (`sim.fleet` does to snapshot-blind routers) sorts and
+        checks it once, not per request (O(replicas) each). The list is shared: read it
+        only."""
+        last = self._last_ids
+        if last is not None and last[0] is replicas:
+            return last[1]
+        ids = candidate_ids(replicas)
+        if isinstance(replicas, tuple):  # immutable: the same object has the same ids
+            self._last_ids = (replicas, ids)
+        return ids
+
     def route(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]
     ) -> RoutingDecision:
@@ -108,20 +123,6 @@ class SnapshotBlindPolicy(RouterPolicy):
     """A policy whose choice reads only the candidates' replica ids and its own state
     (round-robin, random, session hashing, production-stack's prefix trie): completion-
     and snapshot-blind, so a driver may decide it any time after the dispatches before it."""
-
-    _last_ids: tuple[tuple[ReplicaSnapshot, ...], list[int]] | None = None
-
-    def candidate_ids(self, replicas: Sequence[ReplicaSnapshot]) -> list[int]:
-        """`candidate_ids(replicas)`, kept for the last tuple of candidates: a driver
-        passing one fixed tuple (`sim.fleet` does to blind routers) sorts it once, not per
-        request (O(replicas) each). The list is shared: read it only."""
-        last = self._last_ids
-        if last is not None and last[0] is replicas:
-            return last[1]
-        ids = candidate_ids(replicas)
-        if isinstance(replicas, tuple):  # immutable: the same object has the same ids
-            self._last_ids = (replicas, ids)
-        return ids
 
     @property
     def completion_blind(self) -> bool:
@@ -164,12 +165,9 @@ def pick_min(scores: Mapping[int, float], rng: SplitMix64) -> tuple[int, int]:
 
 def first_min(ids: Sequence[int], key: Mapping[int, float]) -> int:
     """The first of `ids` (in the given order) with the lowest `key`: the reference's
-    deterministic tie rule (a strict `<` scan, Rust's `min_by_key`, Python's `min`)."""
-    best = ids[0]
-    for replica in ids[1:]:
-        if key[replica] < key[best]:
-            best = replica
-    return best
+    deterministic tie rule (a strict `<` scan, Rust's `min_by_key`, Python's `min`, which
+    scans so: a later id replaces the best only when its key is less)."""
+    return min(ids, key=key.__getitem__)
 
 
 def tie_note(num_tied: int) -> str:

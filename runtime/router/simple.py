@@ -29,7 +29,6 @@ from runtime.router.policy import (
     RouterPolicy,
     SnapshotBlindPolicy,
     by_id,
-    candidate_ids,
     first_min,
     require,
 )
@@ -85,8 +84,9 @@ class LeastOutstanding(RouterPolicy):
     def choose(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]
     ) -> RoutingDecision:
-        ids = candidate_ids(replicas)
-        load = {r: float(self.local.count.get(r, 0)) for r in ids}
+        ids = self.candidate_ids(replicas)
+        count = self.local.count
+        load = {r: float(count.get(r, 0)) for r in ids}
         return RoutingDecision(first_min(ids, load), "fewest in flight", load)
 
     @property
@@ -185,10 +185,11 @@ class PowerOfTwo(RouterPolicy):
         super().__init__(seed)
         self.config = config or PowerOfTwoConfig()
 
-    def _load(self, snap: ReplicaSnapshot) -> float:
+    def _load(self, replica: int, replicas: Sequence[ReplicaSnapshot]) -> float:
         if self.config.load == "snapshot":
+            snap = next(r for r in replicas if r.replica_id == replica)
             return float(snap.num_running + snap.num_waiting)
-        return float(self.local.count.get(snap.replica_id, 0))
+        return float(self.local.count.get(replica, 0))
 
     @property
     def completion_blind(self) -> bool:
@@ -201,11 +202,10 @@ class PowerOfTwo(RouterPolicy):
     def choose(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]
     ) -> RoutingDecision:
-        snaps = by_id(replicas)
-        ids = sorted(snaps)
+        ids = self.candidate_ids(replicas)
         if len(ids) == 1:
             return RoutingDecision(ids[0], "only candidate")
         first, second = self.rng.sample_two(ids)
-        load = {first: self._load(snaps[first]), second: self._load(snaps[second])}
+        load = {first: self._load(first, replicas), second: self._load(second, replicas)}
         replica = first if load[first] <= load[second] else second
         return RoutingDecision(replica, f"less loaded of {first} and {second}", load)
