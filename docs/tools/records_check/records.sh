@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Records check: the same 11 simulations run by the code in DIR, written under OUT.
+# Records check: the same 14 simulations run by the code in DIR, written under OUT.
 # Compare two OUTs with cmp.py (every parquet file DataFrame.equals); a change to the
 # simulator or the core must leave them ALL EQUAL unless it means to change records.
 #   bash docs/tools/records_check/records.sh DIR OUT   (DIR: a checkout or a `git archive`)
@@ -22,4 +22,8 @@ run mooncake --trace "$T/mooncake_conversation_head.jsonl" --first-n 1500
 run sharegpt --trace "$T/sharegpt_lengths.csv" --first-n 3000 --num-gpu-blocks-override 4000 --no-enable-prefix-caching
 run mooncake_dynamo4 --trace "$T/mooncake_conversation_head.jsonl" --first-n 800 --replicas 4 --router dynamo-kv
 run mooncake_priority --trace "$T/mooncake_conversation_head.jsonl" --first-n 1500 --num-gpu-blocks-override 3000 --policy priority
-echo "11 runs written under $OUT"
+run mooncake_sglang8 --trace "$T/mooncake_conversation_head.jsonl" --first-n 800 --replicas 8 --router sglang-cache-aware \
+  --router-arg max_tree_size=20000 --router-arg eviction_interval_s=5
+run mooncake_prefix4 --trace "$T/mooncake_conversation_head.jsonl" --first-n 800 --replicas 4 --router prefix-aware
+run sglang16 --replicas 16 --router sglang-cache-aware --time-scale 0.0625
+echo "14 runs written under $OUT"
