@@ -61,7 +61,7 @@ class PrefixAware(SnapshotBlindPolicy):
     def choose(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]
     ) -> RoutingDecision:
-        ids = candidate_ids(replicas)
+        ids = self.candidate_ids(replicas)
         matched, holders = self.trie.match(request.token_ids or (), ids)
         scores = {r: float(matched if r in holders else 0) for r in ids}
         if matched < self.config.min_match_tokens:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from runtime.router.policy import RouterPolicy, candidate_ids, first_min, require, tie_note
+from runtime.router.policy import RouterPolicy, first_min, require, tie_note
 from runtime.router.prefix_index import PageTrie
 from runtime.router.snapshot import ReplicaSnapshot, RoutingDecision, RoutingRequest
 
@@ -75,9 +75,10 @@ class SglangCacheAware(RouterPolicy):
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]
     ) -> RoutingDecision:
         cfg = self.config
-        ids = candidate_ids(replicas)
+        ids = self.candidate_ids(replicas)
         self._maybe_evict(request.now_s)
-        load = {r: float(self.local.count.get(r, 0)) for r in ids}
+        count = self.local.count
+        load = {r: float(count.get(r, 0)) for r in ids}
         hi, lo = max(load.values()), min(load.values())
         if hi - lo > cfg.balance_abs_threshold and hi > lo * cfg.balance_rel_threshold:
             return RoutingDecision(first_min(ids, load), "imbalanced: least loaded", load)
@@ -92,7 +93,8 @@ class SglangCacheAware(RouterPolicy):
                 {r: (rate if r in holders else 0.0) for r in ids},
             )
         size = {r: float(self.tree.size(r)) for r in ids}
-        smallest = sorted(r for r in ids if size[r] == min(size.values()))
+        least = min(size.values())
+        smallest = [r for r in ids if size[r] == least]  # ids ascend
         replica = smallest[0] if len(smallest) == 1 else self.rng.choice(smallest)
         return RoutingDecision(
             replica, f"match rate {rate:.3f} <= {cfg.cache_threshold}: smallest tree"
