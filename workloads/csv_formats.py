@@ -23,7 +23,7 @@ import pandas as pd
 
 from workloads.errors import TraceError
 from workloads.rows import RawRows
-from workloads.trace import Trace
+from workloads.trace import MAX_TOKENS, Trace
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens")
@@ -117,6 +117,8 @@ def token_column(frame: pd.DataFrame, name: str) -> np.ndarray:
     values = _numeric(frame, name)
     _first_bad(frame, name, values < 0, "token counts must be >= 0")
     _first_bad(frame, name, values != np.floor(values), "token counts must be integers")
+    # before the int64 cast, which turned 1e23 into -9223372036854775808 (named as such)
+    _first_bad(frame, name, values > MAX_TOKENS, f"token counts must be <= {MAX_TOKENS:,}")
     return values.astype(np.int64)
 
 
@@ -156,7 +158,10 @@ def missing_column(name: str, header: list[str], path: Path) -> TraceError:
     """The error for a required column absent from `header`, with a close-match hint."""
     close = difflib.get_close_matches(name, header, n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    return TraceError(f"missing column (header has {', '.join(map(repr, header))}){hint}",
+    # at most 12 names of at most 40 characters: a 200 KB first line was printed whole
+    names = [repr(h if len(h) <= 40 else h[:37] + "...") for h in header[:12]]
+    more = ", ..." if len(header) > 12 else ""
+    return TraceError(f"missing column (header has {', '.join(names)}{more}){hint}",
                       path=str(path), line=1, column=name)
 
 

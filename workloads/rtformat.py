@@ -209,6 +209,9 @@ def _load_object(text: str, number: int) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise TraceError(f"invalid JSON ({exc.msg}, char {exc.pos + 1})", line=number,
                          value=text.strip()) from None
+    except RecursionError:  # the decoder's own limit: ~1,000 nested arrays or objects
+        raise TraceError("invalid JSON (nested too deeply)", line=number,
+                         value=text.strip()) from None
     if not isinstance(obj, dict):
         raise TraceError("expected a JSON object", line=number, value=text.strip())
     return obj

@@ -38,7 +38,7 @@ import numpy as np
 from workloads.arrivals import ArrivalProcess
 from workloads.errors import TraceError
 from workloads.stats import time_stats
-from workloads.trace import MAX_TOKENS, UNIQUE_PREFIX, Span, Trace, TraceRequest
+from workloads.trace import MAX_ARRIVAL_S, MAX_TOKENS, UNIQUE_PREFIX, Span, Trace, TraceRequest
 
 RANDOM_PREFIX_KEY = "p:random-prefix"  # stream of the shared --random-prefix-len tokens
 MAX_PREFIXES = 1 << 20  # --prefix-repetition-num-prefixes' limit (a count)
@@ -137,6 +137,10 @@ class MultiTurn:
               "with the message, output and system prompt lengths")
         if not (math.isfinite(self.turn_gap_s) and self.turn_gap_s >= 0):
             raise TraceError("must be a finite number >= 0 seconds",
+                             column="--multi-turn-gap-s", value=self.turn_gap_s)
+        if (turns - 1) * self.turn_gap_s > MAX_ARRIVAL_S:  # the last turn, from its start
+            raise TraceError(f"{turns} turns span {(turns - 1) * self.turn_gap_s:.4g} s, past "
+                             f"the {MAX_ARRIVAL_S:,.0f} s (194 days) a trace may span",
                              column="--multi-turn-gap-s", value=self.turn_gap_s)
 
 

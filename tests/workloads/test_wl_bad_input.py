@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from workloads import TraceError, detect_format, load_trace
+from workloads.loaders import read_rows
 
 from .helpers import FIXTURES, write
 
@@ -14,6 +15,9 @@ AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 ROW0 = "2023-11-16 18:15:46.6805900,374,44\n"
 ROW1 = "2023-11-16 18:15:50.9951690,396,109\n"
 MOON = '{"timestamp": %s, "input_length": %s, "output_length": %s, "hash_ids": %s}\n'
+VIDUR = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
+BURST = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+RT_HEAD = '{"format": "rt-trace", "version": 1, "name": "x", "requests": 1}\n'
 
 CASES = {
     "misnamed column": (AZURE.replace("ContextTokens", "Context Tokens") + ROW0, None,
@@ -49,6 +53,21 @@ CASES = {
                           2, "timestamp", 7.0, "sorted"),
     "mooncake float length": (MOON % (0, 5.5, 1, "[0]"), None, 1, "input_length", 5.5,
                               "integer"),
+    # once -9223372036854775808 named as the value (the int64 cast of 1e23)
+    "vidur huge count": (VIDUR + "0.0,99999999999999999999999,10\n", None, 2,
+                         "num_prefill_tokens", "99999999999999999999999", "<= 16,777,216"),
+    # once a numpy error after the work (1e300 s), a hang (a 10,000-year span)
+    "burstgpt late arrival": (BURST + "5,ChatGPT,4,1,5,x\n1e300,ChatGPT,4,1,5,x\n", None, 3,
+                              "arrival_s", 1e300, "<= 16,777,216 s"),
+    "mooncake late arrival": (MOON % (0, 5, 1, "[0]") + MOON % ("1e305", 5, 1, "[0]"), None,
+                              2, "arrival_s", None, "arrival time must be <= 16,777,216 s"),
+    # once a RecursionError traceback
+    "mooncake nested JSON": (MOON % (0, 5, 1, "[0]") + "[" * 5000 + "]" * 5000 + "\n", None,
+                             2, None, None, "nested too deeply"),
+    "rt nested JSON": (RT_HEAD + "{\"a\": " * 5000 + "1" + "}" * 5000 + "\n", None, 2, None,
+                       None, "nested too deeply"),
+    # once _csv.Error: field larger than field limit (131072)
+    "long first line": ("[" * 200_000 + "\n", None, 1, None, None, "unrecognised"),
 }
 
 
@@ -65,6 +84,22 @@ def test_bad_file_is_located(tmp_path: Path, case: str) -> None:
         assert err.value == value
     assert fragment in str(err)
     assert "\n" not in str(err)
+
+
+def test_a_late_arrival_is_refused_in_every_row_too(tmp_path: Path) -> None:
+    """`rt trace inspect --keep-failed` reads the rows without building requests."""
+    path = write(tmp_path / "late.csv", BURST + "5,ChatGPT,4,0,4,x\n1e300,ChatGPT,4,0,4,x\n")
+    with pytest.raises(TraceError) as info:
+        read_rows(path)
+    assert (info.value.line, info.value.column, info.value.value) == (3, "arrival_s", 1e300)
+
+
+def test_a_missing_column_names_a_long_header_briefly(tmp_path: Path) -> None:
+    path = write(tmp_path / "long.csv", "a" * 200_000 + ",b\n1,2\n")
+    with pytest.raises(TraceError) as info:
+        load_trace(path, "azure")
+    assert str(info.value) == (f"{path}:1: column 'TIMESTAMP': missing column (header has "
+                               f"'{'a' * 37}...', 'b')")
 
 
 def test_missing_file(tmp_path: Path) -> None:
