@@ -17,7 +17,8 @@ MAX_REPEAT = 20  # `rt bench fleet --repeat` at most: each repeat runs every --s
 
 @dataclass(frozen=True, slots=True)
 class SchedulerBenchFlags:
-    seed: int = flag(0, "--seed", "Seed of the synthetic prompts.")
+    seed: int = flag(0, "--seed", "Seed of the synthetic prompts.", min=0,
+                     max=workloads.MAX_SEED)
     quick: bool = flag(False, "--quick/--no-quick", "Fewer steps (a smoke run).")
 
     def report(self) -> dict[str, object]:

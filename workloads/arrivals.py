@@ -26,6 +26,10 @@ import numpy as np
 from workloads.errors import TraceError
 from workloads.trace import MAX_ARRIVAL_S
 
+# The largest --seed: numpy's RandomState (and vLLM's np.random.seed(seed)) takes 0..2^32-1;
+# -1 or 2^64 once failed as an OverflowError deep in the simulator.
+MAX_SEED = 2**32 - 1
+
 
 @dataclass(frozen=True, slots=True)
 class ArrivalProcess:
