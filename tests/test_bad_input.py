@@ -134,6 +134,11 @@ def _cases(f: dict[str, Path]) -> list[tuple[list[str], list[str]]]:
         (["compare", run, str(f["str_run"]), "--no-plots"], ["'arrival_s'", "str"]),
         (["calibrate", "-o", out, "--from-steps", str(f["null_steps"])],
          ["steps.parquet", "'start_s'", "None"]),
+        # once uvicorn's KeyError, a ValueError from int(nan), after the start-up line
+        (["serve", "--simulate", "--port", "0", "--uvicorn-log-level", "nope"],
+         ["--uvicorn-log-level", "'nope'"]),
+        (["serve", "--simulate", "--port", "0", "--shutdown-timeout", "nan"],
+         ["--shutdown-timeout", "nan"]),
     ]
 
 
@@ -161,7 +166,7 @@ def _one_line(args: list[str]) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("index", range(45))
+@pytest.mark.parametrize("index", range(47))
 def test_bad_input_is_one_line_naming_the_field(files: dict[str, Path], index: int) -> None:
     args, named = _cases(files)[index]
     line = _one_line(args)
@@ -171,7 +176,7 @@ def test_bad_input_is_one_line_naming_the_field(files: dict[str, Path], index: i
 def test_every_case_is_run() -> None:
     assert len(_cases({k: Path(k) for k in ("trace", "run", "listed", "interrupted",
                                             "fleet", "root", "nan_run", "str_run",
-                                            "null_steps", "deep")})) == 45
+                                            "null_steps", "deep")})) == 47
 
 
 def test_a_result_dir_holding_other_files_is_never_replaced(files: dict[str, Path],
