@@ -139,6 +139,10 @@ def _cases(f: dict[str, Path]) -> list[tuple[list[str], list[str]]]:
          ["--uvicorn-log-level", "'nope'"]),
         (["serve", "--simulate", "--port", "0", "--shutdown-timeout", "nan"],
          ["--shutdown-timeout", "nan"]),
+        # once the model loaded and the replays run: a NaN gate never failed a run, a NaN
+        # limit never cut the grid
+        (["fidelity", t, "--max-error", "nan", "--result-dir", out], ["--max-error", "nan"]),
+        (["calibrate", "-o", out, "--time-limit", "nan"], ["--time-limit", "nan"]),
     ]
 
 
@@ -166,7 +170,7 @@ def _one_line(args: list[str]) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("index", range(47))
+@pytest.mark.parametrize("index", range(49))
 def test_bad_input_is_one_line_naming_the_field(files: dict[str, Path], index: int) -> None:
     args, named = _cases(files)[index]
     line = _one_line(args)
@@ -176,7 +180,7 @@ def test_bad_input_is_one_line_naming_the_field(files: dict[str, Path], index: i
 def test_every_case_is_run() -> None:
     assert len(_cases({k: Path(k) for k in ("trace", "run", "listed", "interrupted",
                                             "fleet", "root", "nan_run", "str_run",
-                                            "null_steps", "deep")})) == 47
+                                            "null_steps", "deep")})) == 49
 
 
 def test_a_result_dir_holding_other_files_is_never_replaced(files: dict[str, Path],
