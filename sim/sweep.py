@@ -182,6 +182,21 @@ def sweep_configs(flag_lists: Mapping[str, Sequence[Any]], models: Sequence[str]
     return configs
 
 
+def _check_fleets(fleets: Mapping[str, Sequence[Any]], seed: int) -> None:
+    """ValueError naming the flag for a --replicas value outside [1, MAX_REPLICAS] or an
+    unknown --router, before any point runs (99999 replicas ran; 'nope' was accepted with
+    one replica and 0 failed once the sweep had started), as `rt simulate` refuses them."""
+    from runtime.router import make_policy
+    from sim.fleet_config import MAX_REPLICAS
+
+    for count in fleets.get("replicas", []):
+        if not 1 <= count <= MAX_REPLICAS:
+            raise ValueError(f"--replicas: each value must be in [1, {MAX_REPLICAS}], got "
+                             f"{count}")
+    for router in fleets.get("router", []):
+        make_policy(router, [], seed)
+
+
 def point_name(index: int, labels: Mapping[str, Any]) -> str:
     """A run directory's name: its index, then each label's initials and value."""
     name = "_".join(f"{''.join(w[0] for w in k.split('_'))}{v:g}"
@@ -285,6 +300,7 @@ class SweepPlan:
         loader's notes are returned) or the synthetic workload. ValueError on a bad axis,
         grid or workload."""
         scaled = how.axis()[0] == "time_scale"  # (an axis error before the grid's)
+        _check_fleets(fleets, work.seed)
         configs = sweep_configs(grid, targets["model"], targets["gpu"],
                                 fleets.get("replicas", [1]), fleets.get("router", ["round-robin"]))
         if work.dataset_name is None:

@@ -143,6 +143,9 @@ def _cases(f: dict[str, Path]) -> list[tuple[list[str], list[str]]]:
         # limit never cut the grid
         (["fidelity", t, "--max-error", "nan", "--result-dir", out], ["--max-error", "nan"]),
         (["calibrate", "-o", out, "--time-limit", "nan"], ["--time-limit", "nan"]),
+        # once 99999 replicas simulated, and 'nope' accepted (one replica: never routed)
+        ([*sweep, "--replicas", "1,99999"], ["--replicas", "99999"]),
+        ([*sweep, "--router", "nope"], ["'nope'"]),
     ]
 
 
@@ -170,7 +173,7 @@ def _one_line(args: list[str]) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("index", range(49))
+@pytest.mark.parametrize("index", range(51))
 def test_bad_input_is_one_line_naming_the_field(files: dict[str, Path], index: int) -> None:
     args, named = _cases(files)[index]
     line = _one_line(args)
@@ -180,7 +183,7 @@ def test_bad_input_is_one_line_naming_the_field(files: dict[str, Path], index: i
 def test_every_case_is_run() -> None:
     assert len(_cases({k: Path(k) for k in ("trace", "run", "listed", "interrupted",
                                             "fleet", "root", "nan_run", "str_run",
-                                            "null_steps", "deep")})) == 49
+                                            "null_steps", "deep")})) == 51
 
 
 def test_a_result_dir_holding_other_files_is_never_replaced(files: dict[str, Path],
