@@ -43,8 +43,11 @@ def parse_azure(path: Path) -> RawRows:
                          column="TIMESTAMP") from None
     _first_bad(frame, "TIMESTAMP", stamps.isna().to_numpy(), "not a date-time "
                "(expected YYYY-MM-DD HH:MM:SS.fffffff)")
-    nanos = stamps.to_numpy(dtype="datetime64[ns]").astype(np.int64)
-    seconds = (nanos - nanos[0]) / 1e9
+    # in the unit pandas parsed them at: ns, or us for dates outside 1677-2262, whose ns
+    # values wrapped around (a file from 1600 to 2000 read as "not sorted")
+    unit = stamps.dt.unit
+    ticks = stamps.to_numpy(dtype=f"datetime64[{unit}]").astype(np.int64)
+    seconds = (ticks - ticks[0]) / (np.timedelta64(1, "s") / np.timedelta64(1, unit))
     _check_sorted(frame, "TIMESTAMP", seconds)
     return RawRows(format="azure", line=_lines(frame), arrival_s=seconds,
                    prompt_len=token_column(frame, "ContextTokens"),

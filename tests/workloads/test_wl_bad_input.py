@@ -61,6 +61,9 @@ CASES = {
                               "arrival_s", 1e300, "<= 16,777,216 s"),
     "mooncake late arrival": (MOON % (0, 5, 1, "[0]") + MOON % ("1e305", 5, 1, "[0]"), None,
                               2, "arrival_s", None, "arrival time must be <= 16,777,216 s"),
+    # once "timestamps must be sorted": 1600's nanoseconds wrapped around past 2000's
+    "azure four centuries": (AZURE + "1600-01-01 00:00:00,10,2\n2000-01-01 00:00:10,10,2\n",
+                             None, 3, "arrival_s", 12622780810.0, "<= 16,777,216 s"),
     # once a RecursionError traceback
     "mooncake nested JSON": (MOON % (0, 5, 1, "[0]") + "[" * 5000 + "]" * 5000 + "\n", None,
                              2, None, None, "nested too deeply"),
@@ -173,3 +176,9 @@ def test_a_bad_flag_is_named_as_a_flag_and_a_bad_cell_as_a_column() -> None:
                       value="x7")
     assert str(flag) == "--time-scale: value 0.0: must be > 0"
     assert str(cell) == "t.csv:3: column 'ContextTokens': value 'x7': not a finite number"
+
+
+def test_dates_outside_the_nanosecond_range_keep_their_gaps(tmp_path: Path) -> None:
+    path = write(tmp_path / "old.csv", AZURE + "1500-01-01 00:00:00,10,2\n"
+                 "1500-01-01 00:00:10,10,2\n")
+    assert [r.arrival_s for r in load_trace(path).trace] == [0.0, 10.0]
