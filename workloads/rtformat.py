@@ -96,7 +96,7 @@ def request_to_dict(req: TraceRequest) -> dict[str, Any]:
 
 def read_rt_jsonl(path: Path) -> Trace:
     """Read an rt JSONL trace; any defect raises TraceError naming file, line, key, value."""
-    with path.open("r", encoding="utf-8") as src:
+    with path.open("r", encoding="utf-8-sig") as src:  # a byte-order mark, as the others
         try:
             return parse_rt_lines(src)
         except TraceError as err:

@@ -170,6 +170,15 @@ def test_byte_order_mark_is_tolerated(tmp_path: Path) -> None:
     assert [(r.arrival_s, r.prompt_len) for r in trace] == [(0.0, 374), (4.314579, 396)]
 
 
+def test_byte_order_mark_is_tolerated_in_rt_jsonl(tmp_path: Path) -> None:
+    """Once "invalid JSON (Unexpected UTF-8 BOM ...)" on line 1, where every other format
+    read it."""
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + (RT_HEAD + '{"id": "a", "arrival_s": 0.5, '
+                                          '"prompt_len": 3, "output_len": 2}\n').encode())
+    assert [(r.request_id, r.arrival_s) for r in load_trace(path).trace] == [("a", 0.5)]
+
+
 def test_a_bad_flag_is_named_as_a_flag_and_a_bad_cell_as_a_column() -> None:
     flag = TraceError("must be > 0", column="--time-scale", value=0.0)
     cell = TraceError("not a finite number", path="t.csv", line=3, column="ContextTokens",
