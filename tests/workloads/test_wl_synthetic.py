@@ -176,3 +176,10 @@ def test_turn_gaps_past_194_days_name_the_flag() -> None:
         MultiTurn(num_turns=3, turn_gap_s=1e7)
     assert str(info.value) == ("--multi-turn-gap-s: value 10000000.0: 3 turns span 2e+07 s, "
                                "past the 16,777,216 s (194 days) a trace may span")
+
+
+def test_num_prompts_past_2_to_the_24_names_the_flag() -> None:
+    """1e20 was numpy's "Maximum allowed dimension exceeded", naming nothing."""
+    with pytest.raises(TraceError) as info:
+        random_trace(10**20, RandomLengths(8, 2), ArrivalProcess())
+    assert str(info.value) == "--num-prompts: value 100000000000000000000: must be <= 16,777,216"
