@@ -59,6 +59,7 @@ from sim.fleet_config import FLEET_UP_POLICY, ROUTER_POLICY, FleetFlags
 from sim.pd_flags import PDFlags
 from sim.plan import PLAN_HELP, PLAN_WORKLOAD, PlanFlags
 from sim.sweep import SWEEP_FLEETS, SWEEP_GRID, SWEEP_HELP, SWEEP_MODELS, SWEEP_WORKLOAD, SweepFlags
+from workloads.arrivals import MAX_SEED
 from workloads.flags import TraceFileFlags, WorkloadFlags, load_workload
 from workloads.trace_flags import FILE_FLAGS, SYNTHETIC_FLAGS, ConvertFlags, InspectFlags
 
@@ -130,7 +131,8 @@ app.add_typer(trace_app, name="trace")
 
 def _option(spec: FlagSpec) -> Any:
     return Annotated[spec.hint, typer.Option(*spec.decls, help=spec.help, envvar=spec.envvar,
-                                             rich_help_panel=spec.panel, min=spec.minimum)]
+                                             rich_help_panel=spec.panel, min=spec.minimum,
+                                             max=spec.maximum)]
 
 
 def with_flags(command: Callable[..., None]) -> Callable[..., None]:
@@ -216,7 +218,8 @@ _Out = Annotated[JsonOut, Flags(inline=True)]
 _Plots = Annotated[bool, typer.Option("--plots/--no-plots", help="Draw the PNGs.")]
 _CheckInvariants = Annotated[bool, typer.Option(
     "--check-invariants", help="Check the KV pool after every step (slow).")]
-_Seed = Annotated[int, typer.Option("--seed", help="Seed of every random draw (as vLLM).")]
+_Seed = Annotated[int, typer.Option("--seed", help="Seed of every random draw (as vLLM).",
+                                    min=0, max=MAX_SEED)]
 
 
 def _result_dir(kind: str) -> Any:

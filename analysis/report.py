@@ -44,6 +44,10 @@ REQUEST_COLUMNS = (
 )
 STEP_COLUMNS = ("step", "start_s", "end_s", "num_prefill_tokens", "num_decode_tokens",
                 "kv_usage", "num_running", "num_waiting")
+# Seconds from a run's start to any of its times at most: 4 x the longest trace (2^24 s,
+# workloads.trace.MAX_ARRIVAL_S), room for the queue behind its last arrival. The metrics
+# count per second (vLLM's peak concurrency); 1e300 s overflowed their int64 cast.
+MAX_RUN_S = float(1 << 26)
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,37 @@ def check_run(run: Run) -> None:
         missing = [c for c in STEP_COLUMNS if c not in run.steps.columns]
         if missing:
             raise ValueError(f"{run.path}: steps.parquet lacks columns {', '.join(missing)}")
+    times = [c for c in REQUEST_COLUMNS if c.endswith("_s") and c != "token_times_s"]
+    _check_times(run, "requests.parquet", run.requests, times, required=("arrival_s",))
+    if not run.steps.empty:
+        _check_times(run, "steps.parquet", run.steps, ["start_s", "end_s"],
+                     required=("start_s", "end_s"))
+
+
+def _check_times(run: Run, table: str, frame: pd.DataFrame, columns: Sequence[str],
+                 required: Sequence[str]) -> None:
+    """ValueError naming the table, column and first bad value of a time column (s) that is
+    not numeric or holds a value past +-MAX_RUN_S; a `required` one (an arrival, a step's
+    start and end) must also be >= 0, not NaN (a failed request has no first token, and a
+    difference of two clocks may be -1e-12). A hand-edited or corrupted table: once a
+    TypeError, or a numpy error after the report's first lines."""
+    for name in columns:
+        column = frame[name]  # object: a vLLM result file's, None where it has no value
+        if not pd.api.types.is_numeric_dtype(column):
+            wrong = column[column.map(lambda v: v is not None and (
+                isinstance(v, bool) or not isinstance(v, int | float)))]
+            if len(wrong):
+                raise ValueError(f"{run.path}: {table} column {name!r}: value "
+                                 f"{wrong.iloc[0]!r} is not a number of seconds")
+        values = column.to_numpy(dtype=np.float64, na_value=np.nan)
+        if name in required:
+            bad, rule = ~((values >= 0) & (values <= MAX_RUN_S)), f"in [0, {MAX_RUN_S:,.0f}]"
+        else:
+            bad, rule = np.abs(values) > MAX_RUN_S, f"at most {MAX_RUN_S:,.0f} in size"
+            bad |= np.isinf(values)
+        if bad.any():
+            raise ValueError(f"{run.path}: {table} column {name!r}: value "
+                             f"{float(values[bad.argmax()])}: times must be seconds {rule}")
 
 
 def load_checked(path: Path) -> Run:

@@ -38,7 +38,7 @@ def widen_options(options: ReportOptions, slos: Mapping[str, float] | None) -> R
 
 @dataclass(frozen=True)
 class SweepJob:
-    point: Any  # sim.sweep.SweepPoint: .labels (the point's grid values), .trace
+    point: Any  # sim.sweep.SweepPoint: .labels (its grid values), .trace, .identity()
     trace: dict[str, Any]  # the point trace's identity in run.json: name, requests, digest
     options: ReportOptions
     run_dir: str
@@ -47,13 +47,13 @@ class SweepJob:
 
 def sweep_point(job: SweepJob) -> dict[str, Any]:
     """One sweep point: simulate, write the run directory, report it from the files."""
-    labels, path = dict(job.point.labels), Path(job.run_dir)
-    run = finished_run(path, sweep=labels, trace=job.trace)
+    labels, path, point = dict(job.point.labels), Path(job.run_dir), job.point.identity()
+    run = finished_run(path, sweep=labels, trace=job.trace, point=point)
     if run is None:
         result, setup = job.simulate(job.point)
         rate = {"request_rate": labels["request_rate"]} if "request_rate" in labels else {}
         run = save_result(path, "simulate", job.trace, result, setup.describe(), sweep=labels,
-                          **rate)
+                          point=point, **rate)
     return {**labels, **result_dict(run, job.options), "run_dir": job.run_dir}
 
 
@@ -69,15 +69,18 @@ class PlanJob:
 
 
 def plan_point(job: PlanJob) -> dict[str, Any]:
-    """One shape: simulate, write the run directory and its record (plan.json); a directory
-    with plan.json is not run again."""
-    path, shape = Path(job.run_dir), job.shape
-    if (path / PLAN_RECORD).is_file():
-        return dict(json.loads((path / PLAN_RECORD).read_text()))
-    c = shape.candidate
-    result, setup = job.simulate(shape, job.trace, job.seed)
-    saved = save_result(path, "simulate", job.identity, result, setup.describe(),
-                        plan={"shape": shape.name(), "replicas": shape.num_replicas})
+    """One shape: simulate, write the run directory and its record (plan.json). A directory
+    with plan.json whose run has this trace and seed is not run again; its record is made
+    afresh (the SLOs may need other metrics: once a KeyError; another trace's run was once
+    reported as this one's)."""
+    path, shape, c = Path(job.run_dir), job.shape, job.shape.candidate
+    plan = {"shape": shape.name(), "replicas": shape.num_replicas}
+    saved = finished_run(path, trace=job.identity, seed=job.seed, plan=plan) \
+        if (path / PLAN_RECORD).is_file() else None
+    if saved is None:
+        result, setup = job.simulate(shape, job.trace, job.seed)
+        saved = save_result(path, "simulate", job.identity, result, setup.describe(),
+                            plan=plan)
     record = {**result_dict(saved, job.options), "shape": shape.name(), "gpu": c.gpu,
               "model": c.model, "tp": c.tensor_parallel_size, "replicas": shape.num_replicas,
               "gpus": shape.gpus, "cost_per_hour": shape.cost_per_hour,

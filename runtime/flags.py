@@ -26,8 +26,8 @@ def flag(default: Any, option: str, help: str | None = None, panel: str | None =
     """A dataclass field that is also a command-line flag. `option` is e.g. "--block-size" or
     "--enable-x/--no-enable-x" for a boolean pair; `extra` passes on short="-tp" (or
     alias="--sim-model": a second spelling),
-    envvar="NAME", min=1 (the parser refuses a smaller value) or bounds=(1, 4096) (the
-    dataclass refuses a value outside them, `check_bounds`)."""
+    envvar="NAME", min=1 / max=9 (the parser refuses a smaller / larger value) or
+    bounds=(1, 4096) (the dataclass refuses a value outside them, `check_bounds`)."""
     return field(default=default, metadata={"flag": option, "help": help, "panel": panel,
                                             **extra})
 
@@ -79,6 +79,7 @@ class FlagSpec:
     panel: str | None
     envvar: str | None
     minimum: int | float | None = None  # the smallest value the parser accepts
+    maximum: int | float | None = None  # the largest
 
 
 def group_specs(cls: type, group: FlagGroup) -> list[FlagSpec]:
@@ -98,7 +99,8 @@ def group_specs(cls: type, group: FlagGroup) -> list[FlagSpec]:
             f.name, str(meta["flag"]).split("/")[0].lstrip("-").replace("-", "_"),
             (meta["flag"], *(meta[k] for k in ("short", "alias") if k in meta)),
             str | None if group.lists else hint, scalar, default, meta.get("help"),
-            group.panel or meta.get("panel"), meta.get("envvar"), meta.get("min")))
+            group.panel or meta.get("panel"), meta.get("envvar"), meta.get("min"),
+            meta.get("max")))
     return specs
 
 

@@ -33,8 +33,12 @@ from sim.scaling_policies import (
 )
 from sim.simulator import Progress
 from workloads import Trace
+from workloads.trace import MAX_ARRIVAL_S
 
 AUTOSCALE_PANEL = "Autoscaling (replicas added and drained in the loop)"
+# Seconds between scaling decisions: at least 0.1 s (1e-300 s hung, deciding forever at one
+# instant), at most a trace's longest span (1e308 s failed: 'Maximum allowed size exceeded').
+MIN_INTERVAL_S, MAX_INTERVAL_S = 0.1, MAX_ARRIVAL_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +82,10 @@ class AutoscaleFlags:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
         if self.autoscale_interval_s == 0:
             raise ValueError("--autoscale-interval-s must be > 0")
+        interval = self.autoscale_interval_s
+        if interval is not None and not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:
+            raise ValueError(f"--autoscale-interval-s must be in [{MIN_INTERVAL_S:g}, "
+                             f"{MAX_INTERVAL_S:,.0f}] s, got {interval}")
         if self.min_replicas < 1 or (self.max_replicas is not None
                                      and self.max_replicas < self.min_replicas):
             raise ValueError(f"need 1 <= --min-replicas ({self.min_replicas}) <= "

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import workloads
-from runtime.flags import check_bounds, flag
+from runtime.flags import check_bounds, comma_list, flag
 from sim.fleet_config import MAX_REPLICAS, MAX_SIM_WORKERS
 from workloads import Trace
 
@@ -17,7 +17,8 @@ MAX_REPEAT = 20  # `rt bench fleet --repeat` at most: each repeat runs every --s
 
 @dataclass(frozen=True, slots=True)
 class SchedulerBenchFlags:
-    seed: int = flag(0, "--seed", "Seed of the synthetic prompts.")
+    seed: int = flag(0, "--seed", "Seed of the synthetic prompts.", min=0,
+                     max=workloads.MAX_SEED)
     quick: bool = flag(False, "--quick/--no-quick", "Fewer steps (a smoke run).")
 
     def report(self) -> dict[str, object]:
@@ -90,8 +91,11 @@ class FleetBenchFlags:
         check_bounds(self)
 
     def sizes(self) -> tuple[int, ...]:
-        """--scaling's fleet sizes (ValueError on a non-integer)."""
-        return tuple(int(x) for x in self.scaling.split(",") if x.strip())
+        """--scaling's fleet sizes (ValueError naming the flag on a non-integer: once int()'s
+        own message, "invalid literal ... 'x'")."""
+        if not self.scaling.strip():
+            return ()
+        return tuple(comma_list("--scaling", self.scaling, int))
 
     def load(self) -> tuple[Trace, str]:
         """The trace (first N requests, if asked) and the name the report gives it."""

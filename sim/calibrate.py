@@ -227,17 +227,29 @@ def steps_training_data(columns: Mapping[str, Sequence[object]], target: str = "
         raise ValueError(f"steps table lacks column(s) {', '.join(missing)}")
     samples = StepSamples([], [], [])
     for i in range(len(columns["end_s"])):
-        feats = BatchFeatures(**{name: int(columns[name][i]) for name in names})  # type: ignore[call-overload]
-        start = float(columns["start_s"][i])  # type: ignore[arg-type]
+        feats = BatchFeatures(**{name: _cell(columns, name, i, int) for name in names})
+        start = _cell(columns, "start_s", i, float)
         if target == "wall":
-            time_s = float(columns["end_s"][i]) - start  # type: ignore[arg-type]
+            time_s = _cell(columns, "end_s", i, float) - start
         else:
-            time_s = float(columns["duration_s"][i])  # type: ignore[arg-type]
+            time_s = _cell(columns, "duration_s", i, float)
         if feats.num_tokens > 0 and time_s > 0 and math.isfinite(time_s):
             samples.features.append(feats)
             samples.seconds.append(time_s)
             samples.start_s.append(start)
     return samples
+
+
+def _cell(columns: Mapping[str, Sequence[object]], name: str, row: int,
+          kind: type[int] | type[float]) -> Any:
+    """Cell `row` of column `name` as `kind`; ValueError naming both when it is not a
+    number (a null or a string: once a TypeError traceback)."""
+    value = columns[name][row]
+    try:
+        return kind(value)  # type: ignore[arg-type,call-overload]
+    except (TypeError, ValueError):
+        raise ValueError(f"column {name!r}, row {row}: value {value!r} is not a number") \
+            from None
 
 
 def fit_api_server(prompt_lens: Sequence[int], seconds: Sequence[float]) -> ApiServerCost:

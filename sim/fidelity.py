@@ -7,6 +7,7 @@ scheduler and KV pool (its twin), K times with step-noise seeds seed, seed + 1, 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,11 @@ class CalibrationFlags:
         "drift per 0.25 s window (the machine's slow and fast periods) instead of i.i.d. per "
         "step. Off by default: on this project's CPU VM it did not beat i.i.d. scatter "
         "(docs/results.md).", CALIBRATION_PANEL)
+
+    def __post_init__(self) -> None:
+        if self.time_limit is not None and not 0 < self.time_limit < math.inf:
+            raise ValueError(f"--time-limit must be a finite number of seconds > 0, got "
+                             f"{self.time_limit}")  # NaN: the grid was never cut
 
 
 # `rt fidelity --help`'s description of the command, beside its flags.
@@ -111,6 +117,8 @@ class FidelityFlags:
             raise ValueError("--fleet starts its own rt serve replicas behind rt route: give "
                              "--fleet or --endpoint, not both")
         check_bounds(self)
+        if self.max_error is not None and not self.max_error >= 0:  # NaN: no run ever failed
+            raise ValueError(f"--max-error must be a fraction >= 0, got {self.max_error}")
         if self.warmup_requests < 0:
             raise ValueError(f"--warmup-requests must be >= 0, got {self.warmup_requests}")
         if self.warmup_requests != WARMUP_REQUESTS and not endpoint:

@@ -4,6 +4,7 @@ decode and prefill routers built from the flags)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,9 @@ from sim.simulator import Progress
 from workloads import Trace
 
 PD_PANEL = "P/D disaggregation (fleet)"
+# A KV transfer link at least 1 MB/s (a 40 GB KV cache then moves in 11 h), its fixed time at
+# most a minute
+MIN_TRANSFER_GBPS, MAX_TRANSFER_LATENCY_MS = 1e-3, 60_000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +48,15 @@ class PDFlags:
 
     def __post_init__(self) -> None:
         PDDecider(self.pd_decider, self.pd_threshold)  # raises on a bad decider or threshold
+        # 1e-300 GB/s or 1e308 ms ran the simulation, then failed in its metrics (the int64
+        # cast of a 1e300 s finish); NaN was named as bytes/s
+        if not MIN_TRANSFER_GBPS <= self.pd_transfer_gbps < math.inf:
+            raise ValueError(f"--pd-transfer-gbps must be a finite number >= "
+                             f"{MIN_TRANSFER_GBPS:g} GB/s, got {self.pd_transfer_gbps}")
+        if not 0 <= self.pd_transfer_latency_ms <= MAX_TRANSFER_LATENCY_MS:
+            raise ValueError(f"--pd-transfer-latency-ms must be in [0, "
+                             f"{MAX_TRANSFER_LATENCY_MS:,.0f}] ms, got "
+                             f"{self.pd_transfer_latency_ms}")
         KvTransferConfig(self.pd_transfer_gbps * GB, self.pd_transfer_latency_ms / 1e3)
         if self.prefill_router is not None:  # a bad name or argument: one line, P/D or not
             make_policy(self.prefill_router, self.prefill_router_arg or [])

@@ -114,12 +114,13 @@ class PlanFlags:
 
     def candidates(self) -> list[Candidate]:
         """Every combination, in flag order (GPU outermost; aggregated before P:D splits)."""
-        lists = [_items("--gpus", self.gpus, str), _items("--models", self.models, str),
-                 _counts("--tensor-parallel-sizes", self.tensor_parallel_sizes, required=True),
-                 _counts("--max-num-batched-tokens", self.max_num_batched_tokens) or [None],
-                 _counts("--max-num-seqs", self.max_num_seqs) or [None],
-                 _items("--routers", self.routers, str),
-                 [None, *_ratios(self.pd_ratios)]]
+        lists: list[list[Any]] = [
+            _names("--gpus", self.gpus), _names("--models", self.models),
+            _counts("--tensor-parallel-sizes", self.tensor_parallel_sizes, required=True),
+            _counts("--max-num-batched-tokens", self.max_num_batched_tokens) or [None],
+            _counts("--max-num-seqs", self.max_num_seqs) or [None],
+            _names("--routers", self.routers),
+            [None, *_ratios(self.pd_ratios)]]
         combos: list[tuple[Any, ...]] = [()]
         for values in lists:
             combos = [(*c, v) for c in combos for v in values]
@@ -145,6 +146,15 @@ def _ratios(text: str | None) -> list[tuple[int, int]]:
 def _items(option: str, text: str | None, kind: type) -> list[Any]:
     """A comma-list flag's values ([] when not given); ValueError naming the flag."""
     return comma_list(option, text, kind) if text and text.strip() else []
+
+
+def _names(option: str, text: str | None) -> list[str]:
+    """`_items` of names, at least one (an empty --gpus once searched nothing, then said
+    that no shape met the SLO)."""
+    values: list[str] = _items(option, text, str)
+    if not values:
+        raise ValueError(f"{option}: empty list")
+    return values
 
 
 def _counts(option: str, text: str | None, required: bool = False) -> list[int]:

@@ -37,6 +37,9 @@ from sim.step_noise import MIN_DRIFT_WINDOW_S, check_stalls
 PROFILE_FORMAT = "rt-profile"
 PROFILE_VERSION = 2  # the newest this rt reads and writes
 PROFILE_VERSIONS = (1, 2)  # readable; 2 added step_time_stalls
+# A cost coefficient at most (seconds per step, request, token or token pair): a minute is
+# no device's; 1e308 s ran the simulation, then failed in its metrics (an int64 overflow).
+MAX_COST_S = 60.0
 _TOP_LEVEL = (
     "format",
     "version",
@@ -182,6 +185,8 @@ class _Reader:
             raise self.fail(f"field {prefix + key!r} must be a number, got {value!r}")
         if _finite(value) is None or value < 0:
             raise self.fail(f"field {prefix + key!r} must be a finite number >= 0, got {value!r}")
+        if value > MAX_COST_S:
+            raise self.fail(f"field {prefix + key!r} must be <= {MAX_COST_S:g} s, got {value!r}")
         return float(value)
 
     def no_unknown(self, data: dict[str, Any], known: tuple[str, ...], prefix: str = "") -> None:
@@ -345,6 +350,8 @@ def load_profile(path: str | Path) -> Profile:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    except RecursionError:  # the decoder's own limit: ~1,000 nested arrays or objects
+        raise ValueError(f"{path}: not valid JSON (nested too deeply)") from None
     return profile_from_json_dict(data, str(path))
 
 

@@ -13,7 +13,7 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, TypeVar
@@ -129,6 +129,14 @@ class SweepPoint:
     replicas: int = 1  # > 1: a fleet of identical replicas behind `router`
     router: str = "round-robin"
 
+    def identity(self) -> dict[str, Any]:
+        """What besides its trace and labels decides this point's run (run.json's "point"):
+        a sweep run again into its directory reuses a run only where they agree (it once
+        reused an H200 run for `--gpu a100`, the same labels)."""
+        return {"engine_args": asdict(self.engine_args), "model": self.model, "gpu": self.gpu,
+                "profile": self.profile, "seed": self.seed, "replicas": self.replicas,
+                "router": self.router}
+
 
 def engine_grid(base: EngineArgs, values: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
     """The Cartesian product of flag values (EngineArgs field names), in the given order;
@@ -172,6 +180,21 @@ def sweep_configs(flag_lists: Mapping[str, Sequence[Any]], models: Sequence[str]
             labels.update({key: value} if len(values) > 1 else {})
         configs.append(SweepConfig(labels, EngineArgs(**named), model, gpu, count, router))
     return configs
+
+
+def _check_fleets(fleets: Mapping[str, Sequence[Any]], seed: int) -> None:
+    """ValueError naming the flag for a --replicas value outside [1, MAX_REPLICAS] or an
+    unknown --router, before any point runs (99999 replicas ran; 'nope' was accepted with
+    one replica and 0 failed once the sweep had started), as `rt simulate` refuses them."""
+    from runtime.router import make_policy
+    from sim.fleet_config import MAX_REPLICAS
+
+    for count in fleets.get("replicas", []):
+        if not 1 <= count <= MAX_REPLICAS:
+            raise ValueError(f"--replicas: each value must be in [1, {MAX_REPLICAS}], got "
+                             f"{count}")
+    for router in fleets.get("router", []):
+        make_policy(router, [], seed)
 
 
 def point_name(index: int, labels: Mapping[str, Any]) -> str:
@@ -277,6 +300,7 @@ class SweepPlan:
         loader's notes are returned) or the synthetic workload. ValueError on a bad axis,
         grid or workload."""
         scaled = how.axis()[0] == "time_scale"  # (an axis error before the grid's)
+        _check_fleets(fleets, work.seed)
         configs = sweep_configs(grid, targets["model"], targets["gpu"],
                                 fleets.get("replicas", [1]), fleets.get("router", ["round-robin"]))
         if work.dataset_name is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import shutil
 import signal
 import socket
@@ -42,8 +43,27 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (interrupted / "INTERRUPTED").write_text("x\n")
     fleet = root / "fleet.toml"
     fleet.write_text("pool = [1, 2]\n")
+    nan_run = _edited(run, root / "nan_run", "requests", arrival_s=math.nan)
+    str_run = _edited(run, root / "str_run", "requests", arrival_s="0.5")
+    null_steps = _edited(run, root / "null_steps", "steps", start_s=None)
+    deep = root / "deep.jsonl"
+    deep.write_text('{"format": "rt-trace", "version": 1, "name": "d", "requests": 1}\n'
+                    + "[" * 5000 + "]" * 5000 + "\n")
     return {"trace": trace, "run": run, "listed": listed, "interrupted": interrupted,
-            "fleet": fleet, "root": root}
+            "fleet": fleet, "root": root, "nan_run": nan_run, "str_run": str_run,
+            "null_steps": null_steps, "deep": deep}
+
+
+def _edited(run: Path, path: Path, table: str, **columns: object) -> Path:
+    """A copy of `run` whose `table`.parquet has `columns` set to one value each."""
+    import pandas as pd
+
+    shutil.copytree(run, path)
+    frame = pd.read_parquet(path / f"{table}.parquet")
+    for name, value in columns.items():
+        frame[name] = pd.Series([value] * len(frame), dtype=object if value is None else None)
+    frame.to_parquet(path / f"{table}.parquet")
+    return path
 
 
 def _cases(f: dict[str, Path]) -> list[tuple[list[str], list[str]]]:
@@ -100,6 +120,35 @@ def _cases(f: dict[str, Path]) -> list[tuple[list[str], list[str]]]:
         ([*sweep, "--jobs", "0"], ["--jobs", "0"]),
         (["fidelity", t, "--fleet", "--endpoint", "http://127.0.0.1:9"],
          ["--fleet", "--endpoint"]),
+        # badinput21: once an OverflowError in the simulator (a seed past numpy's 2^32 - 1)
+        ([*sim, "--seed", "-1"], ["--seed", "'-1'"]),
+        ([*sim, "--seed", HUGE], ["--seed", HUGE]),
+        (["serve", "--simulate", "--seed", "4294967296"], ["--seed", "'4294967296'"]),
+        # once an IndexError after the run (per-second bins of a 5e307 s span)
+        ([*sim, "--time-scale", "1e308"], ["--time-scale", "1e+308", "194 days"]),
+        # once a RecursionError
+        (["trace", "inspect", str(f["deep"])], ["deep.jsonl:2", "nested too deeply"]),
+        # once a numpy error after the report's first lines, a TypeError, a TypeError
+        (["report", str(f["nan_run"]), "--no-plots"], ["requests.parquet", "'arrival_s'",
+                                                       "nan"]),
+        (["compare", run, str(f["str_run"]), "--no-plots"], ["'arrival_s'", "str"]),
+        (["calibrate", "-o", out, "--from-steps", str(f["null_steps"])],
+         ["steps.parquet", "'start_s'", "None"]),
+        # once uvicorn's KeyError, a ValueError from int(nan), after the start-up line
+        (["serve", "--simulate", "--port", "0", "--uvicorn-log-level", "nope"],
+         ["--uvicorn-log-level", "'nope'"]),
+        (["serve", "--simulate", "--port", "0", "--shutdown-timeout", "nan"],
+         ["--shutdown-timeout", "nan"]),
+        # once the model loaded and the replays run: a NaN gate never failed a run, a NaN
+        # limit never cut the grid
+        (["fidelity", t, "--max-error", "nan", "--result-dir", out], ["--max-error", "nan"]),
+        (["calibrate", "-o", out, "--time-limit", "nan"], ["--time-limit", "nan"]),
+        # once 99999 replicas simulated, and 'nope' accepted (one replica: never routed)
+        ([*sweep, "--replicas", "1,99999"], ["--replicas", "99999"]),
+        ([*sweep, "--router", "nope"], ["'nope'"]),
+        # once named as --num-prompts (its default), a hang before the first line
+        (["bench", "serve", "--concurrency", HUGE], ["--concurrency", HUGE]),
+        (["bench", "route", "--rounds", HUGE], ["--rounds", HUGE]),
     ]
 
 
@@ -127,7 +176,7 @@ def _one_line(args: list[str]) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("index", range(37))
+@pytest.mark.parametrize("index", range(53))
 def test_bad_input_is_one_line_naming_the_field(files: dict[str, Path], index: int) -> None:
     args, named = _cases(files)[index]
     line = _one_line(args)
@@ -136,7 +185,8 @@ def test_bad_input_is_one_line_naming_the_field(files: dict[str, Path], index: i
 
 def test_every_case_is_run() -> None:
     assert len(_cases({k: Path(k) for k in ("trace", "run", "listed", "interrupted",
-                                            "fleet", "root")})) == 37
+                                            "fleet", "root", "nan_run", "str_run",
+                                            "null_steps", "deep")})) == 53
 
 
 def test_a_result_dir_holding_other_files_is_never_replaced(files: dict[str, Path],

@@ -9,7 +9,7 @@ See `workloads.trace` (model), `workloads.tokens` (deterministic token ids),
 
 from __future__ import annotations
 
-from workloads.arrivals import ArrivalProcess, vllm_arrival_times
+from workloads.arrivals import MAX_SEED, ArrivalProcess, vllm_arrival_times
 from workloads.csv_formats import write_vidur_csv
 from workloads.defaults import DEFAULT_TRACE_PATH, default_trace
 from workloads.errors import TraceError
@@ -60,7 +60,7 @@ __all__ = [
     "default_trace",
     "trace_digest",
     "trace_info",
-    "FORMATS", "RESERVED_TOKEN_IDS", "ArrivalProcess", "ClipReport", "LengthStats",
+    "FORMATS", "RESERVED_TOKEN_IDS", "ArrivalProcess", "MAX_SEED", "ClipReport", "LengthStats",
     "LoadReport", "LoadResult", "MultiTurn", "PrefixRepetition", "PrefixReuse", "RandomLengths",
     "RawRows", "TraceRequest", "Span", "TimeStats", "Trace", "TraceColumns", "TraceError",
     "TraceStats", "TransformSpec", "apply_transforms", "check_max_model_len",

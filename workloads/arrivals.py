@@ -24,6 +24,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from workloads.errors import TraceError
+from workloads.trace import MAX_ARRIVAL_S
+
+# The largest --seed: numpy's RandomState (and vLLM's np.random.seed(seed)) takes 0..2^32-1;
+# -1 or 2^64 once failed as an OverflowError deep in the simulator.
+MAX_SEED = 2**32 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +49,13 @@ class ArrivalProcess:
                              value=self.burstiness)
 
     def arrival_times(self, num_requests: int) -> np.ndarray:
-        """Arrival times in seconds (float64, non-decreasing) of `num_requests` requests."""
+        """Arrival times in seconds (float64, non-decreasing) of `num_requests` requests; the
+        last at num_requests / request_rate, which must be <= `MAX_ARRIVAL_S`."""
+        span = num_requests / self.request_rate
+        if span > MAX_ARRIVAL_S:
+            raise TraceError(f"{num_requests} requests at this rate span {span:.4g} s, past the "
+                             f"{MAX_ARRIVAL_S:,.0f} s (194 days) a trace may span",
+                             column="--request-rate", value=self.request_rate)
         return vllm_arrival_times(num_requests, self.request_rate, self.burstiness, self.seed)
 
 

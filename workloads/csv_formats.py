@@ -23,7 +23,7 @@ import pandas as pd
 
 from workloads.errors import TraceError
 from workloads.rows import RawRows
-from workloads.trace import Trace
+from workloads.trace import MAX_TOKENS, Trace
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens")
@@ -43,8 +43,11 @@ def parse_azure(path: Path) -> RawRows:
                          column="TIMESTAMP") from None
     _first_bad(frame, "TIMESTAMP", stamps.isna().to_numpy(), "not a date-time "
                "(expected YYYY-MM-DD HH:MM:SS.fffffff)")
-    nanos = stamps.to_numpy(dtype="datetime64[ns]").astype(np.int64)
-    seconds = (nanos - nanos[0]) / 1e9
+    # in the unit pandas parsed them at: ns, or us for dates outside 1677-2262, whose ns
+    # values wrapped around (a file from 1600 to 2000 read as "not sorted")
+    unit = stamps.dt.unit
+    ticks = stamps.to_numpy(dtype=f"datetime64[{unit}]").astype(np.int64)
+    seconds = (ticks - ticks[0]) / (np.timedelta64(1, "s") / np.timedelta64(1, unit))
     _check_sorted(frame, "TIMESTAMP", seconds)
     return RawRows(format="azure", line=_lines(frame), arrival_s=seconds,
                    prompt_len=token_column(frame, "ContextTokens"),
@@ -117,6 +120,8 @@ def token_column(frame: pd.DataFrame, name: str) -> np.ndarray:
     values = _numeric(frame, name)
     _first_bad(frame, name, values < 0, "token counts must be >= 0")
     _first_bad(frame, name, values != np.floor(values), "token counts must be integers")
+    # before the int64 cast, which turned 1e23 into -9223372036854775808 (named as such)
+    _first_bad(frame, name, values > MAX_TOKENS, f"token counts must be <= {MAX_TOKENS:,}")
     return values.astype(np.int64)
 
 
@@ -156,7 +161,10 @@ def missing_column(name: str, header: list[str], path: Path) -> TraceError:
     """The error for a required column absent from `header`, with a close-match hint."""
     close = difflib.get_close_matches(name, header, n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    return TraceError(f"missing column (header has {', '.join(map(repr, header))}){hint}",
+    # at most 12 names of at most 40 characters: a 200 KB first line was printed whole
+    names = [repr(h if len(h) <= 40 else h[:37] + "...") for h in header[:12]]
+    more = ", ..." if len(header) > 12 else ""
+    return TraceError(f"missing column (header has {', '.join(names)}{more}){hint}",
                       path=str(path), line=1, column=name)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workloads.arrivals import ArrivalProcess
+from workloads.arrivals import MAX_SEED, ArrivalProcess
 from workloads.defaults import DEFAULT_TRACE_PATH
 from workloads.errors import TraceError
 from workloads.loaders import FORMATS, load_trace, read_rows
@@ -36,9 +36,10 @@ DATASETS = ("random", "prefix_repetition", "multi_turn", "resample")
 WORKLOAD_PANEL = "Workload"
 
 
-def _flag(default: Any, option: str, help: str | None = None) -> Any:
+def _flag(default: Any, option: str, help: str | None = None, **bounds: Any) -> Any:
+    """A flag field (`runtime.flags.flag`'s metadata; `bounds`: the parser's min=, max=)."""
     return field(default=default, metadata={"flag": option, "help": help,
-                                            "panel": WORKLOAD_PANEL})
+                                            "panel": WORKLOAD_PANEL, **bounds})
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +84,8 @@ class WorkloadFlags:
                                 "process; inf = all at t = 0.")
     burstiness: float = _flag(1.0, "--burstiness", "Gamma shape of the gaps (1 = Poisson, <1 "
                               "burstier, inf = constant).")
-    seed: int = _flag(0, "--seed", "Seed of every random draw (as vLLM).")
+    seed: int = _flag(0, "--seed", "Seed of every random draw (as vLLM).", min=0,
+                      max=MAX_SEED)
     start_s: float | None = _flag(None, "--start", "Window start, s from the trace start "
                                   "(arrivals re-timed to 0).")
     duration_s: float | None = _flag(None, "--duration", "Window length in s.")

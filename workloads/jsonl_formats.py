@@ -161,6 +161,8 @@ def _load(text: str) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise TraceError(f"invalid JSON ({exc.msg}, char {exc.pos + 1})",
                          value=text.strip()) from None
+    except RecursionError:  # the decoder's own limit: ~1,000 nested arrays or objects
+        raise TraceError("invalid JSON (nested too deeply)", value=text.strip()) from None
     if not isinstance(obj, dict):
         raise TraceError("expected a JSON object", value=text.strip())
     return obj

@@ -100,7 +100,10 @@ def detect_format(path: Path) -> str:
     first = _first_line(path)
     if first.lstrip().startswith("{"):
         return _detect_jsonl(first, path)
-    header = [name.strip() for name in next(csv.reader([first]))]
+    try:
+        header = [name.strip() for name in next(csv.reader([first]))]
+    except csv.Error:  # e.g. a field past the csv module's 131,072 characters
+        header = []
     for fmt, columns in _CSV_SIGNATURES:
         if set(columns) <= set(header):
             return fmt
@@ -117,6 +120,9 @@ def _detect_jsonl(first: str, path: Path) -> str:
         obj = json.loads(first)
     except json.JSONDecodeError as exc:
         raise TraceError(f"first line is not valid JSON ({exc.msg})", path=str(path),
+                         line=1, value=first.strip()) from None
+    except RecursionError:  # the decoder's own limit: ~1,000 nested arrays or objects
+        raise TraceError("first line is not valid JSON (nested too deeply)", path=str(path),
                          line=1, value=first.strip()) from None
     if not isinstance(obj, dict):
         raise TraceError("expected a JSON object", path=str(path), line=1, value=first.strip())

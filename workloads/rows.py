@@ -15,7 +15,7 @@ import numpy as np
 
 from workloads.arrivals import ArrivalProcess
 from workloads.errors import TraceError
-from workloads.trace import Trace, TraceRequest
+from workloads.trace import MAX_ARRIVAL_S, Trace, TraceRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +46,16 @@ class RawRows:
     model: list[str] | None = None
     hash_ids: list[tuple[int, ...]] | None = None
     hash_block_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.arrival_s is None:
+            return
+        late = np.flatnonzero(self.arrival_s > MAX_ARRIVAL_S)
+        if len(late):  # `TraceRequest`'s bound, for the statistics of every row too
+            row = int(late[0])
+            raise TraceError(f"arrival time must be <= {MAX_ARRIVAL_S:,.0f} s (194 days)",
+                             line=int(self.line[row]), column="arrival_s",
+                             value=float(self.arrival_s[row]))
 
     def __len__(self) -> int:
         return len(self.prompt_len)

@@ -96,7 +96,7 @@ def request_to_dict(req: TraceRequest) -> dict[str, Any]:
 
 def read_rt_jsonl(path: Path) -> Trace:
     """Read an rt JSONL trace; any defect raises TraceError naming file, line, key, value."""
-    with path.open("r", encoding="utf-8") as src:
+    with path.open("r", encoding="utf-8-sig") as src:  # a byte-order mark, as the others
         try:
             return parse_rt_lines(src)
         except TraceError as err:
@@ -208,6 +208,9 @@ def _load_object(text: str, number: int) -> dict[str, Any]:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise TraceError(f"invalid JSON ({exc.msg}, char {exc.pos + 1})", line=number,
+                         value=text.strip()) from None
+    except RecursionError:  # the decoder's own limit: ~1,000 nested arrays or objects
+        raise TraceError("invalid JSON (nested too deeply)", line=number,
                          value=text.strip()) from None
     if not isinstance(obj, dict):
         raise TraceError("expected a JSON object", line=number, value=text.strip())

@@ -38,10 +38,13 @@ import numpy as np
 from workloads.arrivals import ArrivalProcess
 from workloads.errors import TraceError
 from workloads.stats import time_stats
-from workloads.trace import MAX_TOKENS, UNIQUE_PREFIX, Span, Trace, TraceRequest
+from workloads.trace import MAX_ARRIVAL_S, MAX_TOKENS, UNIQUE_PREFIX, Span, Trace, TraceRequest
 
 RANDOM_PREFIX_KEY = "p:random-prefix"  # stream of the shared --random-prefix-len tokens
 MAX_PREFIXES = 1 << 20  # --prefix-repetition-num-prefixes' limit (a count)
+# --num-prompts at most (2^24): 1e20 was numpy's "Maximum allowed dimension exceeded"; a
+# million requests take ~13 s and 0.5 GB to generate here, this many ~4 min and ~8 GB
+MAX_REQUESTS = 1 << 24
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,11 +141,15 @@ class MultiTurn:
         if not (math.isfinite(self.turn_gap_s) and self.turn_gap_s >= 0):
             raise TraceError("must be a finite number >= 0 seconds",
                              column="--multi-turn-gap-s", value=self.turn_gap_s)
+        if (turns - 1) * self.turn_gap_s > MAX_ARRIVAL_S:  # the last turn, from its start
+            raise TraceError(f"{turns} turns span {(turns - 1) * self.turn_gap_s:.4g} s, past "
+                             f"the {MAX_ARRIVAL_S:,.0f} s (194 days) a trace may span",
+                             column="--multi-turn-gap-s", value=self.turn_gap_s)
 
 
 def random_trace(num_prompts: int, lengths: RandomLengths, arrivals: ArrivalProcess) -> Trace:
     """`vllm bench serve --dataset-name random`: same lengths and arrival times per seed."""
-    _at_least(num_prompts, 1, "--num-prompts")
+    _requests(num_prompts)
     inputs, outputs = lengths.sample(np.random.default_rng(arrivals.seed), num_prompts)
     times = arrivals.arrival_times(num_prompts)
     requests = [_prefixed(str(i), float(times[i]), RANDOM_PREFIX_KEY, lengths.prefix_len,
@@ -153,7 +160,7 @@ def random_trace(num_prompts: int, lengths: RandomLengths, arrivals: ArrivalProc
 def prefix_repetition_trace(num_prompts: int, spec: PrefixRepetition,
                             arrivals: ArrivalProcess) -> Trace:
     """Requests sharing one of `spec.num_prefixes` prefixes each (balanced, seed-shuffled)."""
-    _at_least(num_prompts, 1, "--num-prompts")
+    _requests(num_prompts)
     rng = np.random.default_rng(arrivals.seed)
     which = rng.permutation(np.arange(num_prompts) % spec.num_prefixes)
     times = arrivals.arrival_times(num_prompts)
@@ -166,7 +173,7 @@ def prefix_repetition_trace(num_prompts: int, spec: PrefixRepetition,
 def multi_turn_trace(num_prompts: int, spec: MultiTurn, arrivals: ArrivalProcess) -> Trace:
     """`num_prompts` requests in ceil(num_prompts / num_turns) conversations (the last one
     may be shorter); ids are "<conversation>-<turn>", session ids "<conversation>"."""
-    _at_least(num_prompts, 1, "--num-prompts")
+    _requests(num_prompts)
     conversations = -(-num_prompts // spec.num_turns)
     user, out = spec.lengths.sample(np.random.default_rng(arrivals.seed), num_prompts)
     starts = arrivals.arrival_times(conversations)
@@ -182,7 +189,7 @@ def multi_turn_trace(num_prompts: int, spec: MultiTurn, arrivals: ArrivalProcess
 
 def resample_trace(source: Trace, num_prompts: int, arrivals: ArrivalProcess) -> Trace:
     """Lengths drawn jointly with replacement from `source`; unique prompts; new arrivals."""
-    _at_least(num_prompts, 1, "--num-prompts")
+    _requests(num_prompts)
     if len(source) == 0:
         raise TraceError("cannot resample an empty trace", column="--dataset-path")
     cols = source.columns()
@@ -235,6 +242,14 @@ def _prefixed(rid: str, arrival_s: float, prefix_key: str, prefix_len: int, own_
 def _at_least(value: int, minimum: int, option: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise TraceError(f"must be an integer >= {minimum}", column=option, value=value)
+
+
+def _requests(num_prompts: int) -> None:
+    """--num-prompts: at least 1, at most `MAX_REQUESTS`."""
+    _at_least(num_prompts, 1, "--num-prompts")
+    if num_prompts > MAX_REQUESTS:
+        raise TraceError(f"must be <= {MAX_REQUESTS:,}", column="--num-prompts",
+                         value=num_prompts)
 
 
 def _in_range(value: int, minimum: int, option: str) -> None:

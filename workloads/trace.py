@@ -15,8 +15,9 @@ it stores lengths (tokens) and, optionally, the *structure* of its prompt, from 
   multi-turn conversations);
 * none of them: the prompt is `prompt_len` request-unique tokens (the stream `u:<request_id>`).
 
-Invariants (checked on construction): arrival times are finite and >= 0 seconds from the trace
-start and sorted; request ids are unique within a trace; lengths are >= 1 token.
+Invariants (checked on construction): arrival times are finite, >= 0 and <= MAX_ARRIVAL_S
+seconds from the trace start and sorted; request ids are unique within a trace; lengths are
+>= 1 token.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ from workloads.errors import TraceError
 # Tokens of one prompt or one output at most: past every model's context (10M at most
 # today), which no engine would accept anyway; a 10^20-token row would only exhaust memory.
 MAX_TOKENS = 1 << 24
+# Seconds from a trace's start to an arrival at most: 2^24 s (194 days), past any public
+# trace (BurstGPT spans 121 days). Per-second counts over the span (vLLM's peak concurrency,
+# `rt trace inspect`'s rates) stay under 17M bins; a 1e300 s arrival overflowed their int64
+# cast (a traceback) and a 10,000-year span hung building them.
+MAX_ARRIVAL_S = float(1 << 24)
 UNIQUE_PREFIX = "u:"  # stream key prefix of a request's own unique tokens: "u:<request_id>"
 OUTPUT_PREFIX = "o:"  # stream key prefix of a request's output tokens: "o:<request_id>"
 
@@ -88,6 +94,9 @@ class TraceRequest:
         if isinstance(self.arrival_s, bool) or not isinstance(self.arrival_s, float | int) \
                 or not math.isfinite(self.arrival_s) or self.arrival_s < 0:
             raise TraceError("arrival time must be a finite number >= 0 seconds",
+                             column="arrival_s", value=self.arrival_s)
+        if self.arrival_s > MAX_ARRIVAL_S:
+            raise TraceError(f"arrival time must be <= {MAX_ARRIVAL_S:,.0f} s (194 days)",
                              column="arrival_s", value=self.arrival_s)
         object.__setattr__(self, "arrival_s", float(self.arrival_s))
         _check_count(self.prompt_len, "prompt_len", minimum=1, maximum=MAX_TOKENS)

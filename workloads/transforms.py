@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from workloads.errors import TraceError
-from workloads.trace import Trace, TraceRequest
+from workloads.trace import MAX_ARRIVAL_S, Trace, TraceRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +88,16 @@ def first_n(trace: Trace, n: int) -> Trace:
     return trace.replace_requests(trace.requests[:n])
 
 
-def scale_time(trace: Trace, factor: float) -> Trace:
-    """Every arrival time multiplied by `factor` (> 0): 2 halves the rate."""
-    _positive(factor, "--time-scale")
+def scale_time(trace: Trace, factor: float, option: str = "--time-scale",
+               given: float | None = None) -> Trace:
+    """Every arrival time multiplied by `factor` (> 0): 2 halves the rate. A last arrival
+    past `MAX_ARRIVAL_S` names `option` and its value (`given`, default `factor`)."""
+    _positive(factor, option)
+    last = trace[-1].arrival_s * factor if len(trace) else 0.0
+    if last > MAX_ARRIVAL_S:
+        raise TraceError(f"puts the last arrival at {last:.4g} s, past the "
+                         f"{MAX_ARRIVAL_S:,.0f} s (194 days) a trace may span", column=option,
+                         value=factor if given is None else given)
     return trace.replace_requests([_at(req, req.arrival_s * factor) for req in trace])
 
 
@@ -101,7 +108,7 @@ def to_mean_rate(trace: Trace, rate: float) -> Trace:
         raise TraceError("the trace has no time span to rescale (all arrivals coincide)",
                          column="--target-rate", value=rate)
     current = len(trace) / (trace[-1].arrival_s - trace[0].arrival_s)
-    return scale_time(trace, current / rate)
+    return scale_time(trace, current / rate, "--target-rate", rate)
 
 
 def clip_to_max_model_len(trace: Trace, max_model_len: int) -> tuple[Trace, ClipReport]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.flags import flag
+from runtime.flags import check_bounds, flag
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,15 +40,23 @@ the latency the server path adds (server minus simulated, ms). With --soak, hold
 """
 
 
+# --concurrency at most: each stream is a loopback connection, and Linux lends ~28,000
+# ephemeral ports to them all
+MAX_STREAMS = 1 << 14
+
+
 @dataclass(frozen=True, slots=True)
 class ServeLoadFlags:
     """`rt bench serve`'s load: streams in flight, requests, the per-request bound."""
 
     concurrency: int = flag(200, "--concurrency", "Streams in flight at most (client-side).",
-                            min=1)
+                            min=1, bounds=(1, MAX_STREAMS))
     num_prompts: int | None = flag(None, "--num-prompts", "Requests (default: --concurrency).",
                                    min=1)
     timeout: float = flag(300.0, "--timeout", "Seconds one request may take at most.")
+
+    def __post_init__(self) -> None:
+        check_bounds(self)  # --concurrency 1e20 was named as --num-prompts (its default)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from backends.bench.flags import MAX_STREAMS
 from runtime.flags import check_bounds, flag
 
 ROUTE_PANEL = "Router"
@@ -56,6 +57,12 @@ class RouteFlags:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
 
 
+# rt bench route's load at most: 1e20 requests, rounds or streams hung before the first line
+MAX_BENCH_REQUESTS = 1 << 24  # per path, round and concurrency
+MAX_ROUNDS = 100
+MAX_SOAK_BACKENDS = 64  # each an rt serve process
+
+
 @dataclass(frozen=True, slots=True)
 class RouteBenchFlags:
     """`rt bench route`'s load: closed-loop streams, requests, tokens, rounds."""
@@ -63,19 +70,22 @@ class RouteBenchFlags:
     concurrency: list[int] | None = flag(None, "--concurrency", "Closed-loop streams (repeat) "
                                          "[default: 1 and 200; --soak: 200].", min=1)
     num_requests: int = flag(400, "--num-requests", "Requests per path, round and "
-                             "concurrency.", min=1)
+                             "concurrency.", min=1, bounds=(1, MAX_BENCH_REQUESTS))
     max_tokens: int = flag(4, "--max-tokens", min=1)
     rounds: int = flag(2, "--rounds", "Direct-then-routed rounds (interleaved against drift).",
-                       min=1)
+                       min=1, bounds=(1, MAX_ROUNDS))
     soak: float | None = flag(None, "--soak", "Instead: hold --concurrency streams (one value; "
                               "default 200) of 256 prompt + --max-tokens tokens through the "
                               "router for SECONDS; report errors, token-count mismatches, the "
                               "router's RSS and descriptors, the backends' KV blocks after.")
     soak_backends: int = flag(2, "--soak-backends", "rt serve --simulate backends behind the "
-                              "router in --soak.", min=1)
+                              "router in --soak.", min=1, bounds=(1, MAX_SOAK_BACKENDS))
 
     def __post_init__(self) -> None:
         check_bounds(self)
+        for streams in self.concurrency or ():
+            if streams > MAX_STREAMS:
+                raise ValueError(f"--concurrency must be at most {MAX_STREAMS}, got {streams}")
         if self.soak is not None and not 0 < self.soak <= 24 * 3600:
             raise ValueError(f"--soak must be in (0, 86400] seconds, got {self.soak}")
         if self.soak is not None and len(self.concurrency or ()) > 1:

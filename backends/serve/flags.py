@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from runtime.flags import check_bounds, flag
 
 SERVER_PANEL = "Server"
+MAX_SHUTDOWN_S = 24 * 3600.0  # --shutdown-timeout at most (s), as rt bench route's --soak
+UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
 
 # `rt serve --help`'s description of the command, beside its flags.
 SERVE_HELP = """\
@@ -48,6 +50,14 @@ class ServeFlags:
             raise ValueError(f"--max-request-bytes must be >= 1, got {self.max_request_bytes}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("--api-key must not be empty")
+        # uvicorn takes whole seconds: NaN or inf was a traceback there, after the start-up
+        # line; -1 drained for 1 s
+        if not 0 <= self.shutdown_timeout <= MAX_SHUTDOWN_S:
+            raise ValueError(f"--shutdown-timeout must be in [0, {MAX_SHUTDOWN_S:,.0f}] s, got "
+                             f"{self.shutdown_timeout}")
+        if self.uvicorn_log_level.lower() not in UVICORN_LOG_LEVELS:  # was uvicorn's KeyError
+            raise ValueError(f"--uvicorn-log-level must be one of "
+                             f"{', '.join(UVICORN_LOG_LEVELS)}, got {self.uvicorn_log_level!r}")
 
 
 @dataclass(frozen=True, slots=True)

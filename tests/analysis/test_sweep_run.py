@@ -4,6 +4,7 @@ the sweep's grid or rate search."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,37 @@ def test_plan_point_writes_its_record_then_reads_it_back(tmp_path: Path) -> None
     assert (record["shape"], record["replicas"], record["gpus"]) == (shape.name(), 2, 2)
     assert (tmp_path / shape.name() / "plan.json").is_file()
     again = plan_point(PlanJob(shape, TRACE, IDENTITY, 0, OPTIONS, job.run_dir, _never))
-    assert again == record
+    assert {**again, "date": None} == {**record, "date": None}  # `date`: as the sweep's
+
+
+def test_a_point_of_other_settings_is_simulated_again(tmp_path: Path) -> None:
+    """A sweep run again into its directory with another --gpu (same labels) reported the
+    first GPU's runs, exit 0."""
+    point = SweepPoint(TRACE, EngineArgs(max_num_seqs=8), "llama-3.1-8b", "h200", None, 0,
+                       {"max_num_seqs": 8})
+    sweep_point(SweepJob(point, IDENTITY, OPTIONS, str(tmp_path / "p"), simulate_point))
+    other = SweepPoint(TRACE, EngineArgs(max_num_seqs=8), "llama-3.1-8b", "l40s", None, 0,
+                       {"max_num_seqs": 8})
+    again = sweep_point(SweepJob(other, IDENTITY, OPTIONS, str(tmp_path / "p"),
+                                 simulate_point))
+    assert again["completed"] == 20
+    run = json.loads((tmp_path / "p" / "run.json").read_text())
+    assert (run["gpu"]["name"], run["point"]["gpu"]) == ("L40S-48GB", "l40s")
+
+
+def test_a_shape_of_another_trace_or_slo_is_not_read_back_stale(tmp_path: Path) -> None:
+    """rt plan run again into its directory reported another trace's runs as this one's,
+    and a new SLO's metric was a KeyError (plan.json held the first run's metrics only)."""
+    shape = Shape(Candidate("h200", "llama-3.1-8b", 1, 2048, 64, "round-robin"), 1, 4.0)
+    run_dir = str(tmp_path / shape.name())
+    plan_point(PlanJob(shape, TRACE, IDENTITY, 0, OPTIONS, run_dir, simulate_shape))
+    wider = ReportOptions(["ttft", "itl"], [50.0, 90.0], [])
+    resumed = plan_point(PlanJob(shape, TRACE, IDENTITY, 0, wider, run_dir, _never))
+    assert "p90_itl_ms" in resumed
+    ten = workloads.first_n(TRACE, 10)
+    identity = {"name": ten.name, "requests": 10, "digest": workloads.trace_digest(ten)}
+    record = plan_point(PlanJob(shape, ten, identity, 0, OPTIONS, run_dir, simulate_shape))
+    assert record["completed"] == 10
 
 
 class _How:

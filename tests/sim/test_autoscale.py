@@ -216,3 +216,18 @@ def test_an_autoscaled_fleet_never_sleeps_through_runs(monkeypatch: pytest.Monke
     result, _ = simulate_autoscaled(trace, [Replica(config()), Replica(config())],
                                     make_policy("least-outstanding"), [pool])
     assert len(result.requests) == 40
+
+
+@pytest.mark.parametrize(("interval", "message"), [
+    (1e-300, "got 1e-300"),  # once a hang: decisions forever at one instant
+    (1e308, "got 1e+308"),  # once 'Maximum allowed size exceeded' after the start-up lines
+])
+def test_the_interval_is_refused_outside_a_tenth_of_a_second_to_194_days(
+        interval: float, message: str) -> None:
+    from sim.autoscale_flags import AutoscaleFlags
+
+    with pytest.raises(ValueError) as info:
+        AutoscaleFlags(autoscale="kv-threshold", autoscale_interval_s=interval)
+    assert str(info.value) == ("--autoscale-interval-s must be in [0.1, 16,777,216] s, "
+                               + message)
+    assert AutoscaleFlags(autoscale="kv-threshold", autoscale_interval_s=0.1).interval_s == 0.1

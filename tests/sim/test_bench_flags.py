@@ -13,7 +13,7 @@ def test_scaling_sizes_and_errors() -> None:
     for bad in ("4", "0,4", ""):
         with pytest.raises(ValueError, match=f"sizes >= 1, got {bad!r}"):
             FleetBenchFlags(scaling=bad)
-    with pytest.raises(ValueError, match="invalid literal"):
+    with pytest.raises(ValueError, match="--scaling: not a comma-separated list of int"):
         FleetBenchFlags(scaling="4,x")
 
 

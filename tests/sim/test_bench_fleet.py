@@ -65,6 +65,10 @@ def test_bench_fleet_cli_bad_input() -> None:
     assert result.exit_code == 2
     result = runner.invoke(cli.app, ["bench", "fleet", "--first-n", "5", "--router", "nope"])
     assert result.exit_code == 2
+    # once int()'s own words: "invalid literal for int() with base 10: 'x'"
+    result = runner.invoke(cli.app, ["bench", "fleet", "--first-n", "5", "--scaling", "4,x"])
+    assert result.exit_code == 2 and result.stderr == (
+        "rt: error: --scaling: not a comma-separated list of int values: '4,x'\n")
 
 
 class _StubFleet:

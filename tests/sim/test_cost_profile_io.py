@@ -88,6 +88,11 @@ BAD: list[tuple[dict[str, Any] | list[int], str]] = [
     (edited(("fit",), [1, 2]), "field 'fit' must be a JSON object"),
     (edited(("coefficients",), 3), "field 'coefficients' must be a JSON object, got 3"),
     ([1, 2], "must be a JSON object"),
+    # once a simulation, then a numpy error in its metrics (an int64 overflow)
+    (edited(("coefficients", "constant_s"), 1e308),
+     "field 'coefficients.constant_s' must be <= 60 s, got 1e+308"),
+    (edited(("api_server", "per_request_s"), 61.0),
+     "field 'api_server.per_request_s' must be <= 60 s, got 61.0"),
 ]
 
 
@@ -121,6 +126,9 @@ def test_unreadable_files(tmp_path: Path) -> None:
         load_profile(path)
     with pytest.raises(ValueError, match="missing.json: no such profile file"):
         load_profile(tmp_path / "missing.json")
+    path.write_text("[" * 100_000 + "]" * 100_000)  # once a RecursionError traceback
+    with pytest.raises(ValueError, match=r"broken.json: not valid JSON \(nested too deeply\)$"):
+        load_profile(path)
 
 
 def test_profile_calibrated_is_the_shipped_one_for_gpu_and_model(

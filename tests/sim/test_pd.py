@@ -351,8 +351,25 @@ def test_pd_flags() -> None:
     assert PDFlags(pd_decider="always").is_pd(None)
     with pytest.raises(ValueError, match="decider"):
         PDFlags(pd_decider="x")
-    with pytest.raises(ValueError, match="bandwidth"):
+    with pytest.raises(ValueError, match="--pd-transfer-gbps must be a finite number >= 0.001"):
         PDFlags(pd_transfer_gbps=0.0)
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ({"pd_transfer_gbps": 1e-300},
+     "--pd-transfer-gbps must be a finite number >= 0.001 GB/s, got 1e-300"),
+    ({"pd_transfer_gbps": math.nan},
+     "--pd-transfer-gbps must be a finite number >= 0.001 GB/s, got nan"),
+    ({"pd_transfer_latency_ms": 1e308},
+     "--pd-transfer-latency-ms must be in [0, 60,000] ms, got 1e+308"),
+])
+def test_a_transfer_taking_past_hours_is_refused(given: dict[str, float], message: str) -> None:
+    """Once a simulation to 1e300 s, then a numpy error in its metrics (NaN: named as the
+    bandwidth in bytes/s, not the flag)."""
+    with pytest.raises(ValueError) as info:
+        PDFlags(**given)  # type: ignore[arg-type]
+    assert str(info.value) == message
+    assert PDFlags(pd_transfer_gbps=1e-3, pd_transfer_latency_ms=60_000.0).transfer
 
 
 def test_the_attribution_table_has_the_transfer_part() -> None:

@@ -101,6 +101,10 @@ def test_rt_plan_answer_is_the_cheapest_passing_shape_of_an_exhaustive_run(
     (["--slo", "p99_nope_ms=1"], "nope"),
     (["--slo", "p99_ttft_ms=1", "--gpus", "tpu-v9"], "tpu-v9"),
     (["--slo", "p99_ttft_ms=1", "--gpu-cost", "h200=cheap"], "--gpu-cost"),
+    # once "no shape ... meets" after the plan's table (nothing searched)
+    (["--slo", "p99_ttft_ms=1", "--gpus", " "], "--gpus: empty list"),
+    (["--slo", "p99_ttft_ms=1", "--models", ""], "--models: empty list"),
+    (["--slo", "p99_ttft_ms=1", "--routers", ""], "--routers: empty list"),
 ])
 def test_bad_plan_input_is_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
     result = runner.invoke(app, ["plan", "--first-n", "20", *args,

@@ -90,3 +90,12 @@ def test_invalid_parameters_raise(rate: float, burstiness: float, column: str) -
     with pytest.raises(TraceError) as info:
         ArrivalProcess(rate, burstiness, 0)
     assert info.value.column == column
+
+
+def test_a_rate_spreading_past_194_days_names_the_flag() -> None:
+    """5 requests at 1e-300 req/s end at 5e300 s: once an IndexError after the run."""
+    with pytest.raises(TraceError) as info:
+        ArrivalProcess(1e-300).arrival_times(5)
+    assert str(info.value) == ("--request-rate: value 1e-300: 5 requests at this rate span "
+                               "5e+300 s, past the 16,777,216 s (194 days) a trace may span")
+    assert ArrivalProcess(5 / 2.0 ** 24).arrival_times(5)[-1] == pytest.approx(2.0 ** 24)

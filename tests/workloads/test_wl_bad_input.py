@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from workloads import TraceError, detect_format, load_trace
+from workloads.loaders import read_rows
 
 from .helpers import FIXTURES, write
 
@@ -14,6 +15,9 @@ AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 ROW0 = "2023-11-16 18:15:46.6805900,374,44\n"
 ROW1 = "2023-11-16 18:15:50.9951690,396,109\n"
 MOON = '{"timestamp": %s, "input_length": %s, "output_length": %s, "hash_ids": %s}\n'
+VIDUR = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
+BURST = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+RT_HEAD = '{"format": "rt-trace", "version": 1, "name": "x", "requests": 1}\n'
 
 CASES = {
     "misnamed column": (AZURE.replace("ContextTokens", "Context Tokens") + ROW0, None,
@@ -49,6 +53,24 @@ CASES = {
                           2, "timestamp", 7.0, "sorted"),
     "mooncake float length": (MOON % (0, 5.5, 1, "[0]"), None, 1, "input_length", 5.5,
                               "integer"),
+    # once -9223372036854775808 named as the value (the int64 cast of 1e23)
+    "vidur huge count": (VIDUR + "0.0,99999999999999999999999,10\n", None, 2,
+                         "num_prefill_tokens", "99999999999999999999999", "<= 16,777,216"),
+    # once a numpy error after the work (1e300 s), a hang (a 10,000-year span)
+    "burstgpt late arrival": (BURST + "5,ChatGPT,4,1,5,x\n1e300,ChatGPT,4,1,5,x\n", None, 3,
+                              "arrival_s", 1e300, "<= 16,777,216 s"),
+    "mooncake late arrival": (MOON % (0, 5, 1, "[0]") + MOON % ("1e305", 5, 1, "[0]"), None,
+                              2, "arrival_s", None, "arrival time must be <= 16,777,216 s"),
+    # once "timestamps must be sorted": 1600's nanoseconds wrapped around past 2000's
+    "azure four centuries": (AZURE + "1600-01-01 00:00:00,10,2\n2000-01-01 00:00:10,10,2\n",
+                             None, 3, "arrival_s", 12622780810.0, "<= 16,777,216 s"),
+    # once a RecursionError traceback
+    "mooncake nested JSON": (MOON % (0, 5, 1, "[0]") + "[" * 5000 + "]" * 5000 + "\n", None,
+                             2, None, None, "nested too deeply"),
+    "rt nested JSON": (RT_HEAD + "{\"a\": " * 5000 + "1" + "}" * 5000 + "\n", None, 2, None,
+                       None, "nested too deeply"),
+    # once _csv.Error: field larger than field limit (131072)
+    "long first line": ("[" * 200_000 + "\n", None, 1, None, None, "unrecognised"),
 }
 
 
@@ -65,6 +87,22 @@ def test_bad_file_is_located(tmp_path: Path, case: str) -> None:
         assert err.value == value
     assert fragment in str(err)
     assert "\n" not in str(err)
+
+
+def test_a_late_arrival_is_refused_in_every_row_too(tmp_path: Path) -> None:
+    """`rt trace inspect --keep-failed` reads the rows without building requests."""
+    path = write(tmp_path / "late.csv", BURST + "5,ChatGPT,4,0,4,x\n1e300,ChatGPT,4,0,4,x\n")
+    with pytest.raises(TraceError) as info:
+        read_rows(path)
+    assert (info.value.line, info.value.column, info.value.value) == (3, "arrival_s", 1e300)
+
+
+def test_a_missing_column_names_a_long_header_briefly(tmp_path: Path) -> None:
+    path = write(tmp_path / "long.csv", "a" * 200_000 + ",b\n1,2\n")
+    with pytest.raises(TraceError) as info:
+        load_trace(path, "azure")
+    assert str(info.value) == (f"{path}:1: column 'TIMESTAMP': missing column (header has "
+                               f"'{'a' * 37}...', 'b')")
 
 
 def test_missing_file(tmp_path: Path) -> None:
@@ -132,9 +170,24 @@ def test_byte_order_mark_is_tolerated(tmp_path: Path) -> None:
     assert [(r.arrival_s, r.prompt_len) for r in trace] == [(0.0, 374), (4.314579, 396)]
 
 
+def test_byte_order_mark_is_tolerated_in_rt_jsonl(tmp_path: Path) -> None:
+    """Once "invalid JSON (Unexpected UTF-8 BOM ...)" on line 1, where every other format
+    read it."""
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + (RT_HEAD + '{"id": "a", "arrival_s": 0.5, '
+                                          '"prompt_len": 3, "output_len": 2}\n').encode())
+    assert [(r.request_id, r.arrival_s) for r in load_trace(path).trace] == [("a", 0.5)]
+
+
 def test_a_bad_flag_is_named_as_a_flag_and_a_bad_cell_as_a_column() -> None:
     flag = TraceError("must be > 0", column="--time-scale", value=0.0)
     cell = TraceError("not a finite number", path="t.csv", line=3, column="ContextTokens",
                       value="x7")
     assert str(flag) == "--time-scale: value 0.0: must be > 0"
     assert str(cell) == "t.csv:3: column 'ContextTokens': value 'x7': not a finite number"
+
+
+def test_dates_outside_the_nanosecond_range_keep_their_gaps(tmp_path: Path) -> None:
+    path = write(tmp_path / "old.csv", AZURE + "1500-01-01 00:00:00,10,2\n"
+                 "1500-01-01 00:00:10,10,2\n")
+    assert [r.arrival_s for r in load_trace(path).trace] == [0.0, 10.0]

@@ -168,3 +168,18 @@ def test_token_limits_hold_for_the_longest_request_the_flags_make() -> None:
     with pytest.raises(TraceError) as info:
         MultiTurn(num_turns=turns + 1, lengths=RandomLengths(20, 6, 0.0, 8))
     assert info.value.column == "--multi-turn-num-turns"
+
+
+def test_turn_gaps_past_194_days_name_the_flag() -> None:
+    """Once "column 'arrival_s'" (a trace row's name) for a flag's fault."""
+    with pytest.raises(TraceError) as info:
+        MultiTurn(num_turns=3, turn_gap_s=1e7)
+    assert str(info.value) == ("--multi-turn-gap-s: value 10000000.0: 3 turns span 2e+07 s, "
+                               "past the 16,777,216 s (194 days) a trace may span")
+
+
+def test_num_prompts_past_2_to_the_24_names_the_flag() -> None:
+    """1e20 was numpy's "Maximum allowed dimension exceeded", naming nothing."""
+    with pytest.raises(TraceError) as info:
+        random_trace(10**20, RandomLengths(8, 2), ArrivalProcess())
+    assert str(info.value) == "--num-prompts: value 100000000000000000000: must be <= 16,777,216"

@@ -85,3 +85,20 @@ def test_bad_specs_name_the_flag(kwargs: dict[str, float], column: str) -> None:
     with pytest.raises(TraceError) as info:
         TransformSpec(**kwargs)  # type: ignore[arg-type]
     assert info.value.column == column
+
+
+@pytest.mark.parametrize(("transform", "option", "value"), [
+    (lambda t: scale_time(t, 1e308), "--time-scale", 1e308),
+    (lambda t: to_mean_rate(t, 1e-300), "--target-rate", 1e-300),
+])
+def test_a_stretch_past_194_days_names_its_flag(transform: object, option: str,
+                                                value: float) -> None:
+    """Once an IndexError after the simulation (per-second bins of a 1e308 s span)."""
+    with pytest.raises(TraceError) as info:
+        transform(simple_trace([0.0, 2.0]))  # type: ignore[operator]
+    assert (info.value.column, info.value.value) == (option, value)
+    assert "past the 16,777,216 s (194 days)" in str(info.value)
+
+
+def test_a_stretch_to_194_days_is_kept() -> None:
+    assert scale_time(simple_trace([0.0, 2.0]), 2.0 ** 23)[-1].arrival_s == 2.0 ** 24
