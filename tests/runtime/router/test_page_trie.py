@@ -38,7 +38,7 @@ def pages_of_nodes(trie: ReferencePageTrie) -> Pages:
         node, path = stack.pop()
         if node is not trie._root:
             out[path] = (dict(node.tenants), node.serial)
-        stack.extend(((child, (*path, child.key)) for child in node.children.values()))
+        stack.extend((child, (*path, child.key)) for child in node.children.values())
     return out
 
 
