@@ -14,8 +14,10 @@ def main(a: Path, b: Path) -> int:
     if not files:
         print(f"no parquet files under {a}")
         return 1
-    bad = [f for f in files if not (b / f).exists() or not pd.read_parquet(a / f).equals(pd.read_parquet(b / f))]
-    extra = sorted(p.relative_to(b) for p in b.rglob("*.parquet") if not (a / p.relative_to(b)).exists())
+    bad = [f for f in files
+           if not (b / f).exists() or not pd.read_parquet(a / f).equals(pd.read_parquet(b / f))]
+    extra = sorted(p.relative_to(b) for p in b.rglob("*.parquet")
+                   if not (a / p.relative_to(b)).exists())
     for f in bad:
         print(f"DIFFERENT: {f}")
     for f in extra:
