@@ -233,7 +233,11 @@ class PageTrie:
         heapq.heapify(heap)
         while heap and self._size[replica] > max_size:
             _, _, run = heapq.heappop(heap)
-            leaf = self._split(run, self._pages(run) - 1) if self._pages(run) > 1 else run
+            # A run's pages would pop one after another (same time, serials descending, all
+            # below the rest of the heap): take at once the fewest trailing pages that cover
+            # the excess (all of them if too few), one split instead of one per page.
+            keep = max(0, (len(run.key) - (self._size[replica] - max_size)) // self.page_size)
+            leaf = self._split(run, keep) if keep else run
             del leaf.tenants[replica]
             self._size[replica] -= len(leaf.key)
             parent = leaf.parent
