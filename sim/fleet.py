@@ -159,7 +159,8 @@ class _Fleet:
     def run_to_end(self, started_s: float, workers: int = 1) -> FleetResult:
         """`run`, then `result` with the wall seconds since `started_s` (`perf_counter`); a
         pre-routed fleet of several replicas runs them in `workers` processes if > 1
-        (`run_in_workers`; in this one where fork is unavailable)."""
+        (`run_in_workers`; in this one where fork is unavailable). The replicas' pools are
+        released after (`release_pools`): read the result, not the pools."""
         if workers > 1 and self.pre_routed and len(self.replicas) > 1 and can_fork():
             return self.run_in_workers(workers, started_s)
         self.run()

@@ -376,7 +376,8 @@ class _Simulation(KnownHandovers):
 
     def run_to_end(self, started_s: float) -> SimResult:
         """The engine's process to the end, then the records in trace order (wall seconds
-        since `started_s`, `perf_counter`)."""
+        since `started_s`, `perf_counter`); the pool is released after (`release_pools`:
+        left as new, nothing cached): read the result, not the pool."""
         self.env.process(self.engine())
         self.env.run()
         recorder = self.core.recorder
