@@ -47,6 +47,9 @@ ENGINE_FIELDS = {f.name: str(f.type) for f in dataclasses.fields(EngineArgs)
                  if f.name != "tensor_parallel_size"}
 
 
+MAX_ROUTER_DELAY_MS = 3_600_000  # an hour: refresh, routing latency, KV-event delay
+
+
 @dataclass(frozen=True, slots=True)
 class PoolSpec:
     """One pool of identical replicas."""
@@ -92,6 +95,8 @@ def parse_fleet(text: str, source: str = "fleet file") -> FleetSpec:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{source}: not valid TOML: {e}") from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise ValueError(f"{source}: not valid TOML: nested too deeply") from None
     unknown = sorted(set(data) - {"pool"})
     if unknown:
         raise ValueError(f"{source}: unknown table or key {unknown[0]!r} (expected [[pool]])")
@@ -237,8 +242,9 @@ class FleetFlags:
         check_bounds(self)
         for name in ("router_refresh_ms", "routing_latency_ms", "kv_event_delay_ms"):
             value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+            if not 0 <= value <= MAX_ROUTER_DELAY_MS:  # NaN too; 1e308 failed after the run
+                raise ValueError(f"--{name.replace('_', '-')} must be in "
+                                 f"[0, {MAX_ROUTER_DELAY_MS:,}] ms, got {value}")
         if self.fleet is not None and self.replicas != 1:
             raise ValueError("give --replicas or --fleet, not both")
         make_policy(self.router, self.router_arg or [])  # a bad one: one line, fleet or not

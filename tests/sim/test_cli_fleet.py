@@ -107,7 +107,11 @@ def _fleet_file(tmp_path: Path, count: int) -> Path:
     (["--replicas", "0"], "--replicas must be >= 1, got 0"),
     (["--replicas", "2", "--router", "nope"], "unknown router policy 'nope'"),
     (["--replicas", "2", "--router", "llm-d", "--router-arg", "queue=x"], "queue"),
-    (["--replicas", "2", "--router-refresh-ms", "-1"], "--router-refresh-ms must be >= 0"),
+    (["--replicas", "2", "--router-refresh-ms", "-1"],
+     "--router-refresh-ms must be in [0, 3,600,000] ms, got -1.0"),
+    (["--replicas", "2", "--routing-latency-ms", "1e308"],  # was a numpy error after the run
+     "--routing-latency-ms must be in [0, 3,600,000] ms, got 1e+308"),
+    (["--replicas", "2", "--kv-event-delay-ms", "nan"], "--kv-event-delay-ms must be in"),
     (["--replicas", "2", "--fleet", "x.toml"], "give --replicas or --fleet, not both"),
 ])
 def test_bad_fleet_flags_are_one_line(small_trace: Path, tmp_path: Path, args: list[str],

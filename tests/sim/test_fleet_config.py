@@ -66,6 +66,8 @@ def test_each_replica_gets_its_pool_setup() -> None:
     (('name = "big"', 'name = "small"'), "pool name 'small' is used twice"),
     (("[[pool]]", "pools = 1\n[[pool]]"), "unknown table or key 'pools'"),
     (("[[pool]]", "[[pool"), "not valid TOML"),
+    (("[[pool]]", "x = " + "[" * 100_000 + "]" * 100_000 + "\n[[pool]]"),
+     "not valid TOML: nested too deeply"),  # was tomllib's RecursionError
 ])
 def test_bad_fleet_files_name_the_field_and_value(edit: tuple[str, str], message: str) -> None:
     with pytest.raises(ValueError, match="^[^\n]*$") as error:
