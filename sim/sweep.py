@@ -13,7 +13,7 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, TypeVar
@@ -132,10 +132,12 @@ class SweepPoint:
     def identity(self) -> dict[str, Any]:
         """What besides its trace and labels decides this point's run (run.json's "point"):
         a sweep run again into its directory reuses a run only where they agree (it once
-        reused an H200 run for `--gpu a100`, the same labels)."""
-        return {"engine_args": asdict(self.engine_args), "model": self.model, "gpu": self.gpu,
-                "profile": self.profile, "seed": self.seed, "replicas": self.replicas,
-                "router": self.router}
+        reused an H200 run for `--gpu a100`, the same labels). Every other field, so that
+        a field added later is part of it."""
+        identity = {f.name: getattr(self, f.name) for f in fields(self)
+                    if f.name not in ("trace", "labels")}
+        identity["engine_args"] = asdict(self.engine_args)  # JSON-ready, in its place
+        return identity
 
 
 def engine_grid(base: EngineArgs, values: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
