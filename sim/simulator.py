@@ -376,8 +376,7 @@ class _Simulation(KnownHandovers):
 
     def run_to_end(self, started_s: float) -> SimResult:
         """The engine's process to the end, then the records in trace order (wall seconds
-        since `started_s`, `perf_counter`); the pool is released after (`release_pools`:
-        left as new, nothing cached): read the result, not the pool."""
+        since `started_s`, `perf_counter`); then the pool is released (`release_pools`)."""
         self.env.process(self.engine())
         self.env.run()
         recorder = self.core.recorder
