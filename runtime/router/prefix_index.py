@@ -123,7 +123,7 @@ class PageTrie:
     each numbered in creation order (the serial that breaks eviction ties), which is how
     the routers it mirrors keep theirs. It stores runs of pages that share their tenants
     and access times as one node (`_Run`), split where a later prompt leaves the run or
-    eviction takes its last page: a prompt nobody shares is one node, not one per page
+    eviction takes its trailing pages: a prompt nobody shares is one node, not one per page
     (an Azure prompt: 1 against ~75; 16 replicas behind sglang-cache-aware on the fleet
     bench made 1.46M page nodes).
 
