@@ -51,6 +51,11 @@ class BlockPool(CachedBlockMap):
         return self.free_block_queue.num_free_blocks
 
     @property
+    def num_in_use(self) -> int:
+        """Blocks referenced by some request (the null block excluded)."""
+        return self.num_blocks - 1 - self.num_free_blocks
+
+    @property
     def usage(self) -> float:
         """Fraction of usable blocks in use, 0..1 (the null block excluded)."""
         return 1.0 - self.num_free_blocks / (self.num_blocks - 1)
@@ -308,7 +313,7 @@ class BlockPool(CachedBlockMap):
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; only possible when no block is in use."""
-        if self.num_free_blocks != self.num_blocks - 1:
+        if self.num_in_use:
             return False
         self.cached_blocks.clear()
         self._more_cached.clear()
@@ -328,9 +333,8 @@ class BlockPool(CachedBlockMap):
         they are in the cache, not again there). This pool is left as new: every block
         never used, nothing cached. ValueError while a block is in use. (No KV event: a
         released pool is observed no more.)"""
-        if self.num_free_blocks != self.num_blocks - 1:
-            raise ValueError(f"cannot release a pool with "
-                             f"{self.num_blocks - 1 - self.num_free_blocks} blocks in use")
+        if self.num_in_use:
+            raise ValueError(f"cannot release a pool with {self.num_in_use} blocks in use")
         released = self._blocks  # the list itself, not a copy: the pool takes a new one
         self._blocks = [released[0]]
         del released[0]  # the null block stays

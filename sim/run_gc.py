@@ -60,6 +60,5 @@ def release_pools(managers: Iterable[KVCacheManager]) -> None:
     unlinked, so reference counting frees them with the run, not the collector; the module
     docstring). A pool with a block still in use is left to the collector."""
     for manager in managers:
-        pool = manager.block_pool
-        if pool.num_free_blocks == pool.num_blocks - 1:
+        if not manager.block_pool.num_in_use:
             manager.release_blocks()
