@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import functools
 import importlib
+import inspect
 import json
 import os
 import socket
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
+from rich.markup import escape
 from typer.core import TyperGroup
 
 import workloads
@@ -129,8 +131,21 @@ app.add_typer(trace_app, name="trace")
 # ---- flags declared once ----
 
 
+def printed(text: str | None) -> str | None:
+    """Help text as typer's rich mode should print it: a paragraph's source lines joined (rich
+    keeps a line break, so a paragraph wrapped at ~90 columns in the source wraps raggedly on
+    any terminal) and `[` escaped where rich would read markup (`'rt[ray]'` printed as
+    `'rt'`, `[default: ...]` dropped)."""
+    if text is None:
+        return None
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(escape(" ".join(line.strip() for line in paragraph.splitlines()))
+                       for paragraph in paragraphs)
+
+
 def _option(spec: FlagSpec) -> Any:
-    return Annotated[spec.hint, typer.Option(*spec.decls, help=spec.help, envvar=spec.envvar,
+    return Annotated[spec.hint, typer.Option(*spec.decls, help=printed(spec.help),
+                                             envvar=spec.envvar,
                                              rich_help_panel=spec.panel, min=spec.minimum,
                                              max=spec.maximum)]
 
@@ -147,7 +162,8 @@ def command(group: typer.Typer, name: str | None = None, help: str | None = None
             ) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Register a function as command `name` of `group`, its flag groups expanded
     (`with_flags`); `help`: its --help description (default: its docstring)."""
-    return lambda function: group.command(name, help=help)(with_flags(function))
+    return lambda function: group.command(name, help=printed(help or inspect.getdoc(function)))(
+        with_flags(function))
 
 
 # ---- output and errors ----

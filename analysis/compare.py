@@ -16,8 +16,8 @@ from analysis.rundir import Run
 # Leaves of run.json that say nothing about the configuration.
 _NOISE = {"wall_s", "name", "date", "rt_version", "digest", "prefix_cache.queries", "runtime",
           "prefix_cache.hits"}
-_PREFERRED = ("sweep.", "engine_args.", "scheduler_config.", "cache_config.", "model.name",
-              "gpu.name", "kind", "trace.name", "cost_model.kind")
+_PREFERRED = ("sweep.", "engine_args.", "scheduler_config.", "cache_config.", "fleet.replicas",
+              "fleet.router", "model.name", "gpu.name", "kind", "trace.name", "cost_model.kind")
 
 
 def _flag(default: Any, option: str, help: str) -> Any:  # runtime.flags.flag's metadata

@@ -77,8 +77,9 @@ class FleetBenchFlags:
                                    "fleet's wall-clock row (a pre-routed router only; "
                                    "default: the CPUs it may use, at most --replicas).",
                                    bounds=(1, MAX_SIM_WORKERS))
-    repeat: int = flag(1, "--repeat", "Runs of each --scaling fleet, interleaved (4, 64, 64, "
-                       "4, 4, 64, ...); the cost ratio is the median of the pairs.", min=1,
+    repeat: int = flag(1, "--repeat", f"Runs of each --scaling fleet (1-{MAX_REPEAT}), "
+                       "interleaved (4, 64, 64, 4, 4, 64, ...); the cost ratio is the median "
+                       "of the pairs.", min=1,
                        bounds=(1, MAX_REPEAT))
 
     def __post_init__(self) -> None:

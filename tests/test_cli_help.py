@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import typer.main
+from typer.testing import CliRunner
 
 import cli
 
@@ -69,3 +70,34 @@ def test_flag_surface_unchanged(name: str) -> None:
     if os.environ.get("RT_UPDATE_HELP"):
         path.write_text(text)
     assert json.loads(path.read_text()) == json.loads(text)
+
+
+def _rendered(*args: str) -> list[str]:
+    """`rt ARGS --help` as typer prints it on a 200-column terminal, one string per line."""
+    result = CliRunner().invoke(cli.app, [*args, "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    return result.output.splitlines()
+
+
+def _line_with(lines: list[str], text: str) -> str:
+    return next((line for line in lines if text in line), f"no line has {text!r}")
+
+
+def test_a_help_paragraph_is_wrapped_by_the_terminal_not_by_the_source() -> None:
+    # The source wraps help at ~90 columns; rich kept those breaks, so `rt --help` broke the
+    # simulate entry after "with" at any width.
+    summary = _line_with(_rendered(), "simulate   Simulate")
+    assert "with --replicas N or --fleet FILE, a fleet of such engines behind a router." in summary
+    described = _line_with(_rendered("simulate"), "Prints vLLM's start-up lines")
+    assert "then where the time went. TPOT" in described
+
+
+@pytest.mark.parametrize(("args", "text"), [
+    (("sweep",), "pip install 'rt[ray]'"),
+    (("plan",), "pip install 'rt[ray]'"),
+    (("bench", "route"), "Closed-loop streams (repeat) [default: 1 and 200; --soak: 200]."),
+    (("bench", "gpu"), "transformers' static batch size [default: as many as rt runs at once]"),
+])
+def test_square_brackets_in_help_are_printed_not_read_as_markup(args: tuple[str, ...],
+                                                                 text: str) -> None:
+    assert text in _line_with(_rendered(*args), text.split(" [")[0].split(" '")[0])

@@ -64,7 +64,12 @@ def routes_app(config: ServeConfig) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await server.start()
+        try:
+            await server.start()
+        except RuntimeError as err:  # kept for `run_server`'s one line, not uvicorn's traceback
+            server.start_error = str(err)
+            server.engine.dead = True  # until uvicorn exits: /health and generation say 503
+            server.request_exit()
         try:
             yield
         finally:
@@ -293,6 +298,8 @@ def run_server(config: ServeConfig, sock: socket.socket, stack: HttpStack,
     app.state.server.request_exit = lambda: setattr(server, "should_exit", True)
     with sock:
         server.run(sockets=[sock])
+    if app.state.server.start_error is not None:
+        raise RuntimeError(app.state.server.start_error)
     if not server.started:
         raise RuntimeError("the server did not start (see the messages above)")
     if app.state.server.engine.dead:

@@ -207,7 +207,9 @@ class EngineClient:
         self._direct = None  # closed with `input` below
         process = self.process
         if process is not None and process.is_alive():
-            with contextlib.suppress(zmq.ZMQError):
+            # an engine that reads nothing (one that failed to start, a hung one) times out
+            # here and is killed below
+            with contextlib.suppress(zmq.ZMQError, TimeoutError):
                 await asyncio.wait_for(self.input.send(encode(("shutdown", None))), 1.0)
             deadline = time.monotonic() + timeout_s
             while process.is_alive() and time.monotonic() < deadline:

@@ -357,6 +357,7 @@ def run_engine_process(factory: ExecutorFactory, factory_kwargs: dict[str, Any],
                           tuple(setup.eos_token_ids), os.getpid(), dict(setup.description))
     except Exception as err:  # noqa: BLE001 - reported to the API server, which exits
         outbox.send(encode(("failed", f"{type(err).__name__}: {err}")))
+        inbox.close(linger=0)  # term() waits for every socket: an open inbox hung it forever
         outbox.close(linger=1000)
         context.term()
         raise SystemExit(1) from None

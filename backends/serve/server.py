@@ -100,6 +100,7 @@ class Server:
         self.gens: dict[str, _Generation] = {}
         self.awaiting_first = 0  # requests sent without a first output yet
         self.request_exit: Callable[[], None] = lambda: None  # set by `run_server`
+        self.start_error: str | None = None  # why the engine did not start (the lifespan's)
 
     async def start(self) -> None:
         cfg = self.config

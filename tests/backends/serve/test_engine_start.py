@@ -1,0 +1,78 @@
+"""An engine that cannot start: its process exits, and `rt serve` says why in one line and
+exits 2. Before, the engine process hung in ZeroMQ's `context.term()` (its inbox still open,
+SIGTERM ignored), so the server waited for it at exit, after uvicorn's traceback, and a
+supervisor's kill left it orphaned. Every wait here is bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from backends.serve.engine_client import EngineClient
+from tests.backends.serve.test_serve import _free_port
+
+ROOT = Path(__file__).resolve().parents[3]
+NO_CUDA = "--device cuda: no CUDA device is available"
+
+
+def _failing_factory() -> None:
+    """An executor factory that fails as the real engine's does on a machine without CUDA."""
+    raise ValueError(NO_CUDA)
+
+
+def test_an_engine_that_fails_to_start_reports_why_and_exits() -> None:
+    async def start() -> tuple[str, int | None]:
+        client = EngineClient()
+        try:
+            with pytest.raises(RuntimeError) as err:
+                await client.start(_failing_factory, {}, 60.0)
+            assert client.process is not None
+            client.process.join(20)  # it sent "failed": it must be on its way out
+            return str(err.value), client.process.exitcode
+        finally:
+            await client.shutdown()
+
+    message, exitcode = asyncio.run(start())
+    assert message == f"the engine failed to start: ValueError: {NO_CUDA}"
+    assert exitcode == 1
+
+
+def test_rt_serve_on_an_engine_that_cannot_start_is_one_line_and_exit_2() -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible: --device cuda starts")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "serve", "--device", "cuda", "--port", str(_free_port())],
+        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=120)
+        left = _group_lingers(proc.pid, 10.0)
+    finally:  # the server and its engine process (its group), whatever happened
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    lines = output.splitlines()
+    assert proc.returncode == 2, output
+    assert lines[-1] == f"rt: error: the engine failed to start: ValueError: {NO_CUDA}", output
+    assert "Traceback" not in output
+    assert not left, "a process of rt serve's group outlived it"
+
+
+def _group_lingers(pgid: int, timeout_s: float) -> bool:
+    """Whether a process of group `pgid` is still alive `timeout_s` after the leader exited."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        time.sleep(0.1)
+    return True
