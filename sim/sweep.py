@@ -96,6 +96,20 @@ class SweepFlags:
             return "request_rate", rates
         return ("time_scale", scales) if scales else (None, None)
 
+    def check_rescalable(self, trace: Trace) -> None:
+        """ValueError naming the sweep's rate flag when `trace` is to be rescaled to request
+        rates (--request-rate, --find-max-rate) but has no span (all arrivals coincide):
+        once named as --target-rate, a flag the sweep does not have."""
+        if not (self.find_max_rate or self.axis()[0] == "request_rate"):
+            return
+        if len(trace) >= 2 and trace[-1].arrival_s > trace[0].arrival_s:
+            return
+        given = (f"--rate-range {self.rate_range}" if self.find_max_rate and self.rate_range
+                 else "--find-max-rate" if self.find_max_rate
+                 else f"--request-rate {self.request_rate}")
+        raise ValueError(f"{given}: the trace has no time span to rescale to a request rate "
+                         "(all arrivals coincide)")
+
     def bracket(self) -> list[float] | None:
         return _positive_floats("--rate-range", self.rate_range)
 
@@ -307,6 +321,7 @@ class SweepPlan:
                                 fleets.get("replicas", [1]), fleets.get("router", ["round-robin"]))
         if work.dataset_name is None:
             loaded = load_workload(work, trace_file)
+            how.check_rescalable(loaded.trace)
             return cls(configs, loaded.trace, None, profile, work.seed, root), list(loaded.notes)
         if work.dataset_name != "random" or trace_file is not None or scaled:
             raise ValueError("sweep's synthetic workload is --dataset-name random, without "
