@@ -762,16 +762,18 @@ def fleet_up(
     """Start --replicas `rt serve` processes (free ports of 127.0.0.1) and `rt route` in
     front of them on --port; print the router URL; on Ctrl-C/SIGTERM stop everything (no
     process is left behind). --api-key and --max-request-bytes hold for the router and
-    every replica."""
+    every replica. --replicas: at most what this machine holds (a --simulate replica is 3
+    processes and ~350 MB resident: its memory / 350 MB, its process limit / 3)."""
     from backends.route.fleet import FleetPlan, run_fleet
     from runtime.router import make_policy
 
     with user_errors():  # a bad policy or argument: one line before anything starts
         make_policy(policy.router, policy.router_arg or [], seed)
     key = None if server.api_key is None else {**os.environ, "VLLM_API_KEY": server.api_key}
-    plan = FleetPlan.of(RT, seed, [(server, _FLEET_SERVER_ARGV), (sim, _FLEET_SIM),
-                                   (engine, None), (model, None)], policy.replicas,
-                        route.shutdown_timeout, env=key)  # the key: not on a command line
+    with user_errors():  # more replicas than this machine holds: one line, nothing started
+        plan = FleetPlan.of(RT, seed, [(server, _FLEET_SERVER_ARGV), (sim, _FLEET_SIM),
+                                       (engine, None), (model, None)], policy.replicas,
+                            route.shutdown_timeout, env=key)  # the key: not on a command line
     with _router_socket(route) as sock, user_errors(RuntimeError, only=True):
         run_fleet(plan, functools.partial(route_until_stopped, policy=policy, route=route,
                                           guard=server, seed=seed, sock=sock,

@@ -155,6 +155,11 @@ def _cases(f: dict[str, Path]) -> list[tuple[list[str], list[str]]]:
         ([*sweep, "--block-size", "16,8"], ["--block-size", "8"]),
         (["serve", "--simulate", "--port", "0", "--block-size", "24"], ["--block-size", "24"]),
         (["replay", t, "--block-size", "8", "--result-dir", out], ["--block-size", "8"]),
+        # once planned: 4096 `rt serve` processes and their engines on one machine
+        (["fleet", "up", "--simulate", "--replicas", "4096", "--port", "0"],
+         ["--replicas 4096", "this machine holds at most"]),
+        (["fidelity", t, "--fleet", "--replicas", "4096", "--result-dir", out],
+         ["--replicas 4096", "this machine holds at most"]),
     ]
 
 
@@ -182,7 +187,7 @@ def _one_line(args: list[str]) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("index", range(57))
+@pytest.mark.parametrize("index", range(59))
 def test_bad_input_is_one_line_naming_the_field(files: dict[str, Path], index: int) -> None:
     args, named = _cases(files)[index]
     line = _one_line(args)
@@ -192,7 +197,7 @@ def test_bad_input_is_one_line_naming_the_field(files: dict[str, Path], index: i
 def test_every_case_is_run() -> None:
     assert len(_cases({k: Path(k) for k in ("trace", "run", "listed", "interrupted",
                                             "fleet", "root", "nan_run", "str_run",
-                                            "null_steps", "deep")})) == 57
+                                            "null_steps", "deep")})) == 59
 
 
 def test_a_result_dir_holding_other_files_is_never_replaced(files: dict[str, Path],

@@ -102,3 +102,18 @@ def test_policies_the_router_builds_no_token_ids_for_never_read_them() -> None:
     assert full.prompt_len == 6 and full.token_ids is not None and len(full.token_ids) == 6
     ids = routing_request({"prompt": [5, 6, 7]}, False, {}, "r", 1.0, with_ids=False)
     assert (ids.prompt_len, ids.token_ids) == (3, None)
+
+
+def test_loopback_replicas_are_bounded_by_memory_and_processes() -> None:
+    """`rt fleet up --replicas 4096` once planned 4096 `rt serve` processes (~12,000 with
+    their engines, ~1.4 TB resident) on one machine; now what its memory and process limit
+    hold at one replica's measured footprint."""
+    from backends.route.fleet import REPLICA_RSS_BYTES, check_loopback_replicas
+
+    memory = 10 * REPLICA_RSS_BYTES + 1
+    check_loopback_replicas(10, memory, nproc=None)
+    with pytest.raises(ValueError, match=r"^--replicas 11: this machine holds at most 10 "):
+        check_loopback_replicas(11, memory, nproc=None)
+    with pytest.raises(ValueError, match=r"^--replicas 4: this machine holds at most 3 .*"
+                       r"process limit 9"):
+        check_loopback_replicas(4, memory, nproc=9)
