@@ -36,6 +36,7 @@ from analysis.compare import COMPARE_HELP, CompareFiles
 from analysis.output import JsonOut, default_dir, save_figures
 from analysis.report import REPORT_HELP, TABLE_DEFAULTS, ReportFiles, ReportFlags
 from analysis.run_console import RunConsole
+from analysis.rundir import check_output_file
 from backends.bench.flags import SERVE_BENCH_HELP, GpuBenchFlags, ServeBenchFlags, ServeLoadFlags
 from backends.engine.flags import ModelDirFlags, RealEngineFlags
 from backends.replay.flags import REPLAY_HELP, REPLAY_TRACE_HELP, EndpointFlags, replay_workload
@@ -252,6 +253,7 @@ def trace_convert(
     """Convert a trace file (any supported format) to rt JSONL, Vidur CSV or vLLM bench's
     timed_trace JSONL."""
     with user_errors():
+        check_output_file(dst, "DST")
         trace = workload(flags, src)
         out.write(trace, dst)
     typer.echo(f"wrote {len(trace)} requests to {dst} ({out.to})")
@@ -265,6 +267,7 @@ def trace_gen(
 ) -> None:
     """Generate a synthetic trace with `vllm bench serve` flags (same seed, same arrivals)."""
     with user_errors():
+        check_output_file(output, "--output")
         trace = workload(flags)
         workloads.write_rt_jsonl(trace, output)
     typer.echo(f"wrote {len(trace)} requests to {output} ({flags.dataset_name})")
@@ -527,8 +530,7 @@ def calibrate(
     from sim.calibrate_run import grid_profile, runs_profile, save_profile, steps_profile
 
     with user_errors():
-        if output.is_dir():  # before the fit, not after it
-            raise ValueError(f"--output {output}: a directory is there, not a profile file")
+        check_output_file(output, "--output")  # before the fit, not after it
         mode = sources.mode(checkpoint.model is not None, cal.step_drift)
         if mode == "runs":
             profile, lines = runs_profile(sources.from_run or [], request_columns, engine, seed,

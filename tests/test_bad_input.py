@@ -233,3 +233,20 @@ def test_serve_on_a_port_in_use_is_one_line_before_the_engine_starts() -> None:
         port = str(taken.getsockname()[1])
         line = _one_line(["serve", "--simulate", "--port", port])
     assert f"--port {port}: cannot listen there" in line, line
+
+
+def test_no_output_replaces_a_run_directorys_own_files(files: dict[str, Path],
+                                                       tmp_path: Path) -> None:
+    """badinput23: `rt calibrate -o RUN/run.json --from-steps RUN`, `rt trace convert T
+    RUN/run.json`, `rt trace gen -o RUN/run.json`, `rt bench scheduler -o RUN/steps.parquet`
+    each replaced a run's file, exit 0; now refused before any work, the run untouched."""
+    run = tmp_path / "run"
+    shutil.copytree(files["run"], run)
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    for option, args in (
+            ("--output", ["calibrate", "-o", str(run / "run.json"), "--from-steps", str(run)]),
+            ("DST", ["trace", "convert", str(files["trace"]), str(run / "run.json")]),
+            ("--output", ["trace", "gen", "-o", str(run / "requests.parquet")]),
+            ("--out", ["bench", "scheduler", "-o", str(run / "steps.parquet")])):
+        assert f"{option} {run}/" in _one_line(args)
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
