@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.flags import FlagGroup, check_bounds, flag
+from runtime.flags import FlagGroup, check_bounds, flag, given_options
 from runtime.router.policy import RouterPolicy
 from runtime.router.registry import make_policy, policy_names
 from sim.engine_args import EngineArgs, SimFlags, SimSetup, build_setup
@@ -188,28 +188,16 @@ def refuse_overrides(engine: EngineArgs, sim: SimFlags) -> None:
     """ValueError naming the first engine, GPU, model or profile flag given with --fleet FILE
     (a value other than its default): the file sets them per pool, so the flag would be
     ignored without a word."""
-    pool_fields = {"gpu": "gpu", "model": "model", "profile": "profile",
-                   "tensor_parallel_size": "tensor_parallel_size"}
+    pool_fields = ("gpu", "model", "profile", "tensor_parallel_size")
     for config in (sim, engine):
         for f in dataclasses.fields(config):
-            value = getattr(config, f.name)
-            if f.name == "step_noise" or value == f.default:
+            given = given_options(config, (f.name,)) if f.name != "step_noise" else []
+            if not given:
                 continue
-            given = _option_given(f.metadata["flag"], value)
-            where = pool_fields.get(f.name, "engine flags")
-            fix = (f"{f.name} in its [[pool]] table" if f.name in pool_fields
-                   else f"{f.name} in its [pool.engine] table")
-            raise ValueError(f"--fleet sets each pool's {where}: {given} would be ignored "
-                             f"(set {fix})")
-
-
-def _option_given(option: str, value: object) -> str:
-    """How the flag was given: "--gpu 'a100-80gb'", "-tp" spelled long, "--no-x" for a
-    False boolean pair."""
-    on, _, off = option.partition("/")
-    if isinstance(value, bool):
-        return on if value else off
-    return f"{on} {value!r}" if isinstance(value, str) else f"{on} {value}"
+            where, table = ((f.name, "[[pool]]") if f.name in pool_fields
+                            else ("engine flags", "[pool.engine]"))
+            raise ValueError(f"--fleet sets each pool's {where}: {given[0]} would be ignored "
+                             f"(set {f.name} in its {table} table)")
 
 
 def build_fleet(spec: FleetSpec, seed: int = 0, check_invariants: bool = False,

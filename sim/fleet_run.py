@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from runtime.flags import given_options
 from runtime.records import RunResult, RunSummary
 from runtime.router.policy import RouterPolicy
 from sim.autoscale_flags import AutoscaleFlags, fixed_scaling, simulate_autoscaled_fleet
@@ -22,6 +23,10 @@ from sim.pd import check_roles
 from sim.pd_flags import PDFlags, simulate_pd_fleet
 from sim.simulator import Progress, simulate
 from workloads import Trace, trace_info
+
+# What only a fleet's run reads (its router, what the router sees, its processes)
+FLEET_ONLY = ("router", "router_arg", "router_refresh_ms", "routing_latency_ms",
+              "kv_event_delay_ms", "sim_workers")
 
 
 class SimOutput(Protocol):
@@ -80,6 +85,7 @@ class FleetRun:
                              "decode and one prefill router)")
         if pd.is_pd(roles):
             check_roles(roles or ["both"] * len(replicas), len(replicas), pd.decider)
+        pd.check_applies(pd.is_pd(roles))
         return cls(setup, fleet, pd, autoscale, spec, replicas, roles, policies)
 
     def run(self, trace: Trace, progress: Progress | None = None
@@ -150,6 +156,12 @@ class SimulateRun:
         is_fleet = fleet.is_fleet or autoscale.enabled
         if not is_fleet and pd.pd_decider != "never":
             raise ValueError("--pd-decider needs a fleet: --replicas N or --fleet FILE")
+        if not is_fleet:  # a fleet's flag on one engine would be ignored
+            given = (given_options(fleet, FLEET_ONLY)
+                     + given_options(autoscale, ("gpu_cost_per_hour",)))
+            if given:
+                raise ValueError(f"{given[0]} needs a fleet: --replicas N or --fleet FILE")
+            pd.check_applies(False)
         return cls(setup, FleetRun.build(setup, fleet, pd, autoscale, spec) if is_fleet
                    else None)
 

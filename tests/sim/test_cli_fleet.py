@@ -235,3 +235,33 @@ def test_bad_fleet_file_combinations_are_one_line_before_any_output(
                               "--result-dir", str(tmp_path / "bad"))
     assert code == 2 and out == "" and message in err, err
     assert len(err.splitlines()) == 1, err
+
+
+_FLEET = ": --replicas N or --fleet FILE"
+_PD = " (--pd-decider always or prefix-threshold on a fleet, or pools with roles)"
+
+
+@pytest.mark.parametrize("args, message", [
+    # a fleet's flags on one engine
+    (["--router", "llm-d"], "--router 'llm-d' needs a fleet" + _FLEET),
+    (["--router-refresh-ms", "10"], "--router-refresh-ms 10.0 needs a fleet" + _FLEET),
+    (["--routing-latency-ms", "5"], "--routing-latency-ms 5.0 needs a fleet" + _FLEET),
+    (["--sim-workers", "4"], "--sim-workers 4 needs a fleet" + _FLEET),
+    (["--gpu-cost-per-hour", "3"], "--gpu-cost-per-hour 3.0 needs a fleet" + _FLEET),
+    # P/D's flags without P/D, on one engine or a fleet that does not disaggregate
+    (["--pd-threshold", "100"], "--pd-threshold 100 needs P/D" + _PD),
+    (["--replicas", "2", "--pd-transfer-gbps", "5"], "--pd-transfer-gbps 5.0 needs P/D" + _PD),
+    (["--replicas", "2", "--prefill-router", "least-outstanding"],
+     "--prefill-router 'least-outstanding' needs P/D" + _PD),
+    (["--replicas", "2", "--prefill-router-arg", "x=1"],
+     "--prefill-router-arg x=1 needs P/D" + _PD),
+    (["--replicas", "2", "--pd-decider", "always", "--pd-threshold", "100"],
+     "--pd-threshold 100 needs --pd-decider prefix-threshold"),
+])
+def test_a_flag_that_cannot_apply_is_refused_not_ignored(small_trace: Path, tmp_path: Path,
+                                                         args: list[str], message: str) -> None:
+    """Each ran without a word, the flag taking no effect (badinput23), as --min-replicas
+    without --autoscale once did."""
+    code, out, err = simulate("--trace", str(small_trace), *args,
+                              "--result-dir", str(tmp_path / "x"))
+    assert code == 2 and out == "" and err == f"rt: error: {message}\n", err
