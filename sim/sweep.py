@@ -84,6 +84,8 @@ class SweepFlags:
             raise ValueError(f"--rate-tolerance must be in (0, 1), got {self.rate_tolerance}")
         if self.jobs is not None and self.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {self.jobs}")
+        if self.address is not None and self.executor != "ray":  # (once ignored)
+            raise ValueError(f"--address {self.address!r} needs --executor ray")
 
     def axis(self) -> tuple[str | None, list[float] | None]:
         """The rate axis as (key, values): request rates, time scales, or (None, None).

@@ -94,6 +94,7 @@ def test_sweep_plots_and_bad_input(tmp_path: Path) -> None:
                            (["--find-max-rate"], "--find-max-rate needs --slo"),
                            (["--percentile-metrics", "foo"], "unknown metric"),
                            (["--executor", "dask"], "--executor"),
+                           (["--address", "auto"], "--address 'auto' needs --executor ray"),
                            (["--max-num-batched-tokens", "x"], "--max-num-batched-tokens")):
         result = runner.invoke(app, [*SMALL, *extra, "--result-dir", str(tmp_path / "e")])
         assert result.exit_code == 2, (extra, result.stderr)
