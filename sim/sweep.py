@@ -18,7 +18,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, TypeVar
 
-from runtime.flags import FlagGroup, comma_list, flag
+from runtime.flags import FlagGroup, comma_list, flag, given_options
 from sim.engine_args import EngineArgs, SimSetup, build_setup
 from sim.simulator import SimResult, simulate
 from workloads import ArrivalProcess, Trace, TransformSpec, apply_transforms, random_trace
@@ -86,6 +86,23 @@ class SweepFlags:
             raise ValueError(f"--jobs must be >= 1, got {self.jobs}")
         if self.address is not None and self.executor != "ray":  # (once ignored)
             raise ValueError(f"--address {self.address!r} needs --executor ray")
+        self._check_search()
+
+    def _check_search(self) -> None:
+        """ValueError for a search flag that would be ignored: the search's own without
+        --find-max-rate; with it, a --time-scale axis (the search bisects request rates)
+        or --request-rate beside --rate-range (the range is the bracket)."""
+        if not self.find_max_rate:
+            given = given_options(self, ("rate_range", "rate_tolerance"))
+            if given:
+                raise ValueError(f"{given[0]} needs --find-max-rate")
+            return
+        if self.time_scale is not None:
+            raise ValueError(f"--time-scale {self.time_scale!r} does not combine with "
+                             "--find-max-rate (it bisects the request rate)")
+        if self.rate_range is not None and self.request_rate is not None:
+            raise ValueError("--find-max-rate brackets with --request-rate or --rate-range, "
+                             "not both")
 
     def axis(self) -> tuple[str | None, list[float] | None]:
         """The rate axis as (key, values): request rates, time scales, or (None, None).

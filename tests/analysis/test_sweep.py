@@ -95,6 +95,15 @@ def test_sweep_plots_and_bad_input(tmp_path: Path) -> None:
                            (["--percentile-metrics", "foo"], "unknown metric"),
                            (["--executor", "dask"], "--executor"),
                            (["--address", "auto"], "--address 'auto' needs --executor ray"),
+                           # badinput23: once ignored without a word
+                           (["--rate-range", "1,4"], "--rate-range '1,4' needs --find-max-rate"),
+                           (["--rate-tolerance", "0.2"],
+                            "--rate-tolerance 0.2 needs --find-max-rate"),
+                           (["--find-max-rate", "--slo", "p99_ttft_ms=5", "--rate-range",
+                             "1,4"], "--request-rate or --rate-range, not both"),
+                           (["--find-max-rate", "--slo", "p99_ttft_ms=5", "--time-scale",
+                             "0.5,1"],
+                            "--time-scale '0.5,1' does not combine with --find-max-rate"),
                            (["--max-num-batched-tokens", "x"], "--max-num-batched-tokens")):
         result = runner.invoke(app, [*SMALL, *extra, "--result-dir", str(tmp_path / "e")])
         assert result.exit_code == 2, (extra, result.stderr)
