@@ -117,3 +117,37 @@ def test_loopback_replicas_are_bounded_by_memory_and_processes() -> None:
     with pytest.raises(ValueError, match=r"^--replicas 4: this machine holds at most 3 .*"
                        r"process limit 9"):
         check_loopback_replicas(4, memory, nproc=9)
+
+
+def test_a_backend_that_drips_its_answer_is_one_line_within_the_timeout() -> None:
+    """`rt route --backend URL` where URL sent its headers, then a byte of body every 0.2 s,
+    never started nor said a word (the start-up check's read timeout restarted on each
+    byte; badinput23)."""
+    import contextlib
+    import socket
+    import threading
+    import time
+
+    from backends.route.backends import check_backends
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def drip() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                for _ in range(50):
+                    conn.sendall(b"1\r\n \r\n")
+                    time.sleep(0.2)
+
+    threading.Thread(target=drip, daemon=True).start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}"
+    start = time.monotonic()
+    with server, pytest.raises(ValueError, match=f"^backend {url} is unreachable: no "
+                               "complete answer in 1 s$"):
+        check_backends([url], make_policy("round-robin", []), timeout_s=1.0)
+    assert time.monotonic() - start < 3
