@@ -250,3 +250,24 @@ def test_no_output_replaces_a_run_directorys_own_files(files: dict[str, Path],
             ("--out", ["bench", "scheduler", "-o", str(run / "steps.parquet")])):
         assert f"{option} {run}/" in _one_line(args)
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
+@pytest.mark.parametrize("key", ["a\nb", "é", " padded "])
+@pytest.mark.parametrize(("variable", "args"), [
+    ("OPENAI_API_KEY", ["replay", "{t}", "--endpoint", "http://127.0.0.1:9"]),
+    ("VLLM_API_KEY", ["serve", "--simulate", "--port", "0"]),
+    ("VLLM_API_KEY", ["route", "--backend", "http://127.0.0.1:9", "--port", "0"]),
+])
+def test_an_api_key_no_header_can_carry_is_refused_unshown(
+        files: dict[str, Path], key: str, variable: str, args: list[str]) -> None:
+    """badinput23: a key with a newline was sent, and httpx's refusal printed it (the secret
+    on stderr); a non-ASCII one was "'ascii' codec can't encode", the key's source unnamed;
+    rt serve took either and answered every request 401. Now refused first, the key not
+    shown."""
+    with _deadline(60):
+        result = CliRunner().invoke(cli.app, [a.format(t=files["trace"]) for a in args],
+                                    env={variable: key})
+    assert result.exit_code == 2, (result.exception, result.output)
+    assert result.stderr == (f"rt: error: --api-key (or {variable}) must be printable ASCII "
+                             "without surrounding blanks (it goes in an HTTP header); the "
+                             "key given is not (not shown)\n")
