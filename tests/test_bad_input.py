@@ -160,6 +160,11 @@ def _cases(f: dict[str, Path]) -> list[tuple[list[str], list[str]]]:
          ["--replicas 4096", "this machine holds at most"]),
         (["fidelity", t, "--fleet", "--replicas", "4096", "--result-dir", out],
          ["--replicas 4096", "this machine holds at most"]),
+        # once refused only after the real replay had run (the model loaded, 7 s here)
+        (["fidelity", t, "--profile", str(f["run"] / "run.json"), "--result-dir", out],
+         ["run.json", "unknown field"]),
+        (["fidelity", t, "--profile", str(f["root"] / "none.json"), "--result-dir", out],
+         ["none.json", "no such profile file"]),
     ]
 
 
@@ -187,7 +192,7 @@ def _one_line(args: list[str]) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("index", range(59))
+@pytest.mark.parametrize("index", range(61))
 def test_bad_input_is_one_line_naming_the_field(files: dict[str, Path], index: int) -> None:
     args, named = _cases(files)[index]
     line = _one_line(args)
@@ -197,7 +202,7 @@ def test_bad_input_is_one_line_naming_the_field(files: dict[str, Path], index: i
 def test_every_case_is_run() -> None:
     assert len(_cases({k: Path(k) for k in ("trace", "run", "listed", "interrupted",
                                             "fleet", "root", "nan_run", "str_run",
-                                            "null_steps", "deep")})) == 59
+                                            "null_steps", "deep")})) == 61
 
 
 def test_a_result_dir_holding_other_files_is_never_replaced(files: dict[str, Path],
