@@ -38,6 +38,7 @@ from analysis.compare import COMPARE_HELP, CompareFiles
 from analysis.output import JsonOut, default_dir, save_figures
 from analysis.report import REPORT_HELP, TABLE_DEFAULTS, ReportFiles, ReportFlags
 from analysis.run_console import RunConsole
+from analysis.rundir import check_output_file
 from backends.bench.flags import SERVE_BENCH_HELP, GpuBenchFlags, ServeBenchFlags, ServeLoadFlags
 from backends.engine.flags import ModelDirFlags, RealEngineFlags
 from backends.replay.flags import REPLAY_HELP, REPLAY_TRACE_HELP, EndpointFlags, replay_workload
@@ -268,6 +269,7 @@ def trace_convert(
     """Convert a trace file (any supported format) to rt JSONL, Vidur CSV or vLLM bench's
     timed_trace JSONL."""
     with user_errors():
+        check_output_file(dst, "DST")
         trace = workload(flags, src)
         out.write(trace, dst)
     typer.echo(f"wrote {len(trace)} requests to {dst} ({out.to})")
@@ -281,6 +283,7 @@ def trace_gen(
 ) -> None:
     """Generate a synthetic trace with `vllm bench serve` flags (same seed, same arrivals)."""
     with user_errors():
+        check_output_file(output, "--output")
         trace = workload(flags)
         workloads.write_rt_jsonl(trace, output)
     typer.echo(f"wrote {len(trace)} requests to {output} ({flags.dataset_name})")
@@ -543,8 +546,7 @@ def calibrate(
     from sim.calibrate_run import grid_profile, runs_profile, save_profile, steps_profile
 
     with user_errors():
-        if output.is_dir():  # before the fit, not after it
-            raise ValueError(f"--output {output}: a directory is there, not a profile file")
+        check_output_file(output, "--output")  # before the fit, not after it
         mode = sources.mode(checkpoint.model is not None, cal.step_drift)
         if mode == "runs":
             profile, lines = runs_profile(sources.from_run or [], request_columns, engine, seed,
@@ -778,16 +780,18 @@ def fleet_up(
     """Start --replicas `rt serve` processes (free ports of 127.0.0.1) and `rt route` in
     front of them on --port; print the router URL; on Ctrl-C/SIGTERM stop everything (no
     process is left behind). --api-key and --max-request-bytes hold for the router and
-    every replica."""
+    every replica. --replicas: at most what this machine holds (a --simulate replica is 3
+    processes and ~350 MB resident: its memory / 350 MB, its process limit / 3)."""
     from backends.route.fleet import FleetPlan, run_fleet
     from runtime.router import make_policy
 
     with user_errors():  # a bad policy or argument: one line before anything starts
         make_policy(policy.router, policy.router_arg or [], seed)
     key = None if server.api_key is None else {**os.environ, "VLLM_API_KEY": server.api_key}
-    plan = FleetPlan.of(RT, seed, [(server, _FLEET_SERVER_ARGV), (sim, _FLEET_SIM),
-                                   (engine, None), (model, None)], policy.replicas,
-                        route.shutdown_timeout, env=key)  # the key: not on a command line
+    with user_errors():  # more replicas than this machine holds: one line, nothing started
+        plan = FleetPlan.of(RT, seed, [(server, _FLEET_SERVER_ARGV), (sim, _FLEET_SIM),
+                                       (engine, None), (model, None)], policy.replicas,
+                            route.shutdown_timeout, env=key)  # the key: not on a command line
     with _router_socket(route) as sock, user_errors(RuntimeError, only=True):
         run_fleet(plan, functools.partial(route_until_stopped, policy=policy, route=route,
                                           guard=server, seed=seed, sock=sock,

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import pandas as pd
 
-from analysis.rundir import Run
+from analysis.rundir import Run, check_output_file
 
 # Leaves of run.json that say nothing about the configuration.
 _NOISE = {"wall_s", "name", "date", "rt_version", "digest", "prefix_cache.queries", "runtime",
@@ -41,6 +41,10 @@ class CompareFiles:
                               "the table, the overlaid curves and each run's report.")
     plot_dir: Path | None = _flag(None, "--plot-dir", "Where the overlaid curves go (default: "
                                   "results/compare-<time>).")
+
+    def __post_init__(self) -> None:
+        check_output_file(self.csv, "--csv")
+        check_output_file(self.html, "--html")
 
 
 def check_compatible(runs: Sequence[Run]) -> None:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from analysis.rundir import check_output_file
+
 
 def default_dir(kind: str) -> Path:
     """results/KIND-YYYYmmdd-HHMMSS (local time): where a command writes without a path."""
@@ -34,6 +36,9 @@ class JsonOut:
 
     out: Path | None = field(default=None, metadata={
         "flag": "--out", "short": "-o", "help": "Also write the JSON here.", "panel": None})
+
+    def __post_init__(self) -> None:
+        check_output_file(self.out, "--out")  # before the benchmark runs
 
     def write(self, data: object) -> str:
         """The report as indented JSON, written to --out (its directory made) when given;

@@ -33,7 +33,7 @@ from analysis.metrics import (
     request_goodput,
     summarize,
 )
-from analysis.rundir import Run, load_run
+from analysis.rundir import Run, check_output_file, load_run
 
 REQUEST_COLUMNS = (
     "request_id", "arrival_s", "prompt_len", "engine_queued_s", "first_scheduled_s",
@@ -127,6 +127,8 @@ class ReportFiles:
         self.time_window()  # a bad --window fails before any work
         if self.requests is not None and self.requests < 1:
             raise ValueError(f"--requests must be >= 1, got {self.requests}")
+        for option in ("--result-filename", "--html", "--trace-events"):
+            check_output_file(getattr(self, option[2:].replace("-", "_")), option)
 
     def time_window(self) -> tuple[float, float] | None:
         """--window as (lo, hi) seconds; ValueError naming the flag."""

@@ -33,6 +33,7 @@ REQUESTS_FILE = "requests.parquet"
 STEPS_FILE = "steps.parquet"
 RUN_FILE = "run.json"
 INTERRUPTED_FILE = "INTERRUPTED"  # in a run directory whose write did not finish
+RUN_FILES = (RUN_FILE, REQUESTS_FILE, STEPS_FILE, INTERRUPTED_FILE)  # a run directory's own
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,21 @@ def check_run_path(path: Path) -> None:
     if not path.resolve().name or (any(path.iterdir()) and not (path / RUN_FILE).is_file()):
         raise ValueError(f"result directory {path}: holds other files, not a run "
                          f"directory ({RUN_FILE} is missing); give a new or empty one")
+
+
+def check_output_file(path: Path | None, option: str) -> None:
+    """ValueError (naming `option` and the path) unless a command may write a file at `path`
+    (None: not asked for): never onto a directory, and never onto one of a run directory's
+    own files (`rt report RUN --html RUN/run.json` once replaced the run it reported).
+    Checked before any work; nothing is written."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise ValueError(f"{option} {path}: a directory is there, not a file (nothing was "
+                         "written)")
+    if path.name in RUN_FILES and (path.parent / RUN_FILE).is_file():
+        raise ValueError(f"{option} {path}: a file of run directory {path.parent}, which it "
+                         "would break (nothing was written); give another path")
 
 
 def check_runs_root(path: Path, table: str) -> None:

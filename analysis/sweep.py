@@ -42,6 +42,8 @@ def parse_slo(text: str) -> dict[str, float]:
                              f"mean_itl_ms (metrics {', '.join(_SLO_METRICS)}), got {item!r}")
         if match.group(2) is not None and not 0 < float(match.group(2)) < 100:
             raise ValueError(f"--slo: {item!r}: the percentile must be in (0, 100)")
+        if key.strip() in slos:  # (once the last bound taken without a word)
+            raise ValueError(f"--slo: {key.strip()!r} given twice")
         try:
             slos[key.strip()] = float(value)
         except ValueError:

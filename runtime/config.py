@@ -16,6 +16,11 @@ Policy = Literal["fcfs", "priority"]
 
 
 ENGINE_PANEL = "Engine (vLLM flags)"
+# `--block-size` as vLLM takes it on CUDA: a user's block size the attention backend does not
+# support is refused at start-up (vLLM's `Platform.update_block_size_for_backend`), and the
+# CUDA backends' kernel block sizes are multiples of 16 (FlashAttention's and Triton's
+# `get_supported_kernel_block_sizes` = `MultipleOf(16)`; vLLM's default is 16).
+BLOCK_SIZE_MULTIPLE = 16
 # Blocks in a pool at most: the free queue's range of unbuilt blocks has a C length (a
 # 64-bit ssize_t); the pool builds blocks lazily, so any count up to it simulates.
 MAX_NUM_BLOCKS = 2**63 - 1
@@ -41,7 +46,8 @@ class EngineFlags:
         ENGINE_PANEL)
     max_model_len: int | None = flag(
         None, "--max-model-len", "Default: the model's max_position_embeddings.", ENGINE_PANEL)
-    block_size: int = flag(16, "--block-size", None, ENGINE_PANEL)
+    block_size: int = flag(16, "--block-size", "Tokens per KV block: a multiple of 16, as "
+                           "vLLM's CUDA attention backends take.", ENGINE_PANEL)
     enable_prefix_caching: bool = flag(
         True, "--enable-prefix-caching/--no-enable-prefix-caching", None, ENGINE_PANEL)
     enable_chunked_prefill: bool = flag(
@@ -52,6 +58,11 @@ class EngineFlags:
     num_gpu_blocks_override: int | None = flag(
         None, "--num-gpu-blocks-override", "KV blocks (overrides every other sizing).",
         ENGINE_PANEL)
+
+    def __post_init__(self) -> None:
+        _require(self.block_size >= 1 and self.block_size % BLOCK_SIZE_MULTIPLE == 0,
+                 f"--block-size must be a multiple of {BLOCK_SIZE_MULTIPLE} (vLLM's CUDA "
+                 f"attention backends' kernel block sizes), got {self.block_size}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -49,6 +49,26 @@ def check_bounds(config: Any) -> None:
             raise ValueError(f"{option} must be at most {hi}, got {value}")
 
 
+def given_options(config: Any, names: Sequence[str] | None = None) -> list[str]:
+    """The flags of dataclass `config` (`names` only, when given) set to other than their
+    default, each as typed: "--gpu 'a100-80gb'", "-tp"'s long name and its value, "--no-x"
+    for a False boolean pair, a repeated flag with its first value; in field order."""
+    given = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if "flag" not in f.metadata or (names is not None and f.name not in names) \
+                or value == f.default:
+            continue
+        on, _, off = str(f.metadata["flag"]).partition("/")
+        if isinstance(value, bool):
+            given.append(on if value else off)
+        else:
+            shown = value[0] if isinstance(value, list | tuple) and value else value
+            given.append(f"{on} {shown!r}" if isinstance(shown, str) and shown is value
+                         else f"{on} {shown}")
+    return given
+
+
 @dataclass(frozen=True)
 class FlagGroup:
     """How a command offers a flag dataclass: `only` these fields (default: every field with

@@ -99,6 +99,18 @@ class AutoscaleFlags:
         if self.autoscale is not None:  # a bad --autoscale-arg: one line before any output
             scaling_args(self.autoscale, self.autoscale_arg or [])
 
+    def check_pool_sizes(self, spec: FleetSpec | None, replicas: int) -> None:
+        """ValueError when --min-replicas is above a pool's most replicas (--replicas N or the
+        pool's count, when --max-replicas does not set it), before any output."""
+        if self.autoscale is None or self.max_replicas is not None:
+            return  # (--max-replicas below --min-replicas: refused in __post_init__)
+        sizes = ([("--replicas", replicas)] if spec is None
+                 else [(f"pool {p.name!r}'s count", p.count) for p in spec.pools])
+        for what, size in sizes:
+            if self.min_replicas > size:
+                raise ValueError(f"--min-replicas {self.min_replicas} is above {what} {size} "
+                                 "(the most replicas of a pool; or give --max-replicas)")
+
     @property
     def enabled(self) -> bool:
         return self.autoscale is not None

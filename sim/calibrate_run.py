@@ -66,6 +66,10 @@ def runs_profile(paths: Sequence[Path], load: LoadRun, engine: EngineFlags, seed
     runs, infos = [], []
     for path in paths:
         columns, info = load(path)
+        replicas = (info.get("fleet") or {}).get("replicas", 1)
+        if replicas != 1:  # (once fitted, their chunks read as one engine's steps)
+            raise ValueError(f"--from-run {path}: a fleet's run ({replicas} replicas); the "
+                             "client-side fit reads one engine's steps from its requests")
         try:
             runs.append(client_run(str(path), columns))
         except ValueError as err:

@@ -41,13 +41,17 @@ class EngineArgs(EngineFlags):
 
 def args_from_configs(scheduler: SchedulerConfig, cache: CacheConfig) -> EngineArgs:
     """The flags that reproduce resolved configs exactly (a real engine's, for its twin)."""
-    return EngineArgs(
+    args = EngineArgs(
         max_num_batched_tokens=scheduler.max_num_batched_tokens,
         max_num_seqs=scheduler.max_num_seqs, max_model_len=scheduler.max_model_len,
-        block_size=cache.block_size, enable_prefix_caching=cache.enable_prefix_caching,
+        enable_prefix_caching=cache.enable_prefix_caching,
         enable_chunked_prefill=scheduler.enable_chunked_prefill,
         long_prefill_token_threshold=scheduler.long_prefill_token_threshold,
         policy=scheduler.policy, num_gpu_blocks_override=cache.num_blocks)
+    # The measured engine's block size is a fact, not a flag to check against vLLM's CUDA
+    # rule (a server on another platform may export 8): set past `EngineFlags`' check.
+    object.__setattr__(args, "block_size", cache.block_size)
+    return args
 
 
 def with_noise_seed(config: SimConfig, seed: int) -> SimConfig:

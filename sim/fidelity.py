@@ -139,6 +139,8 @@ class FidelityFlags:
         if step_drift and not step_noise:
             raise ValueError("--step-drift with --no-step-noise: the drift would be fitted "
                              "and not used")
+        if self.profile is not None and str(self.profile) != "calibrated":
+            load_profile(self.profile)  # a bad one: once refused after the real replay
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.flags import FlagGroup, check_bounds, flag
+from runtime.flags import FlagGroup, check_bounds, flag, given_options
 from runtime.router.policy import RouterPolicy
 from runtime.router.registry import make_policy, policy_names
-from sim.engine_args import EngineArgs, SimSetup, build_setup
+from sim.engine_args import EngineArgs, SimFlags, SimSetup, build_setup
 
 POOL_FIELDS = ("name", "count", "gpu", "model", "tensor_parallel_size", "cost_per_hour",
                "profile", "role", "engine")
@@ -182,6 +182,22 @@ def _engine_flag(key: str, value: object, where: str) -> Any:
     if not ok:
         raise ValueError(f"{where}: engine flag {key} must be {base}, got {value!r}")
     return float(value) if base == "float" else value  # type: ignore[arg-type]
+
+
+def refuse_overrides(engine: EngineArgs, sim: SimFlags) -> None:
+    """ValueError naming the first engine, GPU, model or profile flag given with --fleet FILE
+    (a value other than its default): the file sets them per pool, so the flag would be
+    ignored without a word."""
+    pool_fields = ("gpu", "model", "profile", "tensor_parallel_size")
+    for config in (sim, engine):
+        for f in dataclasses.fields(config):
+            given = given_options(config, (f.name,)) if f.name != "step_noise" else []
+            if not given:
+                continue
+            where, table = ((f.name, "[[pool]]") if f.name in pool_fields
+                            else ("engine flags", "[pool.engine]"))
+            raise ValueError(f"--fleet sets each pool's {where}: {given[0]} would be ignored "
+                             f"(set {f.name} in its {table} table)")
 
 
 def build_fleet(spec: FleetSpec, seed: int = 0, check_invariants: bool = False,

@@ -12,15 +12,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from runtime.flags import given_options
 from runtime.records import RunResult, RunSummary
 from runtime.router.policy import RouterPolicy
 from sim.autoscale_flags import AutoscaleFlags, fixed_scaling, simulate_autoscaled_fleet
 from sim.engine_args import EngineArgs, SimFlags, SimSetup, build_setup, token_times
 from sim.fleet import pre_routable, simulate_fleet
-from sim.fleet_config import FleetFlags, FleetSpec, build_fleet, load_fleet
+from sim.fleet_config import FleetFlags, FleetSpec, build_fleet, load_fleet, refuse_overrides
+from sim.pd import check_roles
 from sim.pd_flags import PDFlags, simulate_pd_fleet
 from sim.simulator import Progress, simulate
 from workloads import Trace, trace_info
+
+# What only a fleet's run reads (its router, what the router sees, its processes)
+FLEET_ONLY = ("router", "router_arg", "router_refresh_ms", "routing_latency_ms",
+              "kv_event_delay_ms", "sim_workers")
 
 
 class SimOutput(Protocol):
@@ -58,22 +64,28 @@ class FleetRun:
     policies: Sequence[RouterPolicy]  # one per router replica (--routers)
 
     @classmethod
-    def build(cls, setup: SimSetup, fleet: FleetFlags, pd: PDFlags, autoscale: AutoscaleFlags
-              ) -> FleetRun:
-        """ValueError (one line) on a bad fleet file, policy or combination."""
+    def build(cls, setup: SimSetup, fleet: FleetFlags, pd: PDFlags, autoscale: AutoscaleFlags,
+              spec: FleetSpec | None = None) -> FleetRun:
+        """ValueError (one line) on a bad fleet file, policy or combination, before any
+        output. `spec`: --fleet's file when the caller has read it already."""
         config = setup.config
-        spec = load_fleet(fleet.fleet) if fleet.fleet is not None else None
+        if spec is None and fleet.fleet is not None:
+            spec = load_fleet(fleet.fleet)
         replicas = (build_fleet(spec, config.seed, config.check_invariants,
                                 config.step_noise is not None) if spec
                     else [setup] * fleet.replicas)
         roles = spec.roles() if spec else None
         policies = fleet.policies(config.seed)  # a bad --router or --router-arg: one line
+        autoscale.check_pool_sizes(spec, fleet.replicas)
         if autoscale.enabled and pd.is_pd(roles):
             raise ValueError("--autoscale does not combine with P/D (--pd-decider, pool roles) "
                              "yet")
         if fleet.routers > 1 and pd.is_pd(roles):  # before the start-up lines
             raise ValueError(f"--routers {fleet.routers} does not combine with P/D yet (one "
                              "decode and one prefill router)")
+        if pd.is_pd(roles):
+            check_roles(roles or ["both"] * len(replicas), len(replicas), pd.decider)
+        pd.check_applies(pd.is_pd(roles))
         return cls(setup, fleet, pd, autoscale, spec, replicas, roles, policies)
 
     def run(self, trace: Trace, progress: Progress | None = None
@@ -129,13 +141,29 @@ class SimulateRun:
     @classmethod
     def build(cls, engine: EngineArgs, sim: SimFlags, fleet: FleetFlags, pd: PDFlags,
               autoscale: AutoscaleFlags, seed: int, check_invariants: bool) -> SimulateRun:
-        """ValueError (one line) on a bad flag, fleet file or combination."""
-        setup = build_setup(engine, sim.model, sim.gpu, sim.profile, seed, check_invariants,
-                            sim.step_noise)
+        """ValueError (one line) on a bad flag, fleet file or combination. With --fleet
+        FILE the file's first pool is the command's engine (its pools set the engine flags,
+        GPU, model and profile: one of those flags given as well is refused)."""
+        spec = None
+        if fleet.fleet is not None:
+            refuse_overrides(engine, sim)
+            spec = load_fleet(fleet.fleet)
+            setup = build_fleet(FleetSpec(spec.pools[:1]), seed, check_invariants,
+                                sim.step_noise)[0]
+        else:
+            setup = build_setup(engine, sim.model, sim.gpu, sim.profile, seed,
+                                check_invariants, sim.step_noise)
         is_fleet = fleet.is_fleet or autoscale.enabled
         if not is_fleet and pd.pd_decider != "never":
             raise ValueError("--pd-decider needs a fleet: --replicas N or --fleet FILE")
-        return cls(setup, FleetRun.build(setup, fleet, pd, autoscale) if is_fleet else None)
+        if not is_fleet:  # a fleet's flag on one engine would be ignored
+            given = (given_options(fleet, FLEET_ONLY)
+                     + given_options(autoscale, ("gpu_cost_per_hour",)))
+            if given:
+                raise ValueError(f"{given[0]} needs a fleet: --replicas N or --fleet FILE")
+            pd.check_applies(False)
+        return cls(setup, FleetRun.build(setup, fleet, pd, autoscale, spec) if is_fleet
+                   else None)
 
     @property
     def first(self) -> SimSetup:

@@ -132,12 +132,17 @@ GPU_ALIASES: dict[str, str] = {
 }
 
 
-def resolve_gpu(name: str) -> GpuSpec:
-    """The preset for `name` (case-insensitive, aliases accepted); ValueError if unknown."""
+def gpu_key(name: str) -> str:
+    """The preset key `name` spells (case-insensitive, aliases accepted: "H200-SXM" ->
+    "h200"); ValueError if unknown."""
     key = name.strip().lower()
     key = GPU_ALIASES.get(key, key)
-    try:
-        return GPU_PRESETS[key]
-    except KeyError:
+    if key not in GPU_PRESETS:
         known = ", ".join(sorted(GPU_PRESETS))
-        raise ValueError(f"unknown GPU {name!r}; known GPUs: {known}") from None
+        raise ValueError(f"unknown GPU {name!r}; known GPUs: {known}")
+    return key
+
+
+def resolve_gpu(name: str) -> GpuSpec:
+    """The preset for `name` (case-insensitive, aliases accepted); ValueError if unknown."""
+    return GPU_PRESETS[gpu_key(name)]

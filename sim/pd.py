@@ -137,7 +137,7 @@ class _PDFleet(_Fleet):
                  decider: PDDecider, transfer: KvTransferConfig, refresh_s: float,
                  routing_latency_s: float, progress: Progress | None,
                  kv_event_delay_s: float = 0.0) -> None:
-        _check_roles(roles, len(setups), decider)
+        check_roles(roles, len(setups), decider)
         if prefill_policy is None and decider.kind != "never":
             raise ValueError("a P/D fleet that disaggregates needs a prefill router policy")
         stepped = [s if decider.kind == "never" or role == "prefill" else
@@ -325,7 +325,8 @@ class _PDFleet(_Fleet):
         return result
 
 
-def _check_roles(roles: Sequence[str], num_replicas: int, decider: PDDecider) -> None:
+def check_roles(roles: Sequence[str], num_replicas: int, decider: PDDecider) -> None:
+    """ValueError (one line) on roles a P/D fleet cannot serve under `decider`."""
     if len(roles) != num_replicas:
         raise ValueError(f"{len(roles)} roles for {num_replicas} replicas")
     for role in roles:

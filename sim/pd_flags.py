@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.flags import flag
+from runtime.flags import flag, given_options
 from runtime.router import make_policy
 from sim.fleet_config import FleetFlags
 from sim.fleet_records import FleetResult
@@ -22,6 +22,9 @@ PD_PANEL = "P/D disaggregation (fleet)"
 # A KV transfer link at least 1 MB/s (a 40 GB KV cache then moves in 11 h), its fixed time at
 # most a minute
 MIN_TRANSFER_GBPS, MAX_TRANSFER_LATENCY_MS = 1e-3, 60_000.0
+# What tunes a P/D run: given without P/D, each would be ignored
+PD_TUNING = ("pd_threshold", "pd_transfer_gbps", "pd_transfer_latency_ms", "prefill_router",
+             "prefill_router_arg")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,17 @@ class PDFlags:
         KvTransferConfig(self.pd_transfer_gbps * GB, self.pd_transfer_latency_ms / 1e3)
         if self.prefill_router is not None:  # a bad name or argument: one line, P/D or not
             make_policy(self.prefill_router, self.prefill_router_arg or [])
+
+    def check_applies(self, is_pd: bool) -> None:
+        """ValueError naming a P/D flag given (other than its default) that cannot apply:
+        any of them without P/D (`is_pd`), --pd-threshold under a decider other than
+        prefix-threshold (as autoscaling's flags need --autoscale)."""
+        if not is_pd and (given := given_options(self, PD_TUNING)):
+            raise ValueError(f"{given[0]} needs P/D (--pd-decider always or prefix-threshold "
+                             "on a fleet, or pools with roles)")
+        if self.pd_decider != "prefix-threshold" and (
+                given := given_options(self, ("pd_threshold",))):
+            raise ValueError(f"{given[0]} needs --pd-decider prefix-threshold")
 
     @property
     def decider(self) -> PDDecider:

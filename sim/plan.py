@@ -31,7 +31,7 @@ from runtime.router.registry import policy_names
 from sim.engine_args import EngineArgs, SimSetup, build_setup
 from sim.fleet import can_ever_fit
 from sim.fleet_config import MAX_REPLICAS
-from sim.hardware import resolve_gpu
+from sim.hardware import gpu_key, resolve_gpu
 from sim.model_presets import resolve_model
 from workloads import Trace
 
@@ -88,7 +88,7 @@ class PlanFlags:
         check_bounds(self)
 
     def prices(self) -> dict[str, float]:
-        prices = dict(DEFAULT_GPU_COST)
+        prices, given = dict(DEFAULT_GPU_COST), set()
         for item in (self.gpu_cost or "").split(","):
             if item.strip():
                 name, _, value = item.partition("=")
@@ -99,10 +99,13 @@ class PlanFlags:
                 if not 0 <= price < math.inf:
                     raise ValueError(f"--gpu-cost: {item!r}: the price must be >= 0 $/h")
                 try:
-                    resolve_gpu(name)
+                    key = gpu_key(name)
                 except ValueError as err:
                     raise ValueError(f"--gpu-cost: {err}") from None
-                prices[name.strip()] = price
+                if key in given:  # (H200=100 once priced nothing: the plan kept h200's)
+                    raise ValueError(f"--gpu-cost: {name.strip()!r} prices GPU {key} again")
+                given.add(key)
+                prices[key] = price
         return prices
 
     def plan(self, trace: Trace, seed: int, judge: Judge) -> tuple[list[Shape], list[Pruned]]:
@@ -115,7 +118,7 @@ class PlanFlags:
     def candidates(self) -> list[Candidate]:
         """Every combination, in flag order (GPU outermost; aggregated before P:D splits)."""
         lists: list[list[Any]] = [
-            _names("--gpus", self.gpus), _names("--models", self.models),
+            _gpus(self.gpus), _names("--models", self.models),
             _counts("--tensor-parallel-sizes", self.tensor_parallel_sizes, required=True),
             _counts("--max-num-batched-tokens", self.max_num_batched_tokens) or [None],
             _counts("--max-num-seqs", self.max_num_seqs) or [None],
@@ -125,6 +128,28 @@ class PlanFlags:
         for values in lists:
             combos = [(*c, v) for c in combos for v in values]
         return [Candidate(*c) for c in combos]
+
+
+def _gpus(text: str) -> list[str]:
+    """--gpus as preset keys (a price is found whatever the spelling), each once."""
+    keys: list[str] = []
+    for name in _names("--gpus", text):
+        try:
+            key = gpu_key(name)
+        except ValueError as err:
+            raise ValueError(f"--gpus: {err}") from None
+        if key in keys:
+            raise ValueError(f"--gpus: {name!r} is GPU {key} again")
+        keys.append(key)
+    return keys
+
+
+def _once(option: str, values: list[Any], shown: list[str]) -> None:
+    """ValueError naming the first value of a comma list given twice (its shape would be
+    searched twice)."""
+    for i, value in enumerate(values):
+        if value in values[:i]:
+            raise ValueError(f"{option}: {shown[i]!r} given twice")
 
 
 def _ratios(text: str | None) -> list[tuple[int, int]]:
@@ -140,6 +165,7 @@ def _ratios(text: str | None) -> list[tuple[int, int]]:
             if min(ratio) < 1:
                 raise ValueError(f"--pd-ratios: both sides must be >= 1, got {item.strip()!r}")
             ratios.append(ratio)
+    _once("--pd-ratios", ratios, [f"{p}:{d}" for p, d in ratios])
     return ratios
 
 
@@ -154,6 +180,7 @@ def _names(option: str, text: str | None) -> list[str]:
     values: list[str] = _items(option, text, str)
     if not values:
         raise ValueError(f"{option}: empty list")
+    _once(option, values, values)
     return values
 
 
@@ -164,6 +191,7 @@ def _counts(option: str, text: str | None, required: bool = False) -> list[int]:
         raise ValueError(f"{option}: empty list")
     if any(v < 1 for v in values):
         raise ValueError(f"{option}: each value must be an integer >= 1, got {text!r}")
+    _once(option, values, [str(v) for v in values])
     return values
 
 

@@ -18,7 +18,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, TypeVar
 
-from runtime.flags import FlagGroup, comma_list, flag
+from runtime.flags import FlagGroup, comma_list, flag, given_options
 from sim.engine_args import EngineArgs, SimSetup, build_setup
 from sim.simulator import SimResult, simulate
 from workloads import ArrivalProcess, Trace, TransformSpec, apply_transforms, random_trace
@@ -84,6 +84,25 @@ class SweepFlags:
             raise ValueError(f"--rate-tolerance must be in (0, 1), got {self.rate_tolerance}")
         if self.jobs is not None and self.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {self.jobs}")
+        if self.address is not None and self.executor != "ray":  # (once ignored)
+            raise ValueError(f"--address {self.address!r} needs --executor ray")
+        self._check_search()
+
+    def _check_search(self) -> None:
+        """ValueError for a search flag that would be ignored: the search's own without
+        --find-max-rate; with it, a --time-scale axis (the search bisects request rates)
+        or --request-rate beside --rate-range (the range is the bracket)."""
+        if not self.find_max_rate:
+            given = given_options(self, ("rate_range", "rate_tolerance"))
+            if given:
+                raise ValueError(f"{given[0]} needs --find-max-rate")
+            return
+        if self.time_scale is not None:
+            raise ValueError(f"--time-scale {self.time_scale!r} does not combine with "
+                             "--find-max-rate (it bisects the request rate)")
+        if self.rate_range is not None and self.request_rate is not None:
+            raise ValueError("--find-max-rate brackets with --request-rate or --rate-range, "
+                             "not both")
 
     def axis(self) -> tuple[str | None, list[float] | None]:
         """The rate axis as (key, values): request rates, time scales, or (None, None).
@@ -95,6 +114,20 @@ class SweepFlags:
         if rates:
             return "request_rate", rates
         return ("time_scale", scales) if scales else (None, None)
+
+    def check_rescalable(self, trace: Trace) -> None:
+        """ValueError naming the sweep's rate flag when `trace` is to be rescaled to request
+        rates (--request-rate, --find-max-rate) but has no span (all arrivals coincide):
+        once named as --target-rate, a flag the sweep does not have."""
+        if not (self.find_max_rate or self.axis()[0] == "request_rate"):
+            return
+        if len(trace) >= 2 and trace[-1].arrival_s > trace[0].arrival_s:
+            return
+        given = (f"--rate-range {self.rate_range}" if self.find_max_rate and self.rate_range
+                 else "--find-max-rate" if self.find_max_rate
+                 else f"--request-rate {self.request_rate}")
+        raise ValueError(f"{given}: the trace has no time span to rescale to a request rate "
+                         "(all arrivals coincide)")
 
     def bracket(self) -> list[float] | None:
         return _positive_floats("--rate-range", self.rate_range)
@@ -307,6 +340,7 @@ class SweepPlan:
                                 fleets.get("replicas", [1]), fleets.get("router", ["round-robin"]))
         if work.dataset_name is None:
             loaded = load_workload(work, trace_file)
+            how.check_rescalable(loaded.trace)
             return cls(configs, loaded.trace, None, profile, work.seed, root), list(loaded.notes)
         if work.dataset_name != "random" or trace_file is not None or scaled:
             raise ValueError("sweep's synthetic workload is --dataset-name random, without "

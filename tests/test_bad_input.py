@@ -149,6 +149,22 @@ def _cases(f: dict[str, Path]) -> list[tuple[list[str], list[str]]]:
         # once named as --num-prompts (its default), a hang before the first line
         (["bench", "serve", "--concurrency", HUGE], ["--concurrency", HUGE]),
         (["bench", "route", "--rounds", HUGE], ["--rounds", HUGE]),
+        # badinput23: once simulated, though vLLM refuses a block size its CUDA attention
+        # backend does not take (multiples of 16)
+        ([*sim, "--block-size", "7"], ["--block-size", "multiple of 16", "7"]),
+        ([*sweep, "--block-size", "16,8"], ["--block-size", "8"]),
+        (["serve", "--simulate", "--port", "0", "--block-size", "24"], ["--block-size", "24"]),
+        (["replay", t, "--block-size", "8", "--result-dir", out], ["--block-size", "8"]),
+        # once planned: 4096 `rt serve` processes and their engines on one machine
+        (["fleet", "up", "--simulate", "--replicas", "4096", "--port", "0"],
+         ["--replicas 4096", "this machine holds at most"]),
+        (["fidelity", t, "--fleet", "--replicas", "4096", "--result-dir", out],
+         ["--replicas 4096", "this machine holds at most"]),
+        # once refused only after the real replay had run (the model loaded, 7 s here)
+        (["fidelity", t, "--profile", str(f["run"] / "run.json"), "--result-dir", out],
+         ["run.json", "unknown field"]),
+        (["fidelity", t, "--profile", str(f["root"] / "none.json"), "--result-dir", out],
+         ["none.json", "no such profile file"]),
     ]
 
 
@@ -176,7 +192,7 @@ def _one_line(args: list[str]) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("index", range(53))
+@pytest.mark.parametrize("index", range(61))
 def test_bad_input_is_one_line_naming_the_field(files: dict[str, Path], index: int) -> None:
     args, named = _cases(files)[index]
     line = _one_line(args)
@@ -186,7 +202,7 @@ def test_bad_input_is_one_line_naming_the_field(files: dict[str, Path], index: i
 def test_every_case_is_run() -> None:
     assert len(_cases({k: Path(k) for k in ("trace", "run", "listed", "interrupted",
                                             "fleet", "root", "nan_run", "str_run",
-                                            "null_steps", "deep")})) == 53
+                                            "null_steps", "deep")})) == 61
 
 
 def test_a_result_dir_holding_other_files_is_never_replaced(files: dict[str, Path],
@@ -222,3 +238,41 @@ def test_serve_on_a_port_in_use_is_one_line_before_the_engine_starts() -> None:
         port = str(taken.getsockname()[1])
         line = _one_line(["serve", "--simulate", "--port", port])
     assert f"--port {port}: cannot listen there" in line, line
+
+
+def test_no_output_replaces_a_run_directorys_own_files(files: dict[str, Path],
+                                                       tmp_path: Path) -> None:
+    """badinput23: `rt calibrate -o RUN/run.json --from-steps RUN`, `rt trace convert T
+    RUN/run.json`, `rt trace gen -o RUN/run.json`, `rt bench scheduler -o RUN/steps.parquet`
+    each replaced a run's file, exit 0; now refused before any work, the run untouched."""
+    run = tmp_path / "run"
+    shutil.copytree(files["run"], run)
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    for option, args in (
+            ("--output", ["calibrate", "-o", str(run / "run.json"), "--from-steps", str(run)]),
+            ("DST", ["trace", "convert", str(files["trace"]), str(run / "run.json")]),
+            ("--output", ["trace", "gen", "-o", str(run / "requests.parquet")]),
+            ("--out", ["bench", "scheduler", "-o", str(run / "steps.parquet")])):
+        assert f"{option} {run}/" in _one_line(args)
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
+@pytest.mark.parametrize("key", ["a\nb", "é", " padded "])
+@pytest.mark.parametrize(("variable", "args"), [
+    ("OPENAI_API_KEY", ["replay", "{t}", "--endpoint", "http://127.0.0.1:9"]),
+    ("VLLM_API_KEY", ["serve", "--simulate", "--port", "0"]),
+    ("VLLM_API_KEY", ["route", "--backend", "http://127.0.0.1:9", "--port", "0"]),
+])
+def test_an_api_key_no_header_can_carry_is_refused_unshown(
+        files: dict[str, Path], key: str, variable: str, args: list[str]) -> None:
+    """badinput23: a key with a newline was sent, and httpx's refusal printed it (the secret
+    on stderr); a non-ASCII one was "'ascii' codec can't encode", the key's source unnamed;
+    rt serve took either and answered every request 401. Now refused first, the key not
+    shown."""
+    with _deadline(60):
+        result = CliRunner().invoke(cli.app, [a.format(t=files["trace"]) for a in args],
+                                    env={variable: key})
+    assert result.exit_code == 2, (result.exception, result.output)
+    assert result.stderr == (f"rt: error: --api-key (or {variable}) must be printable ASCII "
+                             "without surrounding blanks (it goes in an HTTP header); the "
+                             "key given is not (not shown)\n")

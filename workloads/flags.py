@@ -17,7 +17,7 @@ from typing import Any
 from workloads.arrivals import MAX_SEED, ArrivalProcess
 from workloads.defaults import DEFAULT_TRACE_PATH
 from workloads.errors import TraceError
-from workloads.loaders import FORMATS, load_trace, read_rows
+from workloads.loaders import FORMATS, detect_format, load_trace, read_rows
 from workloads.report import clip_notes, load_notes
 from workloads.stats import TraceStats, rows_stats
 from workloads.synthetic import (
@@ -175,5 +175,8 @@ def all_rows_stats(flags: WorkloadFlags, path: Path) -> tuple[TraceStats, str]:
     if flags.trace_model is not None or flags.transforms != TransformSpec():
         raise TraceError("--keep-failed reads the file as is: it takes no --trace-model "
                          "and no transforms", column="--keep-failed", value=True)
+    if (flags.fmt or detect_format(path)) == "rt":
+        raise TraceError("an rt trace has no failed rows to keep (its rows are requests "
+                         "already)", column="--keep-failed", value=True)
     rows = read_rows(path, flags.fmt, hash_block_size=flags.hash_block_size)
     return rows_stats(rows), f"{rows.format}, all rows"

@@ -6,6 +6,7 @@ vLLM's `vllm:cache_config_info` labels, the KV pool), checked before a replay st
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 
 import httpx
@@ -74,10 +75,33 @@ def completions_url(url: str) -> str:
         raise EndpointError(f"--endpoint {url!r}: not a URL ({exc})") from None
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise EndpointError(f"--endpoint {url!r}: expected http(s)://HOST[:PORT][/v1]")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise EndpointError(f"--endpoint {url!r}: port {parsed.port} is not in [1, 65535]")
     path = parsed.path.rstrip("/")
     if not path.endswith("/completions"):
         path += "/completions" if path.endswith("/v1") else "/v1/completions"
     return str(parsed.copy_with(path=path, query=None, fragment=None))
+
+
+# A probe's answer (/v1/models, /metrics) at most: a vLLM server's /metrics is ~100 KB
+MAX_PROBE_BYTES = 16 * 2**20
+
+
+def bounded_get(url: str, headers: dict[str, str], timeout_s: float) -> httpx.Response:
+    """GET `url`, its whole answer within `timeout_s` seconds and `MAX_PROBE_BYTES`
+    (httpx's timeouts bound each read, not the answer: a server dripping a byte a second
+    never timed out); httpx.TimeoutException / ReadError otherwise."""
+    deadline = time.monotonic() + timeout_s
+    body = bytearray()
+    with httpx.stream("GET", url, headers=headers, timeout=timeout_s) as response:
+        for chunk in response.iter_bytes():
+            body += chunk
+            if time.monotonic() > deadline:
+                raise httpx.ReadTimeout(f"no complete answer in {timeout_s:g} s")
+            if len(body) > MAX_PROBE_BYTES:
+                raise httpx.ReadError(f"an answer past {MAX_PROBE_BYTES >> 20} MB")
+    return httpx.Response(response.status_code, content=bytes(body),
+                          headers={"content-type": response.headers.get("content-type", "")})
 
 
 def models_url(completions: str) -> str:
@@ -91,8 +115,7 @@ def probe(config: EndpointConfig) -> EndpointInfo:
     EndpointError, one line, otherwise."""
     url = completions_url(config.url)
     try:
-        response = httpx.get(models_url(url), headers=config.headers,
-                             timeout=min(config.timeout_s, 30.0))
+        response = bounded_get(models_url(url), config.headers, min(config.timeout_s, 30.0))
     except httpx.HTTPError as exc:
         raise EndpointError(f"cannot reach {url}: {describe_error(exc)}") from None
     models = _listed_models(response)
@@ -120,8 +143,8 @@ def scrape_cache_config(completions: str, config: EndpointConfig) -> dict[str, i
     """`cache_config_labels` of `GET /metrics`; {} when the server has no /metrics (an
     endpoint need not export anything: the engine flags are the fallback)."""
     try:
-        response = httpx.get(metrics_url(completions), headers=config.headers,
-                             timeout=min(config.timeout_s, 30.0))
+        response = bounded_get(metrics_url(completions), config.headers,
+                               min(config.timeout_s, 30.0))
     except httpx.HTTPError:
         return {}
     return cache_config_labels(response.text) if response.status_code == 200 else {}

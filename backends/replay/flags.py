@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backends.serve.flags import check_api_key
 from runtime.flags import flag
 from workloads.flags import WorkloadFlags
 
@@ -61,6 +62,9 @@ class EndpointFlags:
                           "counts as failed.", ENDPOINT_PANEL)
     vocab_size: int = flag(32000, "--vocab-size", "Prompt token ids are drawn from [10, N): "
                            "at most the served model's vocabulary.", ENDPOINT_PANEL)
+
+    def __post_init__(self) -> None:
+        check_api_key(self.api_key, "--api-key (or OPENAI_API_KEY)")
 
     def config_args(self, model: str | None, seed: int) -> dict[str, Any]:
         """Keyword arguments of `backends.replay.endpoint.EndpointConfig`."""

@@ -13,13 +13,16 @@ Times are `time.monotonic()` seconds.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import httpx
 
+from backends.replay.endpoint_probe import bounded_get
 from runtime.router import ReplicaSnapshot, RouterPolicy
 
 RUNNING, WAITING, KV_USAGE = ("vllm:num_requests_running", "vllm:num_requests_waiting",
@@ -177,15 +180,17 @@ def check_backends(urls: list[str], policy: RouterPolicy, headers: dict[str, str
         if bases.count(base) > 1:
             raise ValueError(f"--backend {base} is given twice")
     needed = needed_signals(policy)
-    with httpx.Client(timeout=timeout_s, headers=headers) as client:
-        for base in bases:
-            _check_one(client, base, policy.name, needed)
+    for base in bases:
+        _check_one(functools.partial(bounded_get, headers=headers or {}, timeout_s=timeout_s),
+                   base, policy.name, needed)
     return bases
 
 
-def _check_one(client: httpx.Client, base: str, policy: str, needed: tuple[str, ...]) -> None:
+def _check_one(get: Callable[[str], httpx.Response], base: str, policy: str,
+               needed: tuple[str, ...]) -> None:
+    """`get`: a GET bounded in all (a backend dripping its answer once held the start-up)."""
     try:
-        models = client.get(f"{base}/v1/models")
+        models = get(f"{base}/v1/models")
     except httpx.HTTPError as err:
         raise ValueError(f"backend {base} is unreachable: {err or type(err).__name__}") \
             from None
@@ -202,7 +207,7 @@ def _check_one(client: httpx.Client, base: str, policy: str, needed: tuple[str, 
     if not needed:
         return
     try:
-        response = client.get(f"{base}/metrics")
+        response = get(f"{base}/metrics")
         gauges = parse_metrics(response.text) if response.status_code == 200 else None
     except httpx.HTTPError:
         gauges = None

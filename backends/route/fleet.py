@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import dataclasses
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -29,6 +30,12 @@ from runtime.flags import FlagGroup, group_specs
 
 _HOST = "127.0.0.1"
 _PR_SET_PDEATHSIG = 1
+# One `rt serve --simulate` replica on loopback: its server, its engine process and
+# multiprocessing's resource tracker, 343 MB resident together (measured 2026-12-03 on the
+# project VM, idle after start; a real model's replica holds its weights besides). The most
+# replicas one machine can start is what its memory and its process limit hold of these.
+REPLICA_PROCESSES = 3
+REPLICA_RSS_BYTES = 350 * 2**20
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -128,6 +135,28 @@ def _signals_raise() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def check_loopback_replicas(replicas: int, memory_bytes: int | None = None,
+                            nproc: int | None = -1) -> None:
+    """ValueError (one line) when this machine cannot hold `replicas` loopback replicas: more
+    than its physical memory (`memory_bytes`, default the machine's) at `REPLICA_RSS_BYTES`
+    each, or than its per-user process limit (`nproc`, default RLIMIT_NPROC's soft limit;
+    None: no limit) at `REPLICA_PROCESSES` each."""
+    if memory_bytes is None:
+        memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if nproc == -1:
+        soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+        nproc = None if soft == resource.RLIM_INFINITY else soft
+    most = memory_bytes // REPLICA_RSS_BYTES
+    why = (f"{memory_bytes / 2**30:.1f} GiB of memory at ~{REPLICA_RSS_BYTES >> 20} MB per "
+           "replica")
+    if nproc is not None and nproc // REPLICA_PROCESSES < most:
+        most = nproc // REPLICA_PROCESSES
+        why = f"process limit {nproc} at {REPLICA_PROCESSES} processes per replica"
+    if replicas > most:
+        raise ValueError(f"--replicas {replicas}: this machine holds at most {most} loopback "
+                         f"replicas ({why})")
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class FleetPlan:
     """What `run_fleet` starts.
@@ -153,9 +182,11 @@ class FleetPlan:
            ) -> FleetPlan:
         """`rt serve --seed SEED` (`rt` the command line that starts rt) with each of `flags`
         passed on (`flag_argv`), on `replicas` free ports, in `env`; the drain bounded by
-        the router's shutdown timeout plus 10 s."""
+        the router's shutdown timeout plus 10 s. ValueError when this machine cannot hold
+        `replicas` (`check_loopback_replicas`)."""
         from backends.bench.serve_load import free_port
 
+        check_loopback_replicas(replicas)  # before any port or process
         command = [*rt, "serve", "--seed", str(seed), *(
             arg for values, group in flags for arg in flag_argv(values, group))]
         return cls(tuple(command), tuple(free_port() for _ in range(replicas)),

@@ -49,7 +49,13 @@ from backends.heap import frozen_heap
 from backends.replay.endpoint import EndpointResult, replay_endpoint, run_info
 from backends.replay.endpoint_probe import EndpointConfig, EndpointError, probe
 from backends.replay.run_output import INTERRUPTED, RunOutput
-from backends.route.fleet import Replica, flag_argv, stop_all, wait_healthy
+from backends.route.fleet import (
+    Replica,
+    check_loopback_replicas,
+    flag_argv,
+    stop_all,
+    wait_healthy,
+)
 from backends.route.overheads import RouterOverheads, parse_router_metrics, unread_overheads
 from backends.route.stack_probe import ServerTotals, parse_server_totals, ttft_split
 from runtime.records import ttft_by_request
@@ -93,6 +99,7 @@ def fleet_fidelity_plan(cli: Path, policy: Any, engine: Any, model: str, gpu: st
     engine flags every replica gets; free ports of 127.0.0.1 for the replicas and router.
     ValueError (one line) for an unknown policy or a bad policy argument."""
     make_policy(policy.router, policy.router_arg or [], seed)  # bad: one line, nothing started
+    check_loopback_replicas(policy.replicas)
     rt = (sys.executable, str(cli.resolve()))
     serve = [*rt, "serve", "--simulate", "--sim-model", model, "--gpu", gpu, "--seed",
              str(seed), *flag_argv(engine)]

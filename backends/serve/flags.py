@@ -18,6 +18,21 @@ cost model on the wall clock. SIGTERM/Ctrl-C drains, then exits.
 """
 
 
+def check_api_key(key: str | None, source: str) -> None:
+    """ValueError naming `source`, never the key, unless `key` (None: no key) can travel as
+    `Authorization: Bearer KEY`: not empty, printable ASCII, no surrounding blanks (HTTP
+    strips those). A key with a newline once reached an error line, secret and all; a
+    non-ASCII one failed in the HTTP client's encoder, its source unnamed; rt serve took
+    either and answered every request 401."""
+    if key is None:
+        return
+    if not key:
+        raise ValueError(f"{source} must not be empty")
+    if not (key.isascii() and key.isprintable()) or key != key.strip():
+        raise ValueError(f"{source} must be printable ASCII without surrounding blanks (it "
+                         "goes in an HTTP header); the key given is not (not shown)")
+
+
 @dataclass(frozen=True, slots=True)
 class ServeFlags:
     """Where the server listens, what it calls itself, and how it sheds and drains load."""
@@ -48,8 +63,7 @@ class ServeFlags:
                              f"{self.max_num_queued_requests}")
         if self.max_request_bytes < 1:
             raise ValueError(f"--max-request-bytes must be >= 1, got {self.max_request_bytes}")
-        if self.api_key is not None and not self.api_key:
-            raise ValueError("--api-key must not be empty")
+        check_api_key(self.api_key, "--api-key (or VLLM_API_KEY)")
         # uvicorn takes whole seconds: NaN or inf was a traceback there, after the start-up
         # line; -1 drained for 1 s
         if not 0 <= self.shutdown_timeout <= MAX_SHUTDOWN_S:

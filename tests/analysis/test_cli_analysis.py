@@ -122,3 +122,26 @@ def test_compare_refuses_runs_of_different_traces(hand_run: Path, tmp_path: Path
     assert code == 2 and "incompatible runs" in err and len(err.strip().splitlines()) == 1
     code, _, err = invoke("compare", str(hand_run), "--no-plots")
     assert code == 2 and "two or more" in err
+
+
+@pytest.mark.parametrize(("command", "option", "target"), [
+    ("report", "--html", "run.json"),
+    ("report", "--trace-events", "requests.parquet"),
+    ("report", "--result-filename", "run.json"),
+    ("compare", "--csv", "steps.parquet"),
+    ("compare", "--html", "run.json"),
+    ("report", "--html", "."),  # a directory: once refused only after the page was made
+])
+def test_an_output_never_replaces_a_run_directorys_own_files(
+        hand_run: Path, tmp_path: Path, command: str, option: str, target: str) -> None:
+    """`rt report RUN --html RUN/run.json` (or compare's --csv onto a run's table) replaced
+    the run it read with the page, exit 0 (badinput23)."""
+    other = tmp_path / "other"
+    shutil.copytree(hand_run, other)
+    before = {p.name: p.read_bytes() for p in hand_run.iterdir()}
+    runs = [str(hand_run)] + ([str(other)] if command == "compare" else [])
+    path = hand_run / target
+    code, out, err = invoke(command, *runs, "--no-plots", option, str(path))
+    assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+    assert err.startswith(f"rt: error: {option} {path}: "), err
+    assert {p.name: p.read_bytes() for p in hand_run.iterdir()} == before

@@ -94,6 +94,16 @@ def test_sweep_plots_and_bad_input(tmp_path: Path) -> None:
                            (["--find-max-rate"], "--find-max-rate needs --slo"),
                            (["--percentile-metrics", "foo"], "unknown metric"),
                            (["--executor", "dask"], "--executor"),
+                           (["--address", "auto"], "--address 'auto' needs --executor ray"),
+                           # badinput23: once ignored without a word
+                           (["--rate-range", "1,4"], "--rate-range '1,4' needs --find-max-rate"),
+                           (["--rate-tolerance", "0.2"],
+                            "--rate-tolerance 0.2 needs --find-max-rate"),
+                           (["--find-max-rate", "--slo", "p99_ttft_ms=5", "--rate-range",
+                             "1,4"], "--request-rate or --rate-range, not both"),
+                           (["--find-max-rate", "--slo", "p99_ttft_ms=5", "--time-scale",
+                             "0.5,1"],
+                            "--time-scale '0.5,1' does not combine with --find-max-rate"),
                            (["--max-num-batched-tokens", "x"], "--max-num-batched-tokens")):
         result = runner.invoke(app, [*SMALL, *extra, "--result-dir", str(tmp_path / "e")])
         assert result.exit_code == 2, (extra, result.stderr)
@@ -131,3 +141,23 @@ def test_a_rate_search_plots_against_the_flag_only_the_rates_every_value_ran(
     assert sorted({line.get_label().split()[0] for line in ttft_axes.get_lines()}) == [
         "request_rate=200.0", "request_rate=31.62", "request_rate=5.0"]
     assert len(ttft_axes.get_lines()) == 9  # 3 rates x p50, p90, p99
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--request-rate", "1,4"], "--request-rate 1,4"),
+    (["--rate-range", "1,4", "--find-max-rate", "--slo", "p99_ttft_ms=500"], "--rate-range 1,4"),
+    (["--find-max-rate", "--slo", "p99_ttft_ms=500"], "--find-max-rate"),
+])
+def test_rates_on_a_trace_without_a_span_name_the_sweeps_flag(tmp_path: Path, args: list[str],
+                                                              named: str) -> None:
+    """Once named as --target-rate, a flag rt sweep does not have (badinput23)."""
+    from workloads import Trace, TraceRequest, write_rt_jsonl
+
+    trace = tmp_path / "same.jsonl"
+    write_rt_jsonl(Trace(tuple(TraceRequest(f"r{i}", 1.0, 32, 4) for i in range(3)), "s"),
+                   trace)
+    result = runner.invoke(app, ["sweep", "--trace", str(trace), *args, "--no-plots",
+                                 "--result-dir", str(tmp_path / "s")])
+    assert result.exit_code == 2 and result.stderr == (
+        f"rt: error: {named}: the trace has no time span to rescale to a request rate (all "
+        "arrivals coincide)\n")

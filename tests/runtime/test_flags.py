@@ -136,3 +136,16 @@ def test_expand_groups_without_a_parser_library() -> None:
     with pytest.raises(_BadFlag, match="--num-blocks must be >= 1, got 0"):
         expanded(n=2, request_rate=4.0, num_blocks=0)
     assert len(seen) == 1
+
+
+@pytest.mark.parametrize("size", [1, 7, 8, 24, 100])
+def test_block_size_is_a_multiple_of_16_as_vllms_cuda_backends_take(size: int) -> None:
+    """`vllm serve --block-size 8` is refused on CUDA (the attention backend's kernel block
+    sizes are multiples of 16); rt took any size >= 1 (badinput23)."""
+    with pytest.raises(ValueError, match=f"--block-size must be a multiple of 16.*got {size}"):
+        EngineFlags(block_size=size)
+
+
+def test_block_sizes_vllm_takes_are_taken() -> None:
+    assert [EngineFlags(block_size=s).block_size for s in (16, 32, 48, 128, 512)] == [
+        16, 32, 48, 128, 512]

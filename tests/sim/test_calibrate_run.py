@@ -53,3 +53,14 @@ def test_fit_lines_give_quality_then_every_coefficient() -> None:
         "  per_seq_s                      0 s",
         "  per_prefill_attention_pair_s   0 s",
         "  per_decode_kv_token_s          1e-07 s"]
+
+
+@pytest.mark.parametrize("fleet", [{"replicas": 2}, {"replicas": 3, "pools": [{"count": 3}]}])
+def test_a_fleets_run_is_refused_for_the_client_side_fit(fleet: dict[str, object]) -> None:
+    """`rt calibrate --from-run FLEET_RUN` fitted one engine's steps on the requests of
+    several replicas (their chunks read as one engine's steps) and wrote the profile, exit 0
+    (badinput23)."""
+    replicas = fleet["replicas"]
+    with pytest.raises(ValueError, match=f"^--from-run f: a fleet's run \\({replicas} "
+                       "replicas\\); the client-side fit reads one engine's"):
+        runs_profile([Path("f")], lambda p: ({}, {"fleet": fleet}), EngineFlags(), 0, "x")

@@ -195,7 +195,8 @@ def test_a_fixed_fleet_reports_gpu_hours(small_trace: Path, tmp_path: Path) -> N
 @pytest.mark.parametrize("args, message", [
     (["--min-replicas", "2"], "--min-replicas needs --autoscale"),
     (["--autoscale", "hpa"], "--autoscale must be one of"),
-    (["--autoscale", "kv-threshold", "--min-replicas", "3"], "min replicas (3)"),
+    (["--autoscale", "kv-threshold", "--min-replicas", "3"],  # once after the start-up lines
+     "--min-replicas 3 is above --replicas 2"),
     (["--autoscale", "kv-threshold", "--autoscale-arg", "x=1"], "--autoscale-arg"),
     (["--autoscale", "kv-threshold", "--pd-decider", "always"], "does not combine with P/D"),
 ])
@@ -204,3 +205,63 @@ def test_bad_autoscale_input_is_one_line(small_trace: Path, tmp_path: Path, args
     code, _, err = simulate("--trace", str(small_trace), "--replicas", "2", *args,
                             "--result-dir", str(tmp_path / "bad"))
     assert code == 2 and message in err, err
+    assert len(err.splitlines()) == 1, err  # before vLLM's start-up lines
+
+
+_POOL = 'name = "{}"\ncount = 2\ngpu = "h200"\nmodel = "llama-3.1-8b"\nrole = "{}"\n'
+
+
+@pytest.mark.parametrize("roles, args, message", [
+    # once one line, but after the start-up lines
+    (["both"], ["--autoscale", "kv-threshold", "--min-replicas", "3"],
+     "--min-replicas 3 is above pool 'p0''s count 2"),
+    (["prefill"], ["--pd-decider", "always"], "a P/D fleet needs a pool that decodes"),
+    # once run without a word, the fleet file's pools taking none of them
+    (["both"], ["--gpu", "a100-80gb"], "--fleet sets each pool's gpu: --gpu 'a100-80gb'"),
+    (["both"], ["-tp", "2"], "--fleet sets each pool's tensor_parallel_size: "
+                            "--tensor-parallel-size 2"),
+    (["both"], ["--max-num-seqs", "8"], "--fleet sets each pool's engine flags: "
+                                        "--max-num-seqs 8"),
+    (["both"], ["--model", "qwen2.5-7b"], "--model 'qwen2.5-7b'"),
+    (["both"], ["--profile", "calibrated"], "--profile 'calibrated'"),
+])
+def test_bad_fleet_file_combinations_are_one_line_before_any_output(
+        small_trace: Path, tmp_path: Path, roles: list[str], args: list[str],
+        message: str) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text("\n".join(f"[[pool]]\n{_POOL.format(f'p{i}', role)}"
+                              for i, role in enumerate(roles)))
+    code, out, err = simulate("--trace", str(small_trace), "--fleet", str(path), *args,
+                              "--result-dir", str(tmp_path / "bad"))
+    assert code == 2 and out == "" and message in err, err
+    assert len(err.splitlines()) == 1, err
+
+
+_FLEET = ": --replicas N or --fleet FILE"
+_PD = " (--pd-decider always or prefix-threshold on a fleet, or pools with roles)"
+
+
+@pytest.mark.parametrize("args, message", [
+    # a fleet's flags on one engine
+    (["--router", "llm-d"], "--router 'llm-d' needs a fleet" + _FLEET),
+    (["--router-refresh-ms", "10"], "--router-refresh-ms 10.0 needs a fleet" + _FLEET),
+    (["--routing-latency-ms", "5"], "--routing-latency-ms 5.0 needs a fleet" + _FLEET),
+    (["--sim-workers", "4"], "--sim-workers 4 needs a fleet" + _FLEET),
+    (["--gpu-cost-per-hour", "3"], "--gpu-cost-per-hour 3.0 needs a fleet" + _FLEET),
+    # P/D's flags without P/D, on one engine or a fleet that does not disaggregate
+    (["--pd-threshold", "100"], "--pd-threshold 100 needs P/D" + _PD),
+    (["--replicas", "2", "--pd-transfer-gbps", "5"], "--pd-transfer-gbps 5.0 needs P/D" + _PD),
+    (["--replicas", "2", "--prefill-router", "least-outstanding"],
+     "--prefill-router 'least-outstanding' needs P/D" + _PD),
+    (["--replicas", "2", "--prefill-router-arg", "x=1"],
+     "--prefill-router-arg x=1 needs P/D" + _PD),
+    (["--replicas", "2", "--pd-decider", "always", "--pd-threshold", "100"],
+     "--pd-threshold 100 needs --pd-decider prefix-threshold"),
+])
+def test_a_flag_that_cannot_apply_is_refused_not_ignored(small_trace: Path, tmp_path: Path,
+                                                         args: list[str], message: str) -> None:
+    """Each ran without a word, the flag taking no effect (badinput23), as --min-replicas
+    without --autoscale once did."""
+    code, out, err = simulate("--trace", str(small_trace), *args,
+                              "--result-dir", str(tmp_path / "x"))
+    assert code == 2 and out == "" and err == f"rt: error: {message}\n", err

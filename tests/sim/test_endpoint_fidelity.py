@@ -154,3 +154,15 @@ def test_the_warm_up_against_a_steady_server_stops_early(tmp_path: Path) -> None
     assert warmup.stable and abs(warmup.drift or 1.0) <= 0.05
     assert [w.itl_median_ms for w in warmup.windows] == pytest.approx([4.7935, 4.5775])
     assert warmup.windows[1].path == tmp_path / "warmup-2"
+
+
+def test_a_measured_engines_block_size_is_kept_whatever_it_is() -> None:
+    """`--block-size` takes vLLM's CUDA sizes (multiples of 16), but a twin reproduces the
+    engine it measured: a server that exported block_size 8 is simulated with 8."""
+    from runtime import CacheConfig, SchedulerConfig
+    from sim.engine_args import args_from_configs, build_setup
+
+    args = args_from_configs(SchedulerConfig(), CacheConfig(block_size=8, num_blocks=40))
+    setup = build_setup(args, "llama-3.1-8b", "h200")
+    assert (args.block_size, setup.config.cache.block_size, setup.config.cache.num_blocks) == (
+        8, 8, 40)

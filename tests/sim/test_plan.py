@@ -105,6 +105,16 @@ def test_rt_plan_answer_is_the_cheapest_passing_shape_of_an_exhaustive_run(
     (["--slo", "p99_ttft_ms=1", "--gpus", " "], "--gpus: empty list"),
     (["--slo", "p99_ttft_ms=1", "--models", ""], "--models: empty list"),
     (["--slo", "p99_ttft_ms=1", "--routers", ""], "--routers: empty list"),
+    # badinput23: once the last of the two taken without a word, or a shape searched twice
+    (["--slo", "p99_ttft_ms=1,p99_ttft_ms=5"], "--slo: 'p99_ttft_ms' given twice"),
+    (["--slo", "p99_ttft_ms=1", "--gpu-cost", "h200=1,H200=2"],
+     "--gpu-cost: 'H200' prices GPU h200 again"),
+    (["--slo", "p99_ttft_ms=1", "--gpus", "h200,H200-SXM"], "--gpus: 'H200-SXM' is GPU h200 again"),
+    (["--slo", "p99_ttft_ms=1", "--models", "qwen2.5-7b,qwen2.5-7b"],
+     "--models: 'qwen2.5-7b' given twice"),
+    (["--slo", "p99_ttft_ms=1", "--pd-ratios", "1:1,1:1"], "--pd-ratios: '1:1' given twice"),
+    (["--slo", "p99_ttft_ms=1", "--address", "10.0.0.1:6379"],
+     "--address '10.0.0.1:6379' needs --executor ray"),
 ])
 def test_bad_plan_input_is_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
     result = runner.invoke(app, ["plan", "--first-n", "20", *args,
@@ -140,3 +150,13 @@ def test_rt_plan_simulates_a_pd_split(tmp_path: Path) -> None:
     assert "pd1-1-x2" in result.stdout
     record = json.loads(next((tmp_path / "plan").glob("*pd1-1-x2/plan.json")).read_text())
     assert record["replicas"] == 2 and record["gpus"] == 2
+
+
+def test_a_price_or_gpu_spelt_otherwise_is_the_presets() -> None:
+    """`--gpu-cost H200=100` was accepted and priced nothing (the plan kept h200's default
+    $4/h); `--gpus H200` then failed for want of a price (badinput23)."""
+    flags = PlanFlags(slo="p99_itl_ms=1", gpus="H200,a100", gpu_cost="H200=100,A100=7")
+    assert [c.gpu for c in flags.candidates()] == ["h200", "a100-80gb"]
+    prices = flags.prices()
+    assert (prices["h200"], prices["a100-80gb"]) == (100.0, 7.0)
+    assert "H200" not in prices and "A100" not in prices

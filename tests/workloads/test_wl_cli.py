@@ -152,3 +152,15 @@ def test_bad_file_is_one_line_exit_2(tmp_path: Path) -> None:
 def test_user_errors_are_one_line_exit_2(tmp_path: Path, args: list[str]) -> None:
     filled = [a.format(fx=FIXTURES, tmp=tmp_path) for a in args]
     _one_error_line(*rt(*filled))
+
+
+def test_keep_failed_on_an_rt_file_names_keep_failed(tmp_path: Path) -> None:
+    """Once "--format: value 'rt': unknown format (known: rt, ...)": a flag not given named,
+    and rt listed as known (badinput23)."""
+    from workloads import Trace, TraceRequest, write_rt_jsonl
+
+    path = tmp_path / "t.jsonl"
+    write_rt_jsonl(Trace((TraceRequest("a", 0.0, 8, 2),), "t"), path)
+    assert _one_error_line(*rt("inspect", path, "--keep-failed")) == (
+        "rt: error: --keep-failed: value True: an rt trace has no failed rows to keep (its "
+        "rows are requests already)")

@@ -54,6 +54,10 @@ def test_completions_url_accepts_root_v1_and_full_urls() -> None:
     for bad in ("h:8000", "ftp://h/v1", "not a url", "http://"):
         with pytest.raises(EndpointError):
             completions_url(bad)
+    # badinput23: once "cannot reach ...: Connection refused", the port never named
+    with pytest.raises(EndpointError, match=r"^--endpoint 'http://h:99999': port 99999 is "
+                       r"not in \[1, 65535\]$"):
+        completions_url("http://h:99999")
 
 
 def test_replay_records_every_request_with_client_side_timing(

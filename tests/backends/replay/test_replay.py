@@ -104,8 +104,8 @@ def test_cli_replay_writes_a_run_directory(tiny_dir: Path, small_trace: Trace,
     trace_path = tmp_path / "t.jsonl"
     write_rt_jsonl(small_trace, trace_path)
     code, out, err = _invoke(str(trace_path), "--model", str(tiny_dir), "--result-dir",
-                             str(tmp_path / "run"), "--num-gpu-blocks-override", "64",
-                             "--block-size", "8", "--time-scale", "0.5")
+                             str(tmp_path / "run"), "--num-gpu-blocks-override", "32",
+                             "--block-size", "16", "--time-scale", "0.5")
     assert code == 0, err
     assert "Successful requests:                     12" in out
     assert "rt: where the time went" in out
@@ -116,7 +116,7 @@ def test_cli_replay_writes_a_run_directory(tiny_dir: Path, small_trace: Trace,
     assert len(run.requests) == 12 and (run.requests["status"] == "FINISHED_LENGTH_CAPPED").all()
     assert run.requests["arrival_s"].max() == pytest.approx(small_trace[-1].arrival_s * 0.5)
     info = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert info["kind"] == "replay" and info["cache_config"]["num_blocks"] == 64
+    assert info["kind"] == "replay" and info["cache_config"]["num_blocks"] == 32
     assert info["attention"] == "torch" and info["trace"]["requests"] == 12
 
 

@@ -102,3 +102,52 @@ def test_policies_the_router_builds_no_token_ids_for_never_read_them() -> None:
     assert full.prompt_len == 6 and full.token_ids is not None and len(full.token_ids) == 6
     ids = routing_request({"prompt": [5, 6, 7]}, False, {}, "r", 1.0, with_ids=False)
     assert (ids.prompt_len, ids.token_ids) == (3, None)
+
+
+def test_loopback_replicas_are_bounded_by_memory_and_processes() -> None:
+    """`rt fleet up --replicas 4096` once planned 4096 `rt serve` processes (~12,000 with
+    their engines, ~1.4 TB resident) on one machine; now what its memory and process limit
+    hold at one replica's measured footprint."""
+    from backends.route.fleet import REPLICA_RSS_BYTES, check_loopback_replicas
+
+    memory = 10 * REPLICA_RSS_BYTES + 1
+    check_loopback_replicas(10, memory, nproc=None)
+    with pytest.raises(ValueError, match=r"^--replicas 11: this machine holds at most 10 "):
+        check_loopback_replicas(11, memory, nproc=None)
+    with pytest.raises(ValueError, match=r"^--replicas 4: this machine holds at most 3 .*"
+                       r"process limit 9"):
+        check_loopback_replicas(4, memory, nproc=9)
+
+
+def test_a_backend_that_drips_its_answer_is_one_line_within_the_timeout() -> None:
+    """`rt route --backend URL` where URL sent its headers, then a byte of body every 0.2 s,
+    never started nor said a word (the start-up check's read timeout restarted on each
+    byte; badinput23)."""
+    import contextlib
+    import socket
+    import threading
+    import time
+
+    from backends.route.backends import check_backends
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def drip() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                for _ in range(50):
+                    conn.sendall(b"1\r\n \r\n")
+                    time.sleep(0.2)
+
+    threading.Thread(target=drip, daemon=True).start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}"
+    start = time.monotonic()
+    with server, pytest.raises(ValueError, match=f"^backend {url} is unreachable: no "
+                               "complete answer in 1 s$"):
+        check_backends([url], make_policy("round-robin", []), timeout_s=1.0)
+    assert time.monotonic() - start < 3
