@@ -103,6 +103,8 @@ def test_a_reader_that_never_drains_stalls_nobody_else() -> None:
     try:
         alone = statistics.median(_itl_ms(server.url, 60))
         stalled = [_stalled_reader(server.url) for _ in range(4)]
+        _wait_for(lambda: server.metrics()["vllm:num_requests_running"] >= 4, 20,
+                  "the 4 stalled readers' requests never all ran")
         time.sleep(1.0)  # their socket buffers fill; their handlers wait on the writes
         beside = statistics.median(_itl_ms(server.url, 60))
         running = server.metrics()["vllm:num_requests_running"]
