@@ -70,8 +70,9 @@ class CaptureConnection:
     cannot put a stamp after its read); where the kernel gives no stamp, with the read's own
     time (Linux turns stamping on system-wide from deferred work after the first socket asks
     for it, so with no other stamping socket open the first reads of a run may carry none:
-    150 of 300 fresh sockets' first reads here). An exception while following the response (a bad Content-Length, a malformed
-    stamp) is the request's error at once and the connection is dropped."""
+    150 of 300 fresh sockets' first reads here). An exception while following the response
+    (a bad Content-Length, a malformed stamp) is the request's error at once and the
+    connection is dropped."""
 
     def __init__(self, sock: socket.socket, realtime_offset_s: float) -> None:
         self.sock = sock
