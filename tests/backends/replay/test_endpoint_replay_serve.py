@@ -70,7 +70,10 @@ def test_ctrl_c_writes_the_records_so_far_and_exits_130(
         stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
-    while fake_server.state.seen < len(trace):  # every request sent: r0 hangs
+    state = fake_server.state
+    # every request sent and every one but r0 (hanging) answered in full by the server;
+    # then 0.3 s for the client to read the last answers (not a whole answer's time)
+    while state.seen < len(trace) or state.in_flight > 1:
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
         time.sleep(0.05)
     time.sleep(0.3)

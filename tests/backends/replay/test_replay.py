@@ -5,6 +5,7 @@ and console blocks, and one-line errors for bad input."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import fields
 from pathlib import Path
 
@@ -158,20 +159,30 @@ def test_kv_pool_from_memory_bytes(tiny_dir: Path) -> None:
     assert setup.runner.kv_cache.key_caches[0].dtype == torch.float32
 
 
-def test_ctrl_c_keeps_the_records_so_far(tiny_dir: Path, small_trace: Trace) -> None:
+@pytest.mark.parametrize("step_delay_s", [0.0, 0.05])
+def test_ctrl_c_keeps_the_records_so_far(tiny_dir: Path, small_trace: Trace,
+                                         step_delay_s: float) -> None:
+    """Ctrl-C before a step the replay always takes: a step gives each of at most 4 requests
+    one token, so the trace's 59 tokens take >= 15 steps however the wall clock batches them.
+    Slow steps (`step_delay_s`, as on a loaded machine) batch more arrivals: 38 steps a run
+    here unslowed, 20 at 20 ms a step, 18 at 50 ms (an interrupt after step 20 once never
+    came, in a full suite run at load ~5)."""
     setup = build_engine(RealEngineArgs(model_dir=tiny_dir, max_num_seqs=4))
     execute, calls = setup.runner.execute, [0]
+    steps = 10
+    assert steps < sum(req.output_len for req in small_trace) / 4
 
-    def interrupted_after_20_steps(output):  # type: ignore[no-untyped-def]
+    def interrupted(output):  # type: ignore[no-untyped-def]
         calls[0] += 1
-        if calls[0] > 20:
+        if calls[0] > steps:
             raise KeyboardInterrupt
+        time.sleep(step_delay_s)
         return execute(output)
 
-    setup.runner.execute = interrupted_after_20_steps  # type: ignore[method-assign]
+    setup.runner.execute = interrupted  # type: ignore[method-assign]
     config = ReplayConfig(setup.scheduler, setup.cache, setup.shape.vocab_size)
     result = replay(small_trace, config, setup.runner)
-    assert result.interrupted and result.num_steps == 20
+    assert result.interrupted and result.num_steps == steps
     statuses = {r.status for r in result.requests}
     assert "FINISHED_ABORTED" in statuses and 0 < len(result.requests) <= len(small_trace)
     for record in result.requests:

@@ -201,6 +201,8 @@ def test_readers_that_never_drain_stall_no_other_stream_through_the_router() -> 
         alone = statistics.median(_itl_ms(router.url, 60))
         idle = process_stats(router.proc.pid)["rss_mib"]
         stalled = [stalled_reader(router.url) for _ in range(4)]
+        _wait_for(lambda: _running(backend) >= 4, 20,
+                  "the 4 stalled readers' requests never all ran")
         time.sleep(1.0)  # their socket buffers fill; the router stops reading their backend
         beside = statistics.median(_itl_ms(router.url, 60))
         running = _running(backend)

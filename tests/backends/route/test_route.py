@@ -234,19 +234,25 @@ def test_a_killed_backend_loses_no_unsent_request_and_comes_back() -> None:
     try:
         api = client(router)
         results: dict[int, str] = {}
+        streaming = threading.Semaphore(0)  # released at each stream's first chunk
 
         def stream(i: int) -> None:
+            chunks = []
             try:
-                chunks = list(api.completions.create(
-                    model=MODEL, prompt=f"long {i}", max_tokens=400, stream=True,
-                    extra_body={"ignore_eos": True}))
+                for chunk in api.completions.create(
+                        model=MODEL, prompt=f"long {i}", max_tokens=400, stream=True,
+                        extra_body={"ignore_eos": True}):
+                    if not chunks:
+                        streaming.release()
+                    chunks.append(chunk)
                 results[i] = f"ok {len(chunks)}"
             except openai.APIError as err:
                 results[i] = f"error {err}"
         threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
         for thread in threads:
             thread.start()
-        time.sleep(1.0)
+        # all 4 mid-stream (400 tokens: ~3 s), not a guessed second for it
+        assert all(streaming.acquire(timeout=20) for _ in threads)
         second.kill()
         killed_at = time.monotonic()
         # requests sent after the kill all succeed (a refused connection is re-routed)
