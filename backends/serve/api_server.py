@@ -72,7 +72,7 @@ def routes_app(config: ServeConfig) -> FastAPI:
             # engine's start; ValueError: the API side's (--model's tokenizer), already named
             server.start_error = (str(err) if isinstance(err, (RuntimeError, ValueError))
                                   else f"{type(err).__name__}: {err}")
-            server.engine.dead = True  # until uvicorn exits: /health and generation say 503
+            server.engine.dead = True  # until uvicorn exits: /health 503, generation 500
             server.request_exit()
         try:
             yield
