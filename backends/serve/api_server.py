@@ -66,9 +66,13 @@ def routes_app(config: ServeConfig) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         try:
             await server.start()
-        except RuntimeError as err:  # kept for `run_server`'s one line, not uvicorn's traceback
-            server.start_error = str(err)
-            server.engine.dead = True  # until uvicorn exits: /health and generation say 503
+        except Exception as err:  # noqa: BLE001 - kept for `run_server`'s one line
+            # not uvicorn's traceback: an error escaping here skips the `finally` below, and
+            # the engine left running (SIGTERM ignored) hangs the exit. RuntimeError: the
+            # engine's start; ValueError: the API side's (--model's tokenizer), already named
+            server.start_error = (str(err) if isinstance(err, (RuntimeError, ValueError))
+                                  else f"{type(err).__name__}: {err}")
+            server.engine.dead = True  # until uvicorn exits: /health 503, generation 500
             server.request_exit()
         try:
             yield

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -76,3 +77,38 @@ def _group_lingers(pgid: int, timeout_s: float) -> bool:
             return False
         time.sleep(0.1)
     return True
+
+
+def test_rt_serve_on_a_tokenizer_it_cannot_load_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """The engine starts (--simulate reads only config.json), then the API server's own
+    tokenizer load fails: a ValueError, not the engine's RuntimeError. Before, that escaped
+    the lifespan as uvicorn's traceback, the engine was never stopped, and the server hung at
+    exit joining it (multiprocessing's exit hook sends SIGTERM, which the engine ignores)."""
+    pytest.importorskip("transformers")
+    (tmp_path / "config.json").write_text(json.dumps(_LLAMA_CONFIG))
+    (tmp_path / "tokenizer.json").write_text("{")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "serve", "--simulate", "--model", str(tmp_path),
+         "--port", str(_free_port())],
+        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=60)
+        left = _group_lingers(proc.pid, 10.0)
+    finally:  # the server and its engine process (its group), whatever happened
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    assert proc.returncode == 2, output
+    assert output.splitlines()[-1].startswith(
+        f"rt: error: --model {tmp_path}: cannot load its tokenizer: "), output
+    assert "Traceback" not in output
+    assert not left, "a process of rt serve's group outlived it"
+
+
+# A small Llama's config.json: all `rt serve --simulate --model DIR` reads of DIR.
+_LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                 "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
+                 "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 1000,
+                 "max_position_embeddings": 2048, "torch_dtype": "bfloat16",
+                 "rms_norm_eps": 1e-5}
