@@ -276,3 +276,13 @@ def test_an_api_key_no_header_can_carry_is_refused_unshown(
     assert result.stderr == (f"rt: error: --api-key (or {variable}) must be printable ASCII "
                              "without surrounding blanks (it goes in an HTTP header); the "
                              "key given is not (not shown)\n")
+
+
+def test_an_ambient_api_key_is_checked_only_where_it_would_be_sent() -> None:
+    """review23: `OPENAI_API_KEY="sk-x " rt replay TRACE` (the local engine, no --endpoint)
+    was refused for a key it never sends; with --endpoint the same key is refused."""
+    from backends.replay.flags import EndpointFlags
+
+    assert EndpointFlags(api_key="sk-x ").api_key == "sk-x "
+    with pytest.raises(ValueError, match=r"^--api-key \(or OPENAI_API_KEY\) must be printable"):
+        EndpointFlags(endpoint="http://127.0.0.1:9", api_key="sk-x ")

@@ -64,7 +64,8 @@ class EndpointFlags:
                            "at most the served model's vocabulary.", ENDPOINT_PANEL)
 
     def __post_init__(self) -> None:
-        check_api_key(self.api_key, "--api-key (or OPENAI_API_KEY)")
+        if self.endpoint is not None:  # an ambient OPENAI_API_KEY is never sent without one
+            check_api_key(self.api_key, "--api-key (or OPENAI_API_KEY)")
 
     def config_args(self, model: str | None, seed: int) -> dict[str, Any]:
         """Keyword arguments of `backends.replay.endpoint.EndpointConfig`."""
