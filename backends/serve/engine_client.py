@@ -4,6 +4,7 @@ ZeroMQ, route its per-step outputs to the streams that wait for them, watch its 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import contextlib
 import multiprocessing
@@ -106,6 +107,7 @@ class EngineClient:
                                    args=(factory, kwargs, in_addr, out_addr, os.getpid()),
                                    daemon=True)
         self.process.start()
+        atexit.register(_kill_if_alive, self.process)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if await self.output.poll(200):
@@ -221,3 +223,14 @@ class EngineClient:
         self.output.close(linger=0)
         self.context.term()
         self.tmpdir.cleanup()
+
+
+def _kill_if_alive(process: multiprocessing.process.BaseProcess) -> None:
+    """At interpreter exit, SIGKILL an engine process that `EngineClient.shutdown` did not
+    stop (an exit path that skipped it). Registered after multiprocessing's own exit hook, so
+    run before it (atexit is last in, first out): that hook SIGTERMs daemon children and then
+    joins them without a timeout, and the engine ignores SIGTERM (`run_engine_process`), so
+    the exiting server would wait for it forever."""
+    if process.is_alive():
+        process.kill()
+        process.join(5.0)

@@ -29,6 +29,40 @@ def _failing_factory() -> None:
     raise ValueError(NO_CUDA)
 
 
+def _hanging_factory() -> None:
+    """An executor factory that never returns (an engine stuck loading)."""
+    time.sleep(3600)
+
+
+_EXIT_WITHOUT_SHUTDOWN = """
+import asyncio
+from backends.serve.engine_client import EngineClient
+from tests.backends.serve.test_engine_start import _hanging_factory
+
+async def main():
+    client = EngineClient()
+    try:
+        await client.start(_hanging_factory, {}, 1.0)
+    except RuntimeError:
+        print(client.process.pid, flush=True)  # then exit, never calling shutdown
+
+asyncio.run(main())
+"""
+
+
+def test_an_exit_that_skips_shutdown_kills_the_engine_and_does_not_hang() -> None:
+    """review23: multiprocessing's exit hook SIGTERMs daemon children and joins them with no
+    timeout; the engine ignores SIGTERM, so a server leaving by a path that skipped
+    `EngineClient.shutdown` hung at exit. Before the fix this ran into its 60 s timeout."""
+    proc = subprocess.run([sys.executable, "-c", _EXIT_WITHOUT_SHUTDOWN], cwd=ROOT,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                          text=True, timeout=60, start_new_session=True)
+    assert proc.returncode == 0, proc.stderr
+    engine_pid = int(proc.stdout.split()[-1])
+    with pytest.raises(ProcessLookupError):
+        os.kill(engine_pid, 0)
+
+
 def test_an_engine_that_fails_to_start_reports_why_and_exits() -> None:
     async def start() -> tuple[str, int | None]:
         client = EngineClient()
