@@ -26,6 +26,7 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from backends.bench.sse_client import Streamed, take_event
@@ -68,11 +69,9 @@ class CaptureConnection:
     SO_TIMESTAMPNS, CLOCK_REALTIME, moved to perf_counter's clock by `realtime_offset_s`,
     and never later than the read's own time: a wall-clock step after the offset was taken
     cannot put a stamp after its read); where the kernel gives no stamp, with the read's own
-    time (Linux turns stamping on system-wide from deferred work after the first socket asks
-    for it, so with no other stamping socket open the first reads of a run may carry none:
-    150 of 300 fresh sockets' first reads here). An exception while following the response
-    (a bad Content-Length, a malformed stamp) is the request's error at once and the
-    connection is dropped."""
+    time (`stamping_held`, around a run, has the kernel stamp from its first read). An
+    exception while following the response (a bad Content-Length, a malformed stamp) is the
+    request's error at once and the connection is dropped."""
 
     def __init__(self, sock: socket.socket, realtime_offset_s: float) -> None:
         self.sock = sock
@@ -189,6 +188,33 @@ def _stamp(ancillary: list[tuple[int, int, bytes]]) -> tuple[int, int] | None:
             seconds, nanoseconds = _STAMP.unpack(data)
             return seconds, nanoseconds
     return None
+
+
+@contextlib.contextmanager
+def stamping_held(wait_s: float = 0.5) -> Iterator[bool]:
+    """Hold one loopback connection that asks for receive stamps, once the kernel stamps its
+    reads (waiting at most `wait_s` seconds); yields whether it does (False off Linux).
+
+    Linux turns SO_TIMESTAMPNS on system-wide from deferred work after the first socket asks
+    for it (net_enable_timestamp), and off when the last one closes; until then a read has
+    no stamp, and its own time stands in. Held around a run, the run's first reads are
+    stamped too (without it, 150 of 300 fresh sockets' first reads were not, here)."""
+    if _SO_TIMESTAMPNS is None:
+        yield False
+        return
+    with socket.create_server(("127.0.0.1", 0)) as listener, \
+            socket.create_connection(listener.getsockname()) as reader:
+        reader.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        writer, _ = listener.accept()
+        with writer:
+            deadline = time.monotonic() + wait_s
+            while True:
+                writer.sendall(b"x")
+                _, ancillary, _, _ = reader.recvmsg(1, _ANCILLARY_BYTES)
+                if (stamped := _stamp(ancillary) is not None) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.005)
+            yield stamped
 
 
 def realtime_offset_s(samples: int = 16) -> float:

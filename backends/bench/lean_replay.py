@@ -10,7 +10,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from backends.bench.capture_client import CaptureConnection, Captured, parse, realtime_offset_s
+from backends.bench.capture_client import (
+    CaptureConnection,
+    Captured,
+    parse,
+    realtime_offset_s,
+    stamping_held,
+)
 from backends.bench.sse_client import Connection, Streamed, post_bytes, request_head, run_client
 from backends.replay.endpoint import EndpointResult, request_body
 from runtime.records import RequestRecord
@@ -96,8 +102,9 @@ def capture_run(trace: Trace, host: str, port: int, model: str, concurrency: int
     requests = {req.request_id: post_bytes(head, "/v1/completions", json.dumps(
         request_body(req, model, vocab_size, seed), separators=(",", ":")).encode())
         for req in trace}
-    captured, start, wall = run_client(_capture(trace, _Target(host, port, timeout_s),
-                                                requests, concurrency))
+    with stamping_held():  # the run's first reads stamped by the kernel too
+        captured, start, wall = run_client(_capture(trace, _Target(host, port, timeout_s),
+                                                    requests, concurrency))
     return CaptureRun(trace, captured, start, wall)
 
 
