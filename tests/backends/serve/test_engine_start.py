@@ -84,21 +84,30 @@ def test_rt_serve_on_an_engine_that_cannot_start_is_one_line_and_exit_2() -> Non
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is visible: --device cuda starts")
+    returncode, output = _rt_serve_exit(["--device", "cuda"], 120.0)
+    assert returncode == 2, output
+    assert output.splitlines()[-1] == \
+        f"rt: error: the engine failed to start: ValueError: {NO_CUDA}", output
+    assert "Traceback" not in output
+
+
+def _rt_serve_exit(args: list[str], timeout_s: float) -> tuple[int, str]:
+    """`rt serve ARGS --port P`'s exit code and output (stdout and stderr), once it exited
+    within `timeout_s`; asserts that no process of its group (its engine) outlived it by
+    10 s. Its group is SIGKILLed after, whatever happened."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "serve", "--device", "cuda", "--port", str(_free_port())],
+        [sys.executable, "-m", "cli", "serve", *args, "--port", str(_free_port())],
         cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        output, _ = proc.communicate(timeout=120)
+        output, _ = proc.communicate(timeout=timeout_s)
         left = _group_lingers(proc.pid, 10.0)
-    finally:  # the server and its engine process (its group), whatever happened
+    finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-    lines = output.splitlines()
-    assert proc.returncode == 2, output
-    assert lines[-1] == f"rt: error: the engine failed to start: ValueError: {NO_CUDA}", output
-    assert "Traceback" not in output
-    assert not left, "a process of rt serve's group outlived it"
+        proc.wait(10)
+    assert not left, f"a process of rt serve's group outlived it: {output}"
+    return proc.returncode, output
 
 
 def _group_lingers(pgid: int, timeout_s: float) -> bool:
@@ -121,23 +130,11 @@ def test_rt_serve_on_a_tokenizer_it_cannot_load_is_one_line_and_exit_2(tmp_path:
     pytest.importorskip("transformers")
     (tmp_path / "config.json").write_text(json.dumps(_LLAMA_CONFIG))
     (tmp_path / "tokenizer.json").write_text("{")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "serve", "--simulate", "--model", str(tmp_path),
-         "--port", str(_free_port())],
-        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=60)
-        left = _group_lingers(proc.pid, 10.0)
-    finally:  # the server and its engine process (its group), whatever happened
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    assert proc.returncode == 2, output
+    returncode, output = _rt_serve_exit(["--simulate", "--model", str(tmp_path)], 60.0)
+    assert returncode == 2, output
     assert output.splitlines()[-1].startswith(
         f"rt: error: --model {tmp_path}: cannot load its tokenizer: "), output
     assert "Traceback" not in output
-    assert not left, "a process of rt serve's group outlived it"
 
 
 # A small Llama's config.json: all `rt serve --simulate --model DIR` reads of DIR.
