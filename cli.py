@@ -52,10 +52,11 @@ from backends.route.flags import (
 from backends.serve.flags import SERVE_HELP, ServeFlags, ServeModelFlags
 from runtime.config import EngineFlags
 from runtime.flags import FlagGroup as Flags
-from runtime.flags import FlagSpec, expand_groups
+from runtime.flags import FlagSpec, expand_groups, given_options
 from sim.autoscale_flags import AutoscaleFlags
 from sim.bench_flags import FLEET_BENCH_HELP, FleetBenchFlags, SchedulerBenchFlags, SimBenchFlags
 from sim.calibrate_flags import CALIBRATE_HELP, CalibrationSources
+from sim.cost.kv_cache_sizing import DEFAULT_GPU_MEMORY_UTILIZATION
 from sim.engine_args import SIMULATE_HELP, EngineArgs, SimFlags
 from sim.fidelity import FIDELITY_HELP, CalibrationFlags, FidelityFlags
 from sim.fleet_config import FLEET_UP_POLICY, ROUTER_POLICY, FleetFlags
@@ -497,26 +498,31 @@ def run_endpoint(trace: workloads.Trace, settings: dict[str, Any], path: Path,
 # ---- rt serve (backends; --simulate: sim) ----
 
 
+# `rt serve`'s device sizing: the simulated engine's (`rt simulate`'s) --gpu-memory-utilization
+# and -tp; the option's default differs by engine (None: the engine's own), so it is resolved
+# in `_serve_executor`, and the real engine's own option of that name is this one.
+_SERVE_SIZING = Flags(only=("gpu_memory_utilization", "tensor_parallel_size"),
+                      defaults={"gpu_memory_utilization": None})
+
+
 @command(app, help=SERVE_HELP)
 def serve(
     *,
     model: Annotated[ServeModelFlags, Flags(inline=True)],
     sim: Annotated[SimFlags, Flags(only=("gpu", "profile", "step_noise"))],
     engine: Annotated[EngineFlags, Flags()],
-    real: Annotated[RealEngineFlags, Flags(exclude=("random_weights",))],
+    sizing: Annotated[EngineArgs, _SERVE_SIZING],
+    real: Annotated[RealEngineFlags, Flags(exclude=("random_weights",
+                                                    "gpu_memory_utilization"))],
     server: Annotated[ServeFlags, Flags()],
     seed: _Seed = 0,
 ) -> None:
     """Serve the OpenAI API from a real model or, with --simulate, the cost model."""
     from backends.serve import api_server
-    from backends.serve.engine_process import real_executor_spec
-    from sim.live_executor import live_executor_spec
 
     with user_errors():
-        config = api_server.ServeConfig.of(server, *(
-            live_executor_spec(EngineArgs(**dataclasses.asdict(engine)), model.model, sim.gpu,
-                               sim.profile, seed, sim.step_noise) if server.simulate
-            else real_executor_spec(model.model, engine, real, seed)))
+        config = api_server.ServeConfig.of(server, *_serve_executor(
+            model.model, sim, engine, sizing, real, server.simulate, seed))
         sock = api_server.listening_socket(server.host, server.port)  # before the engine
     stack = api_server.http_stack()
     say(f"serving {config.model_name} on {api_server.socket_url(sock)}/v1 "
@@ -525,6 +531,31 @@ def serve(
         api_server.run_server(config, sock, stack, server.shutdown_timeout,
                               server.uvicorn_log_level)
     say("server stopped")
+
+
+def _serve_executor(model: str | None, sim: SimFlags, engine: EngineFlags, sizing: EngineArgs,
+                    real: RealEngineFlags, simulate: bool, seed: int) -> tuple[Any, ...]:
+    """`rt serve`'s executor spec: the simulated engine's with --simulate, else the real
+    one's. A flag of the other engine is refused naming it (it was ignored: --simulate's
+    pool took 0.92 whatever --gpu-memory-utilization said)."""
+    from backends.serve.engine_process import real_executor_spec
+    from sim.live_executor import live_executor_spec
+
+    utilization = sizing.gpu_memory_utilization
+    if simulate:
+        if given := given_options(real):
+            raise ValueError(f"{given[0]} is the real engine's: not with --simulate")
+        args = EngineArgs(**dataclasses.asdict(engine), tensor_parallel_size=(
+            sizing.tensor_parallel_size), gpu_memory_utilization=(
+            DEFAULT_GPU_MEMORY_UTILIZATION if utilization is None else utilization))
+        return live_executor_spec(args, model, sim.gpu, sim.profile, seed, sim.step_noise)
+    if given := given_options(sim) + given_options(sizing, ("tensor_parallel_size",)):
+        raise ValueError(f"{given[0]} needs --simulate (the real engine runs on one device)"
+                         if given[0].startswith("--tensor") else
+                         f"{given[0]} is the simulated engine's: it needs --simulate")
+    if utilization is not None:
+        real = dataclasses.replace(real, gpu_memory_utilization=utilization)
+    return real_executor_spec(model, engine, real, seed)
 
 
 # ---- rt calibrate / fidelity ----

@@ -276,3 +276,34 @@ def test_an_api_key_no_header_can_carry_is_refused_unshown(
     assert result.stderr == (f"rt: error: --api-key (or {variable}) must be printable ASCII "
                              "without surrounding blanks (it goes in an HTTP header); the "
                              "key given is not (not shown)\n")
+
+
+@pytest.mark.parametrize(("flags", "utilization", "tp"), [
+    ([], 0.92, 1), (["--gpu-memory-utilization", "0.5", "-tp", "2"], 0.5, 2)])
+def test_serve_simulate_sizes_its_pool_as_rt_simulate(
+        monkeypatch: pytest.MonkeyPatch, flags: list[str], utilization: float, tp: int) -> None:
+    """badinput23b: `rt serve --simulate --gpu-memory-utilization 0.5` sized the pool at
+    0.92 (the flag was the real engine's), and it had no -tp though docs/serve.md says it
+    takes `rt simulate`'s engine flags. The server is not started here."""
+    from backends.serve import api_server
+
+    started = []
+    monkeypatch.setattr(api_server, "run_server", lambda config, sock, *_: (
+        sock.close(), started.append(config)))
+    with _deadline(60):
+        result = CliRunner().invoke(cli.app, ["serve", "--simulate", "--port", "0", *flags])
+    assert result.exit_code == 0, (result.exception, result.output)
+    args = started[0].factory_kwargs["engine_args"]
+    assert (args.gpu_memory_utilization, args.tensor_parallel_size) == (utilization, tp)
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--simulate", "--device", "cuda"], "--device 'cuda' is the real engine's: not with "
+     "--simulate"),
+    (["--gpu", "a100-80gb"], "--gpu 'a100-80gb' is the simulated engine's: it needs "
+     "--simulate"),
+    (["-tp", "2"], "--tensor-parallel-size 2 needs --simulate (the real engine runs on one "
+     "device)")])
+def test_serve_refuses_the_other_engines_flags(args: list[str], line: str) -> None:
+    """badinput23b: each was ignored (the engine that ran takes no such flag)."""
+    assert _one_line(["serve", "--port", "0", *args]) == f"rt: error: {line}"
