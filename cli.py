@@ -192,6 +192,13 @@ def user_errors(*also: type[Exception], only: bool = False) -> Iterator[None]:
              else str(err))
 
 
+def not_with(given: list[str], mode: str) -> None:
+    """ValueError naming the first of `given` (flags as typed, `given_options`) and `mode`,
+    the flag under which they do not apply: refused, never silently ignored."""
+    if given:
+        raise ValueError(f"{given[0]} does not apply with {mode}")
+
+
 def stop(code: int) -> NoReturn:
     raise typer.Exit(code=code)
 
@@ -457,6 +464,8 @@ def replay(
     from analysis.rundir import check_run_path
 
     with user_errors():
+        if client.endpoint is not None:
+            not_with(given_options(real), "--endpoint (the server runs the model)")
         percentiles = list(report.options().percentiles)
         out = checked_dir(result_dir, "endpoint" if client.endpoint is not None else "replay",
                           check_run_path)
@@ -579,6 +588,10 @@ def calibrate(
     with user_errors():
         check_output_file(output, "--output")  # before the fit, not after it
         mode = sources.mode(checkpoint.model is not None, cal.step_drift)
+        if mode != "grid":  # no grid, no real engine: their flags would be ignored
+            not_with(given_options(cal, ("quick", "time_limit")) + given_options(real)
+                     + (given_options(engine) if mode == "steps" else []),
+                     f"{'--from-steps' if mode == 'steps' else '--from-run'} (no model runs here)")
         if mode == "runs":
             profile, lines = runs_profile(sources.from_run or [], request_columns, engine, seed,
                                           rt_version())
@@ -618,6 +631,9 @@ def fidelity(
 
     with user_errors():
         how.check(cal.step_drift, noise.step_noise, client.endpoint is not None)
+        if how.fleet or client.endpoint is not None:
+            not_with(given_options(real), "--fleet (rt serve --simulate replicas)" if how.fleet
+                     else "--endpoint (the server runs the model)")
         trace = workload(work, trace_file)  # (a bad trace: one line, --endpoint or not)
     root = result_dir or default_dir("fidelity")
     if how.fleet and client.endpoint is None:  # rt serve --simulate replicas behind rt route

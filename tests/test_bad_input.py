@@ -307,3 +307,30 @@ def test_serve_simulate_sizes_its_pool_as_rt_simulate(
 def test_serve_refuses_the_other_engines_flags(args: list[str], line: str) -> None:
     """badinput23b: each was ignored (the engine that ran takes no such flag)."""
     assert _one_line(["serve", "--port", "0", *args]) == f"rt: error: {line}"
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["calibrate", "-o", "{o}", "--from-steps", "{run}", "--quick"],
+     "--quick does not apply with --from-steps (no model runs here)"),
+    (["calibrate", "-o", "{o}", "--from-steps", "{run}", "--time-limit", "5"],
+     "--time-limit 5.0 does not apply with --from-steps (no model runs here)"),
+    (["calibrate", "-o", "{o}", "--from-steps", "{run}", "--max-num-seqs", "8"],
+     "--max-num-seqs 8 does not apply with --from-steps (no model runs here)"),
+    (["calibrate", "-o", "{o}", "--from-steps", "{run}", "--device", "cuda"],
+     "--device 'cuda' does not apply with --from-steps (no model runs here)"),
+    (["fidelity", "{t}", "--fleet", "--device", "cuda", "--result-dir", "{o}"],
+     "--device 'cuda' does not apply with --fleet (rt serve --simulate replicas)"),
+    (["fidelity", "{t}", "--endpoint", "http://127.0.0.1:9", "--random-weights",
+      "--result-dir", "{o}"],
+     "--random-weights does not apply with --endpoint (the server runs the model)"),
+    (["replay", "{t}", "--endpoint", "http://127.0.0.1:9", "--device", "cuda",
+      "--result-dir", "{o}"],
+     "--device 'cuda' does not apply with --endpoint (the server runs the model)")])
+def test_a_flag_of_another_mode_is_refused_naming_both(
+        files: dict[str, Path], tmp_path: Path, args: list[str], line: str) -> None:
+    """badinput23b: each flag was ignored in that mode (the fit, the fleet's replicas or the
+    server ran as if it were not given)."""
+    out = tmp_path / "out"
+    got = _one_line([a.format(o=out, run=files["run"], t=files["trace"]) for a in args])
+    assert got == f"rt: error: {line}"
+    assert not out.exists()
