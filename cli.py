@@ -280,7 +280,7 @@ def trace_convert(
         check_output_file(dst, "DST")
         trace = workload(flags, src)
         out.write(trace, dst)
-    typer.echo(f"wrote {len(trace)} requests to {dst} ({out.to})")
+    say(f"wrote {len(trace)} requests to {dst} ({out.to})")
 
 
 @command(trace_app, "gen")
@@ -294,7 +294,7 @@ def trace_gen(
         check_output_file(output, "--output")
         trace = workload(flags)
         workloads.write_rt_jsonl(trace, output)
-    typer.echo(f"wrote {len(trace)} requests to {output} ({flags.dataset_name})")
+    say(f"wrote {len(trace)} requests to {output} ({flags.dataset_name})")
 
 
 # ---- rt simulate ----
