@@ -113,8 +113,20 @@ def bounded_get(url: str, headers: dict[str, str], timeout_s: float) -> httpx.Re
                 raise httpx.ReadTimeout(f"no complete answer in {timeout_s:g} s")
             if len(body) > MAX_PROBE_BYTES:
                 raise httpx.ReadError(f"an answer past {MAX_PROBE_BYTES >> 20} MB")
-    return httpx.Response(response.status_code, content=bytes(body),
-                          headers={"content-type": response.headers.get("content-type", "")})
+    kept = {k: v for k, v in response.headers.items()  # the body is decoded and whole
+            if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")}
+    return httpx.Response(response.status_code, content=bytes(body), headers=kept)
+
+
+# A GET of one of rt's own servers (a replica's or the router's /metrics, /health), in all (s)
+OWN_SERVER_TIMEOUT_S = 10.0
+
+
+def own_get(url: str) -> httpx.Response:
+    """GET a page of one of rt's own servers (`rt serve` replicas, `rt route`): its whole
+    answer within `OWN_SERVER_TIMEOUT_S` (`bounded_get`; a replica stuck mid-answer once
+    held fleet fidelity, `rt bench serve` and the soak forever)."""
+    return bounded_get(url, {}, OWN_SERVER_TIMEOUT_S)
 
 
 def models_url(completions: str) -> str:
