@@ -115,7 +115,8 @@ def bounded_get(url: str, headers: dict[str, str], timeout_s: float) -> httpx.Re
                 raise httpx.ReadError(f"an answer past {MAX_PROBE_BYTES >> 20} MB")
     kept = {k: v for k, v in response.headers.items()  # the body is decoded and whole
             if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")}
-    return httpx.Response(response.status_code, content=bytes(body), headers=kept)
+    return httpx.Response(response.status_code, content=bytes(body), headers=kept,
+                          request=response.request)  # (raise_for_status needs it)
 
 
 # A GET of one of rt's own servers (a replica's or the router's /metrics, /health), in all (s)
