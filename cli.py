@@ -52,10 +52,11 @@ from backends.route.flags import (
 from backends.serve.flags import SERVE_HELP, ServeFlags, ServeModelFlags
 from runtime.config import EngineFlags
 from runtime.flags import FlagGroup as Flags
-from runtime.flags import FlagSpec, expand_groups
+from runtime.flags import FlagSpec, expand_groups, given_options
 from sim.autoscale_flags import AutoscaleFlags
 from sim.bench_flags import FLEET_BENCH_HELP, FleetBenchFlags, SchedulerBenchFlags, SimBenchFlags
 from sim.calibrate_flags import CALIBRATE_HELP, CalibrationSources
+from sim.cost.kv_cache_sizing import DEFAULT_GPU_MEMORY_UTILIZATION
 from sim.engine_args import SIMULATE_HELP, EngineArgs, SimFlags
 from sim.fidelity import FIDELITY_HELP, CalibrationFlags, FidelityFlags
 from sim.fleet_config import FLEET_UP_POLICY, ROUTER_POLICY, FleetFlags
@@ -191,6 +192,13 @@ def user_errors(*also: type[Exception], only: bool = False) -> Iterator[None]:
              else str(err))
 
 
+def not_with(given: list[str], mode: str) -> None:
+    """ValueError naming the first of `given` (flags as typed, `given_options`) and `mode`,
+    the flag under which they do not apply: refused, never silently ignored."""
+    if given:
+        raise ValueError(f"{given[0]} does not apply with {mode}")
+
+
 def stop(code: int) -> NoReturn:
     raise typer.Exit(code=code)
 
@@ -272,7 +280,7 @@ def trace_convert(
         check_output_file(dst, "DST")
         trace = workload(flags, src)
         out.write(trace, dst)
-    typer.echo(f"wrote {len(trace)} requests to {dst} ({out.to})")
+    say(f"wrote {len(trace)} requests to {dst} ({out.to})")
 
 
 @command(trace_app, "gen")
@@ -286,7 +294,7 @@ def trace_gen(
         check_output_file(output, "--output")
         trace = workload(flags)
         workloads.write_rt_jsonl(trace, output)
-    typer.echo(f"wrote {len(trace)} requests to {output} ({flags.dataset_name})")
+    say(f"wrote {len(trace)} requests to {output} ({flags.dataset_name})")
 
 
 # ---- rt simulate ----
@@ -456,6 +464,8 @@ def replay(
     from analysis.rundir import check_run_path
 
     with user_errors():
+        if client.endpoint is not None:
+            not_with(given_options(real), "--endpoint (the server runs the model)")
         percentiles = list(report.options().percentiles)
         out = checked_dir(result_dir, "endpoint" if client.endpoint is not None else "replay",
                           check_run_path)
@@ -497,26 +507,31 @@ def run_endpoint(trace: workloads.Trace, settings: dict[str, Any], path: Path,
 # ---- rt serve (backends; --simulate: sim) ----
 
 
+# `rt serve`'s device sizing: the simulated engine's (`rt simulate`'s) --gpu-memory-utilization
+# and -tp; the option's default differs by engine (None: the engine's own), so it is resolved
+# in `_serve_executor`, and the real engine's own option of that name is this one.
+_SERVE_SIZING = Flags(only=("gpu_memory_utilization", "tensor_parallel_size"),
+                      defaults={"gpu_memory_utilization": None})
+
+
 @command(app, help=SERVE_HELP)
 def serve(
     *,
     model: Annotated[ServeModelFlags, Flags(inline=True)],
     sim: Annotated[SimFlags, Flags(only=("gpu", "profile", "step_noise"))],
     engine: Annotated[EngineFlags, Flags()],
-    real: Annotated[RealEngineFlags, Flags(exclude=("random_weights",))],
+    sizing: Annotated[EngineArgs, _SERVE_SIZING],
+    real: Annotated[RealEngineFlags, Flags(exclude=("random_weights",
+                                                    "gpu_memory_utilization"))],
     server: Annotated[ServeFlags, Flags()],
     seed: _Seed = 0,
 ) -> None:
     """Serve the OpenAI API from a real model or, with --simulate, the cost model."""
     from backends.serve import api_server
-    from backends.serve.engine_process import real_executor_spec
-    from sim.live_executor import live_executor_spec
 
     with user_errors():
-        config = api_server.ServeConfig.of(server, *(
-            live_executor_spec(EngineArgs(**dataclasses.asdict(engine)), model.model, sim.gpu,
-                               sim.profile, seed, sim.step_noise) if server.simulate
-            else real_executor_spec(model.model, engine, real, seed)))
+        config = api_server.ServeConfig.of(server, *_serve_executor(
+            model.model, sim, engine, sizing, real, server.simulate, seed))
         sock = api_server.listening_socket(server.host, server.port)  # before the engine
     stack = api_server.http_stack()
     say(f"serving {config.model_name} on {api_server.socket_url(sock)}/v1 "
@@ -525,6 +540,31 @@ def serve(
         api_server.run_server(config, sock, stack, server.shutdown_timeout,
                               server.uvicorn_log_level)
     say("server stopped")
+
+
+def _serve_executor(model: str | None, sim: SimFlags, engine: EngineFlags, sizing: EngineArgs,
+                    real: RealEngineFlags, simulate: bool, seed: int) -> tuple[Any, ...]:
+    """`rt serve`'s executor spec: the simulated engine's with --simulate, else the real
+    one's. A flag of the other engine is refused naming it (it was ignored: --simulate's
+    pool took 0.92 whatever --gpu-memory-utilization said)."""
+    from backends.serve.engine_process import real_executor_spec
+    from sim.live_executor import live_executor_spec
+
+    utilization = sizing.gpu_memory_utilization
+    if simulate:
+        if given := given_options(real):
+            raise ValueError(f"{given[0]} is the real engine's: not with --simulate")
+        args = EngineArgs(**dataclasses.asdict(engine), tensor_parallel_size=(
+            sizing.tensor_parallel_size), gpu_memory_utilization=(
+            DEFAULT_GPU_MEMORY_UTILIZATION if utilization is None else utilization))
+        return live_executor_spec(args, model, sim.gpu, sim.profile, seed, sim.step_noise)
+    if given := given_options(sim) + given_options(sizing, ("tensor_parallel_size",)):
+        raise ValueError(f"{given[0]} needs --simulate (the real engine runs on one device)"
+                         if given[0].startswith("--tensor") else
+                         f"{given[0]} is the simulated engine's: it needs --simulate")
+    if utilization is not None:
+        real = dataclasses.replace(real, gpu_memory_utilization=utilization)
+    return real_executor_spec(model, engine, real, seed)
 
 
 # ---- rt calibrate / fidelity ----
@@ -548,6 +588,10 @@ def calibrate(
     with user_errors():
         check_output_file(output, "--output")  # before the fit, not after it
         mode = sources.mode(checkpoint.model is not None, cal.step_drift)
+        if mode != "grid":  # no grid, no real engine: their flags would be ignored
+            not_with(given_options(cal, ("quick", "time_limit")) + given_options(real)
+                     + (given_options(engine) if mode == "steps" else []),
+                     f"{'--from-steps' if mode == 'steps' else '--from-run'} (no model runs here)")
         if mode == "runs":
             profile, lines = runs_profile(sources.from_run or [], request_columns, engine, seed,
                                           rt_version())
@@ -587,6 +631,9 @@ def fidelity(
 
     with user_errors():
         how.check(cal.step_drift, noise.step_noise, client.endpoint is not None)
+        if how.fleet or client.endpoint is not None:
+            not_with(given_options(real), "--fleet (rt serve --simulate replicas)" if how.fleet
+                     else "--endpoint (the server runs the model)")
         trace = workload(work, trace_file)  # (a bad trace: one line, --endpoint or not)
     root = result_dir or default_dir("fidelity")
     if how.fleet and client.endpoint is None:  # rt serve --simulate replicas behind rt route

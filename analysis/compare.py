@@ -141,7 +141,7 @@ def kind_label(info: dict[str, Any]) -> str:
     url = endpoint.get("url") if isinstance(endpoint, dict) else None
     if kind != "endpoint" or not isinstance(url, str):
         return kind
-    host = urlsplit(url).netloc or url
+    host = urlsplit(url).netloc.rpartition("@")[2] or url  # never user:password@
     return f"endpoint {host}"
 
 

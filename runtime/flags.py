@@ -170,14 +170,19 @@ def build_group(cls: type, group: FlagGroup, specs: list[FlagSpec],
 
 
 def comma_list(option: str, text: str, kind: type) -> list[Any]:
-    """"1,2,4" -> [1, 2, 4] as `kind`; ValueError naming `option` and the text."""
+    """"1,2,4" -> [1, 2, 4] as `kind`; ValueError naming `option` and the text, or the
+    first value given twice ("1,1,2", "1,1.0": a sweep ran that point twice)."""
+    items = [v.strip() for v in text.split(",") if v.strip()]
     try:
-        values = [kind(v) for v in text.split(",") if v.strip()]
+        values = [kind(v) for v in items]
     except ValueError:
         raise ValueError(f"{option}: not a comma-separated list of {kind.__name__} values: "
                          f"{text!r}") from None
     if not values:
         raise ValueError(f"{option}: empty list")
+    for i, value in enumerate(values):
+        if value in values[:i]:
+            raise ValueError(f"{option}: {items[i]!r} given twice (each value is run once)")
     return values
 
 

@@ -227,7 +227,8 @@ class FleetFlags:
     """How many replicas, behind which router, seeing what and when (times in ms)."""
 
     replicas: int = flag(1, "--replicas", "Identical replicas of the engine behind one "
-                         "router (1: the single-engine simulator).", FLEET_PANEL,
+                         "router (in rt simulate, 1 is the single-engine simulator).",
+                         FLEET_PANEL,
                          bounds=(1, MAX_REPLICAS))
     fleet: Path | None = flag(None, "--fleet", "TOML file of heterogeneous pools (name, count, "
                               "gpu, model, tensor_parallel_size, engine flags, cost_per_hour); "

@@ -286,3 +286,59 @@ def test_an_ambient_api_key_is_checked_only_where_it_would_be_sent() -> None:
     assert EndpointFlags(api_key="sk-x ").api_key == "sk-x "
     with pytest.raises(ValueError, match=r"^--api-key \(or OPENAI_API_KEY\) must be printable"):
         EndpointFlags(endpoint="http://127.0.0.1:9", api_key="sk-x ")
+@pytest.mark.parametrize(("flags", "utilization", "tp"), [
+    ([], 0.92, 1), (["--gpu-memory-utilization", "0.5", "-tp", "2"], 0.5, 2)])
+def test_serve_simulate_sizes_its_pool_as_rt_simulate(
+        monkeypatch: pytest.MonkeyPatch, flags: list[str], utilization: float, tp: int) -> None:
+    """badinput23b: `rt serve --simulate --gpu-memory-utilization 0.5` sized the pool at
+    0.92 (the flag was the real engine's), and it had no -tp though docs/serve.md says it
+    takes `rt simulate`'s engine flags. The server is not started here."""
+    from backends.serve import api_server
+
+    started = []
+    monkeypatch.setattr(api_server, "run_server", lambda config, sock, *_: (
+        sock.close(), started.append(config)))
+    with _deadline(60):
+        result = CliRunner().invoke(cli.app, ["serve", "--simulate", "--port", "0", *flags])
+    assert result.exit_code == 0, (result.exception, result.output)
+    args = started[0].factory_kwargs["engine_args"]
+    assert (args.gpu_memory_utilization, args.tensor_parallel_size) == (utilization, tp)
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--simulate", "--device", "cuda"], "--device 'cuda' is the real engine's: not with "
+     "--simulate"),
+    (["--gpu", "a100-80gb"], "--gpu 'a100-80gb' is the simulated engine's: it needs "
+     "--simulate"),
+    (["-tp", "2"], "--tensor-parallel-size 2 needs --simulate (the real engine runs on one "
+     "device)")])
+def test_serve_refuses_the_other_engines_flags(args: list[str], line: str) -> None:
+    """badinput23b: each was ignored (the engine that ran takes no such flag)."""
+    assert _one_line(["serve", "--port", "0", *args]) == f"rt: error: {line}"
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["calibrate", "-o", "{o}", "--from-steps", "{run}", "--quick"],
+     "--quick does not apply with --from-steps (no model runs here)"),
+    (["calibrate", "-o", "{o}", "--from-steps", "{run}", "--time-limit", "5"],
+     "--time-limit 5.0 does not apply with --from-steps (no model runs here)"),
+    (["calibrate", "-o", "{o}", "--from-steps", "{run}", "--max-num-seqs", "8"],
+     "--max-num-seqs 8 does not apply with --from-steps (no model runs here)"),
+    (["calibrate", "-o", "{o}", "--from-steps", "{run}", "--device", "cuda"],
+     "--device 'cuda' does not apply with --from-steps (no model runs here)"),
+    (["fidelity", "{t}", "--fleet", "--device", "cuda", "--result-dir", "{o}"],
+     "--device 'cuda' does not apply with --fleet (rt serve --simulate replicas)"),
+    (["fidelity", "{t}", "--endpoint", "http://127.0.0.1:9", "--random-weights",
+      "--result-dir", "{o}"],
+     "--random-weights does not apply with --endpoint (the server runs the model)"),
+    (["replay", "{t}", "--endpoint", "http://127.0.0.1:9", "--device", "cuda",
+      "--result-dir", "{o}"],
+     "--device 'cuda' does not apply with --endpoint (the server runs the model)")])
+def test_a_flag_of_another_mode_is_refused_naming_both(
+        files: dict[str, Path], tmp_path: Path, args: list[str], line: str) -> None:
+    """badinput23b: each flag was ignored in that mode (the fit, the fleet's replicas or the
+    server ran as if it were not given)."""
+    out = tmp_path / "out"
+    got = _one_line([a.format(o=out, run=files["run"], t=files["trace"]) for a in args])
+    assert got == f"rt: error: {line}"
+    assert not out.exists()

@@ -101,3 +101,12 @@ def test_a_help_paragraph_is_wrapped_by_the_terminal_not_by_the_source() -> None
 def test_square_brackets_in_help_are_printed_not_read_as_markup(args: tuple[str, ...],
                                                                  text: str) -> None:
     assert text in _line_with(_rendered(*args), text.split(" [")[0].split(" '")[0])
+
+
+def test_fleet_up_says_what_its_replicas_and_model_are() -> None:
+    """badinput23b: --replicas said "(1: the single-engine simulator)", wrong for `rt fleet
+    up` (one `rt serve` behind `rt route`), and --model, the replicas', sat in the Router
+    panel."""
+    params = {p["opts"][0]: p for p in _surface(COMMANDS["fleet up"])["params"]}
+    assert "single-engine simulator" not in params["--replicas"]["help"].split("rt simulate")[0]
+    assert params["--model"]["panel"] == params["--simulate"]["panel"] == "Server"

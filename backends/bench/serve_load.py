@@ -34,7 +34,7 @@ from backends.bench.lean_replay import capture_run, replay_lean
 from backends.bench.process_cpu import cpu_seconds, renice, spent
 from backends.heap import frozen_heap
 from backends.replay.endpoint import EndpointResult, replay_endpoint
-from backends.replay.endpoint_probe import EndpointConfig, EndpointInfo, probe
+from backends.replay.endpoint_probe import EndpointConfig, EndpointInfo, own_get, probe
 from runtime.records import RequestRecord
 from workloads import Trace
 
@@ -125,7 +125,7 @@ class ServerProcess:
         """The server's /metrics samples summed over labels (histogram buckets left out)."""
         from prometheus_client.parser import text_string_to_metric_families
 
-        text = httpx.get(f"{self.url}/metrics", timeout=10.0).text
+        text = own_get(f"{self.url}/metrics").text
         values: dict[str, float] = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -134,7 +134,7 @@ class ServerProcess:
         return values
 
     def engine_pid(self) -> int:
-        return int(httpx.get(f"{self.url}/health", timeout=10.0).headers["x-engine-pid"])
+        return int(own_get(f"{self.url}/health").headers["x-engine-pid"])
 
     def log_tail(self, chars: int = 2000) -> str:
         return Path(self.log.name).read_text(errors="replace")[-chars:]

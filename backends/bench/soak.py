@@ -22,9 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from backends.bench.sse_client import Connection, Streamed, run_client
+from backends.replay.endpoint_probe import own_get
 
 MAX_SOAK_S = 24 * 3600.0
 
@@ -175,7 +174,7 @@ def _kv_after(url: str, timeout_s: float = 10.0) -> dict[str, Any]:
 
     deadline = time.monotonic() + timeout_s
     while True:
-        text = httpx.get(f"{url}/metrics", timeout=10.0).text
+        text = own_get(f"{url}/metrics").text
         values, blocks = {}, 0
         for family in text_string_to_metric_families(text):
             for sample in family.samples:

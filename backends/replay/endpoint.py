@@ -57,7 +57,12 @@ from typing import Any
 
 import httpx
 
-from backends.replay.endpoint_probe import EndpointConfig, EndpointInfo, describe_error
+from backends.replay.endpoint_probe import (
+    EndpointConfig,
+    EndpointInfo,
+    describe_error,
+    redacted,
+)
 from backends.route.flags import REPLICA_HEADER
 from runtime.records import PART_COLUMNS, RequestRecord
 from workloads import Trace, TraceRequest, prompt_token_ids
@@ -365,7 +370,8 @@ def run_info(result: EndpointResult, config: EndpointConfig, info: EndpointInfo
             "unknown": "server-side times are NaN: queued_s, engine_queued_s, "
                        "first_scheduled_s and the attribution parts",
         },
-        "endpoint": {"url": info.completions_url, "max_concurrency": config.max_concurrency,
+        "endpoint": {"url": redacted(info.completions_url),
+                     "max_concurrency": config.max_concurrency,
                      "timeout_s": config.timeout_s, "vocab_size": config.vocab_size,
                      "max_model_len": info.max_model_len,
                      "cache_config": dict(info.cache_config)},  # as its /metrics exported

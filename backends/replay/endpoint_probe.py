@@ -66,17 +66,30 @@ class EndpointInfo:
     cache_config: dict[str, int | bool] = field(default_factory=dict)
 
 
+# A URL's user:password@ (greedy to a word's last "@": a password may hold "/" or "@")
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^\s'\"]*@")
+
+
+def redacted(text: str) -> str:
+    """`text` (a URL, or a line holding URLs) with each URL's credentials shown as `***`:
+    what every line or record that shows an endpoint's URL prints. The request itself
+    still sends them (HTTP basic auth)."""
+    return _USERINFO.sub(r"\1***@", text)
+
+
 def completions_url(url: str) -> str:
     """`/v1/completions` under `url` (a server root, its `/v1`, or the completions URL
     itself); EndpointError unless it is an http(s) URL with a host."""
+    shown = redacted(url)
     try:
         parsed = httpx.URL(url)
-    except (httpx.InvalidURL, TypeError) as exc:
-        raise EndpointError(f"--endpoint {url!r}: not a URL ({exc})") from None
+    except (httpx.InvalidURL, TypeError) as exc:  # its text may quote the password
+        detail = f" ({exc})" if shown == url else ""
+        raise EndpointError(f"--endpoint {shown!r}: not a URL{detail}") from None
     if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise EndpointError(f"--endpoint {url!r}: expected http(s)://HOST[:PORT][/v1]")
+        raise EndpointError(f"--endpoint {shown!r}: expected http(s)://HOST[:PORT][/v1]")
     if parsed.port is not None and not 1 <= parsed.port <= 65535:
-        raise EndpointError(f"--endpoint {url!r}: port {parsed.port} is not in [1, 65535]")
+        raise EndpointError(f"--endpoint {shown!r}: port {parsed.port} is not in [1, 65535]")
     path = parsed.path.rstrip("/")
     if not path.endswith("/completions"):
         path += "/completions" if path.endswith("/v1") else "/v1/completions"
@@ -100,8 +113,21 @@ def bounded_get(url: str, headers: dict[str, str], timeout_s: float) -> httpx.Re
                 raise httpx.ReadTimeout(f"no complete answer in {timeout_s:g} s")
             if len(body) > MAX_PROBE_BYTES:
                 raise httpx.ReadError(f"an answer past {MAX_PROBE_BYTES >> 20} MB")
-    return httpx.Response(response.status_code, content=bytes(body),
-                          headers={"content-type": response.headers.get("content-type", "")})
+    kept = {k: v for k, v in response.headers.items()  # the body is decoded and whole
+            if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")}
+    return httpx.Response(response.status_code, content=bytes(body), headers=kept,
+                          request=response.request)  # (raise_for_status needs it)
+
+
+# A GET of one of rt's own servers (a replica's or the router's /metrics, /health), in all (s)
+OWN_SERVER_TIMEOUT_S = 10.0
+
+
+def own_get(url: str) -> httpx.Response:
+    """GET a page of one of rt's own servers (`rt serve` replicas, `rt route`): its whole
+    answer within `OWN_SERVER_TIMEOUT_S` (`bounded_get`; a replica stuck mid-answer once
+    held fleet fidelity, `rt bench serve` and the soak forever)."""
+    return bounded_get(url, {}, OWN_SERVER_TIMEOUT_S)
 
 
 def models_url(completions: str) -> str:
@@ -117,17 +143,17 @@ def probe(config: EndpointConfig) -> EndpointInfo:
     try:
         response = bounded_get(models_url(url), config.headers, min(config.timeout_s, 30.0))
     except httpx.HTTPError as exc:
-        raise EndpointError(f"cannot reach {url}: {describe_error(exc)}") from None
+        raise EndpointError(f"cannot reach {redacted(url)}: {describe_error(exc)}") from None
     models = _listed_models(response)
     if config.model is None:
         if not models:
-            raise EndpointError(f"{models_url(url)} lists no model (HTTP "
+            raise EndpointError(f"{redacted(models_url(url))} lists no model (HTTP "
                                 f"{response.status_code}); give --served-model-name")
         name = next(iter(models))
     else:
         name = config.model
         if models and name not in models:
-            raise EndpointError(f"{url} does not serve model {name!r} (it serves "
+            raise EndpointError(f"{redacted(url)} does not serve model {name!r} (it serves "
                                 f"{', '.join(models)})")
     max_len = models.get(name)
     return EndpointInfo(url, name, max_len if isinstance(max_len, int) else None,
@@ -189,5 +215,5 @@ def _listed_models(response: httpx.Response) -> dict[str, object]:
 
 def describe_error(exc: BaseException) -> str:
     """A transport error in one line: its type, and its message when it has one."""
-    text = str(exc).strip()
+    text = redacted(str(exc).strip())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.replay.endpoint import EndpointResult, Progress, replay_endpoint, run_info
-from backends.replay.endpoint_probe import EndpointConfig, EndpointInfo, probe
+from backends.replay.endpoint_probe import EndpointConfig, EndpointInfo, probe, redacted
 from backends.replay.run_output import INTERRUPTED, RunOutput
 from workloads import Trace, check_max_model_len, trace_info
 
@@ -81,7 +81,8 @@ def run_endpoint(trace: Trace, settings: Mapping[str, Any], path: Path,
     directory `path`, show vLLM's block when a request was answered, then the messages;
     exit 1 when every request failed, 130 on Ctrl-C."""
     config, info = connect(trace, settings)
-    out.say(f"note: endpoint {info.completions_url}, model {info.model}, client-side timing")
+    out.say(f"note: endpoint {redacted(info.completions_url)}, model {info.model}, "
+            "client-side timing")
     with out.progress("replaying", len(trace)) as update:
         run = EndpointRun.replay(trace, config, info, update)
     out.write(path, "endpoint", trace_info(trace), run.rows(), run.run_json())

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 from backends.bench.flags import MAX_STREAMS
+from backends.serve.flags import SERVER_PANEL
 from runtime.flags import check_bounds, flag
 
 ROUTE_PANEL = "Router"
@@ -97,4 +98,4 @@ class FleetModelFlags:
     """`rt fleet up --model`: its replicas' `rt serve --model`."""
 
     model: str | None = flag(None, "--model", "As rt serve's --model (with --simulate, the "
-                             "simulated model).", ROUTE_PANEL, alias="--sim-model")
+                             "simulated model).", SERVER_PANEL, alias="--sim-model")

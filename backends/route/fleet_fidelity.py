@@ -47,7 +47,7 @@ import httpx
 from backends.bench.serve_load import free_port
 from backends.heap import frozen_heap
 from backends.replay.endpoint import EndpointResult, replay_endpoint, run_info
-from backends.replay.endpoint_probe import EndpointConfig, EndpointError, probe
+from backends.replay.endpoint_probe import EndpointConfig, EndpointError, own_get, probe
 from backends.replay.run_output import INTERRUPTED, RunOutput
 from backends.route.fleet import (
     Replica,
@@ -195,7 +195,7 @@ def _server_totals(backends: list[str], failed: list[str]) -> ServerTotals:
     texts = []
     for url in backends:
         try:
-            texts.append(httpx.get(f"{url}/metrics", timeout=10.0).text)
+            texts.append(own_get(f"{url}/metrics").text)
         except httpx.HTTPError as err:
             failed.append(f"{url}/metrics: {err}")
             return _UNREAD
@@ -215,7 +215,7 @@ def _router_overheads(url: str, backends: list[str]) -> tuple[RouterOverheads, s
     """The router's overheads from its /metrics, and None; when they cannot be read or
     parsed, every figure NaN and the failure (naming the URL)."""
     try:
-        response = httpx.get(f"{url}/metrics", timeout=10.0)
+        response = own_get(f"{url}/metrics")
         response.raise_for_status()
         return parse_router_metrics(response.text, backends), None
     except (httpx.HTTPError, ValueError) as err:

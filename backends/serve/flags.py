@@ -14,7 +14,8 @@ UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace") 
 SERVE_HELP = """\
 Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /tokenize,
 /health, /metrics) from an engine-core process: a real model, or with --simulate the
-cost model on the wall clock. SIGTERM/Ctrl-C drains, then exits.
+cost model on the wall clock. SIGTERM/Ctrl-C drains, then exits. --gpu-memory-utilization:
+default 0.92 with --simulate (`rt simulate`'s), else 0.9 (vLLM's); -tp needs --simulate.
 """
 
 

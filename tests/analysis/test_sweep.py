@@ -104,7 +104,11 @@ def test_sweep_plots_and_bad_input(tmp_path: Path) -> None:
                            (["--find-max-rate", "--slo", "p99_ttft_ms=5", "--time-scale",
                              "0.5,1"],
                             "--time-scale '0.5,1' does not combine with --find-max-rate"),
-                           (["--max-num-batched-tokens", "x"], "--max-num-batched-tokens")):
+                           (["--max-num-batched-tokens", "x"], "--max-num-batched-tokens"),
+                           # badinput23b: once each point run twice
+                           (["--request-rate", "1,1,2"], "--request-rate: '1' given twice"),
+                           (["--max-num-seqs", "8,16,8"], "--max-num-seqs: '8' given twice"),
+                           (["--gpu", "h200,a100-80gb,h200"], "--gpu: 'h200' given twice")):
         result = runner.invoke(app, [*SMALL, *extra, "--result-dir", str(tmp_path / "e")])
         assert result.exit_code == 2, (extra, result.stderr)
         assert result.stderr.startswith("rt: error: ") and message in result.stderr

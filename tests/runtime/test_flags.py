@@ -79,6 +79,9 @@ def test_comma_list_errors_name_the_option() -> None:
         comma_list("--max-num-seqs", "8,a", int)
     with pytest.raises(ValueError, match="--x: empty list"):
         comma_list("--x", " , ", int)
+    with pytest.raises(ValueError, match=r"^--x: '2.0' given twice \(each value is run "
+                       r"once\)$"):
+        comma_list("--x", "1, 2, 2.0", float)  # badinput23b: once run twice
 
 
 def test_every_engine_flag_is_declared_with_vllms_name() -> None:

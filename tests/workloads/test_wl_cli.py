@@ -59,8 +59,8 @@ def test_inspect_with_transforms_reports_clipping() -> None:
 
 def test_convert_to_rt_round_trips(tmp_path: Path) -> None:
     src = FIXTURES / "mooncake_conversation_first300.jsonl"
-    code, out, _ = rt("convert", src, tmp_path / "m.jsonl")
-    assert code == 0 and out == f"wrote 300 requests to {tmp_path / 'm.jsonl'} (rt)\n"
+    code, out, err = rt("convert", src, tmp_path / "m.jsonl")  # as every command's "wrote"
+    assert (code, out, err) == (0, "", f"rt: wrote 300 requests to {tmp_path / 'm.jsonl'} (rt)\n")
     assert read_rt_jsonl(tmp_path / "m.jsonl") == load_trace(src).trace
     _, direct, _ = rt("inspect", src, "--json")
     _, again, _ = rt("inspect", tmp_path / "m.jsonl", "--json")
@@ -87,12 +87,13 @@ def test_convert_length_file_with_an_arrival_process(tmp_path: Path) -> None:
 
 
 def test_gen_random_matches_vllm_arrivals(tmp_path: Path) -> None:
-    code, out, _ = rt("gen", "-o", tmp_path / "g.jsonl", "--num-prompts", "100",
+    code, out, err = rt("gen", "-o", tmp_path / "g.jsonl", "--num-prompts", "100",
                       "--request-rate", "8", "--burstiness", "0.5", "--seed", "7",
                       "--random-input-len", "200", "--random-output-len", "20",
                       "--random-range-ratio", "0.1", "--random-prefix-len", "32")
     trace = read_rt_jsonl(tmp_path / "g.jsonl")
-    assert code == 0 and len(trace) == 100 and "wrote 100 requests" in out
+    assert code == 0 and len(trace) == 100 and out == ""
+    assert err == f"rt: wrote 100 requests to {tmp_path / 'g.jsonl'} (random)\n"
     assert [r.arrival_s for r in trace] == vllm_arrival_times(100, 8.0, 0.5, 7).tolist()
     # vLLM's bounds: ceil(200 * 1.1) = ceil(220.00000000000003) = 221 for inputs
     assert {r.prompt_len for r in trace} <= set(range(32 + 180, 32 + 222))

@@ -71,3 +71,25 @@ def test_a_server_that_drips_its_answer_is_bounded_by_the_timeout() -> None:
     with server, pytest.raises(EndpointError, match="no complete answer in 1 s"):
         probe(EndpointConfig(f"http://127.0.0.1:{server.getsockname()[1]}", timeout_s=1.0))
     assert time.monotonic() - start < 3
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("http://user:s3cret@127.0.0.1:9", "cannot reach http://***@127.0.0.1:9/v1/completions"),
+    ("http://user:s3cret@h:99999", "--endpoint 'http://***@h:99999': port 99999"),
+    ("ftp://user:s3cret@h", "--endpoint 'ftp://***@h': expected http(s)"),
+    ("http://u:s3/c@ret@h:x", "--endpoint 'http://***@h:x': not a URL")])
+def test_credentials_in_the_url_are_never_shown(url: str, shown: str) -> None:
+    """badinput23b: `--endpoint http://user:pass@host` echoed the password in every error
+    line (the request still sends them, as HTTP basic auth)."""
+    from backends.replay.endpoint_probe import EndpointConfig, EndpointError, probe
+
+    with pytest.raises(EndpointError) as err:
+        probe(EndpointConfig(url, timeout_s=5.0))
+    assert shown in str(err.value) and "s3" not in str(err.value), str(err.value)
+
+
+def test_an_endpoint_runs_label_shows_no_credentials() -> None:
+    from analysis.compare import kind_label
+
+    assert kind_label({"kind": "endpoint", "endpoint": {"url": "http://u:s3cret@h:80/v1"}}) \
+        == "endpoint h:80"

@@ -148,7 +148,7 @@ def test_a_replica_down_does_not_lose_the_replay(monkeypatch: pytest.MonkeyPatch
     result = SimpleNamespace(requests=[], errors={}, wall_s=1.0)
     scrapes: list[str] = []
 
-    def get(url: str, timeout: float) -> httpx.Response:
+    def get(url: str) -> httpx.Response:
         scrapes.append(url)
         if url.startswith("http://r2") and len(scrapes) > 2:  # r2 died during the replay
             raise httpx.ConnectError("[Errno 111] Connection refused")
@@ -162,16 +162,16 @@ def test_a_replica_down_does_not_lose_the_replay(monkeypatch: pytest.MonkeyPatch
 
 
 def _replay_once_with(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, router: Any,
-                      result: Any, get: Callable[[str, float], httpx.Response]) -> Any:
+                      result: Any, get: Callable[[str], httpx.Response]) -> Any:
     """`_replay_once` on two replicas with the fleet's processes, the replay and the
-    scrapes (`httpx.get`) replaced: `router` yields the router's URL, `result` is the replay."""
+    scrapes (`own_get`) replaced: `router` yields the router's URL, `result` is the replay."""
     from backends.route import fleet_fidelity as ff
 
     monkeypatch.setattr(ff, "running_router", router)
     monkeypatch.setattr(ff, "probe", lambda config: None)
     monkeypatch.setattr(ff, "replay_endpoint", lambda *a: result)
     monkeypatch.setattr(ff, "run_info", lambda *a: {"wall_s": 1.0})
-    monkeypatch.setattr(ff.httpx, "get", get)
+    monkeypatch.setattr(ff, "own_get", get)  # its GETs of the fleet
     plan = ff.FleetFidelityPlan(("serve",), ("route",), (1, 2, 3), {"seed": 0})
     return ff._replay_once(plan, Trace((), "t"), ["http://r1", "http://r2"], tmp_path, 0, None)
 
@@ -189,7 +189,7 @@ def test_a_router_whose_metrics_cannot_be_read_does_not_end_the_run(
 
     result = SimpleNamespace(requests=[], errors={}, wall_s=1.0)
 
-    def get(url: str, timeout: float) -> httpx.Response:
+    def get(url: str) -> httpx.Response:
         request = httpx.Request("GET", url)
         if url.startswith("http://router") and failure == "refused":
             raise httpx.ConnectError("[Errno 111] Connection refused")
