@@ -286,6 +286,8 @@ def test_an_ambient_api_key_is_checked_only_where_it_would_be_sent() -> None:
     assert EndpointFlags(api_key="sk-x ").api_key == "sk-x "
     with pytest.raises(ValueError, match=r"^--api-key \(or OPENAI_API_KEY\) must be printable"):
         EndpointFlags(endpoint="http://127.0.0.1:9", api_key="sk-x ")
+
+
 @pytest.mark.parametrize(("flags", "utilization", "tp"), [
     ([], 0.92, 1), (["--gpu-memory-utilization", "0.5", "-tp", "2"], 0.5, 2)])
 def test_serve_simulate_sizes_its_pool_as_rt_simulate(
