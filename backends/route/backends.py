@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from backends.replay.endpoint_probe import bounded_get
+from backends.replay.endpoint_probe import bounded_get, redacted
 from runtime.router import ReplicaSnapshot, RouterPolicy
 
 RUNNING, WAITING, KV_USAGE = ("vllm:num_requests_running", "vllm:num_requests_waiting",
@@ -164,7 +164,10 @@ def normalize_url(url: str) -> str:
     if base.endswith("/v1"):
         base = base[:-3]
     if not base.startswith(("http://", "https://")):
-        raise ValueError(f"--backend {url!r}: not an http:// or https:// URL")
+        raise ValueError(f"--backend {redacted(url)!r}: not an http:// or https:// URL")
+    if "@" in base.split("/", 3)[2]:  # user:password@host: the relay would not send them
+        raise ValueError(f"--backend {redacted(url)!r}: credentials in a backend URL are "
+                         "not sent (the router forwards each client's Authorization)")
     return base
 
 

@@ -69,6 +69,18 @@ def test_urls_lose_the_v1_suffix_and_must_be_http() -> None:
     assert normalize_url("http://h:1/v1/") == "http://h:1"
     with pytest.raises(ValueError, match="not an http"):
         normalize_url("h:1")
+    assert normalize_url("http://h:1/a@b") == "http://h:1/a@b"  # an @ in the path only
+
+
+def test_a_backend_url_with_credentials_is_refused_unshown() -> None:
+    """They would not be sent (the relay forwards the client's Authorization), and the
+    refusal does not print them."""
+    for url, shown in (("http://u:pw@h:1/v1", "http://***@h:1/v1"),
+                       ("https://tok@h", "https://***@h")):
+        with pytest.raises(ValueError) as err:
+            normalize_url(url)
+        assert str(err.value) == (f"--backend {shown!r}: credentials in a backend URL are not "
+                                  "sent (the router forwards each client's Authorization)")
 
 
 def test_reason_labels_drop_numbers_and_tie_notes() -> None:
