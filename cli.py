@@ -821,6 +821,7 @@ def fleet_up(
     server: Annotated[ServeFlags, _FLEET_SERVER],
     sim: Annotated[SimFlags, _FLEET_SIM],
     engine: Annotated[EngineFlags, Flags()],
+    sizing: Annotated[EngineArgs, _SERVE_SIZING],
     route: Annotated[RouteFlags, Flags(exclude=("backend",))],
     seed: _Seed = 0,
 ) -> None:
@@ -834,10 +835,13 @@ def fleet_up(
 
     with user_errors():  # a bad policy or argument: one line before anything starts
         make_policy(policy.router, policy.router_arg or [], seed)
+        if not server.simulate and (tp := given_options(sizing, ("tensor_parallel_size",))):
+            raise ValueError(f"{tp[0]} needs --simulate (a real engine runs on one device)")
     key = None if server.api_key is None else {**os.environ, "VLLM_API_KEY": server.api_key}
     with user_errors():  # more replicas than this machine holds: one line, nothing started
         plan = FleetPlan.of(RT, seed, [(server, _FLEET_SERVER_ARGV), (sim, _FLEET_SIM),
-                                       (engine, None), (model, None)], policy.replicas,
+                                       (engine, None), (sizing, _SERVE_SIZING),
+                                       (model, None)], policy.replicas,
                             route.shutdown_timeout, env=key)  # the key: not on a command line
     with _router_socket(route) as sock, user_errors(RuntimeError, only=True):
         run_fleet(plan, functools.partial(route_until_stopped, policy=policy, route=route,

@@ -281,3 +281,28 @@ def test_fleet_up_gives_the_key_to_the_router_and_each_replica_by_environment() 
         assert not [line for line in _command_lines() if FLEET_KEY.encode() in line]
     finally:
         assert fleet.stop() == 0, fleet.text("err")
+
+
+def test_fleet_up_passes_the_simulated_engines_sizing_to_each_replica(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rt fleet up --simulate --gpu-memory-utilization 0.5 -tp 2`: each replica's `rt serve`
+    gets both (they were no options of fleet up); -tp without --simulate is refused."""
+    from typer.testing import CliRunner
+
+    import cli
+    from backends.route import fleet
+
+    plans: list[fleet.FleetPlan] = []
+    monkeypatch.setattr(fleet, "run_fleet", lambda plan, *_: plans.append(plan))
+    runner = CliRunner()
+    result = runner.invoke(cli.app, ["fleet", "up", "--simulate", "--replicas", "1", "--port",
+                                     "0", "--gpu-memory-utilization", "0.5", "-tp", "2"])
+    assert result.exit_code == 0, result.output
+    command = plans[0].serve_command
+    assert command[command.index("--gpu-memory-utilization") + 1] == "0.5"
+    assert command[command.index("--tensor-parallel-size") + 1] == "2"
+    refused = runner.invoke(cli.app, ["fleet", "up", "--replicas", "1", "--port", "0",
+                                      "-tp", "2"])
+    assert refused.exit_code == 2 and len(plans) == 1
+    assert refused.stderr == "rt: error: --tensor-parallel-size 2 needs --simulate (a real " \
+        "engine runs on one device)\n"
