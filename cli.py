@@ -464,8 +464,10 @@ def replay(
     from analysis.rundir import check_run_path
 
     with user_errors():
-        if client.endpoint is not None:
-            not_with(given_options(real), "--endpoint (the server runs the model)")
+        if client.endpoint is not None:  # the server's engine flags are its own
+            not_with(given_options(real) + given_options(engine)
+                     + (["--check-invariants"] if check_invariants else []),
+                     "--endpoint (the server runs the model)")
         percentiles = list(report.options().percentiles)
         out = checked_dir(result_dir, "endpoint" if client.endpoint is not None else "replay",
                           check_run_path)

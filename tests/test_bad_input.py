@@ -335,7 +335,13 @@ def test_serve_refuses_the_other_engines_flags(args: list[str], line: str) -> No
      "--random-weights does not apply with --endpoint (the server runs the model)"),
     (["replay", "{t}", "--endpoint", "http://127.0.0.1:9", "--device", "cuda",
       "--result-dir", "{o}"],
-     "--device 'cuda' does not apply with --endpoint (the server runs the model)")])
+     "--device 'cuda' does not apply with --endpoint (the server runs the model)"),
+    (["replay", "{t}", "--endpoint", "http://127.0.0.1:9", "--max-num-seqs", "8",
+      "--result-dir", "{o}"],
+     "--max-num-seqs 8 does not apply with --endpoint (the server runs the model)"),
+    (["replay", "{t}", "--endpoint", "http://127.0.0.1:9", "--check-invariants",
+      "--result-dir", "{o}"],
+     "--check-invariants does not apply with --endpoint (the server runs the model)")])
 def test_a_flag_of_another_mode_is_refused_naming_both(
         files: dict[str, Path], tmp_path: Path, args: list[str], line: str) -> None:
     """badinput23b: each flag was ignored in that mode (the fit, the fleet's replicas or the
