@@ -135,38 +135,13 @@ def test_a_backend_that_drips_its_answer_is_one_line_within_the_timeout() -> Non
     """`rt route --backend URL` where URL sent its headers, then a byte of body every 0.2 s,
     never started nor said a word (the start-up check's read timeout restarted on each
     byte; badinput23)."""
-    import contextlib
-    import socket
-    import threading
-
     from backends.route.backends import check_backends
+    from tests.backends.drip_server import dripping_server
 
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-
-    stop = threading.Event()
-
-    def drip() -> None:  # a byte every 0.2 s for up to 20 s, or until the test is done
-        with contextlib.suppress(OSError):
-            conn, _ = server.accept()
-            with conn:
-                conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-                for _ in range(100):
-                    if stop.wait(0.2):
-                        return
-                    conn.sendall(b"1\r\n \r\n")
-
-    dripper = threading.Thread(target=drip, daemon=True)
-    dripper.start()
-    url = f"http://127.0.0.1:{server.getsockname()[1]}"
     # only the total limit's message: a per-read limit would wait out the 20 s drip and end
     # on the closed connection instead (no timed assertion needed)
-    try:
-        with server, pytest.raises(ValueError, match=f"^backend {url} is unreachable: no "
-                                   "complete answer in 1 s$"):
-            check_backends([url], make_policy("round-robin", []), timeout_s=1.0)
-    finally:
-        stop.set()
-        dripper.join(5)
+    with dripping_server(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                         b"1\r\n \r\n", 0.2) as url, \
+            pytest.raises(ValueError, match=f"^backend {url} is unreachable: no "
+                          "complete answer in 1 s$"):
+        check_backends([url], make_policy("round-robin", []), timeout_s=1.0)
