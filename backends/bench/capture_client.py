@@ -211,7 +211,8 @@ def stamping_held(wait_s: float = 0.5) -> Iterator[bool]:
             while True:
                 writer.sendall(b"x")
                 _, ancillary, _, _ = reader.recvmsg(1, _ANCILLARY_BYTES)
-                if (stamped := _stamp(ancillary) is not None) or time.monotonic() > deadline:
+                stamped = _stamp(ancillary) is not None
+                if stamped or time.monotonic() > deadline:
                     break
                 time.sleep(0.005)
             yield stamped

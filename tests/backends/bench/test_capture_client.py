@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from backends.bench.capture_client import (
+    _ANCILLARY_BYTES,
     CaptureConnection,
     Captured,
     _stamp,
@@ -360,5 +361,5 @@ def test_stamping_held_has_the_kernel_stamp_a_fresh_sockets_first_read() -> None
                 peer, _ = listener.accept()
                 with peer:
                     peer.sendall(b"x")
-                    _, ancillary, _, _ = client.recvmsg(1, socket.CMSG_SPACE(16))
+                    _, ancillary, _, _ = client.recvmsg(1, _ANCILLARY_BYTES)
             assert _stamp(ancillary) is not None
