@@ -102,7 +102,7 @@ class Request:
         "num_preemptions", "num_cached_tokens", "block_hashes", "_prompt", "_outputs",
         "_block_hasher", "_hash_block_size", "max_tokens", "num_prompt_tokens", "num_tokens",
         "eos_token_id", "stop_token_ids", "stop_length", "num_external_computed_tokens",
-        "block_key", "own_from", "block_pieces",
+        "block_key", "own_from", "block_pieces", "arrival_order",
     )
 
     def __init__(
@@ -123,6 +123,9 @@ class Request:
         self.prompt_token_ids = prompt_token_ids  # the caller's sequence, not copied
         self.sampling_params = sampling_params
         self.arrival_time = arrival_time  # seconds, on the driver's clock
+        # Its rank among the scheduler's requests by `add_request`: breaks ties of
+        # `arrival_time`, which a real server never has (it stamps each request as received).
+        self.arrival_order = 0
         self.priority = priority
         self.cache_salt = cache_salt
         self.lora_name = lora_name

@@ -1,4 +1,4 @@
-"""The waiting queue: FCFS (a deque) or priority (a heap on priority, arrival, id)."""
+"""The waiting queue: FCFS (a deque) or priority (a heap on priority, arrival, add order)."""
 
 from __future__ import annotations
 
@@ -62,14 +62,16 @@ class FCFSQueue:
 
 
 class PriorityQueue:
-    """Lower `priority` first, then earlier `arrival_time`, then `request_id` (vLLM's order).
-    A preempted request is not favoured: it re-enters at its original key."""
+    """Lower `priority` first, then earlier `arrival_time` (vLLM's order), then the earlier
+    added (`Request.arrival_order`: vLLM's server stamps arrivals as it receives them, so
+    its times never tie; vLLM's scheduler would compare request ids next). A preempted
+    request is not favoured: it re-enters at its original key."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, float, str, Request]] = []
+        self._heap: list[tuple[int, float, int, Request]] = []
 
     def add(self, request: Request) -> None:
-        key = (request.priority, request.arrival_time, request.request_id, request)
+        key = (request.priority, request.arrival_time, request.arrival_order, request)
         heapq.heappush(self._heap, key)
 
     def prepend(self, request: Request) -> None:

@@ -114,6 +114,7 @@ class Scheduler:
         self.finished_req_ids: list[str] = []  # since the previous schedule()
         self._preempted_outside_step: list[str] = []
         self.prefix_cache_stats = PrefixCacheStats()
+        self._num_added = 0  # requests added so far: the next one's `arrival_order`
 
     # ---- requests in and out ---------------------------------------------------------------
 
@@ -123,6 +124,8 @@ class Scheduler:
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} was already added")
         self.requests[request.request_id] = request
+        request.arrival_order = self._num_added
+        self._num_added += 1
         reason = self._why_never_fits(request)
         if reason is not None:
             request.status = RequestStatus.FINISHED_IGNORED
@@ -318,16 +321,17 @@ class Scheduler:
     def _preempt_victim(self, step: _Step) -> tuple[Request, int]:
         """Preempt one running request; return it and the index it had in `running`.
 
-        FCFS takes the newest; priority the worst (highest priority value, latest arrival,
-        largest id), undoing any tokens it was given earlier in this step.
+        FCFS takes the newest; priority the worst (highest priority value, latest arrival),
+        undoing any tokens it was given earlier in this step.
         """
         running = self.running
         if self.scheduler_config.policy == "priority":
-            # vLLM's key is (priority, arrival_time); ties then fall to running-list order
-            # and two tied requests can preempt each other forever. rt breaks ties by
-            # request id, the waiting queue's own total order, so the best running request
-            # is never a victim of another and always progresses.
-            victim = max(running, key=lambda r: (r.priority, r.arrival_time, r.request_id))
+            # vLLM's key is (priority, arrival_time), its server's arrival stamps never tie.
+            # A trace's times can: rt breaks their ties by the order the requests were
+            # added, as a server receiving them in that order would stamp them (and as
+            # the waiting queue orders them), so two tied requests never preempt each
+            # other forever, as they would by running-list order.
+            victim = max(running, key=lambda r: (r.priority, r.arrival_time, r.arrival_order))
             index = running.index(victim)
             del running[index]
         else:

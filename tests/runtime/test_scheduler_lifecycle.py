@@ -273,7 +273,8 @@ def test_token_ids_join_prompt_and_outputs_leaving_the_prompt_as_given() -> None
 def test_tied_priority_requests_do_not_preempt_each_other_forever() -> None:
     # Found by the property test: equal priority and arrival time, a pool too small for both
     # at full length, first chunks admitted without the full-sequence gate. With vLLM's
-    # victim key the two preempt each other forever; rt's tie-break by id lets r0 finish.
+    # victim key the two preempt each other forever (confirmed with vLLM's own scheduler);
+    # rt's tie-break by add order lets r0 finish.
     s = make_scheduler(block_size=2, num_blocks=8, enable_prefix_caching=False,
                        max_num_batched_tokens=11, max_num_seqs=2, max_model_len=11,
                        enable_chunked_prefill=False, long_prefill_token_threshold=3,
@@ -286,3 +287,25 @@ def test_tied_priority_requests_do_not_preempt_each_other_forever() -> None:
         steps += 1
         assert steps < 200, "livelock"
     assert [s.requests[r].num_output_tokens for r in ("r0", "r1", "r2")] == [10, 1, 10]
+
+
+def test_arrival_ties_are_broken_by_add_order_in_the_queue() -> None:
+    # A server stamps requests as it receives them: r9, added first, arrived first. Request
+    # ids would order them the other way ("r10" < "r9").
+    s = make_scheduler(max_num_seqs=1, policy="priority")
+    for req_id in ("r9", "r10"):
+        s.add_request(make_request(req_id, 3, 2, arrival_time=5.0))
+    assert [r.request_id for r in s.waiting] == ["r9", "r10"]
+    assert list(step(s).tokens) == ["r9"]
+
+
+def test_arrival_ties_are_broken_by_add_order_for_the_victim() -> None:
+    # 4 usable blocks of 2 tokens: both 3-token prompts fit (2 blocks each); the fifth token
+    # needs a third block. The victim is the worst by (priority, arrival, add order): r10.
+    s = make_scheduler(block_size=2, num_blocks=5, max_num_batched_tokens=16, max_num_seqs=2,
+                       max_model_len=16, policy="priority")
+    for req_id in ("r9", "r10"):
+        s.add_request(make_request(req_id, 3, 8, arrival_time=5.0))
+    steps = [step(s) for _ in range(3)]
+    assert [st.output.preempted_req_ids for st in steps] == [[], [], ["r10"]]
+    assert steps[2].tokens == {"r9": 1}
