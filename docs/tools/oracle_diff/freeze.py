@@ -2,7 +2,7 @@
 set, and write them with the oracle's records to tests/fixtures/oracle/ (the tests replay
 them through rt without vLLM: tests/runtime/test_oracle_random.py, tests/sim/test_oracle_sim.py).
 
-    PYTHONPATH=. python docs/tools/oracle_diff/freeze.py --pool 2000 --scheduler-cases 80
+    PYTHONPATH=. python docs/tools/oracle_diff/freeze.py
 
 Scheduler cases: from `--pool` random cases, the smallest case of each distinct set of
 features (policy, chunking, caps, watermark, min_tokens, prefix hits, preemption,
@@ -101,8 +101,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--pool", type=int, default=1500)
-    ap.add_argument("--scheduler-cases", type=int, default=60)
+    ap.add_argument("--pool", type=int, default=2000)
+    ap.add_argument("--scheduler-cases", type=int, default=80)
     ap.add_argument("--sim-cases", type=int, default=12)
     ap.add_argument("--max-sim-steps", type=int, default=400)
     ap.add_argument("--venv", type=Path, default=Path("/work/vllm-venv"))
