@@ -21,6 +21,7 @@ from runtime import (
     Scheduler,
     SchedulerConfig,
 )
+from runtime.kv_events import observe_kv_events
 from runtime.request import finish_reason
 
 EOS = 2
@@ -94,8 +95,25 @@ def _cumulative(s: Scheduler) -> dict[str, int]:
     return {"requests": st.requests, "queries": st.queries, "hits": st.hits}
 
 
+class KvEvents:
+    """A case's KV events as the oracle writes them: [kind, hash numbers] per event, each
+    hash numbered by its first appearance in the case (the bytes are rt's own)."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.log = observe_kv_events(s.kv_cache_manager.block_pool)
+        self.names: dict[bytes, int] = {}
+
+    def take(self) -> list[list[Any]]:
+        names = self.names
+        return [[ev.kind, [names.setdefault(h, len(names)) for h in ev.block_hashes]]
+                for ev in self.log.take()]
+
+
 def run_events(cfg: dict[str, Any], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The oracle's records of the case's events; with `record_kv_events` in the config,
+    each scheduled step also lists its KV events."""
     s = make_scheduler(cfg)
+    kv_events = KvEvents(s) if cfg.get("record_kv_events") else None
     planned: dict[str, list[int]] = {}
     records: list[dict[str, Any]] = []
     step_no = 0
@@ -114,7 +132,10 @@ def run_events(cfg: dict[str, Any], events: list[dict[str, Any]]) -> list[dict[s
         else:
             for _ in range(int(ev.get("count", 1))):
                 step_no += 1
-                records.append(_step(s, step_no, ev.get("tokens", {}), planned))
+                rec = _step(s, step_no, ev.get("tokens", {}), planned)
+                if kv_events is not None and not rec.get("idle"):
+                    rec["kv_events"] = kv_events.take()
+                records.append(rec)
     return records
 
 

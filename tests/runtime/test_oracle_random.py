@@ -35,6 +35,8 @@ def test_the_cases_cover_what_they_claim() -> None:
     assert any(case["config"]["watermark"] > 0 for case in CASES)
     assert any(ev.get("min_tokens") for case in CASES for ev in case["events"])
     assert any(not case["config"]["enable_chunked_prefill"] for case in CASES)
+    kv_kinds = {kind for rec in records for kind, _ in rec.get("kv_events", [])}
+    assert kv_kinds == {"stored", "removed"}  # no case resets the prefix cache
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"seed{case['seed']}" for case in CASES])

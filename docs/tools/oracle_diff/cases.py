@@ -47,6 +47,7 @@ def random_config(rng: random.Random, large: bool) -> dict[str, Any]:
         "policy": rng.choice(("fcfs", "fcfs", "priority")),
         "scheduler_reserve_full_isl": rng.random() < 0.8,
         "watermark": rng.choice((0.0, 0.0, 0.0, 0.05, 0.2)),
+        "record_kv_events": rng.random() < 0.5,
         "record_free_block_queue": True,
         "record_block_tables": True,
         "record_requests": True,

@@ -52,6 +52,7 @@ def features(case: dict[str, Any], records: list[dict[str, Any]]) -> frozenset[s
             found.add("finished-" + done["reason"])
         if rec.get("prefix_cache_cumulative", {}).get("hits"):
             found.add("prefix-hit")
+        found |= {"kv-" + kind for kind, _ in rec.get("kv_events", [])}
     return frozenset(found)
 
 

@@ -98,6 +98,64 @@ def run_sim_case(config: dict, adds: list[list[dict]]) -> dict:
     return {"steps": steps, "requests": requests}
 
 
+class _Capture:
+    """Stands for the scheduler's KV-event publisher: keeps each step's events."""
+
+    def __init__(self, per_step: list[list]) -> None:
+        self.per_step = per_step
+
+    def publish(self, batch) -> None:  # noqa: ANN001 - vLLM's KVEventBatch
+        self.per_step[-1].extend(batch.events)
+
+    def shutdown(self) -> None:
+        pass
+
+
+def _canonical(event, names: dict) -> list:  # noqa: ANN001 - a vLLM KVCacheEvent
+    """[kind, hash numbers]: each hash numbered by first appearance in the case (rt's hash
+    bytes are its own; the structure must be vLLM's)."""
+    from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+
+    kind = {BlockStored: "stored", BlockRemoved: "removed", AllBlocksCleared: "cleared"}[
+        type(event)]
+    hashes = getattr(event, "block_hashes", [])
+    return [kind, [names.setdefault(h, len(names)) for h in hashes]]
+
+
+def run_steps(config: dict, events: list[dict]) -> list[dict]:
+    """The oracle's step records; with `record_kv_events`, each scheduled step's KV events."""
+    if not config.pop("record_kv_events", False):
+        return oracle.run_events(config, events)["steps"]
+    per_step: list[list] = []
+    build = oracle.build_scheduler
+
+    def build_observed(cfg: dict):  # noqa: ANN202
+        scheduler, resolved, hasher = build(cfg)
+        scheduler.kv_cache_manager.enable_kv_cache_events = True
+        scheduler.kv_cache_manager.block_pool.enable_kv_cache_events = True
+        scheduler.kv_event_publisher = _Capture(per_step)
+        schedule = scheduler.schedule
+
+        def counted(*args, **kwargs):  # noqa: ANN202
+            per_step.append([])
+            return schedule(*args, **kwargs)
+
+        scheduler.schedule = counted
+        return scheduler, resolved, hasher
+
+    oracle.build_scheduler = build_observed
+    try:
+        steps = oracle.run_events(config, events)["steps"]
+    finally:
+        oracle.build_scheduler = build
+    busy = [rec for rec in steps if rec["event"] == "step" and not rec.get("idle")]
+    assert len(busy) == len(per_step), (len(busy), len(per_step))
+    names: dict = {}
+    for rec, step_events in zip(busy, per_step, strict=True):
+        rec["kv_events"] = [_canonical(ev, names) for ev in step_events]
+    return steps
+
+
 def main() -> None:
     cases = json.loads(Path(sys.argv[1]).read_text())
     results = []
@@ -110,7 +168,7 @@ def main() -> None:
                 results.append({"error": f"{type(exc).__name__}: {exc}"})
             continue
         try:
-            steps = oracle.run_events(config, case["events"])["steps"]
+            steps = run_steps(config, case["events"])
         except Exception as exc:  # noqa: BLE001 - reported per case
             results.append({"error": f"{type(exc).__name__}: {exc}"})
             continue
