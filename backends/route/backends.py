@@ -96,7 +96,8 @@ def needed_signals(policy: RouterPolicy) -> tuple[str, ...]:
                          "prefix index), which rt route does not read; use llm-d's "
                          "prefix-cache scorer, prefix-aware or sglang-cache-aware")
     if policy.name == "vllm-dp":
-        return (WAITING, RUNNING)
+        legacy = getattr(config, "formula", "") == "legacy"
+        return (WAITING, RUNNING) if legacy else (WAITING, RUNNING, KV_USAGE)
     if policy.name == "power-of-two" and getattr(config, "load", "") == "snapshot":
         return (WAITING, RUNNING)
     if policy.name == "llm-d":

@@ -8,11 +8,15 @@
 - `least-outstanding`: argmin of this router's in-flight requests, ties to the lowest id.
   Vidur `lor_global_scheduler.py`: `min` over the replicas' pending counts, +1 locally per
   assignment (here the in-flight count, incremented on dispatch, decremented on finish).
-- `vllm-dp`: argmin of `waiting * 4 + running` over the scraped engine stats, plus the
-  client's speculative `+client_count` waiting per dispatch until the next scrape; ties to
-  the first candidate scanned from `start_index`. vLLM `v1/engine/core_client.py`
+- `vllm-dp`: vLLM's DP load balancer, `v1/engine/core_client.py`
   `DPLBAsyncMPClient.get_core_engine_for_request` (stats every 100 ms from the DP
-  coordinator, fleet.md §4).
+  coordinator, fleet.md §4). Its current form (vLLM PRs #47420 and #49204, July 2026; 0.32):
+  argmin of `max(client_count * in_flight, waiting + running)`, plus
+  `waiting * 6 * max(0, kv_usage - 0.5)` when anything waits, over the scraped stats with
+  the client's speculative `+client_count` waiting per dispatch until the next scrape and
+  its own exact in-flight count; the scan for the first minimum starts at `start_index` and
+  moves on by one per dispatch. `formula=legacy`, the form before those PRs: argmin of
+  `waiting * 4 + running`, the scan always from `start_index`.
 - `power-of-two`: two distinct candidates drawn at random, the less loaded wins, the first
   drawn on a tie. SGLang router `sgl-router/src/policies/power_of_two.rs`; load = the
   router's in-flight count (`load=in-flight`, SGLang's worker load counter) or the scraped
@@ -99,18 +103,24 @@ class VllmDPConfig:
     """vLLM's DP load balancer.
 
     Attributes:
-        start_index: where the scan for the minimum starts (vLLM's `eng_start_index`,
+        start_index: where the first scan for the minimum starts (vLLM's `eng_start_index`,
             `num_engines * client_index // client_count`; 0 for one client).
         client_count: how much a dispatch adds to the chosen engine's waiting count until
-            the next stats update (vLLM's API-server client count).
+            the next stats update, and what the in-flight floor scales by (vLLM's API-server
+            client count).
+        formula: "current" (vLLM since July 2026: in-flight floor, KV-pressure penalty on
+            waiting, rotating scan start) or "legacy" (`waiting * 4 + running`).
     """
 
     start_index: int = 0
     client_count: int = 1
+    formula: str = "current"
 
     def __post_init__(self) -> None:
         require(self.start_index >= 0, f"start_index must be >= 0, got {self.start_index}")
         require(self.client_count >= 1, f"client_count must be >= 1, got {self.client_count}")
+        require(self.formula in ("current", "legacy"),
+                f"formula must be 'current' or 'legacy', got {self.formula!r}")
 
 
 class VllmDP(RouterPolicy):
@@ -124,9 +134,11 @@ class VllmDP(RouterPolicy):
     def __init__(self, config: VllmDPConfig | None = None, seed: int = 0) -> None:
         super().__init__(seed)
         self.config = config or VllmDPConfig()
+        self._legacy = self.config.formula == "legacy"
         # replica -> (taken_at_s of the snapshot the extra counts apply to, extra waiting)
         self._extra: dict[int, tuple[float, int]] = {}
         self._chosen: ReplicaSnapshot | None = None  # the last choice's snapshot
+        self._start = self.config.start_index  # the next scan's start (current formula)
 
     def _waiting(self, snap: ReplicaSnapshot) -> int:
         taken_at, extra = self._extra.get(snap.replica_id, (snap.taken_at_s, 0))
@@ -134,21 +146,35 @@ class VllmDP(RouterPolicy):
 
     @property
     def completion_blind(self) -> bool:
-        return True
+        return self._legacy  # the current formula reads its own in-flight counts
+
+    def _score(self, snap: ReplicaSnapshot) -> float:
+        waiting, running = self._waiting(snap), snap.num_running
+        if self._legacy:
+            return float(waiting * 4 + running)
+        in_flight = self.local.count.get(snap.replica_id, 0)
+        score = float(max(self.config.client_count * in_flight, waiting + running))
+        if waiting:  # a queue on a KV-bound engine drains slowly: 0 at <= 50% usage
+            score += waiting * 6.0 * max(0.0, snap.kv_usage - 0.5)
+        return score
 
     def choose(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot]
     ) -> RoutingDecision:
         snaps = by_id(replicas)
         ids = sorted(snaps)
-        start = self.config.start_index % len(ids)
+        start = self._start % len(ids)
         scan = ids[start:] + ids[:start]
-        score = {r: float(self._waiting(snaps[r]) * 4 + snaps[r].num_running) for r in ids}
+        score = {r: self._score(snaps[r]) for r in ids}
         self._chosen = snaps[first_min(scan, score)]
-        return RoutingDecision(self._chosen.replica_id, "min waiting*4 + running", score)
+        reason = ("min waiting*4 + running" if self._legacy else
+                  "min max(in flight, waiting + running) + KV-pressure waiting penalty")
+        return RoutingDecision(self._chosen.replica_id, reason, score)
 
     def on_routed(self, request: RoutingRequest, replica: int) -> None:
         super().on_routed(request, replica)
+        if not self._legacy:
+            self._start += 1  # vLLM rotates the scan's start after every dispatch
         snap = self._chosen
         if snap is None or snap.replica_id != replica:
             return

@@ -58,7 +58,7 @@ def run(trace: Trace, policy: str, args: list[str], replicas: int, ahead: bool,
 
 @pytest.mark.parametrize("name", sorted(TRACES))
 @pytest.mark.parametrize(("policy", "args", "replicas", "routers"), [
-    ("round-robin", [], 3, 1), ("random", [], 4, 1), ("vllm-dp", [], 3, 2),
+    ("round-robin", [], 3, 1), ("random", [], 4, 1), ("vllm-dp", ["formula=legacy"], 3, 2),
     ("llm-d", [], 4, 1), ("llm-d", [], 3, 3), ("prefix-aware", [], 2, 1),
     ("session-hash", [], 3, 1), ("power-of-two", ["load=snapshot"], 4, 1),
 ])

@@ -35,7 +35,9 @@ def test_vllm_gauges_are_summed_over_engines_and_kv_usage_averaged() -> None:
 @pytest.mark.parametrize(("name", "args", "needed"), [
     ("round-robin", [], ()),
     ("prefix-aware", [], ()),
-    ("vllm-dp", [], ("vllm:num_requests_waiting", "vllm:num_requests_running")),
+    ("vllm-dp", [], ("vllm:num_requests_waiting", "vllm:num_requests_running",
+                     "vllm:kv_cache_usage_perc")),
+    ("vllm-dp", ["formula=legacy"], ("vllm:num_requests_waiting", "vllm:num_requests_running")),
     ("llm-d", [], ("vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")),
     ("llm-d", ["queue=0", "kv-cache-utilization=0"], ()),
     ("power-of-two", ["load=snapshot"],

@@ -107,43 +107,110 @@ def test_lor_over_a_subset() -> None:
     assert policy.choose(req(prompt_len=8), candidates).replica == 2
 
 
-# --- vllm-dp: argmin waiting*4 + running (+client_count per dispatch until next scrape) ----
+# --- vllm-dp, legacy: argmin waiting*4 + running (+client_count per dispatch until the next
+# scrape), the scan always from start_index -------------------------------------------------
 
-def test_vllm_dp_formula() -> None:
+def legacy(**kwargs) -> VllmDP:
+    return VllmDP(VllmDPConfig(formula="legacy", **kwargs))
+
+
+def test_vllm_dp_legacy_formula() -> None:
     # scores: 1*4+0 = 4, 0*4+3 = 3, 0*4+2 = 2 -> 2
-    d = make_policy("vllm-dp").choose(req(prompt_len=8), snaps(3, [1, 0, 0], [0, 3, 2]))
+    d = legacy().choose(req(prompt_len=8), snaps(3, [1, 0, 0], [0, 3, 2]))
     assert d.replica == 2 and dict(d.scores) == {0: 4.0, 1: 3.0, 2: 2.0}
 
 
-def test_vllm_dp_waiting_weighs_four() -> None:
+def test_vllm_dp_legacy_waiting_weighs_four() -> None:
     # 1*4+0 = 4 vs 0*4+3 = 3 -> 1; with running 4: 4 vs 4, tie -> first scanned, 0
-    assert make_policy("vllm-dp").choose(req(prompt_len=8), snaps(2, [1, 0], [0, 3])).replica == 1
-    assert make_policy("vllm-dp").choose(req(prompt_len=8), snaps(2, [1, 0], [0, 4])).replica == 0
+    assert legacy().choose(req(prompt_len=8), snaps(2, [1, 0], [0, 3])).replica == 1
+    assert legacy().choose(req(prompt_len=8), snaps(2, [1, 0], [0, 4])).replica == 0
 
 
-def test_vllm_dp_ties_follow_start_index() -> None:
+def test_vllm_dp_legacy_ties_follow_start_index() -> None:
     replicas = snaps(3, running=[2, 2, 2])
-    assert VllmDP(VllmDPConfig(start_index=0)).choose(req(prompt_len=8), replicas).replica == 0
-    assert VllmDP(VllmDPConfig(start_index=1)).choose(req(prompt_len=8), replicas).replica == 1
-    assert VllmDP(VllmDPConfig(start_index=5)).choose(req(prompt_len=8), replicas).replica == 2
+    assert legacy(start_index=0).choose(req(prompt_len=8), replicas).replica == 0
+    assert legacy(start_index=1).choose(req(prompt_len=8), replicas).replica == 1
+    assert legacy(start_index=5).choose(req(prompt_len=8), replicas).replica == 2
 
 
-def test_vllm_dp_speculative_counts_on_a_stale_snapshot() -> None:
+def test_vllm_dp_legacy_speculative_counts_on_a_stale_snapshot() -> None:
     # same (stale) snapshot: 0,0,0 -> 0; then 4,0,0 -> 1; 4,4,0 -> 2; 4,4,4 -> 0
-    assert route_many(make_policy("vllm-dp"), snaps(3), 4) == [0, 1, 2, 0]
+    assert route_many(legacy(), snaps(3), 4) == [0, 1, 2, 0]
 
 
-def test_vllm_dp_fresh_scrape_resets_speculation() -> None:
-    policy = make_policy("vllm-dp")
+def test_vllm_dp_legacy_fresh_scrape_resets_speculation() -> None:
+    policy = legacy()
     policy.route(req(prompt_len=8), snaps(2, taken_at_s=0.0))  # -> 0, extra waiting 1 on 0
     assert policy.choose(req(prompt_len=8), snaps(2, taken_at_s=0.0)).replica == 1
     assert policy.choose(req(prompt_len=8), snaps(2, taken_at_s=0.1)).replica == 0
 
 
-def test_vllm_dp_client_count() -> None:
+def test_vllm_dp_legacy_client_count() -> None:
     # running [0, 5]: 0 vs 5 -> 0; then 0+2*4 = 8 vs 5 -> 1; then 8 vs 5+8 = 13 -> 0
-    policy = VllmDP(VllmDPConfig(client_count=2))
-    assert route_many(policy, snaps(2, running=[0, 5]), 3) == [0, 1, 0]
+    assert route_many(legacy(client_count=2), snaps(2, running=[0, 5]), 3) == [0, 1, 0]
+
+
+def test_vllm_dp_legacy_ignores_completions_and_kv() -> None:
+    policy = legacy()
+    assert policy.completion_blind
+    # kv 0.99 with 1 waiting: still 4 vs 3 -> 1
+    d = policy.choose(req(prompt_len=8), snaps(2, [1, 0], [0, 3], kv=[0.99, 0.0]))
+    assert d.replica == 1 and dict(d.scores) == {0: 4.0, 1: 3.0}
+
+
+# --- vllm-dp (current, vLLM since July 2026): argmin max(client_count * in flight,
+# waiting + running) + waiting * 6 * max(0, kv - 0.5); the scan start moves on by one per
+# dispatch ------------------------------------------------------------------------------------
+
+def test_vllm_dp_current_is_the_default() -> None:
+    policy = make_policy("vllm-dp")
+    assert policy.config.formula == "current" and not policy.completion_blind
+
+
+def test_vllm_dp_waiting_and_running_weigh_alike_below_half_kv() -> None:
+    # kv <= 0.5: no penalty. max(0, 1+0) = 1, max(0, 0+3) = 3, max(0, 0+2) = 2 -> 0
+    d = make_policy("vllm-dp").choose(req(prompt_len=8), snaps(3, [1, 0, 0], [0, 3, 2],
+                                                                kv=[0.5, 0.9, 0.0]))
+    assert d.replica == 0 and dict(d.scores) == {0: 1.0, 1: 3.0, 2: 2.0}
+
+
+def test_vllm_dp_kv_pressure_penalises_waiting() -> None:
+    # waiting [1, 0], running [0, 3]. kv 0.75: 1 + 1*6*0.25 = 2.5 vs 3 -> 0;
+    # kv 0.9: 1 + 1*6*0.4 = 3.4 vs 3 -> 1 (replica 1's kv 1.0 costs nothing: none waits)
+    d = make_policy("vllm-dp").choose(req(prompt_len=8), snaps(2, [1, 0], [0, 3], kv=[0.75, 1.0]))
+    assert d.replica == 0 and dict(d.scores) == {0: 2.5, 1: 3.0}
+    d = make_policy("vllm-dp").choose(req(prompt_len=8), snaps(2, [1, 0], [0, 3], kv=[0.9, 1.0]))
+    assert d.replica == 1 and dict(d.scores) == {0: 1 + 6 * (0.9 - 0.5), 1: 3.0}
+
+
+def test_vllm_dp_ties_rotate_the_scan_start() -> None:
+    # every request finishes before the next, every snapshot fresh and empty: all score 0,
+    # and the first scanned wins, from 0, then 1, 2, 0 (legacy: always 0)
+    for policy, expected in ((make_policy("vllm-dp"), [0, 1, 2, 0]), (legacy(), [0, 0, 0, 0])):
+        chosen = []
+        for k in range(4):
+            r = req(prompt_len=8)
+            chosen.append(policy.route(r, snaps(3, taken_at_s=float(k))).replica)
+            policy.on_finished(r.request_id)
+        assert chosen == expected
+
+
+def test_vllm_dp_in_flight_floor_outlasts_a_fresh_snapshot() -> None:
+    # Fresh, empty snapshots each time (no speculative waiting), nothing finishes:
+    # 1st: 0, 0 -> 0; 2nd: max(1, 0) = 1 vs 0 -> 1; 3rd (scan from 0): 1 vs 1 -> 0.
+    # With client_count 2: 2nd: 2 vs 0 -> 1; 3rd: 2 vs 2 -> 0; 4th (from 1): 4 vs 2 -> 1.
+    for policy, expected in ((make_policy("vllm-dp"), [0, 1, 0]),
+                             (VllmDP(VllmDPConfig(client_count=2)), [0, 1, 0, 1])):
+        chosen = [policy.route(req(prompt_len=8), snaps(2, taken_at_s=float(k))).replica
+                  for k in range(len(expected))]
+        assert chosen == expected
+
+
+def test_vllm_dp_speculative_waiting_on_a_stale_snapshot() -> None:
+    # one stale snapshot, running [0, 2]: 1st: 0 vs 2 -> 0 (waiting 0 += 1, in flight 1);
+    # 2nd (from 1): max(1, 1) = 1 vs 2 -> 0; 3rd (from 0): max(2, 2) = 2 vs 2 -> 0 (first);
+    # 4th (from 1): 3 vs 2 -> 1
+    assert route_many(make_policy("vllm-dp"), snaps(2, running=[0, 2]), 4) == [0, 0, 0, 1]
 
 
 # --- power-of-two: two distinct draws, the lower load wins, first drawn on a tie ----------
