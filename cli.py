@@ -209,6 +209,12 @@ def not_with(given: list[str], mode: str) -> None:
         raise ValueError(f"{given[0]} does not apply with {mode}")
 
 
+def tp_needs_simulate(sizing: EngineArgs, typed: Typed) -> None:
+    """ValueError naming -tp given without --simulate (rt serve, rt fleet up): only the
+    simulated engine shards a model."""
+    if given := given_options(sizing, ("tensor_parallel_size",), typed):
+        raise ValueError(f"{given[0]} needs --simulate (the real engine runs on one device)")
+
 
 def stop(code: int) -> NoReturn:
     raise typer.Exit(code=code)
@@ -578,11 +584,9 @@ def _serve_executor(model: str | None, sim: SimFlags, engine: EngineFlags, sizin
             sizing.tensor_parallel_size), gpu_memory_utilization=(
             DEFAULT_GPU_MEMORY_UTILIZATION if utilization is None else utilization))
         return live_executor_spec(args, model, sim.gpu, sim.profile, seed, sim.step_noise)
-    if given := given_options(sim, typed=typed) + given_options(
-            sizing, ("tensor_parallel_size",), typed):
-        raise ValueError(f"{given[0]} needs --simulate (the real engine runs on one device)"
-                         if given[0].startswith("--tensor") else
-                         f"{given[0]} is the simulated engine's: it needs --simulate")
+    if given := given_options(sim, typed=typed):
+        raise ValueError(f"{given[0]} is the simulated engine's: it needs --simulate")
+    tp_needs_simulate(sizing, typed)
     if utilization is not None:
         real = dataclasses.replace(real, gpu_memory_utilization=utilization)
     return real_executor_spec(model, engine, real, seed)
@@ -861,9 +865,8 @@ def fleet_up(
 
     with user_errors():  # a bad policy or argument: one line before anything starts
         make_policy(policy.router, policy.router_arg or [], seed)
-        if not server.simulate and (
-                tp := given_options(sizing, ("tensor_parallel_size",), typed)):
-            raise ValueError(f"{tp[0]} needs --simulate (a real engine runs on one device)")
+        if not server.simulate:
+            tp_needs_simulate(sizing, typed)
     key = None if server.api_key is None else {**os.environ, "VLLM_API_KEY": server.api_key}
     with user_errors():  # more replicas than this machine holds: one line, nothing started
         plan = FleetPlan.of(RT, seed, [(server, _FLEET_SERVER_ARGV), (sim, _FLEET_SIM),

@@ -64,7 +64,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (["serve", "--port", "0", "-tp", "1"],
      "--tensor-parallel-size 1 needs --simulate (the real engine runs on one device)"),
     (["fleet", "up", "--port", "0", "--replicas", "1", "--tensor-parallel-size", "1"],
-     "--tensor-parallel-size 1 needs --simulate (a real engine runs on one device)"),
+     "--tensor-parallel-size 1 needs --simulate (the real engine runs on one device)"),
     # rt simulate: --fleet FILE sets these per pool
     (["simulate", "--trace", "{t}", "--fleet", "{fleet}", "--gpu", "h200"],
      "--fleet sets each pool's gpu: --gpu 'h200' would be ignored (set gpu in its [[pool]] "
