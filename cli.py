@@ -35,7 +35,7 @@ from typer.core import TyperGroup
 
 import workloads
 from analysis.compare import COMPARE_HELP, CompareFiles
-from analysis.output import JsonOut, default_dir, save_figures
+from analysis.output import JsonOut, checked_dir, default_dir, save_figures
 from analysis.report import REPORT_HELP, TABLE_DEFAULTS, ReportFiles, ReportFlags
 from analysis.run_console import RunConsole
 from analysis.rundir import check_output_file
@@ -239,15 +239,6 @@ def workload(flags: WorkloadFlags, path: Path | None = None) -> workloads.Trace:
     loaded = load_workload(flags, path)
     note(loaded.notes)
     return loaded.trace
-
-
-def checked_dir(result_dir: Path | None, kind: str, check: Callable[[Path], None]) -> Path:
-    """--result-dir (default: results/KIND-<time>), checked before any work: a file or a
-    directory of other things is never replaced (`analysis.rundir.check_run_path`, or
-    `check_runs_root` for a sweep's or plan's root)."""
-    path = result_dir or default_dir(kind)
-    check(path)
-    return path
 
 
 # ---- parameters several commands share ----
