@@ -35,7 +35,7 @@ from typer.core import TyperGroup
 
 import workloads
 from analysis.compare import COMPARE_HELP, CompareFiles
-from analysis.output import JsonOut, default_dir, save_figures
+from analysis.output import JsonOut, checked_dir, default_dir, save_figures
 from analysis.report import REPORT_HELP, TABLE_DEFAULTS, ReportFiles, ReportFlags
 from analysis.run_console import RunConsole
 from analysis.rundir import check_output_file
@@ -52,7 +52,7 @@ from backends.route.flags import (
 from backends.serve.flags import SERVE_HELP, ServeFlags, ServeModelFlags
 from runtime.config import EngineFlags
 from runtime.flags import FlagGroup as Flags
-from runtime.flags import FlagSpec, expand_groups, given_options
+from runtime.flags import FlagSpec, Typed, expand_groups, given_options
 from sim.autoscale_flags import AutoscaleFlags
 from sim.bench_flags import FLEET_BENCH_HELP, FleetBenchFlags, SchedulerBenchFlags, SimBenchFlags
 from sim.calibrate_flags import CALIBRATE_HELP, CalibrationSources
@@ -74,6 +74,8 @@ if TYPE_CHECKING:
 _ARGV = "rt.argv"  # ctx.meta key: the arguments as given, for naming a refused value
 # The exceptions of the click that typer parses with (typer 0.29 vendors its own copy).
 _CLICK = importlib.import_module(typer.BadParameter.__module__)
+_SOURCE = importlib.import_module(f"{_CLICK.__package__}.core").ParameterSource
+_CONTEXT = importlib.import_module(f"{_CLICK.__package__}.globals").get_current_context
 
 
 class _ParserErrors(TyperGroup):
@@ -155,9 +157,16 @@ def _option(spec: FlagSpec) -> Any:
 def with_flags(command: Callable[..., None]) -> Callable[..., None]:
     """Expose `Annotated[FlagClass, Flags(...)]` parameters of `command` as one typer option
     per field (an option two groups share, such as --seed, appears once and feeds both);
-    the command is called with the built dataclasses. Options are listed: the command's own
-    and its `inline` groups' in signature order, then the other groups'."""
-    return expand_groups(command, _option, user_errors)
+    the command is called with the built dataclasses (and, to a parameter annotated `Typed`,
+    which of their flags were given). Options are listed: the command's own and its
+    `inline` groups' in signature order, then the other groups'."""
+    return expand_groups(command, _option, user_errors, _was_given)
+
+
+def _was_given(name: str) -> bool:
+    """Whether the running command's option `name` was typed or set by its environment
+    variable, at whatever value (not left at its default)."""
+    return _CONTEXT().get_parameter_source(name) in (_SOURCE.COMMANDLINE, _SOURCE.ENVIRONMENT)
 
 
 def command(group: typer.Typer, name: str | None = None, help: str | None = None
@@ -193,10 +202,18 @@ def user_errors(*also: type[Exception], only: bool = False) -> Iterator[None]:
 
 
 def not_with(given: list[str], mode: str) -> None:
-    """ValueError naming the first of `given` (flags as typed, `given_options`) and `mode`,
-    the flag under which they do not apply: refused, never silently ignored."""
+    """ValueError naming the first of `given` (flags as typed, `given_options` with the
+    command's `Typed`: one at its default value too) and `mode`, the flag under which they
+    do not apply: refused, never silently ignored."""
     if given:
         raise ValueError(f"{given[0]} does not apply with {mode}")
+
+
+def tp_needs_simulate(sizing: EngineArgs, typed: Typed) -> None:
+    """ValueError naming -tp given without --simulate (rt serve, rt fleet up): only the
+    simulated engine shards a model."""
+    if given := given_options(sizing, ("tensor_parallel_size",), typed):
+        raise ValueError(f"{given[0]} needs --simulate (the real engine runs on one device)")
 
 
 def stop(code: int) -> NoReturn:
@@ -222,15 +239,6 @@ def workload(flags: WorkloadFlags, path: Path | None = None) -> workloads.Trace:
     loaded = load_workload(flags, path)
     note(loaded.notes)
     return loaded.trace
-
-
-def checked_dir(result_dir: Path | None, kind: str, check: Callable[[Path], None]) -> Path:
-    """--result-dir (default: results/KIND-<time>), checked before any work: a file or a
-    directory of other things is never replaced (`analysis.rundir.check_run_path`, or
-    `check_runs_root` for a sweep's or plan's root)."""
-    path = result_dir or default_dir(kind)
-    check(path)
-    return path
 
 
 # ---- parameters several commands share ----
@@ -313,6 +321,7 @@ def simulate(
     report: _Percentiles,
     result_dir: _result_dir("simulate") = None,
     check_invariants: _CheckInvariants = False,
+    typed: Typed,
 ) -> None:
     """Simulate a trace through the vLLM-V1 core, or a fleet of them, on a simulated clock."""
     from sim.fleet_run import SimulateRun
@@ -323,7 +332,8 @@ def simulate(
 
         out = checked_dir(result_dir, "simulate", check_run_path)
         trace = workload(work, trace_file.trace)
-        run = SimulateRun.build(engine, sim, fleet, pd, autoscale, work.seed, check_invariants)
+        run = SimulateRun.build(engine, sim, fleet, pd, autoscale, work.seed, check_invariants,
+                                typed)
         rate = work.request_rate if work.dataset_name is not None else None
         run.simulate_into(trace, out, CONSOLE, percentiles, rate)
 
@@ -381,6 +391,7 @@ def sweep(
     result_dir: Annotated[Path | None, typer.Option(
         "--result-dir", help="Sweep directory (default: results/sweep-<time>).")] = None,
     plots: _Plots = True,
+    typed: Typed,
 ) -> None:
     """Simulate a grid of engine flags x request rates on one trace; table and plots."""
     from analysis.rundir import check_runs_root
@@ -389,6 +400,7 @@ def sweep(
     from sim.sweep import GRID_ENGINE_FLAGS, SweepPlan, simulate_point
 
     with user_errors():
+        how.check_search(typed)
         slos = sweep_slos(how.slo, how.find_max_rate)
         plan, notes = SweepPlan.build(trace_file.trace, work, grid, targets, fleets,
                                       sim.profile, how,
@@ -459,13 +471,14 @@ def replay(
     result_dir: _result_dir("replay") = None,
     check_invariants: _CheckInvariants = False,
     client: Annotated[EndpointFlags, Flags()],
+    typed: Typed,
 ) -> None:
     """Replay a trace in real time on a real model, or against an OpenAI-compatible server."""
     from analysis.rundir import check_run_path
 
     with user_errors():
         if client.endpoint is not None:  # the server's engine flags are its own
-            not_with(given_options(real) + given_options(engine)
+            not_with(given_options(real, typed=typed) + given_options(engine, typed=typed)
                      + (["--check-invariants"] if check_invariants else []),
                      "--endpoint (the server runs the model)")
         percentiles = list(report.options().percentiles)
@@ -527,13 +540,14 @@ def serve(
                                                     "gpu_memory_utilization"))],
     server: Annotated[ServeFlags, Flags()],
     seed: _Seed = 0,
+    typed: Typed,
 ) -> None:
     """Serve the OpenAI API from a real model or, with --simulate, the cost model."""
     from backends.serve import api_server
 
     with user_errors():
         config = api_server.ServeConfig.of(server, *_serve_executor(
-            model.model, sim, engine, sizing, real, server.simulate, seed))
+            model.model, sim, engine, sizing, real, server.simulate, seed, typed))
         sock = api_server.listening_socket(server.host, server.port)  # before the engine
     stack = api_server.http_stack()
     say(f"serving {config.model_name} on {api_server.socket_url(sock)}/v1 "
@@ -545,25 +559,25 @@ def serve(
 
 
 def _serve_executor(model: str | None, sim: SimFlags, engine: EngineFlags, sizing: EngineArgs,
-                    real: RealEngineFlags, simulate: bool, seed: int) -> tuple[Any, ...]:
+                    real: RealEngineFlags, simulate: bool, seed: int, typed: Typed
+                    ) -> tuple[Any, ...]:
     """`rt serve`'s executor spec: the simulated engine's with --simulate, else the real
-    one's. A flag of the other engine is refused naming it (it was ignored: --simulate's
-    pool took 0.92 whatever --gpu-memory-utilization said)."""
+    one's. A flag of the other engine given (`typed`) is refused naming it (it was ignored:
+    --simulate's pool took 0.92 whatever --gpu-memory-utilization said)."""
     from backends.serve.engine_process import real_executor_spec
     from sim.live_executor import live_executor_spec
 
     utilization = sizing.gpu_memory_utilization
     if simulate:
-        if given := given_options(real):
+        if given := given_options(real, typed=typed):
             raise ValueError(f"{given[0]} is the real engine's: not with --simulate")
         args = EngineArgs(**dataclasses.asdict(engine), tensor_parallel_size=(
             sizing.tensor_parallel_size), gpu_memory_utilization=(
             DEFAULT_GPU_MEMORY_UTILIZATION if utilization is None else utilization))
         return live_executor_spec(args, model, sim.gpu, sim.profile, seed, sim.step_noise)
-    if given := given_options(sim) + given_options(sizing, ("tensor_parallel_size",)):
-        raise ValueError(f"{given[0]} needs --simulate (the real engine runs on one device)"
-                         if given[0].startswith("--tensor") else
-                         f"{given[0]} is the simulated engine's: it needs --simulate")
+    if given := given_options(sim, typed=typed):
+        raise ValueError(f"{given[0]} is the simulated engine's: it needs --simulate")
+    tp_needs_simulate(sizing, typed)
     if utilization is not None:
         real = dataclasses.replace(real, gpu_memory_utilization=utilization)
     return real_executor_spec(model, engine, real, seed)
@@ -582,6 +596,7 @@ def calibrate(
     cal: Annotated[CalibrationFlags, Flags()],
     sources: Annotated[CalibrationSources, Flags(inline=True)],
     seed: _Seed = 0,
+    typed: Typed,
 ) -> None:
     """Fit the simulator's `profile` cost model to the real backend."""
     from analysis.rundir import request_columns, rt_version
@@ -591,8 +606,9 @@ def calibrate(
         check_output_file(output, "--output")  # before the fit, not after it
         mode = sources.mode(checkpoint.model is not None, cal.step_drift)
         if mode != "grid":  # no grid, no real engine: their flags would be ignored
-            not_with(given_options(cal, ("quick", "time_limit")) + given_options(real)
-                     + (given_options(engine) if mode == "steps" else []),
+            not_with(given_options(cal, ("quick", "time_limit"), typed)
+                     + given_options(real, typed=typed)
+                     + (given_options(engine, typed=typed) if mode == "steps" else []),
                      f"{'--from-steps' if mode == 'steps' else '--from-run'} (no model runs here)")
         if mode == "runs":
             profile, lines = runs_profile(sources.from_run or [], request_columns, engine, seed,
@@ -627,6 +643,7 @@ def fidelity(
         "go (default: results/fidelity-<time>).")] = None,
     plots: _Plots = True,
     client: Annotated[EndpointFlags, Flags()],
+    typed: Typed,
 ) -> None:
     """Replay a trace on the real backend, simulate it, report the simulator's error."""
     from analysis.fidelity import replay_order
@@ -634,7 +651,8 @@ def fidelity(
     with user_errors():
         how.check(cal.step_drift, noise.step_noise, client.endpoint is not None)
         if how.fleet or client.endpoint is not None:
-            not_with(given_options(real), "--fleet (rt serve --simulate replicas)" if how.fleet
+            not_with(given_options(real, typed=typed),
+                     "--fleet (rt serve --simulate replicas)" if how.fleet
                      else "--endpoint (the server runs the model)")
         trace = workload(work, trace_file)  # (a bad trace: one line, --endpoint or not)
     root = result_dir or default_dir("fidelity")
@@ -826,6 +844,7 @@ def fleet_up(
     sizing: Annotated[EngineArgs, _SERVE_SIZING],
     route: Annotated[RouteFlags, Flags(exclude=("backend",))],
     seed: _Seed = 0,
+    typed: Typed,
 ) -> None:
     """Start --replicas `rt serve` processes (free ports of 127.0.0.1) and `rt route` in
     front of them on --port; print the router URL; on Ctrl-C/SIGTERM stop everything (no
@@ -837,8 +856,8 @@ def fleet_up(
 
     with user_errors():  # a bad policy or argument: one line before anything starts
         make_policy(policy.router, policy.router_arg or [], seed)
-        if not server.simulate and (tp := given_options(sizing, ("tensor_parallel_size",))):
-            raise ValueError(f"{tp[0]} needs --simulate (a real engine runs on one device)")
+        if not server.simulate:
+            tp_needs_simulate(sizing, typed)
     key = None if server.api_key is None else {**os.environ, "VLLM_API_KEY": server.api_key}
     with user_errors():  # more replicas than this machine holds: one line, nothing started
         plan = FleetPlan.of(RT, seed, [(server, _FLEET_SERVER_ARGV), (sim, _FLEET_SIM),

@@ -18,6 +18,15 @@ def default_dir(kind: str) -> Path:
     return Path("results") / f"{kind}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
+def checked_dir(result_dir: Path | None, kind: str, check: Callable[[Path], None]) -> Path:
+    """--result-dir (default: results/KIND-<time>), checked before any work: a file or a
+    directory of other things is never replaced (`analysis.rundir.check_run_path`, or
+    `check_runs_root` for a sweep's or plan's root)."""
+    path = result_dir or default_dir(kind)
+    check(path)
+    return path
+
+
 def save_figures(figures: Mapping[str, Any], directory: Path,
                  log: Callable[[str], None]) -> None:
     """Each matplotlib figure as directory/STEM.png (90 dpi), then one `log` line naming

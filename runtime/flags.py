@@ -5,8 +5,10 @@ the metadata names the option (vLLM's spelling), its help text and help panel. A
 names the flag dataclasses it takes with a `FlagGroup` (which fields, its own defaults, or
 comma lists for sweeps); `group_specs` resolves that into one `FlagSpec` per option and
 `build_group` turns parsed option values back into the dataclass; `expand_groups` does both
-for a whole command. Nothing here reads argv: the CLI hands the specs to its parser library
-(through the `option` it passes) and the values back.
+for a whole command, and tells a command that asks (`Typed`) which flags its command line
+gave, one typed at its default value included. Nothing here reads argv: the CLI hands the
+specs to its parser library (through the `option` it passes), the values back and which
+options were given.
 """
 
 from __future__ import annotations
@@ -49,15 +51,34 @@ def check_bounds(config: Any) -> None:
             raise ValueError(f"{option} must be at most {hi}, got {value}")
 
 
-def given_options(config: Any, names: Sequence[str] | None = None) -> list[str]:
-    """The flags of dataclass `config` (`names` only, when given) set to other than their
-    default, each as typed: "--gpu 'a100-80gb'", "-tp"'s long name and its value, "--no-x"
-    for a False boolean pair, a repeated flag with its first value; in field order."""
+@dataclass(frozen=True)
+class Typed:
+    """Which flags a command line gave (typed, or set by their environment variable), for
+    each flag dataclass built from it: a flag typed at its default value is given too
+    (`rt simulate --pd-threshold 16` without P/D is refused, as 17 is). `expand_groups`
+    makes it for a command that takes a parameter annotated `Typed`."""
+
+    built: tuple[tuple[Any, frozenset[str]], ...] = ()  # (dataclass instance, fields given)
+
+    def fields(self, config: Any) -> frozenset[str] | None:
+        """The fields given of `config`, this very instance; None when it was not built from
+        the command line (e.g. a copy with a field replaced)."""
+        return next((fields for built, fields in self.built if built is config), None)
+
+
+def given_options(config: Any, names: Sequence[str] | None = None,
+                  typed: Typed | None = None) -> list[str]:
+    """The flags of dataclass `config` (`names` only, when given) that were given, each as
+    typed: "--gpu 'a100-80gb'", "-tp"'s long name and its value, "--no-x" for a False
+    boolean pair, a repeated flag with its first value; in field order. Given: on the
+    command line, where `typed` knows `config` (whatever the value); else set to other than
+    its default."""
+    fields = typed.fields(config) if typed is not None else None
     given = []
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if "flag" not in f.metadata or (names is not None and f.name not in names) \
-                or value == f.default:
+                or (f.name not in fields if fields is not None else value == f.default):
             continue
         on, _, off = str(f.metadata["flag"]).partition("/")
         if isinstance(value, bool):
@@ -187,14 +208,19 @@ def comma_list(option: str, text: str, kind: type) -> list[Any]:
 
 
 def expand_groups(command: Callable[..., None], option: Callable[[FlagSpec], Any],
-                  guard: Callable[[], AbstractContextManager[None]]) -> Callable[..., None]:
+                  guard: Callable[[], AbstractContextManager[None]],
+                  given: Callable[[str], bool] | None = None) -> Callable[..., None]:
     """`command` with each parameter annotated `Annotated[FlagClass, FlagGroup(...)]` turned
     into one keyword parameter per option (`command_layout`'s order; the annotation is
     `option(spec)`, e.g. the parser library's option type); called with those options, it
     builds the dataclasses (`build_group`, inside `guard()`, which turns a ValueError into
-    the parser's error) and calls `command` with them and its plain parameters."""
+    the parser's error) and calls `command` with them and its plain parameters. A parameter
+    annotated `Typed` is no option: it gets the options `given(parameter name)` says the
+    command line gave, per dataclass built (without `given`: none known, `Typed()`)."""
     hints = typing.get_type_hints(command, include_extras=True)
-    signature = {p.name: p for p in inspect.signature(command).parameters.values()}
+    signature = {p.name: p for p in inspect.signature(command).parameters.values()
+                 if hints[p.name] is not Typed}
+    typed_as = next((name for name, hint in hints.items() if hint is Typed), None)
     order, groups = command_layout([(name, _group_of(hints[name])) for name in signature])
     own = set(signature) - {g.name for g in groups}
     keyword = inspect.Parameter.KEYWORD_ONLY
@@ -206,7 +232,11 @@ def expand_groups(command: Callable[..., None], option: Callable[[FlagSpec], Any
     def expanded(**values: Any) -> None:
         with guard():
             built = {g.name: build_group(g.cls, g.group, g.specs, values) for g in groups}
-        command(**{k: v for k, v in values.items() if k in own}, **built)
+        if typed_as is not None:
+            values[typed_as] = Typed() if given is None else Typed(tuple(
+                (built[g.name], frozenset(s.field for s in g.specs if given(s.name)))
+                for g in groups if not g.group.lists))
+        command(**{k: v for k, v in values.items() if k in own or k == typed_as}, **built)
 
     expanded.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     expanded.__annotations__ = {p.name: p.annotation for p in params}

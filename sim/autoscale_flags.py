@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.flags import flag
+from runtime.flags import Typed, flag, given_options
 from sim.autoscale import (
     ScalingPool,
     ScalingTimeline,
@@ -39,6 +39,9 @@ AUTOSCALE_PANEL = "Autoscaling (replicas added and drained in the loop)"
 # Seconds between scaling decisions: at least 0.1 s (1e-300 s hung, deciding forever at one
 # instant), at most a trace's longest span (1e308 s failed: 'Maximum allowed size exceeded').
 MIN_INTERVAL_S, MAX_INTERVAL_S = 0.1, MAX_ARRIVAL_S
+# What tunes the scaling loop: given without --autoscale, each would be ignored
+AUTOSCALE_TUNING = ("autoscale_interval_s", "autoscale_arg", "min_replicas", "max_replicas",
+                    "startup_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,14 +93,15 @@ class AutoscaleFlags:
                                      and self.max_replicas < self.min_replicas):
             raise ValueError(f"need 1 <= --min-replicas ({self.min_replicas}) <= "
                              f"--max-replicas ({self.max_replicas})")
-        given = [f"--{n.replace('_', '-')}" for n in ("autoscale_interval_s", "autoscale_arg",
-                                                      "max_replicas", "startup_s")
-                 if getattr(self, n) is not None] + (["--min-replicas"]
-                                                     if self.min_replicas != 1 else [])
-        if self.autoscale is None and given:
-            raise ValueError(f"{given[0]} needs --autoscale")
+        self.check_applies()
         if self.autoscale is not None:  # a bad --autoscale-arg: one line before any output
             scaling_args(self.autoscale, self.autoscale_arg or [])
+
+    def check_applies(self, typed: Typed | None = None) -> None:
+        """ValueError naming a flag of the scaling loop given without --autoscale
+        (`given_options`: on the command line `typed`, else other than its default)."""
+        if self.autoscale is None and (given := given_options(self, AUTOSCALE_TUNING, typed)):
+            raise ValueError(f"{given[0]} needs --autoscale")
 
     def check_pool_sizes(self, spec: FleetSpec | None, replicas: int) -> None:
         """ValueError when --min-replicas is above a pool's most replicas (--replicas N or the

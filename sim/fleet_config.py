@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.flags import FlagGroup, check_bounds, flag, given_options
+from runtime.flags import FlagGroup, Typed, check_bounds, flag, given_options
 from runtime.router.policy import RouterPolicy
 from runtime.router.registry import make_policy, policy_names
 from sim.engine_args import EngineArgs, SimFlags, SimSetup, build_setup
@@ -184,14 +184,14 @@ def _engine_flag(key: str, value: object, where: str) -> Any:
     return float(value) if base == "float" else value  # type: ignore[arg-type]
 
 
-def refuse_overrides(engine: EngineArgs, sim: SimFlags) -> None:
+def refuse_overrides(engine: EngineArgs, sim: SimFlags, typed: Typed | None = None) -> None:
     """ValueError naming the first engine, GPU, model or profile flag given with --fleet FILE
-    (a value other than its default): the file sets them per pool, so the flag would be
-    ignored without a word."""
+    (`given_options`: on the command line `typed`, else other than its default): the file
+    sets them per pool, so the flag would be ignored without a word."""
     pool_fields = ("gpu", "model", "profile", "tensor_parallel_size")
     for config in (sim, engine):
         for f in dataclasses.fields(config):
-            given = given_options(config, (f.name,)) if f.name != "step_noise" else []
+            given = given_options(config, (f.name,), typed) if f.name != "step_noise" else []
             if not given:
                 continue
             where, table = ((f.name, "[[pool]]") if f.name in pool_fields

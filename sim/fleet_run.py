@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from runtime.flags import given_options
+from runtime.flags import Typed, given_options
 from runtime.records import RunResult, RunSummary
 from runtime.router.policy import RouterPolicy
 from sim.autoscale_flags import AutoscaleFlags, fixed_scaling, simulate_autoscaled_fleet
@@ -65,9 +65,10 @@ class FleetRun:
 
     @classmethod
     def build(cls, setup: SimSetup, fleet: FleetFlags, pd: PDFlags, autoscale: AutoscaleFlags,
-              spec: FleetSpec | None = None) -> FleetRun:
+              spec: FleetSpec | None = None, typed: Typed | None = None) -> FleetRun:
         """ValueError (one line) on a bad fleet file, policy or combination, before any
-        output. `spec`: --fleet's file when the caller has read it already."""
+        output. `spec`: --fleet's file when the caller has read it already; `typed`: the
+        flags the command line gave (`given_options`)."""
         config = setup.config
         if spec is None and fleet.fleet is not None:
             spec = load_fleet(fleet.fleet)
@@ -85,7 +86,7 @@ class FleetRun:
                              "decode and one prefill router)")
         if pd.is_pd(roles):
             check_roles(roles or ["both"] * len(replicas), len(replicas), pd.decider)
-        pd.check_applies(pd.is_pd(roles))
+        pd.check_applies(pd.is_pd(roles), typed)
         return cls(setup, fleet, pd, autoscale, spec, replicas, roles, policies)
 
     def run(self, trace: Trace, progress: Progress | None = None
@@ -140,13 +141,17 @@ class SimulateRun:
 
     @classmethod
     def build(cls, engine: EngineArgs, sim: SimFlags, fleet: FleetFlags, pd: PDFlags,
-              autoscale: AutoscaleFlags, seed: int, check_invariants: bool) -> SimulateRun:
+              autoscale: AutoscaleFlags, seed: int, check_invariants: bool,
+              typed: Typed | None = None) -> SimulateRun:
         """ValueError (one line) on a bad flag, fleet file or combination. With --fleet
         FILE the file's first pool is the command's engine (its pools set the engine flags,
-        GPU, model and profile: one of those flags given as well is refused)."""
+        GPU, model and profile: one of those flags given as well is refused). `typed`: the
+        flags the command line gave, a flag of another mode at its default value is refused
+        too (`given_options`)."""
+        autoscale.check_applies(typed)
         spec = None
         if fleet.fleet is not None:
-            refuse_overrides(engine, sim)
+            refuse_overrides(engine, sim, typed)
             spec = load_fleet(fleet.fleet)
             setup = build_fleet(FleetSpec(spec.pools[:1]), seed, check_invariants,
                                 sim.step_noise)[0]
@@ -157,12 +162,12 @@ class SimulateRun:
         if not is_fleet and pd.pd_decider != "never":
             raise ValueError("--pd-decider needs a fleet: --replicas N or --fleet FILE")
         if not is_fleet:  # a fleet's flag on one engine would be ignored
-            given = (given_options(fleet, FLEET_ONLY)
-                     + given_options(autoscale, ("gpu_cost_per_hour",)))
+            given = (given_options(fleet, FLEET_ONLY, typed)
+                     + given_options(autoscale, ("gpu_cost_per_hour",), typed))
             if given:
                 raise ValueError(f"{given[0]} needs a fleet: --replicas N or --fleet FILE")
-            pd.check_applies(False)
-        return cls(setup, FleetRun.build(setup, fleet, pd, autoscale, spec) if is_fleet
+            pd.check_applies(False, typed)
+        return cls(setup, FleetRun.build(setup, fleet, pd, autoscale, spec, typed) if is_fleet
                    else None)
 
     @property

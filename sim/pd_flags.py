@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.flags import flag, given_options
+from runtime.flags import Typed, flag, given_options
 from runtime.router import make_policy
 from sim.fleet_config import FleetFlags
 from sim.fleet_records import FleetResult
@@ -64,15 +64,16 @@ class PDFlags:
         if self.prefill_router is not None:  # a bad name or argument: one line, P/D or not
             make_policy(self.prefill_router, self.prefill_router_arg or [])
 
-    def check_applies(self, is_pd: bool) -> None:
-        """ValueError naming a P/D flag given (other than its default) that cannot apply:
-        any of them without P/D (`is_pd`), --pd-threshold under a decider other than
-        prefix-threshold (as autoscaling's flags need --autoscale)."""
-        if not is_pd and (given := given_options(self, PD_TUNING)):
+    def check_applies(self, is_pd: bool, typed: Typed | None = None) -> None:
+        """ValueError naming a P/D flag given (`given_options`: on the command line `typed`,
+        else other than its default) that cannot apply: any of them without P/D (`is_pd`),
+        --pd-threshold under a decider other than prefix-threshold (as autoscaling's flags
+        need --autoscale)."""
+        if not is_pd and (given := given_options(self, PD_TUNING, typed)):
             raise ValueError(f"{given[0]} needs P/D (--pd-decider always or prefix-threshold "
                              "on a fleet, or pools with roles)")
         if self.pd_decider != "prefix-threshold" and (
-                given := given_options(self, ("pd_threshold",))):
+                given := given_options(self, ("pd_threshold",), typed)):
             raise ValueError(f"{given[0]} needs --pd-decider prefix-threshold")
 
     @property

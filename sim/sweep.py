@@ -18,7 +18,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, TypeVar
 
-from runtime.flags import FlagGroup, comma_list, flag, given_options
+from runtime.flags import FlagGroup, Typed, comma_list, flag, given_options
 from sim.engine_args import EngineArgs, SimSetup, build_setup
 from sim.simulator import SimResult, simulate
 from workloads import ArrivalProcess, Trace, TransformSpec, apply_transforms, random_trace
@@ -86,14 +86,15 @@ class SweepFlags:
             raise ValueError(f"--jobs must be >= 1, got {self.jobs}")
         if self.address is not None and self.executor != "ray":  # (once ignored)
             raise ValueError(f"--address {self.address!r} needs --executor ray")
-        self._check_search()
+        self.check_search()
 
-    def _check_search(self) -> None:
+    def check_search(self, typed: Typed | None = None) -> None:
         """ValueError for a search flag that would be ignored: the search's own without
-        --find-max-rate; with it, a --time-scale axis (the search bisects request rates)
-        or --request-rate beside --rate-range (the range is the bracket)."""
+        --find-max-rate (given: `given_options` with the command line's `typed`); with it,
+        a --time-scale axis (the search bisects request rates) or --request-rate beside
+        --rate-range (the range is the bracket)."""
         if not self.find_max_rate:
-            given = given_options(self, ("rate_range", "rate_tolerance"))
+            given = given_options(self, ("rate_range", "rate_tolerance"), typed)
             if given:
                 raise ValueError(f"{given[0]} needs --find-max-rate")
             return

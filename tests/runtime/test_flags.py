@@ -14,11 +14,13 @@ import pytest
 from runtime.config import EngineFlags
 from runtime.flags import (
     FlagGroup,
+    Typed,
     build_group,
     comma_list,
     command_layout,
     expand_groups,
     flag,
+    given_options,
     group_specs,
 )
 
@@ -139,6 +141,40 @@ def test_expand_groups_without_a_parser_library() -> None:
     with pytest.raises(_BadFlag, match="--num-blocks must be >= 1, got 0"):
         expanded(n=2, request_rate=4.0, num_blocks=0)
     assert len(seen) == 1
+
+
+def test_typed_names_a_flag_given_at_its_default() -> None:
+    """leftovers24: `given_options` once compared each flag with its default, so a flag of
+    another mode typed at its default value was accepted (and ignored)."""
+    seen: list[tuple[Demo, Typed]] = []
+
+    def command(demo: Annotated[Demo, FlagGroup(only=("rate", "caching"))],
+                typed: Typed) -> None:
+        seen.append((demo, typed))
+
+    expanded = expand_groups(command, lambda spec: spec, _guard,
+                             given=lambda name: name in ("request_rate", "caching"))
+    assert list(signature(expanded).parameters) == ["request_rate", "caching"]
+    expanded(request_rate=math.inf, caching=True)  # both typed, at their default
+    [(demo, typed)] = seen
+    assert typed.fields(demo) == {"rate", "caching"}
+    assert given_options(demo) == []  # by value: nothing differs from its default
+    assert given_options(demo, typed=typed) == ["--request-rate inf", "--caching"]
+    assert given_options(demo, ("caching",), typed) == ["--caching"]
+    copy = Demo(rate=2.0)  # not built from the command line: by value
+    assert typed.fields(copy) is None and given_options(copy, typed=typed) == [
+        "--request-rate 2.0"]
+
+
+def test_typed_without_a_source_knows_nothing() -> None:
+    seen: list[Typed] = []
+
+    def command(demo: Annotated[Demo, FlagGroup()], typed: Typed) -> None:
+        seen.append(typed)
+
+    expand_groups(command, lambda spec: spec, _guard)(request_rate=1.0, num_blocks=None,
+                                                       caching=True)
+    assert seen == [Typed()]
 
 
 @pytest.mark.parametrize("size", [1, 7, 8, 24, 100])

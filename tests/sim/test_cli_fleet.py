@@ -193,7 +193,7 @@ def test_a_fixed_fleet_reports_gpu_hours(small_trace: Path, tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--min-replicas", "2"], "--min-replicas needs --autoscale"),
+    (["--min-replicas", "2"], "--min-replicas 2 needs --autoscale"),
     (["--autoscale", "hpa"], "--autoscale must be one of"),
     (["--autoscale", "kv-threshold", "--min-replicas", "3"],  # once after the start-up lines
      "--min-replicas 3 is above --replicas 2"),

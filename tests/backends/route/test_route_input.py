@@ -304,5 +304,5 @@ def test_fleet_up_passes_the_simulated_engines_sizing_to_each_replica(
     refused = runner.invoke(cli.app, ["fleet", "up", "--replicas", "1", "--port", "0",
                                       "-tp", "2"])
     assert refused.exit_code == 2 and len(plans) == 1
-    assert refused.stderr == "rt: error: --tensor-parallel-size 2 needs --simulate (a real " \
+    assert refused.stderr == "rt: error: --tensor-parallel-size 2 needs --simulate (the real " \
         "engine runs on one device)\n"
