@@ -163,9 +163,8 @@ def trim_idle(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def differing_fields(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
     """The fields where two records differ. An abort's ids compare as a set: vLLM frees a
-    multi-id abort in the order of a set of strings (hash-seed dependent); KV usage is
-    implied by the free blocks."""
-    return sorted(k for k in set(ours) | set(theirs) if k != "kv_usage" and (
+    multi-id abort in the order of a set of strings (hash-seed dependent)."""
+    return sorted(k for k in set(ours) | set(theirs) if (
         sorted(ours.get(k, [])) != sorted(theirs.get(k, [])) if k == "aborted"
         else ours.get(k) != theirs.get(k)))
 
