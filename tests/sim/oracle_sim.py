@@ -101,6 +101,8 @@ def oracle_config(config: SimConfig) -> dict[str, Any]:
         "long_prefill_token_threshold": sched.long_prefill_token_threshold,
         "enable_chunked_prefill": sched.enable_chunked_prefill,
         "enable_prefix_caching": cache.enable_prefix_caching, "policy": sched.policy,
+        "watermark": sched.watermark,
+        "scheduler_reserve_full_isl": sched.scheduler_reserve_full_isl,
         "record_free_block_queue": False, "record_block_tables": False,
         "record_requests": False,
     }

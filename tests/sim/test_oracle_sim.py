@@ -7,6 +7,7 @@ answers (docs/tools/oracle_diff/freeze.py; tests/fixtures/oracle/ATTRIBUTION.md)
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.sim.oracle_sim import random_sim_case, sim_case
+from tests.sim.oracle_sim import oracle_config, random_sim_case, sim_case
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "oracle" / "sim_cases.json.gz"
 CASES: list[dict[str, Any]] = json.loads(gzip.decompress(FIXTURE.read_bytes()))
@@ -36,3 +37,13 @@ def test_the_simulator_steps_as_vllm(case: dict[str, Any]) -> None:
     for k, (mine, vllm) in enumerate(zip(ours["steps"], theirs["steps"], strict=True)):
         assert mine == vllm, f"step {k}"
     assert ours["requests"] == theirs["requests"]
+
+
+def test_the_oracle_gets_every_admission_setting() -> None:
+    # A config vLLM's scheduler would read with its own defaults if left out: the watermark
+    # and the first-chunk admission gate change admissions.
+    trace, config = random_sim_case(0)
+    config = dataclasses.replace(config, scheduler=dataclasses.replace(
+        config.scheduler, watermark=0.3, scheduler_reserve_full_isl=False))
+    cfg = oracle_config(config)
+    assert (cfg["watermark"], cfg["scheduler_reserve_full_isl"]) == (0.3, False)
