@@ -33,6 +33,8 @@ def make_scheduler(cfg: dict[str, Any]) -> Scheduler:
             max_num_seqs=cfg["max_num_seqs"],
             max_model_len=cfg["max_model_len"],
             long_prefill_token_threshold=cfg.get("long_prefill_token_threshold", 0),
+            long_prefill_token_threshold_adaptive=cfg.get(
+                "long_prefill_token_threshold_adaptive", False),
             enable_chunked_prefill=cfg.get("enable_chunked_prefill", True),
             policy=cfg.get("policy", "fcfs"),
             scheduler_reserve_full_isl=cfg.get("scheduler_reserve_full_isl", True),
