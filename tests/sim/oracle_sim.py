@@ -13,7 +13,9 @@ finish, its prefix hit at first admission, its preemptions and output tokens.
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -108,19 +110,33 @@ def oracle_config(config: SimConfig) -> dict[str, Any]:
     }
 
 
+def _taken_in_at(starts: list[float], entry: float | None) -> int:
+    """The step that took in a request the recorder has entering the core at `entry` (s):
+    the first of those starting at its last start at or before `entry`. A hand-over may be a
+    float's last bit after the server's wake that starts that step (`sim.api_server.
+    server_wake`); the recorder then keeps the hand-over."""
+    assert entry is not None
+    k = bisect_right(starts, entry) - 1
+    assert k >= 0 and math.isclose(starts[k], entry, rel_tol=1e-12), (entry, starts[k:k + 2])
+    while k > 0 and starts[k - 1] == starts[k]:
+        k -= 1
+    return k
+
+
 def sim_case(trace: Trace, config: SimConfig) -> dict[str, Any]:
     """Simulate; return the oracle's input (`config`, `adds`: the add events before each
     step) and rt's records in the oracle's terms (`rt`)."""
     result = simulate(trace, config, COST)
     steps = result.steps
     first_start = {s.start_s: k for k, s in reversed(list(enumerate(steps)))}
+    starts = [s.start_s for s in steps]
     step_ending = {s.end_s: k for k, s in enumerate(steps)}
     records = {r.request_id: r for r in result.requests}
     adds: list[list[tuple[tuple[float, int], dict[str, Any]]]] = [[] for _ in steps]
     for order, req in enumerate(trace.requests):
         rec = records[req.request_id]
         prompt, output = request_token_arrays(req, config.vocab_size, config.seed)
-        adds[first_start[rec.engine_queued_s]].append(((rec.queued_s or 0.0, order), {
+        adds[_taken_in_at(starts, rec.engine_queued_s)].append(((rec.queued_s or 0.0, order), {
             "op": "add", "id": req.request_id, "prompt_token_ids": list(prompt),
             "output_token_ids": list(output), "max_tokens": req.output_len,
             "ignore_eos": True, "priority": req.priority, "arrival_time": req.arrival_s}))

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.sim.oracle_sim import oracle_config, random_sim_case, sim_case
+from tests.sim.oracle_sim import SYNTHETIC, oracle_config, random_sim_case, sim_case
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "oracle" / "sim_cases.json.gz"
 CASES: list[dict[str, Any]] = json.loads(gzip.decompress(FIXTURE.read_bytes()))
@@ -47,3 +47,12 @@ def test_the_oracle_gets_every_admission_setting() -> None:
         config.scheduler, watermark=0.3, scheduler_reserve_full_isl=False))
     cfg = oracle_config(config)
     assert (cfg["watermark"], cfg["scheduler_reserve_full_isl"]) == (0.3, False)
+
+
+def test_a_request_handed_over_a_bit_after_the_wake_maps_to_the_step_it_entered() -> None:
+    # Seed 14 with a fourth trace maker (sim_side.py's Mooncake): a multi-turn trace whose
+    # request "3-0" is handed over at 0.18023532216880564 s, one float bit after the
+    # server's wake that starts the step taking it in (`sim.api_server.server_wake`).
+    case = sim_case(*random_sim_case(14, (*SYNTHETIC, SYNTHETIC[0])))
+    [k] = [k for k, group in enumerate(case["adds"]) for ev in group if ev["id"] == "3-0"]
+    assert case["rt"]["requests"]["3-0"]["first_step"] == k  # admitted as it entered
