@@ -13,6 +13,8 @@ finish, its prefix hit at first admission, its preemptions and output tokens.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import random
 from bisect import bisect_right
@@ -160,3 +162,10 @@ def sim_case(trace: Trace, config: SimConfig) -> dict[str, Any]:
         flat[k]["arrival_time"] = float(rank)
     return {"config": oracle_config(config), "adds": groups,
             "rt": {"steps": rt_steps, "requests": rt_requests}}
+
+
+def inputs_digest(case: dict[str, Any]) -> str:
+    """SHA-256 of what `sim_case` hands vLLM (`config`, `adds`): a frozen answer holds only
+    for the inputs it was computed from."""
+    text = json.dumps({"config": case["config"], "adds": case["adds"]}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()

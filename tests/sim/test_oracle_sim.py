@@ -15,7 +15,13 @@ from typing import Any
 
 import pytest
 
-from tests.sim.oracle_sim import SYNTHETIC, oracle_config, random_sim_case, sim_case
+from tests.sim.oracle_sim import (
+    SYNTHETIC,
+    inputs_digest,
+    oracle_config,
+    random_sim_case,
+    sim_case,
+)
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "oracle" / "sim_cases.json.gz"
 CASES: list[dict[str, Any]] = json.loads(gzip.decompress(FIXTURE.read_bytes()))
@@ -31,8 +37,11 @@ def test_some_cases_preempt_and_hit() -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=[f"seed{case['seed']}" for case in CASES])
 def test_the_simulator_steps_as_vllm(case: dict[str, Any]) -> None:
-    ours = sim_case(*random_sim_case(case["seed"]))["rt"]
-    theirs = case["vllm"]
+    mine = sim_case(*random_sim_case(case["seed"]))
+    assert inputs_digest(mine) == case["inputs_sha256"], (
+        "the simulator hands vLLM other requests or steps than those frozen: re-freeze "
+        "(docs/tools/oracle_diff/freeze.py) before comparing")
+    ours, theirs = mine["rt"], case["vllm"]
     assert len(ours["steps"]) == len(theirs["steps"])
     for k, (mine, vllm) in enumerate(zip(ours["steps"], theirs["steps"], strict=True)):
         assert mine == vllm, f"step {k}"

@@ -31,7 +31,7 @@ from diff import run_oracle  # noqa: E402
 from edge_cases import edge_case  # noqa: E402
 
 from tests.runtime.oracle_replay import as_received  # noqa: E402
-from tests.sim.oracle_sim import random_sim_case, sim_case  # noqa: E402
+from tests.sim.oracle_sim import inputs_digest, random_sim_case, sim_case  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "oracle"
 
@@ -101,7 +101,8 @@ def freeze_sim_cases(seed: int, count: int, max_steps: int, venv: Path) -> int:
             preempting += preempts
         k += 1
     answers = run_oracle([{"config": c["config"], "adds": c["adds"]} for c in kept], venv)
-    frozen = [{"seed": c["seed"], "vllm": a} for c, a in zip(kept, answers, strict=True)]
+    frozen = [{"seed": c["seed"], "inputs_sha256": inputs_digest(c), "vllm": a}
+              for c, a in zip(kept, answers, strict=True)]
     write(FIXTURES / "sim_cases.json.gz", frozen)
     return len(frozen)
 
