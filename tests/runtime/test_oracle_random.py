@@ -24,7 +24,8 @@ FIXTURES = Path(__file__).parent.parent / "fixtures" / "oracle"
 
 
 def _load(name: str) -> list[dict[str, Any]]:
-    return json.loads(gzip.decompress((FIXTURES / name).read_bytes()))
+    cases: list[dict[str, Any]] = json.loads(gzip.decompress((FIXTURES / name).read_bytes()))
+    return cases
 
 
 CASES = _load("random_cases.json.gz")
