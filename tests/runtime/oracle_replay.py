@@ -34,6 +34,8 @@ def make_scheduler(cfg: dict[str, Any]) -> Scheduler:
             max_num_seqs=cfg["max_num_seqs"],
             max_model_len=cfg["max_model_len"],
             long_prefill_token_threshold=cfg.get("long_prefill_token_threshold", 0),
+            long_prefill_token_threshold_adaptive=cfg.get(
+                "long_prefill_token_threshold_adaptive", False),
             enable_chunked_prefill=cfg.get("enable_chunked_prefill", True),
             policy=cfg.get("policy", "fcfs"),
             scheduler_reserve_full_isl=cfg.get("scheduler_reserve_full_isl", True),
@@ -184,9 +186,8 @@ def trim_idle(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def differing_fields(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
     """The fields where two records differ. An abort's ids compare as a set: vLLM frees a
-    multi-id abort in the order of a set of strings (hash-seed dependent); KV usage is
-    implied by the free blocks."""
-    return sorted(k for k in set(ours) | set(theirs) if k != "kv_usage" and (
+    multi-id abort in the order of a set of strings (hash-seed dependent)."""
+    return sorted(k for k in set(ours) | set(theirs) if (
         sorted(ours.get(k, [])) != sorted(theirs.get(k, [])) if k == "aborted"
         else ours.get(k) != theirs.get(k)))
 

@@ -13,7 +13,11 @@ finish, its prefix hit at first admission, its preemptions and output tokens.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import math
 import random
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -101,9 +105,24 @@ def oracle_config(config: SimConfig) -> dict[str, Any]:
         "long_prefill_token_threshold": sched.long_prefill_token_threshold,
         "enable_chunked_prefill": sched.enable_chunked_prefill,
         "enable_prefix_caching": cache.enable_prefix_caching, "policy": sched.policy,
+        "watermark": sched.watermark,
+        "scheduler_reserve_full_isl": sched.scheduler_reserve_full_isl,
         "record_free_block_queue": False, "record_block_tables": False,
         "record_requests": False,
     }
+
+
+def _taken_in_at(starts: list[float], entry: float | None) -> int:
+    """The step that took in a request the recorder has entering the core at `entry` (s):
+    the first of those starting at its last start at or before `entry`. A hand-over may be a
+    float's last bit after the server's wake that starts that step (`sim.api_server.
+    server_wake`); the recorder then keeps the hand-over."""
+    assert entry is not None
+    k = bisect_right(starts, entry) - 1
+    assert k >= 0 and math.isclose(starts[k], entry, rel_tol=1e-12), (entry, starts[k:k + 2])
+    while k > 0 and starts[k - 1] == starts[k]:
+        k -= 1
+    return k
 
 
 def sim_case(trace: Trace, config: SimConfig) -> dict[str, Any]:
@@ -112,13 +131,14 @@ def sim_case(trace: Trace, config: SimConfig) -> dict[str, Any]:
     result = simulate(trace, config, COST)
     steps = result.steps
     first_start = {s.start_s: k for k, s in reversed(list(enumerate(steps)))}
+    starts = [s.start_s for s in steps]
     step_ending = {s.end_s: k for k, s in enumerate(steps)}
     records = {r.request_id: r for r in result.requests}
     adds: list[list[tuple[tuple[float, int], dict[str, Any]]]] = [[] for _ in steps]
     for order, req in enumerate(trace.requests):
         rec = records[req.request_id]
         prompt, output = request_token_arrays(req, config.vocab_size, config.seed)
-        adds[first_start[rec.engine_queued_s]].append(((rec.queued_s or 0.0, order), {
+        adds[_taken_in_at(starts, rec.engine_queued_s)].append(((rec.queued_s or 0.0, order), {
             "op": "add", "id": req.request_id, "prompt_token_ids": list(prompt),
             "output_token_ids": list(output), "max_tokens": req.output_len,
             "ignore_eos": True, "priority": req.priority, "arrival_time": req.arrival_s}))
@@ -142,3 +162,10 @@ def sim_case(trace: Trace, config: SimConfig) -> dict[str, Any]:
         flat[k]["arrival_time"] = float(rank)
     return {"config": oracle_config(config), "adds": groups,
             "rt": {"steps": rt_steps, "requests": rt_requests}}
+
+
+def inputs_digest(case: dict[str, Any]) -> str:
+    """SHA-256 of what `sim_case` hands vLLM (`config`, `adds`): a frozen answer holds only
+    for the inputs it was computed from."""
+    text = json.dumps({"config": case["config"], "adds": case["adds"]}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -221,6 +221,29 @@ def test_two_transfers_on_one_link_in_a_fleet() -> None:
     assert a.kv_transfer_s == b.kv_transfer_s == pytest.approx(shared, abs=1e-12)
 
 
+def test_the_decode_side_orders_requests_as_its_api_server_received_them() -> None:
+    # vLLM's decode instance stamps `arrival_time` as its API server takes the request from
+    # the proxy: "b", prefilled first, is stamped before "a" and, "c" holding the only
+    # sequence, is admitted first under the priority policy (the trace's arrivals, a before
+    # b, are no decode server's stamps).
+    def cfg(policy: str, seqs: int) -> SimConfig:
+        return SimConfig(
+            scheduler=SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=seqs,
+                                      max_model_len=16384, policy=policy),  # type: ignore[arg-type]
+            cache=CacheConfig(block_size=16, num_blocks=3000), api_server=NO_API,
+            check_invariants=True)
+
+    trace = Trace([TraceRequest("c", 0.0, 16, 400), TraceRequest("a", 0.001, 4000, 2),
+                   TraceRequest("b", 0.002, 16, 2)])
+    replicas = [Replica(cfg("fcfs", 32)), Replica(cfg("fcfs", 32)), Replica(cfg("priority", 1))]
+    result = simulate_pd(trace, replicas, ["prefill", "prefill", "decode"],
+                         make_policy("round-robin"), make_policy("round-robin"),
+                         PDDecider("always"))
+    c, a, b = result.requests
+    assert [(r.prefill_replica, r.replica) for r in (c, a, b)] == [(0, 2), (1, 2), (0, 2)]
+    assert c.finish_s < b.first_token_s < a.first_token_s
+
+
 # ---- whole runs ---------------------------------------------------------------------------
 
 

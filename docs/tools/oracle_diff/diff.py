@@ -23,6 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 
 from cases import random_case  # noqa: E402
+from edge_cases import edge_case  # noqa: E402
 
 from tests.runtime.oracle_replay import (  # noqa: E402
     as_received,
@@ -61,11 +62,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="first case's seed (then seed+1, ...)")
     ap.add_argument("--large", action="store_true",
                     help="up to 40 requests a case, sequences up to 256 tokens")
+    ap.add_argument("--edge", action="store_true",
+                    help="edge-shaped cases (edge_cases.py) instead of random ones")
     ap.add_argument("--out", type=Path, default=Path("/tmp/oracle_diff"))
     ap.add_argument("--venv", type=Path, default=Path(os.environ.get("VLLM_VENV",
                                                                     "/work/vllm-venv")))
     args = ap.parse_args()
-    cases = [random_case(args.seed + k, args.large) for k in range(args.cases)]
+    cases = [edge_case(args.seed + k) if args.edge else random_case(args.seed + k, args.large)
+             for k in range(args.cases)]
     theirs = run_oracle([dict(case, events=as_received(case["events"])) for case in cases],
                         args.venv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -89,7 +93,8 @@ def main() -> None:
         i, fields = found
         rec = oracle["steps"][i] if i < len(oracle["steps"]) else {}
         differ += 1
-        print(f"seed {case['seed']}: record {i} ({rec.get('event')} {rec.get('step')}) "
+        print(f"seed {case['seed']} {case.get('shape', '')}: record {i} "
+              f"({rec.get('event')} {rec.get('step')}) "
               f"differs in {', '.join(fields)}")
         Path(args.out, f"case{case['seed']}.json").write_text(json.dumps(
             {"case": case, "rt": ours, "vllm": oracle["steps"], "first": i}, indent=1))

@@ -7,6 +7,9 @@ them through rt without vLLM: tests/runtime/test_oracle_random.py, tests/sim/tes
 Scheduler cases: from `--pool` random cases, the smallest case of each distinct set of
 features (policy, chunking, caps, watermark, min_tokens, prefix hits, preemption,
 resumption, aborts, finish reasons); at most `--scheduler-cases`, the richest sets first.
+Edge cases the same way from `--pool` cases of `edge_cases.py` (their shape and the
+adaptive threshold count as features), at most `--edge-cases` plus the smallest case of
+each shape those leave out.
 Simulator cases: the first `--sim-cases` seeds whose simulation takes at most
 `--max-sim-steps` steps, at least a third of them preempting.
 """
@@ -17,6 +20,7 @@ import argparse
 import gzip
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,22 +28,24 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from cases import random_case  # noqa: E402
 from diff import run_oracle  # noqa: E402
+from edge_cases import edge_case  # noqa: E402
 
 from tests.runtime.oracle_replay import as_received  # noqa: E402
-from tests.sim.oracle_sim import random_sim_case, sim_case  # noqa: E402
+from tests.sim.oracle_sim import inputs_digest, random_sim_case, sim_case  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "oracle"
 
 
 def features(case: dict[str, Any], records: list[dict[str, Any]]) -> frozenset[str]:
     cfg = case["config"]
-    found = {cfg["policy"]}
+    found = {cfg["policy"], "shape-" + case.get("shape", "random")}
     found |= {name for name, on in (
         ("no-chunking", not cfg["enable_chunked_prefill"]),
         ("no-prefix-caching", not cfg["enable_prefix_caching"]),
         ("threshold", cfg["long_prefill_token_threshold"] > 0),
         ("first-chunk-gate", not cfg["scheduler_reserve_full_isl"]),
         ("watermark", cfg.get("watermark", 0.0) > 0),
+        ("adaptive", cfg.get("long_prefill_token_threshold_adaptive", False)),
         ("min-tokens", any(ev.get("min_tokens") for ev in case["events"]))) if on}
     for rec in records:
         if rec.get("preempted"):
@@ -56,8 +62,10 @@ def features(case: dict[str, Any], records: list[dict[str, Any]]) -> frozenset[s
     return frozenset(found)
 
 
-def freeze_scheduler_cases(seed: int, pool: int, limit: int, venv: Path) -> int:
-    cases = [random_case(seed + k) for k in range(pool)]
+def freeze_scheduler_cases(seed: int, pool: int, limit: int, venv: Path,
+                           make: Callable[[int], dict[str, Any]] = random_case,
+                           name: str = "random_cases.json.gz") -> int:
+    cases = [make(seed + k) for k in range(pool)]
     answers = run_oracle([dict(case, events=as_received(case["events"])) for case in cases],
                          venv)
     smallest: dict[frozenset[str], tuple[int, dict[str, Any]]] = {}
@@ -68,8 +76,15 @@ def freeze_scheduler_cases(seed: int, pool: int, limit: int, venv: Path) -> int:
             smallest[key] = (len(steps), {**case, "vllm": steps})
     # The richest feature sets first, the smaller case first among equals.
     ranked = sorted(smallest.items(), key=lambda item: (-len(item[0]), item[1][0]))
-    kept = sorted((case for _, (_, case) in ranked[:limit]), key=lambda case: case["seed"])
-    write(FIXTURES / "random_cases.json.gz", kept)
+    chosen = [case for _, (_, case) in ranked[:limit]]
+    # and the smallest case of each shape the richest sets left out
+    shapes = {case.get("shape") for case in chosen}
+    for _, (_, case) in sorted(smallest.items(), key=lambda item: item[1][0]):
+        if case.get("shape") not in shapes:
+            shapes.add(case.get("shape"))
+            chosen.append(case)
+    kept = sorted(chosen, key=lambda case: case["seed"])
+    write(FIXTURES / name, kept)
     return len(kept)
 
 
@@ -87,7 +102,8 @@ def freeze_sim_cases(seed: int, count: int, max_steps: int, venv: Path) -> int:
             preempting += preempts
         k += 1
     answers = run_oracle([{"config": c["config"], "adds": c["adds"]} for c in kept], venv)
-    frozen = [{"seed": c["seed"], "vllm": a} for c, a in zip(kept, answers, strict=True)]
+    frozen = [{"seed": c["seed"], "inputs_sha256": inputs_digest(c), "vllm": a}
+              for c, a in zip(kept, answers, strict=True)]
     write(FIXTURES / "sim_cases.json.gz", frozen)
     return len(frozen)
 
@@ -104,11 +120,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--pool", type=int, default=2000)
     ap.add_argument("--scheduler-cases", type=int, default=80)
+    ap.add_argument("--edge-cases", type=int, default=40)
     ap.add_argument("--sim-cases", type=int, default=12)
     ap.add_argument("--max-sim-steps", type=int, default=400)
     ap.add_argument("--venv", type=Path, default=Path("/work/vllm-venv"))
     args = ap.parse_args()
     freeze_scheduler_cases(args.seed, args.pool, args.scheduler_cases, args.venv)
+    freeze_scheduler_cases(args.seed, args.pool, args.edge_cases, args.venv, edge_case,
+                           "edge_cases.json.gz")
     freeze_sim_cases(args.seed, args.sim_cases, args.max_sim_steps, args.venv)
 
 

@@ -44,6 +44,21 @@ def patch_to_033() -> None:
 if os.environ.get("ORACLE_AS_032") != "1":
     patch_to_033()
 
+_build_scheduler = oracle.build_scheduler
+
+
+def _build_with_adaptive(user_cfg: dict):  # type: ignore[no-untyped-def]
+    """The oracle's scheduler, with `long_prefill_token_threshold_adaptive` (a vLLM
+    SchedulerConfig field the oracle's config does not pass) as the case sets it."""
+    cfg = dict(user_cfg)
+    adaptive = bool(cfg.pop("long_prefill_token_threshold_adaptive", False))
+    scheduler, merged, hasher = _build_scheduler(cfg)
+    scheduler.adaptive_long_prefill_threshold = adaptive
+    return scheduler, merged, hasher
+
+
+oracle.build_scheduler = _build_with_adaptive
+
 
 def run_sim_case(config: dict, adds: list[list[dict]]) -> dict:
     """Step k adds `adds[k]`, then schedules; as the engine core, a step with nothing left

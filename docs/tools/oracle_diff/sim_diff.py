@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from diff import run_oracle  # noqa: E402
-from sim_side import case_for  # noqa: E402
+from sim_side import case_for, edge_case_for  # noqa: E402
 
 
 def main() -> None:
@@ -25,11 +25,14 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--edge", action="store_true",
+                    help="edge-shaped configs (sim_side.edge_case_for)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/oracle_sim_diff"))
     ap.add_argument("--venv", type=Path, default=Path(os.environ.get("VLLM_VENV",
                                                                     "/work/vllm-venv")))
     args = ap.parse_args()
-    cases = [case_for(args.seed + k) for k in range(args.cases)]
+    make = edge_case_for if args.edge else case_for
+    cases = [make(args.seed + k) for k in range(args.cases)]
     theirs = run_oracle([{"config": c["config"], "adds": c["adds"]} for c in cases], args.venv)
     args.out.mkdir(parents=True, exist_ok=True)
     differ = steps = requests = 0
