@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 import cli
-from workloads import Trace, TraceRequest, write_rt_jsonl
+from tests.cli_runs import simulated_run
 
 HUGE = "99999999999999999999"  # > 2**63: once an OverflowError or a hang
 
@@ -28,13 +28,7 @@ HUGE = "99999999999999999999"  # > 2**63: once an OverflowError or a hang
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A 4-request trace, a run of it, and broken copies of that run."""
     root = tmp_path_factory.mktemp("bad")
-    trace = root / "t.jsonl"
-    write_rt_jsonl(Trace(tuple(TraceRequest(f"r{i}", 0.5 * i, 32, 4) for i in range(4)),
-                         "t"), trace)
-    run = root / "run"
-    result = CliRunner().invoke(cli.app, ["simulate", "--trace", str(trace),
-                                          "--result-dir", str(run)])
-    assert result.exit_code == 0, result.output
+    trace, run = simulated_run(root)
     listed = root / "listed"
     shutil.copytree(run, listed)
     (listed / "run.json").write_text("[1]\n")

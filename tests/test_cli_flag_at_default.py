@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 import cli
-from workloads import Trace, TraceRequest, write_rt_jsonl
+from tests.cli_runs import simulated_run
 
 _ENDPOINT = "--endpoint (the server runs the model)"
 _STEPS = "--from-steps (no model runs here)"
@@ -28,13 +28,7 @@ _POOL = '[[pool]]\nname = "p"\ncount = 2\ngpu = "h200"\nmodel = "llama-3.1-8b"\n
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A 4-request trace, a simulated run of it (for --from-steps) and a one-pool fleet."""
     root = tmp_path_factory.mktemp("at_default")
-    trace = root / "t.jsonl"
-    write_rt_jsonl(Trace(tuple(TraceRequest(f"r{i}", 0.5 * i, 32, 4) for i in range(4)),
-                         "t"), trace)
-    run = root / "run"
-    result = CliRunner().invoke(cli.app, ["simulate", "--trace", str(trace),
-                                          "--result-dir", str(run)])
-    assert result.exit_code == 0, result.output
+    trace, run = simulated_run(root)
     fleet = root / "fleet.toml"
     fleet.write_text(_POOL)
     return {"t": trace, "run": run, "fleet": fleet}
