@@ -17,7 +17,7 @@ import hashlib
 import json
 import math
 import random
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,6 +26,7 @@ from sim.cost.roofline import RooflineCostModel
 from sim.hardware import resolve_gpu
 from sim.model_presets import resolve_model
 from sim.simulator import SimConfig, simulate
+from tests.runtime.oracle_replay import as_received
 from workloads import (
     ArrivalProcess,
     MultiTurn,
@@ -130,7 +131,6 @@ def sim_case(trace: Trace, config: SimConfig) -> dict[str, Any]:
     step) and rt's records in the oracle's terms (`rt`)."""
     result = simulate(trace, config, COST)
     steps = result.steps
-    first_start = {s.start_s: k for k, s in reversed(list(enumerate(steps)))}
     starts = [s.start_s for s in steps]
     step_ending = {s.end_s: k for k, s in enumerate(steps)}
     records = {r.request_id: r for r in result.requests}
@@ -148,18 +148,15 @@ def sim_case(trace: Trace, config: SimConfig) -> dict[str, Any]:
         "running": s.num_running, "waiting": s.num_waiting, "kv_usage": round(s.kv_usage, 6),
     } for s in steps]
     rt_requests = {r.request_id: {
-        "first_step": (None if r.first_scheduled_s is None
-                       else first_start[r.first_scheduled_s]),
+        "first_step": (None if r.first_scheduled_s is None  # a step's own start
+                       else bisect_left(starts, r.first_scheduled_s)),
         "cached": r.cached_tokens, "finish_step": step_ending.get(r.finish_s),
         "preemptions": r.num_preemptions, "outputs": r.output_len,
     } for r in result.requests}
     groups = [[ev for _, ev in sorted(group, key=lambda x: x[0])] for group in adds]
-    # Arrival stamps as a server receiving the requests in add order gives them (distinct:
-    # rt breaks ties of trace times by add order, `as_received`).
-    flat = [ev for group in groups for ev in group]
-    for rank, k in enumerate(sorted(range(len(flat)),
-                                    key=lambda k: (flat[k]["arrival_time"], k))):
-        flat[k]["arrival_time"] = float(rank)
+    # Arrival stamps as a server receiving the requests in add order gives them.
+    stamped = iter(as_received([ev for group in groups for ev in group]))
+    groups = [[next(stamped) for _ in group] for group in groups]
     return {"config": oracle_config(config), "adds": groups,
             "rt": {"steps": rt_steps, "requests": rt_requests}}
 

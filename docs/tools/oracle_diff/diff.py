@@ -35,13 +35,22 @@ from tests.runtime.oracle_replay import (  # noqa: E402
 HERE = Path(__file__).parent
 
 
-def run_oracle(cases: list[dict[str, Any]], venv: Path) -> list[dict[str, Any]]:
+def run_oracle(cases: list[Any], venv: Path, script: str = "oracle_batch.py") -> list[Any]:
+    """`script`'s answers to `cases`, run under the oracle's venv (a JSON list in, one out)."""
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp, "cases.json"), Path(tmp, "out.json")
         src.write_text(json.dumps(cases))
-        subprocess.run([str(venv / "bin" / "python"), str(HERE / "oracle_batch.py"), str(src),
+        subprocess.run([str(venv / "bin" / "python"), str(HERE / script), str(src),
                         str(dst)], check=True, stderr=subprocess.DEVNULL)
         return json.loads(dst.read_text())
+
+
+def common_args(ap: argparse.ArgumentParser, cases: int) -> None:
+    """The options every oracle_diff driver takes: how many cases, the first seed, the venv."""
+    ap.add_argument("--cases", type=int, default=cases)
+    ap.add_argument("--seed", type=int, default=0, help="first case's seed (then seed+1, ...)")
+    ap.add_argument("--venv", type=Path, default=Path(os.environ.get("VLLM_VENV",
+                                                                    "/work/vllm-venv")))
 
 
 def first_difference(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]
@@ -58,15 +67,12 @@ def first_difference(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", type=int, default=100)
-    ap.add_argument("--seed", type=int, default=0, help="first case's seed (then seed+1, ...)")
+    common_args(ap, cases=100)
     ap.add_argument("--large", action="store_true",
                     help="up to 40 requests a case, sequences up to 256 tokens")
     ap.add_argument("--edge", action="store_true",
                     help="edge-shaped cases (edge_cases.py) instead of random ones")
     ap.add_argument("--out", type=Path, default=Path("/tmp/oracle_diff"))
-    ap.add_argument("--venv", type=Path, default=Path(os.environ.get("VLLM_VENV",
-                                                                    "/work/vllm-venv")))
     args = ap.parse_args()
     cases = [edge_case(args.seed + k) if args.edge else random_case(args.seed + k, args.large)
              for k in range(args.cases)]

@@ -8,18 +8,17 @@ Needs the oracle's virtual environment at $VLLM_VENV (default /work/vllm-venv)."
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
-import subprocess
-import tempfile
+import sys
 from pathlib import Path
 from typing import Any
 
-from runtime.router import ReplicaSnapshot, RoutingRequest
-from runtime.router.simple import VllmDP, VllmDPConfig
+sys.path.insert(0, str(Path(__file__).parent))
 
-HERE = Path(__file__).parent
+from diff import common_args, run_oracle  # noqa: E402
+
+from runtime.router import ReplicaSnapshot, RoutingRequest  # noqa: E402
+from runtime.router.simple import VllmDP, VllmDPConfig  # noqa: E402
 
 
 def random_case(seed: int) -> dict[str, Any]:
@@ -63,20 +62,12 @@ def rt_choices(case: dict[str, Any], formula: str = "current") -> list[int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--cases", type=int, default=1000)
-    ap.add_argument("--seed", type=int, default=0)
+    common_args(ap, cases=1000)
     ap.add_argument("--formula", default="current",
                     help="rt's formula to compare (legacy: how far the old one is off)")
-    ap.add_argument("--venv", type=Path, default=Path(os.environ.get("VLLM_VENV",
-                                                                    "/work/vllm-venv")))
     args = ap.parse_args()
     cases = [random_case(args.seed + k) for k in range(args.cases)]
-    with tempfile.TemporaryDirectory() as tmp:
-        src, dst = Path(tmp, "cases.json"), Path(tmp, "out.json")
-        src.write_text(json.dumps(cases))
-        subprocess.run([str(args.venv / "bin" / "python"), str(HERE / "dp_oracle.py"),
-                        str(src), str(dst)], check=True, stderr=subprocess.DEVNULL)
-        theirs = json.loads(dst.read_text())
+    theirs = run_oracle(cases, args.venv, "dp_oracle.py")
     differ = routes = 0
     for case, vllm in zip(cases, theirs, strict=True):
         ours = rt_choices(case, args.formula)

@@ -10,26 +10,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from diff import run_oracle  # noqa: E402
+from diff import common_args, run_oracle  # noqa: E402
 from sim_side import case_for, edge_case_for  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", type=int, default=50)
-    ap.add_argument("--seed", type=int, default=0)
+    common_args(ap, cases=50)
     ap.add_argument("--edge", action="store_true",
                     help="edge-shaped configs (sim_side.edge_case_for)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/oracle_sim_diff"))
-    ap.add_argument("--venv", type=Path, default=Path(os.environ.get("VLLM_VENV",
-                                                                    "/work/vllm-venv")))
     args = ap.parse_args()
     make = edge_case_for if args.edge else case_for
     cases = [make(args.seed + k) for k in range(args.cases)]
