@@ -136,9 +136,12 @@ class Replica(EngineProcess):
         `max_tokens` defaults to the trace's output length; `hashes`: its block names."""
         max_tokens = req.output_len if max_tokens is None else max_tokens
         self.arrived(req, reached_s, max_tokens)
+        stamp = self.api_start(reached_s)
         handover = self.stack_handover(req, reached_s)
         self.outputs[req.request_id] = output
-        entry = (handover, self.make_request(req, prompt, max_tokens, hashes or None))
+        request = self.make_request(req, prompt, max_tokens, hashes or None)
+        request.arrival_time = stamp
+        entry = (handover, request)
         pending = self.pending
         if pending and handover < pending[-1][0]:  # a shorter stack delay: ahead of others
             insort(pending, entry, key=itemgetter(0))
@@ -157,6 +160,13 @@ class Replica(EngineProcess):
                                             max_tokens, FleetRequestRecord)
         cast(FleetRequestRecord, record).replica = self.index
         cast(FleetRequestRecord, record).routing_s = reached_s - req.arrival_s
+
+    def api_start(self, reached_s: float) -> float:
+        """When the API server (FIFO) starts on a prompt reaching it at `reached_s`: the
+        request's `arrival_time` in this core, as vLLM's input processor stamps it when
+        tokenisation starts (docs/engine-core.md, "Arrival ties"), seconds. In rt's model
+        the serving stack's delay comes after it."""
+        return max(self.api_free_at, reached_s)
 
     def api_handover(self, reached_s: float, prompt_len: int) -> float:
         """When the API server (FIFO) hands a prompt reaching it at `reached_s` to the core."""
@@ -311,6 +321,7 @@ class PreRoutedReplica(KnownHandovers, Replica):
         # of ~10k steps were copied as they grew)
         super().__init__(fleet, index, setup, Recorder(fleet.step_columns))
         self.requests, self.handovers, self.take_in = [], [], []
+        self.stamps: list[float] = []  # stamps[i]: requests[i]'s `api_start`, s
         self.next_index = 0
         self.latency_s = fleet.latency_s
 
@@ -341,8 +352,10 @@ class PreRoutedReplica(KnownHandovers, Replica):
     def hand_over_later(self, req: TraceRequest) -> None:
         """Route the request here (in trace order); it is built when handed over, and taken
         in when `simulate`'s API server would wake for it (`order_handovers`)."""
+        reached_s = self.reached_s(req)
         self.requests.append(req)
-        self.handovers.append(self.stack_handover(req, self.reached_s(req)))
+        self.stamps.append(self.api_start(reached_s))
+        self.handovers.append(self.stack_handover(req, reached_s))
 
     def order_handovers(self, reorder: bool) -> None:
         """Once every request is routed: with `reorder` (serving-stack delays can put a
@@ -352,10 +365,14 @@ class PreRoutedReplica(KnownHandovers, Replica):
             order = sorted(range(len(self.handovers)), key=self.handovers.__getitem__)
             self.requests = [self.requests[i] for i in order]
             self.handovers = [self.handovers[i] for i in order]
+            self.stamps = [self.stamps[i] for i in order]
         self.take_in = server_wakes(self.handovers)
 
     def arrive(self, req: TraceRequest) -> None:
         self.arrived(req, self.reached_s(req), req.output_len)
+
+    def arrival_stamp(self, i: int) -> float:
+        return self.stamps[i]
 
     def wait_for_work(self) -> Generator[simpy.Event, object, float]:
         if self.next_index == len(self.take_in):  # its share is done: no block is used again

@@ -283,7 +283,7 @@ class _PDFleet(_Fleet):
         request.num_external_computed_tokens = req.prompt_len - 1
         # vLLM's decode instance stamps `arrival_time` as its (FIFO) API server starts on the
         # request, not at the trace's arrival: the priority queue and victim order by it.
-        request.arrival_time = max(replica.api_free_at, prefilled_s)
+        request.arrival_time = replica.api_start(prefilled_s)
         job.handover_s = replica.api_handover(prefilled_s, req.prompt_len)
         wait = self.env.timeout(job.handover_s - self.env.now)
         wait.callbacks.append(lambda _: self.start_transfer(job, request))

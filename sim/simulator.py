@@ -340,7 +340,15 @@ class KnownHandovers(EngineProcess):
         self.arrive(req)
         prompt, self.outputs[req.request_id] = self.token_arrays(req)
         self.next_index = i + 1
-        self.submit(self.make_request(req, prompt, req.output_len), self.handovers[i])
+        request = self.make_request(req, prompt, req.output_len)
+        request.arrival_time = self.arrival_stamp(i)
+        self.submit(request, self.handovers[i])
+
+    def arrival_stamp(self, i: int) -> float:
+        """`requests[i]`'s `arrival_time` in the core, seconds: its trace arrival. Only
+        its order counts (the priority queue and victim), and one API server taking the
+        trace in order stamps in that order (ties: add order, the same)."""
+        return self.requests[i].arrival_s
 
     def idle_until(self) -> float | None:
         """The next take-in (None after the last: the run ends)."""

@@ -240,3 +240,25 @@ def test_the_delay_draws_are_not_the_random_dataset_s_lengths() -> None:
     lens = np.array([r.prompt_len for r in trace], dtype=float)
     n = len(trace) // 2
     assert abs(np.corrcoef(u[:n], lens[1:2 * n:2])[0, 1]) < 0.3
+
+
+@pytest.mark.parametrize("policy", ["round-robin", "least-outstanding", "dynamo-kv"])
+def test_the_core_orders_by_the_api_servers_stamp_not_the_hand_over(policy: str) -> None:
+    """Priority policy, one sequence at a time, 1 ms of API server per request: A and B
+    arrive together while `busy` runs; A's stack takes 20 ms, so B enters the core first.
+    vLLM stamps `arrival_time` as its API server starts on a request (A at 0.010, B at
+    0.011, after A's 1 ms), so A is served first once `busy` ends. Stamped at the trace's
+    arrival the two tied and add order put B first (review 24, item 6)."""
+    trace = Trace((TraceRequest("busy", 0.0, 64, 20), TraceRequest("A", 0.010, 64, 2),
+                   TraceRequest("B", 0.010, 64, 2)))
+    base = config(max_num_seqs=1)
+    one = dataclasses.replace(base, scheduler=dataclasses.replace(base.scheduler,
+                                                                  policy="priority"),
+                              api_server=ApiServerCost(0.001, 0.0, 0.0))
+    result = simulate_fleet(trace, [Replica(one)], make_policy(policy), refresh_s=0.0,
+                            stack_delay_s={"A": 0.020})
+    busy, a, b = result.requests
+    assert a.api_server_s == pytest.approx(0.021) and b.api_server_s == pytest.approx(0.002)
+    assert busy.finish_s is not None and a.first_token_s is not None
+    assert b.first_token_s is not None and busy.finish_s < a.first_token_s
+    assert a.first_token_s < b.first_token_s
