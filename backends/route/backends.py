@@ -99,7 +99,7 @@ def needed_signals(policy: RouterPolicy) -> tuple[str, ...]:
         legacy = getattr(config, "formula", "") == "legacy"
         return (WAITING, RUNNING) if legacy else (WAITING, RUNNING, KV_USAGE)
     if policy.name == "power-of-two" and getattr(config, "load", "") == "snapshot":
-        return (WAITING, RUNNING)
+        return (KV_USAGE,)
     if policy.name == "llm-d":
         needed = []
         if weight("queue") > 0 or weight("load_aware") > 0:

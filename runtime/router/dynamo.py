@@ -5,8 +5,12 @@ Per candidate worker, in KV blocks of `block_size` tokens (ai-dynamo/dynamo
 
     overlap      = leading prompt blocks the worker holds (KV events, `PreciseIndex`)
     decode       = active_blocks + additional_blocks
-                   (distinct blocks of this router's in-flight requests on the worker, plus
-                   the request's blocks not among them: `potential_decode_blocks`)
+                   (distinct full blocks of this router's in-flight prompts on the worker,
+                   plus the request's full blocks not among them: `WorkerLoadProjection::
+                   potential_decode_blocks`; a partial last block is prefill work only, as
+                   Dynamo hashes full blocks, `chunks_exact`; without hashes, a trace of
+                   lengths only, every full block is distinct, as Dynamo's random hashes
+                   without KV reuse)
     overlap-load (current, default):
         raw_prefill = (active_prefill_tokens + prompt_len) / block_size
         cost = prefill_load_scale * max(0, raw_prefill - overlap_score_credit * overlap)
@@ -17,7 +21,9 @@ Per candidate worker, in KV blocks of `block_size` tokens (ai-dynamo/dynamo
 
 `active_prefill_tokens` = uncached prompt tokens of the worker's in-flight requests whose
 prefill is not done (`on_prefill_done`; without it they count until `on_finished`).
-Defaults: credit 1.0, prefill_load_scale 1.0, overlap_score_weight 1.0, temperature 0.
+Defaults: credit 1.0, prefill_load_scale 1.0, overlap_score_weight 1.0, temperature 0
+(`scheduling/config.rs`; read at selector/default.rs 07a6c9c, sequences/prompt_registry.rs
+and block_tracker.rs, the index's versions: the repository is over the fetch limit).
 Selection: temperature 0 -> argmin, ties drawn uniformly (Dynamo's reservoir draw, here from
 the seeded generator); temperature T > 0 -> costs min-max normalised, negated, divided by T,
 softmax, one draw (`softmax_sample_entries`; all costs equal -> uniform).
@@ -74,7 +80,7 @@ class _Active:
     replica: int
     prefill_tokens: int  # uncached prompt tokens, counted until prefill is done
     hashes: tuple[BlockHash, ...]
-    unhashed_blocks: int  # blocks without a hash (the partial tail; all if no hashes)
+    unhashed_blocks: int  # full blocks without a hash (all of them if no hashes)
 
 
 def softmax_pick(costs: dict[int, float], temperature: float, sample: float) -> int:
@@ -121,7 +127,7 @@ class DynamoKv(RouterPolicy):
         cfg, bs = self.config, self.config.block_size
         overlap = self.precise.overlap_blocks(request.block_hashes)
         self._overlap[request.request_id] = overlap
-        request_blocks = -(-request.prompt_len // bs)
+        request_blocks = request.prompt_len // bs  # full blocks: a partial one is prefill only
         costs = {}
         for r in ids:
             held = self._blocks.get(r, Counter())
@@ -151,7 +157,7 @@ class DynamoKv(RouterPolicy):
         overlap = self._overlap.pop(request.request_id, {})
         bs = self.config.block_size
         uncached = max(0, request.prompt_len - overlap.get(replica, 0) * bs)
-        unhashed = -(-request.prompt_len // bs) - len(request.block_hashes)
+        unhashed = request.prompt_len // bs - len(request.block_hashes)
         active = _Active(replica, uncached, request.block_hashes, max(0, unhashed))
         self._active[request.request_id] = active
         self._blocks.setdefault(replica, Counter()).update(active.hashes)

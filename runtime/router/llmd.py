@@ -3,26 +3,35 @@
 Each enabled scorer maps every candidate to [0, 1]; the total is sum(weight * score) and the
 highest total wins, ties drawn from the seeded generator (llm-d's `max-score-picker`
 shuffles before sorting). Default profile (helm `config/charts/epplib/templates/
-_config.yaml`): queue 2, kv-cache-utilization 2, prefix-cache 3. Scorers (llm-d-inference-
-scheduler `pkg/epp/framework/plugins/scheduling/scorer/*`, fleet.md §2a):
+_config.yaml`): queue 2, kv-cache-utilization 2, prefix-cache 3. Scorers (llm-d/llm-d-
+inference-scheduler `pkg/epp/framework/plugins/scheduling/scorer/*`, read at 520af47,
+2026-05-17; fleet.md §2a):
 
 - `queue`: (maxQ - q) / (maxQ - minQ) over the scraped waiting counts; all equal -> 1.
 - `kv_cache_utilization`: 1 - scraped KV usage.
 - `prefix_cache`: matched blocks / prompt blocks from the router's approximate index
   (`BlockLRUIndex`: 16-token blocks, at most 256 matched, 31,250 blocks per replica or the
   replica's pool size under autoTune); 0 for a prompt shorter than a block.
-- `precise_prefix_cache`: leading blocks held per the (delayed) KV events, min-max
-  normalised, all equal -> 1 (BLIS `sim/routing_scorers.go` documents this normalisation).
+- `precise_prefix_cache`: leading blocks held per the (delayed) KV events / the request's
+  blocks, clipped to [0, 1] (`absoluteScoredPods`, llm-d #1107); no blocks -> 0.
 - `load_aware`: empty queue 0.5, else 0.5 * (1 - min(q, T) / T), T = 128.
 - `active_request`: this router's in-flight count c; c <= idle_threshold (0) -> 1, else
-  (maxC - c) / maxC * max_busy_score (1.0), maxC over all replicas it has requests on.
-- `token_load`: 1 - min(1, in-flight prompt tokens / T), T = 4,194,304.
+  (maxC - c) / maxC * max_busy_score (1.0), maxC over the candidates (llm-d #931).
+- `token_load`: 1 - min(1, in-flight tokens / T), T = 4,194,304; a request counts its
+  input plus an output estimate, p + round(1.5 p) (`SimpleTokenEstimator`, OutputRatio 1.5;
+  p = the prompt's tokens, where llm-d estimates them from the body's bytes / 4).
 - `no_hit_lru`: for a cold request (no candidate matches a block) candidates never used for
   a cold request score 1 - i/(n-1) in id order, used ones 1 - (never_used + lru_rank)/(n-1)
   (oldest rank 0), floored at 0; warm requests 0.5 for all. LRU of 1,024 replicas.
 
+`formula=legacy` is llm-d up to v0.8.0: the precise scorer min-max normalises the leading
+blocks held (all equal -> 1; BLIS `sim/routing_scorers.go` documents it), and the active-
+request scorer takes maxC over every replica the router has requests on.
+
 Not modelled: the latency scorer (needs a TTFT/TPOT predictor), lora-affinity, session
-affinity, and llm-d's characters-per-token approximation (rt hashes the token ids).
+affinity, running-requests and context-length scorers, the active-request scorer's request
+timeout, and llm-d's characters-per-token approximation (rt hashes the token ids; autoTune's
+block size from the engine is `block_size` here, 16 as vLLM's default).
 """
 
 from __future__ import annotations
@@ -69,8 +78,11 @@ class LlmdConfig:
     max_busy_score: float = 1.0
     token_load_threshold: int = 4_194_304
     no_hit_lru_size: int = 1024
+    formula: str = "current"  # "legacy": llm-d <= v0.8.0 (see the module docstring)
 
     def __post_init__(self) -> None:
+        require(self.formula in ("current", "legacy"),
+                f"formula must be 'current' or 'legacy', got {self.formula!r}")
         for name in SCORERS:
             weight = getattr(self, name)
             require(weight >= 0, f"{name} weight must be >= 0, got {weight}")
@@ -89,6 +101,12 @@ class _Pending:
     hashes: list[RouterHash]
     cold: bool
     capacity: dict[int, int]  # replica -> LRU capacity if it is chosen
+
+
+def token_estimate(prompt_len: int) -> int:
+    """llm-d's `SimpleTokenEstimator`: input + round(input * 1.5), Go's round (half away
+    from zero; tokens are >= 0, so floor(x + 0.5), done in integers: (3p + 1) // 2)."""
+    return prompt_len + (3 * prompt_len + 1) // 2
 
 
 def min_max(values: dict[int, float], higher_better: bool) -> dict[int, float]:
@@ -112,6 +130,10 @@ class Llmd(RouterPolicy):
         self.precise = PreciseIndex()
         self._cold_lru: OrderedDict[int, None] = OrderedDict()  # oldest first
         self._pending: dict[str, _Pending] = {}
+        self._legacy = self.config.formula == "legacy"
+        # token_load's in-flight estimate: request id -> (replica, tokens); replica -> sum
+        self._estimate: dict[str, tuple[int, int]] = {}
+        self._est_tokens: dict[int, int] = {}
 
     @property
     def completion_blind(self) -> bool:
@@ -155,8 +177,7 @@ class Llmd(RouterPolicy):
         if name == "prefix_cache":
             return {r: matched.get(r, 0) / len(hashes) if hashes else 0.0 for r in ids}
         if name == "precise_prefix_cache":
-            overlap = self.precise.overlap_blocks(request.block_hashes)
-            return min_max({r: float(overlap.get(r, 0)) for r in ids}, higher_better=True)
+            return self._precise_scores(request, ids)
         if name == "load_aware":
             t = cfg.load_aware_threshold
             return {r: 0.5 * (1.0 - min(snaps[r].num_waiting, t) / t) for r in ids}
@@ -164,11 +185,19 @@ class Llmd(RouterPolicy):
             return self._active_request_scores(ids)
         if name == "token_load":
             t = cfg.token_load_threshold
-            return {r: 1.0 - min(1.0, self.local.tokens.get(r, 0) / t) for r in ids}
+            return {r: 1.0 - min(1.0, self._est_tokens.get(r, 0) / t) for r in ids}
         return self._no_hit_lru_scores(ids, cold)
 
+    def _precise_scores(self, request: RoutingRequest, ids: list[int]) -> dict[int, float]:
+        overlap = self.precise.overlap_blocks(request.block_hashes)
+        if self._legacy:
+            return min_max({r: float(overlap.get(r, 0)) for r in ids}, higher_better=True)
+        total = len(request.block_hashes)  # overlap <= total: no clipping needed
+        return {r: overlap.get(r, 0) / total if total else 0.0 for r in ids}
+
     def _active_request_scores(self, ids: list[int]) -> dict[int, float]:
-        counts = {r: c for r, c in self.local.count.items() if c > 0}
+        tracked = ids if not self._legacy else self.local.count  # maxC over these
+        counts = {r: c for r in tracked if (c := self.local.count.get(r, 0)) > 0}
         max_count = max(counts.values(), default=0)
         scores = {}
         for r in ids:
@@ -193,6 +222,9 @@ class Llmd(RouterPolicy):
 
     def on_routed(self, request: RoutingRequest, replica: int) -> None:
         super().on_routed(request, replica)
+        estimate = token_estimate(request.prompt_len)
+        self._estimate[request.request_id] = (replica, estimate)
+        self._est_tokens[replica] = self._est_tokens.get(replica, 0) + estimate
         pending = self._pending.pop(request.request_id, None)
         if pending is None:
             return
@@ -203,6 +235,12 @@ class Llmd(RouterPolicy):
             self._cold_lru[replica] = None
             if len(self._cold_lru) > self.config.no_hit_lru_size:
                 self._cold_lru.popitem(last=False)
+
+    def on_finished(self, request_id: str) -> None:
+        super().on_finished(request_id)
+        entry = self._estimate.pop(request_id, None)
+        if entry is not None:
+            self._est_tokens[entry[0]] -= entry[1]
 
     @property
     def wants_kv_events(self) -> bool:

@@ -7,7 +7,8 @@ replica moves only the sessions of the arcs it gains or loses. SGLang router
 (`src/vllm_router/routers/routing_logic.py`, uhashring's ring, whose point layout differs,
 so the session -> replica map is not theirs byte for byte). A request without a session id
 goes to the replica with the lowest recent QPS from this router (production-stack's
-`_qps_routing`: the first of the lowest, a replica never sent anything counting as 0).
+`_qps_routing`: the first replica never sent anything if there is one, else the first of
+the lowest QPS over the last `qps_window_s`).
 """
 
 from __future__ import annotations
@@ -59,7 +60,12 @@ class RingCache:
 
 
 def lowest_qps(local: RouterLocal, ids: Sequence[int], now_s: float, window_s: float) -> int:
-    """production-stack's `_qps_routing` over this router's own dispatch counts."""
+    """production-stack's `_qps_routing` over this router's own dispatch counts: its scan
+    returns the first endpoint without request stats (never sent to) as soon as it reaches
+    it, so one such wins over any earlier endpoint; else the first of the lowest QPS."""
+    for r in ids:
+        if r not in local.routed_at:
+            return r
     qps = {r: local.qps(r, now_s, window_s) for r in ids}
     return first_min(ids, qps)
 

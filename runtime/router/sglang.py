@@ -1,21 +1,35 @@
-"""`sglang-cache-aware`: the SGLang router's (sgl-model-gateway / SMG) cache-aware policy.
+"""`sglang-cache-aware`: the SGLang model gateway's (SMG) cache-aware policy.
 
-sgl-project/sglang `sgl-router/src/policies/cache_aware.rs` (`select_worker`), with the
-approximate radix tree of `tree.rs`; fleet.md §4 for the SMG defaults:
+lightseekorg/smg `model_gateway/src/policies/cache_aware.rs` (`select_worker`, 73da68c,
+2026-08-07; SMG continues sgl-project/sglang's `sgl-model-gateway`), with the token radix
+tree of `crates/kv_index/src/token_tree.rs`; defaults from its CLI (`model_gateway/src/
+main.rs`):
 
 1. load = this router's in-flight requests per worker. If max - min > balance_abs_threshold
    (64) and max > balance_rel_threshold (1.5) * min, the fleet is imbalanced: go to the least
-   loaded worker (the first in id order on a tie, Rust's `min_by_key`).
+   loaded worker.
 2. Else match the prompt in the tree: match rate = matched tokens / prompt tokens. Above
-   cache_threshold (0.3) go to a worker holding the longest match; otherwise to the worker
-   whose tree is smallest (holds the fewest tokens: "most free cache").
+   cache_threshold (0.3) go to a worker holding the longest match; otherwise to the least
+   loaded worker.
 3. Either way the prompt is inserted into the tree for the chosen worker.
 
-Every `eviction_interval_s` (120) the tree is trimmed to `max_tree_size` (67,108,864) tokens
-per worker by dropping least recently used leaves (done at the first decision after each
-interval). The tree holds tokens in pages of `page_size` (16, SMG's block size) where SGLang
-holds characters; ties between equally good workers, which SGLang leaves to hash-map order,
-are drawn from the seeded generator.
+"Least loaded" is SMG's `(load, processed, index)` minimum: fewest in flight, then fewest
+requests this router ever sent there, then the lowest id. The tree holds pages of
+`page_size` (16) tokens and drops a prompt's partial last page (`align_to_page`), so a prompt
+under one page never matches; the rate's denominator is the whole prompt. Every
+`eviction_interval_s` (120) the tree is trimmed to `max_tree_size` (67,108,864) tokens per
+worker by dropping least recently used leaves (done at the first decision after each
+interval). Ties between equally good holders, which SMG leaves to its tree's cached "any
+tenant", are drawn from the seeded generator.
+
+Not modelled: SMG's KV-usage imbalance triggers (`balance_token_usage_threshold`,
+`overload_token_usage_threshold`, off by default) and its KV-event-driven variant.
+
+`formula=legacy`, the SGLang router before the gateway (sgl-project/sglang `sgl-router/src/
+policies/cache_aware.rs`, `tree.get_smallest_tenant()`): the low-match branch goes to the
+worker whose tree is smallest ("most free cache"; ties drawn from the seed), the imbalanced
+branch to the first of the fewest in flight (Rust's `min_by_key`), and the partial last page
+is matched and inserted (SGLang's tree held characters, not pages).
 """
 
 from __future__ import annotations
@@ -37,8 +51,11 @@ class SglangConfig:
     page_size: int = 16
     eviction_interval_s: float = 120.0
     max_tree_size: int = 67_108_864
+    formula: str = "current"
 
     def __post_init__(self) -> None:
+        require(self.formula in ("current", "legacy"),
+                f"formula must be 'current' or 'legacy', got {self.formula!r}")
         require(0.0 <= self.cache_threshold <= 1.0,
                 f"cache_threshold must be in [0, 1], got {self.cache_threshold}")
         require(self.balance_abs_threshold >= 0,
@@ -60,6 +77,8 @@ class SglangCacheAware(RouterPolicy):
         self.config = config or SglangConfig()
         self.tree = PageTrie(self.config.page_size)
         self._next_eviction_s = self.config.eviction_interval_s
+        self._legacy = self.config.formula == "legacy"
+        self._routed: dict[int, int] = {}  # replica -> requests ever sent (SMG's `processed`)
 
     @property
     def snapshot_blind(self) -> bool:
@@ -81,9 +100,9 @@ class SglangCacheAware(RouterPolicy):
         load = {r: float(count.get(r, 0)) for r in ids}
         hi, lo = max(load.values()), min(load.values())
         if hi - lo > cfg.balance_abs_threshold and hi > lo * cfg.balance_rel_threshold:
-            return RoutingDecision(first_min(ids, load), "imbalanced: least loaded", load)
-        tokens = request.token_ids or ()
-        matched, holders = self.tree.match(tokens, ids)
+            return RoutingDecision(self._least_loaded(ids, load), "imbalanced: least loaded",
+                                   load)
+        matched, holders = self.tree.match(self._tree_tokens(request), ids)
         rate = matched / request.prompt_len
         if rate > cfg.cache_threshold:
             best = sorted(holders)
@@ -92,6 +111,10 @@ class SglangCacheAware(RouterPolicy):
                 replica, f"match rate {rate:.3f} > {cfg.cache_threshold}" + tie_note(len(best)),
                 {r: (rate if r in holders else 0.0) for r in ids},
             )
+        if not self._legacy:
+            return RoutingDecision(
+                self._least_loaded(ids, load),
+                f"match rate {rate:.3f} <= {cfg.cache_threshold}: least loaded", load)
         size = {r: float(self.tree.size(r)) for r in ids}
         least = min(size.values())
         smallest = [r for r in ids if size[r] == least]  # ids ascend
@@ -101,6 +124,22 @@ class SglangCacheAware(RouterPolicy):
             + tie_note(len(smallest)), size,
         )
 
+    def _least_loaded(self, ids: list[int], load: dict[int, float]) -> int:
+        """SMG's min of (in flight, routed, id); legacy: the first of the fewest in flight."""
+        if self._legacy:
+            return first_min(ids, load)
+        routed = self._routed
+        return min(ids, key=lambda r: (load[r], routed.get(r, 0)))  # ids ascend: id last
+
+    def _tree_tokens(self, request: RoutingRequest) -> Sequence[int]:
+        """The prompt as the tree sees it: whole pages only (legacy: every token)."""
+        tokens = request.token_ids or ()
+        if self._legacy:
+            return tokens
+        page = self.config.page_size
+        return tokens[:len(tokens) // page * page]
+
     def on_routed(self, request: RoutingRequest, replica: int) -> None:
         super().on_routed(request, replica)
-        self.tree.insert(request.token_ids or (), replica, request.now_s)
+        self._routed[replica] = self._routed.get(replica, 0) + 1
+        self.tree.insert(self._tree_tokens(request), replica, request.now_s)

@@ -18,9 +18,11 @@
   moves on by one per dispatch. `formula=legacy`, the form before those PRs: argmin of
   `waiting * 4 + running`, the scan always from `start_index`.
 - `power-of-two`: two distinct candidates drawn at random, the less loaded wins, the first
-  drawn on a tie. SGLang router `sgl-router/src/policies/power_of_two.rs`; load = the
-  router's in-flight count (`load=in-flight`, SGLang's worker load counter) or the scraped
-  `running + waiting` (`load=snapshot`, the periodic load check of newer SMG versions).
+  drawn on a tie. SGLang model gateway (lightseekorg/smg `model_gateway/src/policies/
+  power_of_two.rs`, 73da68c); load = the router's in-flight count (`load=in-flight`, SMG's
+  worker load counter, what it falls back to without load reports) or the scraped KV usage
+  (`load=snapshot`: SMG's load monitor polls each worker every 10 s, `--load-monitor-
+  interval`, and compares the engines' token usage ratio, averaged over DP ranks).
 """
 
 from __future__ import annotations
@@ -187,7 +189,7 @@ class VllmDP(RouterPolicy):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PowerOfTwoConfig:
     """Attributes:
-    load: "in-flight" (this router's count) or "snapshot" (scraped running + waiting).
+    load: "in-flight" (this router's count) or "snapshot" (the scraped KV usage).
     """
 
     load: str = "in-flight"
@@ -214,7 +216,7 @@ class PowerOfTwo(RouterPolicy):
     def _load(self, replica: int, replicas: Sequence[ReplicaSnapshot]) -> float:
         if self.config.load == "snapshot":
             snap = next(r for r in replicas if r.replica_id == replica)
-            return float(snap.num_running + snap.num_waiting)
+            return snap.kv_usage
         return float(self.local.count.get(replica, 0))
 
     @property

@@ -167,10 +167,11 @@ class RouterLocal:
         return None if entry is None else entry.replica
 
     def qps(self, replica: int, now_s: float, window_s: float) -> float:
-        """Requests per second this router sent to `replica` over (now_s - window_s, now_s]."""
+        """Requests per second this router sent to `replica` over [now_s - window_s, now_s]
+        (production-stack's sliding window drops timestamps < now - window)."""
         times = self.routed_at.get(replica)
         if not times:
             return 0.0
-        while times and times[0] <= now_s - window_s:
+        while times and times[0] < now_s - window_s:
             times.popleft()
         return len(times) / window_s

@@ -100,11 +100,16 @@ def test_dynamo_costs_with_precise_state_by_hand(delay: float,
         assert result.requests[1].replica == a
 
 
-@pytest.mark.parametrize(("delay", "scores"), [(0.0, (1.0, 0.0)), (1.0, (1.0, 1.0))])
-def test_llmd_precise_scorer_by_hand(delay: float, scores: tuple[float, float]) -> None:
-    """llm-d with only the precise-prefix scorer: leading blocks held, min-max normalised
-    (all equal -> 1). B's 32 blocks are all on A's replica once seen, none elsewhere."""
-    args = ["queue=0", "kv_cache_utilization=0", "prefix_cache=0", "precise_prefix_cache=1"]
+@pytest.mark.parametrize(("formula", "delay", "scores"), [
+    ("current", 0.0, (1.0, 0.0)), ("current", 1.0, (0.0, 0.0)),
+    ("legacy", 0.0, (1.0, 0.0)), ("legacy", 1.0, (1.0, 1.0))])
+def test_llmd_precise_scorer_by_hand(formula: str, delay: float,
+                                     scores: tuple[float, float]) -> None:
+    """llm-d with only the precise-prefix scorer: leading blocks held / the request's blocks
+    (legacy: min-max normalised, all equal -> 1). B's 32 blocks are all on A's replica once
+    seen (32/32), none elsewhere; with the delay none is seen yet."""
+    args = ["queue=0", "kv_cache_utilization=0", "prefix_cache=0", "precise_prefix_cache=1",
+            f"formula={formula}"]
     policy = make_policy("llm-d", args)
     assert policy.wants_kv_events and not policy.completion_blind
     decisions: list[RoutingDecision] = []

@@ -40,8 +40,8 @@ def test_vllm_gauges_are_summed_over_engines_and_kv_usage_averaged() -> None:
     ("vllm-dp", ["formula=legacy"], ("vllm:num_requests_waiting", "vllm:num_requests_running")),
     ("llm-d", [], ("vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")),
     ("llm-d", ["queue=0", "kv-cache-utilization=0"], ()),
-    ("power-of-two", ["load=snapshot"],
-     ("vllm:num_requests_waiting", "vllm:num_requests_running")),
+    ("power-of-two", ["load=snapshot"], ("vllm:kv_cache_usage_perc",)),
+    ("power-of-two", [], ()),
 ])
 def test_the_metrics_a_policy_reads(name: str, args: list[str], needed: tuple) -> None:
     assert needed_signals(make_policy(name, args)) == needed

@@ -61,6 +61,32 @@ def test_shared_blocks_and_prefill_load_scale() -> None:
     assert d.replica == 0 and dict(d.scores) == {0: 10.0, 1: 12.0}
 
 
+def test_partial_tail_blocks_are_prefill_only() -> None:
+    # Dynamo tracks active blocks by the prompt's full-block hashes: a 72-token prompt is 4
+    # blocks + 8 tokens, and the tail counts as prefill work only. X (x0..x3 + tail) in
+    # flight on 0, prefill done; Y (y0..y3 + tail): 0: 72/16 = 4.5 + (4 active + 4 new) =
+    # 12.5; 1: 4.5 + 4 = 8.5 (counting tails as blocks: 14.5 and 9.5)
+    policy = make_policy("dynamo-kv")
+    x = req(tokens(0, 72), block_hashes=bhashes("x", 4))
+    policy.on_routed(x, 0)
+    policy.on_prefill_done(x.request_id)
+    y = req(tokens(100, 72), block_hashes=bhashes("y", 4))
+    assert dict(policy.choose(y, snaps(2)).scores) == {0: 12.5, 1: 8.5}
+
+
+def test_without_hashes_full_blocks_are_distinct() -> None:
+    # a trace of lengths only: no hashes, every full block its own (Dynamo without KV reuse
+    # hashes blocks at random). X: 72 tokens = 4 blocks on 0, prefill done; Y (72): 0: 4.5 +
+    # (4 + 4) = 12.5; 1: 4.5 + 4 = 8.5; after X finishes 0 is back to 8.5
+    policy = make_policy("dynamo-kv")
+    x = req(prompt_len=72)
+    policy.on_routed(x, 0)
+    policy.on_prefill_done(x.request_id)
+    assert dict(policy.choose(req(prompt_len=72), snaps(2)).scores) == {0: 12.5, 1: 8.5}
+    policy.on_finished(x.request_id)
+    assert dict(policy.choose(req(prompt_len=72), snaps(2)).scores) == {0: 8.5, 1: 8.5}
+
+
 def test_credit_zero_ignores_the_cache() -> None:
     # credit 0: 1 holds all 4 blocks but costs 4 + 4 = 8 like the others -> seeded tie
     policy = make_policy("dynamo-kv", ["overlap_score_credit=0"], seed=3)

@@ -14,7 +14,7 @@ from .helpers import bhashes, req, snaps, tokens
 ONLY = dict(queue=0.0, kv_cache_utilization=0.0, prefix_cache=0.0)
 
 
-def only(**weights: float) -> Llmd:
+def only(**weights: float | str) -> Llmd:
     return Llmd(LlmdConfig(**{**ONLY, **weights}))
 
 
@@ -103,12 +103,41 @@ def test_active_request_scorer() -> None:
     assert d.scores == pytest.approx({0: 0.0, 1: 0.5, 2: 1.0}) and d.replica == 2
 
 
+def test_active_request_max_is_over_the_candidates() -> None:
+    # in flight {0: 4, 1: 2, 2: 1}; candidates 1 and 2 only: maxC over them = 2 (llm-d since
+    # #931) -> 1: (2-2)/2 = 0, 2: (2-1)/2 = 0.5. formula=legacy (maxC over every replica the
+    # router tracks, 4): 1: (4-2)/4 = 0.5, 2: (4-1)/4 = 0.75
+    current, legacy = only(active_request=1), only(active_request=1, formula="legacy")
+    for policy in (current, legacy):
+        for r in (0, 0, 0, 0, 1, 1, 2):
+            policy.on_routed(req(tokens(0, 8)), r)
+    candidates = snaps(3)[1:]
+    assert current.choose(req(tokens(0, 8)), candidates).scores == pytest.approx(
+        {1: 0.0, 2: 0.5})
+    assert legacy.choose(req(tokens(0, 8)), candidates).scores == pytest.approx(
+        {1: 0.5, 2: 0.75})
+
+
 def test_token_load_scorer() -> None:
-    # threshold 100; 50 prompt tokens in flight on 0 -> 1 - 50/100 = 0.5
+    # llm-d's estimate per request: input + round(1.5 * input), Go's round (half away from
+    # zero). Threshold 1000; 50 + 75 = 125 and 7 + round(10.5) = 7 + 11 = 18 in flight on 0:
+    # 1 - 143/1000 = 0.857; after the 50-token one finishes: 1 - 18/1000 = 0.982
+    policy = Llmd(LlmdConfig(**ONLY, token_load=1, token_load_threshold=1000))
+    first = req(tokens(0, 50))
+    policy.on_routed(first, 0)
+    policy.on_routed(req(tokens(0, 7)), 0)
+    d = policy.choose(req(tokens(0, 8)), snaps(2))
+    assert d.scores == pytest.approx({0: 0.857, 1: 1.0}) and d.replica == 1
+    policy.on_finished(first.request_id)
+    assert policy.choose(req(tokens(0, 8)), snaps(2)).scores == pytest.approx(
+        {0: 0.982, 1: 1.0})
+
+
+def test_token_load_caps_at_the_threshold() -> None:
+    # threshold 100: 50 + 75 = 125 tokens -> min(1, 1.25) -> score 0
     policy = Llmd(LlmdConfig(**ONLY, token_load=1, token_load_threshold=100))
     policy.on_routed(req(tokens(0, 50)), 0)
-    d = policy.choose(req(tokens(0, 8)), snaps(2))
-    assert d.scores == pytest.approx({0: 0.5, 1: 1.0}) and d.replica == 1
+    assert policy.choose(req(tokens(0, 8)), snaps(2)).scores == pytest.approx({0: 0.0, 1: 1.0})
 
 
 def test_no_hit_lru_scorer_rotates_cold_requests() -> None:
@@ -125,8 +154,22 @@ def test_no_hit_lru_scorer_rotates_cold_requests() -> None:
 
 
 def test_precise_prefix_scorer_from_kv_events() -> None:
-    # replica 1 reported x0, x1: overlap {1: 2} -> min-max [0, 1, 0]; after removal all 0 -> 1
+    # llm-d since #1107: matched / total blocks. Replica 1 reported x0, x1 of the request's
+    # 3 blocks: {1: 2/3}, others 0; after x0's removal nothing leads: all 0 (the old min-max
+    # gave every replica 1 here)
     policy = only(precise_prefix_cache=1)
+    policy.on_kv_events([KvEvent(1, "stored", bhashes("x", 2), 0.0)])
+    r = req(tokens(0, 48), block_hashes=bhashes("x", 3))
+    assert policy.choose(r, snaps(3)).scores == pytest.approx({0: 0.0, 1: 2 / 3, 2: 0.0})
+    policy.on_kv_events([KvEvent(1, "removed", bhashes("x", 1), 0.1)])
+    assert policy.choose(r, snaps(3)).scores == {0: 0.0, 1: 0.0, 2: 0.0}
+    # no engine block hashes (a prompt shorter than one block): 0 for all
+    assert policy.choose(req(tokens(0, 8)), snaps(2)).scores == {0: 0.0, 1: 0.0}
+
+
+def test_precise_prefix_scorer_legacy_min_max() -> None:
+    # formula=legacy (llm-d <= v0.8.0): overlap {1: 2} min-max -> [0, 1, 0]; all 0 -> all 1
+    policy = only(precise_prefix_cache=1, formula="legacy")
     policy.on_kv_events([KvEvent(1, "stored", bhashes("x", 2), 0.0)])
     r = req(tokens(0, 48), block_hashes=bhashes("x", 3))
     assert policy.choose(r, snaps(3)).scores == {0: 0.0, 1: 1.0, 2: 0.0}

@@ -41,12 +41,26 @@ def test_no_session_goes_to_lowest_qps() -> None:
     assert policy.route(req(prompt_len=8), snaps(3)).replica == 1
 
 
-def test_qps_window_expires() -> None:
-    # dispatch to 0 at t=0 counts in (t-60, t]; at t=60 it has left the window -> 0 again
+def test_a_replica_never_sent_to_comes_first() -> None:
+    # production-stack's `_qps_routing` returns the first endpoint without request stats as
+    # soon as its scan reaches it: 0 got a request at t=0, 1 none. At t=61 0's window is
+    # empty (QPS 0) but 1 still wins
     policy = make_policy("session-hash")
     policy.route(req(prompt_len=8, now_s=0.0), snaps(2))
     assert policy.choose(req(prompt_len=8, now_s=59.0), snaps(2)).replica == 1
-    assert policy.choose(req(prompt_len=8, now_s=60.0), snaps(2)).replica == 0
+    assert policy.choose(req(prompt_len=8, now_s=61.0), snaps(2)).replica == 1
+
+
+def test_qps_window_keeps_its_left_edge() -> None:
+    # production-stack drops timestamps < now - 60: two dispatches to 0 at t=0, one to 1 at
+    # t=30. At t=60 both of 0's still count: 2/60 vs 1/60 -> 1; at t=60.5 they are gone:
+    # 0/60 vs 1/60 -> 0
+    policy = make_policy("session-hash")
+    policy.route(req(prompt_len=8, now_s=0.0), snaps(1))
+    policy.route(req(prompt_len=8, now_s=0.0), snaps(1))
+    policy.on_routed(req(prompt_len=8, now_s=30.0), 1)
+    assert policy.choose(req(prompt_len=8, now_s=60.0), snaps(2)).replica == 1
+    assert policy.choose(req(prompt_len=8, now_s=60.5), snaps(2)).replica == 0
 
 
 def test_removing_a_replica_moves_only_its_sessions() -> None:

@@ -1,5 +1,9 @@
 """sglang-cache-aware: imbalanced iff max-min > 64 and max > 1.5*min (-> least loaded);
-else match rate > 0.3 -> longest-match holder, else smallest tree. Page size 16."""
+else match rate > 0.3 -> longest-match holder, else least loaded. "Least loaded": fewest in
+flight, then fewest ever routed there, then lowest id (SMG's `(load, processed, index)`).
+Pages of 16 tokens; a prompt's partial last page is neither matched nor inserted.
+formula=legacy: the low-match branch goes to the smallest tree, the least loaded is the first
+of the fewest in flight, and the partial last page counts."""
 
 from __future__ import annotations
 
@@ -15,10 +19,21 @@ def send(policy, prompt, replica, now_s=0.0):
     return r
 
 
-def test_empty_trees_tie_is_seeded() -> None:
-    # match 0 <= 0.3, every tree size 0 -> seeded draw among [0, 1, 2]
+def legacy(*args: str, seed: int = 0):
+    return make_policy("sglang-cache-aware", ["formula=legacy", *args], seed=seed)
+
+
+def test_empty_trees_go_to_the_first_least_loaded() -> None:
+    # match 0 <= 0.3 -> min (in flight, routed, id): all (0, 0) -> 0, whatever the seed
     for seed in range(4):
         d = make_policy("sglang-cache-aware", seed=seed).choose(req(tokens(0, 64)), snaps(3))
+        assert d.replica == 0 and dict(d.scores) == {0: 0.0, 1: 0.0, 2: 0.0}
+
+
+def test_legacy_empty_trees_tie_is_seeded() -> None:
+    # match 0 <= 0.3, every tree size 0 -> seeded draw among [0, 1, 2]
+    for seed in range(4):
+        d = legacy(seed=seed).choose(req(tokens(0, 64)), snaps(3))
         assert d.replica == SplitMix64(seed).choice([0, 1, 2])
 
 
@@ -30,14 +45,50 @@ def test_high_match_goes_to_the_holder() -> None:
     assert d.replica == 1 and "match rate 1.000" in d.reason
 
 
-def test_low_match_goes_to_smallest_tree() -> None:
+def test_low_match_goes_to_the_least_loaded() -> None:
+    # A (64) on 1, C (32) on 0, both in flight. B shares 16 of 64 -> 0.25 <= 0.3 -> in flight
+    # {0: 1, 1: 1, 2: 0} -> 2. Both finish: in flight all 0, routed {0: 1, 1: 1, 2: 0} -> 2
+    # again (the id alone would give 0); B sent to 2 and finished: routed 1 each; D (16 of
+    # 64 shared) -> 0
+    policy = make_policy("sglang-cache-aware")
+    a = send(policy, tokens(0, 64), 1)
+    c = send(policy, tokens(500, 32), 0)
+    b = req(tokens(0, 16) + tokens(900, 48))
+    d = policy.choose(b, snaps(3))
+    assert d.replica == 2 and dict(d.scores) == {0: 1.0, 1: 1.0, 2: 0.0}
+    assert "least loaded" in d.reason
+    policy.on_finished(a.request_id)
+    policy.on_finished(c.request_id)
+    assert policy.choose(b, snaps(3)).replica == 2
+    policy.on_routed(b, 2)
+    policy.on_finished(b.request_id)
+    assert policy.choose(req(tokens(0, 16) + tokens(2000, 48)), snaps(3)).replica == 0
+
+
+def test_legacy_low_match_goes_to_smallest_tree() -> None:
     # A (64) on 1, C (32) on 0: sizes {0: 32, 1: 64, 2: 0}. B shares 16 of 64 -> 0.25 <= 0.3
     # -> smallest tree, 2
-    policy = make_policy("sglang-cache-aware")
+    policy = legacy()
     send(policy, tokens(0, 64), 1)
     send(policy, tokens(500, 32), 0)
     d = policy.choose(req(tokens(0, 16) + tokens(900, 48)), snaps(3))
     assert d.replica == 2 and dict(d.scores) == {0: 32.0, 1: 64.0, 2: 0.0}
+
+
+def test_partial_last_page_is_not_matched() -> None:
+    # A (20 tokens) on 1: only its first page (16) is in the tree. A again: 16/20 = 0.8 ->
+    # 1; a 10-token prompt sent before to 1 has no full page: rate 0 -> least loaded, 0.
+    # legacy keeps the short page: 20/20 and 10/10 -> 1 both times
+    current, old = make_policy("sglang-cache-aware"), legacy()
+    for policy in (current, old):
+        send(policy, tokens(0, 20), 1)
+        send(policy, tokens(300, 10), 1)
+    assert current.tree.size(1) == 16 and old.tree.size(1) == 30
+    d = current.choose(req(tokens(0, 20)), snaps(3))
+    assert d.replica == 1 and "match rate 0.800" in d.reason
+    assert current.choose(req(tokens(300, 10)), snaps(3)).replica == 0
+    assert "match rate 1.000" in old.choose(req(tokens(0, 20)), snaps(3)).reason
+    assert old.choose(req(tokens(300, 10)), snaps(3)).replica == 1
 
 
 def test_threshold_is_strict() -> None:
@@ -60,6 +111,17 @@ def test_imbalance_overrides_the_cache() -> None:
         send(policy, tokens(0, 64), 1)
     d = policy.choose(req(tokens(0, 64)), snaps(3))
     assert d.replica == 0 and d.reason.startswith("imbalanced")
+
+
+def test_imbalance_breaks_load_ties_by_requests_routed() -> None:
+    # one request to 0, finished; 65 in flight on 1: in flight {0: 0, 1: 65, 2: 0} ->
+    # imbalanced; 0 and 2 tie on load, 2 was routed fewer (0 against 1) -> 2; legacy: 0
+    for policy, expected in ((make_policy("sglang-cache-aware"), 2), (legacy(), 0)):
+        policy.on_finished(send(policy, tokens(7000, 64), 0).request_id)
+        for _ in range(65):
+            send(policy, tokens(0, 64), 1)
+        d = policy.choose(req(tokens(0, 64)), snaps(3))
+        assert d.replica == expected and d.reason.startswith("imbalanced")
 
 
 def test_64_apart_is_still_balanced() -> None:

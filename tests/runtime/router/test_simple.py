@@ -245,10 +245,14 @@ def test_p2_replays_the_pair_draws() -> None:
         assert policy.choose(req(prompt_len=8), snaps(3)).replica == expected != 2
 
 
-def test_p2_snapshot_load() -> None:
-    # running + waiting: 4+6 = 10 vs 2+0 = 2 -> 1
-    policy = PowerOfTwo(PowerOfTwoConfig(load="snapshot"))
-    assert policy.choose(req(prompt_len=8), snaps(2, [6, 0], [4, 2])).replica == 1
+def test_p2_snapshot_load_is_kv_usage() -> None:
+    # SMG's load monitor compares the engines' KV token usage: 0.2 vs 0.7 -> 0, although 0
+    # has running + waiting 4 + 6 = 10 against 1's 2 + 0 = 2; the order of the pair does not
+    # matter (the lower usage wins either way)
+    for seed in range(4):
+        policy = PowerOfTwo(PowerOfTwoConfig(load="snapshot"), seed=seed)
+        d = policy.choose(req(prompt_len=8), snaps(2, [6, 0], [4, 2], kv=[0.2, 0.7]))
+        assert d.replica == 0 and dict(d.scores) == {0: 0.2, 1: 0.7}
 
 
 def test_blind_policies_sort_one_fixed_tuple_of_candidates_once() -> None:
