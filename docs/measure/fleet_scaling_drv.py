@@ -1,5 +1,5 @@
 """Instructions (or CPU) of one fleet run as `rt bench fleet --scaling` times it (fleet13c,
-results.md "Fleet simulator speed, round 11"): build the setup and the trace replayed N times
+speed-log.md "Fleet simulator speed, round 11"): build the setup and the trace replayed N times
 faster, collect, run `simulate_fleet` on N round-robin replicas (its end collection
 included), `os._exit(0)`. MODE `setup` builds the same and runs nothing: subtract its count.
 

@@ -1,4 +1,4 @@
-"""One fleet run in a fresh process with `simulate_fleet(workers=W)` (fleet13p, results.md
+"""One fleet run in a fresh process with `simulate_fleet(workers=W)` (fleet13p, speed-log.md
 "Parallel pre-routed fleets"): N round-robin replicas on the trace replayed N times faster;
 prints wall and CPU seconds (this process, its waited-for children) and peak RSS (this
 process; the largest child: `RUSAGE_CHILDREN`'s ru_maxrss is a maximum, not a sum; a
