@@ -83,7 +83,7 @@ from backends.route.upstream import (
     UpstreamPool,
     get,
 )
-from backends.serve.guard import UNAUTHORIZED, ApiKey, parse_body
+from backends.serve.guard import UNAUTHORIZED, ApiKey, parse_body, require_json
 from backends.serve.openai_protocol import ApiError, json_bytes
 from runtime.router import RoutingRequest, make_policy
 
@@ -254,6 +254,8 @@ class Router:
         read, and its router id.
         ApiError (400 bad body, 503 nothing up, 502 the backend failed) otherwise; a refused
         connection is routed again among the backends not yet tried."""
+        types = [v.decode("latin-1") for k, v in headers if k == b"content-type"]
+        require_json(types[0] if types else None)  # as rt serve, before the body
         payload = parse_body(body)
         request_id = f"route-{next(self._ids)}"
         session = [v.decode("latin-1") for k, v in headers if k == _SESSION][:1]

@@ -6,7 +6,7 @@ It tokenizes and detokenizes, hands requests to the engine-core process
     POST /v1/completions, /v1/chat/completions   (SSE `data: {json}` chunks, a final usage
                                                   chunk with stream_options.include_usage,
                                                   `data: [DONE]`; or one JSON response)
-    GET  /v1/models, /health, /metrics            POST /tokenize, /detokenize
+    GET  /v1/models, /health, /version, /metrics  POST /tokenize, /detokenize
 
 Errors are OpenAI-style JSON, `{"error": {"message", "type", "param", "code"}}`: 400 for
 malformed JSON, invalid parameters or a prompt too long for max_model_len; 404 for an
@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import secrets
 import socket
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -38,7 +39,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from backends.listen import listening_socket, socket_url
 from backends.serve.guard import RequestGuard, json_body
-from backends.serve.openai_protocol import ApiError, token_list
+from backends.serve.openai_protocol import ApiError, body_error, token_list
 from backends.serve.openapi_schema import request_schema
 from backends.serve.server import ServeConfig, Server
 from backends.serve.stream_path import ASGIApp, Generate, StreamPath
@@ -47,6 +48,18 @@ __all__ = ["HttpStack", "ServeConfig", "Server", "build_app", "front", "http_sta
            "listening_socket", "routes_app", "run_server", "socket_url"]
 
 logger = logging.getLogger("rt.serve")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rt")
+    except PackageNotFoundError:  # run from a checkout, not installed
+        return "unknown"
+
+
+_VERSION = _version()
 
 
 # ---- the app ---------------------------------------------------------------------------------
@@ -132,7 +145,7 @@ def _generator(server: Server) -> Generate:
         body = await json_body(request, config.max_request_bytes)
         model = body.get("model") or config.model_name
         if not isinstance(model, str):
-            raise ApiError(400, "model must be a string", "model")
+            raise body_error("model must be a string", "body.model")
         if model != config.model_name:
             raise ApiError(404, f"The model `{model[:200]}` does not exist.", "model")
         parser = server.parser
@@ -176,7 +189,8 @@ def _info_routes(app: FastAPI, server: Server) -> None:
         assert info is not None
         return {"object": "list", "data": [{
             "id": name, "object": "model", "created": int(time.time()), "owned_by": "rt",
-            "root": name, "parent": None, "max_model_len": info.scheduler.max_model_len}]}
+            "root": name, "parent": None, "max_model_len": info.scheduler.max_model_len,
+            "permission": [_permission()]}]}
 
     @app.get("/health")
     async def health() -> Response:
@@ -185,11 +199,25 @@ def _info_routes(app: FastAPI, server: Server) -> None:
         pid = server.info.pid if server.info is not None else 0
         return Response(status_code=200, headers={"x-engine-pid": str(pid)})
 
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": _VERSION}  # vLLM's route; rt's version
+
     @app.get("/metrics")
     async def metrics() -> Response:
         assert server.metrics is not None
         return Response(generate_latest(server.metrics.registry),
                         media_type=CONTENT_TYPE_LATEST)
+
+
+def _permission() -> dict[str, Any]:
+    """vLLM's `ModelPermission` of a served model (OpenAI's, deprecated), rt's values: no
+    logprobs."""
+    return {"id": f"modelperm-{secrets.token_hex(8)}", "object": "model_permission",
+            "created": int(time.time()), "allow_create_engine": False, "allow_sampling": True,
+            "allow_logprobs": False, "allow_search_indices": False, "allow_view": True,
+            "allow_fine_tuning": False, "organization": "*", "group": None,
+            "is_blocking": False}
 
 
 def _token_routes(app: FastAPI, server: Server) -> None:
@@ -200,6 +228,8 @@ def _token_routes(app: FastAPI, server: Server) -> None:
         body = await json_body(request, limit)
         parser = server.parser
         assert parser is not None
+        if "messages" not in body and "prompt" not in body:  # vLLM's schema: one is required
+            raise body_error("prompt is required", "body.prompt")
         tokens = parser.chat_prompt(body) if "messages" in body \
             else parser.completion_prompt(body)
         return {"count": len(tokens), "max_model_len": parser.max_model_len, "tokens": tokens}

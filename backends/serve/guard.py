@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 from pydantic_core import from_json
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from backends.serve.openai_protocol import ApiError
+from backends.serve.openai_protocol import ApiError, body_error
 
 # vLLM's 401 body (not the OpenAI error shape: vLLM's middleware answers it so)
 UNAUTHORIZED = {"error": "Unauthorized"}
@@ -99,13 +99,26 @@ def too_large(limit: int) -> ApiError:
 
 async def json_body(request: Request, limit: int) -> dict[str, Any]:
     """The body as a JSON object, read up to `limit` bytes (a chunked body has no
-    Content-Length for the middleware to check). ApiError 413 or 400 otherwise."""
+    Content-Length for the middleware to check). ApiError 413 or 400 otherwise; 400 too for
+    a Content-Type other than application/json, as vLLM (a body of any other type, or none,
+    is refused once read, so an oversized one is still 413)."""
     data = bytearray()
     async for chunk in request.stream():
         data += chunk
         if len(data) > limit:
             raise too_large(limit)
+    require_json(request.headers.get("content-type"))
     return parse_body(bytes(data))
+
+
+def require_json(content_type: str | None) -> None:
+    """ApiError 400 (vLLM's words and shape) unless the Content-Type is application/json
+    (parameters such as a charset allowed). rt route checks the same before routing."""
+    media = (content_type or "").split(";")[0].strip().lower()
+    if media != "application/json":
+        shown = media if len(media) <= 40 else media[:37] + "..."
+        raise body_error("Unsupported Media Type: Only 'application/json' is allowed "
+                         f"(content-type {shown or 'none'})", param=None)
 
 
 def parse_body(data: bytes) -> dict[str, Any]:
@@ -114,11 +127,11 @@ def parse_body(data: bytes) -> dict[str, Any]:
     try:
         body = parse_json(data.decode("utf-8"))
     except UnicodeDecodeError:
-        raise ApiError(400, "the body is not UTF-8") from None
+        raise body_error("the body is not UTF-8") from None
     except ValueError as err:  # JSONDecodeError, or an integer of over 4300 digits
-        raise ApiError(400, f"malformed JSON body: {err}") from None
+        raise body_error(f"malformed JSON body: {err}") from None
     except RecursionError:
-        raise ApiError(400, "malformed JSON body: nested too deeply") from None
+        raise body_error("malformed JSON body: nested too deeply") from None
     if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object")
+        raise body_error("the body must be a JSON object")
     return body

@@ -46,6 +46,13 @@ class ApiError(Exception):
         return json_bytes(self.body())
 
 
+def body_error(message: str, param: str | None = "body") -> ApiError:
+    """A body that does not fit the request's schema (malformed JSON, a field of the wrong
+    type, a required one missing): vLLM's shape for it (FastAPI's validation errors), type
+    "Bad Request" and `param` the location, `body.<field>`."""
+    return ApiError(400, message, param, kind="Bad Request")
+
+
 def json_bytes(value: Any) -> bytes:
     """`value` as rt serve's JSON responses encode it (Starlette's `JSONResponse`: compact,
     UTF-8, no NaN), so that `rt route`'s own answers are the same bytes."""
@@ -65,6 +72,30 @@ class EngineDeadError(ApiError):
 
 _SAMPLING_EPS = 1e-5  # vLLM's: a lower temperature samples greedily (no 1/T overflow)
 _INT64 = (-(1 << 63), (1 << 63) - 1)  # vLLM's seed range
+_MAX_TEMPERATURE = 2.0  # vLLM's (and OpenAI's) upper bound
+_PENALTIES = ("presence_penalty", "frequency_penalty")
+# Features rt serve refuses (400 once set), each with the JSON types whose other values
+# vLLM 0.32's schema refuses as it does (its "Bad Request"; none: vLLM's own 400, or it
+# ignores the field); the chat API's `logprobs` is a boolean.
+_UNSUPPORTED: tuple[tuple[str, tuple[type, ...]], ...] = (
+    ("stop", (str, list)), ("logprobs", ()), ("top_logprobs", ()), ("echo", (bool,)),
+    ("best_of", ()), ("tools", (list,)), ("logit_bias", ()), ("response_format", ()))
+
+
+def _unsupported(body: dict[str, Any], chat: bool) -> None:
+    """ApiError for the first feature rt serve does not implement that `body` sets (a
+    schema error first where its value has a type vLLM refuses)."""
+    for name, kinds in _UNSUPPORTED:
+        value = body.get(name)
+        if name == "logprobs" and chat:
+            kinds = (bool,)
+        if value is not None and kinds:
+            _get(body, name, kinds, None)
+            if name == "stop" and isinstance(value, list) \
+                    and not all(isinstance(v, str) for v in value):
+                raise body_error("stop must be a string or a list of strings", "body.stop")
+        if value:
+            raise ApiError(400, f"{name} is not supported by rt serve", name)
 
 
 @dataclass(slots=True)
@@ -80,13 +111,20 @@ class Parsed:
 
 
 def _get(body: dict[str, Any], name: str, kinds: tuple[type, ...], default: Any) -> Any:
+    """`body[name]` if one of `kinds` (None or absent: `default`); an integral float for an
+    int (4.0, 1e9), as vLLM's schema takes it. A string or a boolean for a number is refused
+    (vLLM coerces "4" and true; rt does not guess)."""
     value = body.get(name, default)
     if value is None:
         return default
     if isinstance(value, bool) and bool not in kinds:
-        raise ApiError(400, f"{name} must be {kinds[0].__name__}, got a boolean", name)
+        raise body_error(f"{name} must be {kinds[0].__name__}, got a boolean", f"body.{name}")
+    if isinstance(value, float) and int in kinds and float not in kinds \
+            and value.is_integer():
+        return int(value)
     if not isinstance(value, kinds):
-        raise ApiError(400, f"{name} must be {kinds[0].__name__}, got {_short(value)}", name)
+        raise body_error(f"{name} must be {kinds[0].__name__}, got {_short(value)}",
+                         f"body.{name}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ApiError(400, f"{name} must be finite, got {value}", name)
     return value
@@ -98,7 +136,7 @@ def _number(body: dict[str, Any], name: str, default: float) -> float:
     try:
         number = float(value)
     except OverflowError:
-        raise ApiError(400, f"{name} is out of range", name) from None
+        raise body_error(f"{name} is out of range", f"body.{name}") from None
     if not math.isfinite(number):
         raise ApiError(400, f"{name} must be finite, got {number}", name)
     return number
@@ -120,8 +158,11 @@ def token_list(value: Any, name: str, vocab_size: int) -> list[int]:
     if not isinstance(value, list) or not set(map(type, value)) <= _INT:
         if not isinstance(value, list) or not all(
                 isinstance(t, int) and not isinstance(t, bool) for t in value):
-            raise ApiError(400, f"{name} must be a list of token ids", name)
+            raise body_error(f"{name} must be a list of token ids", f"body.{name}")
     if value and (min(value) < 0 or max(value) >= vocab_size):
+        if min(value) < 0:  # vLLM's schema: ids are non-negative
+            raise body_error(f"{name}: token id {_short(min(value))} is negative",
+                             f"body.{name}")
         bad = [t for t in value if not 0 <= t < vocab_size]
         raise ApiError(400, f"{name}: token id {_short(bad[0])} is outside the vocabulary "
                        f"[0, {vocab_size})", name)
@@ -151,23 +192,30 @@ class RequestParser:
 
     def completion_prompt(self, body: dict[str, Any]) -> list[int]:
         prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        if prompt is None:
+            raise ApiError(400, "prompt is required", "prompt")
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+            if len(prompt) > 1:
+                raise ApiError(400, "batches of several prompts are not supported by rt "
+                               "serve", "prompt")
             prompt = prompt[0]  # a batch of one
         if isinstance(prompt, str):
             return self.codec.encode(_text(prompt, "prompt"))
         if isinstance(prompt, list):
             return token_list(prompt, "prompt", self.info.vocab_size)
-        raise ApiError(400, "prompt must be a string, a list of token ids, or a list of "
-                       "one of them (batches of several prompts are not supported)", "prompt")
+        raise body_error("prompt must be a string, a list of token ids, or a list of one of "
+                         "them", "body.prompt")
 
     def chat_prompt(self, body: dict[str, Any]) -> list[int]:
         messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ApiError(400, "messages must be a non-empty list", "messages")
+        if not isinstance(messages, list):
+            raise body_error("messages must be a list of messages", "body.messages")
+        if not messages:
+            raise ApiError(400, "messages must not be empty", "messages")
         clean = []
         for message in messages:
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise ApiError(400, "each message needs a string role", "messages")
+                raise body_error("each message needs a string role", "body.messages")
             content = message.get("content") or ""
             if isinstance(content, list):  # content parts: keep the text ones
                 texts: list[object] = [part.get("text") for part in content
@@ -176,8 +224,8 @@ class RequestParser:
                     raise ApiError(400, "a text part needs a string text", "messages")
                 content = "".join(str(text) for text in texts)
             if not isinstance(content, str):
-                raise ApiError(400, "message content must be a string or text parts",
-                               "messages")
+                raise body_error("message content must be a string or text parts",
+                                 "body.messages")
             clean.append({"role": message["role"], "content": content})
         try:
             return self.codec.chat_prompt(clean)
@@ -192,18 +240,17 @@ class RequestParser:
                            f"tokens. However, your request has {len(prompt_ids)} input tokens, "
                            "which leaves no room for output.", "prompt" if not chat
                            else "messages")
-        max_tokens = self._max_tokens(body, chat, len(prompt_ids))
-        unsupported = [name for name in ("stop", "logprobs", "echo", "best_of", "tools",
-                                         "logit_bias", "response_format") if body.get(name)]
-        if unsupported:
-            raise ApiError(400, f"{unsupported[0]} is not supported by rt serve",
-                           unsupported[0])
+        requested = self._max_tokens(body, chat, len(prompt_ids))
+        # vLLM 0.32: a max_tokens past the room the prompt leaves runs until max_model_len
+        max_tokens = min(requested, self.max_model_len - len(prompt_ids))
+        _unsupported(body, chat)
         if _get(body, "n", (int,), 1) != 1:
             raise ApiError(400, "only n=1 is supported", "n")
         min_tokens = _get(body, "min_tokens", (int,), 0)
-        if not 0 <= min_tokens <= max_tokens:
-            raise ApiError(400, f"min_tokens must be in [0, max_tokens={max_tokens}], got "
+        if not 0 <= min_tokens <= requested:
+            raise ApiError(400, f"min_tokens must be in [0, max_tokens={requested}], got "
                            f"{_short(min_tokens)}", "min_tokens")
+        min_tokens = min(min_tokens, max_tokens)
         ignore_eos = _get(body, "ignore_eos", (bool,), False)
         stop_ids = tuple(token_list(body.get("stop_token_ids") or [], "stop_token_ids",
                                      self.info.vocab_size))
@@ -216,10 +263,16 @@ class RequestParser:
         sampling = self._sampling(body, min_tokens, sampler_stops)
         stream = _get(body, "stream", (bool,), False)
         _get(body, "user", (str,), None)  # unused; vLLM's schema: a string or null
+        if body.get("stream_options") is not None and not stream:  # vLLM's rule, first
+            raise ApiError(400, "stream_options can only be given with stream=true",
+                           "stream_options")
         options = _get(body, "stream_options", (dict,), {})
-        return Parsed(prompt_ids, params, sampling, stream,
-                      bool(options.get("include_usage")),
-                      bool(options.get("continuous_usage_stats")))
+        usage = [options.get(key) or False for key in ("include_usage",
+                                                        "continuous_usage_stats")]
+        if not all(isinstance(flag, bool) for flag in usage):
+            raise body_error("stream_options' include_usage and continuous_usage_stats must "
+                             "be booleans", "body.stream_options")
+        return Parsed(prompt_ids, params, sampling, stream, usage[0], usage[1])
 
     def _max_tokens(self, body: dict[str, Any], chat: bool, prompt_len: int) -> int:
         room = self.max_model_len - prompt_len
@@ -230,12 +283,10 @@ class RequestParser:
             return room if chat else min(16, room)
         if value < 1:
             raise ApiError(400, f"{name} must be at least 1, got {_short(value)}", name)
-        if value > room:
-            raise ApiError(400, f"This model's maximum context length is {self.max_model_len} "
-                           f"tokens. However, you requested {_short(prompt_len + value)} tokens "
-                           f"({prompt_len} in the prompt, {_short(value)} in the completion).",
-                           name)
-        return value
+        if value > self.max_model_len:  # below it, vLLM stops at max_model_len (`parse`)
+            raise ApiError(400, f"{name}={_short(value)} cannot be greater than "
+                           f"max_model_len={self.max_model_len}", name)
+        return int(value)
 
     @staticmethod
     def _sampling(body: dict[str, Any], min_tokens: int,
@@ -245,9 +296,13 @@ class RequestParser:
         top_k = _get(body, "top_k", (int,), 0)
         seed = _get(body, "seed", (int,), None)
         if seed is not None and not _INT64[0] <= seed <= _INT64[1]:
-            raise ApiError(400, f"seed must be a 64-bit integer, got {_short(seed)}", "seed")
-        if temperature < 0:
-            raise ApiError(400, f"temperature must be >= 0, got {temperature}", "temperature")
+            raise body_error(f"seed must be a 64-bit integer, got {_short(seed)}", "body.seed")
+        if not 0 <= temperature <= _MAX_TEMPERATURE:
+            raise ApiError(400, f"temperature must be in [0, {_MAX_TEMPERATURE}], got "
+                           f"{temperature}", "temperature")
+        for name in _PENALTIES:  # type and range as vLLM; values are not used (README)
+            if not -2 <= _number(body, name, 0.0) <= 2:
+                raise ApiError(400, f"{name} must be in [-2, 2]", name)
         if not 0 < top_p <= 1:
             raise ApiError(400, f"top_p must be in (0, 1], got {top_p}", "top_p")
         temperature = 0.0 if temperature < _SAMPLING_EPS else temperature  # vLLM: greedy

@@ -28,7 +28,10 @@ _SAMPLING: dict[str, Any] = {
     "min_tokens": {"type": "integer", "minimum": 0},
     "ignore_eos": {"type": "boolean"},
     "stop_token_ids": _TOKEN_IDS,
-    "temperature": {"type": "number", "minimum": 0},
+    "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+    **{name: {"type": "number", "minimum": -2, "maximum": 2,
+              "description": "checked as vLLM checks it, not applied"}
+       for name in ("presence_penalty", "frequency_penalty")},
     "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     "top_k": {"type": "integer", "minimum": -1},
     "seed": _INT64,

@@ -29,6 +29,7 @@ FLEET_KEY = "route18a-fleet-key"  # on none
 MODEL = "llama-3.1-8b"
 LIMIT = 300_000  # the router's --max-request-bytes here (over the 100,000-deep body)
 AUTH = {"authorization": f"Bearer {KEY}"}
+JSON_AUTH = {**AUTH, "content-type": "application/json"}
 UNAUTHORIZED = b'{"error":"Unauthorized"}'  # vLLM's body
 _ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -146,10 +147,23 @@ def test_a_body_nested_100000_deep_is_a_400() -> None:
 ])
 def test_a_bad_body_gets_the_answer_rt_serve_gives_byte_for_byte(keyed: tuple[Rt, Rt],
                                                                   body: bytes) -> None:
+    _same_answer(keyed, body, JSON_AUTH)
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_a_body_not_sent_as_json_gets_the_answer_rt_serve_gives(keyed: tuple[Rt, Rt],
+                                                                 content_type: str | None
+                                                                 ) -> None:
+    """As vLLM: only application/json is taken (tests/backends/serve/test_api_diff.py)."""
+    headers = AUTH if content_type is None else {**AUTH, "content-type": content_type}
+    _same_answer(keyed, b'{"prompt": "hi", "max_tokens": 1}', headers)
+
+
+def _same_answer(keyed: tuple[Rt, Rt], body: bytes, headers: dict[str, str]) -> None:
     backend, router = keyed
-    direct = httpx.post(f"{backend.url}/v1/completions", content=body, headers=AUTH,
+    direct = httpx.post(f"{backend.url}/v1/completions", content=body, headers=headers,
                         timeout=30)
-    routed = httpx.post(f"{router.url}/v1/completions", content=body, headers=AUTH,
+    routed = httpx.post(f"{router.url}/v1/completions", content=body, headers=headers,
                         timeout=30)
     assert direct.status_code == 400
     assert (routed.status_code, routed.content) == (direct.status_code, direct.content)
@@ -239,15 +253,15 @@ def test_a_body_over_max_request_bytes_is_a_413_declared_or_chunked(keyed: tuple
     url = f"{router.url}/v1/completions"
     expected = (b'{"error":{"message":"the request body is longer than 300000 bytes",'
                 b'"type":"RequestTooLargeError","param":null,"code":413}}')
-    declared = httpx.post(url, content=_body_of(LIMIT + 1), headers=AUTH, timeout=30)
+    declared = httpx.post(url, content=_body_of(LIMIT + 1), headers=JSON_AUTH, timeout=30)
     chunked = httpx.post(url, content=iter([_body_of(LIMIT + 1)[:100_000],
                                             _body_of(LIMIT + 1)[100_000:]]),
-                         headers=AUTH, timeout=30)
+                         headers=JSON_AUTH, timeout=30)
     assert chunked.request.headers["transfer-encoding"] == "chunked"
     for answer in (declared, chunked):
         assert (answer.status_code, answer.content) == (413, expected)
     for content in (_body_of(LIMIT), iter([_body_of(LIMIT)])):  # at the limit: served
-        answer = httpx.post(url, content=content, headers=AUTH, timeout=30)
+        answer = httpx.post(url, content=content, headers=JSON_AUTH, timeout=30)
         assert answer.status_code == 200, answer.text
 
 

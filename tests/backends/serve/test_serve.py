@@ -223,9 +223,9 @@ def test_bad_input_gets_openai_errors(tiny: Served) -> None:
     bad = httpx.post(url, content=b"{not json", timeout=5)
     assert bad.status_code == 400
     assert set(bad.json()["error"]) == {"message", "type", "param", "code"}
-    for body, param in [({"prompt": "hi", "max_tokens": "x"}, "max_tokens"),
+    for body, param in [({"prompt": "hi", "max_tokens": "x"}, "body.max_tokens"),
                         ({"prompt": "hi", "temperature": -1}, "temperature"),
-                        ({"prompt": 5}, "prompt"),
+                        ({"prompt": 5}, "body.prompt"),
                         ({"prompt": "z" * 300}, "prompt"),
                         ({"prompt": "hi", "max_tokens": 400}, "max_tokens"),
                         ({"prompt": "hi", "min_tokens": 50, "max_tokens": 4}, "min_tokens")]:

@@ -10,14 +10,18 @@ import pytest
 from backends.serve.openai_protocol import ApiError, _short, token_list
 
 
-def _reference(value: Any, vocab_size: int) -> list[int] | str:
-    """The per-id check before the fast path: the ids, or the error message."""
+def _reference(value: Any, vocab_size: int) -> list[int] | tuple[str, str]:
+    """The per-id check before the fast path: the ids, or the error's message and param (a
+    type or a negative id: vLLM's schema error, `body.prompt`)."""
     if not isinstance(value, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) for t in value):
-        return "prompt must be a list of token ids"
+        return "prompt must be a list of token ids", "body.prompt"
+    if any(t < 0 for t in value):
+        return f"prompt: token id {_short(min(value))} is negative", "body.prompt"
     bad = [t for t in value if not 0 <= t < vocab_size]
     if bad:
-        return f"prompt: token id {_short(bad[0])} is outside the vocabulary [0, {vocab_size})"
+        return (f"prompt: token id {_short(bad[0])} is outside the vocabulary "
+                f"[0, {vocab_size})", "prompt")
     return value
 
 
@@ -27,10 +31,9 @@ def _reference(value: Any, vocab_size: int) -> list[int] | str:
     {"a": 1}, 5, [10**40], [-(10**40), 3]])
 def test_token_list_answers_as_the_per_id_check(value: Any) -> None:
     expected = _reference(value, 512)
-    if isinstance(expected, str):
+    if isinstance(expected, tuple):
         with pytest.raises(ApiError) as err:
             token_list(value, "prompt", 512)
-        assert (err.value.status, err.value.message, err.value.param) == (400, expected,
-                                                                          "prompt")
+        assert (err.value.status, err.value.message, err.value.param) == (400, *expected)
     else:
         assert token_list(value, "prompt", 512) is value
