@@ -263,7 +263,8 @@ class RequestParser:
         sampling = self._sampling(body, min_tokens, sampler_stops)
         stream = _get(body, "stream", (bool,), False)
         _get(body, "user", (str,), None)  # unused; vLLM's schema: a string or null
-        if body.get("stream_options") is not None and not stream:  # vLLM's rule, first
+        # vLLM's rule, first, and only for a truthy value: `{}` without stream is served
+        if body.get("stream_options") and not stream:
             raise ApiError(400, "stream_options can only be given with stream=true",
                            "stream_options")
         options = _get(body, "stream_options", (dict,), {})

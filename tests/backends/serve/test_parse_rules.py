@@ -1,0 +1,48 @@
+"""`RequestParser.parse` against vLLM 0.32's request rules, at the parser (no server).
+
+vLLM refuses `stream_options` without `stream=true` only when the value is truthy
+(`validate_stream_options`: `data.get("stream_options") and not data.get("stream")`): an
+empty object or a null is served, a non-object then fails its schema (`body.stream_options`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from backends.engine.text import ByteTokenizer
+from backends.serve.messages import EngineInfo
+from backends.serve.openai_protocol import ApiError, RequestParser
+from runtime import CacheConfig, SchedulerConfig
+
+VOCAB = 512
+
+
+def parser(max_model_len: int = 64) -> RequestParser:
+    info = EngineInfo(SchedulerConfig(max_model_len=max_model_len),
+                      CacheConfig(num_blocks=100), VOCAB, (2,), 1)
+    return RequestParser(ByteTokenizer(VOCAB), info)
+
+
+@pytest.mark.parametrize("options", [{}, None])
+def test_empty_stream_options_without_stream_are_served(options: Any) -> None:
+    for stream in ({"stream": False}, {}):
+        parsed = parser().parse({"stream_options": options, **stream}, [5, 6], chat=False)
+        assert (parsed.stream, parsed.include_usage, parsed.continuous_usage) == \
+            (False, False, False)
+
+
+@pytest.mark.parametrize(("options", "param", "kind"), [
+    ({"include_usage": True}, "stream_options", "BadRequestError"),
+    ({"include_usage": False}, "stream_options", "BadRequestError"),  # a non-empty object
+    (3, "stream_options", "BadRequestError"),  # vLLM's fixture, hostile 20
+    (0, "body.stream_options", "Bad Request"),  # falsy: the schema refuses the type
+    (False, "body.stream_options", "Bad Request"),
+])
+def test_stream_options_without_stream_refused_as_vllm(options: Any, param: str,
+                                                       kind: str) -> None:
+    with pytest.raises(ApiError) as err:
+        parser().parse({"stream_options": options}, [5, 6], chat=False)
+    assert (err.value.status, err.value.param, err.value.body()["error"]["type"]) == \
+        (400, param, kind)
