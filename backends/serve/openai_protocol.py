@@ -247,10 +247,9 @@ class RequestParser:
         if _get(body, "n", (int,), 1) != 1:
             raise ApiError(400, "only n=1 is supported", "n")
         min_tokens = _get(body, "min_tokens", (int,), 0)
-        if not 0 <= min_tokens <= requested:
-            raise ApiError(400, f"min_tokens must be in [0, max_tokens={requested}], got "
+        if not 0 <= min_tokens <= max_tokens:  # vLLM checks it against the clamped one
+            raise ApiError(400, f"min_tokens must be in [0, max_tokens={max_tokens}], got "
                            f"{_short(min_tokens)}", "min_tokens")
-        min_tokens = min(min_tokens, max_tokens)
         ignore_eos = _get(body, "ignore_eos", (bool,), False)
         stop_ids = tuple(token_list(body.get("stop_token_ids") or [], "stop_token_ids",
                                      self.info.vocab_size))

@@ -46,3 +46,17 @@ def test_stream_options_without_stream_refused_as_vllm(options: Any, param: str,
         parser().parse({"stream_options": options}, [5, 6], chat=False)
     assert (err.value.status, err.value.param, err.value.body()["error"]["type"]) == \
         (400, param, kind)
+
+
+def test_min_tokens_is_checked_against_the_max_tokens_that_runs() -> None:
+    """A max_tokens past the prompt's room runs until max_model_len (64 here: 60 prompt
+    tokens leave 4); vLLM builds its SamplingParams with that max_tokens, whose check then
+    refuses a min_tokens above it (`min_tokens must be less than or equal to max_tokens`).
+    rt used to check against the requested 10 and clamp min_tokens to 4 silently."""
+    prompt = list(range(1, 61))
+    parsed = parser().parse({"max_tokens": 10, "min_tokens": 4}, prompt, chat=False)
+    assert (parsed.params.max_tokens, parsed.params.min_tokens) == (4, 4)
+    with pytest.raises(ApiError) as err:
+        parser().parse({"max_tokens": 10, "min_tokens": 5}, prompt, chat=False)
+    assert (err.value.status, err.value.param) == (400, "min_tokens")
+    assert "max_tokens=4" in err.value.message
