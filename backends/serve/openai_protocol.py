@@ -247,10 +247,9 @@ class RequestParser:
         if _get(body, "n", (int,), 1) != 1:
             raise ApiError(400, "only n=1 is supported", "n")
         min_tokens = _get(body, "min_tokens", (int,), 0)
-        if not 0 <= min_tokens <= requested:
-            raise ApiError(400, f"min_tokens must be in [0, max_tokens={requested}], got "
+        if not 0 <= min_tokens <= max_tokens:  # vLLM checks it against the clamped one
+            raise ApiError(400, f"min_tokens must be in [0, max_tokens={max_tokens}], got "
                            f"{_short(min_tokens)}", "min_tokens")
-        min_tokens = min(min_tokens, max_tokens)
         ignore_eos = _get(body, "ignore_eos", (bool,), False)
         stop_ids = tuple(token_list(body.get("stop_token_ids") or [], "stop_token_ids",
                                      self.info.vocab_size))
@@ -263,7 +262,8 @@ class RequestParser:
         sampling = self._sampling(body, min_tokens, sampler_stops)
         stream = _get(body, "stream", (bool,), False)
         _get(body, "user", (str,), None)  # unused; vLLM's schema: a string or null
-        if body.get("stream_options") is not None and not stream:  # vLLM's rule, first
+        # vLLM's rule, first, and only for a truthy value: `{}` without stream is served
+        if body.get("stream_options") and not stream:
             raise ApiError(400, "stream_options can only be given with stream=true",
                            "stream_options")
         options = _get(body, "stream_options", (dict,), {})

@@ -119,8 +119,10 @@ def test_a_stream_is_forwarded_byte_for_byte(backends: list[Rt]) -> None:
         # The same tokens and the same event shape; chunk boundaries may differ between the
         # two requests (a server merges outputs that queue up behind a slow write).
         assert _stream_content(routed.text) == _stream_content(direct.text)
-        bad = httpx.post(f"{router.url}/v1/completions", content=b"{nope", timeout=10)
+        bad = httpx.post(f"{router.url}/v1/completions", content=b"{nope", timeout=10,
+                         headers={"content-type": "application/json"})  # the body is bad
         assert bad.status_code == 400 and bad.json()["error"]["code"] == 400
+        assert "malformed JSON" in bad.json()["error"]["message"]
         unknown = httpx.post(f"{router.url}/v1/completions",
                              json={"model": "other", "prompt": "x"}, timeout=10)
         assert unknown.status_code == 404  # the backend's answer, passed through

@@ -220,9 +220,12 @@ def test_disconnect_aborts_and_frees_the_kv_blocks(simulated: Served) -> None:
 
 def test_bad_input_gets_openai_errors(tiny: Served) -> None:
     url = f"{tiny.url}/v1/completions"
-    bad = httpx.post(url, content=b"{not json", timeout=5)
+    # sent as JSON, so that the malformed body (not the Content-Type) is what is refused
+    bad = httpx.post(url, content=b"{not json", timeout=5,
+                     headers={"content-type": "application/json"})
     assert bad.status_code == 400
     assert set(bad.json()["error"]) == {"message", "type", "param", "code"}
+    assert "malformed JSON" in bad.json()["error"]["message"]
     for body, param in [({"prompt": "hi", "max_tokens": "x"}, "body.max_tokens"),
                         ({"prompt": "hi", "temperature": -1}, "temperature"),
                         ({"prompt": 5}, "body.prompt"),
@@ -235,6 +238,23 @@ def test_bad_input_gets_openai_errors(tiny: Served) -> None:
     assert httpx.post(url, json={"prompt": "hi", "model": "nope"}, timeout=5).status_code == 404
     with pytest.raises(openai.BadRequestError):
         tiny.client().completions.create(model="tiny-llama", prompt="q" * 300)
+
+
+def test_the_real_engine_runs_past_the_prompts_room_to_max_model_len(tiny: Served) -> None:
+    """A max_tokens within max_model_len (256) but past what the prompt leaves runs until
+    max_model_len, as vLLM 0.32 (the fixture of test_api_diff checks it on --simulate):
+    the real engine stops exactly there, and the usage counts say so, streamed or not."""
+    prompt = list(range(3, 243))  # 240 token ids: 16 left
+    body = {"prompt": prompt, "max_tokens": 100, "ignore_eos": True, "temperature": 0}
+    answer = httpx.post(f"{tiny.url}/v1/completions", json=body, timeout=60).json()
+    assert answer["choices"][0]["finish_reason"] == "length"
+    assert answer["usage"] == {**answer["usage"], "prompt_tokens": 240,
+                               "completion_tokens": 16, "total_tokens": 256}
+    chunks = tiny.client().completions.create(
+        model="tiny-llama", prompt=prompt, max_tokens=100, stream=True, temperature=0,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    usage = [c.usage for c in chunks if c.usage is not None]
+    assert [(u.prompt_tokens, u.completion_tokens) for u in usage] == [(240, 16)]
 
 
 def test_metrics_parse_and_carry_vllm_names(tiny: Served) -> None:

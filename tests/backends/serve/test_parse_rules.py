@@ -1,0 +1,62 @@
+"""`RequestParser.parse` against vLLM 0.32's request rules, at the parser (no server).
+
+vLLM refuses `stream_options` without `stream=true` only when the value is truthy
+(`validate_stream_options`: `data.get("stream_options") and not data.get("stream")`): an
+empty object or a null is served, a non-object then fails its schema (`body.stream_options`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from backends.engine.text import ByteTokenizer
+from backends.serve.messages import EngineInfo
+from backends.serve.openai_protocol import ApiError, RequestParser
+from runtime import CacheConfig, SchedulerConfig
+
+VOCAB = 512
+
+
+def parser(max_model_len: int = 64) -> RequestParser:
+    info = EngineInfo(SchedulerConfig(max_model_len=max_model_len),
+                      CacheConfig(num_blocks=100), VOCAB, (2,), 1)
+    return RequestParser(ByteTokenizer(VOCAB), info)
+
+
+@pytest.mark.parametrize("options", [{}, None])
+def test_empty_stream_options_without_stream_are_served(options: Any) -> None:
+    for stream in ({"stream": False}, {}):
+        parsed = parser().parse({"stream_options": options, **stream}, [5, 6], chat=False)
+        assert (parsed.stream, parsed.include_usage, parsed.continuous_usage) == \
+            (False, False, False)
+
+
+@pytest.mark.parametrize(("options", "param", "kind"), [
+    ({"include_usage": True}, "stream_options", "BadRequestError"),
+    ({"include_usage": False}, "stream_options", "BadRequestError"),  # a non-empty object
+    (3, "stream_options", "BadRequestError"),  # vLLM's fixture, hostile 20
+    (0, "body.stream_options", "Bad Request"),  # falsy: the schema refuses the type
+    (False, "body.stream_options", "Bad Request"),
+])
+def test_stream_options_without_stream_refused_as_vllm(options: Any, param: str,
+                                                       kind: str) -> None:
+    with pytest.raises(ApiError) as err:
+        parser().parse({"stream_options": options}, [5, 6], chat=False)
+    assert (err.value.status, err.value.param, err.value.body()["error"]["type"]) == \
+        (400, param, kind)
+
+
+def test_min_tokens_is_checked_against_the_max_tokens_that_runs() -> None:
+    """A max_tokens past the prompt's room runs until max_model_len (64 here: 60 prompt
+    tokens leave 4); vLLM builds its SamplingParams with that max_tokens, whose check then
+    refuses a min_tokens above it (`min_tokens must be less than or equal to max_tokens`).
+    rt used to check against the requested 10 and clamp min_tokens to 4 silently."""
+    prompt = list(range(1, 61))
+    parsed = parser().parse({"max_tokens": 10, "min_tokens": 4}, prompt, chat=False)
+    assert (parsed.params.max_tokens, parsed.params.min_tokens) == (4, 4)
+    with pytest.raises(ApiError) as err:
+        parser().parse({"max_tokens": 10, "min_tokens": 5}, prompt, chat=False)
+    assert (err.value.status, err.value.param) == (400, "min_tokens")
+    assert "max_tokens=4" in err.value.message
