@@ -82,11 +82,18 @@ _UNSUPPORTED: tuple[tuple[str, tuple[type, ...]], ...] = (
     ("best_of", ()), ("tools", (list,)), ("logit_bias", ()), ("response_format", ()))
 
 
+# Values of those features that ask for nothing: `best_of` 1 (one candidate per choice), which
+# older `vllm bench serve` clients send with every completions request.
+_NO_OP: dict[str, int] = {"best_of": 1}
+
+
 def _unsupported(body: dict[str, Any], chat: bool) -> None:
     """ApiError for the first feature rt serve does not implement that `body` sets (a
     schema error first where its value has a type vLLM refuses)."""
     for name, kinds in _UNSUPPORTED:
         value = body.get(name)
+        if name in _NO_OP and type(value) is int and value == _NO_OP[name]:
+            continue
         if name == "logprobs" and chat:
             kinds = (bool,)
         if value is not None and kinds:

@@ -60,3 +60,14 @@ def test_min_tokens_is_checked_against_the_max_tokens_that_runs() -> None:
         parser().parse({"max_tokens": 10, "min_tokens": 5}, prompt, chat=False)
     assert (err.value.status, err.value.param) == (400, "min_tokens")
     assert "max_tokens=4" in err.value.message
+
+
+def test_best_of_one_asks_for_nothing_and_is_served() -> None:
+    """Older `vllm bench serve` clients send `"best_of": 1` with every completions request
+    (vLLM 0.32 ignores the field); any other value asks for candidates rt does not make."""
+    parsed = parser().parse({"best_of": 1, "max_tokens": 3}, [5, 6], chat=False)
+    assert parsed.params.max_tokens == 3
+    for value in (2, True, 1.0, "1"):
+        with pytest.raises(ApiError) as err:
+            parser().parse({"best_of": value}, [5, 6], chat=False)
+        assert (err.value.status, err.value.param) == (400, "best_of")
