@@ -41,7 +41,14 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from runtime.block_hash import BlockHash
-from runtime.router.policy import RouterPolicy, candidate_ids, pick_min, require, tie_note
+from runtime.router.policy import (
+    RouterPolicy,
+    candidate_ids,
+    pick_min,
+    require,
+    require_formula,
+    tie_note,
+)
 from runtime.router.prefix_index import PreciseIndex
 from runtime.router.snapshot import ReplicaSnapshot, RoutingDecision, RoutingRequest
 from runtime.router.state import KvEvent
@@ -66,8 +73,7 @@ class DynamoConfig:
     block_size: int = 16
 
     def __post_init__(self) -> None:
-        require(self.formula in ("overlap-load", "legacy"),
-                f"formula must be 'overlap-load' or 'legacy', got {self.formula!r}")
+        require_formula(self.formula, current="overlap-load")
         for name in ("overlap_score_credit", "prefill_load_scale", "overlap_score_weight",
                      "temperature"):
             value = getattr(self, name)

@@ -41,7 +41,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from runtime.router.policy import RouterPolicy, by_id, pick_max, require, tie_note
+from runtime.router.policy import RouterPolicy, by_id, pick_max, require, require_formula, tie_note
 from runtime.router.prefix_index import (
     BlockLRUIndex,
     PreciseIndex,
@@ -81,8 +81,7 @@ class LlmdConfig:
     formula: str = "current"  # "legacy": llm-d <= v0.8.0 (see the module docstring)
 
     def __post_init__(self) -> None:
-        require(self.formula in ("current", "legacy"),
-                f"formula must be 'current' or 'legacy', got {self.formula!r}")
+        require_formula(self.formula)
         for name in SCORERS:
             weight = getattr(self, name)
             require(weight >= 0, f"{name} weight must be >= 0, got {weight}")
@@ -131,8 +130,8 @@ class Llmd(RouterPolicy):
         self._cold_lru: OrderedDict[int, None] = OrderedDict()  # oldest first
         self._pending: dict[str, _Pending] = {}
         self._legacy = self.config.formula == "legacy"
-        # token_load's in-flight estimate: request id -> (replica, tokens); replica -> sum
-        self._estimate: dict[str, tuple[int, int]] = {}
+        # token_load: replica -> `token_estimate` summed over this router's in-flight
+        # requests there (`local.in_flight` holds each one's replica and prompt length)
         self._est_tokens: dict[int, int] = {}
 
     @property
@@ -222,9 +221,8 @@ class Llmd(RouterPolicy):
 
     def on_routed(self, request: RoutingRequest, replica: int) -> None:
         super().on_routed(request, replica)
-        estimate = token_estimate(request.prompt_len)
-        self._estimate[request.request_id] = (replica, estimate)
-        self._est_tokens[replica] = self._est_tokens.get(replica, 0) + estimate
+        self._est_tokens[replica] = (self._est_tokens.get(replica, 0)
+                                     + token_estimate(request.prompt_len))
         pending = self._pending.pop(request.request_id, None)
         if pending is None:
             return
@@ -237,10 +235,10 @@ class Llmd(RouterPolicy):
                 self._cold_lru.popitem(last=False)
 
     def on_finished(self, request_id: str) -> None:
+        entry = self.local.in_flight.get(request_id)
+        if entry is not None:  # before `local` forgets it
+            self._est_tokens[entry.replica] -= token_estimate(entry.prompt_len)
         super().on_finished(request_id)
-        entry = self._estimate.pop(request_id, None)
-        if entry is not None:
-            self._est_tokens[entry[0]] -= entry[1]
 
     @property
     def wants_kv_events(self) -> bool:

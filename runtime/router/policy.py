@@ -224,3 +224,10 @@ def _convert(name: str, type_name: str, raw: str) -> Any:
 def require(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
+
+
+def require_formula(formula: str, current: str = "current") -> None:
+    """A policy's `formula` argument: `current` (its upstream's code as read) or "legacy"
+    (the released form before it)."""
+    require(formula in (current, "legacy"),
+            f"formula must be '{current}' or 'legacy', got {formula!r}")

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from runtime.router.policy import RouterPolicy, first_min, require, tie_note
+from runtime.router.policy import RouterPolicy, first_min, require, require_formula, tie_note
 from runtime.router.prefix_index import PageTrie
 from runtime.router.snapshot import ReplicaSnapshot, RoutingDecision, RoutingRequest
 
@@ -54,8 +54,7 @@ class SglangConfig:
     formula: str = "current"
 
     def __post_init__(self) -> None:
-        require(self.formula in ("current", "legacy"),
-                f"formula must be 'current' or 'legacy', got {self.formula!r}")
+        require_formula(self.formula)
         require(0.0 <= self.cache_threshold <= 1.0,
                 f"cache_threshold must be in [0, 1], got {self.cache_threshold}")
         require(self.balance_abs_threshold >= 0,

@@ -37,6 +37,7 @@ from runtime.router.policy import (
     by_id,
     first_min,
     require,
+    require_formula,
 )
 from runtime.router.snapshot import ReplicaSnapshot, RoutingDecision, RoutingRequest
 
@@ -121,8 +122,7 @@ class VllmDPConfig:
     def __post_init__(self) -> None:
         require(self.start_index >= 0, f"start_index must be >= 0, got {self.start_index}")
         require(self.client_count >= 1, f"client_count must be >= 1, got {self.client_count}")
-        require(self.formula in ("current", "legacy"),
-                f"formula must be 'current' or 'legacy', got {self.formula!r}")
+        require_formula(self.formula)
 
 
 class VllmDP(RouterPolicy):
