@@ -136,11 +136,10 @@ class Replica(EngineProcess):
         `max_tokens` defaults to the trace's output length; `hashes`: its block names."""
         max_tokens = req.output_len if max_tokens is None else max_tokens
         self.arrived(req, reached_s, max_tokens)
-        stamp = self.api_start(reached_s)
+        request = self.make_request(req, prompt, max_tokens, self.api_start(reached_s),
+                                    hashes or None)  # stamped before its API server's turn
         handover = self.stack_handover(req, reached_s)
         self.outputs[req.request_id] = output
-        request = self.make_request(req, prompt, max_tokens, hashes or None)
-        request.arrival_time = stamp
         entry = (handover, request)
         pending = self.pending
         if pending and handover < pending[-1][0]:  # a shorter stack delay: ahead of others
@@ -162,15 +161,13 @@ class Replica(EngineProcess):
         cast(FleetRequestRecord, record).routing_s = reached_s - req.arrival_s
 
     def api_start(self, reached_s: float) -> float:
-        """When the API server (FIFO) starts on a prompt reaching it at `reached_s`: the
-        request's `arrival_time` in this core, as vLLM's input processor stamps it when
-        tokenisation starts (docs/engine-core.md, "Arrival ties"), seconds. In rt's model
-        the serving stack's delay comes after it."""
+        """When the API server (FIFO) starts on a prompt reaching it at `reached_s`: its
+        `arrival_time` stamp, as vLLM's (docs/engine-core.md, "Arrival ties"), seconds."""
         return max(self.api_free_at, reached_s)
 
     def api_handover(self, reached_s: float, prompt_len: int) -> float:
         """When the API server (FIFO) hands a prompt reaching it at `reached_s` to the core."""
-        handover = max(self.api_free_at, reached_s) + self.config.api_server.time(prompt_len)
+        handover = self.api_start(reached_s) + self.config.api_server.time(prompt_len)
         self.api_free_at = handover
         return handover
 

@@ -279,11 +279,10 @@ class _PDFleet(_Fleet):
         replica.core.recorder.arrived(req.request_id, prefilled_s, req.prompt_len,
                                       req.output_len)
         replica.outputs[req.request_id] = job.output
-        request = replica.make_request(req, job.prompt, req.output_len)
+        # stamped as the decode instance's API server starts on it, not at the trace's arrival
+        request = replica.make_request(req, job.prompt, req.output_len,
+                                       replica.api_start(prefilled_s))
         request.num_external_computed_tokens = req.prompt_len - 1
-        # vLLM's decode instance stamps `arrival_time` as its (FIFO) API server starts on the
-        # request, not at the trace's arrival: the priority queue and victim order by it.
-        request.arrival_time = replica.api_start(prefilled_s)
         job.handover_s = replica.api_handover(prefilled_s, req.prompt_len)
         wait = self.env.timeout(job.handover_s - self.env.now)
         wait.callbacks.append(lambda _: self.start_transfer(job, request))

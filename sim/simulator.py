@@ -123,14 +123,16 @@ class EngineProcess:
         return request_token_arrays(req, self.config.vocab_size, self.config.seed)
 
     def make_request(self, req: TraceRequest, prompt: array[int], max_tokens: int,
-                     known: Sequence[bytes] | None = None) -> Request:
+                     arrival_s: float, known: Sequence[bytes] | None = None) -> Request:
         """`make_request` with this engine's block naming (`known`: the prompt's block
-        identities if already computed, `known_hashes`)."""
+        identities if already computed, `known_hashes`), stamped `arrival_s`."""
         config = self.config
         if not (config.trace_block_ids and config.cache.enable_prefix_caching):
-            return make_request(req, prompt, max_tokens, [] if known is None else known)
+            return make_request(req, prompt, max_tokens, [] if known is None else known,
+                                arrival_s=arrival_s)
         return make_request(req, prompt, max_tokens, *self.block_ids.given_names(
-            req, config.cache.block_size, config.vocab_size, config.seed, known))
+            req, config.cache.block_size, config.vocab_size, config.seed, known),
+            arrival_s=arrival_s)
 
     # ---- what a driver provides ----------------------------------------------------------
 
@@ -305,11 +307,12 @@ def _start_blind(cost: Callable[[BatchFeatures], float]
 
 def make_request(req: TraceRequest, prompt: array[int], max_tokens: int,
                  known_hashes: Sequence[bytes] = (), block_key: bytes | None = None,
-                 block_pieces: BlockPieces | None = None) -> Request:
+                 block_pieces: BlockPieces | None = None, *, arrival_s: float) -> Request:
     """The engine-core request of a trace request (output length `max_tokens`), with its
-    leading prompt blocks' identities if known, its own blocks' key and its pieces."""
+    leading prompt blocks' identities if known, its own blocks' key and its pieces; its
+    `arrival_time` is `arrival_s`, where the driver's API server stamps it (seconds)."""
     return Request(req.request_id, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                   arrival_time=req.arrival_s, priority=req.priority, cache_salt=req.cache_salt,
+                   arrival_time=arrival_s, priority=req.priority, cache_salt=req.cache_salt,
                    block_hashes=known_hashes, block_key=block_key, block_pieces=block_pieces)
 
 
@@ -340,9 +343,8 @@ class KnownHandovers(EngineProcess):
         self.arrive(req)
         prompt, self.outputs[req.request_id] = self.token_arrays(req)
         self.next_index = i + 1
-        request = self.make_request(req, prompt, req.output_len)
-        request.arrival_time = self.arrival_stamp(i)
-        self.submit(request, self.handovers[i])
+        self.submit(self.make_request(req, prompt, req.output_len, self.arrival_stamp(i)),
+                    self.handovers[i])
 
     def arrival_stamp(self, i: int) -> float:
         """`requests[i]`'s `arrival_time` in the core, seconds: its trace arrival. Only
