@@ -100,6 +100,11 @@ _MAX_IDLE = 128  # idle keep-alive connections kept per backend
 _UNAUTHORIZED = json_bytes(UNAUTHORIZED)
 
 
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+    """The first value of the header `name` (lower-case), decoded as HTTP's latin-1."""
+    return next((v.decode("latin-1") for k, v in headers if k == name), None)
+
+
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
     """The router's settings.
@@ -254,13 +259,12 @@ class Router:
         read, and its router id.
         ApiError (400 bad body, 503 nothing up, 502 the backend failed) otherwise; a refused
         connection is routed again among the backends not yet tried."""
-        types = [v.decode("latin-1") for k, v in headers if k == b"content-type"]
-        require_json(types[0] if types else None)  # as rt serve, before the body
+        require_json(_header(headers, b"content-type"))  # as rt serve, before the body
         payload = parse_body(body)
         request_id = f"route-{next(self._ids)}"
-        session = [v.decode("latin-1") for k, v in headers if k == _SESSION][:1]
-        routing = routing_request(payload, chat, {"x-session-id": session[0]} if session
-                                  else {}, request_id, arrival, self.reads_ids)
+        session = _header(headers, _SESSION)
+        routing = routing_request(payload, chat, {"x-session-id": session} if session
+                                  is not None else {}, request_id, arrival, self.reads_ids)
         tried: set[int] = set()
         while True:
             backend = await self.choose(routing, tried)

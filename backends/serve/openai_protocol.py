@@ -72,27 +72,25 @@ class EngineDeadError(ApiError):
 
 _SAMPLING_EPS = 1e-5  # vLLM's: a lower temperature samples greedily (no 1/T overflow)
 _INT64 = (-(1 << 63), (1 << 63) - 1)  # vLLM's seed range
-_MAX_TEMPERATURE = 2.0  # vLLM's (and OpenAI's) upper bound
-_PENALTIES = ("presence_penalty", "frequency_penalty")
+MAX_TEMPERATURE = 2.0  # vLLM's (and OpenAI's) upper bound
+PENALTIES = ("presence_penalty", "frequency_penalty")  # checked in [-2, 2], not applied
 # Features rt serve refuses (400 once set), each with the JSON types whose other values
 # vLLM 0.32's schema refuses as it does (its "Bad Request"; none: vLLM's own 400, or it
-# ignores the field); the chat API's `logprobs` is a boolean.
-_UNSUPPORTED: tuple[tuple[str, tuple[type, ...]], ...] = (
-    ("stop", (str, list)), ("logprobs", ()), ("top_logprobs", ()), ("echo", (bool,)),
-    ("best_of", ()), ("tools", (list,)), ("logit_bias", ()), ("response_format", ()))
-
-
-# Values of those features that ask for nothing: `best_of` 1 (one candidate per choice), which
-# older `vllm bench serve` clients send with every completions request.
-_NO_OP: dict[str, int] = {"best_of": 1}
+# ignores the field), and an int that asks for nothing (`best_of` 1, one candidate per
+# choice, which older `vllm bench serve` clients send with every completions request); the
+# chat API's `logprobs` is a boolean.
+_UNSUPPORTED: tuple[tuple[str, tuple[type, ...], int | None], ...] = (
+    ("stop", (str, list), None), ("logprobs", (), None), ("top_logprobs", (), None),
+    ("echo", (bool,), None), ("best_of", (), 1), ("tools", (list,), None),
+    ("logit_bias", (), None), ("response_format", (), None))
 
 
 def _unsupported(body: dict[str, Any], chat: bool) -> None:
     """ApiError for the first feature rt serve does not implement that `body` sets (a
     schema error first where its value has a type vLLM refuses)."""
-    for name, kinds in _UNSUPPORTED:
+    for name, kinds, no_op in _UNSUPPORTED:
         value = body.get(name)
-        if name in _NO_OP and type(value) is int and value == _NO_OP[name]:
+        if no_op is not None and type(value) is int and value == no_op:
             continue
         if name == "logprobs" and chat:
             kinds = (bool,)
@@ -304,10 +302,10 @@ class RequestParser:
         seed = _get(body, "seed", (int,), None)
         if seed is not None and not _INT64[0] <= seed <= _INT64[1]:
             raise body_error(f"seed must be a 64-bit integer, got {_short(seed)}", "body.seed")
-        if not 0 <= temperature <= _MAX_TEMPERATURE:
-            raise ApiError(400, f"temperature must be in [0, {_MAX_TEMPERATURE}], got "
+        if not 0 <= temperature <= MAX_TEMPERATURE:
+            raise ApiError(400, f"temperature must be in [0, {MAX_TEMPERATURE}], got "
                            f"{temperature}", "temperature")
-        for name in _PENALTIES:  # type and range as vLLM; values are not used (README)
+        for name in PENALTIES:  # type and range as vLLM; values are not used (README)
             if not -2 <= _number(body, name, 0.0) <= 2:
                 raise ApiError(400, f"{name} must be in [-2, 2]", name)
         if not 0 < top_p <= 1:

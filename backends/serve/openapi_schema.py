@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from backends.serve.openai_protocol import MAX_TEMPERATURE, PENALTIES
+
 _INT64 = {"type": "integer", "minimum": -(1 << 63), "maximum": (1 << 63) - 1}
 _TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
 _MESSAGES = {"type": "array", "minItems": 1, "items": {
@@ -28,10 +30,9 @@ _SAMPLING: dict[str, Any] = {
     "min_tokens": {"type": "integer", "minimum": 0},
     "ignore_eos": {"type": "boolean"},
     "stop_token_ids": _TOKEN_IDS,
-    "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+    "temperature": {"type": "number", "minimum": 0, "maximum": MAX_TEMPERATURE},
     **{name: {"type": "number", "minimum": -2, "maximum": 2,
-              "description": "checked as vLLM checks it, not applied"}
-       for name in ("presence_penalty", "frequency_penalty")},
+              "description": "checked as vLLM checks it, not applied"} for name in PENALTIES},
     "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     "top_k": {"type": "integer", "minimum": -1},
     "seed": _INT64,
