@@ -157,6 +157,52 @@ def test_seeded_sampling_repeats_and_stop_token_ids_stop(tiny: Served) -> None:
     assert held.usage.completion_tokens >= 4
 
 
+def _greedy_by_hand(prompt: list[int], steps: int, presence: float, frequency: float,
+                    repetition: float) -> list[int]:
+    """The tiny model's greedy tokens with vLLM's penalties, worked out here in plain
+    Python from transformers' logits (a full forward per token, no KV cache)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from backends.engine.tiny_model import build_tiny_llama
+
+    model = LlamaForCausalLM.from_pretrained(build_tiny_llama(), torch_dtype=torch.float32)
+    ids = list(prompt)
+    for _ in range(steps):
+        with torch.no_grad():
+            row = model(torch.tensor([ids])).logits[0, -1].tolist()
+        output = ids[len(prompt):]
+        for token in set(ids):  # repetition: the prompt's tokens and the output's
+            row[token] = row[token] / repetition if row[token] > 0 else row[token] * repetition
+        for token in set(output):
+            row[token] -= frequency * output.count(token) + presence
+        ids.append(max(range(len(row)), key=row.__getitem__))
+    return ids[len(prompt):]
+
+
+def test_penalties_change_greedy_output_as_worked_out_by_hand(tiny: Served) -> None:
+    prompt, steps = [5, 6, 7, 8], 12
+    penalties = {"presence_penalty": 1.5, "frequency_penalty": 0.5, "repetition_penalty": 1.3}
+    body = {"prompt": prompt, "max_tokens": steps, "temperature": 0, "ignore_eos": True}
+    url = tiny.url
+
+    def text_of(ids: list[int]) -> str:
+        return str(httpx.post(f"{url}/detokenize", json={"tokens": ids}, timeout=5)
+                   .json()["prompt"])
+
+    plain = httpx.post(f"{url}/v1/completions", json=body, timeout=30).json()
+    penalized = httpx.post(f"{url}/v1/completions", json={**body, **penalties},
+                           timeout=30).json()
+    expected = _greedy_by_hand(prompt, steps, 1.5, 0.5, 1.3)
+    assert penalized["choices"][0]["text"] == text_of(expected)
+    assert plain["choices"][0]["text"] == text_of(_greedy_by_hand(prompt, steps, 0, 0, 1))
+    assert penalized["choices"][0]["text"] != plain["choices"][0]["text"]
+    # logit_bias: -100 on each token the penalized run chose first makes it pick another
+    biased = httpx.post(f"{url}/v1/completions", timeout=30, json={
+        **body, **penalties, "max_tokens": 1, "logit_bias": {str(expected[0]): -100}}).json()
+    assert biased["choices"][0]["text"] != text_of(expected[:1])
+
+
 def test_openai_client_streams_from_the_simulated_server(simulated: Served) -> None:
     client = simulated.client()
     stream = client.chat.completions.create(
