@@ -80,7 +80,7 @@ PENALTIES = ("presence_penalty", "frequency_penalty")  # in [-2, 2], vLLM's rang
 # choice, which older `vllm bench serve` clients send with every completions request); the
 # chat API's `logprobs` is a boolean.
 _UNSUPPORTED: tuple[tuple[str, tuple[type, ...], int | None], ...] = (
-    ("stop", (str, list), None), ("logprobs", (), None), ("top_logprobs", (), None),
+    ("logprobs", (), None), ("top_logprobs", (), None),
     ("echo", (bool,), None), ("best_of", (), 1), ("tools", (list,), None),
     ("response_format", (), None))
 
@@ -94,11 +94,10 @@ def _unsupported(body: dict[str, Any], chat: bool) -> None:
             continue
         if name == "logprobs" and chat:
             kinds = (bool,)
-        if value is not None and kinds:
+        if kinds == (bool,) and type(value) is int and value in (0, 1):
+            value = bool(value)  # vLLM's schema reads 0 and 1 as booleans (0: nothing asked)
+        elif value is not None and kinds:
             _get(body, name, kinds, None)
-            if name == "stop" and isinstance(value, list) \
-                    and not all(isinstance(v, str) for v in value):
-                raise body_error("stop must be a string or a list of strings", "body.stop")
         if value:
             raise ApiError(400, f"{name} is not supported by rt serve", name)
 
@@ -113,6 +112,8 @@ class Parsed:
     stream: bool
     include_usage: bool
     continuous_usage: bool
+    stop: tuple[str, ...] = ()  # stop strings (checked on the text: `stop_strings`)
+    include_stop_str: bool = False  # include_stop_str_in_output
 
 
 def _get(body: dict[str, Any], name: str, kinds: tuple[type, ...], default: Any) -> Any:
@@ -256,6 +257,8 @@ class RequestParser:
             raise ApiError(400, f"min_tokens must be in [0, max_tokens={max_tokens}], got "
                            f"{_short(min_tokens)}", "min_tokens")
         ignore_eos = _get(body, "ignore_eos", (bool,), False)
+        stop = _stop_strings(body)
+        include_stop_str = _get(body, "include_stop_str_in_output", (bool,), False)
         stop_ids = tuple(token_list(body.get("stop_token_ids") or [], "stop_token_ids",
                                      self.info.vocab_size))
         eos_ids = self.info.eos_token_ids
@@ -277,7 +280,8 @@ class RequestParser:
         if not all(isinstance(flag, bool) for flag in usage):
             raise body_error("stream_options' include_usage and continuous_usage_stats must "
                              "be booleans", "body.stream_options")
-        return Parsed(prompt_ids, params, sampling, stream, usage[0], usage[1])
+        return Parsed(prompt_ids, params, sampling, stream, usage[0], usage[1], stop,
+                      include_stop_str)
 
     def _max_tokens(self, body: dict[str, Any], chat: bool, prompt_len: int) -> int:
         room = self.max_model_len - prompt_len
@@ -317,6 +321,26 @@ class RequestParser:
             raise ApiError(400, f"top_k must be -1, 0 or positive, got {_short(top_k)}", "top_k")
         return SamplingOptions(temperature, top_p, max(top_k, 0), seed, min_tokens, stops,
                                presence, frequency, repetition, _logit_bias(body, vocab_size))
+
+
+MAX_STOP_STRINGS = 4  # vLLM's default VLLM_MAX_STOP_STRINGS (its schema's max_length)
+
+
+def _stop_strings(body: dict[str, Any]) -> tuple[str, ...]:
+    """`stop`: a string or a list of at most 4 (vLLM's schema), none of them empty
+    (SamplingParams' check)."""
+    value = body.get("stop")
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(stop, str) for stop in stops):
+        raise body_error("stop must be a string or a list of strings", "body.stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise body_error(f"stop must hold at most {MAX_STOP_STRINGS} strings, got "
+                         f"{len(stops)}", "body.stop")
+    if not all(stops):
+        raise ApiError(400, "stop cannot contain an empty string.", "stop")
+    return tuple(_text(stop, "stop") for stop in stops)
 
 
 def _penalty(body: dict[str, Any], name: str) -> float:

@@ -107,3 +107,35 @@ def test_bad_penalties_and_logit_bias_refused_as_vllm(body: dict[str, Any], para
         parser().parse(body, [5, 6], chat=False)
     assert (err.value.status, err.value.param, err.value.body()["error"]["type"]) == \
         (400, param, kind)
+
+
+def test_stop_strings_are_parsed_as_vllm() -> None:
+    parsed = parser().parse({"stop": "\n", "include_stop_str_in_output": True}, [5], False)
+    assert (parsed.stop, parsed.include_stop_str) == (("\n",), True)
+    parsed = parser().parse({"stop": ["a", "bc"]}, [5], chat=True)
+    assert (parsed.stop, parsed.include_stop_str) == (("a", "bc"), False)
+    assert parser().parse({"stop": []}, [5], chat=False).stop == ()
+    for body, param, kind in [
+            ({"stop": ""}, "stop", "BadRequestError"),  # vLLM: "stop cannot contain an
+            ({"stop": ["a", ""]}, "stop", "BadRequestError"),  # empty string."
+            ({"stop": ["a"] * 5}, "body.stop", "Bad Request"),  # its schema: at most 4
+            ({"stop": [1]}, "body.stop", "Bad Request"),
+            ({"stop": "\ud800"}, "stop", "BadRequestError"),  # a lone surrogate
+            ({"stop": "a", "include_stop_str_in_output": 1}, "body.include_stop_str_in_output",
+             "Bad Request")]:
+        with pytest.raises(ApiError) as err:
+            parser().parse(body, [5, 6], chat=False)
+        assert (err.value.status, err.value.param, err.value.body()["error"]["type"]) == \
+            (400, param, kind), body
+
+
+def test_echo_0_and_chat_logprobs_0_ask_for_nothing() -> None:
+    """vLLM's schema reads the booleans 0 and 1 as false and true (pydantic's lax mode):
+    0 asks for nothing and is served; 1 asks for what rt does not implement."""
+    assert parser().parse({"echo": 0}, [5, 6], chat=False).stream is False
+    assert parser().parse({"logprobs": 0}, [5, 6], chat=True).stream is False
+    for body, chat in (({"echo": 1}, False), ({"logprobs": 1}, True)):
+        with pytest.raises(ApiError) as err:
+            parser().parse(body, [5, 6], chat=chat)
+        assert (err.value.param, err.value.body()["error"]["type"]) == \
+            (next(iter(body)), "BadRequestError")
