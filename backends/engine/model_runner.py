@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from backends.engine.kv_cache import KVCache
+from backends.engine.logits_ops import apply_logit_bias, apply_penalties
 from backends.engine.model import AttentionMetadata, PagedModel
 from backends.engine.sampling_options import GREEDY, SamplingOptions
 from runtime.outputs import SchedulerOutput
@@ -183,9 +184,11 @@ class ModelRunner:
         return StepResult(sampled, timer.stop())
 
     def sample(self, logits: torch.Tensor, req_ids: list[str]) -> list[int]:
-        """logits [N, vocab] fp32 -> one token per row."""
+        """logits [N, vocab] fp32 -> one token per row (vLLM's order: the min_tokens mask,
+        logit_bias, the penalties, then greedy or the draw; `logits_ops`)."""
         options = [self.options.get(req_id, GREEDY) for req_id in req_ids]
         logits = self._mask_min_tokens(logits, req_ids, options)
+        logits = self._bias_and_penalize(logits, req_ids, options)
         if all(opt.greedy for opt in options):
             return logits.argmax(dim=-1).tolist()
         return [self._sample_row(logits[row], opt, self._generators.get(req_id,
@@ -204,6 +207,21 @@ class ModelRunner:
                     masked = logits.clone()
                 masked[row, list(opt.stop_token_ids)] = float("-inf")
         return masked
+
+    def _bias_and_penalize(self, logits: torch.Tensor, req_ids: list[str],
+                           options: list[SamplingOptions]) -> torch.Tensor:
+        """logit_bias, then the penalties, on the rows of requests that set them."""
+        changed = logits
+        for row, (req_id, opt) in enumerate(zip(req_ids, options, strict=True)):
+            if not opt.logit_bias and not opt.has_penalties:
+                continue
+            if changed is logits:
+                changed = logits.clone()
+            state = self.states[req_id]
+            tokens, num_prompt = state.token_ids, state.num_prompt_tokens
+            changed[row] = apply_penalties(apply_logit_bias(logits[row], opt.logit_bias),
+                                           tokens[:num_prompt], tokens[num_prompt:], opt)
+        return changed
 
     @staticmethod
     def _sample_row(row: torch.Tensor, opt: SamplingOptions,

@@ -37,7 +37,8 @@ class EngineRequest:
                                   (p.max_tokens, p.min_tokens, p.ignore_eos, p.eos_token_id,
                                    p.stop_token_ids),
                                   (o.temperature, o.top_p, o.top_k, o.seed, o.min_tokens,
-                                   o.stop_token_ids)))
+                                   o.stop_token_ids, o.presence_penalty, o.frequency_penalty,
+                                   o.repetition_penalty, o.logit_bias)))
 
 
 def _engine_request(request_id: str, prompt_token_ids: list[int], arrival_s: float,

@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from backends.engine.sampling_options import SamplingOptions
+from backends.engine.sampling_options import MAX_LOGIT_BIAS, SamplingOptions
 from backends.engine.text import TextCodec
 from backends.serve.messages import EngineInfo
 from runtime import SamplingParams
@@ -73,16 +73,16 @@ class EngineDeadError(ApiError):
 _SAMPLING_EPS = 1e-5  # vLLM's: a lower temperature samples greedily (no 1/T overflow)
 _INT64 = (-(1 << 63), (1 << 63) - 1)  # vLLM's seed range
 MAX_TEMPERATURE = 2.0  # vLLM's (and OpenAI's) upper bound
-PENALTIES = ("presence_penalty", "frequency_penalty")  # checked in [-2, 2], not applied
+PENALTIES = ("presence_penalty", "frequency_penalty")  # in [-2, 2], vLLM's range
 # Features rt serve refuses (400 once set), each with the JSON types whose other values
 # vLLM 0.32's schema refuses as it does (its "Bad Request"; none: vLLM's own 400, or it
 # ignores the field), and an int that asks for nothing (`best_of` 1, one candidate per
 # choice, which older `vllm bench serve` clients send with every completions request); the
 # chat API's `logprobs` is a boolean.
 _UNSUPPORTED: tuple[tuple[str, tuple[type, ...], int | None], ...] = (
-    ("stop", (str, list), None), ("logprobs", (), None), ("top_logprobs", (), None),
+    ("logprobs", (), None), ("top_logprobs", (), None),
     ("echo", (bool,), None), ("best_of", (), 1), ("tools", (list,), None),
-    ("logit_bias", (), None), ("response_format", (), None))
+    ("response_format", (), None))
 
 
 def _unsupported(body: dict[str, Any], chat: bool) -> None:
@@ -94,11 +94,10 @@ def _unsupported(body: dict[str, Any], chat: bool) -> None:
             continue
         if name == "logprobs" and chat:
             kinds = (bool,)
-        if value is not None and kinds:
+        if kinds == (bool,) and type(value) is int and value in (0, 1):
+            value = bool(value)  # vLLM's schema reads 0 and 1 as booleans (0: nothing asked)
+        elif value is not None and kinds:
             _get(body, name, kinds, None)
-            if name == "stop" and isinstance(value, list) \
-                    and not all(isinstance(v, str) for v in value):
-                raise body_error("stop must be a string or a list of strings", "body.stop")
         if value:
             raise ApiError(400, f"{name} is not supported by rt serve", name)
 
@@ -113,6 +112,8 @@ class Parsed:
     stream: bool
     include_usage: bool
     continuous_usage: bool
+    stop: tuple[str, ...] = ()  # stop strings (checked on the text: `stop_strings`)
+    include_stop_str: bool = False  # include_stop_str_in_output
 
 
 def _get(body: dict[str, Any], name: str, kinds: tuple[type, ...], default: Any) -> Any:
@@ -256,6 +257,8 @@ class RequestParser:
             raise ApiError(400, f"min_tokens must be in [0, max_tokens={max_tokens}], got "
                            f"{_short(min_tokens)}", "min_tokens")
         ignore_eos = _get(body, "ignore_eos", (bool,), False)
+        stop = _stop_strings(body)
+        include_stop_str = _get(body, "include_stop_str_in_output", (bool,), False)
         stop_ids = tuple(token_list(body.get("stop_token_ids") or [], "stop_token_ids",
                                      self.info.vocab_size))
         eos_ids = self.info.eos_token_ids
@@ -264,7 +267,7 @@ class RequestParser:
                                 ignore_eos=ignore_eos, eos_token_id=eos,
                                 stop_token_ids=stop_ids + tuple(eos_ids[1:]) * (not ignore_eos))
         sampler_stops = tuple(stop_ids) + (() if ignore_eos else tuple(eos_ids))
-        sampling = self._sampling(body, min_tokens, sampler_stops)
+        sampling = self._sampling(body, min_tokens, sampler_stops, self.info.vocab_size)
         stream = _get(body, "stream", (bool,), False)
         _get(body, "user", (str,), None)  # unused; vLLM's schema: a string or null
         # vLLM's rule, first, and only for a truthy value: `{}` without stream is served
@@ -277,7 +280,8 @@ class RequestParser:
         if not all(isinstance(flag, bool) for flag in usage):
             raise body_error("stream_options' include_usage and continuous_usage_stats must "
                              "be booleans", "body.stream_options")
-        return Parsed(prompt_ids, params, sampling, stream, usage[0], usage[1])
+        return Parsed(prompt_ids, params, sampling, stream, usage[0], usage[1], stop,
+                      include_stop_str)
 
     def _max_tokens(self, body: dict[str, Any], chat: bool, prompt_len: int) -> int:
         room = self.max_model_len - prompt_len
@@ -294,8 +298,8 @@ class RequestParser:
         return int(value)
 
     @staticmethod
-    def _sampling(body: dict[str, Any], min_tokens: int,
-                  stops: tuple[int, ...]) -> SamplingOptions:
+    def _sampling(body: dict[str, Any], min_tokens: int, stops: tuple[int, ...],
+                  vocab_size: int) -> SamplingOptions:
         temperature = _number(body, "temperature", 1.0)
         top_p = _number(body, "top_p", 1.0)
         top_k = _get(body, "top_k", (int,), 0)
@@ -305,12 +309,74 @@ class RequestParser:
         if not 0 <= temperature <= MAX_TEMPERATURE:
             raise ApiError(400, f"temperature must be in [0, {MAX_TEMPERATURE}], got "
                            f"{temperature}", "temperature")
-        for name in PENALTIES:  # type and range as vLLM; values are not used (README)
-            if not -2 <= _number(body, name, 0.0) <= 2:
-                raise ApiError(400, f"{name} must be in [-2, 2]", name)
+        presence, frequency = (_penalty(body, name) for name in PENALTIES)
+        repetition = _number(body, "repetition_penalty", 1.0)
+        if repetition <= 0:  # vLLM's check (finite: `_number`)
+            raise ApiError(400, f"repetition_penalty must be greater than zero, got "
+                           f"{repetition}", "repetition_penalty")
         if not 0 < top_p <= 1:
             raise ApiError(400, f"top_p must be in (0, 1], got {top_p}", "top_p")
         temperature = 0.0 if temperature < _SAMPLING_EPS else temperature  # vLLM: greedy
         if top_k < 0 and top_k != -1:
             raise ApiError(400, f"top_k must be -1, 0 or positive, got {_short(top_k)}", "top_k")
-        return SamplingOptions(temperature, top_p, max(top_k, 0), seed, min_tokens, stops)
+        return SamplingOptions(temperature, top_p, max(top_k, 0), seed, min_tokens, stops,
+                               presence, frequency, repetition, _logit_bias(body, vocab_size))
+
+
+MAX_STOP_STRINGS = 4  # vLLM's default VLLM_MAX_STOP_STRINGS (its schema's max_length)
+
+
+def _stop_strings(body: dict[str, Any]) -> tuple[str, ...]:
+    """`stop`: a string or a list of at most 4 (vLLM's schema), none of them empty
+    (SamplingParams' check)."""
+    value = body.get("stop")
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(stop, str) for stop in stops):
+        raise body_error("stop must be a string or a list of strings", "body.stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise body_error(f"stop must hold at most {MAX_STOP_STRINGS} strings, got "
+                         f"{len(stops)}", "body.stop")
+    if not all(stops):
+        raise ApiError(400, "stop cannot contain an empty string.", "stop")
+    return tuple(_text(stop, "stop") for stop in stops)
+
+
+def _penalty(body: dict[str, Any], name: str) -> float:
+    """presence_penalty or frequency_penalty: a number in [-2, 2] (vLLM's range)."""
+    value = _number(body, name, 0.0)
+    if not -2 <= value <= 2:
+        raise ApiError(400, f"{name} must be in [-2, 2], got {value}", name)
+    return value
+
+
+def _logit_bias(body: dict[str, Any], vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """logit_bias as vLLM 0.32 takes it (SamplingParams.from_optional and
+    _validate_logit_bias): an object of numbers (its schema), each key converted with int()
+    (a later duplicate wins), each value clamped into [-100, 100], then every id checked
+    against the vocabulary. Returns (token id, bias) pairs in the body's order."""
+    value = _get(body, "logit_bias", (dict,), None)
+    if not value:
+        return ()
+    biases: dict[int, float] = {}
+    bad_keys = []
+    for key, bias in value.items():
+        if isinstance(bias, bool) or not isinstance(bias, int | float):
+            raise body_error(f"logit_bias values must be numbers, got {_short(bias)}",
+                             "body.logit_bias")
+        try:
+            token = int(key)
+        except ValueError:
+            bad_keys.append(key)
+            continue
+        # compared before float(): an int past a float's range clamps, not overflows
+        biases[token] = float(min(MAX_LOGIT_BIAS, max(-MAX_LOGIT_BIAS, bias)))
+    if bad_keys:
+        raise ApiError(400, "logit_bias contains key(s) that cannot be converted to integer "
+                       f"token IDs: {_short(bad_keys)}", "logit_bias")
+    outside = [token for token in biases if not 0 <= token < vocab_size]
+    if outside:
+        raise ApiError(400, f"token_id(s) {_short(outside)} in logit_bias contain "
+                       f"out-of-vocab token ids. Vocabulary size: {vocab_size}", "logit_bias")
+    return tuple(biases.items())

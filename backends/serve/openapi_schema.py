@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backends.serve.openai_protocol import MAX_TEMPERATURE, PENALTIES
+from backends.serve.openai_protocol import MAX_STOP_STRINGS, MAX_TEMPERATURE, PENALTIES
 
 _INT64 = {"type": "integer", "minimum": -(1 << 63), "maximum": (1 << 63) - 1}
 _TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
@@ -31,8 +31,19 @@ _SAMPLING: dict[str, Any] = {
     "ignore_eos": {"type": "boolean"},
     "stop_token_ids": _TOKEN_IDS,
     "temperature": {"type": "number", "minimum": 0, "maximum": MAX_TEMPERATURE},
-    **{name: {"type": "number", "minimum": -2, "maximum": 2,
-              "description": "checked as vLLM checks it, not applied"} for name in PENALTIES},
+    **{name: {"type": "number", "minimum": -2, "maximum": 2} for name in PENALTIES},
+    "repetition_penalty": {"type": "number", "exclusiveMinimum": 0},
+    "logit_bias": {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
+                   "additionalProperties": {"type": "number", "minimum": -100,
+                                            "maximum": 100},
+                   "description": "token id -> bias added to its logit (vLLM clamps values "
+                                  "into [-100, 100]; ids must be in the vocabulary)"},
+    "stop": {"anyOf": [{"type": "string", "minLength": 1},
+                       {"type": "array", "maxItems": MAX_STOP_STRINGS,
+                        "items": {"type": "string", "minLength": 1}}],
+             "description": "generation stops when the output text holds one; the text is "
+                            "cut before it (vLLM's detokenizer check)"},
+    "include_stop_str_in_output": {"type": "boolean"},
     "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     "top_k": {"type": "integer", "minimum": -1},
     "seed": _INT64,

@@ -23,6 +23,7 @@ from backends.serve.flags import ServeFlags
 from backends.serve.messages import EngineInfo, EngineOutputs, EngineRequest, RequestOutput
 from backends.serve.metrics import ServeMetrics
 from backends.serve.openai_protocol import ApiError, EngineDeadError, Parsed, RequestParser
+from backends.serve.stop_strings import StopStringText
 from backends.serve.stream_path import Last
 
 logger = logging.getLogger("rt.serve")
@@ -79,6 +80,7 @@ class _Generation:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     deferred: Exception | None = None  # an error that arrived behind merged outputs
+    stops: StopStringText | None = None  # the text, when the request has stop strings
 
     def usage(self) -> dict[str, Any]:
         prompt = len(self.parsed.prompt_ids)
@@ -169,12 +171,16 @@ class Server:
         metrics.on_tokens(new_tokens, itls)
         metrics.on_iteration(new_tokens + prefill_tokens)
 
-    def _finished(self, gen: _Generation, out: RequestOutput) -> None:
-        """Record a finished request's metrics and forget it."""
+    def _finished(self, gen: _Generation, out: RequestOutput, abort: bool = False) -> None:
+        """Record a finished request's metrics and forget it; `abort`: the engine still
+        runs it (a stop string found first: vLLM's output processor aborts it there)."""
         metrics = self.metrics
         assert metrics is not None
         self.gens.pop(gen.request_id, None)
-        self.engine.release(gen.request_id)
+        if abort:
+            self.engine.abort(gen.request_id)
+        else:
+            self.engine.release(gen.request_id)
         if gen.last_output_s is None:
             self.awaiting_first -= 1
         phases = _phases(out)
@@ -212,6 +218,9 @@ class Server:
         queue = self.engine.submit(EngineRequest(request_id, parsed.prompt_ids, parsed.params,
                                                  parsed.sampling, arrival_s))
         gen = _Generation(request_id, parsed, arrival_s, self.codec.decoder(), queue)
+        if parsed.stop:
+            gen.stops = StopStringText(gen.decoder, parsed.stop, parsed.include_stop_str,
+                                       parsed.params.min_tokens)
         self.gens[request_id] = gen
         self.awaiting_first += 1
         return gen
@@ -223,12 +232,20 @@ class Server:
         if isinstance(item, Exception):
             self._forget(gen, abort=False)
             raise item
-        gen.output_len += len(item.new_token_ids)
         gen.cached = item.num_cached_tokens or gen.cached
-        text = gen.decoder.step(item.new_token_ids)
+        # vLLM leaves the text of the token that stopped the request (EOS or a stop token)
+        # out, unless include_stop_str_in_output
+        skip_last = item.finish_reason == "stop" and not gen.parsed.include_stop_str
+        engine_done = item.finish_reason is not None
+        if gen.stops is None:
+            ids = item.new_token_ids
+            text = gen.decoder.step(ids[:-1] if skip_last else ids)
+        else:
+            text, item = _stop_step(gen.stops, item, skip_last)
+        gen.output_len += len(item.new_token_ids)
         if item.finish_reason is not None:
             gen.finish_reason, gen.stop_reason = item.finish_reason, item.stop_reason
-            self._finished(gen, item)
+            self._finished(gen, item, abort=not engine_done)
         return text, item
 
     async def outputs(self, gen: _Generation) -> AsyncIterator[tuple[str, RequestOutput]]:
@@ -342,6 +359,21 @@ def _take(gen: _Generation, item: RequestOutput | Exception) -> RequestOutput | 
         nxt.new_token_ids = item.new_token_ids + nxt.new_token_ids
         item = nxt
     return item
+
+
+def _stop_step(stops: StopStringText, item: RequestOutput, skip_last: bool
+               ) -> tuple[str, RequestOutput]:
+    """`item`'s text through the stop-string check; a match ends the request: the output
+    then keeps the tokens up to the one that completed the stop string, `finish_reason`
+    "stop" and `stop_reason` the string."""
+    step = stops.step(item.new_token_ids, skip_last, item.finish_reason is not None)
+    if step.match is None:
+        return step.delta, item
+    stopped = RequestOutput(item.request_id, item.new_token_ids[:step.num_kept], "stop",
+                            step.match.stop, item.num_cached_tokens, item.num_preemptions,
+                            item.queued_s, item.scheduled_s, item.first_token_s,
+                            item.last_token_s)
+    return step.delta, stopped
 
 
 def _phases(out: RequestOutput) -> dict[str, float | None]:

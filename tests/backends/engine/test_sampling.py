@@ -104,3 +104,70 @@ def test_extreme_temperature_and_top_p_still_sample_a_token() -> None:
     for options in (SamplingOptions(temperature=1e39), SamplingOptions(1.0, top_p=5e-324)):
         token = ModelRunner._sample_row(row, options, generator)
         assert 0 <= token < 64 and token != 3
+
+
+# ---- penalties and logit_bias (vLLM V1's Sampler: min_tokens, logit_bias, then repetition,
+# frequency and presence penalties, then greedy / temperature) ----------------------------
+
+ROW = [2.0, -1.0, 0.5, 3.0, -2.0, 0.0]  # binary-exact, so every expected value is exact
+PROMPT, OUTPUT = [0, 1], [3, 3, 2]  # token 3 twice in the output, 2 once; 0, 1 in the prompt
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    # repetition: tokens of the prompt or the output; positive / 2, negative * 2
+    (SamplingOptions(repetition_penalty=2.0), [1.0, -2.0, 0.25, 1.5, -2.0, 0.0]),
+    # frequency: minus 0.5 per occurrence in the output (the prompt does not count)
+    (SamplingOptions(frequency_penalty=0.5), [2.0, -1.0, 0.0, 2.0, -2.0, 0.0]),
+    # presence: minus 0.25 once per token of the output
+    (SamplingOptions(presence_penalty=0.25), [2.0, -1.0, 0.25, 2.75, -2.0, 0.0]),
+    # all three, in vLLM's order: repetition, then frequency, then presence
+    (SamplingOptions(presence_penalty=0.25, frequency_penalty=0.5, repetition_penalty=2.0),
+     [1.0, -2.0, -0.5, 0.25, -2.0, 0.0]),
+    # logit_bias adds to the listed ids only
+    (SamplingOptions(logit_bias=((4, 100.0), (0, -0.5))), [1.5, -1.0, 0.5, 3.0, 98.0, 0.0]),
+])
+def test_penalties_and_bias_on_a_hand_made_row(options: SamplingOptions,
+                                               expected: list[float]) -> None:
+    from backends.engine.logits_ops import apply_logit_bias, apply_penalties
+
+    row = torch.tensor(ROW)
+    got = apply_penalties(apply_logit_bias(row, options.logit_bias), PROMPT, OUTPUT, options)
+    assert got.tolist() == expected
+    assert row.tolist() == ROW  # the input is not modified
+
+
+def _one_row(runner: ModelRunner, options: SamplingOptions, row: list[float]) -> int:
+    runner.states["p"] = _RequestState(PROMPT + OUTPUT, len(PROMPT), [1])
+    runner.register("p", options)
+    return runner.sample(torch.tensor([row]), ["p"])[0]
+
+
+def test_penalties_change_greedy_and_sampled_choices(runner: ModelRunner) -> None:
+    """Token 3 (in the output twice) leads token 5 (in neither) by 0.5; a penalty makes
+    token 5 win, for a greedy request and before top-k of a sampled one (top_k=1: the best
+    left)."""
+    row = [0.0, -1.0, 0.5, 3.0, -2.0, 2.5]
+    assert _one_row(runner, SamplingOptions(), row) == 3
+    for options in (SamplingOptions(frequency_penalty=0.3),
+                    SamplingOptions(presence_penalty=0.6),
+                    SamplingOptions(repetition_penalty=1.3),
+                    SamplingOptions(temperature=0.5, top_k=1, seed=0, frequency_penalty=0.3)):
+        assert _one_row(runner, options, row) == 5, options
+
+
+def test_logit_bias_applies_before_the_repetition_penalty(runner: ModelRunner) -> None:
+    """vLLM's order: token 3's 1.0 + bias 1.0 = 2.0, then / 2 (repetition) = 1.0, below token
+    5's 1.2 (penalized first, it would be 1.0 / 2 + 1.0 = 1.5 and win)."""
+    row = [0.0, -1.0, 0.5, 1.0, -2.0, 1.2]
+    assert _one_row(runner, SamplingOptions(repetition_penalty=2.0,
+                                            logit_bias=((3, 1.0),)), row) == 5
+    assert _one_row(runner, SamplingOptions(logit_bias=((3, 1.0),)), row) == 3
+
+
+def test_penalty_options_are_validated() -> None:
+    for kwargs, name in (({"presence_penalty": 2.5}, "presence_penalty"),
+                         ({"frequency_penalty": -2.1}, "frequency_penalty"),
+                         ({"repetition_penalty": 0.0}, "repetition_penalty"),
+                         ({"logit_bias": ((1, 101.0),)}, "logit_bias")):
+        with pytest.raises(ValueError, match=name):
+            SamplingOptions(**kwargs)  # type: ignore[arg-type]

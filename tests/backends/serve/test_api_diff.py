@@ -70,7 +70,6 @@ DELIBERATE: dict[str, dict[str, Any]] = {
     "cmpl logprobs 5": _refused("logprobs"),
     "chat logprobs true": _refused("logprobs"),
     "chat top_logprobs 5": _refused("logprobs"),
-    "cmpl stop str": _refused("stop"),
     "chat top_logprobs str": {"body.error.param": ("logprobs", "top_logprobs")},
     # A token id outside the vocabulary is refused on /detokenize too (vLLM decodes it).
     "hostile 37": _refused("tokens"),

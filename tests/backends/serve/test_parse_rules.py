@@ -71,3 +71,71 @@ def test_best_of_one_asks_for_nothing_and_is_served() -> None:
         with pytest.raises(ApiError) as err:
             parser().parse({"best_of": value}, [5, 6], chat=False)
         assert (err.value.status, err.value.param) == (400, "best_of")
+
+
+def test_penalties_and_logit_bias_reach_the_sampler() -> None:
+    """vLLM's SamplingParams.from_optional: the penalties as given (null: the default),
+    logit_bias's keys converted with int(), its values clamped into [-100, 100]."""
+    body = {"presence_penalty": 0.5, "frequency_penalty": -2, "repetition_penalty": 1.25,
+            "logit_bias": {"7": 250, "01": -1e400, "300": 2.5}}
+    sampling = parser().parse(body, [5, 6], chat=False).sampling
+    assert (sampling.presence_penalty, sampling.frequency_penalty,
+            sampling.repetition_penalty) == (0.5, -2.0, 1.25)
+    assert sampling.logit_bias == ((7, 100.0), (1, -100.0), (300, 2.5))
+    nulls = {"presence_penalty": None, "repetition_penalty": None, "logit_bias": None}
+    sampling = parser().parse(nulls, [5, 6], chat=True).sampling
+    assert (sampling.presence_penalty, sampling.repetition_penalty, sampling.logit_bias) == \
+        (0.0, 1.0, ())
+
+
+@pytest.mark.parametrize(("body", "param", "kind"), [
+    ({"presence_penalty": 2.5}, "presence_penalty", "BadRequestError"),
+    ({"frequency_penalty": -3}, "frequency_penalty", "BadRequestError"),
+    ({"frequency_penalty": "1"}, "body.frequency_penalty", "Bad Request"),
+    ({"repetition_penalty": 0}, "repetition_penalty", "BadRequestError"),
+    ({"repetition_penalty": -1.0}, "repetition_penalty", "BadRequestError"),
+    ({"repetition_penalty": True}, "body.repetition_penalty", "Bad Request"),
+    ({"logit_bias": [1, 2]}, "body.logit_bias", "Bad Request"),
+    ({"logit_bias": {"5": "x"}}, "body.logit_bias", "Bad Request"),
+    ({"logit_bias": {"a": 1}}, "logit_bias", "BadRequestError"),  # not an integer
+    ({"logit_bias": {"512": 1}}, "logit_bias", "BadRequestError"),  # past the vocabulary
+    ({"logit_bias": {"-1": 1}}, "logit_bias", "BadRequestError"),
+])
+def test_bad_penalties_and_logit_bias_refused_as_vllm(body: dict[str, Any], param: str,
+                                                      kind: str) -> None:
+    with pytest.raises(ApiError) as err:
+        parser().parse(body, [5, 6], chat=False)
+    assert (err.value.status, err.value.param, err.value.body()["error"]["type"]) == \
+        (400, param, kind)
+
+
+def test_stop_strings_are_parsed_as_vllm() -> None:
+    parsed = parser().parse({"stop": "\n", "include_stop_str_in_output": True}, [5], False)
+    assert (parsed.stop, parsed.include_stop_str) == (("\n",), True)
+    parsed = parser().parse({"stop": ["a", "bc"]}, [5], chat=True)
+    assert (parsed.stop, parsed.include_stop_str) == (("a", "bc"), False)
+    assert parser().parse({"stop": []}, [5], chat=False).stop == ()
+    for body, param, kind in [
+            ({"stop": ""}, "stop", "BadRequestError"),  # vLLM: "stop cannot contain an
+            ({"stop": ["a", ""]}, "stop", "BadRequestError"),  # empty string."
+            ({"stop": ["a"] * 5}, "body.stop", "Bad Request"),  # its schema: at most 4
+            ({"stop": [1]}, "body.stop", "Bad Request"),
+            ({"stop": "\ud800"}, "stop", "BadRequestError"),  # a lone surrogate
+            ({"stop": "a", "include_stop_str_in_output": 1}, "body.include_stop_str_in_output",
+             "Bad Request")]:
+        with pytest.raises(ApiError) as err:
+            parser().parse(body, [5, 6], chat=False)
+        assert (err.value.status, err.value.param, err.value.body()["error"]["type"]) == \
+            (400, param, kind), body
+
+
+def test_echo_0_and_chat_logprobs_0_ask_for_nothing() -> None:
+    """vLLM's schema reads the booleans 0 and 1 as false and true (pydantic's lax mode):
+    0 asks for nothing and is served; 1 asks for what rt does not implement."""
+    assert parser().parse({"echo": 0}, [5, 6], chat=False).stream is False
+    assert parser().parse({"logprobs": 0}, [5, 6], chat=True).stream is False
+    for body, chat in (({"echo": 1}, False), ({"logprobs": 1}, True)):
+        with pytest.raises(ApiError) as err:
+            parser().parse(body, [5, 6], chat=chat)
+        assert (err.value.param, err.value.body()["error"]["type"]) == \
+            (next(iter(body)), "BadRequestError")

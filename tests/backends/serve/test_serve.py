@@ -157,6 +157,87 @@ def test_seeded_sampling_repeats_and_stop_token_ids_stop(tiny: Served) -> None:
     assert held.usage.completion_tokens >= 4
 
 
+def _greedy_by_hand(prompt: list[int], steps: int, presence: float, frequency: float,
+                    repetition: float) -> list[int]:
+    """The tiny model's greedy tokens with vLLM's penalties, worked out here in plain
+    Python from transformers' logits (a full forward per token, no KV cache)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from backends.engine.tiny_model import build_tiny_llama
+
+    model = LlamaForCausalLM.from_pretrained(build_tiny_llama(), torch_dtype=torch.float32)
+    ids = list(prompt)
+    for _ in range(steps):
+        with torch.no_grad():
+            row = model(torch.tensor([ids])).logits[0, -1].tolist()
+        output = ids[len(prompt):]
+        for token in set(ids):  # repetition: the prompt's tokens and the output's
+            row[token] = row[token] / repetition if row[token] > 0 else row[token] * repetition
+        for token in set(output):
+            row[token] -= frequency * output.count(token) + presence
+        ids.append(max(range(len(row)), key=row.__getitem__))
+    return ids[len(prompt):]
+
+
+def test_penalties_change_greedy_output_as_worked_out_by_hand(tiny: Served) -> None:
+    prompt, steps = [5, 6, 7, 8], 32  # the plain greedy run repeats a token at the 12th
+    penalties = {"presence_penalty": 1.5, "frequency_penalty": 0.5, "repetition_penalty": 1.3}
+    body = {"prompt": prompt, "max_tokens": steps, "temperature": 0, "ignore_eos": True}
+    url = tiny.url
+
+    def text_of(ids: list[int]) -> str:
+        return str(httpx.post(f"{url}/detokenize", json={"tokens": ids}, timeout=5)
+                   .json()["prompt"])
+
+    plain = httpx.post(f"{url}/v1/completions", json=body, timeout=30).json()
+    penalized = httpx.post(f"{url}/v1/completions", json={**body, **penalties},
+                           timeout=30).json()
+    expected = _greedy_by_hand(prompt, steps, 1.5, 0.5, 1.3)
+    assert penalized["choices"][0]["text"] == text_of(expected)
+    assert plain["choices"][0]["text"] == text_of(_greedy_by_hand(prompt, steps, 0, 0, 1))
+    assert penalized["choices"][0]["text"] != plain["choices"][0]["text"]
+    # logit_bias: -100 on each token the penalized run chose first makes it pick another
+    biased = httpx.post(f"{url}/v1/completions", timeout=30, json={
+        **body, **penalties, "max_tokens": 1, "logit_bias": {str(expected[0]): -100}}).json()
+    assert biased["choices"][0]["text"] != text_of(expected[:1])
+
+
+@pytest.mark.parametrize("which", ["tiny", "simulated"])
+def test_stop_strings_cut_the_text_as_vllm_on_both_engines(
+        which: str, request: pytest.FixtureRequest) -> None:
+    """The real engine (greedy) and --simulate (a seeded synthetic stream) both make a
+    fixed text; a stop string taken from its middle cuts it before its first occurrence
+    (after it with include_stop_str_in_output), finish_reason "stop", stop_reason the
+    string, and the usage counts the tokens up to the one that completed it: the fewest
+    max_tokens whose text holds it."""
+    server: Served = request.getfixturevalue(which)
+    url = f"{server.url}/v1/completions"
+    body = {"prompt": [5, 6, 7, 8], "temperature": 0, "seed": 11, "ignore_eos": True}
+
+    def complete(**kw: object) -> dict:
+        return dict(httpx.post(url, json={**body, **kw}, timeout=30).json())
+
+    texts = [complete(max_tokens=k)["choices"][0]["text"] for k in range(1, 13)]
+    stop = texts[-1][5:7]
+    cut = texts[-1].find(stop)
+    needed = next(k for k, text in enumerate(texts, 1) if stop in text)
+    answer = complete(max_tokens=12, stop=[stop, "never-made"])
+    assert answer["choices"][0] | {"text": texts[-1][:cut], "finish_reason": "stop",
+                                   "stop_reason": stop} == answer["choices"][0]
+    assert answer["usage"]["completion_tokens"] == needed
+    kept = complete(max_tokens=12, stop=stop, include_stop_str_in_output=True)
+    assert kept["choices"][0]["text"] == texts[-1][:cut + len(stop)]
+    assert kept["usage"]["completion_tokens"] == needed
+    chunks = list(server.client().completions.create(
+        model=httpx.get(f"{server.url}/v1/models", timeout=5).json()["data"][0]["id"],
+        prompt=[5, 6, 7, 8], max_tokens=12, temperature=0, seed=11, stop=stop, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == texts[-1][:cut]
+    assert chunks[-2].choices[0].finish_reason == "stop"
+    assert chunks[-1].usage.completion_tokens == needed
+
+
 def test_openai_client_streams_from_the_simulated_server(simulated: Served) -> None:
     client = simulated.client()
     stream = client.chat.completions.create(

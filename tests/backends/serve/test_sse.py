@@ -132,7 +132,9 @@ def _expected(chat: bool, items: list[RequestOutput | Exception], include_usage:
                 role["usage"] = {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}
             events.append(f"data: {json.dumps(role, separators=(',', ':'))}\n\n".encode())
         done += len(item.new_token_ids)
-        events.append(_reference(head, decoder.step(item.new_token_ids), chat,
+        # vLLM leaves the text of the token that stopped the request out
+        ids = item.new_token_ids[:-1] if item.finish_reason == "stop" else item.new_token_ids
+        events.append(_reference(head, decoder.step(ids), chat,
                                  item.finish_reason, item.stop_reason,
                                  usage() if continuous else None))
     if include_usage:

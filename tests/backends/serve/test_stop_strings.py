@@ -1,0 +1,67 @@
+"""Stop strings as vLLM 0.32's detokenizer checks them (backends/serve/stop_strings.py), on
+ByteTokenizer text (ASCII: one token per character)."""
+
+from __future__ import annotations
+
+from backends.engine.text import ByteTokenizer
+from backends.serve.stop_strings import StopMatch, StopStringText, find_stop
+
+CODEC = ByteTokenizer(512)
+
+
+def _text(stops: tuple[str, ...], include: bool = False, min_tokens: int = 0
+          ) -> StopStringText:
+    return StopStringText(CODEC.decoder(), stops, include, min_tokens)
+
+
+def _run(text: StopStringText, outputs: list[str], last_is_stop_token: bool = False
+         ) -> list[tuple[str, str | None, int]]:
+    """Feed each string as one engine output; (delta, matched stop, tokens kept) each."""
+    steps = []
+    for i, chunk in enumerate(outputs):
+        final = i == len(outputs) - 1
+        step = text.step(CODEC.encode(chunk), last_is_stop_token and final, final)
+        steps.append((step.delta, step.match.stop if step.match else None, step.num_kept))
+        if step.match:
+            break
+    return steps
+
+
+def test_find_stop_takes_the_one_that_completes_first() -> None:
+    assert find_stop("abcdef", 3, ["ef", "de"]) == StopMatch("de", 3, 5)
+    assert find_stop("abcdef", 3, ["cd", "x"]) == StopMatch("cd", 2, 4)  # starts before
+    assert find_stop("abcdef", 2, ["bc"]) is None  # ended before the new text
+    assert find_stop("aXbX", 4, ["X", "aX"]) == StopMatch("X", 1, 2)  # ties: list order
+    assert find_stop("aXbX", 4, ["aX", "X"]) == StopMatch("aX", 0, 2)
+    assert find_stop("abc", 0, ["c"]) is None
+
+
+def test_one_token_per_output_holds_back_and_cuts_before_the_stop() -> None:
+    steps = _run(_text(("lo w",)), list("hello world"))
+    # 3 characters held back (len - 1); "lo w" completes at the 7th token: "hel" is left
+    assert steps == [("", None, 1)] * 3 + [("h", None, 1), ("e", None, 1), ("l", None, 1),
+                                           ("", "lo w", 1)]
+
+
+def test_include_stop_str_in_output_keeps_it_and_holds_nothing_back() -> None:
+    steps = _run(_text(("\n",), include=True), ["ab", "c\nd", "e"])
+    assert steps == [("ab", None, 2), ("c\n", "\n", 2)]
+
+
+def test_merged_outputs_drop_the_tokens_after_the_stop() -> None:
+    steps = _run(_text(("cd", "bc")), ["abcdef"])
+    assert steps == [("a", "bc", 3)]  # "bc" completes first, at the 3rd token
+
+
+def test_min_tokens_defers_the_check_past_its_tokens() -> None:
+    """vLLM: no check until more than min_tokens outputs, then only the text the tokens
+    past the min_tokens-th added (a stop string ending inside the first ones is missed)."""
+    steps = _run(_text(("x",), min_tokens=2), ["x", "x", "ax"])
+    assert steps == [("x", None, 1), ("x", None, 1), ("a", "x", 2)]
+    steps = _run(_text(("x",), min_tokens=2), ["xxax"])
+    assert steps == [("xxa", "x", 4)]
+
+
+def test_a_stop_token_s_text_is_left_out_and_the_rest_released_at_the_end() -> None:
+    steps = _run(_text(("zz",)), ["ab", "cd"], last_is_stop_token=True)
+    assert steps == [("a", None, 2), ("bc", None, 2)]  # "d" (the stop token) left out
