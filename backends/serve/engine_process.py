@@ -52,6 +52,7 @@ from runtime import (
     SchedulerConfig,
     finish_reason,
 )
+from runtime.perf import PerfShape, StepPerf, step_perf
 
 _TRIM_EVERY_STEPS = 2048  # drop the recorder's step records this often (a server runs for days)
 
@@ -78,6 +79,7 @@ class ExecutorSetup:
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     description: dict[str, Any] = field(default_factory=dict)
+    perf_shape: PerfShape | None = None  # the model facts of the MFU estimate (if known)
 
 
 ExecutorFactory = Callable[..., Any]  # module-level, keyword arguments -> ExecutorSetup
@@ -104,7 +106,7 @@ def build_real_executor(args: Any) -> ExecutorSetup:
     setup = build_engine(args)
     return ExecutorSetup(RunnerExecutor(setup.runner), setup.scheduler, setup.cache,
                          setup.shape.vocab_size, tuple(setup.shape.eos_token_ids),
-                         setup.describe())
+                         setup.describe(), setup.perf_shape())
 
 
 def real_executor_spec(model: str | None, engine: Any, real: Any, seed: int
@@ -138,11 +140,15 @@ class _Live:
 
 
 class EngineLoop:
-    """The engine core's loop over its two sockets."""
+    """The engine core's loop over its two sockets. With `estimate_perf` (rt serve
+    --enable-mfu-metrics) each step's stats carry vLLM's FLOPs/bytes estimate per GPU
+    (`runtime.perf`), from the setup's `perf_shape`."""
 
     def __init__(self, setup: Any, inbox: zmq.Socket, outbox: zmq.Socket,
-                 parent_pid: int | None = None) -> None:
+                 parent_pid: int | None = None, estimate_perf: bool = False) -> None:
         self.executor: Executor = setup.executor
+        self.perf_shape: PerfShape | None = \
+            getattr(setup, "perf_shape", None) if estimate_perf else None
         self.core = EngineCore(Scheduler(setup.scheduler, setup.cache))
         self.inbox = inbox
         self.outbox = outbox
@@ -247,6 +253,8 @@ class EngineLoop:
             live = self.live.get(new.req_id)
             if live is not None and live.scheduled_s is None:
                 live.scheduled_s = now
+        # before the step runs: a wall-clock simulated step absorbs the estimate's CPU time
+        perf = None if self.perf_shape is None else step_perf(self.perf_shape, step.output)
         sampled, duration = self.executor.execute(step)
         end = time.monotonic()
         finished = core.end_step(step, sampled, end, duration)
@@ -254,7 +262,7 @@ class EngineLoop:
         outputs.extend(self._step_outputs(sampled, finished, end))
         if self.pending_aborts:
             outputs.extend(self._abort_pending())
-        self.send(outputs, end, len(step.output.preempted_req_ids))
+        self.send(outputs, end, len(step.output.preempted_req_ids), perf)
         self._trim()
 
     def _refused(self, submitted: list[str]) -> list[RequestOutput]:
@@ -314,12 +322,13 @@ class EngineLoop:
             request.stop_reason, request.num_cached_tokens or 0, request.num_preemptions,
             live.queued_s, live.scheduled_s, live.first_token_s, live.last_token_s)
 
-    def send(self, outputs: list[RequestOutput], now: float, num_preemptions: int) -> None:
+    def send(self, outputs: list[RequestOutput], now: float, num_preemptions: int,
+             perf: StepPerf | None = None) -> None:
         scheduler = self.core.scheduler
         prefix = scheduler.prefix_cache_stats
         stats = SchedulerStats(len(scheduler.running), len(scheduler.waiting),
                                scheduler.kv_cache_manager.usage, prefix.queries, prefix.hits,
-                               num_preemptions)
+                               num_preemptions, perf)
         self.outbox.send(encode(("outputs", EngineOutputs(now, outputs, stats))))
 
     def _trim(self) -> None:
@@ -338,7 +347,8 @@ class EngineLoop:
 
 
 def run_engine_process(factory: ExecutorFactory, factory_kwargs: dict[str, Any],
-                       input_address: str, output_address: str, parent_pid: int) -> None:
+                       input_address: str, output_address: str, parent_pid: int,
+                       estimate_perf: bool = False) -> None:
     """The engine process's entry point: build the executor, say "ready", loop until told
     to shut down (or the parent is gone). Ctrl-C and SIGTERM are the API server's to handle:
     a supervisor that signals the whole process group (systemd's default KillMode, `timeout`,
@@ -365,7 +375,7 @@ def run_engine_process(factory: ExecutorFactory, factory_kwargs: dict[str, Any],
     gc.freeze()  # the startup heap (torch, the model) stays out of every later collection
     outbox.send(encode(("ready", info)))
     try:
-        EngineLoop(setup, inbox, outbox, parent_pid).run()
+        EngineLoop(setup, inbox, outbox, parent_pid, estimate_perf).run()
     finally:
         inbox.close(linger=0)
         outbox.close(linger=200)
