@@ -4,10 +4,11 @@ Source of the conventions: vLLM's `v1/metrics/loggers.py` (PrometheusStatLogger)
 `v1/metrics/perf.py` (PerfMetricsProm) and `v1/metrics/buckets.py`. Labels are `model_name`
 and `engine` ("0": one engine core); `admission_rejections` has `model_name` and `reason`.
 prometheus-client adds `_total` to counters and `_bucket`/`_sum`/`_count` to histograms.
-Times are seconds. Every labelled child vLLM creates at start-up is created here too (so it
-is exported at 0 with its `_created`), including the families of features rt does not have
-(KV connector, multimodal cache, sleep mode): they stay at vLLM's value for an engine
-without the feature.
+Times are seconds. The families of features rt does not have (KV connector, multimodal
+cache, sleep mode, MFU estimates without --enable-mfu-metrics) and the label values vLLM
+fills at start-up (admission reasons, cache tiers, sleep states) have their children from
+the start, as vLLM's: exported with `_created`, at vLLM's value for an engine without the
+feature.
 
 Where the values come from: gauges from the engine's scheduler stats after every step or
 abort; TTFT and E2E from the API server's clock (arrival = the request reached the handler);
