@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from runtime import CacheConfig, ScheduledStep, SchedulerConfig, SchedulerOutput
+from runtime.perf import PerfShape
 from sim.cost.base import CostModel
 from sim.engine_args import EngineArgs, build_setup
+from sim.model_config import ModelSpec
 from sim.step_noise import StepNoise
 
 _FIRST_ID = 10  # synthetic ids start above the special tokens, as the simulator's
@@ -109,6 +111,7 @@ class LiveSimSetup:
     vocab_size: int
     eos_token_ids: tuple[int, ...] = ()
     description: dict[str, Any] = field(default_factory=dict)
+    perf_shape: PerfShape | None = None
 
 
 def build_live_executor(engine_args: EngineArgs, model: str, gpu: str,
@@ -120,7 +123,17 @@ def build_live_executor(engine_args: EngineArgs, model: str, gpu: str,
     executor = LiveSimExecutor(setup.cost_model, config.vocab_size, seed,
                                step_noise=config.step_noise)
     return LiveSimSetup(executor, config.scheduler, config.cache, config.vocab_size, (),
-                        setup.describe())
+                        setup.describe(), perf_shape(setup.model,
+                                                     engine_args.tensor_parallel_size))
+
+
+def perf_shape(spec: ModelSpec, tensor_parallel_size: int) -> PerfShape:
+    """The simulated model's facts for vLLM's MFU estimate (`runtime.perf`): weights,
+    activations and KV cache in the model's dtype, no pipeline parallelism."""
+    b = spec.dtype_bytes
+    return PerfShape(spec.hidden_size, spec.num_layers, spec.num_q_heads, spec.num_kv_heads,
+                     spec.head_dim, spec.intermediate_size, spec.vocab_size, b, b, b,
+                     tensor_parallel_size)
 
 
 def live_executor_spec(engine_args: EngineArgs, model: str | None, gpu: str,

@@ -17,6 +17,7 @@ from backends.engine.model_runner import ModelRunner
 from runtime import CacheConfig, SchedulerConfig
 from runtime.config import EngineFlags, resolve_scheduler_config
 from runtime.native import implementation
+from runtime.perf import PerfShape
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +67,17 @@ class RealSetup:
     @property
     def model(self) -> PagedModel:
         return self.runner.model
+
+    def perf_shape(self) -> PerfShape:
+        """The model facts of vLLM's MFU estimate (`runtime.perf`): weights, activations and
+        the KV cache all in the model's dtype, one GPU. The MLP width as vLLM reads it
+        (`intermediate_size`, else 4 x hidden)."""
+        config, shape = self.model.config, self.shape
+        element = torch.empty((), dtype=self.model.dtype).element_size()
+        return PerfShape(shape.hidden_size, shape.num_layers, shape.num_heads,
+                         shape.num_kv_heads, shape.head_dim,
+                         getattr(config, "intermediate_size", None) or 4 * shape.hidden_size,
+                         shape.vocab_size, element, element, element)
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready: every config value the run used."""

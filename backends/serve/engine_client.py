@@ -96,15 +96,17 @@ class EngineClient:
         self._sending = False  # `_send` holds a message it has not handed to ZeroMQ yet
 
     async def start(self, factory: ExecutorFactory, kwargs: dict[str, Any],
-                    timeout_s: float) -> EngineInfo:
-        """Spawn the engine process and wait for its "ready" (RuntimeError if it fails)."""
+                    timeout_s: float, estimate_perf: bool = False) -> EngineInfo:
+        """Spawn the engine process and wait for its "ready" (RuntimeError if it fails);
+        `estimate_perf`: its steps carry the MFU estimate (--enable-mfu-metrics)."""
         base = Path(self.tmpdir.name)
         in_addr, out_addr = f"ipc://{base / 'in'}", f"ipc://{base / 'out'}"
         self.input.bind(in_addr)
         self.output.bind(out_addr)
         ctx = multiprocessing.get_context("spawn")
         self.process = ctx.Process(target=run_engine_process, name="rt-engine-core",
-                                   args=(factory, kwargs, in_addr, out_addr, os.getpid()),
+                                   args=(factory, kwargs, in_addr, out_addr, os.getpid(),
+                                         estimate_perf),
                                    daemon=True)
         self.process.start()
         atexit.register(_kill_if_alive, self.process)

@@ -52,6 +52,7 @@ from runtime import (
     SchedulerConfig,
     finish_reason,
 )
+from runtime.perf import BatchContext, PerfShape, StepPerf, batch_perf, step_perf
 
 _TRIM_EVERY_STEPS = 2048  # drop the recorder's step records this often (a server runs for days)
 
@@ -78,6 +79,7 @@ class ExecutorSetup:
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     description: dict[str, Any] = field(default_factory=dict)
+    perf_shape: PerfShape | None = None  # the model facts of the MFU estimate (if known)
 
 
 ExecutorFactory = Callable[..., Any]  # module-level, keyword arguments -> ExecutorSetup
@@ -104,7 +106,7 @@ def build_real_executor(args: Any) -> ExecutorSetup:
     setup = build_engine(args)
     return ExecutorSetup(RunnerExecutor(setup.runner), setup.scheduler, setup.cache,
                          setup.shape.vocab_size, tuple(setup.shape.eos_token_ids),
-                         setup.describe())
+                         setup.describe(), setup.perf_shape())
 
 
 def real_executor_spec(model: str | None, engine: Any, real: Any, seed: int
@@ -138,11 +140,15 @@ class _Live:
 
 
 class EngineLoop:
-    """The engine core's loop over its two sockets."""
+    """The engine core's loop over its two sockets. With `estimate_perf` (rt serve
+    --enable-mfu-metrics) each step's stats carry vLLM's FLOPs/bytes estimate per GPU
+    (`runtime.perf`), from the setup's `perf_shape`."""
 
     def __init__(self, setup: Any, inbox: zmq.Socket, outbox: zmq.Socket,
-                 parent_pid: int | None = None) -> None:
+                 parent_pid: int | None = None, estimate_perf: bool = False) -> None:
         self.executor: Executor = setup.executor
+        self.perf_shape: PerfShape | None = \
+            getattr(setup, "perf_shape", None) if estimate_perf else None
         self.core = EngineCore(Scheduler(setup.scheduler, setup.cache))
         self.inbox = inbox
         self.outbox = outbox
@@ -154,12 +160,14 @@ class EngineLoop:
         self.busy = False  # had work since the end of the last step
         self.last_end = 0.0
         self.steps = 0
+        self.idle_estimated = False  # the empty step of this idle spell is counted
 
     def run(self) -> None:
         while not self.stopping:
             has_work = self.core.has_work()
             if not has_work:
                 self.busy = False  # idle: the next step starts when its request arrives
+                self._idle_step()
             self.receive(block=not has_work)
             if self.core.has_work():
                 self.step()
@@ -233,6 +241,7 @@ class EngineLoop:
         """One engine step. It starts where the last one ended while the engine stayed busy
         (as in the simulator), so a wall-clock executor can absorb the loop's overhead."""
         core = self.core
+        self.idle_estimated = False
         start = self.last_end if self.busy else time.monotonic()
         submitted, self.submitted = self.submitted, []
         step = core.begin_step(start)
@@ -247,6 +256,8 @@ class EngineLoop:
             live = self.live.get(new.req_id)
             if live is not None and live.scheduled_s is None:
                 live.scheduled_s = now
+        # before the step runs: a wall-clock simulated step absorbs the estimate's CPU time
+        perf = None if self.perf_shape is None else step_perf(self.perf_shape, step.output)
         sampled, duration = self.executor.execute(step)
         end = time.monotonic()
         finished = core.end_step(step, sampled, end, duration)
@@ -254,8 +265,28 @@ class EngineLoop:
         outputs.extend(self._step_outputs(sampled, finished, end))
         if self.pending_aborts:
             outputs.extend(self._abort_pending())
-        self.send(outputs, end, len(step.output.preempted_req_ids))
+        if perf is not None and not core.has_work() and not self.inbox.poll(0):
+            perf = _plus(perf, self._idle_perf())  # in the same message: no scrape between
+        self.send(outputs, end, len(step.output.preempted_req_ids), perf)
         self._trim()
+
+    def _idle_perf(self) -> StepPerf:
+        """vLLM steps once more when nothing is left to run but requests finished since its
+        last schedule (its `has_requests` counts them until a schedule reports them to the
+        workers): an empty batch, whose estimate is the weights read once (a lone 44-token
+        request on the tiny Llama, vLLM 0.32 CPU: 7,878,656 read bytes, 6,436,864 without
+        it). rt's core does not take that step (its records are the steps that run the
+        model); its estimate is counted once per idle spell instead, with the step that
+        emptied the engine (or alone, after an abort)."""
+        assert self.perf_shape is not None
+        self.idle_estimated = True
+        return batch_perf(self.perf_shape, BatchContext())
+
+    def _idle_step(self) -> None:
+        """The empty step's estimate, when the engine went idle without a step (an abort)."""
+        if self.perf_shape is not None and not self.idle_estimated \
+                and self.core.scheduler.finished_req_ids:
+            self.send([], time.monotonic(), 0, self._idle_perf())
 
     def _refused(self, submitted: list[str]) -> list[RequestOutput]:
         """Requests the scheduler finished on entry (FINISHED_IGNORED)."""
@@ -314,12 +345,13 @@ class EngineLoop:
             request.stop_reason, request.num_cached_tokens or 0, request.num_preemptions,
             live.queued_s, live.scheduled_s, live.first_token_s, live.last_token_s)
 
-    def send(self, outputs: list[RequestOutput], now: float, num_preemptions: int) -> None:
+    def send(self, outputs: list[RequestOutput], now: float, num_preemptions: int,
+             perf: StepPerf | None = None) -> None:
         scheduler = self.core.scheduler
         prefix = scheduler.prefix_cache_stats
         stats = SchedulerStats(len(scheduler.running), len(scheduler.waiting),
                                scheduler.kv_cache_manager.usage, prefix.queries, prefix.hits,
-                               num_preemptions)
+                               num_preemptions, perf)
         self.outbox.send(encode(("outputs", EngineOutputs(now, outputs, stats))))
 
     def _trim(self) -> None:
@@ -337,8 +369,14 @@ class EngineLoop:
             recorder.forget_steps()
 
 
+def _plus(a: StepPerf, b: StepPerf) -> StepPerf:
+    return StepPerf(a.flops + b.flops, a.read_bytes + b.read_bytes,
+                    a.write_bytes + b.write_bytes)
+
+
 def run_engine_process(factory: ExecutorFactory, factory_kwargs: dict[str, Any],
-                       input_address: str, output_address: str, parent_pid: int) -> None:
+                       input_address: str, output_address: str, parent_pid: int,
+                       estimate_perf: bool = False) -> None:
     """The engine process's entry point: build the executor, say "ready", loop until told
     to shut down (or the parent is gone). Ctrl-C and SIGTERM are the API server's to handle:
     a supervisor that signals the whole process group (systemd's default KillMode, `timeout`,
@@ -365,7 +403,7 @@ def run_engine_process(factory: ExecutorFactory, factory_kwargs: dict[str, Any],
     gc.freeze()  # the startup heap (torch, the model) stays out of every later collection
     outbox.send(encode(("ready", info)))
     try:
-        EngineLoop(setup, inbox, outbox, parent_pid).run()
+        EngineLoop(setup, inbox, outbox, parent_pid, estimate_perf).run()
     finally:
         inbox.close(linger=0)
         outbox.close(linger=200)

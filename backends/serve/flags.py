@@ -56,6 +56,9 @@ class ServeFlags:
                                envvar="VLLM_API_KEY")
     max_request_bytes: int = flag(1 << 20, "--max-request-bytes", "Answer 413 to a request "
                                   "body longer than this.", SERVER_PANEL)
+    enable_mfu_metrics: bool = flag(False, "--enable-mfu-metrics", "Estimate each step's "
+                                    "FLOPs and bytes per GPU (vLLM's "
+                                    "vllm:estimated_*_per_gpu counters).", SERVER_PANEL)
 
     def __post_init__(self) -> None:
         check_bounds(self)

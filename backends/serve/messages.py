@@ -15,6 +15,7 @@ from typing import Any
 
 from backends.engine.sampling_options import SamplingOptions
 from runtime import CacheConfig, SamplingParams, SchedulerConfig
+from runtime.perf import StepPerf
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +91,7 @@ class SchedulerStats:
     prefix_cache_queries: int
     prefix_cache_hits: int
     num_preemptions: int  # in this step
+    perf: StepPerf | None = None  # the step's estimate per GPU (--enable-mfu-metrics)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,14 @@
 """Prometheus metrics of `rt serve`, by vLLM's names, types, labels and buckets.
 
-Source of the conventions: vLLM's `v1/metrics/loggers.py` (PrometheusStatLogger) and
-`v1/metrics/buckets.py`. Labels are `model_name` and `engine` ("0": one engine core);
-`admission_rejections` has `model_name` and `reason`. prometheus-client adds `_total` to
-counters and `_bucket`/`_sum`/`_count` to histograms. Times are seconds.
+Source of the conventions: vLLM's `v1/metrics/loggers.py` (PrometheusStatLogger),
+`v1/metrics/perf.py` (PerfMetricsProm) and `v1/metrics/buckets.py`. Labels are `model_name`
+and `engine` ("0": one engine core); `admission_rejections` has `model_name` and `reason`.
+prometheus-client adds `_total` to counters and `_bucket`/`_sum`/`_count` to histograms.
+Times are seconds. The families of features rt does not have (KV connector, multimodal
+cache, sleep mode, MFU estimates without --enable-mfu-metrics) and the label values vLLM
+fills at start-up (admission reasons, cache tiers, sleep states) have their children from
+the start, as vLLM's: exported with `_created`, at vLLM's value for an engine without the
+feature.
 
 Where the values come from: gauges from the engine's scheduler stats after every step or
 abort; TTFT and E2E from the API server's clock (arrival = the request reached the handler);
@@ -18,6 +23,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import values as _values
 
+from runtime.perf import StepPerf
+
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                            40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -27,6 +34,12 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 N_BUCKETS = (1, 2, 5, 10, 20)
 PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+# vLLM's label values: admission limits (loggers.ADMISSION_REASONS), the cache tiers that can
+# supply prompt tokens (cache_hit_source.CacheHitSource), the sleep states and their values
+# for an awake engine (record_sleep_state's defaults).
+ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
+CACHE_HIT_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
+SLEEP_STATES = {"awake": 1, "weights_offloaded": 0, "discard_all": 0}
 
 
 def buckets_1_2_5(max_value: int) -> list[int]:
@@ -99,6 +112,7 @@ class ServeMetrics:
         sizes = buckets_1_2_5(max_model_len)
         self._gauges()
         self._counters()
+        self._absent_features()
         self._histograms(sizes)
         info = Gauge("vllm:cache_config_info", "Information of the KV cache configuration.",
                      ["engine", "num_gpu_blocks", "block_size", "enable_prefix_caching"],
@@ -127,6 +141,12 @@ class ServeMetrics:
         by_reason.labels(**self.labels, reason="deferred").set(0)
         self.kv_usage = self._gauge("vllm:kv_cache_usage_perc",
                                     "KV-cache usage. 1 means 100 percent usage.")
+        sleep = Gauge("vllm:engine_sleep_state", "Engine sleep state; awake = 0 means engine "
+                      "is sleeping; awake = 1 means engine is awake; weights_offloaded = 1 "
+                      "means sleep level 1; discard_all = 1 means sleep level 2.",
+                      [*self.labels, "sleep_state"], registry=self.registry)
+        for state, value in SLEEP_STATES.items():  # rt never sleeps: always awake
+            sleep.labels(**self.labels, sleep_state=state).set(value)
 
     def _counters(self) -> None:
         lab = self.labels
@@ -148,6 +168,13 @@ class ServeMetrics:
         by_source.labels(**lab, source="external_kv_transfer")
         self.prompt_cached = self._counter("vllm:prompt_tokens_cached",
                                            "Cached prompt tokens.").labels(**lab)
+        cached_by_source = self._counter(
+            "vllm:prompt_tokens_cached_by_source", "Prefix-cache hit tokens by the cache tier "
+            "that supplied them (device, host, p2p, disk, external_unspecified); sums to "
+            "vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.", ("source",))
+        children = {source: cached_by_source.labels(**lab, source=source)
+                    for source in CACHE_HIT_SOURCES}
+        self.prompt_cached_device = children["device"]  # rt's only tier: the KV pool
         self.generation_tokens = self._counter(
             "vllm:generation_tokens", "Number of generation tokens processed.").labels(**lab)
         self.success = self._counter("vllm:request_success",
@@ -156,9 +183,40 @@ class ServeMetrics:
         # the finished reasons' children, looked up once (`labels` per request: ~3 us)
         self.success_by_reason = {reason: self.success.labels(**lab, finished_reason=reason)
                                   for reason in ("stop", "length", "abort")}
-        self.rejections = Counter("vllm:admission_rejections",
-                                  "Requests rejected at admission (HTTP 503).",
-                                  ["model_name", "reason"], registry=self.registry)
+        rejections = Counter("vllm:admission_rejections", "Number of admission attempts "
+                             "rejected by a queue limit, by reason.", ["model_name", "reason"],
+                             registry=self.registry)
+        self.rejections = {reason: rejections.labels(model_name=self.model_name, reason=reason)
+                           for reason in ADMISSION_REASONS}
+
+    def _absent_features(self) -> None:
+        """The counters of what rt has not: MFU estimates (moved only with
+        --enable-mfu-metrics, see `on_perf`), a KV connector's external prefix cache, the
+        multimodal cache. vLLM registers them all, with a child per engine, whatever the
+        configuration."""
+        lab = self.labels
+        estimate = "(for Model Flops Utilization calculations)."
+        self.flops = self._counter("vllm:estimated_flops_per_gpu_total", "Estimated number "
+                                   f"of floating point operations per GPU {estimate}"
+                                   ).labels(**lab)
+        self.read_bytes = self._counter("vllm:estimated_read_bytes_per_gpu_total", "Estimated "
+                                        f"number of bytes read from memory per GPU {estimate}"
+                                        ).labels(**lab)
+        self.write_bytes = self._counter("vllm:estimated_write_bytes_per_gpu_total",
+                                         "Estimated number of bytes written to memory per GPU "
+                                         f"{estimate}").labels(**lab)
+        for name, doc in (
+                ("vllm:external_prefix_cache_queries", "External prefix cache queries from KV "
+                 "connector cross-instance cache sharing, in terms of number of queried "
+                 "tokens."),
+                ("vllm:external_prefix_cache_hits", "External prefix cache hits from KV "
+                 "connector cross-instance cache sharing, in terms of number of cached "
+                 "tokens."),
+                ("vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of "
+                 "queried items."),
+                ("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached "
+                 "items.")):
+            self._counter(name, doc).labels(**lab)
 
     def _histograms(self, sizes: list[int]) -> None:
         h = self._histogram
@@ -198,7 +256,19 @@ class ServeMetrics:
     # ---- events ------------------------------------------------------------------------
 
     def on_rejected(self, reason: str = "max_num_queued_reqs") -> None:
-        self.rejections.labels(model_name=self.model_name, reason=reason).inc()
+        """A request refused at admission; `reason` one of ADMISSION_REASONS (KeyError
+        otherwise, as vLLM's)."""
+        self.rejections[reason].inc()
+
+    def on_perf(self, perf: StepPerf | None) -> None:
+        """One step's estimated FLOPs and bytes per GPU (None: not estimated, the default).
+        As vLLM's PerfMetricsProm.observe, a step estimated at all zeros adds nothing (not
+        even a zero increment)."""
+        if perf is None or not (perf.flops or perf.read_bytes or perf.write_bytes):
+            return
+        self.flops.inc(perf.flops)
+        self.read_bytes.inc(perf.read_bytes)
+        self.write_bytes.inc(perf.write_bytes)
 
     def on_stats(self, running: int, waiting: int, kv_usage: float, prefix_queries: int,
                  prefix_hits: int, preemptions: int) -> None:
@@ -210,8 +280,9 @@ class ServeMetrics:
         queries, hits = self._prefix
         if prefix_queries > queries:
             self.prefix_queries.inc(prefix_queries - queries)
-        if prefix_hits > hits:
+        if prefix_hits > hits:  # vLLM: prefix hits are the device tier's cached tokens
             self.prefix_hits.inc(prefix_hits - hits)
+            self.prompt_cached_device.inc(prefix_hits - hits)
         self._prefix = (max(queries, prefix_queries), max(hits, prefix_hits))
         if preemptions:
             self.preemptions.inc(preemptions)

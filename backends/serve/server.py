@@ -41,6 +41,8 @@ class ServeConfig:
         engine_start_timeout_s: how long the engine may take to say "ready".
         api_key: required as `Authorization: Bearer KEY` on /v1/* (None: open).
         max_request_bytes: longer request bodies get 413.
+        enable_mfu_metrics: the engine estimates each step's FLOPs and bytes per GPU
+            (vLLM's `vllm:estimated_*_per_gpu` counters; without it they stay at 0).
     """
 
     model_name: str
@@ -51,6 +53,7 @@ class ServeConfig:
     engine_start_timeout_s: float = 300.0
     api_key: str | None = None
     max_request_bytes: int = 1 << 20
+    enable_mfu_metrics: bool = False
 
     @classmethod
     def of(cls, flags: ServeFlags, factory: ExecutorFactory, factory_kwargs: dict[str, Any],
@@ -59,7 +62,8 @@ class ServeConfig:
         given, names the model)."""
         return cls(flags.served_model_name or model_name, factory, factory_kwargs,
                    tokenizer_dir, flags.max_num_queued_requests, api_key=flags.api_key,
-                   max_request_bytes=flags.max_request_bytes)
+                   max_request_bytes=flags.max_request_bytes,
+                   enable_mfu_metrics=flags.enable_mfu_metrics)
 
 
 # ---- responses -------------------------------------------------------------------------------
@@ -107,7 +111,7 @@ class Server:
     async def start(self) -> None:
         cfg = self.config
         info = await self.engine.start(cfg.factory, cfg.factory_kwargs,
-                                       cfg.engine_start_timeout_s)
+                                       cfg.engine_start_timeout_s, cfg.enable_mfu_metrics)
         self.info = info
         self.codec = self._codec(info)
         self.parser = RequestParser(self.codec, info)
@@ -151,6 +155,7 @@ class Server:
         s = batch.stats
         metrics.on_stats(s.num_running, s.num_waiting, s.kv_cache_usage,
                          s.prefix_cache_queries, s.prefix_cache_hits, s.num_preemptions)
+        metrics.on_perf(s.perf)
         now, step_s = time.monotonic(), batch.timestamp
         new_tokens = prefill_tokens = 0
         itls: list[float] = []  # seconds, in output order

@@ -36,17 +36,6 @@ def _refused(param: str, kind: str = "BadRequestError") -> dict[str, Any]:
 _NOT_JSON = {"body.detail": (MISSING, "str"),  # vLLM: FastAPI's bare {"detail"}
              "body.error": ({"code": 400, "message": "str", "param": "body",
                              "type": "Bad Request"}, MISSING)}
-_NOT_IMPLEMENTED_METRICS = [
-    "vllm:admission_rejections_created", "vllm:engine_sleep_state",
-    "vllm:estimated_flops_per_gpu_created", "vllm:estimated_flops_per_gpu_total",
-    "vllm:estimated_read_bytes_per_gpu_created", "vllm:estimated_read_bytes_per_gpu_total",
-    "vllm:estimated_write_bytes_per_gpu_created", "vllm:estimated_write_bytes_per_gpu_total",
-    "vllm:external_prefix_cache_hits_created", "vllm:external_prefix_cache_hits_total",
-    "vllm:external_prefix_cache_queries_created", "vllm:external_prefix_cache_queries_total",
-    "vllm:mm_cache_hits_created", "vllm:mm_cache_hits_total", "vllm:mm_cache_queries_created",
-    "vllm:mm_cache_queries_total", "vllm:prompt_tokens_cached_by_source_created",
-    "vllm:prompt_tokens_cached_by_source_total"]
-
 # case -> {field: (rt's shape, vLLM's)}: the deliberate differences, by reason.
 DELIBERATE: dict[str, dict[str, Any]] = {
     # A body that is not JSON text: vLLM answers FastAPI's {"detail": ...}; rt keeps the
@@ -79,8 +68,6 @@ DELIBERATE: dict[str, dict[str, Any]] = {
     "cmpl prompt past max_model_len": {"body.error.param": ("prompt", "input_tokens")},
     "cmpl prompt of max_model_len": {"body.error.param": ("prompt", "max_tokens")},
     "chat prompt past max_model_len": {"body.error.param": ("messages", "input_tokens")},
-    # Metric families rt does not have (vLLM's MFU estimates, KV connector, multimodal, sleep).
-    "GET /metrics": {"body names": (MISSING, _NOT_IMPLEMENTED_METRICS)},
 }
 
 
