@@ -126,11 +126,12 @@ PROMPT, OUTPUT = [0, 1], [3, 3, 2]  # token 3 twice in the output, 2 once; 0, 1 
     # logit_bias adds to the listed ids only
     (SamplingOptions(logit_bias=((4, 100.0), (0, -0.5))), [1.5, -1.0, 0.5, 3.0, 98.0, 0.0]),
 ])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_penalties_and_bias_on_a_hand_made_row(options: SamplingOptions,
-                                               expected: list[float]) -> None:
+                                               expected: list[float], device: str) -> None:
     from backends.engine.logits_ops import apply_logit_bias, apply_penalties
 
-    row = torch.tensor(ROW)
+    row = torch.tensor(ROW, device=device)
     got = apply_penalties(apply_logit_bias(row, options.logit_bias), PROMPT, OUTPUT, options)
     assert got.tolist() == expected
     assert row.tolist() == ROW  # the input is not modified
