@@ -42,7 +42,6 @@ import time
 from bisect import bisect_left
 from collections.abc import Generator, Mapping, Sequence
 from functools import partial
-from operator import attrgetter
 from typing import cast
 
 import simpy
@@ -125,6 +124,7 @@ class _Fleet:
         self.env = simpy.Environment()
         self.block_ids = TraceBlockIds(own_streams_only(trace))  # every replica's and router's
         self.next_index = 0  # the first request not yet routed
+        self.arrivals = [req.arrival_s for req in trace]  # seconds, sorted (`arrives_at`)
         policies = [r.policy for r in self.routers]
         self.steps_ahead = (self.routes_ahead and not self.kv_bus  # docs/fleet.md
                             and all(p.completion_blind for p in policies))
@@ -228,9 +228,9 @@ class _Fleet:
 
     def arrives_at(self, at_s: float) -> bool:
         """Whether a request not yet routed arrives at exactly `at_s` (seconds)."""
-        trace = self.trace  # arrival-sorted
-        i = bisect_left(trace, at_s, self.next_index, key=attrgetter("arrival_s"))
-        return i < len(trace) and trace[i].arrival_s == at_s
+        arrivals = self.arrivals  # a list of floats: no `Trace.__getitem__` per probe
+        i = bisect_left(arrivals, at_s, self.next_index)
+        return i < len(arrivals) and arrivals[i] == at_s
 
     def router(self) -> Generator[simpy.Event, object, None]:
         policies = [r.policy for r in self.routers]
