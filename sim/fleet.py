@@ -41,7 +41,7 @@ import math
 import time
 from bisect import bisect_left
 from collections.abc import Generator, Mapping, Sequence
-from functools import partial
+from functools import cached_property, partial
 from typing import cast
 
 import simpy
@@ -124,7 +124,6 @@ class _Fleet:
         self.env = simpy.Environment()
         self.block_ids = TraceBlockIds(own_streams_only(trace))  # every replica's and router's
         self.next_index = 0  # the first request not yet routed
-        self.arrivals = [req.arrival_s for req in trace]  # seconds, sorted (`arrives_at`)
         policies = [r.policy for r in self.routers]
         self.steps_ahead = (self.routes_ahead and not self.kv_bus  # docs/fleet.md
                             and all(p.completion_blind for p in policies))
@@ -225,6 +224,12 @@ class _Fleet:
         if bounds is None:
             bounds = self._bounds[api] = earliest_handovers(self.trace, self.latency_s, api)
         return bounds
+
+    @cached_property
+    def arrivals(self) -> list[float]:
+        """The trace's arrival times, seconds, sorted (made on `arrives_at`'s first call:
+        only sleeping fleets ask)."""
+        return [req.arrival_s for req in self.trace]
 
     def arrives_at(self, at_s: float) -> bool:
         """Whether a request not yet routed arrives at exactly `at_s` (seconds)."""
