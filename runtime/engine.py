@@ -53,8 +53,12 @@ class RunPlan(NamedTuple):
         return self.ends[-1]
 
     def cut(self, horizon: float) -> RunPlan:
-        """The plan's steps that start before `horizon` (at most its own horizon)."""
-        count = min(bisect_left(self.ends, horizon) + 1, len(self.ends))
+        """The plan's steps that start before `horizon` (at most its own horizon): the plan
+        itself when every step does (it holds for any horizon from its last step's start
+        to its own; a sleeping fleet replica's plan mostly ends at a finish)."""
+        count = bisect_left(self.ends, horizon) + 1
+        if count >= len(self.ends):
+            return self
         return self._replace(horizon=horizon, ends=self.ends[:count],
                              durations=self.durations[:count])
 

@@ -41,8 +41,7 @@ import math
 import time
 from bisect import bisect_left
 from collections.abc import Generator, Mapping, Sequence
-from functools import partial
-from operator import attrgetter
+from functools import cached_property, partial
 from typing import cast
 
 import simpy
@@ -226,11 +225,17 @@ class _Fleet:
             bounds = self._bounds[api] = earliest_handovers(self.trace, self.latency_s, api)
         return bounds
 
+    @cached_property
+    def arrivals(self) -> list[float]:
+        """The trace's arrival times, seconds, sorted (made on `arrives_at`'s first call:
+        only sleeping fleets ask)."""
+        return [req.arrival_s for req in self.trace]
+
     def arrives_at(self, at_s: float) -> bool:
         """Whether a request not yet routed arrives at exactly `at_s` (seconds)."""
-        trace = self.trace  # arrival-sorted
-        i = bisect_left(trace, at_s, self.next_index, key=attrgetter("arrival_s"))
-        return i < len(trace) and trace[i].arrival_s == at_s
+        arrivals = self.arrivals  # a list of floats: no `Trace.__getitem__` per probe
+        i = bisect_left(arrivals, at_s, self.next_index)
+        return i < len(arrivals) and arrivals[i] == at_s
 
     def router(self) -> Generator[simpy.Event, object, None]:
         policies = [r.policy for r in self.routers]

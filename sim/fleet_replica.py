@@ -224,9 +224,11 @@ class Replica(EngineProcess):
         if self.pending:  # its hand-over enters the core during the run: cut as routed
             return
         plan = self.planned = self.plan_run(clock, clock + _PLAN_AHEAD_S)
+        if plan is None:  # the next step is no plain decode: `fast_forward` plans no run
+            self.no_run = True
+            return
         fleet = self.fleet
-        if (plan is None or plan.end <= self.bounds[fleet.next_index]
-                or fleet.arrives_at(plan.end)):
+        if plan.end <= self.bounds[fleet.next_index] or fleet.arrives_at(plan.end):
             return  # nothing unrouted can come here within the run (or a tie): run it now
         env = self.env
         self.asleep = woken = env.event()

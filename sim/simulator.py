@@ -94,6 +94,9 @@ class EngineProcess:
         self._plain_timer = _start_blind(cost_model.step_time)  # no noise: one for the run
         self.sleeps_through_runs = False  # the loop calls `sleep_through_run` (a replica's)
         self.planned: RunPlan | None = None  # the run `sleep_through_run` planned
+        # `sleep_through_run` found no run from this clock (the next step is not a plain
+        # decode): `fast_forward` returns None without planning again
+        self.no_run = False
 
     def known_hashes(self, req: TraceRequest) -> list[bytes]:
         """The identities of the request's leading prompt blocks that this engine takes as
@@ -218,6 +221,9 @@ class EngineProcess:
         return self.outputs[request.request_id][start : start + count]
 
     def fast_forward(self, clock: float) -> float | None:
+        if self.no_run:  # none up to clock + 1 s is none up to any horizon
+            self.no_run = False
+            return None
         core, horizon = self.core, self.horizon()
         plan, self.planned = self.planned, None  # `sleep_through_run`'s, if any
         if plan is not None and core.plan_holds(plan, clock, horizon):

@@ -104,6 +104,43 @@ def test_a_sleeping_replica_runs_fewer_runs(monkeypatch: pytest.MonkeyPatch) -> 
     assert slept < cut
 
 
+
+def test_a_sleeping_replica_plans_once_per_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica that found no run to sleep through (its next step is not a plain decode)
+    does not plan it again at the same clock and step before that step (a plan of no run
+    from `clock` to `clock + 1 s` is none to any horizon)."""
+    no_run: list[tuple[int, float, int]] = []  # (replica, clock, steps) where none was found
+    again: list[tuple[int, float, int]] = []
+    plan_run = fleet_module.Replica.plan_run
+
+    def counting(self: fleet_module.Replica, clock: float, horizon: float) -> RunPlan | None:
+        key = (id(self), clock, self.core.recorder.num_steps)
+        if key in no_run:
+            again.append(key)
+        plan = plan_run(self, clock, horizon)
+        if plan is None:
+            no_run.append(key)
+        return plan
+
+    monkeypatch.setattr(fleet_module.Replica, "plan_run", counting)
+    result = run("random", "least-outstanding", [], 4, True)
+    assert len(result.requests) == len(TRACES["random"])
+    assert no_run and again == []
+
+
+
+def test_a_plan_cut_past_its_last_start_is_the_plan_itself() -> None:
+    """`RunPlan.cut`: the steps starting before the horizon; no copy when that is all of
+    them (a sleeping replica's plan, run as planned)."""
+    plan = RunPlan(clock=1.0, horizon=3.0, num_steps=7, ends=[1.25, 1.5, 2.0],
+                   durations=[0.25, 0.25, 0.5], limit=3, kv_tokens=10, finishes_last=True,
+                   reason=None, tokens=None)
+    assert plan.cut(1.5 + 1e-9) is plan and plan.cut(2.5) is plan
+    cut = plan.cut(1.5)  # the third step starts at 1.5: not before the horizon
+    assert (cut.ends, cut.durations, cut.horizon) == ([1.25, 1.5], [0.25, 0.25], 1.5)
+    assert plan.cut(1.0 + 1e-9).ends == [1.25]
+
+
 class _Dyadic:
     """A cost model of dyadic step times (1/64 s a decode step, 1/32 s a step with a
     prefill), so that step ends meet dyadic arrivals exactly."""
