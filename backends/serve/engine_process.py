@@ -305,11 +305,16 @@ class EngineLoop:
             live = self.live.get(req_id)
             if live is None:
                 continue
-            if live.first_token_s is None:
+            first = live.first_token_s is None
+            if first:
                 live.first_token_s = now
             live.last_token_s = now
             if req_id in done:
                 outputs.append(self._final(live))
+            elif first:  # its queue and schedule times: the API server's if it stops it
+                outputs.append(RequestOutput(req_id, self._new_tokens(live), None, None,
+                                             live.request.num_cached_tokens or 0, 0,
+                                             live.queued_s, live.scheduled_s))
             else:
                 # Every output carries the prefix-cache hit (vLLM's EngineCoreOutput
                 # .num_cached_tokens): the API server counts it at the first one.

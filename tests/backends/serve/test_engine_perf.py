@@ -122,3 +122,14 @@ def test_an_abort_that_empties_the_engine_counts_the_empty_step_once() -> None:
 def test_without_the_flag_no_estimate_is_sent() -> None:
     sent = _run([[_add("a", 8, 3)]], estimate=False)
     assert len(sent) == 3 and {m.stats.perf for m in sent} == {None}
+
+
+def test_the_first_output_carries_the_queue_and_schedule_times() -> None:
+    """The API server needs them when a stop string ends the request before the engine's
+    last output (which carries every time)."""
+    sent = _run([[_add("a", 8, 3)]], estimate=False)
+    first, middle, last = (m.outputs[0] for m in sent)
+    assert last.finish_reason == "length" and last.queued_s is not None
+    assert (first.queued_s, first.scheduled_s) == (last.queued_s, last.scheduled_s)
+    assert last.queued_s <= last.scheduled_s  # type: ignore[operator]
+    assert (middle.queued_s, middle.scheduled_s) == (None, None)
