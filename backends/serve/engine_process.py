@@ -283,9 +283,12 @@ class EngineLoop:
         return batch_perf(self.perf_shape, BatchContext())
 
     def _idle_step(self) -> None:
-        """The empty step's estimate, when the engine went idle without a step (an abort)."""
+        """The empty step's estimate, when the engine went idle without a step (an abort) or
+        a message waiting at its last step brought no work. None while a message waits: vLLM
+        takes it in first, and a request in it makes the next schedule the one that reports
+        the finished requests."""
         if self.perf_shape is not None and not self.idle_estimated \
-                and self.core.scheduler.finished_req_ids:
+                and self.core.scheduler.finished_req_ids and not self.inbox.poll(0):
             self.send([], time.monotonic(), 0, self._idle_perf())
 
     def _refused(self, submitted: list[str]) -> list[RequestOutput]:
