@@ -130,3 +130,11 @@ def test_a_stop_string_finish_aborts_and_feeds_the_phase_histograms() -> None:
     server.engine.output.close(linger=0)
     server.engine.context.term()
     server.engine.tmpdir.cleanup()
+
+
+def test_a_stop_string_before_a_stop_token_in_one_output_wins() -> None:
+    """The engine stopped on a stop token (its text left out) and the same output completed
+    a stop string earlier: the string is the stop reason, the stop token is dropped from the
+    tokens kept (vLLM's offsets hold the skipped token at the text's end)."""
+    steps = _run(_text(("cz", "q")), ["ab", "czd"], last_is_stop_token=True)
+    assert steps == [("a", None, 2), ("b", "cz", 2)]
