@@ -315,9 +315,10 @@ class EngineLoop:
             if req_id in done:
                 outputs.append(self._final(live))
             elif first:  # its queue and schedule times: the API server's if it stops it
-                outputs.append(RequestOutput(req_id, self._new_tokens(live), None, None,
-                                             live.request.num_cached_tokens or 0, 0,
-                                             live.queued_s, live.scheduled_s))
+                outputs.append(RequestOutput(req_id, self._new_tokens(live),
+                                             num_cached_tokens=live.request.num_cached_tokens
+                                             or 0, queued_s=live.queued_s,
+                                             scheduled_s=live.scheduled_s))
             else:
                 # Every output carries the prefix-cache hit (vLLM's EngineCoreOutput
                 # .num_cached_tokens): the API server counts it at the first one.
