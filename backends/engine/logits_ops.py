@@ -30,8 +30,9 @@ def apply_penalties(row: torch.Tensor, prompt_ids: Sequence[int], output_ids: Se
                     opt: SamplingOptions) -> torch.Tensor:
     """vLLM's three penalties, in its order:
 
-    repetition  a token of the prompt or the output: logit > 0 -> logit * (1 / p), else
-                logit * p (vLLM's torch path multiplies by the reciprocal)
+    repetition  a token of the prompt or the output: logit > 0 -> logit / p, else
+                logit * p (on CUDA divided, as vLLM's kernel; elsewhere times 1 / p, as
+                vLLM's torch path: the two round apart, so greedy output can differ)
     frequency   logit - f * (the token's count in the output)
     presence    logit - p * (1 if the token is in the output)
 
@@ -49,9 +50,18 @@ def apply_penalties(row: torch.Tensor, prompt_ids: Sequence[int], output_ids: Se
         penalties = torch.where(in_prompt | in_output,
                                 torch.tensor(opt.repetition_penalty, dtype=row.dtype,
                                              device=row.device), 1.0)
-        row = row * torch.where(row > 0, 1.0 / penalties, penalties)
+        row = _repetition(row, penalties)
     if opt.frequency_penalty != 0.0:
         row = row - opt.frequency_penalty * counts.to(row.dtype)
     if opt.presence_penalty != 0.0:
         row = row - opt.presence_penalty * in_output.to(row.dtype)
     return row
+
+
+def _repetition(row: torch.Tensor, penalties: torch.Tensor) -> torch.Tensor:
+    """vLLM's repetition penalty, rounded as vLLM rounds it on the row's device: its CUDA
+    kernel (csrc/sampler.cu) divides a positive logit by the penalty; its torch fallback
+    (CPU and the rest) multiplies by the reciprocal (`_custom_ops.py`)."""
+    if row.is_cuda:
+        return torch.where(row > 0, row / penalties, row * penalties)
+    return row * torch.where(row > 0, 1.0 / penalties, penalties)

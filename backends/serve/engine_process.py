@@ -283,9 +283,12 @@ class EngineLoop:
         return batch_perf(self.perf_shape, BatchContext())
 
     def _idle_step(self) -> None:
-        """The empty step's estimate, when the engine went idle without a step (an abort)."""
+        """The empty step's estimate, when the engine went idle without a step (an abort) or
+        a message waiting at its last step brought no work. None while a message waits: vLLM
+        takes it in first, and a request in it makes the next schedule the one that reports
+        the finished requests."""
         if self.perf_shape is not None and not self.idle_estimated \
-                and self.core.scheduler.finished_req_ids:
+                and self.core.scheduler.finished_req_ids and not self.inbox.poll(0):
             self.send([], time.monotonic(), 0, self._idle_perf())
 
     def _refused(self, submitted: list[str]) -> list[RequestOutput]:
@@ -305,11 +308,17 @@ class EngineLoop:
             live = self.live.get(req_id)
             if live is None:
                 continue
-            if live.first_token_s is None:
+            first = live.first_token_s is None
+            if first:
                 live.first_token_s = now
             live.last_token_s = now
             if req_id in done:
                 outputs.append(self._final(live))
+            elif first:  # its queue and schedule times: the API server's if it stops it
+                outputs.append(RequestOutput(req_id, self._new_tokens(live),
+                                             num_cached_tokens=live.request.num_cached_tokens
+                                             or 0, queued_s=live.queued_s,
+                                             scheduled_s=live.scheduled_s))
             else:
                 # Every output carries the prefix-cache hit (vLLM's EngineCoreOutput
                 # .num_cached_tokens): the API server counts it at the first one.

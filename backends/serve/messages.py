@@ -57,7 +57,8 @@ class RequestOutput:
     set on every output. The timing fields (monotonic seconds, engine clock) are filled on
     the last output:
     `queued_s` (entered the engine), `scheduled_s` (first admission), `first_token_s`,
-    `last_token_s`."""
+    `last_token_s`; `queued_s` and `scheduled_s` on the first output too (a stop string the
+    API server finds ends the request before the engine's last output)."""
 
     request_id: str
     new_token_ids: list[int]

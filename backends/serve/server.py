@@ -81,6 +81,10 @@ class _Generation:
     output_len: int = 0
     cached: int = 0
     last_output_s: float | None = None
+    # the engine's times of the first output (engine clock, seconds): for a stop string's end
+    queued_s: float | None = None
+    scheduled_s: float | None = None
+    first_output_s: float | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     deferred: Exception | None = None  # an error that arrived behind merged outputs
@@ -170,6 +174,8 @@ class Server:
                 prompt_len = len(gen.parsed.prompt_ids)
                 prefill_tokens += prompt_len - out.num_cached_tokens
                 metrics.on_first_output(prompt_len, out.num_cached_tokens, now - gen.arrival_s)
+                gen.queued_s, gen.scheduled_s, gen.first_output_s = \
+                    out.queued_s, out.scheduled_s, step_s
             else:
                 itls.append(step_s - gen.last_output_s)
             gen.last_output_s = step_s
@@ -246,7 +252,7 @@ class Server:
             ids = item.new_token_ids
             text = gen.decoder.step(ids[:-1] if skip_last else ids)
         else:
-            text, item = _stop_step(gen.stops, item, skip_last)
+            text, item = _stop_step(gen, gen.stops, item, skip_last)
         gen.output_len += len(item.new_token_ids)
         if item.finish_reason is not None:
             gen.finish_reason, gen.stop_reason = item.finish_reason, item.stop_reason
@@ -366,18 +372,22 @@ def _take(gen: _Generation, item: RequestOutput | Exception) -> RequestOutput | 
     return item
 
 
-def _stop_step(stops: StopStringText, item: RequestOutput, skip_last: bool
+def _stop_step(gen: _Generation, stops: StopStringText, item: RequestOutput, skip_last: bool
                ) -> tuple[str, RequestOutput]:
     """`item`'s text through the stop-string check; a match ends the request: the output
     then keeps the tokens up to the one that completed the stop string, `finish_reason`
-    "stop" and `stop_reason` the string."""
+    "stop" and `stop_reason` the string. Its times are the engine's last output's, or, when
+    the engine still runs it, those of `gen`'s first and last outputs (as vLLM's output
+    processor tracks them per output)."""
     step = stops.step(item.new_token_ids, skip_last, item.finish_reason is not None)
     if step.match is None:
         return step.delta, item
+    times = (item.queued_s, item.scheduled_s, item.first_token_s, item.last_token_s) \
+        if item.finish_reason is not None \
+        else (gen.queued_s, gen.scheduled_s, gen.first_output_s, gen.last_output_s)
     stopped = RequestOutput(item.request_id, item.new_token_ids[:step.num_kept], "stop",
                             step.match.stop, item.num_cached_tokens, item.num_preemptions,
-                            item.queued_s, item.scheduled_s, item.first_token_s,
-                            item.last_token_s)
+                            *times)
     return step.delta, stopped
 
 

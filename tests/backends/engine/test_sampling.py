@@ -172,3 +172,18 @@ def test_penalty_options_are_validated() -> None:
                          ({"logit_bias": ((1, 101.0),)}, "logit_bias")):
         with pytest.raises(ValueError, match=name):
             SamplingOptions(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_repetition_penalty_rounds_as_vllm_on_each_device(device: str) -> None:
+    """vLLM divides a positive logit by the penalty in its CUDA kernel and multiplies by the
+    reciprocal in its torch path (CPU); in fp32, 3.3 / 1.1 and 3.3 * (1 / 1.1) differ."""
+    from backends.engine.logits_ops import apply_penalties
+
+    row = torch.tensor([3.3, -3.3, 1.0], device=device)
+    penalty = torch.tensor(1.1, device=device)
+    divided, times_reciprocal = (row[0] / penalty).item(), (row[0] * (1.0 / penalty)).item()
+    assert divided != times_reciprocal
+    got = apply_penalties(row, [0, 1], [], SamplingOptions(repetition_penalty=1.1)).tolist()
+    assert got[0] == (divided if device == "cuda" else times_reciprocal)
+    assert got[1:] == [(row[1] * penalty).item(), 1.0]

@@ -119,6 +119,27 @@ def test_an_abort_that_empties_the_engine_counts_the_empty_step_once() -> None:
     assert sent[1].outputs[0].finish_reason == "abort"
 
 
+def test_a_request_waiting_at_the_last_step_means_no_empty_step() -> None:
+    """b's add is queued when a's last step ends (the third poll hands it over): vLLM takes
+    it in before stepping again, so its next schedule reports a finished, no empty step
+    comes; the empty step counts once b's last step empties the engine."""
+    sent = _run([[_add("a", 8, 3)], [], [], [_add("b", 8, 2)]])
+    assert [m.stats.perf for m in sent] == [
+        _step((8, 8, True)), _step((1, 9, False)), _step((1, 10, False)),
+        _step((8, 8, True)), _plus(_step((1, 9, False)), EMPTY)]
+
+
 def test_without_the_flag_no_estimate_is_sent() -> None:
     sent = _run([[_add("a", 8, 3)]], estimate=False)
     assert len(sent) == 3 and {m.stats.perf for m in sent} == {None}
+
+
+def test_the_first_output_carries_the_queue_and_schedule_times() -> None:
+    """The API server needs them when a stop string ends the request before the engine's
+    last output (which carries every time)."""
+    sent = _run([[_add("a", 8, 3)]], estimate=False)
+    first, middle, last = (m.outputs[0] for m in sent)
+    assert last.finish_reason == "length" and last.queued_s is not None
+    assert (first.queued_s, first.scheduled_s) == (last.queued_s, last.scheduled_s)
+    assert last.queued_s <= last.scheduled_s  # type: ignore[operator]
+    assert (middle.queued_s, middle.scheduled_s) == (None, None)

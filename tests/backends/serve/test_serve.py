@@ -238,6 +238,27 @@ def test_stop_strings_cut_the_text_as_vllm_on_both_engines(
     assert chunks[-1].usage.completion_tokens == needed
 
 
+def test_a_stop_string_aborts_the_request_in_the_engine(simulated: Served) -> None:
+    """The API server finds the stop string; the engine, which would run to max_tokens
+    (its steps take the cost model's time: ~20 s), is told to abort: nothing stays running
+    and the KV blocks return to 0 within seconds, a few tokens past the stop at most."""
+    server = simulated
+    url = f"{server.url}/v1/completions"
+    body = {"prompt": [5, 6, 7, 8], "temperature": 0, "seed": 11, "ignore_eos": True}
+    text = httpx.post(url, json={**body, "max_tokens": 12}, timeout=30).json()[
+        "choices"][0]["text"]
+    before = server.metrics()["vllm:generation_tokens_total"]
+    answer = httpx.post(url, json={**body, "max_tokens": 3000, "stop": text[5:7]},
+                        timeout=30).json()
+    assert answer["choices"][0]["finish_reason"] == "stop"
+    deadline = time.monotonic() + 5
+    while (m := server.metrics())["vllm:kv_cache_usage_perc"] > 0 \
+            or m["vllm:num_requests_running"] > 0:
+        assert time.monotonic() < deadline, "the stopped request still runs in the engine"
+        time.sleep(0.02)
+    assert m["vllm:generation_tokens_total"] - before < 100
+
+
 def test_openai_client_streams_from_the_simulated_server(simulated: Served) -> None:
     client = simulated.client()
     stream = client.chat.completions.create(

@@ -3,8 +3,15 @@ ByteTokenizer text (ASCII: one token per character)."""
 
 from __future__ import annotations
 
+from backends.engine.sampling_options import SamplingOptions
 from backends.engine.text import ByteTokenizer
+from backends.serve.engine_client import OutputQueue
+from backends.serve.messages import EngineOutputs, RequestOutput, SchedulerStats
+from backends.serve.metrics import ServeMetrics
+from backends.serve.openai_protocol import Parsed
+from backends.serve.server import ServeConfig, Server, _Generation
 from backends.serve.stop_strings import StopMatch, StopStringText, find_stop
+from runtime import SamplingParams
 
 CODEC = ByteTokenizer(512)
 
@@ -65,3 +72,69 @@ def test_min_tokens_defers_the_check_past_its_tokens() -> None:
 def test_a_stop_token_s_text_is_left_out_and_the_rest_released_at_the_end() -> None:
     steps = _run(_text(("zz",)), ["ab", "cd"], last_is_stop_token=True)
     assert steps == [("a", None, 2), ("bc", None, 2)]  # "d" (the stop token) left out
+
+
+# ---- the server: a stop string's finish, metrics and the engine ------------------------------
+
+
+def _stats() -> SchedulerStats:
+    return SchedulerStats(1, 0, 0.1, 0, 0, 0)
+
+
+def _stop_server() -> tuple[Server, _Generation, list[str]]:
+    """A Server (no engine process) with one request whose stop string is "cd"; the engine's
+    abort is recorded in the list returned."""
+    server = Server(ServeConfig("m", lambda: None))
+    server.metrics = ServeMetrics("m", 256, 64, 16, True)
+    server.codec = CODEC
+    aborted: list[str] = []
+    server.engine.abort = aborted.append  # type: ignore[method-assign,assignment]
+    parsed = Parsed([5, 6, 7], SamplingParams(max_tokens=9), SamplingOptions(), False, False,
+                    False, stop=("cd",))
+    gen = _Generation("r", parsed, 0.0, CODEC.decoder(), OutputQueue())
+    gen.stops = StopStringText(gen.decoder, parsed.stop, False, 0)
+    server.gens["r"] = gen
+    server.awaiting_first = 1
+    return server, gen, aborted
+
+
+def _histogram(server: Server, name: str) -> tuple[float | None, float | None]:
+    """(count, sum) of one of the server's histograms."""
+    assert server.metrics is not None
+    labels = {"model_name": "m", "engine": "0"}
+    get = server.metrics.registry.get_sample_value
+    return get(f"{name}_count", labels), get(f"{name}_sum", labels)
+
+
+def test_a_stop_string_finish_aborts_and_feeds_the_phase_histograms() -> None:
+    """vLLM observes the queue/prefill/decode/inference times (and TPOT) of a request its
+    detokenizer stopped: the engine's queued and scheduled times come with the first
+    output, the token times are the steps' (engine clock)."""
+    server, gen, aborted = _stop_server()
+    outputs = [(10.0, RequestOutput("r", CODEC.encode("ab"), queued_s=9.0, scheduled_s=9.5)),
+               (10.25, RequestOutput("r", CODEC.encode("x"))),
+               (10.75, RequestOutput("r", CODEC.encode("cde")))]
+    texts = []
+    for timestamp, out in outputs:
+        server.on_outputs(EngineOutputs(timestamp, [out], _stats()))
+        gen.queue.put_nowait(out)
+        texts.append(server._next(gen)[0])
+    assert "".join(texts) == "abx" and aborted == ["r"] and "r" not in server.gens
+    assert (gen.finish_reason, gen.stop_reason, gen.output_len) == ("stop", "cd", 5)
+    assert _histogram(server, "vllm:request_queue_time_seconds") == (1, 0.5)
+    assert _histogram(server, "vllm:request_prefill_time_seconds") == (1, 0.5)
+    assert _histogram(server, "vllm:request_decode_time_seconds") == (1, 0.75)
+    assert _histogram(server, "vllm:request_inference_time_seconds") == (1, 1.25)
+    assert _histogram(server, "vllm:request_time_per_output_token_seconds") == (1, 0.75 / 4)
+    server.engine.input.close(linger=0)
+    server.engine.output.close(linger=0)
+    server.engine.context.term()
+    server.engine.tmpdir.cleanup()
+
+
+def test_a_stop_string_before_a_stop_token_in_one_output_wins() -> None:
+    """The engine stopped on a stop token (its text left out) and the same output completed
+    a stop string earlier: the string is the stop reason, the stop token is dropped from the
+    tokens kept (vLLM's offsets hold the skipped token at the text's end)."""
+    steps = _run(_text(("cz", "q")), ["ab", "czd"], last_is_stop_token=True)
+    assert steps == [("a", None, 2), ("b", "cz", 2)]
