@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import sys
 from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -38,25 +39,35 @@ def prompt_block_hashes(
 ) -> list[RouterHash]:
     """llm-d's `hashPrompt` over tokens: chained hashes of `block_size`-token blocks of the
     first `max_blocks * block_size` tokens, the partial tail block included; [] when the
-    prompt is unknown or shorter than one block."""
+    prompt is unknown or shorter than one block. Hash i is the first 8 bytes, little endian,
+    of blake2b(digest i-1 + block i's tokens as 8-byte signed integers), digest -1 being
+    b"rt-router-root"."""
     if token_ids is None or len(token_ids) < block_size:
         return []
     packed = array("q", token_ids[: max_blocks * block_size]).tobytes()
     block_bytes = 8 * block_size
-    hashes: list[RouterHash] = []
+    blake2b = hashlib.blake2b
+    digests: list[bytes] = []
+    append = digests.append
     parent = b"rt-router-root"
     for start in range(0, len(packed), block_bytes):
-        parent = hashlib.blake2b(parent + packed[start : start + block_bytes],
-                                 digest_size=8).digest()
-        hashes.append(int.from_bytes(parent, "little"))
-    return hashes
+        parent = blake2b(parent + packed[start : start + block_bytes], digest_size=8).digest()
+        append(parent)
+    # the digests as integers at once (one `int.from_bytes` per block cost ~10% of this)
+    hashes = array("Q", b"".join(digests))
+    if sys.byteorder != "little":
+        hashes.byteswap()
+    return hashes.tolist()
 
 
 class BlockLRUIndex:
-    """llm-d's approximate prefix index: per-replica LRUs of block hashes + reverse map."""
+    """llm-d's approximate prefix index: per-replica LRUs of block hashes + reverse map.
+
+    The reverse map holds each hash's replicas as a bit mask (bit r: replica r), not a set:
+    one int per hash held, no set made per new hash (a third of `add`'s time went there)."""
 
     def __init__(self) -> None:
-        self._owners: dict[RouterHash, set[int]] = {}
+        self._owners: dict[RouterHash, int] = {}  # hash -> mask of the replicas holding it
         self._lru: dict[int, OrderedDict[RouterHash, None]] = {}
         self._capacity: dict[int, int] = {}
 
@@ -66,34 +77,52 @@ class BlockLRUIndex:
         the least recent, so they are evicted first, as in llm-d."""
         lru = self._lru.get(replica)
         if lru is None:
+            if replica < 0:
+                raise ValueError(f"replica must be >= 0, got {replica}")
             lru = self._lru[replica] = OrderedDict()
             self._capacity[replica] = capacity
         limit = self._capacity[replica]
+        owners_of = self._owners
+        get = owners_of.get
+        bit = 1 << replica
         for h in hashes:
             if h in lru:
                 lru.move_to_end(h)
             else:
                 lru[h] = None
-                self._owners.setdefault(h, set()).add(replica)
+                owners_of[h] = get(h, 0) | bit
                 if len(lru) > limit:
-                    self._evict(replica, lru.popitem(last=False)[0])
+                    self._evict(bit, lru.popitem(last=False)[0])
 
-    def _evict(self, replica: int, h: RouterHash) -> None:
-        owners = self._owners[h]
-        owners.discard(replica)
-        if not owners:
+    def _evict(self, bit: int, h: RouterHash) -> None:
+        """The replica of mask `bit` no longer holds `h`."""
+        owners = self._owners[h] & ~bit
+        if owners:
+            self._owners[h] = owners
+        else:
             del self._owners[h]
 
     def match(self, hashes: Sequence[RouterHash]) -> dict[int, int]:
         """Matched blocks per replica, llm-d's greedy count (replicas absent = 0)."""
-        matched: dict[int, int] = {}
+        get = self._owners.get
+        runs: dict[int, int] = {}  # owner mask -> matched blocks with exactly those owners
         for h in hashes:
-            owners = self._owners.get(h)
+            owners = get(h)
             if not owners:
                 break
-            for replica in owners:
-                matched[replica] = matched.get(replica, 0) + 1
+            runs[owners] = runs.get(owners, 0) + 1
+        matched: dict[int, int] = {}
+        for owners, blocks in runs.items():
+            while owners:
+                low = owners & -owners
+                replica = low.bit_length() - 1
+                matched[replica] = matched.get(replica, 0) + blocks
+                owners ^= low
         return matched
+
+    def held(self, replica: int) -> list[RouterHash]:
+        """The hashes `replica` holds, least recently added or touched first."""
+        return list(self._lru.get(replica, ()))
 
     def size(self, replica: int) -> int:
         lru = self._lru.get(replica)
