@@ -24,7 +24,7 @@ import hashlib
 import heapq
 import sys
 from array import array
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -60,39 +60,90 @@ def prompt_block_hashes(
     return hashes.tolist()
 
 
+@dataclass(slots=True, eq=False)
+class _TouchLog:
+    """One replica's LRU of block hashes as the log of its touches, oldest first: a hash's
+    place is its last touch, and `stale[h]` counts its touches before that one (absent: 0).
+    A touch is an append (no node per hash, as an OrderedDict makes); the log is compacted
+    when stale touches outnumber the held hashes."""
+
+    limit: int  # blocks held at most
+    held: int = 0  # distinct hashes held
+    log: deque[RouterHash] = field(default_factory=deque)
+    stale: dict[RouterHash, int] = field(default_factory=dict)
+
+    def pop_oldest(self) -> RouterHash:
+        """Forget the least recently touched hash and return it."""
+        log, stale = self.log, self.stale
+        while True:
+            h = log.popleft()
+            count = stale.get(h)
+            if not count:
+                self.held -= 1
+                return h
+            if count == 1:
+                del stale[h]
+            else:
+                stale[h] = count - 1
+
+    def compact(self) -> None:
+        """Drop the stale touches from the log (the same order of held hashes)."""
+        self.log = deque(self.order())
+        self.stale = {}
+
+    def order(self) -> list[RouterHash]:
+        """The held hashes, least recently touched first."""
+        skip = dict(self.stale)
+        order = []
+        for h in self.log:
+            count = skip.get(h)
+            if count:
+                skip[h] = count - 1
+            else:
+                order.append(h)
+        return order
+
+
 class BlockLRUIndex:
     """llm-d's approximate prefix index: per-replica LRUs of block hashes + reverse map.
 
-    The reverse map holds each hash's replicas as a bit mask (bit r: replica r), not a set:
-    one int per hash held, no set made per new hash (a third of `add`'s time went there)."""
+    The reverse map holds each hash's replicas as a bit mask (bit r: replica r), which also
+    answers whether a replica holds a hash; each replica's LRU is a `_TouchLog`. Adding a
+    block is then one lookup and one store in the map and one append, where sets per hash
+    and OrderedDicts per replica cost twice that (`add` was 14% of a 16-replica fleet's CPU
+    on the default trace)."""
 
     def __init__(self) -> None:
         self._owners: dict[RouterHash, int] = {}  # hash -> mask of the replicas holding it
-        self._lru: dict[int, OrderedDict[RouterHash, None]] = {}
-        self._capacity: dict[int, int] = {}
+        self._lru: dict[int, _TouchLog] = {}
 
     def add(self, hashes: Sequence[RouterHash], replica: int, capacity: int) -> None:
         """Record that `replica` now holds `hashes`; the capacity is fixed on first add
         (llm-d creates a replica's LRU once). Adding in prompt order makes the first blocks
-        the least recent, so they are evicted first, as in llm-d."""
+        the least recent, so they are evicted first, as in llm-d: hash by hash, a held one
+        becomes the most recent, a new one is added as the most recent and, past the
+        capacity, the least recent is evicted."""
         lru = self._lru.get(replica)
         if lru is None:
             if replica < 0:
                 raise ValueError(f"replica must be >= 0, got {replica}")
-            lru = self._lru[replica] = OrderedDict()
-            self._capacity[replica] = capacity
-        limit = self._capacity[replica]
+            lru = self._lru[replica] = _TouchLog(capacity)
         owners_of = self._owners
         get = owners_of.get
         bit = 1 << replica
+        stale, touch = lru.stale, lru.log.append
         for h in hashes:
-            if h in lru:
-                lru.move_to_end(h)
+            owners = get(h, 0)
+            touch(h)
+            if owners & bit:
+                stale[h] = stale.get(h, 0) + 1
             else:
-                lru[h] = None
-                owners_of[h] = get(h, 0) | bit
-                if len(lru) > limit:
-                    self._evict(bit, lru.popitem(last=False)[0])
+                owners_of[h] = owners | bit
+                lru.held += 1
+                if lru.held > lru.limit:  # h itself when the capacity is 0
+                    self._evict(bit, lru.pop_oldest())
+        if len(lru.log) > 2 * lru.held + 64:  # stale touches are most of it
+            lru.compact()
 
     def _evict(self, bit: int, h: RouterHash) -> None:
         """The replica of mask `bit` no longer holds `h`."""
@@ -122,11 +173,12 @@ class BlockLRUIndex:
 
     def held(self, replica: int) -> list[RouterHash]:
         """The hashes `replica` holds, least recently added or touched first."""
-        return list(self._lru.get(replica, ()))
+        lru = self._lru.get(replica)
+        return [] if lru is None else lru.order()
 
     def size(self, replica: int) -> int:
         lru = self._lru.get(replica)
-        return 0 if lru is None else len(lru)
+        return 0 if lru is None else lru.held
 
 
 @dataclass(slots=True, eq=False)

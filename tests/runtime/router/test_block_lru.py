@@ -45,7 +45,7 @@ class _ReferenceLRU:
 
 _adds = st.lists(st.tuples(st.lists(st.integers(0, 12), max_size=8),  # repeats included
                            st.sampled_from([0, 1, 2, 63, 64, 200]),  # bits past a word too
-                           st.integers(1, 12)), max_size=25)
+                           st.integers(0, 12)), max_size=25)
 
 
 @settings(max_examples=300, deadline=None)
@@ -71,6 +71,21 @@ def test_block_lru_index_touches_in_prompt_order_without_eviction() -> None:
     index.add([7, 4, 8, 9, 10, 11], replica=0, capacity=10)  # 11 held > 10: 3 evicted
     assert index.held(0) == [5, 1, 6, 2, 7, 4, 8, 9, 10, 11]
     assert index.match([3]) == {} and index.match([5, 6, 7]) == {0: 3}
+
+
+def test_block_lru_index_compacts_its_touches_in_order() -> None:
+    index, reference = BlockLRUIndex(), _ReferenceLRU()
+    adds = [[i % 5, 9, (i * 2) % 5] for i in range(100)]  # 6 hashes, touched 300 times
+    adds += [[20 + i, i % 5] for i in range(8)]  # then evictions
+    longest = 0
+    for hashes in adds:
+        index.add(hashes, replica=1, capacity=6)
+        reference.add(hashes, replica=1, capacity=6)
+        assert index.held(1) == list(reference.lru[1])
+        assert index.match([9]) == reference.match([9])
+        longest = max(longest, len(index._lru[1].log))
+    assert index.size(1) == 6
+    assert longest <= 2 * 6 + 64 + 3  # compacted, never 300 touches long
 
 
 def test_block_lru_index_rejects_a_negative_replica() -> None:
