@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import sys
 from array import array
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -32,6 +31,7 @@ from runtime.block_hash import BlockHash
 from runtime.router.state import KvEvent
 
 RouterHash = int  # 64-bit, from blake2b; the router's own hashes, unrelated to the engine's
+_BIG_ENDIAN = array("H", [1]).tobytes() == b"\x00\x01"  # this machine's array byte order
 
 
 def prompt_block_hashes(
@@ -55,7 +55,7 @@ def prompt_block_hashes(
         append(parent)
     # the digests as integers at once (one `int.from_bytes` per block cost ~10% of this)
     hashes = array("Q", b"".join(digests))
-    if sys.byteorder != "little":
+    if _BIG_ENDIAN:
         hashes.byteswap()
     return hashes.tolist()
 
