@@ -266,7 +266,7 @@ class _Fleet:
         now = req.arrival_s
         first = self.replicas[0]
         prompt, output, known, placeholders = routing_tokens(first, req, self.kv_block_size,
-                                                             self.token_blind)
+                                                             self.token_blind, True)
         router = self.router_for(req)
         candidates = self.candidates(req, self.snapshots(now, router))
         routing = routing_request(req, prompt, self.kv_block_size, known)

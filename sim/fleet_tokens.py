@@ -8,7 +8,9 @@ from collections.abc import Sequence
 
 from sim.simulator import EngineProcess, SimConfig
 from workloads import TraceRequest
-from workloads.tokens import request_token_arrays
+from workloads.tokens import prompt_token_array, request_token_arrays
+
+_ZERO = array("q", (0,))  # a placeholder token id
 
 
 def router_known(first: EngineProcess, req: TraceRequest, block_size: int | None) -> list[bytes]:
@@ -22,17 +24,26 @@ def router_known(first: EngineProcess, req: TraceRequest, block_size: int | None
 
 
 def routing_tokens(first: EngineProcess, req: TraceRequest, block_size: int | None,
-                   token_blind: bool) -> tuple[array[int], array[int], list[bytes], bool]:
+                   token_blind: bool, spare_output: bool = False
+                   ) -> tuple[array[int], array[int], list[bytes], bool]:
     """The prompt and output token ids the routers see (the first replica's), the known
-    block identities (`router_known`), and whether the token ids are placeholders: only
-    when no router reads them (`token_blind`), the first replica does not either
-    (`EngineProcess.tokens_unread`) and every full block is named (no router hashes them).
-    The caller gives the chosen replica the trace's tokens if it reads them."""
+    block identities (`router_known`), and whether any of the token ids are placeholders:
+    all of them only when no router reads them (`token_blind`), the first replica does not
+    either (`EngineProcess.tokens_unread`) and every full block is named (no router hashes
+    them); with `spare_output`, the output alone whenever the first replica reads no token
+    (routers read prompts only; its arrays cost a fifth of the routers' on the default
+    trace). The caller gives the chosen replica the trace's tokens if it reads them
+    (`replica_inputs`)."""
     known = router_known(first, req, block_size)
-    placeholders = (token_blind and first.tokens_unread(req)
+    unread = first.tokens_unread(req)
+    placeholders = (token_blind and unread
                     and (block_size is None or len(known) == req.prompt_len // block_size))
     if placeholders:
         prompt, output = first.token_arrays(req)
+    elif spare_output and unread:
+        prompt = prompt_token_array(req, first.config.vocab_size, first.config.seed)
+        output = _ZERO * req.output_len
+        placeholders = True
     else:
         prompt, output = request_token_arrays(req, first.config.vocab_size, first.config.seed)
     return prompt, output, known, placeholders

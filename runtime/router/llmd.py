@@ -99,7 +99,7 @@ class LlmdConfig:
 class _Pending:
     hashes: list[RouterHash]
     cold: bool
-    capacity: dict[int, int]  # replica -> LRU capacity if it is chosen
+    snaps: dict[int, ReplicaSnapshot]  # the candidates: the chosen one's LRU capacity
 
 
 def token_estimate(prompt_len: int) -> int:
@@ -155,8 +155,7 @@ class Llmd(RouterPolicy):
                 for r, s in self._score(name, request, snaps, ids, hashes, matched, cold).items():
                     total[r] += weight * s
         replica, tied = pick_max(total, self.rng)
-        capacity = {r: self._capacity(snaps[r]) for r in ids}
-        self._pending[request.request_id] = _Pending(hashes, cold, capacity)
+        self._pending[request.request_id] = _Pending(hashes, cold, snaps)
         return RoutingDecision(replica, "max weighted score" + tie_note(tied), total)
 
     def _capacity(self, snap: ReplicaSnapshot) -> int:
@@ -226,7 +225,8 @@ class Llmd(RouterPolicy):
         pending = self._pending.pop(request.request_id, None)
         if pending is None:
             return
-        capacity = pending.capacity.get(replica, self.config.lru_capacity_per_server)
+        snap = pending.snaps.get(replica)
+        capacity = self.config.lru_capacity_per_server if snap is None else self._capacity(snap)
         self.index.add(pending.hashes, replica, capacity)
         if pending.cold:
             self._cold_lru.pop(replica, None)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 from array import array
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -31,6 +31,7 @@ from runtime.block_hash import BlockHash
 from runtime.router.state import KvEvent
 
 RouterHash = int  # 64-bit, from blake2b; the router's own hashes, unrelated to the engine's
+_BIG_ENDIAN = array("H", [1]).tobytes() == b"\x00\x01"  # this machine's array byte order
 
 
 def prompt_block_hashes(
@@ -38,66 +39,146 @@ def prompt_block_hashes(
 ) -> list[RouterHash]:
     """llm-d's `hashPrompt` over tokens: chained hashes of `block_size`-token blocks of the
     first `max_blocks * block_size` tokens, the partial tail block included; [] when the
-    prompt is unknown or shorter than one block."""
+    prompt is unknown or shorter than one block. Hash i is the first 8 bytes, little endian,
+    of blake2b(digest i-1 + block i's tokens as 8-byte signed integers), digest -1 being
+    b"rt-router-root"."""
     if token_ids is None or len(token_ids) < block_size:
         return []
     packed = array("q", token_ids[: max_blocks * block_size]).tobytes()
     block_bytes = 8 * block_size
-    hashes: list[RouterHash] = []
+    blake2b = hashlib.blake2b
+    digests: list[bytes] = []
+    append = digests.append
     parent = b"rt-router-root"
     for start in range(0, len(packed), block_bytes):
-        parent = hashlib.blake2b(parent + packed[start : start + block_bytes],
-                                 digest_size=8).digest()
-        hashes.append(int.from_bytes(parent, "little"))
-    return hashes
+        parent = blake2b(parent + packed[start : start + block_bytes], digest_size=8).digest()
+        append(parent)
+    # the digests as integers at once (one `int.from_bytes` per block cost ~10% of this)
+    hashes = array("Q", b"".join(digests))
+    if _BIG_ENDIAN:
+        hashes.byteswap()
+    return hashes.tolist()
+
+
+@dataclass(slots=True, eq=False)
+class _TouchLog:
+    """One replica's LRU of block hashes as the log of its touches, oldest first: a hash's
+    place is its last touch, and `stale[h]` counts its touches before that one (absent: 0).
+    A touch is an append (no node per hash, as an OrderedDict makes); the log is compacted
+    when stale touches outnumber the held hashes."""
+
+    limit: int  # blocks held at most
+    held: int = 0  # distinct hashes held
+    log: deque[RouterHash] = field(default_factory=deque)
+    stale: dict[RouterHash, int] = field(default_factory=dict)
+
+    def pop_oldest(self) -> RouterHash:
+        """Forget the least recently touched hash and return it."""
+        log, stale = self.log, self.stale
+        while True:
+            h = log.popleft()
+            count = stale.get(h)
+            if not count:
+                self.held -= 1
+                return h
+            if count == 1:
+                del stale[h]
+            else:
+                stale[h] = count - 1
+
+    def compact(self) -> None:
+        """Drop the stale touches from the log (the same order of held hashes)."""
+        self.log = deque(self.order())
+        self.stale = {}
+
+    def order(self) -> list[RouterHash]:
+        """The held hashes, least recently touched first."""
+        skip = dict(self.stale)
+        order = []
+        for h in self.log:
+            count = skip.get(h)
+            if count:
+                skip[h] = count - 1
+            else:
+                order.append(h)
+        return order
 
 
 class BlockLRUIndex:
-    """llm-d's approximate prefix index: per-replica LRUs of block hashes + reverse map."""
+    """llm-d's approximate prefix index: per-replica LRUs of block hashes + reverse map.
+
+    The reverse map holds each hash's replicas as a bit mask (bit r: replica r), which also
+    answers whether a replica holds a hash; each replica's LRU is a `_TouchLog`. Adding a
+    block is then one lookup and one store in the map and one append, where sets per hash
+    and OrderedDicts per replica cost twice that (`add` was 14% of a 16-replica fleet's CPU
+    on the default trace)."""
 
     def __init__(self) -> None:
-        self._owners: dict[RouterHash, set[int]] = {}
-        self._lru: dict[int, OrderedDict[RouterHash, None]] = {}
-        self._capacity: dict[int, int] = {}
+        self._owners: dict[RouterHash, int] = {}  # hash -> mask of the replicas holding it
+        self._lru: dict[int, _TouchLog] = {}
 
     def add(self, hashes: Sequence[RouterHash], replica: int, capacity: int) -> None:
         """Record that `replica` now holds `hashes`; the capacity is fixed on first add
         (llm-d creates a replica's LRU once). Adding in prompt order makes the first blocks
-        the least recent, so they are evicted first, as in llm-d."""
+        the least recent, so they are evicted first, as in llm-d: hash by hash, a held one
+        becomes the most recent, a new one is added as the most recent and, past the
+        capacity, the least recent is evicted."""
         lru = self._lru.get(replica)
         if lru is None:
-            lru = self._lru[replica] = OrderedDict()
-            self._capacity[replica] = capacity
-        limit = self._capacity[replica]
+            if replica < 0:
+                raise ValueError(f"replica must be >= 0, got {replica}")
+            lru = self._lru[replica] = _TouchLog(capacity)
+        owners_of = self._owners
+        get = owners_of.get
+        bit = 1 << replica
+        stale, touch = lru.stale, lru.log.append
         for h in hashes:
-            if h in lru:
-                lru.move_to_end(h)
+            owners = get(h, 0)
+            touch(h)
+            if owners & bit:
+                stale[h] = stale.get(h, 0) + 1
             else:
-                lru[h] = None
-                self._owners.setdefault(h, set()).add(replica)
-                if len(lru) > limit:
-                    self._evict(replica, lru.popitem(last=False)[0])
+                owners_of[h] = owners | bit
+                lru.held += 1
+                if lru.held > lru.limit:  # h itself when the capacity is 0
+                    self._evict(bit, lru.pop_oldest())
+        if len(lru.log) > 2 * lru.held + 64:  # stale touches are most of it
+            lru.compact()
 
-    def _evict(self, replica: int, h: RouterHash) -> None:
-        owners = self._owners[h]
-        owners.discard(replica)
-        if not owners:
+    def _evict(self, bit: int, h: RouterHash) -> None:
+        """The replica of mask `bit` no longer holds `h`."""
+        owners = self._owners[h] & ~bit
+        if owners:
+            self._owners[h] = owners
+        else:
             del self._owners[h]
 
     def match(self, hashes: Sequence[RouterHash]) -> dict[int, int]:
         """Matched blocks per replica, llm-d's greedy count (replicas absent = 0)."""
-        matched: dict[int, int] = {}
+        get = self._owners.get
+        runs: dict[int, int] = {}  # owner mask -> matched blocks with exactly those owners
         for h in hashes:
-            owners = self._owners.get(h)
+            owners = get(h)
             if not owners:
                 break
-            for replica in owners:
-                matched[replica] = matched.get(replica, 0) + 1
+            runs[owners] = runs.get(owners, 0) + 1
+        matched: dict[int, int] = {}
+        for owners, blocks in runs.items():
+            while owners:
+                low = owners & -owners
+                replica = low.bit_length() - 1
+                matched[replica] = matched.get(replica, 0) + blocks
+                owners ^= low
         return matched
+
+    def held(self, replica: int) -> list[RouterHash]:
+        """The hashes `replica` holds, least recently added or touched first."""
+        lru = self._lru.get(replica)
+        return [] if lru is None else lru.order()
 
     def size(self, replica: int) -> int:
         lru = self._lru.get(replica)
-        return 0 if lru is None else len(lru)
+        return 0 if lru is None else lru.held
 
 
 @dataclass(slots=True, eq=False)

@@ -16,6 +16,7 @@ from runtime.kv_events import prompt_block_hashes
 from runtime.router import make_policy
 from sim.block_ids import TraceBlockIds, own_streams_only
 from sim.fleet import simulate_fleet
+from sim.fleet_replica import Replica as ReplicaProcess
 from sim.pd import PDDecider, simulate_pd
 from sim.simulator import simulate
 from tests.sim.fleet_support import COST, Replica
@@ -213,3 +214,35 @@ def test_pd_with_prefix_threshold_gives_the_same_records() -> None:
 
     on, off, _, _ = both_ways(run, config(num_blocks=200, max_num_seqs=8, budget=128))
     assert on == off
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_a_fleet_reading_prompts_only_hands_each_replica_its_outputs(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Behind llm-d (it reads prompts) a replica that reads no token gets placeholder
+    outputs; one that does read them (trace block ids off) gets the trace's: records equal
+    a fleet of replicas that all read the trace's tokens."""
+    trace = hash_id_trace(seed, 160, 32, rate=300.0)  # every block named
+    cfg = config(num_blocks=60, max_num_seqs=8, budget=128)
+    reading = dataclasses.replace(cfg, trace_block_ids=False)
+    handed: dict[str, tuple[int, list[int]]] = {}
+    hand_over = ReplicaProcess.hand_over
+
+    def spy(self, req, prompt, output, *args, **kwargs):  # type: ignore[no-untyped-def]
+        handed[req.request_id] = (self.index, list(output))
+        hand_over(self, req, prompt, output, *args, **kwargs)
+
+    def run(configs):  # type: ignore[no-untyped-def]
+        return simulate_fleet(trace, [Replica(c) for c in configs],
+                              make_policy("llm-d", (), seed=1), refresh_s=0.01)
+
+    monkeypatch.setattr(ReplicaProcess, "hand_over", spy)
+    mixed = run([cfg, reading, cfg])
+    for req in trace:
+        replica, output = handed[req.request_id]
+        trace_output = list(output_token_array(req, cfg.vocab_size, cfg.seed))
+        assert output == (trace_output if replica == 1 else [0] * req.output_len)
+    assert {replica for replica, _ in handed.values()} == {0, 1, 2}
+    plain = run([reading] * 3)
+    assert [r.to_row() for r in mixed.requests] == [r.to_row() for r in plain.requests]
+    assert dict(mixed.step_columns) == dict(plain.step_columns)

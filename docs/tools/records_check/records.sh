@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Records check: the same 14 simulations run by the code in DIR, written under OUT.
+# Records check: the same 15 simulations run by the code in DIR, written under OUT.
 # Compare two OUTs with cmp.py (every parquet file DataFrame.equals); a change to the
 # simulator or the core must leave them ALL EQUAL unless it means to change records.
 #   bash docs/tools/records_check/records.sh DIR OUT   (DIR: a checkout or a `git archive`)
@@ -26,4 +26,5 @@ run mooncake_sglang8 --trace "$T/mooncake_conversation_head.jsonl" --first-n 800
   --router-arg max_tree_size=20000 --router-arg eviction_interval_s=5
 run mooncake_prefix4 --trace "$T/mooncake_conversation_head.jsonl" --first-n 800 --replicas 4 --router prefix-aware
 run sglang16 --replicas 16 --router sglang-cache-aware --time-scale 0.0625
-echo "14 runs written under $OUT"
+run mooncake_llmd4 --trace "$T/mooncake_conversation_head.jsonl" --first-n 800 --replicas 4 --router llm-d --router-arg auto_tune=false --router-arg lru_capacity_per_server=3000
+echo "15 runs written under $OUT"

@@ -154,3 +154,24 @@ def test_eviction_every_interval() -> None:
     d = policy.choose(req(tokens(0, 64), now_s=120.0), snaps(2))
     assert policy.tree.size(0) == 32
     assert d.replica == 0 and "match rate 0.500" in d.reason  # 32 of 64 still matched
+
+
+def test_the_tree_tokens_kept_from_choose_are_the_request_routed() -> None:
+    """`choose` keeps the request's tree tokens for its `on_routed`; a request routed
+    without that `choose` (same id, other tokens) inserts its own, as computed afresh."""
+    policy = make_policy("sglang-cache-aware")
+    chosen = req(tokens(0, 40), request_id="a")
+    policy.choose(chosen, snaps(2))
+    other = req(tokens(100, 40), request_id="a")  # not the object `choose` saw
+    policy.on_routed(other, 1)
+    assert policy.tree.match(tokens(100, 32), [0, 1]) == (32, {1})
+    assert policy.tree.match(tokens(0, 32), [0, 1]) == (0, {0, 1})
+    fresh = make_policy("sglang-cache-aware")
+    for policy_ in (policy, fresh):
+        r = req(tokens(200, 50), request_id="b")
+        policy_.choose(r, snaps(2))  # kept, then read by on_routed
+        policy_.on_routed(r, 0)
+    for probe in (tokens(200, 48), tokens(100, 32)):
+        assert policy.tree.match(probe, [0]) == (
+            fresh.tree.match(probe, [0]) if probe[0] == 200 else (0, {0}))
+    assert policy.tree.size(0) == fresh.tree.size(0) == 48
