@@ -75,6 +75,10 @@ class StepPerf:
     read_bytes: int
     write_bytes: int
 
+    def __add__(self, other: StepPerf) -> StepPerf:
+        return StepPerf(self.flops + other.flops, self.read_bytes + other.read_bytes,
+                        self.write_bytes + other.write_bytes)
+
 
 @dataclass(slots=True)
 class BatchContext:

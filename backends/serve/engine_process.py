@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import zmq
 
 from backends.engine.sampling_options import SamplingOptions
+from backends.serve.engine_perf import PerfEstimate
 from backends.serve.messages import (
     EngineInfo,
     EngineOutputs,
@@ -52,7 +53,7 @@ from runtime import (
     SchedulerConfig,
     finish_reason,
 )
-from runtime.perf import BatchContext, PerfShape, StepPerf, batch_perf, step_perf
+from runtime.perf import PerfShape, StepPerf
 
 _TRIM_EVERY_STEPS = 2048  # drop the recorder's step records this often (a server runs for days)
 
@@ -141,14 +142,13 @@ class _Live:
 
 class EngineLoop:
     """The engine core's loop over its two sockets. With `estimate_perf` (rt serve
-    --enable-mfu-metrics) each step's stats carry vLLM's FLOPs/bytes estimate per GPU
-    (`runtime.perf`), from the setup's `perf_shape`."""
+    --enable-mfu-metrics) each step's stats carry vLLM's FLOPs/bytes estimate per GPU."""
 
     def __init__(self, setup: Any, inbox: zmq.Socket, outbox: zmq.Socket,
                  parent_pid: int | None = None, estimate_perf: bool = False) -> None:
         self.executor: Executor = setup.executor
-        self.perf_shape: PerfShape | None = \
-            getattr(setup, "perf_shape", None) if estimate_perf else None
+        shape: PerfShape | None = getattr(setup, "perf_shape", None)
+        self.perf = PerfEstimate(shape) if estimate_perf and shape is not None else None
         self.core = EngineCore(Scheduler(setup.scheduler, setup.cache))
         self.inbox = inbox
         self.outbox = outbox
@@ -160,7 +160,6 @@ class EngineLoop:
         self.busy = False  # had work since the end of the last step
         self.last_end = 0.0
         self.steps = 0
-        self.idle_estimated = False  # the empty step of this idle spell is counted
 
     def run(self) -> None:
         while not self.stopping:
@@ -241,7 +240,6 @@ class EngineLoop:
         """One engine step. It starts where the last one ended while the engine stayed busy
         (as in the simulator), so a wall-clock executor can absorb the loop's overhead."""
         core = self.core
-        self.idle_estimated = False
         start = self.last_end if self.busy else time.monotonic()
         submitted, self.submitted = self.submitted, []
         step = core.begin_step(start)
@@ -257,7 +255,7 @@ class EngineLoop:
             if live is not None and live.scheduled_s is None:
                 live.scheduled_s = now
         # before the step runs: a wall-clock simulated step absorbs the estimate's CPU time
-        perf = None if self.perf_shape is None else step_perf(self.perf_shape, step.output)
+        perf = None if self.perf is None else self.perf.step(step.output)
         sampled, duration = self.executor.execute(step)
         end = time.monotonic()
         finished = core.end_step(step, sampled, end, duration)
@@ -265,31 +263,19 @@ class EngineLoop:
         outputs.extend(self._step_outputs(sampled, finished, end))
         if self.pending_aborts:
             outputs.extend(self._abort_pending())
-        if perf is not None and not core.has_work() and not self.inbox.poll(0):
-            perf = _plus(perf, self._idle_perf())  # in the same message: no scrape between
+        if perf is not None and self.perf is not None and not core.has_work() \
+                and not self.inbox.poll(0):
+            perf = self.perf.with_idle(perf)  # in the same message: no scrape between
         self.send(outputs, end, len(step.output.preempted_req_ids), perf)
         self._trim()
 
-    def _idle_perf(self) -> StepPerf:
-        """vLLM steps once more when nothing is left to run but requests finished since its
-        last schedule (its `has_requests` counts them until a schedule reports them to the
-        workers): an empty batch, whose estimate is the weights read once (a lone 44-token
-        request on the tiny Llama, vLLM 0.32 CPU: 7,878,656 read bytes, 6,436,864 without
-        it). rt's core does not take that step (its records are the steps that run the
-        model); its estimate is counted once per idle spell instead, with the step that
-        emptied the engine (or alone, after an abort)."""
-        assert self.perf_shape is not None
-        self.idle_estimated = True
-        return batch_perf(self.perf_shape, BatchContext())
-
     def _idle_step(self) -> None:
-        """The empty step's estimate, when the engine went idle without a step (an abort) or
-        a message waiting at its last step brought no work. None while a message waits: vLLM
-        takes it in first, and a request in it makes the next schedule the one that reports
-        the finished requests."""
-        if self.perf_shape is not None and not self.idle_estimated \
+        """The empty step's estimate (`engine_perf`), when the engine went idle without a
+        step (an abort) or a message waiting at its last step brought no work. None while a
+        message waits: vLLM takes it in first, and its next schedule reports the finished."""
+        if self.perf is not None and not self.perf.idle_counted \
                 and self.core.scheduler.finished_req_ids and not self.inbox.poll(0):
-            self.send([], time.monotonic(), 0, self._idle_perf())
+            self.send([], time.monotonic(), 0, self.perf.idle())
 
     def _refused(self, submitted: list[str]) -> list[RequestOutput]:
         """Requests the scheduler finished on entry (FINISHED_IGNORED)."""
@@ -376,11 +362,6 @@ class EngineLoop:
         recorder.finished.clear()
         if self.steps % _TRIM_EVERY_STEPS == 0:
             recorder.forget_steps()
-
-
-def _plus(a: StepPerf, b: StepPerf) -> StepPerf:
-    return StepPerf(a.flops + b.flops, a.read_bytes + b.read_bytes,
-                    a.write_bytes + b.write_bytes)
 
 
 def run_engine_process(factory: ExecutorFactory, factory_kwargs: dict[str, Any],

@@ -252,7 +252,9 @@ class Server:
             ids = item.new_token_ids
             text = gen.decoder.step(ids[:-1] if skip_last else ids)
         else:
-            text, item = _stop_step(gen, gen.stops, item, skip_last)
+            text, item = gen.stops.take(item, skip_last, (gen.queued_s, gen.scheduled_s,
+                                                          gen.first_output_s,
+                                                          gen.last_output_s))
         gen.output_len += len(item.new_token_ids)
         if item.finish_reason is not None:
             gen.finish_reason, gen.stop_reason = item.finish_reason, item.stop_reason
@@ -370,25 +372,6 @@ def _take(gen: _Generation, item: RequestOutput | Exception) -> RequestOutput | 
         nxt.new_token_ids = item.new_token_ids + nxt.new_token_ids
         item = nxt
     return item
-
-
-def _stop_step(gen: _Generation, stops: StopStringText, item: RequestOutput, skip_last: bool
-               ) -> tuple[str, RequestOutput]:
-    """`item`'s text through the stop-string check; a match ends the request: the output
-    then keeps the tokens up to the one that completed the stop string, `finish_reason`
-    "stop" and `stop_reason` the string. Its times are the engine's last output's, or, when
-    the engine still runs it, those of `gen`'s first and last outputs (as vLLM's output
-    processor tracks them per output)."""
-    step = stops.step(item.new_token_ids, skip_last, item.finish_reason is not None)
-    if step.match is None:
-        return step.delta, item
-    times = (item.queued_s, item.scheduled_s, item.first_token_s, item.last_token_s) \
-        if item.finish_reason is not None \
-        else (gen.queued_s, gen.scheduled_s, gen.first_output_s, gen.last_output_s)
-    stopped = RequestOutput(item.request_id, item.new_token_ids[:step.num_kept], "stop",
-                            step.match.stop, item.num_cached_tokens, item.num_preemptions,
-                            *times)
-    return step.delta, stopped
 
 
 def _phases(out: RequestOutput) -> dict[str, float | None]:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from backends.engine.text import IncrementalDecoder
+from backends.serve.messages import RequestOutput
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +92,24 @@ class StopStringText:
             self.text = self.text[:match.cut(self.include)]
             finished = True
         return StepText(self._delta(finished), match, num_kept)
+
+    def take(self, item: RequestOutput, skip_last: bool,
+             running_times: tuple[float | None, float | None, float | None, float | None]
+             ) -> tuple[str, RequestOutput]:
+        """`item`'s text through the check; a match ends the request: the output then keeps
+        the tokens up to the one that completed the stop string, `finish_reason` "stop" and
+        `stop_reason` the string. Its times (queued, scheduled, first and last token) are the
+        engine's last output's, or `running_times` when the engine still runs it (the API
+        server's record of its outputs, as vLLM's output processor tracks them)."""
+        step = self.step(item.new_token_ids, skip_last, item.finish_reason is not None)
+        if step.match is None:
+            return step.delta, item
+        times = (item.queued_s, item.scheduled_s, item.first_token_s, item.last_token_s) \
+            if item.finish_reason is not None else running_times
+        stopped = RequestOutput(item.request_id, item.new_token_ids[:step.num_kept], "stop",
+                                step.match.stop, item.num_cached_tokens,
+                                item.num_preemptions, *times)
+        return step.delta, stopped
 
     def _check(self, offsets: list[int], num_before: int) -> StopMatch | None:
         """vLLM checks only once more than min_tokens outputs exist, in the text the tokens

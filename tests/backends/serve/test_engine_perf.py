@@ -100,15 +100,10 @@ def _step(*requests: tuple[int, int, bool]) -> StepPerf:
     return batch_perf(TINY, ctx)
 
 
-def _plus(a: StepPerf, b: StepPerf) -> StepPerf:
-    return StepPerf(a.flops + b.flops, a.read_bytes + b.read_bytes,
-                    a.write_bytes + b.write_bytes)
-
-
 def test_the_last_step_carries_the_empty_steps_estimate() -> None:
     sent = _run([[_add("a", 8, 3)]])
     assert [m.stats.perf for m in sent] == [
-        _step((8, 8, True)), _step((1, 9, False)), _plus(_step((1, 10, False)), EMPTY)]
+        _step((8, 8, True)), _step((1, 9, False)), _step((1, 10, False)) + EMPTY]
 
 
 def test_an_abort_that_empties_the_engine_counts_the_empty_step_once() -> None:
@@ -126,7 +121,7 @@ def test_a_request_waiting_at_the_last_step_means_no_empty_step() -> None:
     sent = _run([[_add("a", 8, 3)], [], [], [_add("b", 8, 2)]])
     assert [m.stats.perf for m in sent] == [
         _step((8, 8, True)), _step((1, 9, False)), _step((1, 10, False)),
-        _step((8, 8, True)), _plus(_step((1, 9, False)), EMPTY)]
+        _step((8, 8, True)), _step((1, 9, False)) + EMPTY]
 
 
 def test_without_the_flag_no_estimate_is_sent() -> None:
