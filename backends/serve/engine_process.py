@@ -303,14 +303,18 @@ class EngineLoop:
             elif first:  # its queue and schedule times: the API server's if it stops it
                 outputs.append(RequestOutput(req_id, self._new_tokens(live),
                                              num_cached_tokens=live.request.num_cached_tokens
-                                             or 0, queued_s=live.queued_s,
+                                             or 0,
+                                             num_preemptions=live.request.num_preemptions,
+                                             queued_s=live.queued_s,
                                              scheduled_s=live.scheduled_s))
             else:
                 # Every output carries the prefix-cache hit (vLLM's EngineCoreOutput
-                # .num_cached_tokens): the API server counts it at the first one.
+                # .num_cached_tokens): the API server counts it at the first one; and the
+                # preemptions so far, which a stop string's finish reports.
                 outputs.append(RequestOutput(req_id, self._new_tokens(live),
                                              num_cached_tokens=live.request.num_cached_tokens
-                                             or 0))
+                                             or 0,
+                                             num_preemptions=live.request.num_preemptions))
         return outputs
 
     def _abort_pending(self) -> list[RequestOutput]:

@@ -53,12 +53,12 @@ def _engine_request(request_id: str, prompt_token_ids: list[int], arrival_s: flo
 class RequestOutput:
     """A request's new tokens of one step; `finish_reason` set on its last output.
 
-    `num_cached_tokens` (prompt tokens found in the prefix cache at the first admission) is
-    set on every output. The timing fields (monotonic seconds, engine clock) are filled on
-    the last output:
-    `queued_s` (entered the engine), `scheduled_s` (first admission), `first_token_s`,
-    `last_token_s`; `queued_s` and `scheduled_s` on the first output too (a stop string the
-    API server finds ends the request before the engine's last output)."""
+    `num_cached_tokens` (prompt tokens found in the prefix cache at the first admission) and
+    `num_preemptions` (so far) are set on every output. The timing fields (monotonic
+    seconds, engine clock) are filled on the last output: `queued_s` (entered the engine),
+    `scheduled_s` (first admission), `first_token_s`, `last_token_s`; `queued_s` and
+    `scheduled_s` on the first output too (a stop string the API server finds ends the
+    request before the engine's last output)."""
 
     request_id: str
     new_token_ids: list[int]

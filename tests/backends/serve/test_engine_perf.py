@@ -1,6 +1,7 @@
-"""The engine process's MFU estimates, message by message: each step's own, and vLLM's empty
-step when the engine goes idle with finished requests (with the last step's message, or
-alone after an abort). The loop runs on stand-in sockets and a stub executor."""
+"""The engine process's messages: its MFU estimates, each step's own, and vLLM's empty step
+when the engine goes idle with finished requests (with the last step's message, or alone
+after an abort); what the outputs carry for a stop string's finish. The loop runs on
+stand-in sockets and a stub executor."""
 
 from __future__ import annotations
 
@@ -138,3 +139,22 @@ def test_the_first_output_carries_the_queue_and_schedule_times() -> None:
     assert (first.queued_s, first.scheduled_s) == (last.queued_s, last.scheduled_s)
     assert last.queued_s <= last.scheduled_s  # type: ignore[operator]
     assert (middle.queued_s, middle.scheduled_s) == (None, None)
+
+
+def test_every_output_carries_the_preemptions_so_far() -> None:
+    """A stop string can end a request on any output (the API server then reports the
+    output's count). a and b (16-token prompts) share 4 usable blocks: the prefill step and
+    16 decodes fill 2 blocks each (32 tokens), a's 17th decode needs a third, so b (the
+    later) is preempted: its first 17 outputs say 0, the rest 1; a's all say 0."""
+    inbox, outbox = Inbox([[_add("a", 16, 30), _add("b", 16, 30)]]), Outbox()
+    setup = Setup(cache=CacheConfig(block_size=16, num_blocks=5, enable_prefix_caching=True))
+    loop = EngineLoop(setup, inbox, outbox)  # type: ignore[arg-type]
+    inbox.loop = loop
+    loop.receive = lambda block: _receive(loop, inbox, block)  # type: ignore[method-assign]
+    loop.run()
+    counts: dict[str, list[int]] = {"a": [], "b": []}
+    for message in outbox.sent:
+        for out in message.outputs:
+            counts[out.request_id].append(out.num_preemptions)
+    assert set(counts["a"]) == {0} and len(counts["a"]) == 30
+    assert counts["b"] == [0] * 17 + [1] * 13
