@@ -48,7 +48,13 @@ from runtime.router.prefix_index import (
     RouterHash,
     prompt_block_hashes,
 )
-from runtime.router.snapshot import ReplicaSnapshot, RoutingDecision, RoutingRequest
+from runtime.router.snapshot import (
+    PrefixKeys,
+    PromptBlocking,
+    ReplicaSnapshot,
+    RoutingDecision,
+    RoutingRequest,
+)
 from runtime.router.state import KvEvent
 
 SCORERS = (
@@ -133,6 +139,13 @@ class Llmd(RouterPolicy):
         # token_load: replica -> `token_estimate` summed over this router's in-flight
         # requests there (`local.in_flight` holds each one's replica and prompt length)
         self._est_tokens: dict[int, int] = {}
+        self._blocking = PromptBlocking(self.config.block_size, self.config.max_prefix_blocks)
+
+    @property
+    def prompt_blocking(self) -> PromptBlocking:
+        """The approximate index's blocks (`block_size`, `max_prefix_blocks`): llm-d reads
+        token ids only to hash them."""
+        return self._blocking
 
     @property
     def completion_blind(self) -> bool:
@@ -145,7 +158,9 @@ class Llmd(RouterPolicy):
         snaps = by_id(replicas)
         ids = sorted(snaps)
         cfg = self.config
-        hashes = prompt_block_hashes(request.token_ids, cfg.block_size, cfg.max_prefix_blocks)
+        keys = request.prefix_keys
+        hashes = (prompt_block_hashes(request.token_ids, cfg.block_size, cfg.max_prefix_blocks)
+                  if keys is None else self._given_keys(keys))
         matched = self.index.match(hashes)
         cold = not any(matched.get(r, 0) > 0 for r in ids)
         total = dict.fromkeys(ids, 0.0)
@@ -157,6 +172,14 @@ class Llmd(RouterPolicy):
         replica, tied = pick_max(total, self.rng)
         self._pending[request.request_id] = _Pending(hashes, cold, snaps)
         return RoutingDecision(replica, "max weighted score" + tie_note(tied), total)
+
+    def _given_keys(self, keys: PrefixKeys) -> list[RouterHash]:
+        """The driver's stand-ins for the prompt's block hashes (`PrefixKeys`); ValueError
+        if they were cut other than this index's blocks."""
+        if keys.blocking != self._blocking:
+            raise ValueError(f"prefix keys of {keys.blocking} given to llm-d with "
+                             f"{self._blocking}")
+        return keys.keys
 
     def _capacity(self, snap: ReplicaSnapshot) -> int:
         if self.config.auto_tune and snap.num_gpu_blocks is not None:
