@@ -32,6 +32,11 @@ Not modelled: the latency scorer (needs a TTFT/TPOT predictor), lora-affinity, s
 affinity, running-requests and context-length scorers, the active-request scorer's request
 timeout, and llm-d's characters-per-token approximation (rt hashes the token ids; autoTune's
 block size from the engine is `block_size` here, 16 as vLLM's default).
+
+The simulator may give `RoutingRequest.prefix_keys` instead (`prompt_blocking`: the index's
+blocks), keys equal exactly when the chained hashes are (`sim.router_keys`); the index only
+compares them for equality (dict keys, owner masks, LRU order by touch), so the decisions are
+the same.
 """
 
 from __future__ import annotations
