@@ -145,6 +145,9 @@ class Llmd(RouterPolicy):
         # requests there (`local.in_flight` holds each one's replica and prompt length)
         self._est_tokens: dict[int, int] = {}
         self._blocking = PromptBlocking(self.config.block_size, self.config.max_prefix_blocks)
+        # whether the index holds driver keys (True) or hashes of token ids (False); None
+        # before the first request. One index never holds both (`PrefixKeys`).
+        self._keyed: bool | None = None
 
     @property
     def prompt_blocking(self) -> PromptBlocking:
@@ -164,6 +167,8 @@ class Llmd(RouterPolicy):
         ids = sorted(snaps)
         cfg = self.config
         keys = request.prefix_keys
+        if (keys is not None) is not self._keyed:
+            self._key_space(keys is not None)
         hashes = (prompt_block_hashes(request.token_ids, cfg.block_size, cfg.max_prefix_blocks)
                   if keys is None else self._given_keys(keys))
         matched = self.index.match(hashes)
@@ -177,6 +182,14 @@ class Llmd(RouterPolicy):
         replica, tied = pick_max(total, self.rng)
         self._pending[request.request_id] = _Pending(hashes, cold, snaps)
         return RoutingDecision(replica, "max weighted score" + tie_note(tied), total)
+
+    def _key_space(self, keyed: bool) -> None:
+        """Fix the index's key space at the first request; ValueError at a request keyed
+        the other way (keys and hashes of token ids never meet in one index)."""
+        if self._keyed is not None:
+            raise ValueError("llm-d got prefix keys after hashing token ids" if keyed else
+                             "llm-d got no prefix keys after keyed requests")
+        self._keyed = keyed
 
     def _given_keys(self, keys: PrefixKeys) -> list[RouterHash]:
         """The driver's stand-ins for the prompt's block hashes (`PrefixKeys`); ValueError

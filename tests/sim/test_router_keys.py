@@ -190,11 +190,24 @@ def test_keys_only_where_the_trace_allows_them() -> None:
     assert router_keys_for(explicit, [llmd], True) is None
 
 
-def test_llmd_rejects_keys_of_another_blocking() -> None:
+def test_llmd_rejects_keys_of_another_blocking_or_key_space() -> None:
     request = RoutingRequest(request_id="a", now_s=0.0, prompt_len=32,
                              prefix_keys=PrefixKeys(PromptBlocking(32, 256), [1]))
     with pytest.raises(ValueError, match="prefix keys of .*block_size=32"):
         Llmd().choose(request, [ReplicaSnapshot(replica_id=0, taken_at_s=0.0)])
+    keyed, hashed = Llmd(), Llmd()  # one key space per index
+    snapshots = [ReplicaSnapshot(replica_id=0, taken_at_s=0.0)]
+    keys = PrefixKeys(PromptBlocking(16, 256), [1, 3])
+    keyed.route(RoutingRequest(request_id="k", now_s=0.0, prompt_len=32, prefix_keys=keys),
+                snapshots)
+    hashed.route(RoutingRequest(request_id="h", now_s=0.0, prompt_len=32,
+                                token_ids=list(range(32))), snapshots)
+    with pytest.raises(ValueError, match="no prefix keys after keyed requests"):
+        keyed.choose(RoutingRequest(request_id="a", now_s=0.0, prompt_len=32,
+                                    token_ids=list(range(32))), snapshots)
+    with pytest.raises(ValueError, match="prefix keys after hashing token ids"):
+        hashed.choose(RoutingRequest(request_id="a", now_s=0.0, prompt_len=32,
+                                     prefix_keys=keys), snapshots)
     with pytest.raises(ValueError, match="3 keys exceed max_blocks 2"):
         PrefixKeys(PromptBlocking(16, 2), [1, 2, 3])
 
