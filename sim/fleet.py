@@ -129,7 +129,7 @@ class _Fleet:
         self.steps_ahead = (self.routes_ahead and not self.kv_bus  # docs/fleet.md
                             and all(p.completion_blind for p in policies))
         # the routers' prompt block keys from the trace, for the whole run or none of it
-        self.router_keys = router_keys_for(trace, policies, setups[0].config.trace_block_ids)
+        self.router_keys = router_keys_for(trace, policies, setups[0].config)
         keyed = None if self.router_keys is None else self.router_keys.blocking
         self.token_blind = not any(p.reads_token_ids and (keyed is None
                                                           or p.prompt_blocking != keyed)

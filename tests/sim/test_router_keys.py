@@ -5,6 +5,7 @@ dividing H, several H); and a fleet behind llm-d decides alike with keys and wit
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 
@@ -40,7 +41,8 @@ from workloads import (
 )
 from workloads.tokens import prompt_token_array
 
-VOCAB, SEED = 32_000, 0
+CONFIG = config()
+VOCAB, SEED = CONFIG.vocab_size, CONFIG.seed
 
 
 def shared_trace(seed: int, n: int, hash_block: int, rate: float = 300.0) -> Trace:
@@ -85,7 +87,7 @@ def assert_same_equality(trace: Sequence[TraceRequest], keys: RouterKeys) -> int
     key_of: dict[int, int] = {}
     blocks = 0
     for req in trace:
-        tokens = prompt_token_array(req, VOCAB, SEED)
+        tokens = prompt_token_array(req, keys.vocab_size, keys.seed)
         hashes = prompt_block_hashes(tokens, blocking.block_size, blocking.max_blocks)
         given = keys.keys(req)
         assert given.blocking == blocking
@@ -97,30 +99,45 @@ def assert_same_equality(trace: Sequence[TraceRequest], keys: RouterKeys) -> int
     return blocks
 
 
+def hashed(request_id: str, prompt_len: int, *ids: int) -> TraceRequest:
+    return TraceRequest(request_id, 0.0, prompt_len, 1, hash_ids=ids, hash_block_size=32)
+
+
 def test_keys_by_hand() -> None:
-    """H = 32, B = 16 (2 blocks a piece, S = 2 + 32 = 34): ids (7, 8), 40 tokens: run 0
-    blocks 0, 1 -> 0, 2; the 8-token tail in piece 1 (run 1) -> 2 * (34 + 2 + 8) = 88. A
-    repeat gets the same keys; 64 tokens of (7, 9): run 0's, then run 2's two blocks ->
-    136, 138. A plain 20-token prompt: own number 0, block 0 and its 4-token tail -> 1, 3;
-    the next one own number 1 (stride max_blocks + 1 = 257) -> 515, 517, 519."""
-    keys = RouterKeys(PromptBlocking(16, 256), 32)
-    a = TraceRequest("a", 0.0, 40, 1, hash_ids=(7, 8), hash_block_size=32)
-    assert keys.keys(a).keys == [0, 2, 88]
-    assert keys.keys(TraceRequest("b", 0.0, 40, 1, hash_ids=(7, 8),
-                                  hash_block_size=32)).keys == [0, 2, 88]
-    assert keys.keys(TraceRequest("c", 0.0, 64, 1, hash_ids=(7, 9),
-                                  hash_block_size=32)).keys == [0, 2, 136, 138]
-    assert keys.keys(TraceRequest("d", 0.0, 20, 1)).keys == [1, 3]
-    assert keys.keys(TraceRequest("e", 0.0, 47, 1)).keys == [515, 517, 519]
-    assert keys.keys(TraceRequest("f", 0.0, 15, 1)).keys == []  # under one block
-    # (7, 8) with 8 tokens of its own past the pieces: blocks 0-3 named, the tail its own
-    # (own number 2: 2 * (2 * 257 + 4) + 1 = 1037)
-    assert keys.keys(TraceRequest("g", 0.0, 72, 1, hash_ids=(7, 8),
-                                  hash_block_size=32)).keys == [0, 2, 68, 70, 1037]
-    capped = RouterKeys(PromptBlocking(16, 3), 32)  # 3 blocks: 48 of 64 tokens, no tail
-    assert capped.keys(TraceRequest("h", 0.0, 64, 1, hash_ids=(7, 8),
-                                    hash_block_size=32)).keys == [0, 2, 68]
-    assert capped.keys(a).keys == [0, 2, 88]  # 40 tokens: under the cap, with its tail
+    """H = 32, B = 16: 2 blocks a piece, S = 2 + 32 = 34; own stride 257. Kinds by the key
+    mod 3: 0 hash-id blocks (3 * (run * S + j)), 1 own blocks, 2 fresh tails (interned)."""
+    keys = RouterKeys(PromptBlocking(16, 256), 32, VOCAB, SEED)
+    # run 0 = (7): blocks 0, 3; the 8-token tail starts piece 1: a fresh tail, number 0
+    assert keys.keys(hashed("a", 40, 7, 8)).keys == [0, 3, 2]
+    assert keys.keys(hashed("b", 40, 7, 8)).keys == [0, 3, 2]  # a repeat shares it
+    # runs 1 = (7, 8), 2 = (7, 9): 3 * 2 * 34 = 204
+    assert keys.keys(hashed("c", 64, 7, 9)).keys == [0, 3, 204, 207]
+    # a tail inside piece 1 (tokens 48-56): 3 * (1 * 34 + 2 + 24) = 180
+    assert keys.keys(hashed("d", 56, 7, 8)).keys == [0, 3, 102, 180]
+    assert keys.keys(hashed("e", 56, 7, 8)).keys == [0, 3, 102, 180]
+    # plain prompts: own numbers 0, 1 (base 1, 3 * 257 + 1 = 772), their tails own
+    assert keys.keys(TraceRequest("f", 0.0, 20, 1)).keys == [1, 4]
+    assert keys.keys(TraceRequest("g", 0.0, 47, 1)).keys == [772, 775, 778]
+    assert keys.keys(TraceRequest("h", 0.0, 15, 1)).keys == []  # under one block
+    # 8 tokens of its own past the pieces: a fresh tail after block 105, number 1
+    assert keys.keys(hashed("i", 72, 7, 8)).keys == [0, 3, 102, 105, 5]
+    # 36 tokens of its own past the pieces: own blocks 4, 5 (own number 2: base 1543), tail
+    assert keys.keys(hashed("j", 100, 7, 8)).keys == [0, 3, 102, 105, 1555, 1558, 1561]
+    capped = RouterKeys(PromptBlocking(16, 3), 32, VOCAB, SEED)  # 48 tokens at most
+    assert capped.keys(hashed("k", 64, 7, 8)).keys == [0, 3, 102]
+    assert capped.keys(hashed("l", 40, 7, 8)).keys == [0, 3, 2]  # under the cap: its tail
+
+
+def test_fresh_tails_follow_their_tokens() -> None:
+    """With 2 token ids (vocabulary 12), tails of 1-3 tokens starting a stream often hold
+    the same tokens under different ids: their keys are equal exactly when the hashes are
+    (the prefix before them, h:1's 32 tokens, is shared)."""
+    keys = RouterKeys(PromptBlocking(16, 256), 32, 12, SEED)
+    trace = [hashed(f"r{k}-{t}", 32 + t, 1, k) for k in range(2, 14) for t in (1, 2, 3)]
+    trace += [hashed(f"own{t}-{n}", 32 + t, 1) for t in (1, 2, 3) for n in range(4)]
+    assert assert_same_equality(trace, keys) == 3 * len(trace)
+    tails = {tuple(keys.keys(req).keys[-1:]) for req in trace}
+    assert len(tails) <= 2 + 4 + 8 < len(trace)  # 1-3 tokens of 2 ids: at most 14 tails
 
 
 @pytest.mark.parametrize(("hash_block", "block_size", "max_blocks"),
@@ -131,7 +148,7 @@ def test_keys_are_equal_exactly_when_the_hashes_are(hash_block: int, block_size:
     trace = shared_trace(1, 400, hash_block)
     keys = router_keys_for(trace, [make_policy("llm-d", (f"block_size={block_size}",
                                                          f"max_prefix_blocks={max_blocks}"))],
-                           trace_block_ids=True)
+                           CONFIG)
     assert keys is not None
     assert assert_same_equality(trace, keys) > 400
     assert len(set(keys.keys(req).keys[0] for req in trace if req.prompt_len >= block_size)
@@ -140,7 +157,7 @@ def test_keys_are_equal_exactly_when_the_hashes_are(hash_block: int, block_size:
 
 def test_keys_on_the_mooncake_excerpt() -> None:
     trace = load_trace(FIXTURES / "mooncake_conversation_first300.jsonl").trace
-    keys = router_keys_for(trace, [make_policy("llm-d")], trace_block_ids=True)
+    keys = router_keys_for(trace, [make_policy("llm-d")], CONFIG)
     assert keys is not None
     assert assert_same_equality(trace, keys) > 10_000
 
@@ -150,8 +167,8 @@ def test_keys_on_the_mooncake_excerpt() -> None:
 def test_keys_against_hashes_of_generated_prompts(data: st.DataObject) -> None:
     """Hand-made prompts from a few hash ids (repeats, shared prefixes, every length
     around piece and block ends) and plain ones: keys and hashes agree."""
-    hash_block = data.draw(st.sampled_from([8, 12, 16, 24]), label="H")
-    block_size = data.draw(st.sampled_from([b for b in (1, 2, 3, 4, 8, 12) if
+    hash_block = data.draw(st.sampled_from([12, 16, 24, 48]), label="H")
+    block_size = data.draw(st.sampled_from([b for b in (6, 8, 12) if  # (32k - 10)^B >= 2^64
                                             hash_block % b == 0]), label="B")
     max_blocks = data.draw(st.integers(1, 12), label="max_blocks")
     prompts = data.draw(st.lists(st.tuples(
@@ -163,31 +180,38 @@ def test_keys_against_hashes_of_generated_prompts(data: st.DataObject) -> None:
             length = min(max(length, (len(ids) - 1) * hash_block + 1), 6 * hash_block)
         requests.append(TraceRequest(f"r{i}", 0.0, length, 1, hash_ids=tuple(ids) or None,
                                      hash_block_size=hash_block if ids else None))
-    keys = RouterKeys(PromptBlocking(block_size, max_blocks), hash_block)
+    keys = RouterKeys(PromptBlocking(block_size, max_blocks), hash_block, VOCAB, SEED)
     assert_same_equality(requests, keys)
 
 
 def test_keys_only_where_the_trace_allows_them() -> None:
     llmd = make_policy("llm-d")
     hashed = shared_trace(2, 50, 32)
-    assert router_keys_for(hashed, [llmd], True) is not None
-    assert router_keys_for(hashed, [llmd], False) is None  # trace block ids off
-    assert router_keys_for(hashed, [make_policy("round-robin")], True) is None  # no reader
+    assert router_keys_for(hashed, [llmd], CONFIG) is not None
+    off = dataclasses.replace(CONFIG, trace_block_ids=False)
+    assert router_keys_for(hashed, [llmd], off) is None  # trace block ids off
+    assert router_keys_for(hashed, [make_policy("round-robin")], CONFIG) is None  # no reader
     assert router_keys_for(hashed, [llmd, make_policy("llm-d", ("block_size=32",))],
-                           True) is None  # two blockings
-    assert router_keys_for(hashed, [make_policy("llm-d", ("block_size=64",))], True) is None
+                           CONFIG) is None  # two blockings
+    assert router_keys_for(hashed, [make_policy("llm-d", ("block_size=64",))], CONFIG) is None
     assert router_keys_for(hashed, [make_policy("llm-d", ("block_size=32",))],
-                           True) is not None
+                           CONFIG) is not None
+    # a block's tokens must not repeat by chance likelier than a 64-bit hash: 32k ids
+    # need 5 tokens a block, 2 ids 64
+    assert router_keys_for(hashed, [make_policy("llm-d", ("block_size=4",))], CONFIG) is None
+    assert router_keys_for(hashed, [make_policy("llm-d", ("block_size=8",))],
+                           CONFIG) is not None
+    assert router_keys_for(hashed, [llmd], dataclasses.replace(CONFIG, vocab_size=12)) is None
     other_h = Trace((*hashed, TraceRequest("x", 1.0, 64, 1, hash_ids=(1,),
                                            hash_block_size=64)))
-    assert router_keys_for(other_h, [llmd], True) is None  # two hash block sizes
+    assert router_keys_for(other_h, [llmd], CONFIG) is None  # two hash block sizes
     plain = random_trace(20, RandomLengths(100, 20), ArrivalProcess(request_rate=10.0, seed=1))
-    assert router_keys_for(plain, [llmd], True) is not None
+    assert router_keys_for(plain, [llmd], CONFIG) is not None
     assert router_keys_for(multi_turn_trace(5, MultiTurn(num_turns=2, turn_gap_s=0.1),
                                             ArrivalProcess(request_rate=10.0, seed=1)),
-                           [llmd], True) is None  # segments
+                           [llmd], CONFIG) is None  # segments
     explicit = Trace((TraceRequest("t", 0.0, 3, 1, prompt_token_ids=(11, 12, 13)),))
-    assert router_keys_for(explicit, [llmd], True) is None
+    assert router_keys_for(explicit, [llmd], CONFIG) is None
 
 
 def test_llmd_rejects_keys_of_another_blocking_or_key_space() -> None:
