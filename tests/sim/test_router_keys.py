@@ -1,7 +1,8 @@
 """Router block keys from the trace (`sim.router_keys`): equal exactly when llm-d's chained
-blake2b hashes of the token ids are (`prompt_block_hashes`), the partial tail block and the
-`max_blocks` cap included; given for a whole run or none (segments, a router block size not
-dividing H, several H); and a fleet behind llm-d decides alike with keys and with hashes."""
+blake2b hashes of the token ids are (`prompt_block_hashes`), the partial tail block (tails
+that agree by chance too) and the `max_blocks` cap included; given for a whole run or none
+(segments, explicit ids, a router block size not dividing H, several H, too few token ids
+for the block size); and a fleet behind llm-d decides alike with keys and with hashes."""
 
 from __future__ import annotations
 
@@ -186,23 +187,23 @@ def test_keys_against_hashes_of_generated_prompts(data: st.DataObject) -> None:
 
 def test_keys_only_where_the_trace_allows_them() -> None:
     llmd = make_policy("llm-d")
-    hashed = shared_trace(2, 50, 32)
-    assert router_keys_for(hashed, [llmd], CONFIG) is not None
+    trace_h = shared_trace(2, 50, 32)
+    assert router_keys_for(trace_h, [llmd], CONFIG) is not None
     off = dataclasses.replace(CONFIG, trace_block_ids=False)
-    assert router_keys_for(hashed, [llmd], off) is None  # trace block ids off
-    assert router_keys_for(hashed, [make_policy("round-robin")], CONFIG) is None  # no reader
-    assert router_keys_for(hashed, [llmd, make_policy("llm-d", ("block_size=32",))],
+    assert router_keys_for(trace_h, [llmd], off) is None  # trace block ids off
+    assert router_keys_for(trace_h, [make_policy("round-robin")], CONFIG) is None  # no reader
+    assert router_keys_for(trace_h, [llmd, make_policy("llm-d", ("block_size=32",))],
                            CONFIG) is None  # two blockings
-    assert router_keys_for(hashed, [make_policy("llm-d", ("block_size=64",))], CONFIG) is None
-    assert router_keys_for(hashed, [make_policy("llm-d", ("block_size=32",))],
+    assert router_keys_for(trace_h, [make_policy("llm-d", ("block_size=64",))], CONFIG) is None
+    assert router_keys_for(trace_h, [make_policy("llm-d", ("block_size=32",))],
                            CONFIG) is not None
     # a block's tokens must not repeat by chance likelier than a 64-bit hash: 32k ids
     # need 5 tokens a block, 2 ids 64
-    assert router_keys_for(hashed, [make_policy("llm-d", ("block_size=4",))], CONFIG) is None
-    assert router_keys_for(hashed, [make_policy("llm-d", ("block_size=8",))],
+    assert router_keys_for(trace_h, [make_policy("llm-d", ("block_size=4",))], CONFIG) is None
+    assert router_keys_for(trace_h, [make_policy("llm-d", ("block_size=8",))],
                            CONFIG) is not None
-    assert router_keys_for(hashed, [llmd], dataclasses.replace(CONFIG, vocab_size=12)) is None
-    other_h = Trace((*hashed, TraceRequest("x", 1.0, 64, 1, hash_ids=(1,),
+    assert router_keys_for(trace_h, [llmd], dataclasses.replace(CONFIG, vocab_size=12)) is None
+    other_h = Trace((*trace_h, TraceRequest("x", 1.0, 64, 1, hash_ids=(1,),
                                            hash_block_size=64)))
     assert router_keys_for(other_h, [llmd], CONFIG) is None  # two hash block sizes
     plain = random_trace(20, RandomLengths(100, 20), ArrivalProcess(request_rate=10.0, seed=1))
