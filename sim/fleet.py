@@ -73,6 +73,7 @@ from sim.fleet_router import (
 )
 from sim.fleet_tokens import replica_inputs, routing_tokens
 from sim.fleet_workers import can_fork, run_forked, worker_ranges
+from sim.router_keys import router_keys_for
 from sim.run_gc import release_pools, run_with_gc
 from sim.simulator import Progress, make_request
 from workloads import Trace, TraceRequest
@@ -127,7 +128,12 @@ class _Fleet:
         policies = [r.policy for r in self.routers]
         self.steps_ahead = (self.routes_ahead and not self.kv_bus  # docs/fleet.md
                             and all(p.completion_blind for p in policies))
-        self.token_blind = not any(p.reads_token_ids for p in policies)
+        # the routers' prompt block keys from the trace, for the whole run or none of it
+        self.router_keys = router_keys_for(trace, policies, setups[0].config)
+        keyed = None if self.router_keys is None else self.router_keys.blocking
+        self.token_blind = not any(p.reads_token_ids and (keyed is None
+                                                          or p.prompt_blocking != keyed)
+                                   for p in policies)
         # route the whole trace first, then run each replica's share to its end (docs/fleet.md)
         self.pre_routed = self.steps_ahead and pre_routable(policies)
         self.sleeps_through_runs = (self.sleeps_through_runs_allowed and self.routes_ahead
@@ -269,7 +275,8 @@ class _Fleet:
                                                              self.token_blind, True)
         router = self.router_for(req)
         candidates = self.candidates(req, self.snapshots(now, router))
-        routing = routing_request(req, prompt, self.kv_block_size, known)
+        keys = None if self.router_keys is None else self.router_keys.keys(req)
+        routing = routing_request(req, prompt, self.kv_block_size, known, keys)
         replica = self.replicas[router.policy.route(routing, candidates).replica]
         prompt, output, hashes = replica_inputs(replica, first.config, req, prompt, output,
                                                 placeholders, routing.block_hashes)

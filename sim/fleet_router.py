@@ -23,7 +23,14 @@ from collections.abc import Sequence
 from runtime.block_hash import BlockHash
 from runtime.config import CacheConfig
 from runtime.kv_events import PoolEvent, prompt_block_hashes
-from runtime.router import KvEvent, KvEventQueue, MetricsRefresh, RouterPolicy, RoutingRequest
+from runtime.router import (
+    KvEvent,
+    KvEventQueue,
+    MetricsRefresh,
+    PrefixKeys,
+    RouterPolicy,
+    RoutingRequest,
+)
 from sim.cost.api_server import ApiServerCost
 from sim.simulator import SimConfig
 from workloads import TraceRequest
@@ -82,15 +89,16 @@ class KvEventBus:
 
 
 def routing_request(req: TraceRequest, prompt: Sequence[int], block_size: int | None,
-                    known: Sequence[BlockHash] = ()) -> RoutingRequest:
+                    known: Sequence[BlockHash] = (),
+                    prefix_keys: PrefixKeys | None = None) -> RoutingRequest:
     """What a router is given about `req` (its prompt's engine block hashes when
     `block_size` is given: the key of a KV-event index; `known`: the leading blocks' given
-    identities, `sim.block_ids`)."""
+    identities, `sim.block_ids`; `prefix_keys`: its router block keys, `sim.router_keys`)."""
     hashes = () if block_size is None else prompt_block_hashes(prompt, block_size,
                                                                 req.cache_salt, known)
     return RoutingRequest(request_id=req.request_id, now_s=req.arrival_s,
                           prompt_len=req.prompt_len, token_ids=prompt, block_hashes=hashes,
-                          session_id=req.session_id)
+                          session_id=req.session_id, prefix_keys=prefix_keys)
 
 
 def earliest_handovers(trace: Sequence[TraceRequest], latency_s: float,

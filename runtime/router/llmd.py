@@ -32,6 +32,11 @@ Not modelled: the latency scorer (needs a TTFT/TPOT predictor), lora-affinity, s
 affinity, running-requests and context-length scorers, the active-request scorer's request
 timeout, and llm-d's characters-per-token approximation (rt hashes the token ids; autoTune's
 block size from the engine is `block_size` here, 16 as vLLM's default).
+
+The simulator may give `RoutingRequest.prefix_keys` instead (`prompt_blocking`: the index's
+blocks), keys equal exactly when the chained hashes are (`sim.router_keys`); the index only
+compares them for equality (dict keys, owner masks, LRU order by touch), so the decisions are
+the same.
 """
 
 from __future__ import annotations
@@ -48,7 +53,13 @@ from runtime.router.prefix_index import (
     RouterHash,
     prompt_block_hashes,
 )
-from runtime.router.snapshot import ReplicaSnapshot, RoutingDecision, RoutingRequest
+from runtime.router.snapshot import (
+    PrefixKeys,
+    PromptBlocking,
+    ReplicaSnapshot,
+    RoutingDecision,
+    RoutingRequest,
+)
 from runtime.router.state import KvEvent
 
 SCORERS = (
@@ -133,6 +144,16 @@ class Llmd(RouterPolicy):
         # token_load: replica -> `token_estimate` summed over this router's in-flight
         # requests there (`local.in_flight` holds each one's replica and prompt length)
         self._est_tokens: dict[int, int] = {}
+        self._blocking = PromptBlocking(self.config.block_size, self.config.max_prefix_blocks)
+        # whether the index holds driver keys (True) or hashes of token ids (False); None
+        # before the first request. One index never holds both (`PrefixKeys`).
+        self._keyed: bool | None = None
+
+    @property
+    def prompt_blocking(self) -> PromptBlocking:
+        """The approximate index's blocks (`block_size`, `max_prefix_blocks`): llm-d reads
+        token ids only to hash them."""
+        return self._blocking
 
     @property
     def completion_blind(self) -> bool:
@@ -145,7 +166,11 @@ class Llmd(RouterPolicy):
         snaps = by_id(replicas)
         ids = sorted(snaps)
         cfg = self.config
-        hashes = prompt_block_hashes(request.token_ids, cfg.block_size, cfg.max_prefix_blocks)
+        keys = request.prefix_keys
+        if (keys is not None) is not self._keyed:
+            self._key_space(keys is not None)
+        hashes = (prompt_block_hashes(request.token_ids, cfg.block_size, cfg.max_prefix_blocks)
+                  if keys is None else self._given_keys(keys))
         matched = self.index.match(hashes)
         cold = not any(matched.get(r, 0) > 0 for r in ids)
         total = dict.fromkeys(ids, 0.0)
@@ -157,6 +182,22 @@ class Llmd(RouterPolicy):
         replica, tied = pick_max(total, self.rng)
         self._pending[request.request_id] = _Pending(hashes, cold, snaps)
         return RoutingDecision(replica, "max weighted score" + tie_note(tied), total)
+
+    def _key_space(self, keyed: bool) -> None:
+        """Fix the index's key space at the first request; ValueError at a request keyed
+        the other way (keys and hashes of token ids never meet in one index)."""
+        if self._keyed is not None:
+            raise ValueError("llm-d got prefix keys after hashing token ids" if keyed else
+                             "llm-d got no prefix keys after keyed requests")
+        self._keyed = keyed
+
+    def _given_keys(self, keys: PrefixKeys) -> list[RouterHash]:
+        """The driver's stand-ins for the prompt's block hashes (`PrefixKeys`); ValueError
+        if they were cut other than this index's blocks."""
+        if keys.blocking != self._blocking:
+            raise ValueError(f"prefix keys of {keys.blocking} given to llm-d with "
+                             f"{self._blocking}")
+        return keys.keys
 
     def _capacity(self, snap: ReplicaSnapshot) -> int:
         if self.config.auto_tune and snap.num_gpu_blocks is not None:

@@ -23,7 +23,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from runtime.router.rng import SplitMix64
-from runtime.router.snapshot import ReplicaSnapshot, RoutingDecision, RoutingRequest
+from runtime.router.snapshot import (
+    PromptBlocking,
+    ReplicaSnapshot,
+    RoutingDecision,
+    RoutingRequest,
+)
 from runtime.router.state import KvEvent, RouterLocal
 
 
@@ -85,6 +90,14 @@ class RouterPolicy:
         """Whether `choose` or `on_routed` may read `RoutingRequest.token_ids` (a driver
         may pass placeholders when no policy does). True unless a policy says otherwise."""
         return True
+
+    @property
+    def prompt_blocking(self) -> PromptBlocking | None:
+        """How this policy cuts prompts into chained block hashes, when that is all it
+        reads `RoutingRequest.token_ids` for: given `prefix_keys` of this blocking, it reads
+        no token id (a driver may pass placeholders). None (default): it hashes no blocks
+        so, or reads the token ids otherwise too."""
+        return None
 
     @property
     def wants_kv_events(self) -> bool:

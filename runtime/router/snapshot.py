@@ -15,6 +15,44 @@ from dataclasses import dataclass, field
 from runtime.block_hash import BlockHash
 
 
+@dataclass(frozen=True, slots=True)
+class PromptBlocking:
+    """How a router cuts a prompt into chained blocks (`prefix_index.prompt_block_hashes`):
+    blocks of `block_size` tokens over the prompt's first `max_blocks * block_size` tokens,
+    a partial tail block included."""
+
+    block_size: int  # tokens per block
+    max_blocks: int  # blocks hashed at most
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.max_blocks < 1:
+            raise ValueError(f"max_blocks must be >= 1, got {self.max_blocks}")
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixKeys:
+    """Keys a driver computed in place of a router's chained prompt block hashes.
+
+    `keys[i]` stands for hash i of `prompt_block_hashes(token_ids, blocking.block_size,
+    blocking.max_blocks)` (as many keys as hashes): keys are equal exactly when the chained
+    hashes of the token prefix are equal, i.e. same block index and same tokens up to the
+    block's end. A router may only compare them for equality (dict keys, set members), and
+    a driver gives them to every request of a run or to none: keys and hashes of token ids
+    are unrelated values and must never meet in one index. The simulator makes them from
+    its trace's block structure (`sim.router_keys`); a real router has no such keys.
+    """
+
+    blocking: PromptBlocking
+    keys: list[int]
+
+    def __post_init__(self) -> None:
+        if len(self.keys) > self.blocking.max_blocks:
+            raise ValueError(f"{len(self.keys)} keys exceed max_blocks "
+                             f"{self.blocking.max_blocks}")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RoutingRequest:
     """One request to place on a replica.
@@ -32,6 +70,9 @@ class RoutingRequest:
         session_id: conversation key for `session-hash` (and production-stack's kv-aware
             fallback); None when the trace has none. The trace model has no session id yet,
             so a driver fills this field from wherever it has one.
+        prefix_keys: stand-ins for the router's chained prompt block hashes, equal exactly
+            when the chained hashes of the token prefix are equal (`PrefixKeys`), for a
+            policy whose `prompt_blocking` is theirs; None: the policy hashes `token_ids`.
     """
 
     request_id: str
@@ -40,6 +81,7 @@ class RoutingRequest:
     token_ids: Sequence[int] | None = None
     block_hashes: tuple[BlockHash, ...] = ()
     session_id: str | None = None
+    prefix_keys: PrefixKeys | None = None
 
     def __post_init__(self) -> None:
         # messages formatted on failure only: a simulator builds one request per routed
