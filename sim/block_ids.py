@@ -29,6 +29,12 @@ an equal block, so those blocks are named `index || OWN_TAG || vocab, seed, B ||
 index are, as their hashes would be. A trace with segments (multi-turn prompts quote earlier
 outputs) or explicit token ids keeps SHA-256 past the named blocks (`own_blocks=False`).
 
+**One hash block size.** A run's root holds H, so the names are right only when every
+hash-id prompt of the simulation has the same H: stream `h:<id>`'s first tokens are the same
+under any H, and two prompts that start with one id under different H share their first
+min(H) tokens, which SHA-256 would find and these names would not. A trace that mixes them
+(none that one file loads: a format has one H) names nothing (`TraceBlockIds.of`).
+
 Every engine and router of one simulation must use one `TraceBlockIds`: the identities are
 numbered in the order runs are first seen.
 """
@@ -40,13 +46,18 @@ from typing import TYPE_CHECKING
 
 from runtime.block_hash import BlockHash, own_block_names
 from runtime.block_pieces import BlockPieces
-from workloads import TraceRequest
+from workloads import Trace, TraceRequest
 
 if TYPE_CHECKING:
     from sim.simulator import SimConfig
 
 _TAG = b"rt:trace-block\x00\x00"  # 16 bytes; with run and j: 32, as a SHA-256 digest
 _OWN_TAG = b"rt:own-block\x00\x00\x00\x00"  # own names are 8 + 16 + 24 + id bytes: > 32
+
+
+def one_hash_block_size(trace: Iterable[TraceRequest]) -> bool:
+    """Whether the hash-id prompts (if any) all have one hash block size."""
+    return len({req.hash_block_size for req in trace if req.hash_ids is not None}) <= 1
 
 
 def own_streams_only(trace: Iterable[TraceRequest]) -> bool:
@@ -58,15 +69,27 @@ def own_streams_only(trace: Iterable[TraceRequest]) -> bool:
 class TraceBlockIds:
     """The identities of hash-id prompts' blocks for one simulation (module docstring)."""
 
-    def __init__(self, own_blocks: bool = False) -> None:
+    def __init__(self, own_blocks: bool = False, pieces: bool = True) -> None:
         """`own_blocks`: name requests' own blocks too (only if `own_streams_only` holds
-        for every request any engine of the simulation will take)."""
-        self.own_blocks = own_blocks
+        for every request any engine of the simulation will take); `pieces`: name the
+        hash-id pieces' blocks (only if `one_hash_block_size` holds for them); without it
+        nothing is named (own names follow the pieces')."""
+        self.pieces = pieces
+        self.own_blocks = own_blocks and pieces
         self._runs: dict[tuple[object, ...], int] = {}  # (parent run, hash id) or root key
         self._suffixes: list[bytes] = []  # j as 8 bytes, j = 0..H/B - 1
         self._bases: list[bytes] = []  # run -> TAG || run
         # (vocab, seed, B) -> OWN_TAG || their bytes: the own names' prefix
         self._own_prefixes: dict[tuple[int, int, int], bytes] = {}
+
+    @classmethod
+    def of(cls, trace: Trace | Sequence[TraceRequest]) -> TraceBlockIds:
+        """The names for a simulation of `trace`: its pieces' blocks when its hash-id
+        prompts share one hash block size, and its requests' own blocks when, moreover,
+        every prompt is plain or hash-id."""
+        if not one_hash_block_size(trace):
+            return cls(own_blocks=False, pieces=False)
+        return cls(own_streams_only(trace))
 
     def __len__(self) -> int:
         """Runs interned so far (roots included)."""
@@ -144,7 +167,7 @@ class TraceBlockIds:
         """The pieces of `piece_ids` (`Request.block_pieces`): block j of a piece is named
         `base || j` (module docstring); None where there is no piece id."""
         ids, hash_block = req.hash_ids, req.hash_block_size
-        if ids is None or hash_block is None or hash_block % block_size:
+        if ids is None or hash_block is None or hash_block % block_size or not self.pieces:
             return None
         runs = self._runs
         run = self._intern(("root", vocab_size, seed, hash_block, block_size, req.cache_salt))

@@ -50,7 +50,7 @@ from runtime import KVCacheBlock
 from runtime.records import RequestRecord, new_step_columns
 from runtime.router import ReplicaSnapshot, RouterPolicy, RoutingRequest
 from sim.api_server import deliver_to_clients
-from sim.block_ids import TraceBlockIds, own_streams_only
+from sim.block_ids import TraceBlockIds
 from sim.cost.api_server import ApiServerCost
 from sim.fleet_records import (
     FleetRequestRecord,
@@ -123,7 +123,7 @@ class _Fleet:
         self.progress = progress
         self.done = 0
         self.env = simpy.Environment()
-        self.block_ids = TraceBlockIds(own_streams_only(trace))  # every replica's and router's
+        self.block_ids = TraceBlockIds.of(trace)  # every replica's and router's
         self.next_index = 0  # the first request not yet routed
         policies = [r.policy for r in self.routers]
         self.steps_ahead = (self.routes_ahead and not self.kv_bus  # docs/fleet.md

@@ -45,7 +45,7 @@ from runtime.block_pieces import BlockPieces
 from runtime.engine import RunPlan
 from runtime.records import RequestRecord, RunResult
 from sim.api_server import deliver_to_clients, handover_times, server_wakes
-from sim.block_ids import TraceBlockIds, own_streams_only
+from sim.block_ids import TraceBlockIds
 from sim.cost.base import CostModel, decode_run_timer
 from sim.run_gc import release_pools, run_with_gc
 from sim.sim_config import SimConfig as SimConfig  # re-exported: its old home
@@ -379,7 +379,7 @@ class _Simulation(KnownHandovers):
     def __init__(self, trace: Trace, config: SimConfig, cost_model: CostModel,
                  progress: Progress | None) -> None:
         super().__init__(simpy.Environment(), config, cost_model,
-                         TraceBlockIds(own_streams_only(trace)))
+                         TraceBlockIds.of(trace))
         self.progress = progress
         self.requests = list(trace)
         self.handovers = handover_times(trace, config.api_server)

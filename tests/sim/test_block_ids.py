@@ -246,3 +246,26 @@ def test_a_fleet_reading_prompts_only_hands_each_replica_its_outputs(
     plain = run([reading] * 3)
     assert [r.to_row() for r in mixed.requests] == [r.to_row() for r in plain.requests]
     assert dict(mixed.step_columns) == dict(plain.step_columns)
+
+
+def test_a_trace_mixing_hash_block_sizes_names_nothing() -> None:
+    """b's first piece (id 7, H = 32) holds the first 32 tokens of a's (id 7, H = 64):
+    SHA-256 finds them (2 blocks of 16), names rooted at H would not; so a trace mixing
+    H names nothing, and records equal SHA-256's. Mixed with other traces' requests, the
+    single engine's records stay equal too."""
+    mixed = [TraceRequest("a", 0.0, 64, 2, hash_ids=(7,), hash_block_size=64),
+             TraceRequest("b", 5.0, 64, 2, hash_ids=(7, 9), hash_block_size=32)]
+    names = TraceBlockIds.of(mixed)
+    assert names.block_pieces(mixed[0], 16, VOCAB, SEED) is None
+    assert names.own_key(mixed[0], 16, VOCAB, SEED) is None
+    one = TraceBlockIds.of(mixed[:1])
+    assert one.block_pieces(mixed[0], 16, VOCAB, SEED) is not None
+    on, off, a, b = both_ways(lambda c: simulate(Trace(mixed), c, COST), config(num_blocks=60))
+    assert on == off
+    assert [r["cached_tokens"] for r in on] == [0, 32]
+    other = [dataclasses.replace(r, request_id="h32-" + r.request_id)
+             for r in hash_id_trace(3, 60, 32, rate=200.0)]
+    longer = Trace(sorted([*hash_id_trace(2, 60, 64, rate=200.0), *other],
+                          key=lambda r: r.arrival_s))
+    on, off, a, b = both_ways(lambda c: simulate(longer, c, COST), config(num_blocks=400))
+    assert on == off and a.prefix_cache_hits == b.prefix_cache_hits > 0
