@@ -95,6 +95,9 @@ class _Fleet:
     # Every replica serves throughout (an autoscaler's fleet changes `serving`): a prompt
     # every replica can hold has them all as candidates, without reading `serving`.
     serving_fixed = True
+    # `route` gives prefix-hashing routers the trace's block keys where it can
+    # (`sim.router_keys`); P/D's own routing hashes token ids.
+    gives_prefix_keys = True
 
     def __init__(self, trace: Trace, setups: Sequence[ReplicaSetup],
                  policy: RouterPolicy | Sequence[RouterPolicy], refresh_s: float,
@@ -129,7 +132,8 @@ class _Fleet:
         self.steps_ahead = (self.routes_ahead and not self.kv_bus  # docs/fleet.md
                             and all(p.completion_blind for p in policies))
         # the routers' prompt block keys from the trace, for the whole run or none of it
-        self.router_keys = router_keys_for(trace, policies, setups[0].config)
+        self.router_keys = (router_keys_for(trace, policies, setups[0].config)
+                            if self.gives_prefix_keys else None)
         keyed = None if self.router_keys is None else self.router_keys.blocking
         self.token_blind = not any(p.reads_token_ids and (keyed is None
                                                           or p.prompt_blocking != keyed)

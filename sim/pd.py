@@ -132,6 +132,7 @@ class _Disaggregated:
 
 class _PDFleet(_Fleet):
     routes_ahead = False  # its choices read replica state at the arrival
+    gives_prefix_keys = False  # `route` below hashes the prompt's token ids
     def __init__(self, trace: Trace, setups: Sequence[PDSetup], roles: Sequence[str],
                  policy: RouterPolicy, prefill_policy: RouterPolicy | None,
                  decider: PDDecider, transfer: KvTransferConfig, refresh_s: float,

@@ -18,8 +18,8 @@ token 0), all multiples of B when B divides H, so:
 - a partial tail block ending inside piece i but not starting it holds tokens fixed by the
   run and its end t in the piece: keyed by both (equal ids and equal lengths share it);
 - any other whole block holds a token of the request's own stream after the parting point,
-  and so does a tail whose parent (the block before it) does: keyed by a number drawn for
-  the request and the block's index;
+  and so does a tail whose parent (the block before it) does: keyed by the request's own
+  number (interned by request id) and the block's index;
 - a tail starting where a stream starts (a piece's start, the end of the pieces) is the
   first t < B tokens of that stream after a prefix others may share: keyed by its parent's
   key and its token ids, interned, exactly as the hash compares them.
@@ -51,10 +51,10 @@ _ROOT = -1  # the run before a prompt's first piece
 
 
 class RouterKeys:
-    """`PrefixKeys` for the requests of one run, with the module docstring's scheme. Every
-    request routed once gets keys from one `RouterKeys` (its own blocks' number is drawn
-    per call); the requests' hash-id pieces, when any, are `hash_block_size` tokens, and
-    the token ids are those of (`vocab_size`, `seed`)."""
+    """`PrefixKeys` for the requests of one run, with the module docstring's scheme: every
+    request of the run gets its keys from one `RouterKeys` (asked again, the same keys);
+    the requests' hash-id pieces, when any, are `hash_block_size` tokens (ValueError
+    otherwise), and the token ids are those of (`vocab_size`, `seed`)."""
 
     def __init__(self, blocking: PromptBlocking, hash_block_size: int | None,
                  vocab_size: int, seed: int) -> None:
@@ -70,13 +70,16 @@ class RouterKeys:
         self._own_stride = blocking.max_blocks + 1  # block indices 0..max_blocks
         self._runs: dict[tuple[int, int], int] = {}  # (parent run, hash id) -> run
         self._tails: dict[tuple[int, tuple[int, ...]], int] = {}  # (parent, tokens) -> n
-        self._owners = 0  # own-block numbers drawn
+        self._owners: dict[str, int] = {}  # request id -> its own-block number
 
     def keys(self, req: TraceRequest) -> PrefixKeys:
         """The prompt's block keys, as many as `prompt_block_hashes` makes hashes."""
         block, max_blocks = self.blocking.block_size, self.blocking.max_blocks
         if req.prompt_len < block:
             return PrefixKeys(self.blocking, [])
+        if req.hash_ids is not None and req.hash_block_size != self._hash_block:
+            raise ValueError(f"request {req.request_id!r} has hash_block_size "
+                             f"{req.hash_block_size}, these keys {self._hash_block}")
         end = min(req.prompt_len, max_blocks * block)  # tokens hashed
         full, tail = divmod(end, block)
         covered = req.hash_covered_len  # tokens in hash-id pieces (0 without)
@@ -87,7 +90,7 @@ class RouterKeys:
         ids = req.hash_ids or ()
         keys, run = self._piece_keys(ids, -(-read // self._hash_block), named)
         if named < full:  # whole blocks of the request's own
-            keys += self._own_keys(named, full)
+            keys += self._own_keys(req.request_id, named, full)
         if not tail:
             return PrefixKeys(self.blocking, keys)
         if start < covered and start % self._hash_block:  # inside its piece: run and end
@@ -118,10 +121,11 @@ class RouterKeys:
                 keys += range(base, base + 3 * count, 3)
         return keys, run
 
-    def _own_keys(self, first: int, end: int) -> range:
-        """Keys of own blocks `first`..`end - 1` under a number drawn now."""
-        base = 3 * self._owners * self._own_stride + 1
-        self._owners += 1
+    def _own_keys(self, request_id: str, first: int, end: int) -> range:
+        """Keys of the request's own blocks `first`..`end - 1`."""
+        owners = self._owners
+        owner = owners.setdefault(request_id, len(owners))
+        base = 3 * owner * self._own_stride + 1
         return range(base + 3 * first, base + 3 * end, 3)
 
     def _fresh_tail_key(self, parent: int, stream: str, length: int) -> int:
@@ -136,8 +140,9 @@ def router_keys_for(trace: Sequence[TraceRequest], policies: Sequence[RouterPoli
                     first: SimConfig) -> RouterKeys | None:
     """The run's `RouterKeys`, or None (the routers hash token ids, the whole run). None
     unless: some policy has a `prompt_blocking`, every such policy the same one; the first
-    replica (whose token ids the routers read) names blocks by the trace
-    (`trace_block_ids`) and its vocabulary makes a chance repeat of a block's B tokens no
+    replica (whose token ids the routers read) has `trace_block_ids` on (the keys do not
+    depend on the engines' names: the flag is the one switch that turns both off) and its
+    vocabulary makes a chance repeat of a block's B tokens no
     likelier than a 64-bit hash collision; every prompt is a plain or a hash-id one; all
     hash-id prompts have one hash block size H, which the router's block size divides."""
     blockings = {p.prompt_blocking for p in policies} - {None}

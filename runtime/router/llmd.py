@@ -170,7 +170,7 @@ class Llmd(RouterPolicy):
         if (keys is not None) is not self._keyed:
             self._key_space(keys is not None)
         hashes = (prompt_block_hashes(request.token_ids, cfg.block_size, cfg.max_prefix_blocks)
-                  if keys is None else self._given_keys(keys))
+                  if keys is None else self._given_keys(keys, request.prompt_len))
         matched = self.index.match(hashes)
         cold = not any(matched.get(r, 0) > 0 for r in ids)
         total = dict.fromkeys(ids, 0.0)
@@ -191,12 +191,18 @@ class Llmd(RouterPolicy):
                              "llm-d got no prefix keys after keyed requests")
         self._keyed = keyed
 
-    def _given_keys(self, keys: PrefixKeys) -> list[RouterHash]:
+    def _given_keys(self, keys: PrefixKeys, prompt_len: int) -> list[RouterHash]:
         """The driver's stand-ins for the prompt's block hashes (`PrefixKeys`); ValueError
-        if they were cut other than this index's blocks."""
+        if they were cut other than this index's blocks or are not one per hash
+        `prompt_block_hashes` would make of `prompt_len` tokens."""
         if keys.blocking != self._blocking:
             raise ValueError(f"prefix keys of {keys.blocking} given to llm-d with "
                              f"{self._blocking}")
+        block, max_blocks = self._blocking.block_size, self._blocking.max_blocks
+        expected = 0 if prompt_len < block else min(-(-prompt_len // block), max_blocks)
+        if len(keys.keys) != expected:
+            raise ValueError(f"{len(keys.keys)} prefix keys for a {prompt_len}-token prompt, "
+                             f"expected {expected}")
         return keys.keys
 
     def _capacity(self, snap: ReplicaSnapshot) -> int:

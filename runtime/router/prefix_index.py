@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from runtime.block_hash import BlockHash
 from runtime.router.state import KvEvent
 
-RouterHash = int  # 64-bit, from blake2b; the router's own hashes, unrelated to the engine's
+RouterHash = int  # 64-bit, from blake2b (or a driver's `PrefixKeys`); unrelated to the engine's
 _BIG_ENDIAN = array("H", [1]).tobytes() == b"\x00\x01"  # this machine's array byte order
 
 

@@ -129,6 +129,37 @@ def test_keys_by_hand() -> None:
     assert capped.keys(hashed("l", 40, 7, 8)).keys == [0, 3, 2]  # under the cap: its tail
 
 
+def test_a_fresh_tail_keeps_its_parent() -> None:
+    """a and b end with the same 3 tokens of h:5 (the start of their second piece), after
+    different first pieces: their hashes differ, so must their keys (a tail keyed by its
+    tokens alone would be equal)."""
+    keys = RouterKeys(PromptBlocking(16, 256), 32, VOCAB, SEED)
+    pair = [hashed("a", 35, 0, 5), hashed("b", 35, 1, 5)]
+    assert assert_same_equality(pair, keys) == 6
+    assert keys.keys(pair[0]).keys[2] != keys.keys(pair[1]).keys[2]
+
+
+def test_asking_again_gives_the_same_keys() -> None:
+    """A request's own blocks are numbered by its id: asked twice, its keys are equal (a
+    number drawn per call would part them from their hashes)."""
+    keys = RouterKeys(PromptBlocking(16, 256), 32, VOCAB, SEED)
+    plain, hashed_own = TraceRequest("p", 0.0, 47, 1), hashed("q", 100, 7, 8)
+    first = [keys.keys(plain).keys, keys.keys(hashed_own).keys]
+    assert [keys.keys(plain).keys, keys.keys(hashed_own).keys] == first
+    assert first[0] == [1, 4, 7]
+
+
+def test_llmd_refuses_keys_not_one_per_block() -> None:
+    """A 4,000-token prompt has 250 blocks of 16 under llm-d's cap of 256: 1 key is an
+    error, not a silently wrong prefix score."""
+    policy = Llmd(LlmdConfig())
+    snaps = [ReplicaSnapshot(replica_id=0, taken_at_s=0.0)]
+    bad = RoutingRequest(request_id="r", now_s=0.0, prompt_len=4000,
+                         prefix_keys=PrefixKeys(PromptBlocking(16, 256), [1]))
+    with pytest.raises(ValueError, match="1 prefix keys for a 4000-token prompt, expected 250"):
+        policy.route(bad, snaps)
+
+
 def test_fresh_tails_follow_their_tokens() -> None:
     """With 2 token ids (vocabulary 12), tails of 1-3 tokens starting a stream often hold
     the same tokens under different ids: their keys are equal exactly when the hashes are
