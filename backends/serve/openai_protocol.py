@@ -285,8 +285,9 @@ class RequestParser:
         if not all(isinstance(flag, bool) for flag in usage):
             raise body_error("stream_options' include_usage and continuous_usage_stats must "
                              "be booleans", "body.stream_options")
-        return Parsed(prompt_ids, params, sampling, stream, usage[0], usage[1], stop,
-                      include_stop_str, n)
+        # vLLM's should_include_usage: continuous_usage_stats counts only with include_usage
+        return Parsed(prompt_ids, params, sampling, stream, usage[0], usage[0] and usage[1],
+                      stop, include_stop_str, n)
 
     def _max_tokens(self, body: dict[str, Any], chat: bool, prompt_len: int) -> int:
         room = self.max_model_len - prompt_len

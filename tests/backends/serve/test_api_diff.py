@@ -54,8 +54,6 @@ DELIBERATE: dict[str, dict[str, Any]] = {
     "hostile 25": _refused("prompt"),
     "cmpl batch of two prompts": _refused("prompt"),
     "cmpl best_of str": _refused("best_of"),
-    "cmpl n 2": _refused("n"),
-    "chat n 2": _refused("n"),
     "cmpl logprobs 5": _refused("logprobs"),
     "chat logprobs true": _refused("logprobs"),
     "chat top_logprobs 5": _refused("logprobs"),
