@@ -10,6 +10,7 @@ tiny model (child i is the plain request with seed + i; a stop string ends its c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -90,22 +91,25 @@ def test_a_parent_checks_its_children() -> None:
 # ---- the fan-out and the stream, in process -----------------------------------------------
 
 
-def _server(limit: int | None = None) -> Server:
+@contextlib.contextmanager
+def _serving(limit: int | None = None) -> Iterator[Server]:
+    """A server without its engine process (what it sends stays in `engine.outgoing`);
+    its sockets closed at the end, whatever happened (a ZeroMQ context collected with open
+    sockets blocks forever)."""
     def never() -> None:
         raise AssertionError("the engine is not started in this test")
 
     server = Server(ServeConfig("m", never, max_num_queued_requests=limit))
     server.metrics = ServeMetrics("m", 256, 64, 16, True)
     server.codec = ByteTokenizer(512)
-    return server
-
-
-def _close(server: Server) -> None:
-    engine = server.engine
-    engine.input.close(linger=0)
-    engine.output.close(linger=0)
-    engine.context.term()
-    engine.tmpdir.cleanup()
+    try:
+        yield server
+    finally:
+        engine = server.engine
+        engine.input.close(linger=0)
+        engine.output.close(linger=0)
+        engine.context.term()
+        engine.tmpdir.cleanup()
 
 
 def _parsed(n: int, stream: bool = True, include_usage: bool = True,
@@ -115,30 +119,28 @@ def _parsed(n: int, stream: bool = True, include_usage: bool = True,
 
 
 def test_fan_out_sends_n_children_with_their_seeds_on_one_queue() -> None:
-    server = _server()
-    parent = server.fan_out(_parsed(3, seed=40), 0.0)
-    sent = [decode(server.engine.outgoing.get_nowait()) for _ in range(3)]
-    assert server.engine.outgoing.empty()
-    assert [(kind, req.request_id, req.sampling.seed) for kind, req in sent] == \
-        [("add", f"{i}_{parent.request_id}", 40 + i) for i in range(3)]
-    assert all(req.prompt_token_ids == [5, 6, 7] and req.params.max_tokens == 9
-               for _, req in sent)
-    assert set(server.engine.streams) == {f"{i}_{parent.request_id}" for i in range(3)}
-    assert {id(q) for q in server.engine.streams.values()} == {id(parent.queue)}
-    assert server.awaiting_first == 3 and len(server.gens) == 3
-    _close(server)
+    with _serving() as server:
+        parent = server.fan_out(_parsed(3, seed=40), 0.0)
+        sent = [decode(server.engine.outgoing.get_nowait()) for _ in range(3)]
+        assert server.engine.outgoing.empty()
+        assert [(kind, req.request_id, req.sampling.seed) for kind, req in sent] == \
+            [("add", f"{i}_{parent.request_id}", 40 + i) for i in range(3)]
+        assert all(req.prompt_token_ids == [5, 6, 7] and req.params.max_tokens == 9
+                   for _, req in sent)
+        assert set(server.engine.streams) == {f"{i}_{parent.request_id}" for i in range(3)}
+        assert {id(q) for q in server.engine.streams.values()} == {id(parent.queue)}
+        assert server.awaiting_first == 3 and len(server.gens) == 3
 
 
 def test_admission_counts_n_requests() -> None:
     """vLLM's check_admission: a request with n > 1 takes n slots of the queue limit."""
-    server = _server(limit=3)
-    server.fan_out(_parsed(2), 0.0)  # 2 of 3 awaiting a first token
-    with pytest.raises(ApiError) as err:
-        server.fan_out(_parsed(2), 0.0)
-    assert err.value.status == 503
-    server.admit(_parsed(1), 0.0)  # the third slot
-    assert server.awaiting_first == 3
-    _close(server)
+    with _serving(limit=3) as server:
+        server.fan_out(_parsed(2), 0.0)  # 2 of 3 awaiting a first token
+        with pytest.raises(ApiError) as err:
+            server.fan_out(_parsed(2), 0.0)
+        assert err.value.status == 503
+        server.admit(_parsed(1), 0.0)  # the third slot
+        assert server.awaiting_first == 3
 
 
 def _tokens(text: str) -> list[int]:
@@ -151,15 +153,14 @@ def _run_stream(chat: bool, parsed: Parsed, feed: list[tuple[int, RequestOutput]
     parent's outputs are taken one at a time, never merged)."""
 
     async def scenario() -> tuple[list[bytes], str]:
-        server = _server()
-        parent = server.fan_out(parsed, 0.0)
-        for index, out in feed:
-            out.request_id = f"{index}_{parent.request_id}"
-            parent.queue.put_nowait(out)
-        events = [event async for event in server.stream_all(parent, "m", chat)]
-        assert not server.gens and server.awaiting_first == 0
-        _close(server)
-        return events, parent.request_id
+        with _serving() as server:
+            parent = server.fan_out(parsed, 0.0)
+            for index, out in feed:
+                out.request_id = f"{index}_{parent.request_id}"
+                parent.queue.put_nowait(out)
+            events = [event async for event in server.stream_all(parent, "m", chat)]
+            assert not server.gens and server.awaiting_first == 0
+            return events, parent.request_id
 
     return asyncio.run(scenario())
 
