@@ -24,7 +24,7 @@ from backends.engine.text import ByteTokenizer
 from backends.serve.engine_client import OutputQueue
 from backends.serve.messages import RequestOutput, decode
 from backends.serve.metrics import ServeMetrics
-from backends.serve.openai_protocol import MAX_N, ApiError, Parsed
+from backends.serve.openai_protocol import MAX_N, ApiError, EngineDeadError, Parsed
 from backends.serve.parallel_sampling import ParentRequest, child_request_id, child_sampling
 from backends.serve.server import ServeConfig, Server, _Generation
 from runtime import SamplingParams
@@ -362,3 +362,51 @@ def test_a_stop_string_ends_its_child_only(tiny: Served) -> None:
             for c in answer["choices"]] == [(0, plain[0][:cut], "stop", stop),
                                             (1, plain[1], "length", None)]
     assert answer["usage"]["completion_tokens"] == needed + 12
+
+
+def test_the_whole_answer_lists_choices_by_index_whatever_order_they_end() -> None:
+    """Child 2 ends first, child 0 last; `choices` are still 0, 1, 2, each with its own
+    reasons; the usage's cached tokens are the last child's to finish (vLLM's final
+    RequestOutput is that child's)."""
+
+    async def scenario() -> dict[str, Any]:
+        with _serving() as server:
+            parent = server.fan_out(_parsed(3, stream=False), 0.0)
+            rid = parent.request_id
+            for index, out in [
+                    (2, RequestOutput("", _tokens("c") + [2], "stop", 2, num_cached_tokens=0)),
+                    (0, RequestOutput("", _tokens("a"), num_cached_tokens=16)),
+                    (1, RequestOutput("", _tokens("bb"), "length", num_cached_tokens=0)),
+                    (0, RequestOutput("", _tokens("A"), "length", num_cached_tokens=16))]:
+                out.request_id = f"{index}_{rid}"
+                parent.queue.put_nowait(out)
+            texts = await server.complete_all(parent)
+            assert not server.gens and server.awaiting_first == 0
+            answer = parent.response(texts, "m", False, 1700000000)
+            assert answer["id"] == f"cmpl-{rid}"
+            return answer
+
+    answer = asyncio.run(scenario())
+    assert [(c["index"], c["text"], c["finish_reason"], c["stop_reason"])
+            for c in answer["choices"]] == [(0, "aA", "length", None),
+                                            (1, "bb", "length", None), (2, "c", "stop", 2)]
+    assert answer["usage"] == {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9,
+                               "prompt_tokens_details": {"cached_tokens": 16}}
+
+
+def test_a_dead_engine_ends_the_stream_with_its_error_and_forgets_every_child() -> None:
+    async def scenario() -> list[bytes]:
+        with _serving() as server:
+            parent = server.fan_out(_parsed(2), 0.0)
+            parent.queue.put_nowait(RequestOutput(f"1_{parent.request_id}", _tokens("x")))
+            for _ in range(2):  # the engine client fails each child's stream
+                parent.queue.put_nowait(EngineDeadError())
+            events = [event async for event in server.stream_all(parent, "m", False)]
+            assert not server.gens and server.awaiting_first == 0
+            return events
+
+    events = asyncio.run(scenario())
+    assert [json.loads(e.removeprefix(b"data: "))["choices"][0]["index"]
+            for e in events[:-1]] == [1]
+    assert events[-1] == f"data: {json.dumps(EngineDeadError().body(), separators=(',', ':'))}"\
+        "\n\ndata: [DONE]\n\n".encode()
