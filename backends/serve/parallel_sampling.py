@@ -52,7 +52,8 @@ class ParentRequest:
     Invariants: `children[i].request_id == child_request_id(i, request_id)`, every child
     reads `queue`, and a finished child is never routed another output."""
 
-    __slots__ = ("request_id", "children", "queue", "_index", "first_cached", "last_cached")
+    __slots__ = ("request_id", "children", "queue", "_index", "_unfinished", "first_cached",
+                 "last_cached")
 
     def __init__(self, request_id: str, children: list[_Generation], queue: OutputQueue
                  ) -> None:
@@ -67,6 +68,7 @@ class ParentRequest:
         self.children = children
         self.queue = queue
         self._index = {child_id: i for i, child_id in enumerate(ids)}
+        self._unfinished = len(children)  # children without their finish reason yet
         # prompt tokens found in the prefix cache, as vLLM's usage reports them: a stream
         # the first output's, a whole response the last child's to finish
         self.first_cached: int | None = None
@@ -78,8 +80,8 @@ class ParentRequest:
 
     @property
     def finished(self) -> bool:
-        """Every child has its finish reason."""
-        return all(child.finish_reason is not None for child in self.children)
+        """Every child has its finish reason (O(1): checked once per output)."""
+        return self._unfinished == 0
 
     def route(self, out: RequestOutput) -> tuple[int, _Generation] | None:
         """The (index, child) `out` belongs to; None for a child already finished (outputs
@@ -96,9 +98,12 @@ class ParentRequest:
         """A child finished (not aborted): (n, the most tokens a child generated) once the
         last one has, for `vllm:request_params_n` and
         `vllm:request_max_num_generation_tokens`; None before."""
+        assert child.finish_reason is not None and child.parent is self, "a child's end"
         self.last_cached = child.cached
-        if not self.finished:
+        self._unfinished -= 1
+        if self._unfinished:
             return None
+        assert all(c.finish_reason is not None for c in self.children), "each ends once"
         return self.n, max(c.output_len for c in self.children)
 
     @property
