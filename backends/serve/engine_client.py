@@ -126,10 +126,13 @@ class EngineClient:
                 raise RuntimeError(f"the engine process exited ({self.process.exitcode})")
         raise RuntimeError(f"the engine did not start within {timeout_s:g} s")
 
-    def submit(self, request: EngineRequest) -> OutputQueue:
+    def submit(self, request: EngineRequest, queue: OutputQueue | None = None) -> OutputQueue:
+        """Send `request`; its outputs go to `queue` (a new one if None; the children of a
+        request with `n` > 1 share their parent's)."""
         if self.dead:
             raise EngineDeadError()
-        queue = OutputQueue()
+        if queue is None:
+            queue = OutputQueue()
         self.streams[request.request_id] = queue
         self._post(encode(("add", request)))
         return queue

@@ -336,8 +336,13 @@ class ServeMetrics:
             observe_one(self.tpot, decode_s / (output_len - 1))
         observe_one(self.prompt_len, prompt_len)
         observe_one(self.gen_len, output_len)
-        observe_one(self.max_gen_len, output_len)
         observe_one(self.max_tokens, max_tokens)
         observe_one(self.kv_computed, prompt_len - cached)
-        observe_one(self.params_n, 1)
         observe_one(self.num_preemptions, num_preemptions)
+
+    def on_parent_finished(self, n: int, max_num_generation_tokens: int) -> None:
+        """An API request whose engine requests all finished (not aborted): its `n` and the
+        most tokens one of them generated. vLLM 0.32 observes these once per request, after
+        its last child (ParentRequest.observe_finished_request), the rest per child."""
+        observe_one(self.max_gen_len, max_num_generation_tokens)
+        observe_one(self.params_n, n)

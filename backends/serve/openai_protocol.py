@@ -73,6 +73,7 @@ class EngineDeadError(ApiError):
 _SAMPLING_EPS = 1e-5  # vLLM's: a lower temperature samples greedily (no 1/T overflow)
 _INT64 = (-(1 << 63), (1 << 63) - 1)  # vLLM's seed range
 MAX_TEMPERATURE = 2.0  # vLLM's (and OpenAI's) upper bound
+MAX_N = 16384  # vLLM's default VLLM_MAX_N_SEQUENCES: `n` is in [1, MAX_N]
 PENALTIES = ("presence_penalty", "frequency_penalty")  # in [-2, 2], vLLM's range
 # Features rt serve refuses (400 once set), each with the JSON types whose other values
 # vLLM 0.32's schema refuses as it does (its "Bad Request"; none: vLLM's own 400, or it
@@ -114,6 +115,7 @@ class Parsed:
     continuous_usage: bool
     stop: tuple[str, ...] = ()  # stop strings (checked on the text: `stop_strings`)
     include_stop_str: bool = False  # include_stop_str_in_output
+    n: int = 1  # choices to sample, each its own engine request when > 1 (`parallel_sampling`)
 
 
 def _get(body: dict[str, Any], name: str, kinds: tuple[type, ...], default: Any) -> Any:
@@ -250,8 +252,9 @@ class RequestParser:
         # vLLM 0.32: a max_tokens past the room the prompt leaves runs until max_model_len
         max_tokens = min(requested, self.max_model_len - len(prompt_ids))
         _unsupported(body, chat)
-        if _get(body, "n", (int,), 1) != 1:
-            raise ApiError(400, "only n=1 is supported", "n")
+        n = _get(body, "n", (int,), 1)
+        if not 1 <= n <= MAX_N:  # vLLM's range (its default VLLM_MAX_N_SEQUENCES)
+            raise ApiError(400, f"n must be in [1, {MAX_N}], got {_short(n)}", "n")
         min_tokens = _get(body, "min_tokens", (int,), 0)
         if not 0 <= min_tokens <= max_tokens:  # vLLM checks it against the clamped one
             raise ApiError(400, f"min_tokens must be in [0, max_tokens={max_tokens}], got "
@@ -268,6 +271,8 @@ class RequestParser:
                                 stop_token_ids=stop_ids + tuple(eos_ids[1:]) * (not ignore_eos))
         sampler_stops = tuple(stop_ids) + (() if ignore_eos else tuple(eos_ids))
         sampling = self._sampling(body, min_tokens, sampler_stops, self.info.vocab_size)
+        if n > 1 and sampling.greedy:  # vLLM's SamplingParams._verify_greedy_sampling
+            raise ApiError(400, f"n must be 1 when using greedy sampling, got {n}.", "n")
         stream = _get(body, "stream", (bool,), False)
         _get(body, "user", (str,), None)  # unused; vLLM's schema: a string or null
         # vLLM's rule, first, and only for a truthy value: `{}` without stream is served
@@ -280,8 +285,9 @@ class RequestParser:
         if not all(isinstance(flag, bool) for flag in usage):
             raise body_error("stream_options' include_usage and continuous_usage_stats must "
                              "be booleans", "body.stream_options")
-        return Parsed(prompt_ids, params, sampling, stream, usage[0], usage[1], stop,
-                      include_stop_str)
+        # vLLM's should_include_usage: continuous_usage_stats counts only with include_usage
+        return Parsed(prompt_ids, params, sampling, stream, usage[0], usage[0] and usage[1],
+                      stop, include_stop_str, n)
 
     def _max_tokens(self, body: dict[str, Any], chat: bool, prompt_len: int) -> int:
         room = self.max_model_len - prompt_len

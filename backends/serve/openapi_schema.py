@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backends.serve.openai_protocol import MAX_STOP_STRINGS, MAX_TEMPERATURE, PENALTIES
+from backends.serve.openai_protocol import MAX_N, MAX_STOP_STRINGS, MAX_TEMPERATURE, PENALTIES
 
 _INT64 = {"type": "integer", "minimum": -(1 << 63), "maximum": (1 << 63) - 1}
 _TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
@@ -47,7 +47,9 @@ _SAMPLING: dict[str, Any] = {
     "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     "top_k": {"type": "integer", "minimum": -1},
     "seed": _INT64,
-    "n": {"type": "integer", "const": 1},
+    "n": {"type": "integer", "minimum": 1, "maximum": MAX_N,
+          "description": "choices to sample (each its own engine request, seed + index when "
+                         "seeded); n > 1 needs a temperature above 0 (vLLM's rules)"},
     "stream": {"type": "boolean"},
     "stream_options": {"type": "object", "properties": {
         "include_usage": {"type": "boolean"}, "continuous_usage_stats": {"type": "boolean"}}},

@@ -23,6 +23,7 @@ from backends.serve.flags import ServeFlags
 from backends.serve.messages import EngineInfo, EngineOutputs, EngineRequest, RequestOutput
 from backends.serve.metrics import ServeMetrics
 from backends.serve.openai_protocol import ApiError, EngineDeadError, Parsed, RequestParser
+from backends.serve.parallel_sampling import ParentRequest, child_request_id, child_sampling
 from backends.serve.stop_strings import StopStringText
 from backends.serve.stream_path import Last
 
@@ -89,6 +90,7 @@ class _Generation:
     stop_reason: int | str | None = None
     deferred: Exception | None = None  # an error that arrived behind merged outputs
     stops: StopStringText | None = None  # the text, when the request has stop strings
+    parent: ParentRequest | None = None  # the request it is a child of (`n` > 1)
 
     def usage(self) -> dict[str, Any]:
         prompt = len(self.parsed.prompt_ids)
@@ -199,6 +201,10 @@ class Server:
                             output_len=gen.output_len, max_tokens=gen.parsed.params.max_tokens,
                             cached=out.num_cached_tokens, e2e_s=time.monotonic() - gen.arrival_s,
                             num_preemptions=out.num_preemptions, **phases)
+        parent = (1, gen.output_len) if gen.parent is None else \
+            gen.parent.on_child_finished(gen)
+        if parent is not None:
+            metrics.on_parent_finished(*parent)
 
     def _forget(self, gen: _Generation, abort: bool) -> None:
         """The handler gave up on a request (client gone, engine dead)."""
@@ -215,19 +221,47 @@ class Server:
 
     # ---- generation ---------------------------------------------------------------------
 
-    def admit(self, parsed: Parsed, arrival_s: float) -> _Generation:
+    def _check_admission(self, n: int) -> None:
+        """EngineDeadError, or ApiError 503 if `n` more requests would pass the queue limit
+        (a request with `n` > 1 counts as n, as vLLM's check_admission)."""
         limit = self.config.max_num_queued_requests
-        assert self.metrics is not None and self.codec is not None
+        assert self.metrics is not None
         if self.engine.dead:
             raise EngineDeadError()
-        if limit is not None and self.awaiting_first >= limit:
+        if limit is not None and self.awaiting_first + n > limit:
             self.metrics.on_rejected()
             raise ApiError(503, f"the server is at its queue limit ({limit} requests "
                            "waiting); retry later")
+
+    def admit(self, parsed: Parsed, arrival_s: float) -> _Generation:
+        self._check_admission(1)
         # 32 random hex digits, as uuid4().hex (vLLM's random_uuid) without building a UUID
         request_id = os.urandom(16).hex()
         queue = self.engine.submit(EngineRequest(request_id, parsed.prompt_ids, parsed.params,
                                                  parsed.sampling, arrival_s))
+        return self._track(request_id, parsed, arrival_s, queue)
+
+    def fan_out(self, parsed: Parsed, arrival_s: float) -> ParentRequest:
+        """A request with `n` > 1 as n child requests on one queue (`parallel_sampling`)."""
+        self._check_admission(parsed.n)
+        request_id = os.urandom(16).hex()
+        queue = OutputQueue()
+        children = []
+        for index in range(parsed.n):
+            child_id = child_request_id(index, request_id)
+            self.engine.submit(EngineRequest(child_id, parsed.prompt_ids, parsed.params,
+                                             child_sampling(parsed.sampling, index),
+                                             arrival_s), queue)
+            children.append(self._track(child_id, parsed, arrival_s, queue))
+        parent = ParentRequest(request_id, children, queue)
+        for child in children:
+            child.parent = parent
+        return parent
+
+    def _track(self, request_id: str, parsed: Parsed, arrival_s: float, queue: OutputQueue
+               ) -> _Generation:
+        """A request sent to the engine, now in flight."""
+        assert self.codec is not None
         gen = _Generation(request_id, parsed, arrival_s, self.codec.decoder(), queue)
         if parsed.stop:
             gen.stops = StopStringText(gen.decoder, parsed.stop, parsed.include_stop_str,
@@ -243,6 +277,11 @@ class Server:
         if isinstance(item, Exception):
             self._forget(gen, abort=False)
             raise item
+        return self._step(gen, item)
+
+    def _step(self, gen: _Generation, item: RequestOutput) -> tuple[str, RequestOutput]:
+        """`item`'s text delta (stop strings checked) and the output as the client sees it;
+        records the request's end if it ended."""
         gen.cached = item.num_cached_tokens or gen.cached
         # vLLM leaves the text of the token that stopped the request (EOS or a stop token)
         # out, unless include_stop_str_in_output
@@ -297,7 +336,7 @@ class Server:
                     await gen.queue.wait()
                 text, out = self._next(gen)
                 if first:
-                    yield sse.event(self._role_chunk(gen, encoder.head))
+                    yield sse.event(_role_chunk(parsed, encoder.head))
                     first = False
                 if out.finish_reason is None and out.stop_reason is None \
                         and not parsed.continuous_usage:
@@ -321,21 +360,77 @@ class Server:
         finally:
             self._forget(gen, abort=True)
 
-    @staticmethod
-    def _role_chunk(gen: _Generation, head: dict[str, Any]) -> dict[str, Any]:
-        """The chat stream's first chunk (role, empty content). As vLLM, it is sent with the
-        first engine output, i.e. just before the first token's chunk, never earlier: vLLM's
-        bench client stamps TTFT at the first chunk carrying `choices`, so a role chunk sent
-        at once would make TTFT read as the request's network round trip (vLLM 0.32,
-        entrypoints/openai/chat_completion/serving.py, chat_completion_stream_generator:
-        the role is sent `if first_iteration` inside `async for res in result_generator`)."""
-        chunk = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                      "logprobs": None, "finish_reason": None}]}
-        if gen.parsed.continuous_usage:
-            prompt = len(gen.parsed.prompt_ids)
-            chunk["usage"] = {"prompt_tokens": prompt, "completion_tokens": 0,
-                              "total_tokens": prompt}
-        return chunk
+    # ---- parallel sampling (`n` > 1: `parallel_sampling`) ------------------------------
+
+    def _next_child(self, parent: ParentRequest) -> tuple[int, str, RequestOutput] | None:
+        """(choice index, text delta, output) of the next output on `parent`'s queue, None
+        for one of a child already finished; the error that ended them raised. Only when
+        the queue is not empty."""
+        item = parent.queue.get_nowait()
+        if isinstance(item, Exception):
+            for child in parent.children:
+                self._forget(child, abort=False)
+            raise item
+        routed = parent.route(item)
+        if routed is None:
+            return None
+        index, child = routed
+        return (index, *self._step(child, item))
+
+    async def complete_all(self, parent: ParentRequest) -> list[str]:
+        """Each child's text, in index order (non-streaming); aborts the children still
+        running if the handler is cancelled."""
+        parts: list[list[str]] = [[] for _ in parent.children]
+        try:
+            while not parent.finished:
+                if parent.queue.empty():
+                    await parent.queue.wait()
+                got = self._next_child(parent)
+                if got is not None:
+                    parts[got[0]].append(got[1])
+        finally:
+            for child in parent.children:
+                self._forget(child, abort=True)
+        return ["".join(texts) for texts in parts]
+
+    async def stream_all(self, parent: ParentRequest, model: str, chat: bool
+                         ) -> AsyncGenerator[bytes, None]:
+        """`stream` for n choices: each chunk names its choice (vLLM 0.32's stream
+        generators); the chat role chunks, one per choice, go out with the first output; a
+        disconnect aborts every child still running."""
+        rid = ("chatcmpl-" if chat else "cmpl-") + parent.request_id
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        created = int(time.time())
+        encoders = [sse.ChunkEncoder(rid, obj, created, model, chat, index)
+                    for index in range(parent.n)]
+        parsed = parent.children[0].parsed
+        first = chat
+        last = b""  # the last chunk, held for the stream's one last write
+        try:
+            while not parent.finished:
+                if parent.queue.empty():
+                    await parent.queue.wait()
+                got = self._next_child(parent)
+                if got is None:
+                    continue
+                index, text, out = got
+                if first:
+                    head = encoders[0].head
+                    yield b"".join(sse.event(_role_chunk(parsed, head, i))
+                                   for i in range(parent.n))
+                    first = False
+                counts = parent.children[index].usage() if parsed.continuous_usage else None
+                last = encoders[index].chunk(text, out.finish_reason, out.stop_reason, counts)
+                if not parent.finished:
+                    yield last
+            usage = encoders[0].usage(len(parsed.prompt_ids), parent.num_completion_tokens,
+                                      parent.first_cached or 0) if parsed.include_usage else b""
+            yield Last(last + usage + sse.DONE)
+        except ApiError as err:
+            yield Last(sse.event(err.body()) + sse.DONE)
+        finally:
+            for child in parent.children:
+                self._forget(child, abort=True)
 
     def response(self, gen: _Generation, text: str, model: str, chat: bool) -> dict[str, Any]:
         rid = ("chatcmpl-" if chat else "cmpl-") + gen.request_id
@@ -349,6 +444,24 @@ class Server:
         return {"id": rid, "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()), "model": model, "choices": [choice],
                 "usage": gen.usage()}
+
+
+def _role_chunk(parsed: Parsed, head: dict[str, Any], index: int = 0) -> dict[str, Any]:
+    """The chat stream's first chunk of choice `index` (role, empty content). As vLLM, it is
+    sent with the first engine output, i.e. just before the first token's chunk, never
+    earlier: vLLM's bench client stamps TTFT at the first chunk carrying `choices`, so a role
+    chunk sent at once would make TTFT read as the request's network round trip (vLLM 0.32,
+    entrypoints/openai/chat_completion/serving.py, chat_completion_stream_generator: the
+    role is sent `if first_iteration` inside `async for res in result_generator`, once per
+    choice)."""
+    chunk = {**head, "choices": [{"index": index,
+                                  "delta": {"role": "assistant", "content": ""},
+                                  "logprobs": None, "finish_reason": None}]}
+    if parsed.continuous_usage:
+        prompt = len(parsed.prompt_ids)
+        chunk["usage"] = {"prompt_tokens": prompt, "completion_tokens": 0,
+                          "total_tokens": prompt}
+    return chunk
 
 
 def _ready(gen: _Generation) -> bool:

@@ -28,18 +28,20 @@ def event(data: dict[str, Any]) -> bytes:
 class ChunkEncoder:
     """One stream's token chunks:
 
-        data: {"id":ID,"object":OBJ,"created":N,"model":M,"choices":[{"index":0,
+        data: {"id":ID,"object":OBJ,"created":N,"model":M,"choices":[{"index":I,
                "logprobs":null,"finish_reason":F,"stop_reason":S,"text":T}]}\\n\\n
     (chat: `"delta":{"content":T}` for `"text":T`), with `,"usage":{...}` before the last
     brace when usage is sent with every chunk."""
 
     __slots__ = ("head", "_open", "_close", "_text_key", "_plain", "_end", "_usage_open")
 
-    def __init__(self, request_id: str, obj: str, created: int, model: str, chat: bool) -> None:
+    def __init__(self, request_id: str, obj: str, created: int, model: str, chat: bool,
+                 index: int = 0) -> None:
+        """`index`: the choice's (one encoder per choice when `n` > 1)."""
         # head: the chunk's leading fields, as a dict (the once-per-request events use it)
         self.head = {"id": request_id, "object": obj, "created": created, "model": model}
         fields = json.dumps(self.head, separators=_COMPACT)[:-1]  # without its closing brace
-        self._open = (f'data: {fields},"choices":[{{"index":0,"logprobs":null,'
+        self._open = (f'data: {fields},"choices":[{{"index":{int(index)},"logprobs":null,'
                       '"finish_reason":').encode()
         self._close = b"}}]" if chat else b"}]"
         self._text_key = b',"delta":{"content":' if chat else b',"text":'

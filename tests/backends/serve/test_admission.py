@@ -52,6 +52,7 @@ def _drive(m: ServeMetrics) -> None:
                       max_tokens=128, cached=i % 3 * 16, e2e_s=value, queue_s=phase,
                       prefill_s=phase, decode_s=None if i % 7 == 0 else value,
                       inference_s=phase, num_preemptions=i % 3)
+        m.on_parent_finished(1 + i % 3, i % 4)
 
 
 def test_serve_metrics_export_what_observe_exported(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,6 +1,6 @@
 """rt serve answers as vLLM 0.32's `vllm serve` does, request for request.
 
-tests/fixtures/api_diff/vllm_answers.json holds 171 requests (docs/tools/api_diff/cases.py:
+tests/fixtures/api_diff/vllm_answers.json holds 177 requests (docs/tools/api_diff/cases.py:
 test_hostile's malformed bodies, wrong types, missing fields, out-of-range values, transport
 errors, valid completions and chats streamed or not, the info routes) and the shape of real
 vLLM's answer to each (api_shape.py: status, media type, JSON keys, an error's type/code/param,
@@ -54,8 +54,7 @@ DELIBERATE: dict[str, dict[str, Any]] = {
     "hostile 25": _refused("prompt"),
     "cmpl batch of two prompts": _refused("prompt"),
     "cmpl best_of str": _refused("best_of"),
-    "cmpl n 2": _refused("n"),
-    "chat n 2": _refused("n"),
+    "cmpl n 2 best_of 2": _refused("best_of"),  # vLLM 0.32's completions ignore best_of
     "cmpl logprobs 5": _refused("logprobs"),
     "chat logprobs true": _refused("logprobs"),
     "chat top_logprobs 5": _refused("logprobs"),

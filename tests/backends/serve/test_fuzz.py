@@ -4,9 +4,10 @@ The request schemas come from the server's own `/openapi.json`. Each case picks 
 and sends a body drawn from its schema (valid in shape), the same with some fields replaced
 by arbitrary JSON and unknown fields added, or any JSON value at all. Every answer must be
 below 500; a 4xx carries vLLM's error shape; a 200 is a completion (streamed or not) whose
-token count stays within max_model_len. The tiny model runs the engine (real sampling), with
-max_model_len 64 so every admitted request is short. Cases: RT_FUZZ_CASES (default 200),
-derandomized, so CI runs the same cases each time.
+token count stays within max_model_len per choice. The tiny model runs the engine (real
+sampling), with max_model_len 64 so every admitted request is short, and `n` drawn up to 4
+(the schema allows vLLM's 16,384 choices; its bounds are test_hostile's). Cases:
+RT_FUZZ_CASES (default 200), derandomized, so CI runs the same cases each time.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ st = hypothesis.strategies
 
 CASES = int(os.environ.get("RT_FUZZ_CASES", "200"))
 MAX_MODEL_LEN = 64
+MAX_N = 4  # choices per drawn request: n engine requests each
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=20),
@@ -95,6 +97,9 @@ def _routes(server: Served) -> dict[str, dict[str, Any]]:
         body = ops.get("post", {}).get("requestBody")
         if body is not None:
             routes[path] = body["content"]["application/json"]["schema"]
+    for schema in routes.values():  # n drawn small (see the module docstring)
+        if "n" in schema.get("properties", {}):
+            schema["properties"]["n"] = {**schema["properties"]["n"], "maximum": MAX_N}
     return routes
 
 
@@ -109,7 +114,9 @@ def _check(response: httpx.Response, streamed: bool) -> None:
     if not streamed:
         answer = response.json()
         if "usage" in answer:
-            assert 1 <= answer["usage"]["completion_tokens"] < MAX_MODEL_LEN
+            n = len(answer["choices"])
+            assert [choice["index"] for choice in answer["choices"]] == list(range(n))
+            assert n <= answer["usage"]["completion_tokens"] < n * MAX_MODEL_LEN
         return
     events = [line[len("data: "):] for line in response.text.splitlines()
               if line.startswith("data: ")]

@@ -48,6 +48,19 @@ def test_stream_options_without_stream_refused_as_vllm(options: Any, param: str,
         (400, param, kind)
 
 
+@pytest.mark.parametrize(("options", "usage"), [
+    ({"include_usage": True, "continuous_usage_stats": True}, (True, True)),
+    ({"include_usage": True}, (True, False)),
+    ({"continuous_usage_stats": True}, (False, False)),  # vLLM: only with include_usage
+    ({"include_usage": False, "continuous_usage_stats": True}, (False, False)),
+])
+def test_continuous_usage_needs_include_usage(options: Any, usage: tuple[bool, bool]) -> None:
+    """vLLM 0.32's should_include_usage: `include_continuous_usage = include_usage and
+    continuous_usage_stats` (rt sent usage in every chunk without include_usage before)."""
+    parsed = parser().parse({"stream": True, "stream_options": options}, [5, 6], chat=False)
+    assert (parsed.include_usage, parsed.continuous_usage) == usage
+
+
 def test_min_tokens_is_checked_against_the_max_tokens_that_runs() -> None:
     """A max_tokens past the prompt's room runs until max_model_len (64 here: 60 prompt
     tokens leave 4); vLLM builds its SamplingParams with that max_tokens, whose check then
