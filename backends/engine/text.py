@@ -129,8 +129,14 @@ class HfCodec:
 
 
 class _HfDecoder:
-    """Decodes all outputs so far and returns the new suffix; a trailing U+FFFD (a
-    character still incomplete) is held back until a later token completes it."""
+    """Decodes all outputs so far and returns the new suffix; text ending in U+FFFD (a
+    character still incomplete) is held back until a later token completes it, and lost
+    if none does, as vLLM's detokenizer (tokenizers' DecodeStream) holds it.
+
+    vLLM steps its detokenizer one token at a time, however many tokens an output merges;
+    so does this, in effect: several new ids give the text of the longest of their
+    prefixes that does not end in U+FFFD (decoding all of them when they do not: the same
+    text), never nothing for the whole step because its last token is incomplete."""
 
     def __init__(self, codec: HfCodec) -> None:
         self.codec = codec
@@ -138,10 +144,14 @@ class _HfDecoder:
         self.emitted = 0  # characters already returned
 
     def step(self, new_token_ids: Sequence[int]) -> str:
-        self.ids.extend(new_token_ids)
-        text = self.codec.decode(self.ids)
-        if text.endswith("\ufffd"):
-            return ""
-        delta = text[self.emitted:]
-        self.emitted = len(text)
-        return delta
+        ids = self.ids
+        ids.extend(new_token_ids)
+        decode = self.codec.decode
+        # the longest prefix through this step's tokens whose text is complete
+        for end in range(len(ids), len(ids) - len(new_token_ids), -1):
+            text = decode(ids if end == len(ids) else ids[:end])
+            if not text.endswith("\ufffd"):
+                delta = text[self.emitted:]
+                self.emitted = len(text)
+                return delta
+        return ""

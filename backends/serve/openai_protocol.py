@@ -252,9 +252,7 @@ class RequestParser:
         # vLLM 0.32: a max_tokens past the room the prompt leaves runs until max_model_len
         max_tokens = min(requested, self.max_model_len - len(prompt_ids))
         _unsupported(body, chat)
-        n = _get(body, "n", (int,), 1)
-        if not 1 <= n <= MAX_N:  # vLLM's range (its default VLLM_MAX_N_SEQUENCES)
-            raise ApiError(400, f"n must be in [1, {MAX_N}], got {_short(n)}", "n")
+        n = self._n(body, chat)
         min_tokens = _get(body, "min_tokens", (int,), 0)
         if not 0 <= min_tokens <= max_tokens:  # vLLM checks it against the clamped one
             raise ApiError(400, f"min_tokens must be in [0, max_tokens={max_tokens}], got "
@@ -288,6 +286,20 @@ class RequestParser:
         # vLLM's should_include_usage: continuous_usage_stats counts only with include_usage
         return Parsed(prompt_ids, params, sampling, stream, usage[0], usage[0] and usage[1],
                       stop, include_stop_str, n)
+
+    @staticmethod
+    def _n(body: dict[str, Any], chat: bool) -> int:
+        """`n`, in vLLM's range (1 to its default VLLM_MAX_N_SEQUENCES), with its words;
+        null is 1 in the chat API, a type error in the completions API (vLLM's schemas)."""
+        if not chat and "n" in body and body["n"] is None:
+            raise body_error("n must be int, got null", "body.n")
+        n: int = _get(body, "n", (int,), 1)
+        if n < 1:
+            raise ApiError(400, f"n must be at least 1, got {n}.", "n")
+        if n > MAX_N:
+            raise ApiError(400, f"n must be at most {MAX_N}, got {n}. To increase this "
+                           "limit, set the VLLM_MAX_N_SEQUENCES environment variable.", "n")
+        return n
 
     def _max_tokens(self, body: dict[str, Any], chat: bool, prompt_len: int) -> int:
         room = self.max_model_len - prompt_len

@@ -1,5 +1,6 @@
-"""The tiny model's tokenizer is rt's ByteTokenizer as a Hugging Face tokenizer, and its
-shape is one vLLM's CPU backend serves (head size 32, 2,048 positions)."""
+"""The tiny model's tokenizer is rt's ByteTokenizer as a Hugging Face tokenizer (its decoder
+giving merged outputs the token-by-token text), and its shape is one vLLM's CPU backend
+serves (head size 32, 2,048 positions)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,29 @@ def test_byte_tokenizer_matches_rt_bytetokenizer() -> None:
         assert hf.decode(ids) == rt.decode(ids), ids
     assert hf.encode("hello") == [107, 104, 111, 111, 114]  # 3 + byte, no BOS
     assert hf.decode([259, 259 + 95, 511]) == "  " + chr(32 + (511 - 259) % 95)
+
+
+def _stepped(codec: HfCodec, chunks: list[list[int]]) -> str:
+    decoder = codec.decoder()
+    return "".join(decoder.step(chunk) for chunk in chunks)
+
+
+def test_merged_outputs_decode_as_one_token_at_a_time() -> None:
+    """The API server merges a stream's queued outputs when its reader falls behind; the
+    text must be what vLLM's token-by-token detokenizer gives. Here the last 3 ids end in
+    an incomplete byte sequence: one at a time, the 2 before it still show ("?8"); merged,
+    the whole step was held and lost (the request ends there). And 500 random cuttings."""
+    codec = HfCodec(byte_tokenizer(512))
+    ids = [451, 263, 480, 253, 58, 157, 285, 152, 364, 66, 283, 173]
+    one_by_one = _stepped(codec, [[i] for i in ids])
+    assert one_by_one == '"$?\ufffd7\ufffd:\ufffd*?8'
+    assert _stepped(codec, [ids[:9], ids[9:]]) == one_by_one
+    rng = random.Random(0)
+    for _ in range(500):
+        ids = [rng.randrange(512) for _ in range(12)]
+        cuts = sorted(rng.sample(range(1, 12), 3))
+        chunks = [ids[a:b] for a, b in zip([0, *cuts], [*cuts, 12], strict=True)]
+        assert _stepped(codec, chunks) == _stepped(codec, [[i] for i in ids]), chunks
 
 
 def test_byte_tokenizer_chat_template_is_rt_fallback() -> None:
