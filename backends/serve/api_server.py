@@ -29,7 +29,7 @@ import logging
 import secrets
 import socket
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +42,7 @@ from backends.serve.guard import RequestGuard, json_body
 from backends.serve.openai_protocol import ApiError, body_error, token_list
 from backends.serve.openapi_schema import request_schema
 from backends.serve.server import ServeConfig, Server
-from backends.serve.stream_path import ASGIApp, Generate, StreamPath
+from backends.serve.stream_path import ASGIApp, EventStream, Generate, StreamPath
 
 __all__ = ["HttpStack", "ServeConfig", "Server", "build_app", "front", "http_stack",
            "listening_socket", "routes_app", "run_server", "socket_url"]
@@ -130,7 +130,7 @@ def _generator(server: Server) -> Generate:
     a bad request)."""
     config = server.config
 
-    async def generate(request: Request, chat: bool) -> Response | AsyncGenerator[bytes, None]:
+    async def generate(request: Request, chat: bool) -> Response | EventStream:
         try:
             return await _generate(request, chat)
         except ApiError:
@@ -139,8 +139,7 @@ def _generator(server: Server) -> Generate:
             logger.error("unhandled error", exc_info=err)
             raise ApiError(500, f"internal error: {type(err).__name__}") from None
 
-    async def _generate(request: Request, chat: bool
-                        ) -> Response | AsyncGenerator[bytes, None]:
+    async def _generate(request: Request, chat: bool) -> Response | EventStream:
         arrival = time.monotonic()
         body = await json_body(request, config.max_request_bytes)
         model = body.get("model") or config.model_name

@@ -6,6 +6,7 @@ Times are monotonic seconds.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -25,7 +26,7 @@ from backends.serve.metrics import ServeMetrics
 from backends.serve.openai_protocol import ApiError, EngineDeadError, Parsed, RequestParser
 from backends.serve.parallel_sampling import ParentRequest, child_request_id, child_sampling
 from backends.serve.stop_strings import StopStringText
-from backends.serve.stream_path import Last
+from backends.serve.stream_path import EventStream, Last
 
 logger = logging.getLogger("rt.serve")
 
@@ -321,10 +322,14 @@ class Server:
             self._forget(gen, abort=True)
         return "".join(parts)
 
-    async def stream(self, gen: _Generation, model: str, chat: bool
-                     ) -> AsyncGenerator[bytes, None]:
-        """SSE events as vLLM emits them (`sse`); a disconnect (cancellation) aborts the
-        request."""
+    def stream(self, gen: _Generation, model: str, chat: bool) -> EventStream:
+        """SSE events as vLLM emits them (`sse`); a disconnect (cancellation), or closing
+        the stream before it starts, aborts the request."""
+        return EventStream(self._events(gen, model, chat),
+                           functools.partial(self._forget, gen, abort=True))
+
+    async def _events(self, gen: _Generation, model: str, chat: bool
+                      ) -> AsyncGenerator[bytes, None]:
         rid = ("chatcmpl-" if chat else "cmpl-") + gen.request_id
         obj = "chat.completion.chunk" if chat else "text_completion"
         encoder = sse.ChunkEncoder(rid, obj, int(time.time()), model, chat)
@@ -389,15 +394,24 @@ class Server:
                 if got is not None:
                     parts[got[0]].append(got[1])
         finally:
-            for child in parent.children:
-                self._forget(child, abort=True)
+            self._forget_all(parent)
         return ["".join(texts) for texts in parts]
 
-    async def stream_all(self, parent: ParentRequest, model: str, chat: bool
-                         ) -> AsyncGenerator[bytes, None]:
+    def stream_all(self, parent: ParentRequest, model: str, chat: bool) -> EventStream:
         """`stream` for n choices: each chunk names its choice (vLLM 0.32's stream
         generators); the chat role chunks, one per choice, go out with the first output; a
-        disconnect aborts every child still running."""
+        disconnect, or closing the stream before it starts, aborts every child still
+        running."""
+        return EventStream(self._all_events(parent, model, chat),
+                           functools.partial(self._forget_all, parent))
+
+    def _forget_all(self, parent: ParentRequest) -> None:
+        """`_forget` every child (aborting those still running)."""
+        for child in parent.children:
+            self._forget(child, abort=True)
+
+    async def _all_events(self, parent: ParentRequest, model: str, chat: bool
+                          ) -> AsyncGenerator[bytes, None]:
         rid = ("chatcmpl-" if chat else "cmpl-") + parent.request_id
         obj = "chat.completion.chunk" if chat else "text_completion"
         created = int(time.time())
@@ -429,8 +443,7 @@ class Server:
         except ApiError as err:
             yield Last(sse.event(err.body()) + sse.DONE)
         finally:
-            for child in parent.children:
-                self._forget(child, abort=True)
+            self._forget_all(parent)
 
     def response(self, gen: _Generation, text: str, model: str, chat: bool) -> dict[str, Any]:
         rid = ("chatcmpl-" if chat else "cmpl-") + gen.request_id

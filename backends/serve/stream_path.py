@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -34,8 +35,32 @@ Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class EventStream:
+    """A streamed answer: its SSE events, and `forget`, what closing it owes the request
+    whatever the events did. An async generator closed before its first step skips its
+    `finally`, so a stream cancelled while its headers were sent (the client gone, a
+    shutdown) would leave its request running in the engine and held by the server;
+    `aclose` calls `forget` after the events' own end (it must do nothing for a request
+    that end already let go)."""
+
+    events: AsyncGenerator[bytes, None]
+    forget: Callable[[], None]
+
+    def __aiter__(self) -> AsyncGenerator[bytes, None]:
+        return self.events
+
+    async def aclose(self) -> None:
+        try:
+            await self.events.aclose()
+        finally:
+            self.forget()
+
+
 # (request, chat) -> a response to send, or the SSE events of a stream
-Generate = Callable[[Request, bool], Awaitable[Response | AsyncGenerator[bytes, None]]]
+Generate = Callable[[Request, bool], Awaitable[Response | EventStream]]
 
 _SSE_TYPE = (b"content-type", b"text/event-stream; charset=utf-8")
 
@@ -104,7 +129,7 @@ class _Watch:
             self.task.cancel()
 
 
-async def stream(events: AsyncGenerator[bytes, None], receive: Receive, send: Send) -> None:
+async def stream(events: EventStream, receive: Receive, send: Send) -> None:
     """`events` as a 200 `text/event-stream` response, each as it comes, up to the first
     `Last` (then closed) or the end; cancelled (which closes `events`, aborting the request)
     when the client disconnects."""
@@ -138,4 +163,4 @@ async def stream(events: AsyncGenerator[bytes, None], receive: Receive, send: Se
     finally:
         watch.done = True
         watcher.cancel()
-        await events.aclose()  # runs its `finally` (the abort) if a cancel found it at a yield
+        await events.aclose()  # the abort, if the request still runs

@@ -128,6 +128,32 @@ def _parsed(n: int, stream: bool = True, include_usage: bool = True,
                   stream, include_usage, continuous, n=n)
 
 
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_stream_closed_before_it_starts_aborts_its_requests(n: int) -> None:
+    """A stream cancelled while its headers go out is closed before its first step, and
+    an async generator closed then skips its `finally`: its requests are aborted all the
+    same (`EventStream.aclose`), none left running in the engine or held by the server."""
+    async def close_unread(server: Server) -> list[str]:
+        if n == 1:
+            gen = server.admit(_parsed(1), 0.0)
+            events, ids = server.stream(gen, "m", False), [gen.request_id]
+        else:
+            parent = server.fan_out(_parsed(n), 0.0)
+            events = server.stream_all(parent, "m", False)
+            ids = [child.request_id for child in parent.children]
+        await events.aclose()
+        return ids
+
+    with _serving() as server:
+        ids = asyncio.run(close_unread(server))
+        sent = [decode(server.engine.outgoing.get_nowait()) for _ in range(2 * n)]
+        assert server.engine.outgoing.empty()
+        assert [kind for kind, _ in sent] == ["add"] * n + ["abort"] * n
+        assert [payload for _, payload in sent[n:]] == [[i] for i in ids]
+        assert server.gens == {} and server.awaiting_first == 0
+        assert server.engine.streams == {}
+
+
 def test_fan_out_sends_n_children_with_their_seeds_on_one_queue() -> None:
     with _serving() as server:
         parent = server.fan_out(_parsed(3, seed=40), 0.0)

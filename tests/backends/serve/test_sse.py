@@ -24,7 +24,7 @@ from backends.serve.metrics import ITL_BUCKETS, ServeMetrics, observe_all
 from backends.serve.openai_protocol import EngineDeadError, Parsed
 from backends.serve.server import ServeConfig, Server, _Generation
 from backends.serve.sse import ChunkEncoder
-from backends.serve.stream_path import Last, stream
+from backends.serve.stream_path import EventStream, Last, stream
 from runtime import SamplingParams
 
 TEXTS = ["", "a", 'quote " back \\ slash', "tab\tnew\nline\r\x00\x1f", "é ü 中文 🙂",
@@ -93,7 +93,7 @@ def _stream(chat: bool, items: list[RequestOutput | Exception], include_usage: b
         server.gens["r"] = gen
         server.awaiting_first = 1
         events = []
-        chunks = server.stream(gen, "m", chat)
+        chunks = server.stream(gen, "m", chat).events
         for item in items:
             gen.queue.put_nowait(item)
             events.append(await chunks.__anext__())
@@ -244,6 +244,10 @@ def _drive(app: Any, disconnect_after: float | None) -> list[dict]:
     return asyncio.run(scenario())
 
 
+def _nothing() -> None:
+    """A stream's `forget` where no request stands behind it."""
+
+
 @pytest.mark.parametrize("hold", [False, True])
 def test_the_stream_path_sends_what_streaming_response_sent(hold: bool) -> None:
     parts = [b"data: {\"a\":1}\n\n", b"data: [DONE]\n\n"]
@@ -251,7 +255,8 @@ def test_the_stream_path_sends_what_streaming_response_sent(hold: bool) -> None:
 
     async def new(scope: Any, receive: Any, send: Any) -> None:
         await receive()
-        await stream(_events(logs["new"], parts, asyncio.Event() if hold else None),
+        await stream(EventStream(_events(logs["new"], parts,
+                                         asyncio.Event() if hold else None), _nothing),
                      receive, send)
 
     async def old(scope: Any, receive: Any, send: Any) -> None:
@@ -290,7 +295,8 @@ def test_a_last_event_ends_the_stream_in_one_write_with_the_same_bytes() -> None
 
     async def new(scope: Any, receive: Any, send: Any) -> None:
         await receive()
-        await stream(_events(logs["new"], [*parts, b"never sent"]), receive, send)
+        await stream(EventStream(_events(logs["new"], [*parts, b"never sent"]), _nothing),
+                     receive, send)
 
     async def old(scope: Any, receive: Any, send: Any) -> None:
         await receive()
