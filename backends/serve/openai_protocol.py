@@ -324,6 +324,8 @@ class RequestParser:
         seed = _get(body, "seed", (int,), None)
         if seed is not None and not _INT64[0] <= seed <= _INT64[1]:
             raise body_error(f"seed must be a 64-bit integer, got {_short(seed)}", "body.seed")
+        if seed == -1:  # vLLM's SamplingParams: no seed (n > 1: unseeded children)
+            seed = None
         if not 0 <= temperature <= MAX_TEMPERATURE:
             raise ApiError(400, f"temperature must be in [0, {MAX_TEMPERATURE}], got "
                            f"{temperature}", "temperature")

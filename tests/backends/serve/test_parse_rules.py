@@ -152,3 +152,12 @@ def test_echo_0_and_chat_logprobs_0_ask_for_nothing() -> None:
             parser().parse(body, [5, 6], chat=chat)
         assert (err.value.param, err.value.body()["error"]["type"]) == \
             (next(iter(body)), "BadRequestError")
+
+
+@pytest.mark.parametrize(("seed", "kept"), [(-1, None), (-2, -2), (0, 0), (None, None)])
+def test_seed_minus_one_asks_for_no_seed(seed: int | None, kept: int | None) -> None:
+    """vLLM's SamplingParams turns seed -1 into no seed (with n > 1: children unseeded,
+    not -1, 0, 1, ...)."""
+    assert parser().parse({"seed": seed}, [5, 6], chat=False).sampling.seed == kept
+    children = parser().parse({"seed": seed, "n": 2}, [5, 6], chat=False)
+    assert children.sampling.seed == kept
