@@ -53,6 +53,26 @@ def body_error(message: str, param: str | None = "body") -> ApiError:
     return ApiError(400, message, param, kind="Bad Request")
 
 
+def choice_body(index: int, text: str, finish_reason: str | None, stop_reason: int | str | None,
+                chat: bool) -> dict[str, Any]:
+    """One choice of a whole (non-streamed) answer, as vLLM 0.32 writes it."""
+    choice: dict[str, Any] = {"index": index, "logprobs": None,
+                              "finish_reason": finish_reason, "stop_reason": stop_reason}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    return choice
+
+
+def response_body(request_id: str, chat: bool, created: int, model: str,
+                  choices: list[dict[str, Any]], usage: dict[str, Any]) -> dict[str, Any]:
+    """A whole answer (`created`: Unix seconds), as vLLM 0.32 writes it."""
+    return {"id": ("chatcmpl-" if chat else "cmpl-") + request_id,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": created, "model": model, "choices": choices, "usage": usage}
+
+
 def json_bytes(value: Any) -> bytes:
     """`value` as rt serve's JSON responses encode it (Starlette's `JSONResponse`: compact,
     UTF-8, no NaN), so that `rt route`'s own answers are the same bytes."""

@@ -27,6 +27,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from backends.engine.sampling_options import SamplingOptions
+from backends.serve.openai_protocol import choice_body, response_body
 
 if TYPE_CHECKING:
     from backends.serve.engine_client import OutputQueue
@@ -123,17 +124,8 @@ class ParentRequest:
                  ) -> dict[str, Any]:
         """The non-streaming body: one choice per child, in index order."""
         assert len(texts) == self.n and self.finished, "every child answers once"
-        choices = []
-        for index, (child, text) in enumerate(zip(self.children, texts, strict=True)):
-            choice: dict[str, Any] = {"index": index, "logprobs": None,
-                                      "finish_reason": child.finish_reason,
-                                      "stop_reason": child.stop_reason}
-            if chat:
-                choice["message"] = {"role": "assistant", "content": text}
-            else:
-                choice["text"] = text
-            choices.append(choice)
-        rid = ("chatcmpl-" if chat else "cmpl-") + self.request_id
-        return {"id": rid, "object": "chat.completion" if chat else "text_completion",
-                "created": created, "model": model, "choices": choices,
-                "usage": self.usage(self.last_cached)}
+        choices = [choice_body(index, text, child.finish_reason, child.stop_reason, chat)
+                   for index, (child, text) in enumerate(zip(self.children, texts,
+                                                                strict=True))]
+        return response_body(self.request_id, chat, created, model, choices,
+                             self.usage(self.last_cached))

@@ -23,7 +23,14 @@ from backends.serve.engine_process import ExecutorFactory
 from backends.serve.flags import ServeFlags
 from backends.serve.messages import EngineInfo, EngineOutputs, EngineRequest, RequestOutput
 from backends.serve.metrics import ServeMetrics
-from backends.serve.openai_protocol import ApiError, EngineDeadError, Parsed, RequestParser
+from backends.serve.openai_protocol import (
+    ApiError,
+    EngineDeadError,
+    Parsed,
+    RequestParser,
+    choice_body,
+    response_body,
+)
 from backends.serve.parallel_sampling import ParentRequest, child_request_id, child_sampling
 from backends.serve.stop_strings import StopStringText
 from backends.serve.stream_path import EventStream, Last
@@ -446,17 +453,9 @@ class Server:
             self._forget_all(parent)
 
     def response(self, gen: _Generation, text: str, model: str, chat: bool) -> dict[str, Any]:
-        rid = ("chatcmpl-" if chat else "cmpl-") + gen.request_id
-        choice: dict[str, Any] = {"index": 0, "logprobs": None,
-                                  "finish_reason": gen.finish_reason,
-                                  "stop_reason": gen.stop_reason}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
-        return {"id": rid, "object": "chat.completion" if chat else "text_completion",
-                "created": int(time.time()), "model": model, "choices": [choice],
-                "usage": gen.usage()}
+        choice = choice_body(0, text, gen.finish_reason, gen.stop_reason, chat)
+        return response_body(gen.request_id, chat, int(time.time()), model, [choice],
+                             gen.usage())
 
 
 def _role_chunk(parsed: Parsed, head: dict[str, Any], index: int = 0) -> dict[str, Any]:
