@@ -14,6 +14,7 @@ import pytest
 from backends.engine.text import ByteTokenizer
 from backends.serve.messages import EngineInfo
 from backends.serve.openai_protocol import ApiError, RequestParser
+from backends.serve.parallel_sampling import child_sampling
 from runtime import CacheConfig, SchedulerConfig
 
 VOCAB = 512
@@ -159,5 +160,6 @@ def test_seed_minus_one_asks_for_no_seed(seed: int | None, kept: int | None) -> 
     """vLLM's SamplingParams turns seed -1 into no seed (with n > 1: children unseeded,
     not -1, 0, 1, ...)."""
     assert parser().parse({"seed": seed}, [5, 6], chat=False).sampling.seed == kept
-    children = parser().parse({"seed": seed, "n": 2}, [5, 6], chat=False)
-    assert children.sampling.seed == kept
+    sampling = parser().parse({"seed": seed, "n": 2}, [5, 6], chat=False).sampling
+    expected = [None, None] if kept is None else [kept, kept + 1]
+    assert [child_sampling(sampling, i).seed for i in range(2)] == expected
