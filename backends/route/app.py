@@ -84,7 +84,8 @@ from backends.route.upstream import (
     get,
 )
 from backends.serve.guard import UNAUTHORIZED, ApiKey, parse_body, require_json
-from backends.serve.openai_protocol import ApiError, json_bytes
+from backends.serve.openai_protocol import ApiError
+from backends.serve.responses import json_bytes
 from runtime.router import RoutingRequest, make_policy
 
 # hop-by-hop and framing headers: never forwarded either way (and `expect`: the router has

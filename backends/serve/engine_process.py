@@ -300,21 +300,17 @@ class EngineLoop:
             live.last_token_s = now
             if req_id in done:
                 outputs.append(self._final(live))
-            elif first:  # its queue and schedule times: the API server's if it stops it
-                outputs.append(RequestOutput(req_id, self._new_tokens(live),
-                                             num_cached_tokens=live.request.num_cached_tokens
-                                             or 0,
-                                             num_preemptions=live.request.num_preemptions,
-                                             queued_s=live.queued_s,
-                                             scheduled_s=live.scheduled_s))
-            else:
-                # Every output carries the prefix-cache hit (vLLM's EngineCoreOutput
-                # .num_cached_tokens): the API server counts it at the first one; and the
-                # preemptions so far, which a stop string's finish reports.
-                outputs.append(RequestOutput(req_id, self._new_tokens(live),
-                                             num_cached_tokens=live.request.num_cached_tokens
-                                             or 0,
-                                             num_preemptions=live.request.num_preemptions))
+                continue
+            # Every output carries the prefix-cache hit (vLLM's EngineCoreOutput
+            # .num_cached_tokens; the API server counts it at the first one) and the
+            # preemptions so far; the first, its queue and schedule times: what a stop
+            # string's finish in the API server reports
+            request = live.request
+            outputs.append(RequestOutput(
+                req_id, self._new_tokens(live), num_cached_tokens=request.num_cached_tokens or 0,
+                num_preemptions=request.num_preemptions,
+                queued_s=live.queued_s if first else None,
+                scheduled_s=live.scheduled_s if first else None))
         return outputs
 
     def _abort_pending(self) -> list[RequestOutput]:

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from backends.engine.sampling_options import MAX_LOGIT_BIAS, SamplingOptions
 from backends.engine.text import TextCodec
 from backends.serve.messages import EngineInfo
+from backends.serve.responses import json_bytes
 from runtime import SamplingParams
 
 # The generation routes: path -> whether it is the chat API. rt serve's stream path and
@@ -51,32 +52,6 @@ def body_error(message: str, param: str | None = "body") -> ApiError:
     type, a required one missing): vLLM's shape for it (FastAPI's validation errors), type
     "Bad Request" and `param` the location, `body.<field>`."""
     return ApiError(400, message, param, kind="Bad Request")
-
-
-def choice_body(index: int, text: str, finish_reason: str | None, stop_reason: int | str | None,
-                chat: bool) -> dict[str, Any]:
-    """One choice of a whole (non-streamed) answer, as vLLM 0.32 writes it."""
-    choice: dict[str, Any] = {"index": index, "logprobs": None,
-                              "finish_reason": finish_reason, "stop_reason": stop_reason}
-    if chat:
-        choice["message"] = {"role": "assistant", "content": text}
-    else:
-        choice["text"] = text
-    return choice
-
-
-def response_body(request_id: str, chat: bool, created: int, model: str,
-                  choices: list[dict[str, Any]], usage: dict[str, Any]) -> dict[str, Any]:
-    """A whole answer (`created`: Unix seconds), as vLLM 0.32 writes it."""
-    return {"id": ("chatcmpl-" if chat else "cmpl-") + request_id,
-            "object": "chat.completion" if chat else "text_completion",
-            "created": created, "model": model, "choices": choices, "usage": usage}
-
-
-def json_bytes(value: Any) -> bytes:
-    """`value` as rt serve's JSON responses encode it (Starlette's `JSONResponse`: compact,
-    UTF-8, no NaN), so that `rt route`'s own answers are the same bytes."""
-    return bytes(JSONResponse(value).body)
 
 
 # A request still running when the server stops waiting for it (`--shutdown-timeout` ran out,

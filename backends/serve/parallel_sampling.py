@@ -27,7 +27,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from backends.engine.sampling_options import SamplingOptions
-from backends.serve.openai_protocol import choice_body, response_body
+from backends.serve.responses import choice_body, response_body, usage_body
 
 if TYPE_CHECKING:
     from backends.serve.engine_client import OutputQueue
@@ -114,11 +114,8 @@ class ParentRequest:
 
     def usage(self, cached: int) -> dict[str, Any]:
         """The request's usage: the prompt once, the children's tokens summed."""
-        prompt = len(self.children[0].parsed.prompt_ids)
-        completion = self.num_completion_tokens
-        return {"prompt_tokens": prompt, "completion_tokens": completion,
-                "total_tokens": prompt + completion,
-                "prompt_tokens_details": {"cached_tokens": cached}}
+        return usage_body(len(self.children[0].parsed.prompt_ids),
+                          self.num_completion_tokens, cached)
 
     def response(self, texts: list[str], model: str, chat: bool, created: int
                  ) -> dict[str, Any]:

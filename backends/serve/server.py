@@ -23,15 +23,15 @@ from backends.serve.engine_process import ExecutorFactory
 from backends.serve.flags import ServeFlags
 from backends.serve.messages import EngineInfo, EngineOutputs, EngineRequest, RequestOutput
 from backends.serve.metrics import ServeMetrics
-from backends.serve.openai_protocol import (
-    ApiError,
-    EngineDeadError,
-    Parsed,
-    RequestParser,
-    choice_body,
-    response_body,
-)
+from backends.serve.openai_protocol import ApiError, EngineDeadError, Parsed, RequestParser
 from backends.serve.parallel_sampling import ParentRequest, child_request_id, child_sampling
+from backends.serve.responses import (
+    answer_id,
+    choice_body,
+    chunk_object,
+    response_body,
+    usage_body,
+)
 from backends.serve.stop_strings import StopStringText
 from backends.serve.stream_path import EventStream, Last
 
@@ -101,10 +101,13 @@ class _Generation:
     parent: ParentRequest | None = None  # the request it is a child of (`n` > 1)
 
     def usage(self) -> dict[str, Any]:
-        prompt = len(self.parsed.prompt_ids)
-        return {"prompt_tokens": prompt, "completion_tokens": self.output_len,
-                "total_tokens": prompt + self.output_len,
-                "prompt_tokens_details": {"cached_tokens": self.cached}}
+        return usage_body(len(self.parsed.prompt_ids), self.output_len, self.cached)
+
+    def role_chunk(self, head: dict[str, Any], index: int = 0) -> dict[str, Any]:
+        """`sse.role_chunk` for this request's choice `index`."""
+        parsed = self.parsed
+        return sse.role_chunk(head, index,
+                              len(parsed.prompt_ids) if parsed.continuous_usage else None)
 
 
 class Server:
@@ -337,9 +340,8 @@ class Server:
 
     async def _events(self, gen: _Generation, model: str, chat: bool
                       ) -> AsyncGenerator[bytes, None]:
-        rid = ("chatcmpl-" if chat else "cmpl-") + gen.request_id
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        encoder = sse.ChunkEncoder(rid, obj, int(time.time()), model, chat)
+        encoder = sse.ChunkEncoder(answer_id(gen.request_id, chat), chunk_object(chat),
+                                   int(time.time()), model, chat)
         parsed = gen.parsed
         first = chat  # the chat stream's role chunk goes out with the first output
         try:
@@ -348,7 +350,7 @@ class Server:
                     await gen.queue.wait()
                 text, out = self._next(gen)
                 if first:
-                    yield sse.event(_role_chunk(parsed, encoder.head))
+                    yield sse.event(gen.role_chunk(encoder.head))
                     first = False
                 if out.finish_reason is None and out.stop_reason is None \
                         and not parsed.continuous_usage:
@@ -419,9 +421,8 @@ class Server:
 
     async def _all_events(self, parent: ParentRequest, model: str, chat: bool
                           ) -> AsyncGenerator[bytes, None]:
-        rid = ("chatcmpl-" if chat else "cmpl-") + parent.request_id
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        created = int(time.time())
+        rid, obj, created = answer_id(parent.request_id, chat), chunk_object(chat), \
+            int(time.time())
         encoders = [sse.ChunkEncoder(rid, obj, created, model, chat, index)
                     for index in range(parent.n)]
         parsed = parent.children[0].parsed
@@ -437,7 +438,7 @@ class Server:
                 index, text, out = got
                 if first:
                     head = encoders[0].head
-                    yield b"".join(sse.event(_role_chunk(parsed, head, i))
+                    yield b"".join(sse.event(parent.children[0].role_chunk(head, i))
                                    for i in range(parent.n))
                     first = False
                 counts = parent.children[index].usage() if parsed.continuous_usage else None
@@ -456,24 +457,6 @@ class Server:
         choice = choice_body(0, text, gen.finish_reason, gen.stop_reason, chat)
         return response_body(gen.request_id, chat, int(time.time()), model, [choice],
                              gen.usage())
-
-
-def _role_chunk(parsed: Parsed, head: dict[str, Any], index: int = 0) -> dict[str, Any]:
-    """The chat stream's first chunk of choice `index` (role, empty content). As vLLM, it is
-    sent with the first engine output, i.e. just before the first token's chunk, never
-    earlier: vLLM's bench client stamps TTFT at the first chunk carrying `choices`, so a role
-    chunk sent at once would make TTFT read as the request's network round trip (vLLM 0.32,
-    entrypoints/openai/chat_completion/serving.py, chat_completion_stream_generator: the
-    role is sent `if first_iteration` inside `async for res in result_generator`, once per
-    choice)."""
-    chunk = {**head, "choices": [{"index": index,
-                                  "delta": {"role": "assistant", "content": ""},
-                                  "logprobs": None, "finish_reason": None}]}
-    if parsed.continuous_usage:
-        prompt = len(parsed.prompt_ids)
-        chunk["usage"] = {"prompt_tokens": prompt, "completion_tokens": 0,
-                          "total_tokens": prompt}
-    return chunk
 
 
 def _ready(gen: _Generation) -> bool:

@@ -25,6 +25,24 @@ def event(data: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(data, separators=_COMPACT).encode() + b"\n\n"
 
 
+def role_chunk(head: dict[str, Any], index: int, usage_prompt: int | None) -> dict[str, Any]:
+    """The chat stream's first chunk of choice `index` (role, empty content), with a usage
+    of `usage_prompt` prompt tokens and none generated under `continuous_usage_stats`
+    (None: no usage). As vLLM, it is sent with the first engine output, i.e. just before
+    the first token's chunk, never earlier: vLLM's bench client stamps TTFT at the first
+    chunk carrying `choices`, so a role chunk sent at once would make TTFT read as the
+    request's network round trip (vLLM 0.32, entrypoints/openai/chat_completion/
+    serving.py, chat_completion_stream_generator: the role is sent `if first_iteration`
+    inside `async for res in result_generator`, once per choice)."""
+    chunk = {**head, "choices": [{"index": index,
+                                  "delta": {"role": "assistant", "content": ""},
+                                  "logprobs": None, "finish_reason": None}]}
+    if usage_prompt is not None:
+        chunk["usage"] = {"prompt_tokens": usage_prompt, "completion_tokens": 0,
+                          "total_tokens": usage_prompt}
+    return chunk
+
+
 class ChunkEncoder:
     """One stream's token chunks:
 
