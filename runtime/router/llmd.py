@@ -198,8 +198,7 @@ class Llmd(RouterPolicy):
         if keys.blocking != self._blocking:
             raise ValueError(f"prefix keys of {keys.blocking} given to llm-d with "
                              f"{self._blocking}")
-        block, max_blocks = self._blocking.block_size, self._blocking.max_blocks
-        expected = 0 if prompt_len < block else min(-(-prompt_len // block), max_blocks)
+        expected = self._blocking.num_blocks(prompt_len)
         if len(keys.keys) != expected:
             raise ValueError(f"{len(keys.keys)} prefix keys for a {prompt_len}-token prompt, "
                              f"expected {expected}")

@@ -30,6 +30,13 @@ class PromptBlocking:
         if self.max_blocks < 1:
             raise ValueError(f"max_blocks must be >= 1, got {self.max_blocks}")
 
+    def num_blocks(self, prompt_len: int) -> int:
+        """The blocks (hashes) a prompt of `prompt_len` tokens gets: none under one block,
+        else every block, the partial tail's included, up to `max_blocks`."""
+        if prompt_len < self.block_size:
+            return 0
+        return min(-(-prompt_len // self.block_size), self.max_blocks)
+
 
 @dataclass(frozen=True, slots=True)
 class PrefixKeys:
