@@ -287,6 +287,54 @@ def make_profile(fit: FitResult, *, device: str, model: str, dtype: str,
 
 MIN_REPLAY_STEPS = 7  # fewer usable steps cannot pin six coefficients and hold some out
 
+# A replay step that took more than STALL_RATIO times the fit's time is a one-off stall, not
+# what its batch costs: on an H200 the first replay of a fresh process held 14 of 3,176 steps
+# of 0.46-3.2 s (Triton compiling a new kernel variant) among 22-60 ms ones, 11 s in all. In
+# squared seconds they outweighed the other steps: the fit put 73 µs on each prefill token and
+# the simulator's TTFT came out +94% at p50; without them, -2%. Warm replays held none above
+# 1.5x the median step.
+STALL_RATIO = 4.0
+STALL_ROUNDS = 5  # refits until the stall set is stable (each refit can only shrink it)
+
+
+class Stalls(NamedTuple):
+    """Which steps a replay fit left out as stalls (`find_stalls`), and their seconds."""
+
+    mask: np.ndarray  # [n] bool, True for a stall
+    seconds: float
+
+    def describe(self) -> dict[str, object]:
+        """The profile's "fit" entries: how many steps were left out and their total time."""
+        return {"stall_ratio": STALL_RATIO, "stall_steps": int(self.mask.sum()),
+                "stall_seconds": self.seconds}
+
+
+def find_stalls(features: Sequence[BatchFeatures], seconds: Sequence[float]) -> Stalls:
+    """The steps that took more than STALL_RATIO times what a fit on the others predicts:
+    fit on all, mark, refit on the unmarked, mark again from all steps, until the set is
+    stable or STALL_ROUNDS refits. The marking fit weighs relative errors, so the many short
+    steps pin it and a few stalls of seconds cannot bend it their way (in squared seconds a
+    stalled 8k-token prefill passed as 1.6x a fit it had made). A step no other step
+    resembles (the one long prefill) pins its own coefficient, so its stall can pass unseen.
+    A step the fit predicts 0 s for is never a stall."""
+    measured = np.asarray(seconds, dtype=np.float64)
+    stall = np.zeros(len(measured), dtype=bool)
+    for _ in range(STALL_ROUNDS):
+        kept = [f for f, s in zip(features, stall, strict=True) if not s]
+        predicted = predict(fit_coefficients(kept, measured[~stall], relative=True), features)
+        marked = (predicted > 0) & (measured > STALL_RATIO * predicted)
+        if np.array_equal(marked, stall) or len(measured) - marked.sum() < MIN_REPLAY_STEPS:
+            break
+        stall = marked
+    return Stalls(stall, float(measured[stall].sum()))
+
+
+def _without(samples: StepSamples, stall: np.ndarray) -> StepSamples:
+    """`samples` less the steps marked in `stall` ([len(samples.seconds)] bool)."""
+    keep = [i for i, s in enumerate(stall) if not s]
+    return StepSamples([samples.features[i] for i in keep], [samples.seconds[i] for i in keep],
+                       [samples.start_s[i] for i in keep])
+
 
 def read_replay_steps(path: Path, target: str = "wall") -> StepSamples:
     """`steps_training_data` of a replay's steps.parquet (`path` is the file or its run
@@ -328,8 +376,9 @@ def profile_from_replays(paths: Sequence[Path], target: str = "wall", *,
     time is unbiased), with the step-time scatter around the fit: i.i.d. per step, or with
     `drift` a per-step factor times a slow drift per window (`fit_step_noise`; with too few
     windows the profile has no drift table); metadata from the first run's run.json; the
-    API-server cost as given, else the default. ValueError on unreadable steps or fewer than
-    MIN_REPLAY_STEPS usable ones."""
+    API-server cost as given, else the default. Stalls (`find_stalls`) are left out of the
+    fit and of the scatter, and counted in the profile's "fit". ValueError on unreadable steps
+    or fewer than MIN_REPLAY_STEPS usable ones."""
     import datetime
     import json
 
@@ -341,6 +390,12 @@ def profile_from_replays(paths: Sequence[Path], target: str = "wall", *,
     if len(seconds) < MIN_REPLAY_STEPS:
         raise ValueError(f"{len(seconds)} usable steps, at least {MIN_REPLAY_STEPS} are "
                          "needed")
+    stalls = find_stalls(features, seconds)
+    bounds = np.cumsum([0, *(len(run.seconds) for run in runs)])
+    runs = [_without(run, stalls.mask[start:end])
+            for run, start, end in zip(runs, bounds[:-1], bounds[1:], strict=True)]
+    features = [f for run in runs for f in run.features]
+    seconds = [t for run in runs for t in run.seconds]
     run_json = (paths[0] if paths[0].is_dir() else paths[0].parent) / "run.json"
     try:
         info = json.loads(run_json.read_text()) if run_json.is_file() else {}
@@ -364,8 +419,8 @@ def profile_from_replays(paths: Sequence[Path], target: str = "wall", *,
         versions={"rt": rt_version},
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         api_server=api_server or ApiServerCost(),
-        extra={"target": target, "replay_steps": len(seconds), "grid_points": 0,
-               "sources": [str(p) for p in paths]})
+        extra={"target": target, "replay_steps": len(seconds), **stalls.describe(),
+               "grid_points": 0, "sources": [str(p) for p in paths]})
 
 
 def profile_from_grid(calibration: Any, extra_steps: Sequence[StepSamples] = (),

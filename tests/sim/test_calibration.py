@@ -11,6 +11,7 @@ import pytest
 from runtime.batch import BatchFeatures
 from sim.calibrate import (
     evaluate,
+    find_stalls,
     fit_api_server,
     fit_coefficients,
     fit_with_holdout,
@@ -132,3 +133,67 @@ def test_replay_run_directories_errors_name_the_file(tmp_path: Path) -> None:
     (tmp_path / "steps.parquet").write_text("x")
     with pytest.raises(ValueError, match=f"{tmp_path / 'steps.parquet'}: "):
         profile_from_replays([tmp_path])
+
+
+def _steps_table(path: Path, feats: list[BatchFeatures], seconds: np.ndarray) -> None:
+    """A replay's steps.parquet with these features and back-to-back wall times."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ends = np.cumsum(seconds)
+    columns: dict[str, list[object]] = {
+        f.name: [getattr(x, f.name) for x in feats] for f in dataclasses.fields(BatchFeatures)}
+    columns |= {"start_s": list(ends - seconds), "end_s": list(ends),
+                "duration_s": list(seconds)}
+    path.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(columns), path / "steps.parquet")
+
+
+def _replay_like() -> list[BatchFeatures]:
+    """120 steps as a replay has them: decodes of 1-16 sequences, prefills of 16-256 tokens,
+    and at index 7 one long prefill (4096 tokens), the step a stall there would bend most."""
+    out = []
+    for i in range(120):
+        q, b = (16 * (1 + i % 16), 0) if i % 3 == 0 else (0, 1 + i % 16)
+        if i == 7:
+            q, b = 4096, 0
+        out.append(BatchFeatures(num_prefill_tokens=q, num_decode_tokens=b,
+                                 num_seqs=b + (q > 0), num_prefill_seqs=int(q > 0),
+                                 prefill_attention_pairs=q * (q + 1) // 2,
+                                 prefill_kv_tokens=q, decode_kv_tokens=b * 100))
+    return out
+
+
+def test_find_stalls_marks_exactly_the_steps_far_above_the_fit() -> None:
+    feats = _replay_like()
+    seconds = predict(TRUE, feats)
+    assert not find_stalls(feats, seconds).mask.any()  # exact data: no stall
+    stalled = seconds.copy()
+    stalled[[0, 3, 50]] += 0.5  # a compile in a prefill and two decode steps (4.9x-490x)
+    stalled[7] *= 3.0  # the long prefill 3x: slow, but not a stall
+    stalls = find_stalls(feats, stalled)
+    assert np.flatnonzero(stalls.mask).tolist() == [0, 3, 50]
+    assert stalls.seconds == pytest.approx(float(stalled[[0, 3, 50]].sum()))
+    # step 7 unmarked: 3x is under the ratio (and a lone step of its size pins the
+    # attention-pair coefficient alone, so the fit would follow it further still)
+
+
+def test_replay_profile_fits_without_stalls_and_counts_them(tmp_path: Path) -> None:
+    feats = _replay_like()
+    seconds = predict(TRUE, feats)
+    stalled = seconds.copy()
+    stalled[[1, 2]] += 3.0  # first steps of a fresh process: kernels compiling
+    _steps_table(tmp_path / "a", feats[:60], stalled[:60])
+    _steps_table(tmp_path / "b", feats[60:], stalled[60:])
+    profile = profile_from_replays([tmp_path / "a", tmp_path / "b"])
+    assert np.allclose(predict(profile.coefficients, feats), seconds, rtol=1e-6)
+    assert profile.fit is not None
+    assert (profile.fit["stall_steps"], profile.fit["replay_steps"]) == (2, 118)
+    assert profile.fit["stall_seconds"] == pytest.approx(float(stalled[[1, 2]].sum()))
+    assert profile.step_time_quantiles is not None
+    assert max(profile.step_time_quantiles) == pytest.approx(1.0)  # the fit is exact
+    # without stalls nothing is left out
+    _steps_table(tmp_path / "c", feats, seconds)
+    clean = profile_from_replays([tmp_path / "c"])
+    assert clean.fit is not None and (clean.fit["stall_steps"], clean.fit["replay_steps"]) \
+        == (0, 120)

@@ -11,7 +11,13 @@ import pytest
 from runtime.batch import BatchFeatures
 from sim.cost.api_server import ApiServerCost
 from sim.cost.profile_model import ProfileCoefficients
-from sim.profile import Profile, load_profile, profile_from_json_dict, write_profile
+from sim.profile import (
+    Profile,
+    load_profile,
+    profile_from_json_dict,
+    shipped_profile,
+    write_profile,
+)
 
 PROFILE = Profile(
     device="H200-SXM-141GB",
@@ -149,3 +155,22 @@ def test_profile_calibrated_is_the_shipped_one_for_gpu_and_model(
     assert setup.profile_path == str(tmp_path / "h200--llama-3.1-8b.json")
     with pytest.raises(ValueError, match=r"--model qwen2.5-7b \(shipped: h200 \+ llama-3.1-8b\)"):
         build_setup(EngineArgs(), "qwen2.5-7b", "h200", "calibrated")
+
+
+def test_the_shipped_h200_profile_loads_and_times_a_step() -> None:
+    """sim/profiles/h200--llama-3.1-8b.json (fitted on an H200's replays, 2026-12-04): it
+    parses, and its coefficients give a decode step its constant and a 512-token prefill its
+    attention pairs' share (rt's host-bound engine: ~24 ms a step)."""
+    profile = load_profile(shipped_profile("h200", "llama-3.1-8b"))
+    assert profile.device == "NVIDIA H200" and profile.fit is not None
+    assert profile.fit["stall_steps"] == 13 and profile.fit["replay_steps"] == 3163
+    model = profile.cost_model()
+    decode = model.step_time(BatchFeatures(num_decode_tokens=16, num_seqs=16,
+                                           decode_kv_tokens=16 * 600))
+    pairs = 512 * 513 // 2
+    prefill = model.step_time(BatchFeatures(num_prefill_tokens=512, num_seqs=1,
+                                            num_prefill_seqs=1, prefill_attention_pairs=pairs,
+                                            prefill_kv_tokens=512))
+    c = profile.coefficients
+    assert decode == pytest.approx(c.constant_s) and 0.020 < decode < 0.030
+    assert prefill == pytest.approx(c.constant_s + pairs * c.per_prefill_attention_pair_s)
