@@ -8,7 +8,8 @@ off, a KV pool sized to hold every request, so no preemption); transformers runs
 left-padded batches of a fixed size, one batch after another, on the same weights (the
 engine's own `hf_model`), device and dtype. Each side is timed end to end after a warm-up,
 with `torch.cuda.synchronize()` around the clock on CUDA. The first few requests' outputs
-are compared as a sanity check (reported, never failed: bf16 greedy can diverge).
+are compared as a sanity check (reported, never failed: bf16 greedy can diverge); where
+they differ, the reference's logits at the first difference say whether it was a near-tie.
 """
 
 from __future__ import annotations
@@ -227,6 +228,39 @@ def compare_outputs(ours: dict[str, list[int]], theirs: dict[str, list[int]],
             "requests": rows}
 
 
+def mismatch_logits(hf_model: Any, prompt: list[int], ours: list[int], theirs: list[int],
+                    first: int) -> Report:
+    """What the reference model's next-token logits said where the two greedy outputs first
+    differ (index `first`): one forward pass over the prompt and the `first` agreed tokens, in
+    the model's own dtype. `gap`: logit(theirs) - logit(ours) >= 0 when transformers' pick is
+    its own argmax; a gap within `resolution` (the logits' dtype spacing at that magnitude) is
+    a near-tie that rounding alone can flip."""
+    device = next(hf_model.parameters()).device
+    ids = torch.tensor([prompt + ours[:first]], dtype=torch.long, device=device)
+    with torch.inference_mode():
+        logits = hf_model(input_ids=ids).logits[0, -1]
+    ours_logit, theirs_logit = float(logits[ours[first]]), float(logits[theirs[first]])
+    top2 = torch.topk(logits.float(), 2).values.tolist()
+    resolution = float(torch.finfo(logits.dtype).eps) * max(abs(top2[0]), 1e-30)
+    return {"ours_logit": ours_logit, "theirs_logit": theirs_logit,
+            "gap": theirs_logit - ours_logit, "top2_gap": top2[0] - top2[1],
+            "resolution": resolution, "dtype": str(logits.dtype).removeprefix("torch.")}
+
+
+def explain_mismatches(agreement: Report, hf_model: Any, prompts: Prompts,
+                       ours: dict[str, list[int]], theirs: dict[str, list[int]]) -> Report:
+    """`agreement` with each differing request's `mismatch_logits` at its first difference
+    (none past the shorter output)."""
+    rows = []
+    for row in agreement["requests"]:
+        first, req_id = row["first_mismatch"], row["request"]
+        if first is not None and first < min(len(ours[req_id]), len(theirs[req_id])):
+            row = {**row, "at_mismatch": mismatch_logits(
+                hf_model, prompts[req_id], ours[req_id], theirs[req_id], first)}
+        rows.append(row)
+    return {**agreement, "requests": rows}
+
+
 def _pad_id(config: Any) -> int:
     pad = getattr(config, "pad_token_id", None)
     return int(pad) if pad is not None else 0
@@ -248,8 +282,9 @@ def engine_vs_generate(model_dir: Path, device: str = "cuda", dtype: str = "auto
     return {
         "rt": rt_report, "transformers": hf_report, "ratio": ratio, "goal_ratio": GOAL_RATIO,
         "meets_goal": ratio >= GOAL_RATIO,
-        "agreement": compare_outputs(rt_outputs, hf_outputs,
-                                     list(prompts)[:plan.num_compared]),
+        "agreement": explain_mismatches(
+            compare_outputs(rt_outputs, hf_outputs, list(prompts)[:plan.num_compared]),
+            setup.model.hf_model, prompts, rt_outputs, hf_outputs),
         "config": {**asdict(plan), "hf_batch_size": batch_size,
                    "prompt_len_min": min(lengths), "prompt_len_max": max(lengths),
                    "prompt_tokens": sum(lengths), "engine": setup.describe()},

@@ -14,6 +14,7 @@ from backends.bench.engine_throughput import (
     compare_outputs,
     engine_throughput_section,
     engine_vs_generate,
+    explain_mismatches,
     left_pad,
     make_prompts,
 )
@@ -77,3 +78,30 @@ def test_build_random_llama_small_shape(tmp_path: Path) -> None:
     report = engine_vs_generate(path, "cpu", "float32",
                                 EnginePlan(num_requests=2, prompt_len=6, output_len=3))
     assert report["rt"]["output_tokens"] == 6
+
+
+def test_a_mismatch_is_explained_by_the_reference_logits(tiny_dir: Path) -> None:
+    """Where rt's greedy token differs, the report gives the reference model's logits for
+    both tokens after the agreed prefix: hand-made outputs that agree on one token, then
+    differ (transformers' pick is the reference's argmax, rt's the runner-up)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    prompt = [11, 12, 13, 14, 15]
+    with torch.inference_mode():
+        first = int(model(input_ids=torch.tensor([prompt])).logits[0, -1].argmax())
+        logits = model(input_ids=torch.tensor([prompt + [first]])).logits[0, -1]
+    top, second = torch.topk(logits, 2).indices.tolist()
+    ours, theirs = {"a": [first, second], "b": [first]}, {"a": [first, top], "b": [first]}
+    report = explain_mismatches(compare_outputs(ours, theirs, ["a", "b"]), model,
+                                {"a": prompt, "b": prompt}, ours, theirs)
+    a, b = report["requests"]
+    assert a["first_mismatch"] == 1 and "at_mismatch" not in b
+    at = a["at_mismatch"]
+    assert at["theirs_logit"] == pytest.approx(float(logits[top]), abs=1e-5)
+    assert at["ours_logit"] == pytest.approx(float(logits[second]), abs=1e-5)
+    assert at["gap"] == pytest.approx(at["top2_gap"], abs=1e-6) and at["gap"] > 0
+    assert at["dtype"] == "float32"
+    assert at["resolution"] == pytest.approx(torch.finfo(torch.float32).eps
+                                             * abs(float(logits[top])))
