@@ -152,7 +152,7 @@ def _generator(server: Server) -> Generate:
         prompt = parser.chat_prompt(body) if chat else parser.completion_prompt(body)
         parsed = parser.parse(body, prompt, chat)
         if parsed.n > 1:  # parallel sampling: n engine requests (`parallel_sampling`)
-            parent = server.fan_out(parsed, arrival)
+            parent = await server.fan_out(parsed, arrival)
             if parsed.stream:
                 return server.stream_all(parent, model, chat)
             texts = await server.complete_all(parent)
