@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from backends.listen import listening_socket, socket_url
@@ -42,7 +42,13 @@ from backends.serve.guard import RequestGuard, json_body
 from backends.serve.openai_protocol import ApiError, body_error, token_list
 from backends.serve.openapi_schema import request_schema
 from backends.serve.server import ServeConfig, Server
-from backends.serve.stream_path import ASGIApp, EventStream, Generate, StreamPath
+from backends.serve.stream_path import (
+    ASGIApp,
+    EventStream,
+    EventStreamResponse,
+    Generate,
+    StreamPath,
+)
 
 __all__ = ["HttpStack", "ServeConfig", "Server", "build_app", "front", "http_stack",
            "listening_socket", "routes_app", "run_server", "socket_url"]
@@ -152,7 +158,7 @@ def _generator(server: Server) -> Generate:
         prompt = parser.chat_prompt(body) if chat else parser.completion_prompt(body)
         parsed = parser.parse(body, prompt, chat)
         if parsed.n > 1:  # parallel sampling: n engine requests (`parallel_sampling`)
-            parent = server.fan_out(parsed, arrival)
+            parent = await server.fan_out(parsed, arrival)
             if parsed.stream:
                 return server.stream_all(parent, model, chat)
             texts = await server.complete_all(parent)
@@ -168,13 +174,14 @@ def _generator(server: Server) -> Generate:
 
 def _generation_routes(app: FastAPI, generate: Generate) -> None:
     """The routes `StreamPath` serves, kept in FastAPI for /openapi.json (and for
-    `routes_app` served alone, as the tests compare)."""
+    `routes_app` served alone, as the tests compare); a stream's request is aborted whenever
+    its response ends early, as on `StreamPath` (`EventStreamResponse`)."""
 
     async def respond(request: Request, chat: bool) -> Response:
         answer = await generate(request, chat)
         if isinstance(answer, Response):
             return answer
-        return StreamingResponse(answer, media_type="text/event-stream")
+        return EventStreamResponse(answer)
 
     @app.post("/v1/completions", openapi_extra=request_schema("completion"))
     async def completions(request: Request) -> Response:

@@ -6,6 +6,7 @@ Times are monotonic seconds.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import gc
 import logging
@@ -36,6 +37,14 @@ from backends.serve.stop_strings import StopStringText
 from backends.serve.stream_path import EventStream, Last
 
 logger = logging.getLogger("rt.serve")
+
+# Children `Server.fan_out` submits between two yields to the event loop. A child costs
+# ~5-10 us (encoded, posted to the engine, tracked): n = 16384, the accepted maximum, took
+# 83-92 ms in process and 120-170 ms on `--simulate` (issue #18 saw ~1.2 s, ~73 us each),
+# all of it one piece of the loop, during which no other stream got a byte. 64 children
+# hold the loop 0.3-0.7 ms (~4.7 ms at issue #18's cost), below one engine step (24 ms on
+# the H200 profile), and the 255 yields of n = 16384 cost ~1% (82.6 -> 83.6 ms in process).
+FAN_OUT_CHUNK = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,33 +261,51 @@ class Server:
                                                  parsed.sampling, arrival_s))
         return self._track(request_id, parsed, arrival_s, queue)
 
-    def fan_out(self, parsed: Parsed, arrival_s: float) -> ParentRequest:
-        """A request with `n` > 1 as n child requests on one queue (`parallel_sampling`)."""
-        self._check_admission(parsed.n)
+    async def fan_out(self, parsed: Parsed, arrival_s: float) -> ParentRequest:
+        """A request with `n` > 1 as n child requests on one queue (`parallel_sampling`).
+
+        Admission is checked once for all n, and their n places are held from then on (a
+        request admitted while this yields sees them taken). Yields to the event loop every
+        `FAN_OUT_CHUNK` children, as vLLM's front end awaits between them, so other streams
+        keep flowing; cancelled or failed part-way (client gone, shutdown, engine dead),
+        every child already sent is aborted and forgotten, and the places left released."""
+        n = parsed.n
+        self._check_admission(n)
+        self.awaiting_first += n  # held for the children: `_track(held=True)` takes them
         request_id = os.urandom(16).hex()
         queue = OutputQueue()
-        children = []
-        for index in range(parsed.n):
-            child_id = child_request_id(index, request_id)
-            self.engine.submit(EngineRequest(child_id, parsed.prompt_ids, parsed.params,
-                                             child_sampling(parsed.sampling, index),
-                                             arrival_s), queue)
-            children.append(self._track(child_id, parsed, arrival_s, queue))
+        children: list[_Generation] = []
+        try:
+            for index in range(n):
+                if index and index % FAN_OUT_CHUNK == 0:
+                    await asyncio.sleep(0)
+                child_id = child_request_id(index, request_id)
+                self.engine.submit(EngineRequest(child_id, parsed.prompt_ids, parsed.params,
+                                                 child_sampling(parsed.sampling, index),
+                                                 arrival_s), queue)
+                children.append(self._track(child_id, parsed, arrival_s, queue, held=True))
+        except BaseException:
+            self.awaiting_first -= n - len(children)  # the places of children never sent
+            for child in children:
+                self._forget(child, abort=True)
+            raise
         parent = ParentRequest(request_id, children, queue)
         for child in children:
             child.parent = parent
         return parent
 
-    def _track(self, request_id: str, parsed: Parsed, arrival_s: float, queue: OutputQueue
-               ) -> _Generation:
-        """A request sent to the engine, now in flight."""
+    def _track(self, request_id: str, parsed: Parsed, arrival_s: float, queue: OutputQueue,
+               held: bool = False) -> _Generation:
+        """A request sent to the engine, now in flight; `held`: its place among those
+        awaiting a first output was taken beforehand (`fan_out`)."""
         assert self.codec is not None
         gen = _Generation(request_id, parsed, arrival_s, self.codec.decoder(), queue)
         if parsed.stop:
             gen.stops = StopStringText(gen.decoder, parsed.stop, parsed.include_stop_str,
                                        parsed.params.min_tokens)
         self.gens[request_id] = gen
-        self.awaiting_first += 1
+        if not held:
+            self.awaiting_first += 1
         return gen
 
     def _next(self, gen: _Generation) -> tuple[str, RequestOutput]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from backends.serve import sse
 from backends.serve.openai_protocol import GENERATION_PATHS as PATHS
@@ -57,6 +57,25 @@ class EventStream:
             await self.events.aclose()
         finally:
             self.forget()
+
+
+class EventStreamResponse(StreamingResponse):
+    """Starlette's `StreamingResponse` of an `EventStream` (the FastAPI routes' answer to a
+    stream, `api_server._generation_routes`) that closes it however the response ends:
+    `StreamingResponse` never closes its body, so a stream cut before its first step (the
+    client gone while the headers were written, a send that failed, a cancellation) left
+    its request running in the engine and held by the server. Same status, headers and
+    bytes as `StreamingResponse`."""
+
+    def __init__(self, events: EventStream) -> None:
+        super().__init__(events, media_type="text/event-stream")
+        self.events = events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.events.aclose()  # the abort, if the request still runs
 
 
 # (request, chat) -> a response to send, or the SSE events of a stream

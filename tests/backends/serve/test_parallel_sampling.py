@@ -26,7 +26,7 @@ from backends.serve.messages import RequestOutput, decode
 from backends.serve.metrics import ServeMetrics
 from backends.serve.openai_protocol import MAX_N, ApiError, EngineDeadError, Parsed
 from backends.serve.parallel_sampling import ParentRequest, child_request_id, child_sampling
-from backends.serve.server import ServeConfig, Server, _Generation
+from backends.serve.server import FAN_OUT_CHUNK, ServeConfig, Server, _Generation
 from runtime import SamplingParams
 from tests.backends.serve.test_parse_rules import parser
 from tests.backends.serve.test_serve import Served, _first_data
@@ -138,7 +138,7 @@ def test_a_stream_closed_before_it_starts_aborts_its_requests(n: int) -> None:
             gen = server.admit(_parsed(1), 0.0)
             events, ids = server.stream(gen, "m", False), [gen.request_id]
         else:
-            parent = server.fan_out(_parsed(n), 0.0)
+            parent = await server.fan_out(_parsed(n), 0.0)
             events = server.stream_all(parent, "m", False)
             ids = [child.request_id for child in parent.children]
         await events.aclose()
@@ -156,7 +156,7 @@ def test_a_stream_closed_before_it_starts_aborts_its_requests(n: int) -> None:
 
 def test_fan_out_sends_n_children_with_their_seeds_on_one_queue() -> None:
     with _serving() as server:
-        parent = server.fan_out(_parsed(3, seed=40), 0.0)
+        parent = asyncio.run(server.fan_out(_parsed(3, seed=40), 0.0))
         sent = [decode(server.engine.outgoing.get_nowait()) for _ in range(3)]
         assert server.engine.outgoing.empty()
         assert [(kind, req.request_id, req.sampling.seed) for kind, req in sent] == \
@@ -171,12 +171,102 @@ def test_fan_out_sends_n_children_with_their_seeds_on_one_queue() -> None:
 def test_admission_counts_n_requests() -> None:
     """vLLM's check_admission: a request with n > 1 takes n slots of the queue limit."""
     with _serving(limit=3) as server:
-        server.fan_out(_parsed(2), 0.0)  # 2 of 3 awaiting a first token
+        asyncio.run(server.fan_out(_parsed(2), 0.0))  # 2 of 3 awaiting a first token
         with pytest.raises(ApiError) as err:
-            server.fan_out(_parsed(2), 0.0)
+            asyncio.run(server.fan_out(_parsed(2), 0.0))
         assert err.value.status == 503
+        assert server.engine.outgoing.qsize() == 2  # the refused request sent nothing
         server.admit(_parsed(1), 0.0)  # the third slot
         assert server.awaiting_first == 3
+
+
+def test_a_large_fan_out_lets_other_tasks_run() -> None:
+    """`fan_out` yields to the event loop after every `FAN_OUT_CHUNK` children: a task that
+    notes how many children were sent each time it gets to run sees each chunk's end, in
+    order (before: nothing ran until all n were sent)."""
+    n = 3 * FAN_OUT_CHUNK + 5
+
+    async def scenario(server: Server) -> tuple[list[int], ParentRequest]:
+        seen: list[int] = []
+
+        async def note() -> None:
+            while True:
+                seen.append(len(server.gens))
+                await asyncio.sleep(0)
+
+        noting = asyncio.create_task(note())
+        parent = await server.fan_out(_parsed(n), 0.0)
+        noting.cancel()
+        return seen, parent
+
+    with _serving() as server:
+        seen, parent = asyncio.run(scenario(server))
+        assert seen == [FAN_OUT_CHUNK, 2 * FAN_OUT_CHUNK, 3 * FAN_OUT_CHUNK]
+        assert [child.request_id for child in parent.children] == \
+            [f"{i}_{parent.request_id}" for i in range(n)]
+        assert server.engine.outgoing.qsize() == n and server.awaiting_first == n
+
+
+def test_a_fan_out_holds_its_n_places_while_it_yields() -> None:
+    """Admission is checked once for all n, and their places are taken at once: a request
+    that comes while the fan-out yields (one chunk sent) finds the queue limit reached."""
+    n = 2 * FAN_OUT_CHUNK
+
+    async def scenario(server: Server) -> list[tuple[int, int]]:
+        refused: list[tuple[int, int]] = []  # (children sent, status) per refusal
+
+        async def admit_one() -> None:
+            try:
+                server.admit(_parsed(1), 0.0)
+            except ApiError as err:
+                refused.append((len(server.gens), err.status))
+
+        await asyncio.gather(server.fan_out(_parsed(n), 0.0), admit_one())
+        return refused
+
+    with _serving(limit=n) as server:
+        assert asyncio.run(scenario(server)) == [(FAN_OUT_CHUNK, 503)]
+        assert server.awaiting_first == n and len(server.gens) == n
+
+
+@pytest.mark.parametrize("chunks", [1, 2])
+def test_a_fan_out_cancelled_half_way_aborts_exactly_the_children_sent(chunks: int) -> None:
+    """Cancelled at its yield after `chunks` chunks (the client gone, a shutdown): the
+    children sent are aborted in the engine, in order, and none is left held by the server
+    or the engine client; none after them is sent; the places held for them are free."""
+    n, cut = 4 * FAN_OUT_CHUNK, chunks * FAN_OUT_CHUNK
+
+    async def scenario(server: Server) -> None:
+        fanning = asyncio.create_task(server.fan_out(_parsed(n), 0.0))
+
+        async def cancel_at_cut() -> None:
+            while len(server.gens) < cut:
+                await asyncio.sleep(0)
+            fanning.cancel()
+
+        cancelling = asyncio.create_task(cancel_at_cut())
+        with pytest.raises(asyncio.CancelledError):
+            await fanning
+        await cancelling
+
+    with _serving(limit=n) as server:
+        asyncio.run(scenario(server))
+        sent = [decode(server.engine.outgoing.get_nowait())
+                for _ in range(server.engine.outgoing.qsize())]
+        assert len(sent) == 2 * cut
+        parent_id = sent[0][1].request_id.partition("_")[2]
+        ids = [child_request_id(i, parent_id) for i in range(cut)]
+        assert [(kind, req.request_id) for kind, req in sent[:cut]] == \
+            [("add", i) for i in ids]
+        assert sent[cut:] == [("abort", [i]) for i in ids]
+        assert server.gens == {} and server.awaiting_first == 0
+        assert server.engine.streams == {}
+        assert server.metrics is not None
+        assert server.metrics.registry.get_sample_value(
+            "vllm:request_success_total",
+            {"model_name": "m", "engine": "0", "finished_reason": "abort"}) == cut
+        asyncio.run(server.fan_out(_parsed(n), 0.0))  # every place is free again
+        assert server.awaiting_first == n
 
 
 def _tokens(text: str) -> list[int]:
@@ -190,7 +280,7 @@ def _run_stream(chat: bool, parsed: Parsed, feed: list[tuple[int, RequestOutput]
 
     async def scenario() -> tuple[list[bytes], str]:
         with _serving() as server:
-            parent = server.fan_out(parsed, 0.0)
+            parent = await server.fan_out(parsed, 0.0)
             for index, out in feed:
                 out.request_id = f"{index}_{parent.request_id}"
                 parent.queue.put_nowait(out)
@@ -414,7 +504,7 @@ def test_the_whole_answer_lists_choices_by_index_whatever_order_they_end() -> No
 
     async def scenario() -> dict[str, Any]:
         with _serving() as server:
-            parent = server.fan_out(_parsed(3, stream=False), 0.0)
+            parent = await server.fan_out(_parsed(3, stream=False), 0.0)
             rid = parent.request_id
             for index, out in [
                     (2, RequestOutput("", _tokens("c") + [2], "stop", 2, num_cached_tokens=0)),
@@ -440,7 +530,7 @@ def test_the_whole_answer_lists_choices_by_index_whatever_order_they_end() -> No
 def test_a_dead_engine_ends_the_stream_with_its_error_and_forgets_every_child() -> None:
     async def scenario() -> list[bytes]:
         with _serving() as server:
-            parent = server.fan_out(_parsed(2), 0.0)
+            parent = await server.fan_out(_parsed(2), 0.0)
             parent.queue.put_nowait(RequestOutput(f"1_{parent.request_id}", _tokens("x")))
             for _ in range(2):  # the engine client fails each child's stream
                 parent.queue.put_nowait(EngineDeadError())

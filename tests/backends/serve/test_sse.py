@@ -1,13 +1,15 @@
 """The streaming fast path byte for byte: the templated SSE chunks (`backends.serve.sse`)
 against the dict -> `json.dumps` encoding they replaced, `Server.stream` end to end (role
 chunk, tokens, finish and stop reasons, usage, an error mid-stream), the bulk ITL
-histogram against `observe`, and the bare-ASGI stream path (`stream_path`) against
-Starlette's `StreamingResponse`, disconnect included."""
+histogram against `observe`, the bare-ASGI stream path (`stream_path`) and the FastAPI
+routes' `EventStreamResponse` against Starlette's `StreamingResponse`, disconnect included,
+and a stream cut before its first event aborting its requests on both paths."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -18,14 +20,16 @@ from starlette.responses import StreamingResponse
 
 from backends.engine.sampling_options import SamplingOptions
 from backends.engine.text import ByteTokenizer
+from backends.serve.api_server import front, routes_app
 from backends.serve.engine_client import OutputQueue
-from backends.serve.messages import RequestOutput
+from backends.serve.messages import RequestOutput, decode
 from backends.serve.metrics import ITL_BUCKETS, ServeMetrics, observe_all
 from backends.serve.openai_protocol import EngineDeadError, Parsed
 from backends.serve.server import ServeConfig, Server, _Generation
 from backends.serve.sse import ChunkEncoder
-from backends.serve.stream_path import EventStream, Last, stream
+from backends.serve.stream_path import EventStream, EventStreamResponse, Last, stream
 from runtime import SamplingParams
+from tests.backends.serve.test_parse_rules import VOCAB, parser
 
 TEXTS = ["", "a", 'quote " back \\ slash', "tab\tnew\nline\r\x00\x1f", "é ü 中文 🙂",
          "\u2028\u2029", "</script>"]
@@ -250,27 +254,33 @@ def _nothing() -> None:
 
 @pytest.mark.parametrize("hold", [False, True])
 def test_the_stream_path_sends_what_streaming_response_sent(hold: bool) -> None:
+    """`stream` (rt serve's path) and `EventStreamResponse` (the FastAPI routes') send what
+    Starlette's `StreamingResponse` sent, and close the stream."""
     parts = [b"data: {\"a\":1}\n\n", b"data: [DONE]\n\n"]
-    logs: dict[str, list[str]] = {"new": [], "old": []}
+    logs: dict[str, list[str]] = {"new": [], "old": [], "routes": []}
+
+    def events(log: str) -> AsyncGenerator[bytes, None]:
+        return _events(logs[log], parts, asyncio.Event() if hold else None)
 
     async def new(scope: Any, receive: Any, send: Any) -> None:
         await receive()
-        await stream(EventStream(_events(logs["new"], parts,
-                                         asyncio.Event() if hold else None), _nothing),
-                     receive, send)
+        await stream(EventStream(events("new"), _nothing), receive, send)
 
     async def old(scope: Any, receive: Any, send: Any) -> None:
         await receive()
-        response = StreamingResponse(
-            _events(logs["old"], parts, asyncio.Event() if hold else None),
-            media_type="text/event-stream")
+        response = StreamingResponse(events("old"), media_type="text/event-stream")
         await response(scope, receive, send)
 
-    # held: the client leaves while the stream waits; both end quietly and close the stream
+    async def routes(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await EventStreamResponse(EventStream(events("routes"), _nothing))(scope, receive,
+                                                                            send)
+
+    # held: the client leaves while the stream waits; all end quietly and close the stream
     sent_new = _drive(new, 0.05 if hold else None)
     sent_old = _drive(old, 0.05 if hold else None)
-    assert sent_new == sent_old
-    assert logs == {"new": ["closed"], "old": ["closed"]}
+    assert sent_new == sent_old == _drive(routes, 0.05 if hold else None)
+    assert logs == {"new": ["closed"], "old": ["closed"], "routes": ["closed"]}
     assert sent_new[0] == {"type": "http.response.start", "status": 200, "headers": [
         (b"content-type", b"text/event-stream; charset=utf-8")]}
     assert sent_new[-1]["more_body"] is (True if hold else False)
@@ -329,3 +339,81 @@ def test_request_outputs_survive_the_wire_with_every_field() -> None:
     assert kind == "outputs" and back == batch
     assert [dataclasses.astuple(o) for o in back.outputs] == \
         [dataclasses.astuple(o) for o in batch.outputs]
+
+
+# ---- a stream cut before its first event, on both paths ---------------------------------
+
+
+def _cut_before_the_first_event(app: Any, body: dict[str, Any], spec: str
+                                ) -> tuple[list[dict], str | None]:
+    """The ASGI messages `app` sent for one request whose client leaves while the stream's
+    headers are written (ASGI 2.3, uvicorn's: it disconnects then, the write still pending;
+    2.4: the write fails), and the name of what `app` raised (None: nothing)."""
+
+    async def scenario() -> tuple[list[dict], str | None]:
+        sent: list[dict] = []
+        writing = asyncio.Event()  # the headers are being written
+        requests = [{"type": "http.request", "body": json.dumps(body).encode(),
+                     "more_body": False}]
+
+        async def receive() -> dict:
+            if requests:
+                return requests.pop()
+            await writing.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            sent.append(dict(message))
+            if message["type"] == "http.response.start":
+                writing.set()
+                if spec == "2.4":
+                    raise OSError("the client is gone")
+                await asyncio.Event().wait()  # a socket that never drains
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/completions",
+                 "headers": [(b"content-type", b"application/json")], "query_string": b"",
+                 "asgi": {"version": "3.0", "spec_version": spec}}
+        try:
+            await asyncio.wait_for(app(scope, receive, send), 5)
+        except Exception as err:  # noqa: BLE001 - named for the test
+            return sent, type(err).__name__
+        return sent, None
+
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("spec", ["2.3", "2.4"])
+@pytest.mark.parametrize("path", ["fastapi", "stream_path"])
+def test_a_stream_cut_before_its_first_event_aborts_its_requests(
+        n: int, spec: str, path: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The FastAPI routes (`routes_app` served alone) close their streams as `StreamPath`
+    does: a stream cut while its headers are written never started its events (an async
+    generator closed then skips its `finally`), and Starlette's `StreamingResponse` never
+    closed it, which left its requests running in the engine and held by the server. Now,
+    on both paths, every request is aborted and forgotten."""
+    app = routes_app(ServeConfig("m", _never_started))
+    server: Server = app.state.server
+    server.metrics = ServeMetrics("m", 256, 64, 16, True)
+    server.codec = ByteTokenizer(VOCAB)
+    server.parser = parser()
+    body = {"prompt": "hi", "stream": True, "max_tokens": 4, "n": n}
+    try:
+        with caplog.at_level(logging.CRITICAL):  # 2.4's ClientDisconnect, logged by FastAPI
+            sent, raised = _cut_before_the_first_event(
+                app if path == "fastapi" else front(app), body, spec)
+        assert [message["type"] for message in sent] == ["http.response.start"]
+        assert raised == (None if spec == "2.3" else
+                          "ClientDisconnect" if path == "fastapi" else "OSError")
+        engine = server.engine
+        messages = [decode(engine.outgoing.get_nowait()) for _ in range(engine.outgoing.qsize())]
+        ids = [request.request_id for kind, request in messages[:n] if kind == "add"]
+        assert len(ids) == n and len(messages) == 2 * n
+        assert messages[n:] == [("abort", [request_id]) for request_id in ids]
+        assert server.gens == {} and server.awaiting_first == 0 and engine.streams == {}
+    finally:
+        _close(server)
+
+
+def _never_started() -> None:
+    raise AssertionError("the engine is not started in this test")
