@@ -288,13 +288,13 @@ def make_profile(fit: FitResult, *, device: str, model: str, dtype: str,
 MIN_REPLAY_STEPS = 7  # fewer usable steps cannot pin six coefficients and hold some out
 
 # A replay step that took more than STALL_RATIO times the fit's time is a one-off stall, not
-# what its batch costs: on an H200 the first replay of a fresh process held 14 of 3,176 steps
-# of 0.46-3.2 s (Triton compiling a new kernel variant) among 22-60 ms ones, 11 s in all. In
-# squared seconds they outweighed the other steps: the fit put 73 µs on each prefill token and
-# the simulator's TTFT came out +94% at p50; without them, -2%. Warm replays held none above
-# 1.5x the median step.
+# what its batch costs. On an H200 (2026-12-04) the first replay of a fresh process held 13 of
+# its 1,363 steps at 0.46-3.2 s, 11 s in all, among steps of 19-98 ms (p99 41 ms); the three
+# later replays of the process none over 2.25x their median step. In squared seconds those 13
+# outweighed the rest: the fit put 73 µs on each prefill token and the simulator's p50 TTFT
+# came out +94%; without them, +0.6%.
 STALL_RATIO = 4.0
-STALL_ROUNDS = 5  # refits until the stall set is stable (each refit can only shrink it)
+STALL_ROUNDS = 5  # refits at most, until the marked set is stable (it can grow or shrink)
 
 
 class Stalls(NamedTuple):
@@ -304,9 +304,10 @@ class Stalls(NamedTuple):
     seconds: float
 
     def describe(self) -> dict[str, object]:
-        """The profile's "fit" entries: how many steps were left out and their total time."""
-        return {"stall_ratio": STALL_RATIO, "stall_steps": int(self.mask.sum()),
-                "stall_seconds": self.seconds}
+        """The profile's "fit" entry: how many steps were left out and their total time
+        (a client-timed fit's "stall_steps" is another thing: its stall model's samples)."""
+        return {"left_out_stalls": {"ratio": STALL_RATIO, "steps": int(self.mask.sum()),
+                                    "seconds": self.seconds}}
 
 
 def find_stalls(features: Sequence[BatchFeatures], seconds: Sequence[float]) -> Stalls:
@@ -316,9 +317,12 @@ def find_stalls(features: Sequence[BatchFeatures], seconds: Sequence[float]) -> 
     steps pin it and a few stalls of seconds cannot bend it their way (in squared seconds a
     stalled 8k-token prefill passed as 1.6x a fit it had made). A step no other step
     resembles (the one long prefill) pins its own coefficient, so its stall can pass unseen.
-    A step the fit predicts 0 s for is never a stall."""
+    A step the fit predicts 0 s for is never a stall; no step is marked when fewer than
+    MIN_REPLAY_STEPS would be left."""
     measured = np.asarray(seconds, dtype=np.float64)
     stall = np.zeros(len(measured), dtype=bool)
+    if len(measured) == 0:
+        return Stalls(stall, 0.0)
     for _ in range(STALL_ROUNDS):
         kept = [f for f, s in zip(features, stall, strict=True) if not s]
         predicted = predict(fit_coefficients(kept, measured[~stall], relative=True), features)
@@ -428,13 +432,18 @@ def profile_from_grid(calibration: Any, extra_steps: Sequence[StepSamples] = (),
     """A profile fitted on a measured grid (`backends.engine.calibration_grid.calibrate_engine`'s
     `GridCalibration`, read by its fields) plus optional replay steps: relative errors (rows
     scaled by 1 / measured time), held-out quality, the API server's cost, and the grid in
-    the profile's fit section."""
+    the profile's fit section. Stalls among the replay steps (`find_stalls`) are left out."""
     import dataclasses
     import datetime
 
     grid = calibration.grid
-    features = [m.features for m in grid] + [f for s in extra_steps for f in s.features]
-    seconds = [m.wall_s for m in grid] + [t for s in extra_steps for t in s.seconds]
+    replay = StepSamples([f for s in extra_steps for f in s.features],
+                         [t for s in extra_steps for t in s.seconds],
+                         [t for s in extra_steps for t in s.start_s])
+    stalls = find_stalls(replay.features, replay.seconds)
+    replay = _without(replay, stalls.mask)
+    features = [m.features for m in grid] + replay.features
+    seconds = [m.wall_s for m in grid] + replay.seconds
     api = calibration.api
     overhead = sorted(m.host_overhead_s / m.wall_s for m in grid)
     return make_profile(
@@ -444,7 +453,7 @@ def profile_from_grid(calibration: Any, extra_steps: Sequence[StepSamples] = (),
         versions={"rt": rt_version, **calibration.versions},
         api_server=fit_api_server(api.prompt_lens, api.seconds),
         extra={"target": "wall", "grid_points": len(grid),
-               "replay_steps": len(seconds) - len(grid),
+               "replay_steps": len(seconds) - len(grid), **stalls.describe(),
                "grid": [{"kind": m.kind, **dataclasses.asdict(m.features),
                          "wall_s": m.wall_s, "execute_s": m.execute_s} for m in grid],
                "host_overhead_fraction_median": overhead[len(overhead) // 2],

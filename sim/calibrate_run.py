@@ -94,11 +94,11 @@ def fit_lines(profile: Profile) -> list[str]:
             lines.append(f"fit on {name.replace('_', ' ')}: {q['samples']} steps, MAPE "
                          f"{q['mape']:.1%}, p90 {q['p90_ape']:.1%}, worst {q['worst_ape']:.1%}, "
                          f"total-time bias {q['bias']:+.1%}")
-    if stalls := (profile.fit or {}).get("stall_steps"):
-        lines.append(f"left out of the fit: {stalls} stall step(s), "
-                     f"{profile.fit['stall_seconds']:.2f} s in all (over "
-                     f"{profile.fit['stall_ratio']:g}x the fitted time: a kernel compile, a "
-                     "pause)")
+    stalls = (profile.fit or {}).get("left_out_stalls") or {}
+    if stalls.get("steps"):
+        lines.append(f"left out of the fit: {stalls['steps']} stall step(s), "
+                     f"{stalls['seconds']:.2f} s in all (over {stalls['ratio']:g}x the "
+                     "fitted time: a kernel compile, a pause)")
     lines += [f"  {key:<30} {value:.4g} s"
               for key, value in dataclasses.asdict(profile.coefficients).items()]
     return lines

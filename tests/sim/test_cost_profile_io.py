@@ -163,7 +163,7 @@ def test_the_shipped_h200_profile_loads_and_times_a_step() -> None:
     attention pairs' share (rt's host-bound engine: ~24 ms a step)."""
     profile = load_profile(shipped_profile("h200", "llama-3.1-8b"))
     assert profile.device == "NVIDIA H200" and profile.fit is not None
-    assert profile.fit["stall_steps"] == 13 and profile.fit["replay_steps"] == 3163
+    assert profile.fit["left_out_stalls"]["steps"] == 13 and profile.fit["replay_steps"] == 3163
     model = profile.cost_model()
     decode = model.step_time(BatchFeatures(num_decode_tokens=16, num_seqs=16,
                                            decode_kv_tokens=16 * 600))
