@@ -4,12 +4,15 @@ path otherwise (CPU, or before the kernels land).
 Both ops have the signatures of `backends.kernels.paged_attention` and
 `backends.kernels.reshape_and_cache` (layouts in those modules' docstrings). The per-sequence
 torch references stay available as `REFERENCE_OPS` (tests compare against them).
+`warm_up_attention` compiles the Triton kernels' variants once per process, at engine start.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -59,3 +62,43 @@ def select_ops(device: torch.device, use_triton: bool | None = None) -> Attentio
             raise ValueError("the Triton kernels are not available in backends/kernels/")
         return TORCH_OPS
     return ops
+
+
+@dataclass(frozen=True, slots=True)
+class KernelWarmup:
+    """What `warm_up_attention` did (run.json's `kernel_warmup`)."""
+
+    seconds: float  # wall time of the launches, compiles included (0 when already warm)
+    variants: tuple[str, ...]  # the attention variants, "<block_m>x<tile_n>/<segments>"
+    already_warm: bool  # an engine of the same shapes warmed this process's kernels before
+
+    def describe(self) -> dict[str, Any]:
+        return {"seconds": round(self.seconds, 3), "variants": list(self.variants),
+                "already_warm": self.already_warm}
+
+
+# The warm-ups this process has done: Triton keeps compiled variants per process (and on
+# disk), so a second engine of the same shapes finds them compiled.
+_WARMED: set[tuple[object, ...]] = set()
+
+
+def warm_up_attention(ops: AttentionOps, key_cache: torch.Tensor, num_q_heads: int,
+                      max_kv_len: int, scale: float) -> KernelWarmup | None:
+    """With the Triton ops, compile every kernel variant an engine over caches like
+    `key_cache` (one layer's, [num_blocks, block_size, num_kv_heads, head_dim]) can launch
+    for block tables of up to `max_kv_len` tokens (`backends.kernels.warmup`), before its
+    first step; None with the torch ops (nothing to compile)."""
+    if ops.kind != "triton":
+        return None
+    from backends.kernels.warmup import warm_up_kernels
+
+    key = (str(key_cache.device), key_cache.dtype, tuple(key_cache.shape[1:]),
+           key_cache.stride(), num_q_heads, max_kv_len)
+    if key in _WARMED:
+        return KernelWarmup(0.0, (), True)
+    started = time.perf_counter()
+    variants = warm_up_kernels(key_cache, num_q_heads, max_kv_len, scale)
+    seconds = time.perf_counter() - started  # warm_up_kernels synchronises a CUDA device
+    _WARMED.add(key)
+    names = tuple(f"{v.config.block_m}x{v.config.tile_n}/{v.num_segments}" for v in variants)
+    return KernelWarmup(seconds, names, False)

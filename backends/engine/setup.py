@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from backends.engine.attention import select_ops
+from backends.engine.attention import select_ops, warm_up_attention
 from backends.engine.flags import DEFAULT_GPU_MEMORY_UTILIZATION, RealEngineFlags
 from backends.engine.kv_cache import GIB, KVCache, KVCacheSpec, KVPoolSize, size_pool
 from backends.engine.model import ModelShape, PagedModel, load_model
@@ -150,9 +150,20 @@ def build_engine(args: RealEngineArgs) -> RealSetup:
     cache = CacheConfig(block_size=args.block_size, num_blocks=pool.num_blocks,
                         enable_prefix_caching=args.enable_prefix_caching)
     kv_cache = KVCache(spec, pool.num_blocks, device)
+    # Compile the attention kernels' variants now, not inside the first timed steps.
+    warmup = warm_up_attention(ops, kv_cache.key_caches[0], shape.num_heads,
+                               max_kv_len(scheduler.max_model_len, cache), model.scale)
     runner = ModelRunner(model, kv_cache, seed=args.seed)
     dtype_name = str(model.dtype).removeprefix("torch.")
-    return RealSetup(args, scheduler, cache, runner, shape, pool, ops.kind, dtype_name)
+    extra = {} if warmup is None else {"kernel_warmup": warmup.describe()}
+    return RealSetup(args, scheduler, cache, runner, shape, pool, ops.kind, dtype_name, extra)
+
+
+def max_kv_len(max_model_len: int, cache: CacheConfig) -> int:
+    """The most keys one sequence's block table can span, tokens: its blocks hold at most
+    max_model_len tokens, and they are distinct blocks of the pool."""
+    blocks = min(-(-max_model_len // cache.block_size), cache.num_blocks)
+    return blocks * cache.block_size
 
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")

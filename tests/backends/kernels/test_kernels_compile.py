@@ -3,8 +3,9 @@ the compiler rejects, and it says nothing of registers or pipelining.
 
 A subprocess (without TRITON_INTERPRET, which conftest sets for this process) compiles each
 launch configuration the wrapper picks, with the 16-divisibility that Triton's JIT infers for
-the real pointers and strides, runs the bundled ptxas, and reports registers, spills and
-whether the K/V loads were pipelined (cp.async).
+the real pointers and strides (none for the arguments the kernel does not specialise), runs
+the bundled ptxas, and reports registers, spills and whether the K/V loads were pipelined
+(cp.async).
 """
 
 from __future__ import annotations
@@ -38,8 +39,11 @@ def _compile(fn: object, signature: dict[str, str], constants: dict[str, object]
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    unspecialised = set(getattr(fn, "do_not_specialize", None)
+                        or getattr(fn, "kwargs", {}).get("do_not_specialize") or ())
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature)
-               if name.endswith("_ptr") or name.startswith("stride")}
+               if (name.endswith("_ptr") or name.startswith("stride"))
+               and name not in unspecialised}
     kernel = triton.compile(ASTSource(fn, signature, constants, aligned),
                             target=GPUTarget("cuda", 90, 32), options=options)
     ptxas = Path(triton.__file__).parent / "backends/nvidia/bin/ptxas"
