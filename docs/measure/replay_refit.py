@@ -38,6 +38,12 @@ def main() -> None:
     root: Path = args.result_dir
     calibrations = sorted(root.glob("calibration*"))
     reals = sorted(root.glob("real*"))
+    for what, found in (("calibration* replay", calibrations), ("real* replay", reals),
+                        ("sim/run.json", [root / "sim" / "run.json"])):
+        if not found or not all(path.exists() for path in found):
+            raise SystemExit(f"replay_refit: {root} has no {what}")
+    if not args.trace.is_file():
+        raise SystemExit(f"replay_refit: TRACE {args.trace}: no such file")
     fitted, notes = steps_profile(calibrations, "wall", rt_version(),
                                   replay_api_cost(calibrations))
     profile = save_profile(fitted, args.out / "profile.json", print)
@@ -51,8 +57,8 @@ def main() -> None:
     sims = save_twins(write_result, args.out, trace, setup, twins)
     for line in notes + more:
         print(line)
-    report_fidelity_dirs(reals, sims, lambda steps: predicted_steps(profile, steps), args.out,
-                         False, None, print, print, calibrations)
+    report_fidelity_dirs(reals, sims, lambda steps: predicted_steps(profile, steps).tolist(),
+                         args.out, False, None, print, print, calibrations)
 
 
 if __name__ == "__main__":
