@@ -260,13 +260,22 @@ class _RecordRows:
 
 
 def rt_version() -> str:
-    """rt's installed version, or "unknown" when it runs from a plain checkout."""
+    """rt's installed version; from a plain checkout (PYTHONPATH, as `.ci/gpu` runs on a lent
+    GPU), the version in the pyproject.toml beside this package; else "unknown"."""
+    import tomllib
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("rt")
     except PackageNotFoundError:
+        pass
+    try:
+        with (Path(__file__).resolve().parents[1] / "pyproject.toml").open("rb") as file:
+            project = tomllib.load(file).get("project", {})
+    except (OSError, tomllib.TOMLDecodeError):
         return "unknown"
+    return str(project.get("version") or "unknown") if project.get("name") == "rt" \
+        else "unknown"
 
 
 def run_info(kind: str, name: str, trace: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
