@@ -33,8 +33,8 @@ In this file you will find:
     sum); this kernel rescales and sums them per (token, query head).
   * `paged_attention`: the wrapper. It checks layouts, picks a launch configuration (decode
     batches and prefill batches get different tiles) and turns split-KV on when a decode grid
-    is too small to fill the device (`choose_variant`); `kernel_variants` lists every choice
-    it can make for one engine's shapes, which `backends.kernels.warmup` compiles at start.
+    is too small to fill the device; `backends.kernels.warmup` lists every choice it can make
+    for one engine's shapes (`kernel_variants`) and compiles them at start.
 The grid is an upper bound computed from shapes only (num_tokens // BLOCK_Q + num_seqs query
 blocks, as in vLLM's unified kernel), so the host never reads query lengths from the device;
 a program finds its sequence by binary search over query_start_loc and exits if it has no rows.
@@ -285,48 +285,6 @@ def choose_num_segments(
     return max(1, min(wanted, cap, MAX_SEGMENTS))
 
 
-@dataclass(frozen=True)
-class KernelVariant:
-    """One compiled variant of a paged-attention launch: the tiles (decode or prefill
-    `KernelConfig`) and the split-KV segment count, the constexprs that change between the
-    launches of one engine (the rest are fixed by the model and the cache). NUM_SEGMENTS > 1
-    also launches `_reduce_segments_kernel` with that count."""
-
-    config: KernelConfig
-    num_segments: int  # a power of two; 1 = no split
-
-    def __post_init__(self) -> None:
-        if self.num_segments < 1 or self.num_segments & (self.num_segments - 1):
-            raise ValueError(f"num_segments must be a power of two >= 1, got "
-                             f"{self.num_segments}")
-
-
-def choose_variant(num_tokens: int, num_seqs: int, group: int, num_kv_heads: int,
-                   max_kv_len: int, sm_count: int) -> KernelVariant:
-    """What `paged_attention` launches for a batch of these shapes (`max_kv_len`: the block
-    table's width x block size, tokens)."""
-    return KernelVariant(
-        choose_config(num_tokens, num_seqs, group),
-        choose_num_segments(num_tokens, num_seqs, num_kv_heads, max_kv_len, sm_count))
-
-
-def kernel_variants(group: int, num_kv_heads: int, max_kv_len: int,
-                    sm_count: int) -> tuple[KernelVariant, ...]:
-    """Every variant `choose_variant` can return on a device of `sm_count` SMs for batches
-    whose block tables span at most `max_kv_len` tokens: prefill (never split), then decode
-    with 1, 2, 4, ... segments up to the most it can split into.
-
-    The decode count is min(wanted, cap, MAX_SEGMENTS), all powers of two; `wanted` is
-    largest for one sequence and `cap` for the longest table, so their choice is the most,
-    and every smaller power of two p is reached by one sequence with a table of
-    p * MIN_TOKENS_PER_SEGMENT keys.
-    """
-    prefill = KernelVariant(choose_config(2, 1, group), 1)
-    most = choose_num_segments(1, 1, num_kv_heads, max_kv_len, sm_count)
-    decode = choose_config(1, 1, group)
-    return (prefill, *(KernelVariant(decode, 1 << i) for i in range(most.bit_length())))
-
-
 # %%
 # Wrapper
 # -------
@@ -402,13 +360,14 @@ def paged_attention(
     out = torch.empty_like(query)
     if num_tokens == 0 or num_seqs == 0:
         return out
-    if config is None or num_segments is None:
-        chosen = choose_variant(num_tokens, num_seqs, group, num_kv_heads,
-                                block_tables.shape[1] * block_size, device_sm_count(query.device))
-        config = config or chosen.config
-        num_segments = chosen.num_segments if num_segments is None else num_segments
-    cfg = config
+    # warmup.choose_variant's two choices, made apart: no object built per launch (each
+    # layer of each step comes through here on a host-bound engine)
+    cfg = config or choose_config(num_tokens, num_seqs, group)
     assert cfg.block_m >= max(16, group) and cfg.tile_n >= 16, cfg
+    if num_segments is None:
+        num_segments = choose_num_segments(
+            num_tokens, num_seqs, num_kv_heads, block_tables.shape[1] * block_size,
+            device_sm_count(query.device))
     assert num_segments >= 1 and num_segments & (num_segments - 1) == 0, num_segments
     block_q = cfg.block_m // group
     part_acc, part_ml = _segment_buffers(query, num_segments)

@@ -21,15 +21,61 @@ strides; nothing of it (or of the prefix cache) is touched.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from backends.kernels.paged_attention import (
-    KernelVariant,
+    KernelConfig,
+    choose_config,
+    choose_num_segments,
     device_sm_count,
-    kernel_variants,
     paged_attention,
 )
 from backends.kernels.reshape_and_cache import reshape_and_cache
+
+
+@dataclass(frozen=True)
+class KernelVariant:
+    """One compiled variant of a paged-attention launch: the tiles (decode or prefill
+    `KernelConfig`) and the split-KV segment count, the constexprs that change between the
+    launches of one engine (the rest are fixed by the model and the cache). NUM_SEGMENTS > 1
+    also launches `_reduce_segments_kernel` with that count."""
+
+    config: KernelConfig
+    num_segments: int  # a power of two; 1 = no split
+
+    def __post_init__(self) -> None:
+        if self.num_segments < 1 or self.num_segments & (self.num_segments - 1):
+            raise ValueError(f"num_segments must be a power of two >= 1, got "
+                             f"{self.num_segments}")
+
+
+def choose_variant(num_tokens: int, num_seqs: int, group: int, num_kv_heads: int,
+                   max_kv_len: int, sm_count: int) -> KernelVariant:
+    """What `paged_attention` launches for a batch of these shapes (`max_kv_len`: the block
+    table's width x block size, tokens): the same two choices it makes per launch."""
+    return KernelVariant(
+        choose_config(num_tokens, num_seqs, group),
+        choose_num_segments(num_tokens, num_seqs, num_kv_heads, max_kv_len, sm_count))
+
+
+def kernel_variants(group: int, num_kv_heads: int, max_kv_len: int,
+                    sm_count: int) -> tuple[KernelVariant, ...]:
+    """Every variant `choose_variant` can return on a device of `sm_count` SMs for batches
+    whose block tables span at most `max_kv_len` tokens: prefill (never split), then decode
+    with 1, 2, 4, ... segments up to the most it can split into.
+
+    The decode count is min(wanted, cap, MAX_SEGMENTS), all powers of two; `wanted` is
+    largest for one sequence and `cap` for the longest table, so their choice is the most,
+    and every smaller power of two p is reached by one sequence with a table of
+    p * MIN_TOKENS_PER_SEGMENT keys.
+    """
+    prefill = KernelVariant(choose_config(2, 1, group), 1)
+    most = choose_num_segments(1, 1, num_kv_heads, max_kv_len, sm_count)
+    decode = choose_config(1, 1, group)
+    return (prefill, *(KernelVariant(decode, 1 << i) for i in range(most.bit_length())))
+
 
 SCRATCH_BLOCKS = 2  # blocks of the scratch cache
 _SCRATCH_TOKENS = 2  # K/V rows written to the scratch cache (slots 0 and 1)

@@ -24,11 +24,13 @@ from backends.kernels.paged_attention import (
     MAX_SEGMENTS,
     PREFILL_CONFIG,
     KernelConfig,
+)
+from backends.kernels.warmup import (
     KernelVariant,
     choose_variant,
     kernel_variants,
+    warm_up_kernels,
 )
-from backends.kernels.warmup import warm_up_kernels
 from tests.backends.kernels import paged_batch
 
 pytestmark = pytest.mark.filterwarnings(
