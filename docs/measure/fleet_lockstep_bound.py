@@ -1,0 +1,96 @@
+"""How fast a fleet behind a router that decides at each arrival could run in W processes:
+an upper bound on parallel lockstep, measured on the serial fleet.
+
+Such a router reads every replica's completions at each arrival, so no replica may step past
+the next undecided arrival (plus the routing latency and the API server's time, ~ms) before
+that decision: W processes holding replicas round-robin (replica i in process i mod W) would
+meet at every arrival. Between two decisions each process runs its replicas' engine work
+(`Replica.one_step`, `Replica.fast_forward`, timed here in the serial fleet and summed by the
+decision they precede), and the decision waits for the slowest process. So, with
+synchronization free and everything outside the engine calls (SimPy, routing, hand-overs,
+the records' join) split perfectly over the W processes:
+
+    wall >= sum over decisions of max over processes (engine work) + (fleet - engine) / W
+
+Printed: the fleet's CPU, its engine work, that sum of maxima, the engine work's parallel
+efficiency (engine / W / sum of maxima) and the bound's ratio to one engine on the trace as
+recorded (`rt bench fleet`'s reference, timed in the same run), all wall seconds of this
+process (perf_counter; run it on a quiet machine, OMP_NUM_THREADS=1).
+
+    PYTHONPATH=. python docs/measure/fleet_lockstep_bound.py least-outstanding 16 [--workers 2 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+import workloads
+from runtime.router.registry import make_policy
+from sim import fleet_replica
+from sim.engine_args import EngineArgs, build_setup
+from sim.fleet import simulate_fleet
+from sim.simulator import simulate
+from workloads.transforms import scale_time
+
+
+def _timed_per_decision(work: dict[tuple[int, int], float]) -> Callable[[], None]:
+    """Wrap the replicas' engine calls so that each adds its seconds to
+    work[(decision it precedes, replica index)]; returns the undo."""
+    originals = {name: getattr(fleet_replica.Replica, name)
+                 for name in ("one_step", "fast_forward")}
+
+    def wrapped(original: Callable[..., Any]) -> Callable[..., Any]:
+        @wraps(original)
+        def call(self: fleet_replica.Replica, *args: Any) -> Any:
+            start = time.perf_counter()
+            result = original(self, *args)
+            key = (self.fleet.next_index, self.index)  # type: ignore[attr-defined]
+            work[key] += time.perf_counter() - start
+            return result
+        return call
+
+    for name, original in originals.items():
+        setattr(fleet_replica.Replica, name, wrapped(original))
+    return lambda: [setattr(fleet_replica.Replica, n, f) for n, f in originals.items()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("router")
+    parser.add_argument("replicas", type=int)
+    parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
+    args = parser.parse_args()
+    trace = workloads.default_trace()
+    setup = build_setup(EngineArgs(), "llama-3.1-8b", "h200")
+    scaled = scale_time(trace, 1.0 / args.replicas)
+    start = time.perf_counter()
+    simulate(trace, setup.config, setup.cost_model)
+    single = time.perf_counter() - start
+    work: dict[tuple[int, int], float] = collections.defaultdict(float)
+    undo = _timed_per_decision(work)
+    start = time.perf_counter()
+    simulate_fleet(scaled, [setup] * args.replicas,
+                   make_policy(args.router, (), setup.config.seed), 0.05)
+    fleet = time.perf_counter() - start
+    undo()
+    engine = sum(work.values())
+    print(f"single engine {single:.3f} s; fleet {fleet:.3f} s, of it engine calls "
+          f"{engine:.3f} s over {len({d for d, _ in work})} decisions")
+    for workers in args.workers:
+        per_decision: dict[int, list[float]] = collections.defaultdict(lambda: [0.0] * workers)
+        for (decision, replica), seconds in work.items():
+            per_decision[decision][replica % workers] += seconds
+        slowest = sum(max(parts) for parts in per_decision.values())
+        bound = slowest + (fleet - engine) / workers
+        print(f"{workers} processes: sum of maxima {slowest:.3f} s, efficiency "
+              f"{engine / workers / slowest:.2f}, wall >= {bound:.3f} s, "
+              f"vs one engine <= {single / bound:.2f}")
+
+
+if __name__ == "__main__":
+    main()
