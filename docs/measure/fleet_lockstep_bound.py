@@ -82,9 +82,9 @@ def main() -> None:
     print(f"single engine {single:.3f} s; fleet {fleet:.3f} s, of it engine calls "
           f"{engine:.3f} s over {len({d for d, _ in work})} decisions")
     for workers in args.workers:
-        per_decision: dict[int, list[float]] = collections.defaultdict(lambda: [0.0] * workers)
+        per_decision: dict[int, list[float]] = {}
         for (decision, replica), seconds in work.items():
-            per_decision[decision][replica % workers] += seconds
+            per_decision.setdefault(decision, [0.0] * workers)[replica % workers] += seconds
         slowest = sum(max(parts) for parts in per_decision.values())
         bound = slowest + (fleet - engine) / workers
         print(f"{workers} processes: sum of maxima {slowest:.3f} s, efficiency "
