@@ -56,7 +56,11 @@ def _timed_per_decision(work: dict[tuple[int, int], float]) -> Callable[[], None
 
     for name, original in originals.items():
         setattr(fleet_replica.Replica, name, wrapped(original))
-    return lambda: [setattr(fleet_replica.Replica, n, f) for n, f in originals.items()]
+    def undo() -> None:
+        for name, original in originals.items():
+            setattr(fleet_replica.Replica, name, original)
+
+    return undo
 
 
 def main() -> None:
