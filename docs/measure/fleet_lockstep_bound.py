@@ -49,7 +49,7 @@ def _timed_per_decision(work: dict[tuple[int, int], float]) -> Callable[[], None
         def call(self: fleet_replica.Replica, *args: Any) -> Any:
             start = time.perf_counter()
             result = original(self, *args)
-            key = (self.fleet.next_index, self.index)  # type: ignore[attr-defined]
+            key = (self.fleet.next_index, self.index)
             work[key] += time.perf_counter() - start
             return result
         return call
