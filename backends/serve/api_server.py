@@ -38,6 +38,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from backends.listen import listening_socket, socket_url
+from backends.serve import parallel_sampling
 from backends.serve.guard import RequestGuard, json_body
 from backends.serve.openai_protocol import ApiError, body_error, token_list
 from backends.serve.openapi_schema import request_schema
@@ -158,10 +159,10 @@ def _generator(server: Server) -> Generate:
         prompt = parser.chat_prompt(body) if chat else parser.completion_prompt(body)
         parsed = parser.parse(body, prompt, chat)
         if parsed.n > 1:  # parallel sampling: n engine requests (`parallel_sampling`)
-            parent = await server.fan_out(parsed, arrival)
+            parent = await parallel_sampling.fan_out(server, parsed, arrival)
             if parsed.stream:
-                return server.stream_all(parent, model, chat)
-            texts = await server.complete_all(parent)
+                return parallel_sampling.stream_all(server, parent, model, chat)
+            texts = await parallel_sampling.complete_all(server, parent)
             return JSONResponse(parent.response(texts, model, chat, int(time.time())))
         gen = server.admit(parsed, arrival)
         if parsed.stream:
