@@ -57,18 +57,6 @@ __all__ = ["HttpStack", "ServeConfig", "Server", "build_app", "front", "http_sta
 logger = logging.getLogger("rt.serve")
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("rt")
-    except PackageNotFoundError:  # run from a checkout, not installed
-        return "unknown"
-
-
-_VERSION = _version()
-
-
 # ---- the app ---------------------------------------------------------------------------------
 
 
@@ -194,7 +182,7 @@ def _generation_routes(app: FastAPI, generate: Generate) -> None:
 
 
 def _info_routes(app: FastAPI, server: Server) -> None:
-    name = server.config.model_name
+    name, rt_version = server.config.model_name, server.config.rt_version
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -214,7 +202,7 @@ def _info_routes(app: FastAPI, server: Server) -> None:
 
     @app.get("/version")
     async def version() -> dict[str, str]:
-        return {"version": _VERSION}  # vLLM's route; rt's version
+        return {"version": rt_version}  # vLLM's route; rt's version (`ServeConfig`)
 
     @app.get("/metrics")
     async def metrics() -> Response:

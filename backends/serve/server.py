@@ -56,6 +56,8 @@ class ServeConfig:
         max_request_bytes: longer request bodies get 413.
         enable_mfu_metrics: the engine estimates each step's FLOPs and bytes per GPU
             (vLLM's `vllm:estimated_*_per_gpu` counters; without it they stay at 0).
+        rt_version: what /version answers (cli.py's `analysis.rundir.rt_version`: the
+            installed version, else the checkout's).
     """
 
     model_name: str
@@ -67,16 +69,17 @@ class ServeConfig:
     api_key: str | None = None
     max_request_bytes: int = 1 << 20
     enable_mfu_metrics: bool = False
+    rt_version: str = "unknown"
 
     @classmethod
     def of(cls, flags: ServeFlags, factory: ExecutorFactory, factory_kwargs: dict[str, Any],
-           model_name: str, tokenizer_dir: Path | None) -> ServeConfig:
+           model_name: str, tokenizer_dir: Path | None, *, rt_version: str) -> ServeConfig:
         """From `rt serve`'s flags and the engine's executor spec (--served-model-name, if
-        given, names the model)."""
+        given, names the model), and rt's version."""
         return cls(flags.served_model_name or model_name, factory, factory_kwargs,
                    tokenizer_dir, flags.max_num_queued_requests, api_key=flags.api_key,
                    max_request_bytes=flags.max_request_bytes,
-                   enable_mfu_metrics=flags.enable_mfu_metrics)
+                   enable_mfu_metrics=flags.enable_mfu_metrics, rt_version=rt_version)
 
 
 # ---- responses -------------------------------------------------------------------------------
