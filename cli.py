@@ -543,11 +543,13 @@ def serve(
     typed: Typed,
 ) -> None:
     """Serve the OpenAI API from a real model or, with --simulate, the cost model."""
+    from analysis.rundir import rt_version
     from backends.serve import api_server
 
     with user_errors():
         config = api_server.ServeConfig.of(server, *_serve_executor(
-            model.model, sim, engine, sizing, real, server.simulate, seed, typed))
+            model.model, sim, engine, sizing, real, server.simulate, seed, typed),
+            rt_version=rt_version())
         sock = api_server.listening_socket(server.host, server.port)  # before the engine
     stack = api_server.http_stack()
     say(f"serving {config.model_name} on {api_server.socket_url(sock)}/v1 "
@@ -691,11 +693,12 @@ def _fidelity_endpoint(trace: workloads.Trace, model: Path | None, engine: Engin
                        ) -> tuple[FidelityDirs, list[str]]:
     """`rt fidelity --endpoint` (`sim.endpoint_fidelity`), replays in `order` as `rt replay
     --endpoint`; what it wrote and notes."""
+    from analysis.rundir import rt_version
     from sim.endpoint_fidelity import EndpointFidelityPlan, endpoint_fidelity
 
     settings = client.config_args(None, seed)
     plan = EndpointFidelityPlan.of(how, order, seed, str(model) if model else None,
-                                   step_noise, step_drift)
+                                   step_noise, step_drift, rt_version())
     out = endpoint_fidelity(trace, engine, plan, root, lambda t, path, s: run_endpoint(
         t, {**settings, "seed": s}, path, []), CONSOLE.save)
     return out.dirs(), out.lines

@@ -32,7 +32,6 @@ import datetime
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +68,8 @@ class EndpointFidelityPlan:
         step_noise: draw the simulations' step times from the profile's scatter.
         sim_runs: simulations of the trace (1 when the steps are deterministic).
         warmup_requests: the warm-up's bound in requests (0: none).
+        rt_version: what a fitted profile names as rt's version (cli.py's
+            `analysis.rundir.rt_version`).
     """
 
     order: tuple[tuple[str, int], ...]
@@ -80,6 +81,7 @@ class EndpointFidelityPlan:
     step_noise: bool = True
     sim_runs: int = 8
     warmup_requests: int = WARMUP_REQUESTS
+    rt_version: str = "unknown"
 
     def __post_init__(self) -> None:
         calibrates = any(kind == "calibration" for kind, _ in self.order)
@@ -94,7 +96,8 @@ class EndpointFidelityPlan:
 
     @classmethod
     def of(cls, how: FidelityFlags, order: Sequence[tuple[str, int]], seed: int,
-           model: str | None, step_noise: bool, step_drift: bool) -> EndpointFidelityPlan:
+           model: str | None, step_noise: bool, step_drift: bool, rt_version: str
+           ) -> EndpointFidelityPlan:
         """`rt fidelity --endpoint`'s plan from its flags (ValueError on what an endpoint
         cannot honour: `check_endpoint_flags`), with a fresh token seed: the server's prefix
         cache outlives this invocation."""
@@ -103,7 +106,7 @@ class EndpointFidelityPlan:
         check_endpoint_flags(how.calibrate_on, step_drift)
         return cls(tuple(order), seed, model or "llama-3.1-8b", secrets.randbits(31),
                    how.profile, how.fit_on_replay, step_noise, how.sim_runs,
-                   how.warmup_requests)
+                   how.warmup_requests, rt_version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,13 +171,6 @@ def _replays(trace: Trace, replay: EndpointReplay, plan: EndpointFidelityPlan, r
             for kind, runs in done.items()}, warmup
 
 
-def _rt_version() -> str:
-    try:
-        return version("rt")
-    except PackageNotFoundError:
-        return "unknown"
-
-
 def _fit(fit_runs: Sequence[ClientRun], all_runs: Sequence[ClientRun],
          infos: Sequence[dict[str, Any]], engine: EngineFlags, plan: EndpointFidelityPlan,
          root: Path) -> tuple[Path, Any, Any, dict[str, str], list[str]]:
@@ -187,7 +183,7 @@ def _fit(fit_runs: Sequence[ClientRun], all_runs: Sequence[ClientRun],
     model = str((infos[0].get("model") or {}).get("name") or "unknown")
     date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     profile, fit = profile_from_client_runs(fit_runs, scheduler, cache, model=model, date=date,
-                                            rt_version=_rt_version(), sources=sources,
+                                            rt_version=plan.rt_version, sources=sources,
                                             seed=plan.seed)
     path = root / "profile.json"
     write_profile(profile, path)

@@ -32,7 +32,7 @@ def _serving_raises(monkeypatch: pytest.MonkeyPatch, raised: Exception) -> None:
         policy="round-robin", backends=("http://b",)))
     monkeypatch.setattr(route_app, "run_router", serve)
     monkeypatch.setattr(live_executor, "live_executor_spec", lambda *a: ())
-    monkeypatch.setattr(api_server.ServeConfig, "of", lambda *a: SimpleNamespace(
+    monkeypatch.setattr(api_server.ServeConfig, "of", lambda *a, **k: SimpleNamespace(
         model_name="m"))
     monkeypatch.setattr(api_server, "http_stack", lambda: SimpleNamespace(
         describe=lambda: "stub"))

@@ -38,6 +38,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from backends.listen import listening_socket, socket_url
+from backends.serve import parallel_sampling
 from backends.serve.guard import RequestGuard, json_body
 from backends.serve.openai_protocol import ApiError, body_error, token_list
 from backends.serve.openapi_schema import request_schema
@@ -54,18 +55,6 @@ __all__ = ["HttpStack", "ServeConfig", "Server", "build_app", "front", "http_sta
            "listening_socket", "routes_app", "run_server", "socket_url"]
 
 logger = logging.getLogger("rt.serve")
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("rt")
-    except PackageNotFoundError:  # run from a checkout, not installed
-        return "unknown"
-
-
-_VERSION = _version()
 
 
 # ---- the app ---------------------------------------------------------------------------------
@@ -158,10 +147,10 @@ def _generator(server: Server) -> Generate:
         prompt = parser.chat_prompt(body) if chat else parser.completion_prompt(body)
         parsed = parser.parse(body, prompt, chat)
         if parsed.n > 1:  # parallel sampling: n engine requests (`parallel_sampling`)
-            parent = await server.fan_out(parsed, arrival)
+            parent = await parallel_sampling.fan_out(server, parsed, arrival)
             if parsed.stream:
-                return server.stream_all(parent, model, chat)
-            texts = await server.complete_all(parent)
+                return parallel_sampling.stream_all(server, parent, model, chat)
+            texts = await parallel_sampling.complete_all(server, parent)
             return JSONResponse(parent.response(texts, model, chat, int(time.time())))
         gen = server.admit(parsed, arrival)
         if parsed.stream:
@@ -193,7 +182,7 @@ def _generation_routes(app: FastAPI, generate: Generate) -> None:
 
 
 def _info_routes(app: FastAPI, server: Server) -> None:
-    name = server.config.model_name
+    name, rt_version = server.config.model_name, server.config.rt_version
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -213,7 +202,7 @@ def _info_routes(app: FastAPI, server: Server) -> None:
 
     @app.get("/version")
     async def version() -> dict[str, str]:
-        return {"version": _VERSION}  # vLLM's route; rt's version
+        return {"version": rt_version}  # vLLM's route; rt's version (`ServeConfig`)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -19,20 +19,48 @@ disconnect aborts every child still running. Metrics: every child is a request o
 (`vllm:request_success`, the latency and token histograms), while `vllm:request_params_n`
 and `vllm:request_max_num_generation_tokens` observe the parent once, when its last child
 finishes (ParentRequest.observe_finished_request; not after an abort).
+
+The drivers (`fan_out`, `complete_all`, `stream_all`) run a parent's children through the
+server's bookkeeping, which they reach only through `ChildHost` (`server.Server` is one): the
+places awaiting a first output, a child sent and tracked, an output's handling, a child
+forgotten.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from typing import TYPE_CHECKING, Any
+import functools
+import os
+import time
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING, Any, Protocol
 
 from backends.engine.sampling_options import SamplingOptions
-from backends.serve.responses import choice_body, response_body, usage_body
+from backends.serve import sse
+from backends.serve.engine_client import OutputQueue
+from backends.serve.openai_protocol import ApiError
+from backends.serve.responses import (
+    answer_id,
+    choice_body,
+    chunk_object,
+    response_body,
+    usage_body,
+)
+from backends.serve.stream_path import EventStream, Last
 
 if TYPE_CHECKING:
-    from backends.serve.engine_client import OutputQueue
     from backends.serve.messages import RequestOutput
+    from backends.serve.openai_protocol import Parsed
     from backends.serve.server import _Generation
+
+# Children `fan_out` submits between two yields to the event loop. A child costs ~5-10 us
+# (encoded, posted to the engine, tracked): n = 16384, the accepted maximum, took 83-92 ms
+# in process and 120-170 ms on `--simulate` (issue #18 saw ~1.2 s, ~73 us each), all of it
+# one piece of the loop, during which no other stream got a byte. 64 children hold the loop
+# 0.3-0.7 ms (~4.7 ms at issue #18's cost), below one engine step (24 ms on the H200
+# profile), and the 255 yields of n = 16384 cost ~1% (82.6 -> 83.6 ms in process).
+FAN_OUT_CHUNK = 64
 
 
 def child_request_id(index: int, parent_id: str) -> str:
@@ -45,6 +73,27 @@ def child_sampling(options: SamplingOptions, index: int) -> SamplingOptions:
     if options.seed is None:
         return options
     return dataclasses.replace(options, seed=options.seed + index)
+
+
+class ChildHost(Protocol):
+    """What the drivers need from the server that tracks the requests in flight."""
+
+    def hold_places(self, n: int) -> None:
+        """Admit `n` requests at once (EngineDeadError, or ApiError 503 past the queue
+        limit) and take their n places among those awaiting a first output."""
+
+    def free_places(self, n: int) -> None:
+        """Give back `n` places `hold_places` took that no child filled."""
+
+    def add_child(self, request_id: str, parsed: Parsed, sampling: SamplingOptions,
+                  arrival_s: float, queue: OutputQueue) -> _Generation:
+        """Send a child (outputs to `queue`) and track it in a place held for it."""
+
+    def step(self, gen: _Generation, item: RequestOutput) -> tuple[str, RequestOutput]:
+        """`item`'s text delta and the output as the client sees it (its end recorded)."""
+
+    def forget(self, gen: _Generation, abort: bool) -> None:
+        """Let go of a request (`abort`: in the engine too); nothing if already let go."""
 
 
 class ParentRequest:
@@ -126,3 +175,121 @@ class ParentRequest:
                                                                 strict=True))]
         return response_body(self.request_id, chat, created, model, choices,
                              self.usage(self.last_cached))
+
+
+# ---- the drivers --------------------------------------------------------------------------
+
+
+async def fan_out(host: ChildHost, parsed: Parsed, arrival_s: float) -> ParentRequest:
+    """A request with `n` > 1 as n child requests on one queue.
+
+    Admission is checked once for all n, and their n places are held from then on (a
+    request admitted while this yields sees them taken). Yields to the event loop every
+    `FAN_OUT_CHUNK` children, as vLLM's front end awaits between them, so other streams
+    keep flowing; cancelled or failed part-way (client gone, shutdown, engine dead), every
+    child already sent is aborted and forgotten, and the places left released."""
+    n = parsed.n
+    host.hold_places(n)  # `add_child` fills them
+    # 32 random hex digits, as uuid4().hex (vLLM's random_uuid) without building a UUID
+    request_id = os.urandom(16).hex()
+    queue = OutputQueue()
+    children: list[_Generation] = []
+    try:
+        for index in range(n):
+            if index and index % FAN_OUT_CHUNK == 0:
+                await asyncio.sleep(0)
+            children.append(host.add_child(child_request_id(index, request_id), parsed,
+                                           child_sampling(parsed.sampling, index), arrival_s,
+                                           queue))
+    except BaseException:
+        host.free_places(n - len(children))  # the places of children never sent
+        for child in children:
+            host.forget(child, abort=True)
+        raise
+    parent = ParentRequest(request_id, children, queue)
+    for child in children:
+        child.parent = parent
+    return parent
+
+
+def _next_child(host: ChildHost, parent: ParentRequest
+                ) -> tuple[int, str, RequestOutput] | None:
+    """(choice index, text delta, output) of the next output on `parent`'s queue, None for
+    one of a child already finished; the error that ended them raised. Only when the queue
+    is not empty."""
+    item = parent.queue.get_nowait()
+    if isinstance(item, Exception):
+        for child in parent.children:
+            host.forget(child, abort=False)
+        raise item
+    routed = parent.route(item)
+    if routed is None:
+        return None
+    index, child = routed
+    return (index, *host.step(child, item))
+
+
+async def complete_all(host: ChildHost, parent: ParentRequest) -> list[str]:
+    """Each child's text, in index order (non-streaming); aborts the children still running
+    if the handler is cancelled."""
+    parts: list[list[str]] = [[] for _ in parent.children]
+    try:
+        while not parent.finished:
+            if parent.queue.empty():
+                await parent.queue.wait()
+            got = _next_child(host, parent)
+            if got is not None:
+                parts[got[0]].append(got[1])
+    finally:
+        _forget_all(host, parent)
+    return ["".join(texts) for texts in parts]
+
+
+def stream_all(host: ChildHost, parent: ParentRequest, model: str, chat: bool
+               ) -> EventStream:
+    """`server.Server.stream` for n choices: each chunk names its choice (vLLM 0.32's stream
+    generators); the chat role chunks, one per choice, go out with the first output; a
+    disconnect, or closing the stream before it starts, aborts every child still running."""
+    return EventStream(_all_events(host, parent, model, chat),
+                       functools.partial(_forget_all, host, parent))
+
+
+def _forget_all(host: ChildHost, parent: ParentRequest) -> None:
+    """`forget` every child (aborting those still running)."""
+    for child in parent.children:
+        host.forget(child, abort=True)
+
+
+async def _all_events(host: ChildHost, parent: ParentRequest, model: str, chat: bool
+                      ) -> AsyncGenerator[bytes, None]:
+    rid, obj, created = answer_id(parent.request_id, chat), chunk_object(chat), \
+        int(time.time())
+    encoders = [sse.ChunkEncoder(rid, obj, created, model, chat, index)
+                for index in range(parent.n)]
+    parsed = parent.children[0].parsed
+    first = chat
+    last = b""  # the last chunk, held for the stream's one last write
+    try:
+        while not parent.finished:
+            if parent.queue.empty():
+                await parent.queue.wait()
+            got = _next_child(host, parent)
+            if got is None:
+                continue
+            index, text, out = got
+            if first:
+                head = encoders[0].head
+                yield b"".join(sse.event(parent.children[0].role_chunk(head, i))
+                               for i in range(parent.n))
+                first = False
+            counts = parent.children[index].usage() if parsed.continuous_usage else None
+            last = encoders[index].chunk(text, out.finish_reason, out.stop_reason, counts)
+            if not parent.finished:
+                yield last
+        usage = encoders[0].usage(len(parsed.prompt_ids), parent.num_completion_tokens,
+                                  parent.first_cached or 0) if parsed.include_usage else b""
+        yield Last(last + usage + sse.DONE)
+    except ApiError as err:  # as `server.Server`'s streams: the error event, then [DONE]
+        yield Last(sse.event(err.body()) + sse.DONE)
+    finally:
+        _forget_all(host, parent)

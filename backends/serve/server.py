@@ -1,12 +1,12 @@
 """What `rt serve`'s handlers share: the requests in flight, their admission, the engine's
 outputs routed into metrics and streams, and the OpenAI response bodies (SSE chunks as vLLM
-emits them, or one JSON response). The FastAPI app around it is `api_server`.
+emits them, or one JSON response). The FastAPI app around it is `api_server`; a request
+with `n` > 1 is driven by `parallel_sampling` through the methods its `ChildHost` names.
 Times are monotonic seconds.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import gc
 import logging
@@ -15,8 +15,9 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from backends.engine.sampling_options import SamplingOptions
 from backends.engine.text import ByteTokenizer, IncrementalDecoder, TextCodec
 from backends.serve import sse
 from backends.serve.engine_client import EngineClient, OutputQueue
@@ -25,7 +26,6 @@ from backends.serve.flags import ServeFlags
 from backends.serve.messages import EngineInfo, EngineOutputs, EngineRequest, RequestOutput
 from backends.serve.metrics import ServeMetrics
 from backends.serve.openai_protocol import ApiError, EngineDeadError, Parsed, RequestParser
-from backends.serve.parallel_sampling import ParentRequest, child_request_id, child_sampling
 from backends.serve.responses import (
     answer_id,
     choice_body,
@@ -36,15 +36,10 @@ from backends.serve.responses import (
 from backends.serve.stop_strings import StopStringText
 from backends.serve.stream_path import EventStream, Last
 
-logger = logging.getLogger("rt.serve")
+if TYPE_CHECKING:
+    from backends.serve.parallel_sampling import ParentRequest
 
-# Children `Server.fan_out` submits between two yields to the event loop. A child costs
-# ~5-10 us (encoded, posted to the engine, tracked): n = 16384, the accepted maximum, took
-# 83-92 ms in process and 120-170 ms on `--simulate` (issue #18 saw ~1.2 s, ~73 us each),
-# all of it one piece of the loop, during which no other stream got a byte. 64 children
-# hold the loop 0.3-0.7 ms (~4.7 ms at issue #18's cost), below one engine step (24 ms on
-# the H200 profile), and the 255 yields of n = 16384 cost ~1% (82.6 -> 83.6 ms in process).
-FAN_OUT_CHUNK = 64
+logger = logging.getLogger("rt.serve")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +56,8 @@ class ServeConfig:
         max_request_bytes: longer request bodies get 413.
         enable_mfu_metrics: the engine estimates each step's FLOPs and bytes per GPU
             (vLLM's `vllm:estimated_*_per_gpu` counters; without it they stay at 0).
+        rt_version: what /version answers (cli.py's `analysis.rundir.rt_version`: the
+            installed version, else the checkout's).
     """
 
     model_name: str
@@ -72,16 +69,17 @@ class ServeConfig:
     api_key: str | None = None
     max_request_bytes: int = 1 << 20
     enable_mfu_metrics: bool = False
+    rt_version: str = "unknown"
 
     @classmethod
     def of(cls, flags: ServeFlags, factory: ExecutorFactory, factory_kwargs: dict[str, Any],
-           model_name: str, tokenizer_dir: Path | None) -> ServeConfig:
+           model_name: str, tokenizer_dir: Path | None, *, rt_version: str) -> ServeConfig:
         """From `rt serve`'s flags and the engine's executor spec (--served-model-name, if
-        given, names the model)."""
+        given, names the model), and rt's version."""
         return cls(flags.served_model_name or model_name, factory, factory_kwargs,
                    tokenizer_dir, flags.max_num_queued_requests, api_key=flags.api_key,
                    max_request_bytes=flags.max_request_bytes,
-                   enable_mfu_metrics=flags.enable_mfu_metrics)
+                   enable_mfu_metrics=flags.enable_mfu_metrics, rt_version=rt_version)
 
 
 # ---- responses -------------------------------------------------------------------------------
@@ -226,8 +224,9 @@ class Server:
         if parent is not None:
             metrics.on_parent_finished(*parent)
 
-    def _forget(self, gen: _Generation, abort: bool) -> None:
-        """The handler gave up on a request (client gone, engine dead)."""
+    def forget(self, gen: _Generation, abort: bool) -> None:
+        """The handler gave up on a request (client gone, engine dead); `abort`: the engine
+        may still run it. Nothing for a request already let go (finished or forgotten)."""
         if self.gens.pop(gen.request_id, None) is None:
             return
         if gen.last_output_s is None:
@@ -261,43 +260,30 @@ class Server:
                                                  parsed.sampling, arrival_s))
         return self._track(request_id, parsed, arrival_s, queue)
 
-    async def fan_out(self, parsed: Parsed, arrival_s: float) -> ParentRequest:
-        """A request with `n` > 1 as n child requests on one queue (`parallel_sampling`).
+    # ---- children (`n` > 1): what `parallel_sampling.ChildHost` asks of the server ---------
 
-        Admission is checked once for all n, and their n places are held from then on (a
-        request admitted while this yields sees them taken). Yields to the event loop every
-        `FAN_OUT_CHUNK` children, as vLLM's front end awaits between them, so other streams
-        keep flowing; cancelled or failed part-way (client gone, shutdown, engine dead),
-        every child already sent is aborted and forgotten, and the places left released."""
-        n = parsed.n
+    def hold_places(self, n: int) -> None:
+        """Admit `n` requests at once (as `_check_admission`) and take their n places among
+        those awaiting a first output, from now on (`add_child` fills them)."""
         self._check_admission(n)
-        self.awaiting_first += n  # held for the children: `_track(held=True)` takes them
-        request_id = os.urandom(16).hex()
-        queue = OutputQueue()
-        children: list[_Generation] = []
-        try:
-            for index in range(n):
-                if index and index % FAN_OUT_CHUNK == 0:
-                    await asyncio.sleep(0)
-                child_id = child_request_id(index, request_id)
-                self.engine.submit(EngineRequest(child_id, parsed.prompt_ids, parsed.params,
-                                                 child_sampling(parsed.sampling, index),
-                                                 arrival_s), queue)
-                children.append(self._track(child_id, parsed, arrival_s, queue, held=True))
-        except BaseException:
-            self.awaiting_first -= n - len(children)  # the places of children never sent
-            for child in children:
-                self._forget(child, abort=True)
-            raise
-        parent = ParentRequest(request_id, children, queue)
-        for child in children:
-            child.parent = parent
-        return parent
+        self.awaiting_first += n
+
+    def free_places(self, n: int) -> None:
+        """Give back `n` places `hold_places` took that no child filled."""
+        self.awaiting_first -= n
+
+    def add_child(self, request_id: str, parsed: Parsed, sampling: SamplingOptions,
+                  arrival_s: float, queue: OutputQueue) -> _Generation:
+        """Send a child request (its own id and sampling options) whose outputs go to its
+        parent's `queue`, and track it in a place `hold_places` took."""
+        self.engine.submit(EngineRequest(request_id, parsed.prompt_ids, parsed.params,
+                                         sampling, arrival_s), queue)
+        return self._track(request_id, parsed, arrival_s, queue, held=True)
 
     def _track(self, request_id: str, parsed: Parsed, arrival_s: float, queue: OutputQueue,
                held: bool = False) -> _Generation:
         """A request sent to the engine, now in flight; `held`: its place among those
-        awaiting a first output was taken beforehand (`fan_out`)."""
+        awaiting a first output was taken beforehand (`hold_places`)."""
         assert self.codec is not None
         gen = _Generation(request_id, parsed, arrival_s, self.codec.decoder(), queue)
         if parsed.stop:
@@ -313,11 +299,11 @@ class Server:
         the error that ended it raised. Only when `_ready(gen)`."""
         item = gen.deferred if gen.deferred is not None else _take(gen, gen.queue.get_nowait())
         if isinstance(item, Exception):
-            self._forget(gen, abort=False)
+            self.forget(gen, abort=False)
             raise item
-        return self._step(gen, item)
+        return self.step(gen, item)
 
-    def _step(self, gen: _Generation, item: RequestOutput) -> tuple[str, RequestOutput]:
+    def step(self, gen: _Generation, item: RequestOutput) -> tuple[str, RequestOutput]:
         """`item`'s text delta (stop strings checked) and the output as the client sees it;
         records the request's end if it ended."""
         gen.cached = item.num_cached_tokens or gen.cached
@@ -356,14 +342,14 @@ class Server:
             async for text, _ in self.outputs(gen):
                 parts.append(text)
         finally:
-            self._forget(gen, abort=True)
+            self.forget(gen, abort=True)
         return "".join(parts)
 
     def stream(self, gen: _Generation, model: str, chat: bool) -> EventStream:
         """SSE events as vLLM emits them (`sse`); a disconnect (cancellation), or closing
         the stream before it starts, aborts the request."""
         return EventStream(self._events(gen, model, chat),
-                           functools.partial(self._forget, gen, abort=True))
+                           functools.partial(self.forget, gen, abort=True))
 
     async def _events(self, gen: _Generation, model: str, chat: bool
                       ) -> AsyncGenerator[bytes, None]:
@@ -399,86 +385,7 @@ class Server:
         except ApiError as err:  # as vLLM's stream generators: the error event, then [DONE]
             yield Last(sse.event(err.body()) + sse.DONE)
         finally:
-            self._forget(gen, abort=True)
-
-    # ---- parallel sampling (`n` > 1: `parallel_sampling`) ------------------------------
-
-    def _next_child(self, parent: ParentRequest) -> tuple[int, str, RequestOutput] | None:
-        """(choice index, text delta, output) of the next output on `parent`'s queue, None
-        for one of a child already finished; the error that ended them raised. Only when
-        the queue is not empty."""
-        item = parent.queue.get_nowait()
-        if isinstance(item, Exception):
-            for child in parent.children:
-                self._forget(child, abort=False)
-            raise item
-        routed = parent.route(item)
-        if routed is None:
-            return None
-        index, child = routed
-        return (index, *self._step(child, item))
-
-    async def complete_all(self, parent: ParentRequest) -> list[str]:
-        """Each child's text, in index order (non-streaming); aborts the children still
-        running if the handler is cancelled."""
-        parts: list[list[str]] = [[] for _ in parent.children]
-        try:
-            while not parent.finished:
-                if parent.queue.empty():
-                    await parent.queue.wait()
-                got = self._next_child(parent)
-                if got is not None:
-                    parts[got[0]].append(got[1])
-        finally:
-            self._forget_all(parent)
-        return ["".join(texts) for texts in parts]
-
-    def stream_all(self, parent: ParentRequest, model: str, chat: bool) -> EventStream:
-        """`stream` for n choices: each chunk names its choice (vLLM 0.32's stream
-        generators); the chat role chunks, one per choice, go out with the first output; a
-        disconnect, or closing the stream before it starts, aborts every child still
-        running."""
-        return EventStream(self._all_events(parent, model, chat),
-                           functools.partial(self._forget_all, parent))
-
-    def _forget_all(self, parent: ParentRequest) -> None:
-        """`_forget` every child (aborting those still running)."""
-        for child in parent.children:
-            self._forget(child, abort=True)
-
-    async def _all_events(self, parent: ParentRequest, model: str, chat: bool
-                          ) -> AsyncGenerator[bytes, None]:
-        rid, obj, created = answer_id(parent.request_id, chat), chunk_object(chat), \
-            int(time.time())
-        encoders = [sse.ChunkEncoder(rid, obj, created, model, chat, index)
-                    for index in range(parent.n)]
-        parsed = parent.children[0].parsed
-        first = chat
-        last = b""  # the last chunk, held for the stream's one last write
-        try:
-            while not parent.finished:
-                if parent.queue.empty():
-                    await parent.queue.wait()
-                got = self._next_child(parent)
-                if got is None:
-                    continue
-                index, text, out = got
-                if first:
-                    head = encoders[0].head
-                    yield b"".join(sse.event(parent.children[0].role_chunk(head, i))
-                                   for i in range(parent.n))
-                    first = False
-                counts = parent.children[index].usage() if parsed.continuous_usage else None
-                last = encoders[index].chunk(text, out.finish_reason, out.stop_reason, counts)
-                if not parent.finished:
-                    yield last
-            usage = encoders[0].usage(len(parsed.prompt_ids), parent.num_completion_tokens,
-                                      parent.first_cached or 0) if parsed.include_usage else b""
-            yield Last(last + usage + sse.DONE)
-        except ApiError as err:
-            yield Last(sse.event(err.body()) + sse.DONE)
-        finally:
-            self._forget_all(parent)
+            self.forget(gen, abort=True)
 
     def response(self, gen: _Generation, text: str, model: str, chat: bool) -> dict[str, Any]:
         choice = choice_body(0, text, gen.finish_reason, gen.stop_reason, chat)

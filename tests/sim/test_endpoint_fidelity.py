@@ -101,7 +101,8 @@ def test_the_loop_replays_in_abba_order_fits_and_simulates_the_twin(tmp_path: Pa
     endpoint = FakeEndpoint()
     saved: list[tuple[str, dict[str, str]]] = []
     plan = EndpointFidelityPlan(tuple(replay_order(2, True)), 7, "llama-3.1-8b",
-                                token_seed=7, step_noise=False, sim_runs=1, warmup_requests=8)
+                                token_seed=7, step_noise=False, sim_runs=1, warmup_requests=8,
+                                rt_version="0.0.0+plan")
     out = endpoint_fidelity(trace, ENGINE, plan, tmp_path, endpoint,
                             lambda path, kind, info, result, describe, **extra: saved.append(
                                 (path.name, extra["server_config_from"])) or save_result(
@@ -116,6 +117,7 @@ def test_the_loop_replays_in_abba_order_fits_and_simulates_the_twin(tmp_path: Pa
     assert [name for name, _ in saved] == ["sim"] and out.sims == [tmp_path / "sim"]
     assert saved[0][1]["num_blocks"] == METRICS
     profile = json.loads(out.profile.read_text())
+    assert profile["versions"]["rt"] == "0.0.0+plan"  # the plan's (cli.py's), not looked up
     assert profile["fit"]["sources"] == [str(tmp_path / "calibration"),
                                          str(tmp_path / "calibration-2")]
     assert profile["fit"]["server_config"]["cache"]["num_blocks"] == 4000

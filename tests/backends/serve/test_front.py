@@ -67,3 +67,18 @@ def test_front_puts_the_guard_before_every_route() -> None:
 
     assert asyncio.run(statuses()) == [401, 401, 200]
 
+
+
+def test_version_answers_the_configs_rt_version() -> None:
+    """/version names the version cli.py computed (`ServeConfig.rt_version`), not one the
+    API server looks up itself (that was the installed one only: "unknown" from a plain
+    checkout on PYTHONPATH, where run.json and profiles named the checkout's)."""
+    app = build_app(ServeConfig("m", _factory, rt_version="0.0.0+serve"))
+
+    async def answer() -> tuple[int, object]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            response = await client.get("/version")
+            return response.status_code, response.json()
+
+    assert asyncio.run(answer()) == (200, {"version": "0.0.0+serve"})

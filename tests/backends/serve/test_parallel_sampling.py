@@ -2,7 +2,7 @@
 n child requests `f"{i}_{parent}"` (seed + i when seeded), merged into one answer whose
 choices carry their index, usage summing the children's tokens over the prompt counted once.
 
-In process: the parser's rules, the fan-out, and `Server.stream_all`'s bytes for outputs fed
+In process: the parser's rules, the fan-out, and `stream_all`'s bytes for outputs fed
 by hand. Over HTTP: `--simulate` (n = 3 whole and streamed, a disconnect, the metrics) and the
 tiny model (child i is the plain request with seed + i; a stop string ends its child only).
 """
@@ -25,8 +25,16 @@ from backends.serve.engine_client import OutputQueue
 from backends.serve.messages import RequestOutput, decode
 from backends.serve.metrics import ServeMetrics
 from backends.serve.openai_protocol import MAX_N, ApiError, EngineDeadError, Parsed
-from backends.serve.parallel_sampling import ParentRequest, child_request_id, child_sampling
-from backends.serve.server import FAN_OUT_CHUNK, ServeConfig, Server, _Generation
+from backends.serve.parallel_sampling import (
+    FAN_OUT_CHUNK,
+    ParentRequest,
+    child_request_id,
+    child_sampling,
+    complete_all,
+    fan_out,
+    stream_all,
+)
+from backends.serve.server import ServeConfig, Server, _Generation
 from runtime import SamplingParams
 from tests.backends.serve.test_parse_rules import parser
 from tests.backends.serve.test_serve import Served, _first_data
@@ -138,8 +146,8 @@ def test_a_stream_closed_before_it_starts_aborts_its_requests(n: int) -> None:
             gen = server.admit(_parsed(1), 0.0)
             events, ids = server.stream(gen, "m", False), [gen.request_id]
         else:
-            parent = await server.fan_out(_parsed(n), 0.0)
-            events = server.stream_all(parent, "m", False)
+            parent = await fan_out(server, _parsed(n), 0.0)
+            events = stream_all(server, parent, "m", False)
             ids = [child.request_id for child in parent.children]
         await events.aclose()
         return ids
@@ -156,7 +164,7 @@ def test_a_stream_closed_before_it_starts_aborts_its_requests(n: int) -> None:
 
 def test_fan_out_sends_n_children_with_their_seeds_on_one_queue() -> None:
     with _serving() as server:
-        parent = asyncio.run(server.fan_out(_parsed(3, seed=40), 0.0))
+        parent = asyncio.run(fan_out(server, _parsed(3, seed=40), 0.0))
         sent = [decode(server.engine.outgoing.get_nowait()) for _ in range(3)]
         assert server.engine.outgoing.empty()
         assert [(kind, req.request_id, req.sampling.seed) for kind, req in sent] == \
@@ -171,9 +179,9 @@ def test_fan_out_sends_n_children_with_their_seeds_on_one_queue() -> None:
 def test_admission_counts_n_requests() -> None:
     """vLLM's check_admission: a request with n > 1 takes n slots of the queue limit."""
     with _serving(limit=3) as server:
-        asyncio.run(server.fan_out(_parsed(2), 0.0))  # 2 of 3 awaiting a first token
+        asyncio.run(fan_out(server, _parsed(2), 0.0))  # 2 of 3 awaiting a first token
         with pytest.raises(ApiError) as err:
-            asyncio.run(server.fan_out(_parsed(2), 0.0))
+            asyncio.run(fan_out(server, _parsed(2), 0.0))
         assert err.value.status == 503
         assert server.engine.outgoing.qsize() == 2  # the refused request sent nothing
         server.admit(_parsed(1), 0.0)  # the third slot
@@ -195,7 +203,7 @@ def test_a_large_fan_out_lets_other_tasks_run() -> None:
                 await asyncio.sleep(0)
 
         noting = asyncio.create_task(note())
-        parent = await server.fan_out(_parsed(n), 0.0)
+        parent = await fan_out(server, _parsed(n), 0.0)
         noting.cancel()
         return seen, parent
 
@@ -221,7 +229,7 @@ def test_a_fan_out_holds_its_n_places_while_it_yields() -> None:
             except ApiError as err:
                 refused.append((len(server.gens), err.status))
 
-        await asyncio.gather(server.fan_out(_parsed(n), 0.0), admit_one())
+        await asyncio.gather(fan_out(server, _parsed(n), 0.0), admit_one())
         return refused
 
     with _serving(limit=n) as server:
@@ -237,7 +245,7 @@ def test_a_fan_out_cancelled_half_way_aborts_exactly_the_children_sent(chunks: i
     n, cut = 4 * FAN_OUT_CHUNK, chunks * FAN_OUT_CHUNK
 
     async def scenario(server: Server) -> None:
-        fanning = asyncio.create_task(server.fan_out(_parsed(n), 0.0))
+        fanning = asyncio.create_task(fan_out(server, _parsed(n), 0.0))
 
         async def cancel_at_cut() -> None:
             while len(server.gens) < cut:
@@ -265,7 +273,7 @@ def test_a_fan_out_cancelled_half_way_aborts_exactly_the_children_sent(chunks: i
         assert server.metrics.registry.get_sample_value(
             "vllm:request_success_total",
             {"model_name": "m", "engine": "0", "finished_reason": "abort"}) == cut
-        asyncio.run(server.fan_out(_parsed(n), 0.0))  # every place is free again
+        asyncio.run(fan_out(server, _parsed(n), 0.0))  # every place is free again
         assert server.awaiting_first == n
 
 
@@ -280,11 +288,11 @@ def _run_stream(chat: bool, parsed: Parsed, feed: list[tuple[int, RequestOutput]
 
     async def scenario() -> tuple[list[bytes], str]:
         with _serving() as server:
-            parent = await server.fan_out(parsed, 0.0)
+            parent = await fan_out(server, parsed, 0.0)
             for index, out in feed:
                 out.request_id = f"{index}_{parent.request_id}"
                 parent.queue.put_nowait(out)
-            events = [event async for event in server.stream_all(parent, "m", chat)]
+            events = [event async for event in stream_all(server, parent, "m", chat)]
             assert not server.gens and server.awaiting_first == 0
             return events, parent.request_id
 
@@ -504,7 +512,7 @@ def test_the_whole_answer_lists_choices_by_index_whatever_order_they_end() -> No
 
     async def scenario() -> dict[str, Any]:
         with _serving() as server:
-            parent = await server.fan_out(_parsed(3, stream=False), 0.0)
+            parent = await fan_out(server, _parsed(3, stream=False), 0.0)
             rid = parent.request_id
             for index, out in [
                     (2, RequestOutput("", _tokens("c") + [2], "stop", 2, num_cached_tokens=0)),
@@ -513,7 +521,7 @@ def test_the_whole_answer_lists_choices_by_index_whatever_order_they_end() -> No
                     (0, RequestOutput("", _tokens("A"), "length", num_cached_tokens=16))]:
                 out.request_id = f"{index}_{rid}"
                 parent.queue.put_nowait(out)
-            texts = await server.complete_all(parent)
+            texts = await complete_all(server, parent)
             assert not server.gens and server.awaiting_first == 0
             answer = parent.response(texts, "m", False, 1700000000)
             assert answer["id"] == f"cmpl-{rid}"
@@ -530,11 +538,11 @@ def test_the_whole_answer_lists_choices_by_index_whatever_order_they_end() -> No
 def test_a_dead_engine_ends_the_stream_with_its_error_and_forgets_every_child() -> None:
     async def scenario() -> list[bytes]:
         with _serving() as server:
-            parent = await server.fan_out(_parsed(2), 0.0)
+            parent = await fan_out(server, _parsed(2), 0.0)
             parent.queue.put_nowait(RequestOutput(f"1_{parent.request_id}", _tokens("x")))
             for _ in range(2):  # the engine client fails each child's stream
                 parent.queue.put_nowait(EngineDeadError())
-            events = [event async for event in server.stream_all(parent, "m", False)]
+            events = [event async for event in stream_all(server, parent, "m", False)]
             assert not server.gens and server.awaiting_first == 0
             return events
 
