@@ -181,6 +181,8 @@ def test_autoscaled_fleet_writes_its_timeline_plot_and_cost(small_trace: Path,
     assert (tmp_path / "a" / "plots" / "replicas.png").is_file()
     report = runner.invoke(app, ["report", str(tmp_path / "a"), "--no-plots"])
     assert report.exit_code == 0 and "GPU-hours:" in report.stdout
+    cost = f"{'Cost:':<40} {scaling['cost']:.2f}\n"
+    assert cost in out and cost in report.stdout
 
 
 def test_a_fixed_fleet_reports_gpu_hours(small_trace: Path, tmp_path: Path) -> None:
@@ -190,6 +192,11 @@ def test_a_fixed_fleet_reports_gpu_hours(small_trace: Path, tmp_path: Path) -> N
     scaling = load_run(tmp_path / "f").info["scaling"]
     assert scaling["policy"] is None and scaling["pools"][0]["serving"] == [2]
     assert scaling["gpu_hours"] == pytest.approx(2 * scaling["end_s"] / 3600)
+    # no price given: the cost says so rather than 0.00, which would read as free
+    assert scaling["cost"] == 0.0
+    pool = out.split("Scaling")[-1].splitlines()[3]
+    assert pool.split() == ["default", "2", "2", f"{scaling['gpu_hours']:.3f}", "-"]
+    assert "Cost:                                    not priced (--gpu-cost-per-hour" in out
 
 
 @pytest.mark.parametrize("args, message", [
