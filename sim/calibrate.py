@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -419,12 +419,20 @@ def profile_from_replays(paths: Sequence[Path], target: str = "wall", *,
         step_time_drift_quantiles=noise.drift_quantiles,
         step_time_drift_window_s=noise.drift_window_s,
         device=str(info.get("device") or "unknown"),
-        model=str(model.get("dir") or "unknown"), dtype=str(info.get("dtype") or "unknown"),
+        model=model_name(str(model.get("dir") or "unknown")),
+        dtype=str(info.get("dtype") or "unknown"),
         versions={"rt": rt_version},
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         api_server=api_server or ApiServerCost(),
         extra={"target": target, "replay_steps": len(seconds), **stalls.describe(),
                "grid_points": 0, "sources": [str(p) for p in paths]})
+
+
+def model_name(model_dir: str) -> str:
+    """What a profile names its model: the last part of the model directory's path
+    (`/root/.cache/rt/configs/llama-3.1-8b` -> `llama-3.1-8b`), not where it lay on the
+    machine that fitted it."""
+    return PurePath(model_dir).name or model_dir
 
 
 def profile_from_grid(calibration: Any, extra_steps: Sequence[StepSamples] = (),
@@ -448,7 +456,7 @@ def profile_from_grid(calibration: Any, extra_steps: Sequence[StepSamples] = (),
     overhead = sorted(m.host_overhead_s / m.wall_s for m in grid)
     return make_profile(
         fit_with_holdout(features, seconds), device=calibration.device,
-        model=calibration.model, dtype=calibration.dtype,
+        model=model_name(calibration.model), dtype=calibration.dtype,
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         versions={"rt": rt_version, **calibration.versions},
         api_server=fit_api_server(api.prompt_lens, api.seconds),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -212,8 +213,11 @@ def test_replay_profile_fits_without_stalls_and_counts_them(tmp_path: Path) -> N
     assert stalls["seconds"] == pytest.approx(float(stalled[[1, 2]].sum()))
     assert profile.step_time_quantiles is not None
     assert max(profile.step_time_quantiles) == pytest.approx(1.0)  # the fit is exact
-    # without stalls nothing is left out
+    # without stalls nothing is left out; the model is named, not where it lay
     _steps_table(tmp_path / "c", feats, seconds)
+    (tmp_path / "c" / "run.json").write_text(json.dumps(
+        {"model": {"dir": "/root/.cache/rt/configs/llama-3.1-8b"}, "device": "NVIDIA H200"}))
     clean = profile_from_replays([tmp_path / "c"])
+    assert (clean.model, clean.device) == ("llama-3.1-8b", "NVIDIA H200")
     assert clean.fit is not None
     assert (clean.fit["left_out_stalls"]["steps"], clean.fit["replay_steps"]) == (0, 120)
