@@ -53,9 +53,10 @@ Simulated requests per second of the fleet simulator: N replicas on the trace re
 N times faster (each replica carries one engine's load) against one engine on the trace
 as recorded, in the same run; and the cost per request of the smallest and largest
 --scaling fleets (with --repeat N, the median of N interleaved pairs). Rates per wall and
-per CPU second. With a pre-routed router (round-robin, random, session-hash), the N
-replicas also in --sim-workers processes: the wall-clock rate against one engine's (CPU
-seconds stay the measure of the work).
+per CPU second. With a pre-routed router (round-robin, random, session-hash) or one that
+reads only completions (least-outstanding, power-of-two, sglang-cache-aware: processes in
+lockstep), the N replicas also in --sim-workers processes: the wall-clock rate against one
+engine's (CPU seconds stay the measure of the work).
 """
 
 
@@ -74,8 +75,8 @@ class FleetBenchFlags:
     baseline: bool = flag(True, "--baseline/--no-baseline", "Also time the fleet stepping "
                           "one by one.")
     sim_workers: int | None = flag(None, "--sim-workers", "Processes for the --replicas "
-                                   "fleet's wall-clock row (a pre-routed router only; "
-                                   "default: the CPUs it may use, at most --replicas).",
+                                   "fleet's wall-clock row (a pre-routed or lockstep router "
+                                   "only; default: the CPUs it may use, at most --replicas).",
                                    bounds=(1, MAX_SIM_WORKERS))
     repeat: int = flag(1, "--repeat", f"Runs of each --scaling fleet (1-{MAX_REPEAT}), "
                        "interleaved (4, 64, 64, 4, 4, 64, ...); the cost ratio is the median "

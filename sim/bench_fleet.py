@@ -1,7 +1,8 @@
 """`rt bench fleet`: simulated requests per CPU second of the fleet simulator (`sim.fleet`)
 against the single engine's on the same trace, against the same work on one engine per
 replica (each replica's share, as routed), and across replica counts; and per wall second
-with a pre-routed fleet's replicas in worker processes (`--sim-workers`); JSON-ready dicts."""
+with a pre-routed or lockstep fleet's replicas in worker processes (`--sim-workers`);
+JSON-ready dicts."""
 
 from __future__ import annotations
 
@@ -36,11 +37,13 @@ def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "
     - with `baseline`: the `replicas` fleet stepping one by one (no decode-run
       fast-forward), and the speed-up of fast-forwarding.
 
-    With a pre-routed router (`sim.fleet.pre_routable`: round-robin, random, session-hash),
-    the `replicas` fleet also runs in `sim_workers` processes (default: the CPUs it may use, at
-    most `replicas`): its wall rate per request against the single engine's is the
-    wall-clock goal (CPU seconds there are the parent's and its workers'); the CPU goals
-    above stay the honest measure of the work.
+    With a pre-routed router (`sim.fleet.pre_routable`: round-robin, random, session-hash)
+    or one that runs in lockstep (`sim.fleet.runs_in_lockstep`: least-outstanding,
+    power-of-two, sglang-cache-aware), the `replicas` fleet also runs in `sim_workers`
+    processes (default: the CPUs it may use, at most `replicas`): its wall rate per request
+    against the single engine's is the wall-clock goal (CPU seconds there are the parent's
+    and its workers', spinning included); the CPU goals above stay the honest measure of the
+    work.
     """
     from sim.engine_args import EngineArgs, build_setup
     from sim.simulator import simulate
@@ -160,7 +163,7 @@ def _usable_cpus() -> int:
 
 def _wall_goal(parallel: dict[str, object] | None, workers: int, single_wall_s: float
                ) -> dict[str, object]:
-    """The report's wall-clock keys: the single engine uses one core, a pre-routed fleet's
+    """The report's wall-clock keys: the single engine uses one core, a parallel fleet's
     `workers` several (None without a parallel row)."""
     if parallel is None:
         return {"sim_workers": None, "fleet_parallel_vs_single_engine_wall": None,
@@ -177,7 +180,8 @@ def _goals(replicas: int, scaling: tuple[int, ...], workers: int | None, router:
     small, large = min(scaling), max(scaling)
     wall = (f"{replicas} replicas in {workers} sim workers, wall seconds per request <= the "
             "single engine's (meets_goal_rate_wall, wall seconds: uses more than one core)"
-            if workers is not None else f"no parallel row (router {router!r} is not pre-routed)")
+            if workers is not None else f"no parallel row (router {router!r} neither pre-routes "
+            "nor runs in lockstep)")
     return (f"{replicas} replicas: CPU per request <= the single engine's (meets_goal_rate, "
             f"CPU seconds: the work); {large} replicas: CPU per request <= {small} replicas' "
             f"(meets_goal_scaling, the median of {repeat} interleaved pairs; "
@@ -206,12 +210,13 @@ def _fleet_run(trace: Any, setup: Any, router: str, router_args: tuple[str, ...]
 def _parallel_row(fleet: Callable[..., tuple[Any, float, float]], count: int, workers: int,
                   n: int, router: str, router_args: tuple[str, ...]
                   ) -> dict[str, object] | None:
-    """The row of `count` replicas in `workers` processes (None: the router does not
-    pre-route, so the fleet would run in one process)."""
+    """The row of `count` replicas in `workers` processes (None: the router neither
+    pre-routes nor runs in lockstep, so the fleet would run in one process)."""
     from runtime.router.registry import make_policy
-    from sim.fleet import pre_routable
+    from sim.fleet import pre_routable, runs_in_lockstep
 
-    if not pre_routable([make_policy(router, router_args)]):
+    policies = [make_policy(router, router_args)]
+    if not (pre_routable(policies) or runs_in_lockstep(policies)):
         return None
     result, wall, cpu = fleet(count, workers=workers)
     row = rate_row(f"{count} replicas, trace x{count} faster, {workers} sim workers", n,

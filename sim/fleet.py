@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 import time
+from array import array
 from bisect import bisect_left
 from collections.abc import Generator, Mapping, Sequence
 from functools import cached_property, partial
@@ -52,6 +53,7 @@ from runtime.router import ReplicaSnapshot, RouterPolicy, RoutingRequest
 from sim.api_server import deliver_to_clients
 from sim.block_ids import TraceBlockIds
 from sim.cost.api_server import ApiServerCost
+from sim.fleet_lockstep import Peers, hears_counts_only, run_lockstep
 from sim.fleet_records import (
     FleetRequestRecord,
     FleetResult,
@@ -79,7 +81,7 @@ from sim.simulator import Progress, make_request
 from workloads import Trace, TraceRequest
 
 __all__ = ["FleetRequestRecord", "FleetResult", "Replica", "ReplicaSetup", "ReplicaSummary",
-           "can_ever_fit", "make_request", "pre_routable", "simulate_fleet"]
+           "can_ever_fit", "make_request", "pre_routable", "runs_in_lockstep", "simulate_fleet"]
 
 
 _ROUTE_AHEAD_S = 10.0  # snapshot-blind routing ahead, s (routed requests hold their tokens)
@@ -160,6 +162,13 @@ class _Fleet:
             ReplicaSnapshot(replica_id=r.index, taken_at_s=0.0,
                             num_gpu_blocks=r.config.cache.num_blocks) for r in self.replicas
         ) if self.routes_ahead and all(p.snapshot_blind for p in policies) else None
+        # in lockstep (`run_in_lockstep`): this process's replicas, the other processes, and
+        # the trace indices of the requests its replicas finished since the last decision
+        self.own: range | None = None
+        self.peers: Peers | None = None
+        self.finished_here = array("q")
+        # processes may run it in lockstep (`run_in_lockstep`)
+        self.lockstep_allowed = self.sleeps_through_runs and runs_in_lockstep(policies)
 
     def run(self) -> None:
         self.start_processes()
@@ -170,8 +179,11 @@ class _Fleet:
         pre-routed fleet of several replicas runs them in `workers` processes if > 1
         (`run_in_workers`; in this one where fork is unavailable). The replicas' pools are
         released after (`release_pools`): read the result, not the pools."""
-        if workers > 1 and self.pre_routed and len(self.replicas) > 1 and can_fork():
-            return self.run_in_workers(workers, started_s)
+        if workers > 1 and len(self.replicas) > 1 and can_fork():
+            if self.pre_routed:
+                return self.run_in_workers(workers, started_s)
+            if self.lockstep_allowed:
+                return self.run_in_lockstep(workers, started_s)
         self.run()
         result = self.result(time.perf_counter() - started_s)
         if not self.pre_routed:  # a pre-routed replica released its pool as it finished
@@ -221,6 +233,54 @@ class _Fleet:
         self.env.run()
         return self.outcome([self.replicas[i] for i in replicas])
 
+    def run_in_lockstep(self, workers: int, started_s: float) -> FleetResult:
+        """`run_to_end` in `workers` processes in lockstep (`sim.fleet_lockstep`): each runs
+        the router over the whole trace and a contiguous group of replicas, hearing the other
+        groups' finishes before each decision; the records joined in replica order, as one
+        process makes them. Progress is reported as this process's replicas finish
+        requests, and as each worker ends."""
+        groups = worker_ranges([1] * len(self.replicas), workers)
+        self.trace_index = {req.request_id: i for i, req in enumerate(self.trace)}
+        parts = run_lockstep([partial(self.run_group, group) for group in groups],
+                             self.worker_done,
+                             [f"worker {k} (replicas {group.start}-{group.stop - 1})"
+                              for k, group in enumerate(groups)])
+        return assembled_result(self.trace, parts, time.perf_counter() - started_s,
+                                self.router_of if len(self.routers) > 1 else None)
+
+    def run_group(self, group: range, peers: Peers) -> ReplicasOutcome:
+        """In one process of a lockstep run: the router over the whole trace, trading
+        finishes with `peers` before each decision, and the replicas of `group` only; their
+        outcome (their pools then released, here in the parent)."""
+        self.own, self.peers = group, peers
+        if peers.index:
+            self.progress = None  # the parent reports progress as workers end
+        self.env.process(self.router())
+        for i in group:
+            self.env.process(self.replicas[i].engine())
+        self.env.run()
+        replicas = [self.replicas[i] for i in group]
+        outcome = self.outcome(replicas)
+        release_pools(r.core.scheduler.kv_cache_manager for r in replicas)
+        return outcome
+
+    def worker_done(self, worker: int, part: ReplicasOutcome) -> None:
+        """Worker `worker` of a lockstep run ended: count its requests done (this process's
+        own, worker 0, were counted as they finished)."""
+        if worker:
+            self.count_done(sum(len(r.records) for r in part.replicas))
+
+    def hear_peers(self) -> None:
+        """Before a decision in lockstep: send this process's finishes since the last one,
+        and let the policies hear the other processes' (`on_finished`, by request id)."""
+        assert self.peers is not None
+        theirs = self.peers.trade(self.finished_here)
+        self.finished_here = array("q")
+        trace = self.trace
+        for index in theirs:
+            request_id = trace[index].request_id
+            self.policy_of(request_id).on_finished(request_id)
+
     def kv_run_limit_s(self) -> float:
         """The next routing decision minus the KV-event delay (`sim.fleet_kv`), seconds."""
         i = self.next_index
@@ -260,6 +320,8 @@ class _Fleet:
                 at = routers[i % len(routers)].refresh.last_tick(at)
             if at > self.env.now:
                 yield self.env.timeout(at - self.env.now)
+            if self.peers is not None:
+                self.hear_peers()
             self.route(req)
             self.next_index = i + 1
 
@@ -282,6 +344,8 @@ class _Fleet:
         keys = None if self.router_keys is None else self.router_keys.keys(req)
         routing = routing_request(req, prompt, self.kv_block_size, known, keys)
         replica = self.replicas[router.policy.route(routing, candidates).replica]
+        if self.own is not None and replica.index not in self.own:
+            return  # in lockstep, another process's replica: built there
         prompt, output, hashes = replica_inputs(replica, first.config, req, prompt, output,
                                                 placeholders, routing.block_hashes)
         replica.hand_over(req, prompt, output, now + self.latency_s, hashes=hashes)
@@ -333,6 +397,9 @@ class _Fleet:
         """`replica` finished these requests (at the end of the current step)."""
         for record in records:
             self.policy_of(record.request_id).on_finished(record.request_id)
+        if self.peers is not None:
+            index = self.trace_index
+            self.finished_here.extend(index[record.request_id] for record in records)
         self.count_done(len(records))
 
     def count_done(self, count: int) -> None:
@@ -397,6 +464,16 @@ def pre_routable(policies: Sequence[RouterPolicy]) -> bool:
     autoscaled): none reads snapshots, completions, token ids or KV events."""
     return all(p.snapshot_blind and p.completion_blind and not p.reads_token_ids
                and not p.wants_kv_events for p in policies)
+
+
+def runs_in_lockstep(policies: Sequence[RouterPolicy]) -> bool:
+    """Whether a fleet behind these router policies runs in processes in lockstep when given
+    workers (`_Fleet.lockstep_allowed`, which adds the fleet's own conditions: not P/D nor
+    autoscaled): some read completions, none reads snapshots' metrics or KV events, and every
+    one hears completions as in-flight counts only (`sim.fleet_lockstep.hears_counts_only`)."""
+    return (not all(p.completion_blind for p in policies)
+            and all(p.snapshot_blind and not p.wants_kv_events and hears_counts_only(p)
+                    for p in policies))
 
 
 def _checked_delays(delays: Mapping[str, float]) -> Mapping[str, float]:

@@ -249,11 +249,14 @@ class FleetFlags:
     routers: int = flag(1, "--routers", "Router replicas, each with private state (in-flight "
                         "counts, prefix indexes, its own scrape ticks); requests spread "
                         "round-robin by arrival.", FLEET_PANEL, bounds=(1, MAX_REPLICAS))
-    sim_workers: int = flag(1, "--sim-workers", "Processes that simulate the replicas of a "
-                            "fleet routed before any step (routers blind to the replicas: "
-                            "round-robin, random, session-hash), each a contiguous range of "
-                            "them; the records are those of 1. Other fleets run in one "
-                            "process.", FLEET_PANEL, bounds=(1, MAX_SIM_WORKERS))
+    sim_workers: int = flag(1, "--sim-workers", "Processes that simulate the replicas, each "
+                            "a contiguous range of them; the records are those of 1. A fleet "
+                            "routed before any step (round-robin, random, session-hash) runs "
+                            "them apart; one behind routers that read only completions "
+                            "(least-outstanding, power-of-two, sglang-cache-aware) in "
+                            "lockstep, the processes meeting at each routing decision. "
+                            "Other fleets run in one process.", FLEET_PANEL,
+                            bounds=(1, MAX_SIM_WORKERS))
 
     def __post_init__(self) -> None:
         check_bounds(self)

@@ -17,7 +17,7 @@ from runtime.records import RunResult, RunSummary
 from runtime.router.policy import RouterPolicy
 from sim.autoscale_flags import AutoscaleFlags, fixed_scaling, simulate_autoscaled_fleet
 from sim.engine_args import EngineArgs, SimFlags, SimSetup, build_setup, token_times
-from sim.fleet import pre_routable, simulate_fleet
+from sim.fleet import pre_routable, runs_in_lockstep, simulate_fleet
 from sim.fleet_config import FleetFlags, FleetSpec, build_fleet, load_fleet, refuse_overrides
 from sim.pd import check_roles
 from sim.pd_flags import PDFlags, simulate_pd_fleet
@@ -122,9 +122,9 @@ class FleetRun:
             why = "--autoscale reads the replicas as it runs"
         elif self.pd.is_pd(self.roles):
             why = "P/D reads the replicas as it routes"
-        elif not pre_routable(self.policies):
-            why = (f"router {self.fleet.router!r} reads the replicas, completions or tokens "
-                   "as it routes")
+        elif not (pre_routable(self.policies) or runs_in_lockstep(self.policies)):
+            why = (f"router {self.fleet.router!r} reads the replicas' metrics or KV events "
+                   "(or first tokens) as it routes")
         elif len(self.replicas) == 1:
             why = "one replica"
         else:

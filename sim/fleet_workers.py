@@ -86,12 +86,12 @@ def run_forked(tasks: Sequence[Callable[[], T]],
         for task in tasks:
             reader, writer = os.pipe()
             inherited = [reader, *(receive.fileno() for _, receive in children)]
-            child = context.Process(target=_child, args=(task, writer, inherited, parent),
+            child = context.Process(target=child_task, args=(task, writer, inherited, parent),
                                     daemon=True)
             child.start()
             os.close(writer)  # the child holds the only writer: its death reads as EOF
             children.append((child, open(reader, "rb")))
-        results = _collect(children, on_result,
+        results = collect_results(children, on_result,
                            names or [f"worker {i}" for i in range(len(children))])
         answered = True
         return results
@@ -103,7 +103,7 @@ def run_forked(tasks: Sequence[Callable[[], T]],
             receive.close()
 
 
-def _collect(children: Sequence[tuple[multiprocessing.process.BaseProcess, BufferedReader]],
+def collect_results(children: Sequence[tuple[multiprocessing.process.BaseProcess, BufferedReader]],
              on_result: Callable[[int, Any], None] | None, names: Sequence[str]) -> list[Any]:
     """Each child's result, in child order, received as they arrive."""
     results: list[Any] = [None] * len(children)
@@ -138,7 +138,7 @@ def _received(name: str, child: multiprocessing.process.BaseProcess, receive: Bu
     return value
 
 
-def _child(task: Callable[[], Any], writer: int, inherited: Sequence[int], parent: int
+def child_task(task: Callable[[], Any], writer: int, inherited: Sequence[int], parent: int
            ) -> None:
     """In the child: run `task`, send (True, its result) or (False, its error), pickled as
     it is written (no copy of the whole message). A result that fails to pickle midway is a

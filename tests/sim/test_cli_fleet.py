@@ -53,8 +53,10 @@ def test_round_robin_fleet_spreads_requests_and_prints_the_fleet_block(
     assert result["fleet_jain_requests"] == 1.0
 
 
-def test_sim_workers_write_the_same_records(small_trace: Path, tmp_path: Path) -> None:
-    fleet = ["--trace", str(small_trace), "--replicas", "4", "--router", "random"]
+@pytest.mark.parametrize("router", ["random", "least-outstanding"])  # apart, in lockstep
+def test_sim_workers_write_the_same_records(router: str, small_trace: Path,
+                                            tmp_path: Path) -> None:
+    fleet = ["--trace", str(small_trace), "--replicas", "4", "--router", router]
     assert simulate(*fleet, "--result-dir", str(tmp_path / "one"))[0] == 0
     code, _, err = simulate(*fleet, "--sim-workers", "2", "--result-dir", str(tmp_path / "two"))
     assert code == 0, err
@@ -70,8 +72,8 @@ def test_sim_workers_behind_a_router_reading_replicas_run_in_one_process(
                             "--sim-workers", "2", "--result-dir", str(tmp_path / "f"))
     assert code == 0, err
     assert err.count("--sim-workers") == 1
-    assert ("note: --sim-workers 2: router 'llm-d' reads the replicas, completions or tokens "
-            "as it routes; simulating the fleet in one process") in err
+    assert ("note: --sim-workers 2: router 'llm-d' reads the replicas' metrics or KV events "
+            "(or first tokens) as it routes; simulating the fleet in one process") in err
 
 
 def test_one_replica_fleet_equals_the_single_engine(small_trace: Path, tmp_path: Path) -> None:

@@ -108,14 +108,19 @@ def test_progress_is_reported_as_workers_end() -> None:
     assert 0 < seen[0][0] < len(trace)
 
 
-def test_routers_reading_replicas_run_in_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("policy", ["llm-d", "vllm-dp"])  # snapshots (llm-d: KV use too)
+def test_routers_reading_replicas_run_in_one_process(policy: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Routers reading snapshots run in one process (those reading only completions run in
+    lockstep: tests/sim/test_fleet_lockstep.py)."""
     def no_fork(*args: object, **kwargs: object) -> None:
-        raise AssertionError("forked a fleet that is not pre-routed")
+        raise AssertionError("forked a fleet that reads snapshots")
 
     trace, setups = randomised(1), uneven(1)
-    one = fleet(trace, "least-outstanding", setups, workers=1)
+    one = fleet(trace, policy, setups, workers=1)
     monkeypatch.setattr(fleet_module, "run_forked", no_fork)
-    equal(fleet(trace, "least-outstanding", setups, workers=2), one)
+    monkeypatch.setattr(fleet_module, "run_lockstep", no_fork)
+    equal(fleet(trace, policy, setups, workers=2), one)
 
 
 def _raise_in_worker(error: BaseException) -> Callable[..., object]:

@@ -1,0 +1,208 @@
+"""Processes in lockstep for a fleet behind routers that read completions (`rt simulate
+--sim-workers N` behind least-outstanding, power-of-two, sglang-cache-aware; `sim.fleet`).
+
+Such a router reads its own dispatches and the finishes the replicas report, never a
+snapshot's metrics or a KV event (`_Fleet.sleeps_through_runs`). So every process can run the
+router over the whole trace itself, deciding as the others do, if it has heard every finish
+before each decision. The replicas are cut into W contiguous groups: the parent simulates
+group 0 and a forked child each other group, each with the whole router but only its own
+replicas' engines (a request routed to another group is not built there). Before each
+routing decision the processes meet (`Peers.trade`): each sends the finishes its replicas
+reported since the last one, as trace indices, and the policies hear everyone else's.
+Lockstep is not taken unless every policy hears completions only as `RouterPolicy`'s own
+in-flight counts (`hears_counts_only`): counts added in another order are the same counts,
+so hearing another group's finishes at the next decision rather than at their step's end
+changes no choice. Each process's events are the serial run's events of its own replicas and
+the router, in the same order, so the records are those of one process.
+
+    Peers        the pipes between the parent (the hub) and its children: one frame up and
+                 one down per decision (~6 us a round trip on this VM)
+    run_lockstep the groups' tasks: the first in this process, the others forked; results in
+                 group order; the first failure raised, no child left behind
+
+A frame is a count (4 bytes, little-endian) then that many signed 64-bit codes. A peer gone
+(a child that failed: its error comes back through `sim.fleet_workers`' result pipe; a
+parent gone: the child's read sees EOF) ends the exchange with `PeerGone`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import select
+import struct
+from array import array
+from collections.abc import Callable, Sequence
+from io import BufferedReader
+from typing import Any, TypeVar
+
+from runtime.router import RouterPolicy
+from sim.fleet_workers import child_task, collect_results
+
+T = TypeVar("T")
+
+_HEADER = struct.Struct("<I")  # codes in the frame
+_SPINS = 256  # polls of a read end before blocking (~0.4 us each: ~0.1 ms)
+
+
+class PeerGone(EOFError):
+    """The other end of a lockstep pipe closed: its process ended (failed or killed)."""
+
+
+def hears_counts_only(policy: RouterPolicy) -> bool:
+    """Whether `policy` hears completions only as its in-flight counts (`RouterPolicy`'s own
+    `on_finished` and a `on_prefill_done` that does nothing): the precondition of lockstep."""
+    kind = type(policy)
+    return (kind.on_finished is RouterPolicy.on_finished
+            and kind.on_prefill_done is RouterPolicy.on_prefill_done)
+
+
+class Peers:
+    """The lockstep pipes of W processes: process 0 (the parent) relays, each child i talks to
+    it only. Made before the fork; each process then keeps its own ends (`keep`)."""
+
+    def __init__(self, workers: int) -> None:
+        if workers < 2:
+            raise ValueError(f"lockstep needs at least 2 processes, got {workers}")
+        self.workers = workers
+        self.index = 0  # this process's group (0: the parent)
+        # [i]: child i's pipes, i >= 1 (index 0 unused): up = child -> parent, down = back
+        self.up = [(-1, -1)] + [os.pipe() for _ in range(1, workers)]
+        self.down = [(-1, -1)] + [os.pipe() for _ in range(1, workers)]
+
+    def fds(self) -> list[int]:
+        return [fd for pair in (*self.up[1:], *self.down[1:]) for fd in pair]
+
+    def keep(self, index: int) -> None:
+        """In process `index`, close every end but its own (so a peer's death reads as EOF)."""
+        self.index = index
+        reads = ({self.up[i][0] for i in range(1, self.workers)} if index == 0
+                 else {self.down[index][0]})
+        writes = ({self.down[i][1] for i in range(1, self.workers)} if index == 0
+                  else {self.up[index][1]})
+        for fd in self.fds():
+            if fd in reads:
+                os.set_blocking(fd, False)  # polled (`_read_exactly`)
+            elif fd not in writes:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def close(self) -> None:
+        """Close this process's ends (the others were closed by `keep`)."""
+        for fd in self.fds():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def trade(self, mine: array[int]) -> array[int]:
+        """Send this process's codes since the last trade; returns every other process's,
+        in group order. Blocks until each peer has sent its own for this decision."""
+        if self.index:  # a child: up to the parent, then everyone else's back
+            _send(self.up[self.index][1], mine)
+            return _receive(self.down[self.index][0])
+        parts = [mine, *(_receive(self.up[i][0]) for i in range(1, self.workers))]
+        for i in range(1, self.workers):
+            others = array("q")
+            for k, part in enumerate(parts):
+                if k != i:
+                    others += part
+            _send(self.down[i][1], others)
+        theirs = array("q")
+        for part in parts[1:]:
+            theirs += part
+        return theirs
+
+
+def _send(fd: int, codes: array[int]) -> None:
+    data = memoryview(_HEADER.pack(len(codes)) + codes.tobytes())
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except BrokenPipeError:
+        raise PeerGone("a lockstep peer ended") from None
+
+
+def _receive(fd: int) -> array[int]:
+    (count,) = _HEADER.unpack(_read_exactly(fd, _HEADER.size))
+    codes = array("q")
+    if count:
+        codes.frombytes(_read_exactly(fd, count * codes.itemsize))
+    return codes
+
+
+def _read_exactly(fd: int, size: int) -> bytes:
+    """`size` bytes from the non-blocking read end `fd`: polled up to `_SPINS` times before
+    blocking in `select` (a process that sleeps in `read` between decisions waits ~190 us a
+    decision to be woken on this VM, against ~150 us of its own work)."""
+    chunks = []
+    spins = 0
+    while size:
+        try:
+            chunk = os.read(fd, size)
+        except BlockingIOError:
+            spins += 1
+            if spins > _SPINS:
+                select.select([fd], [], [])
+            continue
+        if not chunk:
+            raise PeerGone("a lockstep peer ended")
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def run_lockstep(tasks: Sequence[Callable[[Peers], T]],
+                 on_result: Callable[[int, T], None] | None = None,
+                 names: Sequence[str] | None = None) -> list[T]:
+    """`[task(peers) for task in tasks]`, task 0 in this process and each other one in a
+    child forked for it, all at once, meeting through `peers` (`Peers.trade`).
+    `on_result(i, result)` as each child's result arrives (task 0's: when it returns). A
+    failure anywhere is raised here (a child's as itself, `sim.fleet_workers`), after every
+    child has ended."""
+    peers = Peers(len(tasks))
+    context = multiprocessing.get_context("fork")
+    children: list[tuple[multiprocessing.process.BaseProcess, BufferedReader]] = []
+    names = names or [f"worker {i}" for i in range(len(tasks))]
+    answered = False
+    try:
+        parent = os.getpid()
+        for i, task in enumerate(tasks[1:], start=1):
+            reader, writer = os.pipe()
+            inherited = [reader, *(receive.fileno() for _, receive in children)]
+            child = context.Process(
+                target=child_task,
+                args=(_in_group(task, peers, i), writer, inherited, parent), daemon=True)
+            child.start()
+            os.close(writer)  # the child holds the only writer: its death reads as EOF
+            children.append((child, open(reader, "rb")))
+        peers.keep(0)
+        try:
+            first = tasks[0](peers)
+        except PeerGone:  # a child failed: its own error says why
+            collect_results(children, None, names[1:])
+            raise
+        if on_result is not None:
+            on_result(0, first)
+        results = [first, *collect_results(children, on_result and _shifted(on_result),
+                                           names[1:])]
+        answered = True
+        return results
+    finally:  # every child answered and exits by itself, or is ended here
+        peers.close()
+        for child, receive in children:
+            if not answered and child.exitcode is None:
+                child.terminate()
+            child.join()
+            receive.close()
+
+
+def _in_group(task: Callable[[Peers], T], peers: Peers, index: int) -> Callable[[], T]:
+    def run() -> T:
+        peers.keep(index)
+        return task(peers)
+    return run
+
+
+def _shifted(on_result: Callable[[int, Any], None]) -> Callable[[int, Any], None]:
+    return lambda i, result: on_result(i + 1, result)
+

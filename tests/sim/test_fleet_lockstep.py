@@ -1,0 +1,169 @@
+"""A fleet behind routers that read completions, in processes in lockstep
+(`simulate_fleet(workers=N)`, `sim.fleet_lockstep`): the records are those of one process
+exactly; only policies that hear completions as counts run so; the trade between processes
+is exact; an error anywhere reaches the caller as itself, a killed worker as one line, and no
+worker outlives the call."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from array import array
+from collections.abc import Callable
+
+import pytest
+
+from runtime.router import RouterPolicy, make_policy
+from runtime.router.simple import LeastOutstanding
+from sim import fleet as fleet_module
+from sim.fleet import simulate_fleet
+from sim.fleet_lockstep import PeerGone, Peers, hears_counts_only, run_lockstep
+from tests.sim.test_fleet_prerouted import randomised
+from tests.sim.test_fleet_workers import equal, fleet, uneven
+
+
+@pytest.mark.parametrize("policy", ["least-outstanding", "power-of-two",
+                                    "sglang-cache-aware"])
+@pytest.mark.parametrize("seed", [1, 3])
+def test_lockstep_gives_the_records_of_one_process(policy: str, seed: int,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = randomised(seed)  # seed 3: multi-turn sessions, step noise, 2 routers
+    setups = uneven(seed)
+    one = fleet(trace, policy, setups, workers=1, routers=1 + seed // 2)
+    assert len({r.replica for r in one.requests}) == 4
+    ran: list[int] = []
+    lockstep = fleet_module.run_lockstep
+    monkeypatch.setattr(fleet_module, "run_lockstep",
+                        lambda tasks, *args: ran.append(len(tasks)) or lockstep(tasks, *args))
+    for workers in (2, 3, 9):  # 9: more workers than replicas
+        equal(fleet(trace, policy, setups, workers, routers=1 + seed // 2), one)
+    assert ran == [2, 3, 4]
+    assert not multiprocessing.active_children()
+
+
+class _HearsFinishesItsWay(LeastOutstanding):
+    """A policy whose `on_finished` does more than count: order could matter to it."""
+
+    def on_finished(self, request_id: str) -> None:
+        super().on_finished(request_id)
+
+
+@pytest.mark.parametrize(("policy", "counts_only"), [
+    (make_policy("least-outstanding", ()), True),
+    (make_policy("power-of-two", ()), True),
+    (make_policy("sglang-cache-aware", ()), True),
+    (make_policy("llm-d", ()), False),  # its token estimates
+    (make_policy("dynamo-kv", ()), False),  # prefill tokens at the first token
+    (_HearsFinishesItsWay(), False),
+])
+def test_only_policies_hearing_completions_as_counts_qualify(policy: RouterPolicy,
+                                                             counts_only: bool) -> None:
+    assert hears_counts_only(policy) is counts_only
+
+
+def test_a_policy_hearing_finishes_its_own_way_runs_in_one_process(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_lockstep(*args: object) -> None:
+        raise AssertionError("ran in lockstep")
+
+    trace, setups = randomised(1), uneven(1)
+    one = simulate_fleet(trace, setups, _HearsFinishesItsWay(seed=5), refresh_s=0.02,
+                         routing_latency_s=0.001)
+    monkeypatch.setattr(fleet_module, "run_lockstep", no_lockstep)
+    two = simulate_fleet(trace, setups, _HearsFinishesItsWay(seed=5), refresh_s=0.02,
+                         routing_latency_s=0.001, workers=2)
+    equal(two, one)
+
+
+def _trader(index: int, rounds: int) -> Callable[[Peers], list[list[int]]]:
+    def trade(peers: Peers) -> list[list[int]]:
+        assert peers.index == index
+        return [peers.trade(array("q", [100 * index + k] * (index + k % 2))).tolist()
+                for k in range(rounds)]
+    return trade
+
+
+def test_each_process_gets_every_other_ones_codes_in_group_order() -> None:
+    got = run_lockstep([_trader(i, 3) for i in range(3)])
+    # round k: process i sends i + k % 2 copies of 100 i + k
+    sent = [[[100 * i + k] * (i + k % 2) for k in range(3)] for i in range(3)]
+    for i in range(3):
+        assert got[i] == [[code for j in range(3) if j != i for code in sent[j][k]]
+                          for k in range(3)]
+    assert not multiprocessing.active_children()
+
+
+def test_a_frame_longer_than_a_pipe_crosses_whole() -> None:
+    big = list(range(-50_000, 50_000))  # 800 kB: many times a pipe's buffer
+
+    def sender(peers: Peers) -> list[int]:
+        return peers.trade(array("q", big)).tolist()
+
+    def receiver(peers: Peers) -> list[int]:
+        return peers.trade(array("q")).tolist()
+
+    assert run_lockstep([receiver, sender]) == [big, []]
+
+
+def _failing_group(start: int, error: BaseException) -> Callable[..., object]:
+    run_group = fleet_module._Fleet.run_group
+
+    def run(self: fleet_module._Fleet, group: range, peers: Peers) -> object:
+        if group.start == start:
+            raise error
+        return run_group(self, group, peers)
+    return run
+
+
+@pytest.mark.parametrize("start", [0, 2])  # the parent's group, a child's
+def test_an_error_in_any_process_reaches_the_caller(start: int,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    error = ValueError("stack_delay_s['7'] must be >= 0, got -1")
+    monkeypatch.setattr(fleet_module._Fleet, "run_group", _failing_group(start, error))
+    with pytest.raises(ValueError) as raised:
+        fleet(randomised(1), "least-outstanding", uneven(1), workers=2)
+    assert str(raised.value) == "stack_delay_s['7'] must be >= 0, got -1"
+    assert not multiprocessing.active_children()
+
+
+def test_a_killed_worker_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    hear = fleet_module._Fleet.hear_peers
+
+    def killed(self: fleet_module._Fleet) -> None:
+        if self.own is not None and self.own.start == 2 and self.next_index == 20:
+            os.kill(os.getpid(), signal.SIGKILL)
+        hear(self)
+
+    monkeypatch.setattr(fleet_module._Fleet, "hear_peers", killed)
+    with pytest.raises(ChildProcessError) as raised:
+        fleet(randomised(1), "least-outstanding", uneven(1), workers=2)
+    assert str(raised.value) == ("simulation worker 1 (replicas 2-3) was killed by SIGKILL "
+                                 "before sending its records")
+    assert not multiprocessing.active_children()
+
+
+def test_a_peer_gone_mid_trade_is_peer_gone() -> None:
+    def leaves(peers: Peers) -> None:
+        os._exit(0)  # no answer, no result: the parent reads EOF in the middle of a trade
+
+    def stays(peers: Peers) -> object:
+        return peers.trade(array("q", [1]))
+
+    with pytest.raises(ChildProcessError, match="^simulation worker 1 exited with status 0"):
+        run_lockstep([stays, leaves])
+    assert not multiprocessing.active_children()
+    peers = Peers(2)
+    peers.keep(0)  # closes the child's ends, as a dead child leaves them: EOF
+    with pytest.raises(PeerGone):
+        peers.trade(array("q"))
+    peers.close()
+
+
+def test_progress_is_reported_as_requests_finish_and_workers_end() -> None:
+    trace = randomised(1)
+    seen: list[tuple[int, int]] = []
+    fleet(trace, "least-outstanding", uneven(1), 2,
+          progress=lambda done, n: seen.append((done, n)))
+    assert seen[-1] == (len(trace), len(trace))
+    assert [done for done, _ in seen] == sorted(done for done, _ in seen)
