@@ -67,16 +67,23 @@ def check_run_path(path: Path) -> None:
                          f"directory ({RUN_FILE} is missing); give a new or empty one")
 
 
-def check_output_file(path: Path | None, option: str) -> None:
+def check_output_file(path: Path | None, option: str, inputs: Sequence[Path | None] = ()
+                      ) -> None:
     """ValueError (naming `option` and the path) unless a command may write a file at `path`
-    (None: not asked for): never onto a directory, and never onto one of a run directory's
-    own files (`rt report RUN --html RUN/run.json` once replaced the run it reported).
-    Checked before any work; nothing is written."""
+    (None: not asked for): never onto a directory, never onto one of a run directory's own
+    files (`rt report RUN --html RUN/run.json` once replaced the run it reported), and never
+    onto one of the command's `inputs` (`rt trace convert T T --first-n 1` once left T one
+    request). Checked before any work; nothing is written."""
     if path is None:
         return
     if path.is_dir():
         raise ValueError(f"{option} {path}: a directory is there, not a file (nothing was "
                          "written)")
+    for source in inputs:
+        if source is not None and path.exists() and source.exists() \
+                and path.samefile(source):
+            raise ValueError(f"{option} {path}: it is the input {source}, which it would "
+                             "replace (nothing was written); give another path")
     if path.name in RUN_FILES and (path.parent / RUN_FILE).is_file():
         raise ValueError(f"{option} {path}: a file of run directory {path.parent}, which it "
                          "would break (nothing was written); give another path")

@@ -344,3 +344,25 @@ def test_a_flag_of_another_mode_is_refused_naming_both(
     got = _one_line([a.format(o=out, run=files["run"], t=files["trace"]) for a in args])
     assert got == f"rt: error: {line}"
     assert not out.exists()
+
+
+def test_no_output_replaces_the_commands_own_input(files: dict[str, Path],
+                                                   tmp_path: Path) -> None:
+    """badinput4: `rt trace convert T T --first-n 1` left T one request (exit 0); `rt trace
+    gen -o T --dataset-name resample --dataset-path T` and `rt calibrate -o B --from-run B`
+    would replace their input the same way. Refused first, the input untouched (a link to it
+    too)."""
+    trace = tmp_path / "t.jsonl"
+    shutil.copy(files["trace"], trace)
+    (tmp_path / "link.jsonl").symlink_to(trace)
+    bench = tmp_path / "bench.json"
+    bench.write_text("{}\n")
+    for option, path, args in (
+            ("DST", trace, ["trace", "convert", str(trace), str(trace), "--first-n", "1"]),
+            ("DST", trace, ["trace", "convert", str(tmp_path / "link.jsonl"), str(trace)]),
+            ("--output", trace, ["trace", "gen", "-o", str(trace), "--dataset-name",
+                                 "resample", "--dataset-path", str(trace)]),
+            ("--output", bench, ["calibrate", "-o", str(bench), "--from-run", str(bench)])):
+        assert f"{option} {path}: it is the input " in _one_line(args)
+    assert trace.read_bytes() == files["trace"].read_bytes()
+    assert bench.read_text() == "{}\n"
