@@ -232,16 +232,19 @@ def load_run(path: Path, *, token_times: bool = True,
     for name in (REQUESTS_FILE, STEPS_FILE, RUN_FILE):
         if not (path / name).is_file():
             raise ValueError(f"{path}: not a run directory ({name} is missing)")
+    reading = RUN_FILE  # the file an error is in (once unnamed: "Expecting value: ...")
     try:
         info = json.loads((path / RUN_FILE).read_text())
         if not isinstance(info, dict):
-            raise ValueError(f"{RUN_FILE} holds {type(info).__name__}, not a JSON object")
+            raise ValueError(f"holds {type(info).__name__}, not a JSON object")
+        reading = REQUESTS_FILE
         requests = _read_frame(path / REQUESTS_FILE,
                                lambda name: token_times or name != "token_times_s")
+        reading = STEPS_FILE
         steps = _read_frame(path / STEPS_FILE,
                             lambda name: step_columns is None or name in step_columns)
     except (OSError, ValueError, pa.ArrowException) as exc:
-        raise ValueError(f"{path}: unreadable run directory: {exc}") from exc
+        raise ValueError(f"{path}: unreadable run directory: {reading}: {exc}") from exc
     return Run(path, requests, steps, info)
 
 
