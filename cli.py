@@ -285,7 +285,7 @@ def trace_convert(
     """Convert a trace file (any supported format) to rt JSONL, Vidur CSV or vLLM bench's
     timed_trace JSONL."""
     with user_errors():
-        check_output_file(dst, "DST")
+        check_output_file(dst, "DST", [src])
         trace = workload(flags, src)
         out.write(trace, dst)
     say(f"wrote {len(trace)} requests to {dst} ({out.to})")
@@ -299,7 +299,7 @@ def trace_gen(
 ) -> None:
     """Generate a synthetic trace with `vllm bench serve` flags (same seed, same arrivals)."""
     with user_errors():
-        check_output_file(output, "--output")
+        check_output_file(output, "--output", [flags.dataset_path])
         trace = workload(flags)
         workloads.write_rt_jsonl(trace, output)
     say(f"wrote {len(trace)} requests to {output} ({flags.dataset_name})")
@@ -605,7 +605,8 @@ def calibrate(
     from sim.calibrate_run import grid_profile, runs_profile, save_profile, steps_profile
 
     with user_errors():
-        check_output_file(output, "--output")  # before the fit, not after it
+        check_output_file(output, "--output", [*(sources.from_run or []),  # before the fit
+                                               *(sources.from_steps or [])])
         mode = sources.mode(checkpoint.model is not None, cal.step_drift)
         if mode != "grid":  # no grid, no real engine: their flags would be ignored
             not_with(given_options(cal, ("quick", "time_limit"), typed)

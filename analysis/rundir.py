@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import json
 import shutil
+import tempfile
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -53,10 +54,30 @@ class Run:
 Rows = Sequence[dict[str, Any]] | Mapping[str, Sequence[Any]]  # row dicts, or columns
 
 
+def check_writable(path: Path, what: str) -> None:
+    """ValueError (naming `what` and the path) unless a file can be made beside `path`, in
+    the nearest directory of its parents that exists (the writers make the rest): not a
+    file there, no permission, a read-only or virtual file system. Found only by the write
+    before, after the run or the fit (`--result-dir /proc/x`, `-o trace.jsonl/p.json`). A
+    nameless temporary file is made and removed."""
+    nearest = next(p for p in (path.parent, *path.parent.parents) if p.exists())
+    if not nearest.is_dir():
+        raise ValueError(f"{what} {path}: {nearest} is a file, not a directory (nothing was "
+                         "written)")
+    try:
+        with tempfile.TemporaryFile(dir=nearest):
+            pass
+    except OSError as e:
+        raise ValueError(f"{what} {path}: cannot write in {nearest} ({e.strerror}; nothing "
+                         "was written)") from None
+
+
 def check_run_path(path: Path) -> None:
     """ValueError (naming the path) unless a run may be written at `path`: nothing there,
-    an empty directory, or a run directory (which the new run replaces). A file, or a
-    directory holding anything else ("/", a home directory), is never replaced."""
+    an empty directory, or a run directory (which the new run replaces), in a directory that
+    can be written (`check_writable`). A file, or a directory holding anything else ("/", a
+    home directory), is never replaced."""
+    check_writable(path, "result directory")
     if not path.exists():
         return
     if not path.is_dir():
@@ -67,16 +88,24 @@ def check_run_path(path: Path) -> None:
                          f"directory ({RUN_FILE} is missing); give a new or empty one")
 
 
-def check_output_file(path: Path | None, option: str) -> None:
+def check_output_file(path: Path | None, option: str, inputs: Sequence[Path | None] = ()
+                      ) -> None:
     """ValueError (naming `option` and the path) unless a command may write a file at `path`
-    (None: not asked for): never onto a directory, and never onto one of a run directory's
-    own files (`rt report RUN --html RUN/run.json` once replaced the run it reported).
-    Checked before any work; nothing is written."""
+    (None: not asked for): never onto a directory, never onto one of a run directory's own
+    files (`rt report RUN --html RUN/run.json` once replaced the run it reported), and never
+    onto one of the command's `inputs` (`rt trace convert T T --first-n 1` once left T one
+    request). Checked before any work; nothing is written."""
     if path is None:
         return
     if path.is_dir():
         raise ValueError(f"{option} {path}: a directory is there, not a file (nothing was "
                          "written)")
+    check_writable(path, option)
+    for source in inputs:
+        if source is not None and path.exists() and source.exists() \
+                and path.samefile(source):
+            raise ValueError(f"{option} {path}: it is the input {source}, which it would "
+                             "replace (nothing was written); give another path")
     if path.name in RUN_FILES and (path.parent / RUN_FILE).is_file():
         raise ValueError(f"{option} {path}: a file of run directory {path.parent}, which it "
                          "would break (nothing was written); give another path")
@@ -86,7 +115,9 @@ def check_runs_root(path: Path, table: str) -> None:
     """ValueError (naming the path) unless `path` may hold a sweep's or plan's run
     directories: nothing there, an empty directory, or one an earlier sweep or plan left (run
     directories, or its summary `table`, e.g. "plan.csv" of a plan whose every shape was
-    pruned); never a file, "/" or a directory of other things."""
+    pruned), in a directory that can be written (`check_writable`); never a file, "/" or a
+    directory of other things."""
+    check_writable(path, "result directory")
     if not path.exists():
         return
     if not path.is_dir():
@@ -201,16 +232,19 @@ def load_run(path: Path, *, token_times: bool = True,
     for name in (REQUESTS_FILE, STEPS_FILE, RUN_FILE):
         if not (path / name).is_file():
             raise ValueError(f"{path}: not a run directory ({name} is missing)")
+    reading = RUN_FILE  # the file an error is in (once unnamed: "Expecting value: ...")
     try:
         info = json.loads((path / RUN_FILE).read_text())
         if not isinstance(info, dict):
-            raise ValueError(f"{RUN_FILE} holds {type(info).__name__}, not a JSON object")
+            raise ValueError(f"holds {type(info).__name__}, not a JSON object")
+        reading = REQUESTS_FILE
         requests = _read_frame(path / REQUESTS_FILE,
                                lambda name: token_times or name != "token_times_s")
+        reading = STEPS_FILE
         steps = _read_frame(path / STEPS_FILE,
                             lambda name: step_columns is None or name in step_columns)
     except (OSError, ValueError, pa.ArrowException) as exc:
-        raise ValueError(f"{path}: unreadable run directory: {exc}") from exc
+        raise ValueError(f"{path}: unreadable run directory: {reading}: {exc}") from exc
     return Run(path, requests, steps, info)
 
 

@@ -22,7 +22,7 @@ from sim.autoscale import (
     simulate_autoscaled,
 )
 from sim.engine_args import SimSetup
-from sim.fleet_config import FleetFlags, FleetSpec, build_fleet
+from sim.fleet_config import MAX_REPLICAS, FleetFlags, FleetSpec, build_fleet
 from sim.fleet_records import FleetResult
 from sim.scaling_policies import (
     DEFAULT_INTERVAL_S,
@@ -93,6 +93,11 @@ class AutoscaleFlags:
                                      and self.max_replicas < self.min_replicas):
             raise ValueError(f"need 1 <= --min-replicas ({self.min_replicas}) <= "
                              f"--max-replicas ({self.max_replicas})")
+        for name in ("min_replicas", "max_replicas"):  # as --replicas (1e14: a MemoryError)
+            value = getattr(self, name)
+            if value is not None and value > MAX_REPLICAS:
+                raise ValueError(f"--{name.replace('_', '-')} must be at most {MAX_REPLICAS}, "
+                                 f"got {value}")
         self.check_applies()
         if self.autoscale is not None:  # a bad --autoscale-arg: one line before any output
             scaling_args(self.autoscale, self.autoscale_arg or [])
@@ -105,9 +110,17 @@ class AutoscaleFlags:
 
     def check_pool_sizes(self, spec: FleetSpec | None, replicas: int) -> None:
         """ValueError when --min-replicas is above a pool's most replicas (--replicas N or the
-        pool's count, when --max-replicas does not set it), before any output."""
-        if self.autoscale is None or self.max_replicas is not None:
-            return  # (--max-replicas below --min-replicas: refused in __post_init__)
+        pool's count, when --max-replicas does not set it), or when the pools' most replicas
+        sum past a fleet's MAX_REPLICAS, before any output."""
+        if self.autoscale is None:
+            return
+        if self.max_replicas is not None:  # (below --min-replicas: refused in __post_init__)
+            pools = 1 if spec is None else len(spec.pools)
+            if pools * self.max_replicas > MAX_REPLICAS:  # each pool holds that many
+                raise ValueError(f"--max-replicas {self.max_replicas} for each of {pools} "
+                                 f"pools is {pools * self.max_replicas:,} replicas; a fleet "
+                                 f"holds at most {MAX_REPLICAS}")
+            return
         sizes = ([("--replicas", replicas)] if spec is None
                  else [(f"pool {p.name!r}'s count", p.count) for p in spec.pools])
         for what, size in sizes:

@@ -84,9 +84,11 @@ class FleetSpec:
 def load_fleet(path: Path) -> FleetSpec:
     """Read and check a fleet file; ValueError (one line) on any problem."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ValueError(f"cannot read fleet file {str(path)!r}: {e.strerror}") from None
+    except UnicodeDecodeError as e:  # TOML is UTF-8; once the codec's line, the file unnamed
+        raise ValueError(f"{path}: not valid TOML: not UTF-8 text (byte {e.start})") from None
     return parse_fleet(text, str(path))
 
 
@@ -111,6 +113,10 @@ def parse_fleet(text: str, source: str = "fleet file") -> FleetSpec:
     for name in names:
         if names.count(name) > 1:
             raise ValueError(f"{source}: pool name {name!r} is used twice")
+    total = sum(pool.count for pool in pools)
+    if total > MAX_REPLICAS:  # each pool's count is capped, and so is the fleet (--replicas')
+        raise ValueError(f"{source}: the pools' counts sum to {total:,} replicas; a fleet "
+                         f"holds at most {MAX_REPLICAS}")
     return FleetSpec(pools)
 
 
@@ -139,8 +145,15 @@ def _pool(table: dict[str, Any], index: int) -> PoolSpec:
     engine = table.get("engine", {})
     if not isinstance(engine, dict):
         raise ValueError(f"{where}: engine must be a table of engine flags, got {engine!r}")
-    flags: dict[str, Any] = {key.replace("-", "_"): _engine_flag(key, value, where)
-                             for key, value in engine.items()}
+    flags: dict[str, Any] = {}
+    spelled: dict[str, str] = {}  # flag -> its key in the file
+    for key, value in engine.items():
+        field = key.replace("-", "_")
+        if field in spelled:  # max-num-seqs and max_num_seqs: the last one silently won
+            raise ValueError(f"{where}: engine flag {field} is given twice "
+                             f"({spelled[field]!r} and {key!r})")
+        spelled[field] = key
+        flags[field] = _engine_flag(key, value, where)
     try:
         args = EngineArgs(**flags, tensor_parallel_size=tensor_parallel_size)
     except (TypeError, ValueError) as e:

@@ -344,3 +344,54 @@ def test_a_flag_of_another_mode_is_refused_naming_both(
     got = _one_line([a.format(o=out, run=files["run"], t=files["trace"]) for a in args])
     assert got == f"rt: error: {line}"
     assert not out.exists()
+
+
+def test_no_output_replaces_the_commands_own_input(files: dict[str, Path],
+                                                   tmp_path: Path) -> None:
+    """badinput4: `rt trace convert T T --first-n 1` left T one request (exit 0); `rt trace
+    gen -o T --dataset-name resample --dataset-path T` and `rt calibrate -o B --from-run B`
+    would replace their input the same way. Refused first, the input untouched (a link to it
+    too)."""
+    trace = tmp_path / "t.jsonl"
+    shutil.copy(files["trace"], trace)
+    (tmp_path / "link.jsonl").symlink_to(trace)
+    bench = tmp_path / "bench.json"
+    bench.write_text("{}\n")
+    for option, path, args in (
+            ("DST", trace, ["trace", "convert", str(trace), str(trace), "--first-n", "1"]),
+            ("DST", trace, ["trace", "convert", str(tmp_path / "link.jsonl"), str(trace)]),
+            ("--output", trace, ["trace", "gen", "-o", str(trace), "--dataset-name",
+                                 "resample", "--dataset-path", str(trace)]),
+            ("--output", bench, ["calibrate", "-o", str(bench), "--from-run", str(bench)])):
+        assert f"{option} {path}: it is the input " in _one_line(args)
+    assert trace.read_bytes() == files["trace"].read_bytes()
+    assert bench.read_text() == "{}\n"
+
+
+def test_an_output_path_that_cannot_be_made_is_refused_before_the_work(
+        files: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """badinput4: `rt simulate --result-dir TRACE/x` (a file where a directory must be),
+    `--result-dir /proc/x` or `/sys/x`, `rt calibrate -o /sys/p.json` failed at the write,
+    after vLLM's start-up lines, the run or the fit, as "TRACE: File exists" (3-9 lines);
+    `rt sweep`'s and `rt report --html`'s the same. Now one line first."""
+    t, run = str(files["trace"]), str(files["run"])
+    for option, args in (
+            ("result directory", ["simulate", "--trace", t, "--result-dir", f"{t}/x"]),
+            ("--output", ["calibrate", "-o", f"{t}/p.json", "--from-steps", run]),
+            ("result directory", ["sweep", "--trace", t, "--no-plots", "--result-dir",
+                                  f"{t}/a/b"]),
+            ("--html", ["report", run, "--no-plots", "--html", f"{t}/r.html"])):
+        line = _one_line(args)
+        assert line.startswith(f"rt: error: {option} {t}/"), line
+        assert line.endswith(f": {t} is a file, not a directory (nothing was written)"), line
+    from analysis import rundir
+
+    def denied(**kwargs: object) -> None:  # what a read-only directory answers (not root)
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(rundir.tempfile, "TemporaryFile", denied)
+    out = tmp_path / "new" / "run"
+    assert _one_line(["simulate", "--trace", t, "--result-dir", str(out)]) == (
+        f"rt: error: result directory {out}: cannot write in {tmp_path} (Permission denied; "
+        "nothing was written)")
+    assert not out.parent.exists()

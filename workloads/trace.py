@@ -53,6 +53,7 @@ class Span:
         if not isinstance(self.key, str) or not self.key:
             raise TraceError("span key must be a non-empty string", column="segments",
                              value=self.key)
+        _check_text(self.key, "segments")
         _check_count(self.length, "segments", minimum=1)
 
 
@@ -91,6 +92,9 @@ class TraceRequest:
         if not isinstance(self.request_id, str) or not self.request_id:
             raise TraceError("request id must be a non-empty string", column="request_id",
                              value=self.request_id)
+        _check_text(self.request_id, "request_id")
+        _check_text(self.session_id, "session_id")
+        _check_text(self.cache_salt, "cache_salt")
         if isinstance(self.arrival_s, bool) or not isinstance(self.arrival_s, float | int) \
                 or not math.isfinite(self.arrival_s) or self.arrival_s < 0:
             raise TraceError("arrival time must be a finite number >= 0 seconds",
@@ -205,6 +209,20 @@ def _check_count(value: object, column: str, *, minimum: int | None,
         raise TraceError(f"must be >= {minimum}", column=column, value=value)
     if maximum is not None and value > maximum:
         raise TraceError(f"must be <= {maximum:,}", column=column, value=value)
+
+
+def _check_text(value: object, column: str) -> None:
+    """A string of a trace must be Unicode text: JSON's escapes can spell a lone surrogate
+    ("\\ud800"), which no UTF-8 file or request body can hold (such a request id was
+    refused only when the run's parquet files were written, after the run, naming nothing).
+    ASCII (nearly every id) is checked without encoding."""
+    if not isinstance(value, str) or value.isascii():
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise TraceError("must be Unicode text (it holds a lone surrogate)", column=column,
+                         value=value) from None
 
 
 def _check_token_ids(ids: tuple[int, ...], prompt_len: int) -> None:

@@ -45,10 +45,12 @@ from backends.serve.openapi_schema import request_schema
 from backends.serve.server import ServeConfig, Server
 from backends.serve.stream_path import (
     ASGIApp,
+    ClientGone,
     EventStream,
     EventStreamResponse,
     Generate,
     StreamPath,
+    unless_client_leaves,
 )
 
 __all__ = ["HttpStack", "ServeConfig", "Server", "build_app", "front", "http_stack",
@@ -128,7 +130,7 @@ def _generator(server: Server) -> Generate:
     async def generate(request: Request, chat: bool) -> Response | EventStream:
         try:
             return await _generate(request, chat)
-        except ApiError:
+        except (ApiError, ClientGone):
             raise
         except Exception as err:  # as `_internal_error` (StreamPath runs outside FastAPI)
             logger.error("unhandled error", exc_info=err)
@@ -150,12 +152,13 @@ def _generator(server: Server) -> Generate:
             parent = await parallel_sampling.fan_out(server, parsed, arrival)
             if parsed.stream:
                 return parallel_sampling.stream_all(server, parent, model, chat)
-            texts = await parallel_sampling.complete_all(server, parent)
+            texts = await unless_client_leaves(parallel_sampling.complete_all(server, parent),
+                                               request.receive)
             return JSONResponse(parent.response(texts, model, chat, int(time.time())))
         gen = server.admit(parsed, arrival)
         if parsed.stream:
             return server.stream(gen, model, chat)
-        text = await server.complete(gen)
+        text = await unless_client_leaves(server.complete(gen), request.receive)
         return JSONResponse(server.response(gen, text, model, chat))
 
     return generate
@@ -167,7 +170,10 @@ def _generation_routes(app: FastAPI, generate: Generate) -> None:
     its response ends early, as on `StreamPath` (`EventStreamResponse`)."""
 
     async def respond(request: Request, chat: bool) -> Response:
-        answer = await generate(request, chat)
+        try:
+            answer = await generate(request, chat)
+        except ClientGone:  # its request aborted; what is sent here reaches nobody
+            return Response(status_code=499)  # nginx's "client closed request"
         if isinstance(answer, Response):
             return answer
         return EventStreamResponse(answer)

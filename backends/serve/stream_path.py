@@ -14,7 +14,8 @@ What the client sees is `StreamingResponse`'s: the same status, headers
 (`content-type: text/event-stream; charset=utf-8`, chunked) and bytes; a non-streaming answer
 or an error is the same `JSONResponse`. A client that disconnects cancels the stream at once,
 even while it waits for its first token (as `StreamingResponse` listening for
-`http.disconnect` under ASGI spec 2.3, uvicorn's), which aborts its request in the engine.
+`http.disconnect` under ASGI spec 2.3, uvicorn's), which aborts its request in the engine; a
+non-streaming one is gathered under `unless_client_leaves`, which does the same.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -31,6 +32,7 @@ from backends.serve import sse
 from backends.serve.openai_protocol import GENERATION_PATHS as PATHS
 from backends.serve.openai_protocol import SHUT_DOWN, ApiError
 
+T = TypeVar("T")
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -111,6 +113,8 @@ class StreamPath:
             answer = await self.generate(Request(scope, receive), chat)
         except ApiError as err:
             answer = err.response()
+        except ClientGone:  # its request aborted; nobody to answer
+            return
         except asyncio.CancelledError:  # a shutdown cut it (no response started yet): the
             # handler was cancelled (uvicorn's `Server.shutdown`), which aborted the request;
             # the log has uvicorn's one line ("Cancel N running task(s) ..."), no traceback
@@ -120,6 +124,41 @@ class StreamPath:
             await answer(scope, receive, send)
         else:
             await stream(answer, receive, send)
+
+
+class ClientGone(Exception):
+    """The client disconnected before its non-streaming answer was ready (nothing to send)."""
+
+
+async def unless_client_leaves(work: Awaitable[T], receive: Receive) -> T:
+    """`work`'s result (a non-streaming answer being gathered, its body read already); when
+    the client disconnects first, `work` is cancelled, which aborts its request in the engine
+    (`Server.complete`, `complete_all`), and ClientGone raised: as vLLM's `with_cancellation`
+    (a client that gave up once left its request generating to `max_tokens`). A cancellation
+    of the caller (a shutdown) cancels `work` too."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnect(receive))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    raise ClientGone
+
+
+async def _disconnect(receive: Receive) -> None:
+    """Returns when the client has disconnected (every message after the body is that)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def _uncancel() -> None:

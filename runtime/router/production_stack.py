@@ -31,7 +31,7 @@ from runtime.router.policy import (
     tie_note,
 )
 from runtime.router.prefix_index import PageTrie, PreciseIndex
-from runtime.router.session import RingCache, lowest_qps
+from runtime.router.session import RingCache, check_virtual_nodes, lowest_qps
 from runtime.router.snapshot import ReplicaSnapshot, RoutingDecision, RoutingRequest
 from runtime.router.state import KvEvent
 
@@ -89,7 +89,7 @@ class KvAwareConfig:
         require(self.kv_aware_threshold >= 0,
                 f"kv_aware_threshold must be >= 0, got {self.kv_aware_threshold}")
         require(self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}")
-        require(self.virtual_nodes >= 1, f"virtual_nodes must be >= 1, got {self.virtual_nodes}")
+        check_virtual_nodes(self.virtual_nodes)
         require(self.qps_window_s > 0, f"qps_window_s must be > 0, got {self.qps_window_s}")
 
 

@@ -85,6 +85,17 @@ def _half_written(hand_run: Path) -> Path:
     return hand_run
 
 
+def _half_written_steps(hand_run: Path) -> Path:
+    data = (hand_run / "steps.parquet").read_bytes()
+    (hand_run / "steps.parquet").write_bytes(data[: len(data) // 2])
+    return hand_run
+
+
+def _bad_json(hand_run: Path) -> Path:  # badinput4: once the JSON error alone, file unnamed
+    (hand_run / "run.json").write_text('{"a":\n')
+    return hand_run
+
+
 def _missing_columns(hand_run: Path) -> Path:
     run = load_run(hand_run)
     write_run(hand_run, run.requests.drop(columns=["first_token_s"]).to_dict("list"),
@@ -96,7 +107,9 @@ def _missing_columns(hand_run: Path) -> Path:
     ("make", "extra", "message"),
     [
         (lambda p: p / "nope", [], "not a run directory (requests.parquet is missing)"),
-        (_half_written, [], "unreadable run directory"),
+        (_half_written, [], "unreadable run directory: requests.parquet: "),
+        (_bad_json, [], "unreadable run directory: run.json: Expecting value: line 2 column 1"),
+        (_half_written_steps, [], "unreadable run directory: steps.parquet: "),
         (_missing_columns, [], "lacks columns first_token_s"),
         (lambda p: p, ["--percentile-metrics", "ttft,ttfb"], "unknown metric 'ttfb'"),
         (lambda p: p, ["--goodput", "itl:5"], "--goodput"),

@@ -208,6 +208,11 @@ def test_a_fixed_fleet_reports_gpu_hours(small_trace: Path, tmp_path: Path) -> N
      "--min-replicas 3 is above --replicas 2"),
     (["--autoscale", "kv-threshold", "--autoscale-arg", "x=1"], "--autoscale-arg"),
     (["--autoscale", "kv-threshold", "--pd-decider", "always"], "does not combine with P/D"),
+    # badinput4: once a MemoryError traceback (the replicas' list made before any step)
+    (["--autoscale", "kv-threshold", "--max-replicas", "99999999999999"],
+     "--max-replicas must be at most 4096, got 99999999999999"),
+    (["--autoscale", "kv-threshold", "--min-replicas", "4097", "--max-replicas", "5000"],
+     "--min-replicas must be at most 4096, got 4097"),
 ])
 def test_bad_autoscale_input_is_one_line(small_trace: Path, tmp_path: Path, args: list[str],
                                          message: str) -> None:
@@ -233,6 +238,9 @@ _POOL = 'name = "{}"\ncount = 2\ngpu = "h200"\nmodel = "llama-3.1-8b"\nrole = "{
                                         "--max-num-seqs 8"),
     (["both"], ["--model", "qwen2.5-7b"], "--model 'qwen2.5-7b'"),
     (["both"], ["--profile", "calibrated"], "--profile 'calibrated'"),
+    # badinput4: each pool may grow to --max-replicas; the fleet past 4096 ran
+    (["both", "both"], ["--autoscale", "kv-threshold", "--max-replicas", "2049"],
+     "--max-replicas 2049 for each of 2 pools is 4,098 replicas; a fleet holds at most 4096"),
 ])
 def test_bad_fleet_file_combinations_are_one_line_before_any_output(
         small_trace: Path, tmp_path: Path, roles: list[str], args: list[str],

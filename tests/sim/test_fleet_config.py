@@ -68,6 +68,13 @@ def test_each_replica_gets_its_pool_setup() -> None:
     (("[[pool]]", "[[pool"), "not valid TOML"),
     (("[[pool]]", "x = " + "[" * 100_000 + "]" * 100_000 + "\n[[pool]]"),
      "not valid TOML: nested too deeply"),  # was tomllib's RecursionError
+    # badinput4: the last spelling won without a word
+    (("max_num_seqs = 64", "max_num_seqs = 64\nmax-num-seqs = 8"),
+     "pool 'small': engine flag max_num_seqs is given twice ('max_num_seqs' and "
+     "'max-num-seqs')"),
+    # badinput4: 4096 per pool, any number of pools (30 x 4096: 1.9 GB, 18 s for 4 requests)
+    (("count = 2", "count = 4096"), "the pools' counts sum to 4,097 replicas; a fleet holds "
+     "at most 4096"),
 ])
 def test_bad_fleet_files_name_the_field_and_value(edit: tuple[str, str], message: str) -> None:
     with pytest.raises(ValueError, match="^[^\n]*$") as error:
@@ -91,3 +98,16 @@ def test_bad_pools_fail_when_built(edit: tuple[str, str], message: str) -> None:
 def test_a_missing_file_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cannot read fleet file"):
         load_fleet(tmp_path / "nope.toml")
+
+
+def test_a_file_that_is_not_utf8_is_one_line_naming_it(tmp_path: Path) -> None:
+    """badinput4: "'utf-8' codec can't decode byte 0xff in position 0", the file unnamed."""
+    path = tmp_path / "fleet.toml"
+    path.write_bytes(b"\xff\xfe" + FLEET.encode())
+    with pytest.raises(ValueError) as error:
+        load_fleet(path)
+    assert str(error.value) == f"{path}: not valid TOML: not UTF-8 text (byte 0)"
+
+
+def test_a_fleet_of_4096_replicas_in_several_pools_is_taken() -> None:
+    assert parse_fleet(FLEET.replace("count = 2", "count = 4095")).num_replicas == 4096

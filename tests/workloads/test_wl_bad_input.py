@@ -71,6 +71,17 @@ CASES = {
                        None, "nested too deeply"),
     # once _csv.Error: field larger than field limit (131072)
     "long first line": ("[" * 200_000 + "\n", None, 1, None, None, "unrecognised"),
+    # badinput4: JSON's escapes spell a lone surrogate; once "'utf-8' codec can't encode
+    # character '\\ud800'" after the run (writing requests.parquet), nothing named
+    "rt lone surrogate id": (RT_HEAD + '{"id": "a\\ud800", "arrival_s": 0, "prompt_len": 5, '
+                             '"output_len": 1}\n', None, 2, "request_id", "a\ud800",
+                             "lone surrogate"),
+    "rt lone surrogate segment": (RT_HEAD + '{"id": "a", "arrival_s": 0, "prompt_len": 5, '
+                                  '"output_len": 1, "segments": [["\\udfff", 5]]}\n', None, 2,
+                                  "segments", "\udfff", "lone surrogate"),
+    "rt lone surrogate session": (RT_HEAD + '{"id": "a", "arrival_s": 0, "prompt_len": 5, '
+                                  '"output_len": 1, "session_id": "\\udc00"}\n', None, 2,
+                                  "session_id", "\udc00", "lone surrogate"),
 }
 
 

@@ -121,6 +121,38 @@ def test_a_reader_that_never_drains_stalls_nobody_else() -> None:
         assert server.stop() == 0
 
 
+def _aborts(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total")
+               and 'finished_reason="abort"' in line)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_non_streaming_client_that_leaves_aborts_its_request(n: int) -> None:
+    """badinput4: a non-streaming client that disconnected left its request generating to
+    max_tokens (20,000 tokens, ~100 s of simulated steps); vLLM's `with_cancellation`
+    aborts it. Now aborted at once, every choice of n counted as an abort."""
+    server = Served(["--simulate"])
+    try:
+        host, port = server.url.removeprefix("http://").split(":")
+        body = json.dumps({"prompt": "x" * 50, "ignore_eos": True, "max_tokens": 20_000,
+                           "n": n}).encode()
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                         b"application/json\r\nContent-Length: " + str(len(body)).encode()
+                         + b"\r\n\r\n" + body)
+            _wait_for(lambda: server.metrics()["vllm:num_requests_running"] == n, 20,
+                      "the request never ran")
+        _wait_for(lambda: server.metrics()["vllm:num_requests_running"] == 0, 10,
+                  "the request still runs after its client left")
+        assert _aborts(server.url) == n
+        assert server.metrics()["vllm:kv_cache_usage_perc"] == 0
+        assert "unhandled error" not in server.output()
+    finally:
+        assert server.stop() == 0
+
+
 def test_engine_sigkill_mid_stream_errors_then_exits_nonzero() -> None:
     server = Served(["--simulate"])
     pid = int(httpx.get(f"{server.url}/health", timeout=5).headers["x-engine-pid"])

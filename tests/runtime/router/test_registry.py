@@ -48,7 +48,11 @@ def test_arguments_are_typed_and_dashes_read_as_underscores() -> None:
         ("dynamo-kv", ["formula=new"], "formula must be 'overlap-load' or 'legacy', got 'new'"),
         ("power-of-two", ["load=queue"], "load must be 'in-flight' or 'snapshot', got 'queue'"),
         ("vllm-dp", ["client_count=0"], "client_count must be >= 1, got 0"),
-        ("session-hash", ["virtual_nodes=0"], "virtual_nodes must be >= 1, got 0"),
+        ("session-hash", ["virtual_nodes=0"], "virtual_nodes must be in [1, 1000], got 0"),
+        # badinput4: once a hang at the first request with a session id (a 2e9-point ring)
+        ("session-hash", ["virtual_nodes=1000000000"],
+         "virtual_nodes must be in [1, 1000], got 1000000000"),
+        ("kv-aware", ["virtual_nodes=1001"], "virtual_nodes must be in [1, 1000], got 1001"),
         ("prefix-aware", ["chunk_tokens=0"], "chunk_tokens must be >= 1, got 0"),
         ("kv-aware", ["kv_aware_threshold=-5"], "kv_aware_threshold must be >= 0, got -5"),
     ],
