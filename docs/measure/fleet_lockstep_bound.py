@@ -5,8 +5,8 @@ Such a router reads every replica's completions at each arrival, so no replica m
 the next undecided arrival (plus the routing latency and the API server's time, ~ms) before
 that decision: W processes holding replicas round-robin (replica i in process i mod W) would
 meet at every arrival. Between two decisions each process runs its replicas' engine work
-(`Replica.one_step`, `Replica.fast_forward`, timed here in the serial fleet and summed by the
-decision they precede), and the decision waits for the slowest process. So, with
+(`Replica.one_step`, `Replica.fast_forward`, `Replica.plan_run`, timed here in the serial fleet
+and summed by the decision they precede), and the decision waits for the slowest process. So, with
 synchronization free and everything outside the engine calls (SimPy, routing, hand-overs,
 the records' join) split perfectly over the W processes:
 
@@ -37,7 +37,9 @@ from sim.fleet import simulate_fleet
 from sim.simulator import simulate
 from workloads.transforms import scale_time
 
-ENGINE_CALLS = ("one_step", "fast_forward")
+# a replica's engine work: its steps, its runs, and the runs it plans before sleeping through
+# them (`Replica.sleep_through_run`: least-outstanding's 16 replicas plan 0.083 s there)
+ENGINE_CALLS = ("one_step", "fast_forward", "plan_run")
 
 
 def _classes(base: type) -> list[type]:
