@@ -29,16 +29,21 @@ def scaling_block(scaling: dict[str, Any]) -> str:
              f"{'Autoscaling policy:':<40} {policy}"]
     if scaling.get("interval_s"):
         lines.append(f"{'Decision interval (s):':<40} {scaling['interval_s']:.0f}")
-    # unpriced: no pool has a price (`--gpu-cost-per-hour`, a pool's `cost_per_hour`), so a
-    # cost of 0.00 would read as free
-    priced = any(pool.get("cost_per_hour", 0.0) > 0.0 for pool in scaling["pools"])
+    # a pool without a price (no `--gpu-cost-per-hour`, no `cost_per_hour` of its own)
+    # costs "-", and the fleet's cost says which are left out: 0.00 would read as free
+    unpriced = [pool["name"] for pool in scaling["pools"]
+                if not pool.get("cost_per_hour", 0.0) > 0.0]
     lines.append(f"{'pool':>12}{'min':>6}{'max':>6}{'GPU-h':>10}{'cost':>12}")
     for pool in scaling["pools"]:
-        cost = f"{pool['cost']:.2f}" if priced else "-"
+        cost = "-" if pool["name"] in unpriced else f"{pool['cost']:.2f}"
         lines.append(f"{pool['name'][:12]:>12}{min(pool['serving']):>6}"
                      f"{max(pool['provisioned']):>6}{pool['gpu_hours']:>10.3f}{cost:>12}")
-    total = (f"{scaling['cost']:.2f}" if priced
-             else "not priced (--gpu-cost-per-hour, or a pool's cost_per_hour)")
+    if len(unpriced) == len(scaling["pools"]):
+        total = "not priced (--gpu-cost-per-hour, or a pool's cost_per_hour)"
+    else:
+        total = f"{scaling['cost']:.2f}"
+        if unpriced:
+            total += f" (not priced: {', '.join(unpriced)})"
     lines += [f"{'Duration (s, to the last finish):':<40} {scaling['end_s']:.1f}",
               f"{'GPU-hours:':<40} {scaling['gpu_hours']:.3f}",
               f"{'Cost:':<40} {total}", "=" * 50]

@@ -5,8 +5,8 @@ Such a router reads every replica's completions at each arrival, so no replica m
 the next undecided arrival (plus the routing latency and the API server's time, ~ms) before
 that decision: W processes holding replicas round-robin (replica i in process i mod W) would
 meet at every arrival. Between two decisions each process runs its replicas' engine work
-(`Replica.one_step`, `Replica.fast_forward`, timed here in the serial fleet and summed by the
-decision they precede), and the decision waits for the slowest process. So, with
+(`Replica.one_step`, `Replica.fast_forward`, `Replica.plan_run`, timed here in the serial fleet
+and summed by the decision they precede), and the decision waits for the slowest process. So, with
 synchronization free and everything outside the engine calls (SimPy, routing, hand-overs,
 the records' join) split perfectly over the W processes:
 
@@ -37,28 +37,56 @@ from sim.fleet import simulate_fleet
 from sim.simulator import simulate
 from workloads.transforms import scale_time
 
+# a replica's engine work: its steps, its runs, and the runs it plans before sleeping through
+# them (`Replica.sleep_through_run`: least-outstanding's 16 replicas plan 0.083 s there)
+ENGINE_CALLS = ("one_step", "fast_forward", "plan_run")
 
-def _timed_per_decision(work: dict[tuple[int, int], float]) -> Callable[[], None]:
+
+def _classes(base: type) -> list[type]:
+    """`base` and every subclass of it, at any depth."""
+    found: list[type] = [base]
+    for cls in found:  # grows as it is walked
+        subclasses: list[type] = cls.__subclasses__()
+        found.extend(sub for sub in subclasses if sub not in found)
+    return found
+
+
+def _timed_per_decision(work: dict[tuple[int, int], float],
+                        base: type = fleet_replica.Replica) -> Callable[[], None]:
     """Wrap the replicas' engine calls so that each adds its seconds to
-    work[(decision it precedes, replica index)]; returns the undo."""
-    originals = {name: getattr(fleet_replica.Replica, name)
-                 for name in ("one_step", "fast_forward")}
+    work[(decision it precedes, replica index)]; returns the undo. Every class's own
+    `ENGINE_CALLS` are wrapped, `base`'s inherited ones too: `KvReplica.fast_forward`
+    overrides the method without calling it (untimed, its seconds would count as work
+    outside the engine, split over the processes); a call made inside a timed one
+    (`KvReplica.one_step`'s `super().one_step`) counts in the outer one only."""
+    originals = {(cls, name): vars(cls).get(name) for cls in _classes(base)
+                 for name in ENGINE_CALLS if cls is base or name in vars(cls)}
+    timing = [False]  # inside a timed call
 
     def wrapped(original: Callable[..., Any]) -> Callable[..., Any]:
         @wraps(original)
-        def call(self: fleet_replica.Replica, *args: Any) -> Any:
+        def call(self: Any, *args: Any) -> Any:
+            if timing[0]:
+                return original(self, *args)
+            timing[0] = True
             start = time.perf_counter()
-            result = original(self, *args)
-            key = (self.fleet.next_index, self.index)
-            work[key] += time.perf_counter() - start
+            try:
+                result = original(self, *args)
+            finally:
+                timing[0] = False
+            work[(self.fleet.next_index, self.index)] += time.perf_counter() - start
             return result
         return call
 
-    for name, original in originals.items():
-        setattr(fleet_replica.Replica, name, wrapped(original))
+    for (cls, name), original in originals.items():
+        setattr(cls, name, wrapped(original or getattr(cls, name)))
+
     def undo() -> None:
-        for name, original in originals.items():
-            setattr(fleet_replica.Replica, name, original)
+        for (cls, name), original in originals.items():
+            if original is None:  # inherited: inherit again
+                delattr(cls, name)
+            else:
+                setattr(cls, name, original)
 
     return undo
 

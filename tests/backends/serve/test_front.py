@@ -68,7 +68,6 @@ def test_front_puts_the_guard_before_every_route() -> None:
     assert asyncio.run(statuses()) == [401, 401, 200]
 
 
-
 def test_version_answers_the_configs_rt_version() -> None:
     """/version names the version cli.py computed (`ServeConfig.rt_version`), not one the
     API server looks up itself (that was the installed one only: "unknown" from a plain

@@ -535,7 +535,48 @@ def test_the_whole_answer_lists_choices_by_index_whatever_order_they_end() -> No
                                "prompt_tokens_details": {"cached_tokens": 16}}
 
 
+def _abort_count(server: Server) -> float | None:
+    """`vllm:request_success_total{finished_reason="abort"}`."""
+    assert server.metrics is not None
+    return server.metrics.registry.get_sample_value(
+        "vllm:request_success_total",
+        {"model_name": "m", "engine": "0", "finished_reason": "abort"})
+
+
+def test_a_whole_answer_cancelled_aborts_the_children_still_running() -> None:
+    """The handler of a whole answer cancelled while it waits (the client gone, a
+    shutdown): the two children still running are aborted in the engine, in index order,
+    the finished one is not; none is left held, every place is free."""
+
+    async def scenario(server: Server) -> list[str]:
+        parent = await fan_out(server, _parsed(3, stream=False), 0.0)
+        rid = parent.request_id
+        for index, out in [(0, RequestOutput("", _tokens("a"))),
+                           (1, RequestOutput("", _tokens("bb"), "length"))]:
+            out.request_id = f"{index}_{rid}"
+            parent.queue.put_nowait(out)
+        waiting = asyncio.create_task(complete_all(server, parent))
+        await asyncio.sleep(0)  # it takes both outputs, then waits for the next
+        assert parent.queue.empty() and not waiting.done()
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        return [child_request_id(i, rid) for i in range(3)]
+
+    with _serving() as server:
+        ids = asyncio.run(scenario(server))
+        sent = [decode(server.engine.outgoing.get_nowait())
+                for _ in range(server.engine.outgoing.qsize())]
+        assert [kind for kind, _ in sent] == ["add"] * 3 + ["abort"] * 2
+        assert [payload for _, payload in sent[3:]] == [[ids[0]], [ids[2]]]
+        assert server.gens == {} and server.awaiting_first == 0
+        assert server.engine.streams == {}
+        assert _abort_count(server) == 2
+
+
 def test_a_dead_engine_ends_the_stream_with_its_error_and_forgets_every_child() -> None:
+    """The children are let go, not aborted (as a plain request's stream: the engine that
+    would run an abort is gone), and counted as no abort."""
     async def scenario() -> list[bytes]:
         with _serving() as server:
             parent = await fan_out(server, _parsed(2), 0.0)
@@ -544,6 +585,11 @@ def test_a_dead_engine_ends_the_stream_with_its_error_and_forgets_every_child() 
                 parent.queue.put_nowait(EngineDeadError())
             events = [event async for event in stream_all(server, parent, "m", False)]
             assert not server.gens and server.awaiting_first == 0
+            sent = [decode(server.engine.outgoing.get_nowait())
+                    for _ in range(server.engine.outgoing.qsize())]
+            assert [kind for kind, _ in sent] == ["add", "add"]  # no abort sent
+            assert server.engine.streams == {}
+            assert _abort_count(server) == 0
             return events
 
     events = asyncio.run(scenario())
