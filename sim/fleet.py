@@ -163,7 +163,8 @@ class _Fleet:
                             num_gpu_blocks=r.config.cache.num_blocks) for r in self.replicas
         ) if self.routes_ahead and all(p.snapshot_blind for p in policies) else None
         # in lockstep (`run_in_lockstep`): this process's replicas, the other processes, and
-        # the trace indices of the requests its replicas finished since the last decision
+        # in a child the trace indices of the requests its replicas finished since the last
+        # decision (the parent's policies hear them at the next one)
         self.own: range | None = None
         self.peers: Peers | None = None
         self.finished_here = array("q")
@@ -235,10 +236,10 @@ class _Fleet:
 
     def run_in_lockstep(self, workers: int, started_s: float) -> FleetResult:
         """`run_to_end` in `workers` processes in lockstep (`sim.fleet_lockstep`): each runs
-        the router over the whole trace and a contiguous group of replicas, hearing the other
-        groups' finishes before each decision; the records joined in replica order, as one
-        process makes them. Progress is reported as this process's replicas finish
-        requests, and as each worker ends."""
+        a contiguous group of replicas; this one routes, hearing the children's finishes
+        before each decision and telling them its choice; the records joined in replica
+        order, as one process makes them. Progress is reported as this process's replicas
+        finish requests, and as each worker ends."""
         groups = worker_ranges([1] * len(self.replicas), workers)
         self.trace_index = {req.request_id: i for i, req in enumerate(self.trace)}
         parts = run_lockstep([partial(self.run_group, group) for group in groups],
@@ -249,9 +250,9 @@ class _Fleet:
                                 self.router_of if len(self.routers) > 1 else None)
 
     def run_group(self, group: range, peers: Peers) -> ReplicasOutcome:
-        """In one process of a lockstep run: the router over the whole trace, trading
-        finishes with `peers` before each decision, and the replicas of `group` only; their
-        outcome (their pools then released, here in the parent)."""
+        """In one process of a lockstep run: the arrivals (the parent routes them, a child
+        takes the parent's word) and the replicas of `group` only; their outcome (their
+        pools then released, here in the parent)."""
         self.own, self.peers = group, peers
         if peers.index:
             self.progress = None  # the parent reports progress as workers end
@@ -270,14 +271,11 @@ class _Fleet:
         if worker:
             self.count_done(sum(len(r.records) for r in part.replicas))
 
-    def hear_peers(self) -> None:
-        """Before a decision in lockstep: send this process's finishes since the last one,
-        and let the policies hear the other processes' (`on_finished`, by request id)."""
-        assert self.peers is not None
-        theirs = self.peers.trade(self.finished_here)
-        self.finished_here = array("q")
+    def hear_children(self, peers: Peers) -> None:
+        """In the parent of a lockstep run, before a decision: the policies hear the
+        children's finishes since the last one (`on_finished`, by request id)."""
         trace = self.trace
-        for index in theirs:
+        for index in peers.gather():
             request_id = trace[index].request_id
             self.policy_of(request_id).on_finished(request_id)
 
@@ -320,9 +318,15 @@ class _Fleet:
                 at = routers[i % len(routers)].refresh.last_tick(at)
             if at > self.env.now:
                 yield self.env.timeout(at - self.env.now)
-            if self.peers is not None:
-                self.hear_peers()
-            self.route(req)
+            peers = self.peers
+            if peers is None:
+                self.route(req)
+            elif peers.index == 0:  # the parent: hear the children, route, tell them
+                self.hear_children(peers)
+                peers.announce(self.route(req))
+            else:
+                self.take_routed(req, peers.ask(self.finished_here))
+                self.finished_here = array("q")
             self.next_index = i + 1
 
     def router_for(self, req: TraceRequest) -> RouterReplica:
@@ -334,21 +338,45 @@ class _Fleet:
         router.deliver_kv_events(req.arrival_s)
         return router
 
-    def route(self, req: TraceRequest) -> None:
+    def route(self, req: TraceRequest) -> int:
+        """Route `req` at its arrival and hand it over (in lockstep, only to a replica of
+        this process's group); returns the chosen replica's index."""
         now = req.arrival_s
         first = self.replicas[0]
-        prompt, output, known, placeholders = routing_tokens(first, req, self.kv_block_size,
-                                                             self.token_blind, True)
+        tokens = routing_tokens(first, req, self.kv_block_size, self.token_blind, True)
         router = self.router_for(req)
         candidates = self.candidates(req, self.snapshots(now, router))
+        routing = self.routing_request(req, tokens)
+        index = router.policy.route(routing, candidates).replica
+        if self.own is None or index in self.own:
+            self.hand_over(self.replicas[index], req, tokens, routing)
+        return index
+
+    def routing_request(self, req: TraceRequest,
+                        tokens: tuple[array[int], array[int], list[bytes], bool]
+                        ) -> RoutingRequest:
+        """What the routers read of `req`, given its `routing_tokens`."""
         keys = None if self.router_keys is None else self.router_keys.keys(req)
-        routing = routing_request(req, prompt, self.kv_block_size, known, keys)
-        replica = self.replicas[router.policy.route(routing, candidates).replica]
-        if self.own is not None and replica.index not in self.own:
-            return  # in lockstep, another process's replica: built there
-        prompt, output, hashes = replica_inputs(replica, first.config, req, prompt, output,
-                                                placeholders, routing.block_hashes)
-        replica.hand_over(req, prompt, output, now + self.latency_s, hashes=hashes)
+        return routing_request(req, tokens[0], self.kv_block_size, tokens[2], keys)
+
+    def hand_over(self, replica: Replica, req: TraceRequest,
+                  tokens: tuple[array[int], array[int], list[bytes], bool],
+                  routing: RoutingRequest) -> None:
+        """Give `req`, routed now, to `replica` (its token ids as it reads them)."""
+        prompt, output, _, placeholders = tokens
+        prompt, output, hashes = replica_inputs(replica, self.replicas[0].config, req, prompt,
+                                                output, placeholders, routing.block_hashes)
+        replica.hand_over(req, prompt, output, req.arrival_s + self.latency_s, hashes=hashes)
+
+    def take_routed(self, req: TraceRequest, index: int) -> None:
+        """In a lockstep child: the parent routed `req` to replica `index`; hand it over if
+        that replica is this process's (the routers' view of it built as `route` builds
+        it)."""
+        assert self.own is not None
+        if index in self.own:
+            tokens = routing_tokens(self.replicas[0], req, self.kv_block_size,
+                                    self.token_blind, True)
+            self.hand_over(self.replicas[index], req, tokens, self.routing_request(req, tokens))
 
     def candidates(self, req: TraceRequest, snapshots: Sequence[ReplicaSnapshot]
                    ) -> Sequence[ReplicaSnapshot]:
@@ -391,15 +419,17 @@ class _Fleet:
     def first_token(self, replica: Replica, request_id: str) -> None:
         """`replica` produced the request's first token: at the end of the current step,
         or, on a pre-routed replica, of the step that finished the request."""
-        self.policy_of(request_id).on_prefill_done(request_id)
+        if self.peers is None or not self.peers.index:  # a lockstep child: no policy
+            self.policy_of(request_id).on_prefill_done(request_id)
 
     def finished(self, replica: Replica, records: list[RequestRecord]) -> None:
         """`replica` finished these requests (at the end of the current step)."""
-        for record in records:
-            self.policy_of(record.request_id).on_finished(record.request_id)
-        if self.peers is not None:
+        if self.peers is not None and self.peers.index:  # a lockstep child: for the parent
             index = self.trace_index
             self.finished_here.extend(index[record.request_id] for record in records)
+        else:
+            for record in records:
+                self.policy_of(record.request_id).on_finished(record.request_id)
         self.count_done(len(records))
 
     def count_done(self, count: int) -> None:

@@ -2,21 +2,20 @@
 --sim-workers N` behind least-outstanding, power-of-two, sglang-cache-aware; `sim.fleet`).
 
 Such a router reads its own dispatches and the finishes the replicas report, never a
-snapshot's metrics or a KV event (`_Fleet.sleeps_through_runs`). So every process can run the
-router over the whole trace itself, deciding as the others do, if it has heard every finish
-before each decision. The replicas are cut into W contiguous groups: the parent simulates
-group 0 and a forked child each other group, each with the whole router but only its own
-replicas' engines (a request routed to another group is not built there). Before each
-routing decision the processes meet (`Peers.trade`): each sends the finishes its replicas
-reported since the last one, as trace indices, and the policies hear everyone else's.
-Lockstep is not taken unless every policy hears completions only as `RouterPolicy`'s own
-in-flight counts (`hears_counts_only`): counts added in another order are the same counts,
-so hearing another group's finishes at the next decision rather than at their step's end
-changes no choice. Each process's events are the serial run's events of its own replicas and
-the router, in the same order, so the records are those of one process.
+snapshot's metrics or a KV event (`_Fleet.sleeps_through_runs`). The replicas are cut into W
+contiguous groups: the parent runs the router and group 0, a forked child each other group.
+At each routing decision the processes meet: each child sends the parent the finishes its
+replicas reported since the last decision, as trace indices (`Peers.ask`), the parent's
+policies hear them (`Peers.gather`), the parent routes and tells every child the replica it
+chose (`Peers.announce`), and the child whose group holds it builds the request. Lockstep
+is not taken unless every policy hears completions only as `RouterPolicy`'s own in-flight
+counts (`hears_counts_only`): counts added in another order are the same counts, so hearing
+a child's finishes at the next decision rather than at their step's end changes no choice.
+Each process's events are the serial run's events of its own replicas and the router's
+arrivals, in the same order, so the records are those of one process.
 
-    Peers        the pipes between the parent (the hub) and its children: one frame up and
-                 one down per decision (~6 us a round trip on this VM)
+    Peers        the pipes between the parent and its children: one frame up and one down per
+                 decision
     run_lockstep the groups' tasks: the first in this process, the others forked; results in
                  group order; the first failure raised, no child left behind
 
@@ -59,8 +58,9 @@ def hears_counts_only(policy: RouterPolicy) -> bool:
 
 
 class Peers:
-    """The lockstep pipes of W processes: process 0 (the parent) relays, each child i talks to
-    it only. Made before the fork; each process then keeps its own ends (`keep`)."""
+    """The lockstep pipes of W processes: process 0 (the parent) talks to each child i, the
+    children to it only. Made before the fork; each process then keeps its own ends
+    (`keep`)."""
 
     def __init__(self, workers: int) -> None:
         if workers < 2:
@@ -94,23 +94,26 @@ class Peers:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    def trade(self, mine: array[int]) -> array[int]:
-        """Send this process's codes since the last trade; returns every other process's,
-        in group order. Blocks until each peer has sent its own for this decision."""
-        if self.index:  # a child: up to the parent, then everyone else's back
-            _send(self.up[self.index][1], mine)
-            return _receive(self.down[self.index][0])
-        parts = [mine, *(_receive(self.up[i][0]) for i in range(1, self.workers))]
+    def ask(self, mine: array[int]) -> int:
+        """In a child: send the codes since the last decision, and wait for the parent's
+        word on this one (`announce`)."""
+        _send(self.up[self.index][1], mine)
+        (word,) = _receive(self.down[self.index][0])
+        return word
+
+    def gather(self) -> array[int]:
+        """In the parent: every child's codes for this decision (each child's `ask`), in
+        group order."""
+        codes = array("q")
         for i in range(1, self.workers):
-            others = array("q")
-            for k, part in enumerate(parts):
-                if k != i:
-                    others += part
-            _send(self.down[i][1], others)
-        theirs = array("q")
-        for part in parts[1:]:
-            theirs += part
-        return theirs
+            codes += _receive(self.up[i][0])
+        return codes
+
+    def announce(self, word: int) -> None:
+        """In the parent: tell every child `word` (each is waiting in `ask`)."""
+        frame = array("q", [word])
+        for i in range(1, self.workers):
+            _send(self.down[i][1], frame)
 
 
 def _send(fd: int, codes: array[int]) -> None:
@@ -156,7 +159,8 @@ def run_lockstep(tasks: Sequence[Callable[[Peers], T]],
                  on_result: Callable[[int, T], None] | None = None,
                  names: Sequence[str] | None = None) -> list[T]:
     """`[task(peers) for task in tasks]`, task 0 in this process and each other one in a
-    child forked for it, all at once, meeting through `peers` (`Peers.trade`).
+    child forked for it, all at once, meeting through `peers` (`Peers.ask`, `gather`,
+    `announce`).
     `on_result(i, result)` as each child's result arrives (task 0's: when it returns). A
     failure anywhere is raised here (a child's as itself, `sim.fleet_workers`), after every
     child has ended."""

@@ -76,34 +76,46 @@ def test_a_policy_hearing_finishes_its_own_way_runs_in_one_process(
     equal(two, one)
 
 
-def _trader(index: int, rounds: int) -> Callable[[Peers], list[list[int]]]:
-    def trade(peers: Peers) -> list[list[int]]:
+def _parent(rounds: int, children: int) -> Callable[[Peers], list[list[int]]]:
+    def route(peers: Peers) -> list[list[int]]:
+        assert peers.index == 0
+        heard = []
+        for k in range(rounds):
+            heard.append(peers.gather().tolist())
+            peers.announce(1000 + k)
+        return heard
+    return route
+
+
+def _child(index: int, rounds: int) -> Callable[[Peers], list[int]]:
+    def follow(peers: Peers) -> list[int]:
         assert peers.index == index
-        return [peers.trade(array("q", [100 * index + k] * (index + k % 2))).tolist()
+        # round k: child i sends i + k % 2 copies of 100 i + k
+        return [peers.ask(array("q", [100 * index + k] * (index + k % 2)))
                 for k in range(rounds)]
-    return trade
+    return follow
 
 
-def test_each_process_gets_every_other_ones_codes_in_group_order() -> None:
-    got = run_lockstep([_trader(i, 3) for i in range(3)])
-    # round k: process i sends i + k % 2 copies of 100 i + k
-    sent = [[[100 * i + k] * (i + k % 2) for k in range(3)] for i in range(3)]
-    for i in range(3):
-        assert got[i] == [[code for j in range(3) if j != i for code in sent[j][k]]
-                          for k in range(3)]
+def test_the_parent_hears_every_child_in_group_order_and_each_hears_its_word() -> None:
+    got = run_lockstep([_parent(3, 2), _child(1, 3), _child(2, 3)])
+    assert got[0] == [[100 * i + k for i in (1, 2) for _ in range(i + k % 2)]
+                      for k in range(3)]
+    assert got[1] == got[2] == [1000, 1001, 1002]
     assert not multiprocessing.active_children()
 
 
 def test_a_frame_longer_than_a_pipe_crosses_whole() -> None:
     big = list(range(-50_000, 50_000))  # 800 kB: many times a pipe's buffer
 
-    def sender(peers: Peers) -> list[int]:
-        return peers.trade(array("q", big)).tolist()
+    def parent(peers: Peers) -> list[int]:
+        heard = peers.gather().tolist()
+        peers.announce(-7)
+        return heard
 
-    def receiver(peers: Peers) -> list[int]:
-        return peers.trade(array("q")).tolist()
+    def child(peers: Peers) -> int:
+        return peers.ask(array("q", big))
 
-    assert run_lockstep([receiver, sender]) == [big, []]
+    assert run_lockstep([parent, child]) == [big, -7]
 
 
 def _failing_group(start: int, error: BaseException) -> Callable[..., object]:
@@ -128,14 +140,14 @@ def test_an_error_in_any_process_reaches_the_caller(start: int,
 
 
 def test_a_killed_worker_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    hear = fleet_module._Fleet.hear_peers
+    take = fleet_module._Fleet.take_routed
 
-    def killed(self: fleet_module._Fleet) -> None:
-        if self.own is not None and self.own.start == 2 and self.next_index == 20:
+    def killed(self: fleet_module._Fleet, req: object, index: int) -> None:
+        if self.next_index == 20:  # mid-run, in the child (the parent routes)
             os.kill(os.getpid(), signal.SIGKILL)
-        hear(self)
+        take(self, req, index)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(fleet_module._Fleet, "hear_peers", killed)
+    monkeypatch.setattr(fleet_module._Fleet, "take_routed", killed)
     with pytest.raises(ChildProcessError) as raised:
         fleet(randomised(1), "least-outstanding", uneven(1), workers=2)
     assert str(raised.value) == ("simulation worker 1 (replicas 2-3) was killed by SIGKILL "
@@ -148,7 +160,7 @@ def test_a_peer_gone_mid_trade_is_peer_gone() -> None:
         os._exit(0)  # no answer, no result: the parent reads EOF in the middle of a trade
 
     def stays(peers: Peers) -> object:
-        return peers.trade(array("q", [1]))
+        return peers.gather()
 
     with pytest.raises(ChildProcessError, match="^simulation worker 1 exited with status 0"):
         run_lockstep([stays, leaves])
@@ -156,7 +168,7 @@ def test_a_peer_gone_mid_trade_is_peer_gone() -> None:
     peers = Peers(2)
     peers.keep(0)  # closes the child's ends, as a dead child leaves them: EOF
     with pytest.raises(PeerGone):
-        peers.trade(array("q"))
+        peers.gather()
     peers.close()
 
 
