@@ -24,6 +24,7 @@ from sim.autoscale import (
 from sim.engine_args import SimSetup
 from sim.fleet_config import MAX_REPLICAS, FleetFlags, FleetSpec, build_fleet
 from sim.fleet_records import FleetResult
+from sim.hardware import MAX_USD_PER_GPU_HOUR
 from sim.scaling_policies import (
     DEFAULT_INTERVAL_S,
     POLICIES,
@@ -83,6 +84,9 @@ class AutoscaleFlags:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+        if self.gpu_cost_per_hour > MAX_USD_PER_GPU_HOUR:
+            raise ValueError(f"--gpu-cost-per-hour must be at most {MAX_USD_PER_GPU_HOUR:g}, "
+                             f"got {self.gpu_cost_per_hour}")
         if self.autoscale_interval_s == 0:
             raise ValueError("--autoscale-interval-s must be > 0")
         interval = self.autoscale_interval_s

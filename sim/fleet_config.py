@@ -31,6 +31,7 @@ from runtime.flags import FlagGroup, Typed, check_bounds, flag, given_options
 from runtime.router.policy import RouterPolicy
 from runtime.router.registry import make_policy, policy_names
 from sim.engine_args import EngineArgs, SimFlags, SimSetup, build_setup
+from sim.hardware import MAX_USD_PER_GPU_HOUR
 
 POOL_FIELDS = ("name", "count", "gpu", "model", "tensor_parallel_size", "cost_per_hour",
                "profile", "role", "engine")
@@ -138,6 +139,9 @@ def _pool(table: dict[str, Any], index: int) -> PoolSpec:
     if isinstance(cost, bool) or not isinstance(cost, int | float) or not math.isfinite(cost) \
             or cost < 0:
         raise ValueError(f"{where}: cost_per_hour must be a number >= 0, got {cost!r}")
+    if cost > MAX_USD_PER_GPU_HOUR * tensor_parallel_size:
+        raise ValueError(f"{where}: cost_per_hour must be at most {MAX_USD_PER_GPU_HOUR:g} $ "
+                         f"per GPU ({tensor_parallel_size} GPUs), got {cost!r}")
     profile = _string(table, "profile", where) if "profile" in table else None
     role = _string(table, "role", where) if "role" in table else "both"
     if role not in ROLES:

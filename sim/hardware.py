@@ -13,6 +13,11 @@ from dataclasses import dataclass
 GB = 10**9
 GIB = 2**30
 
+# The highest price of a GPU-hour rt takes, US dollars (--gpu-cost-per-hour, --gpu-cost, a
+# fleet pool's cost_per_hour per GPU): H100s and H200s rent at ~$2-10 an hour, so a price
+# above this is a typo, and 1e308 printed costs of inf or 300 digits.
+MAX_USD_PER_GPU_HOUR = 10_000.0
+
 
 def _require_positive(owner: str, field: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):

@@ -31,7 +31,7 @@ from runtime.router.registry import policy_names
 from sim.engine_args import EngineArgs, SimSetup, build_setup
 from sim.fleet import can_ever_fit
 from sim.fleet_config import MAX_REPLICAS
-from sim.hardware import gpu_key, resolve_gpu
+from sim.hardware import MAX_USD_PER_GPU_HOUR, gpu_key, resolve_gpu
 from sim.model_presets import resolve_model
 from workloads import Trace
 
@@ -96,8 +96,9 @@ class PlanFlags:
                     price = float(value)
                 except ValueError:
                     raise ValueError(f"--gpu-cost: expected NAME=USD, got {item!r}") from None
-                if not 0 <= price < math.inf:
-                    raise ValueError(f"--gpu-cost: {item!r}: the price must be >= 0 $/h")
+                if not 0 <= price <= MAX_USD_PER_GPU_HOUR:
+                    raise ValueError(f"--gpu-cost: {item!r}: the price must be >= 0 and at most "
+                                     f"{MAX_USD_PER_GPU_HOUR:g} $/h")
                 try:
                     key = gpu_key(name)
                 except ValueError as err:

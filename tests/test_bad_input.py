@@ -107,6 +107,7 @@ def _cases(f: dict[str, Path]) -> list[tuple[list[str], list[str]]]:
         (["calibrate", "-o", out, "--from-steps", str(f["interrupted"])], ["interrupted"]),
         ([*plan, "--gpu-cost", "nope=1"], ["--gpu-cost", "'nope'"]),
         ([*plan, "--gpu-cost", "h200=-1"], ["--gpu-cost", "h200=-1"]),
+        ([*plan, "--gpu-cost", "h200=1e308"], ["--gpu-cost", "h200=1e308", "at most 10000"]),
         ([*plan, "--tensor-parallel-sizes", "0"], ["--tensor-parallel-sizes", "'0'"]),
         (["report", run, "--no-plots", "--goodput", "ttft:nan"], ["--goodput", "ttft:nan"]),
         (["report", run, "--no-plots", "--requests", "0"], ["--requests", "0"]),
@@ -186,7 +187,7 @@ def _one_line(args: list[str]) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("index", range(61))
+@pytest.mark.parametrize("index", range(62))
 def test_bad_input_is_one_line_naming_the_field(files: dict[str, Path], index: int) -> None:
     args, named = _cases(files)[index]
     line = _one_line(args)
@@ -196,7 +197,7 @@ def test_bad_input_is_one_line_naming_the_field(files: dict[str, Path], index: i
 def test_every_case_is_run() -> None:
     assert len(_cases({k: Path(k) for k in ("trace", "run", "listed", "interrupted",
                                             "fleet", "root", "nan_run", "str_run",
-                                            "null_steps", "deep")})) == 61
+                                            "null_steps", "deep")})) == 62
 
 
 def test_a_result_dir_holding_other_files_is_never_replaced(files: dict[str, Path],

@@ -213,6 +213,8 @@ def test_a_fixed_fleet_reports_gpu_hours(small_trace: Path, tmp_path: Path) -> N
      "--max-replicas must be at most 4096, got 99999999999999"),
     (["--autoscale", "kv-threshold", "--min-replicas", "4097", "--max-replicas", "5000"],
      "--min-replicas must be at most 4096, got 4097"),
+    # printed a cost of inf or 300 digits
+    (["--gpu-cost-per-hour", "1e308"], "--gpu-cost-per-hour must be at most 10000, got 1e+308"),
 ])
 def test_bad_autoscale_input_is_one_line(small_trace: Path, tmp_path: Path, args: list[str],
                                          message: str) -> None:

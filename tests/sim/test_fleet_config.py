@@ -63,6 +63,8 @@ def test_each_replica_gets_its_pool_setup() -> None:
     (("= 64", '= "x"'), "pool 'small': engine flag max_num_seqs must be int, got 'x'"),
     (("cost_per_hour = 3.5", "cost_per_hour = -1"),
      "pool 'small': cost_per_hour must be a number >= 0, got -1"),
+    (("cost_per_hour = 3.5", "cost_per_hour = 1e308"),
+     "pool 'small': cost_per_hour must be at most 10000 $ per GPU (1 GPUs), got 1e+308"),
     (('name = "big"', 'name = "small"'), "pool name 'small' is used twice"),
     (("[[pool]]", "pools = 1\n[[pool]]"), "unknown table or key 'pools'"),
     (("[[pool]]", "[[pool"), "not valid TOML"),
