@@ -337,6 +337,8 @@ def check_roles(roles: Sequence[str], num_replicas: int, decider: PDDecider) -> 
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
     if all(role == "prefill" for role in roles):
         raise ValueError("a P/D fleet needs a pool that decodes (role decode or both)")
+    if all(role == "decode" for role in roles):  # else decode-only replicas prefill it all
+        raise ValueError("a P/D fleet needs a pool that prefills (role prefill or both)")
     if decider.kind == "never" and "prefill" in roles:
         raise ValueError("pools with role prefill get no requests under the P/D decider "
                          "'never' (choose always or prefix-threshold)")

@@ -232,6 +232,8 @@ _POOL = 'name = "{}"\ncount = 2\ngpu = "h200"\nmodel = "llama-3.1-8b"\nrole = "{
     (["both"], ["--autoscale", "kv-threshold", "--min-replicas", "3"],
      "--min-replicas 3 is above pool 'p0''s count 2"),
     (["prefill"], ["--pd-decider", "always"], "a P/D fleet needs a pool that decodes"),
+    # badinput4: ran as if aggregated, the decode-only replicas prefilling everything
+    (["decode", "decode"], ["--pd-decider", "always"], "a P/D fleet needs a pool that prefills"),
     # once run without a word, the fleet file's pools taking none of them
     (["both"], ["--gpu", "a100-80gb"], "--fleet sets each pool's gpu: --gpu 'a100-80gb'"),
     (["both"], ["-tp", "2"], "--fleet sets each pool's tensor_parallel_size: "
