@@ -231,6 +231,13 @@ class ModelRunner:
             return int(row.argmax())
         # A temperature past the dtype's max would divide by inf (-inf / inf = nan).
         row = row / min(opt.temperature, torch.finfo(row.dtype).max)
+        if not torch.isfinite(row.max()):
+            # +inf or nan logits (a repetition_penalty that is 0 in float32 multiplies a
+            # positive logit by 1/0; 0 * inf is nan) or none finite: softmax gives nan and
+            # torch.multinomial raises, which killed the engine process. vLLM's CPU sampler
+            # takes the argmax of logits plus finite Gumbel noise: the first nan, else the
+            # first +inf (else the first token); so does this.
+            return int(row.argmax())
         if 0 < opt.top_k < row.shape[0]:
             threshold = torch.topk(row, opt.top_k).values[-1]
             row = row.masked_fill(row < threshold, float("-inf"))

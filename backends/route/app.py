@@ -259,7 +259,9 @@ class Router:
         and query) and send it: its backend, the exchange with the backend's response head
         read, and its router id.
         ApiError (400 bad body, 503 nothing up, 502 the backend failed) otherwise; a refused
-        connection is routed again among the backends not yet tried."""
+        connection is routed again among the backends not yet tried. Cancelled (the client
+        gone) while the head is awaited: the exchange is closed, which aborts the request
+        at the backend, and the routing finished."""
         require_json(_header(headers, b"content-type"))  # as rt serve, before the body
         payload = parse_body(body)
         request_id = f"route-{next(self._ids)}"
@@ -286,6 +288,9 @@ class Router:
                 self.finish(backend, request_id)
                 self.metrics.errors.labels(backend.url, "stream").inc()
                 raise ApiError(502, f"backend {backend.url} failed: {err}") from None
+            except asyncio.CancelledError:  # the client left, or the drain was cut: the
+                self.finish(backend, request_id)  # exchange is closed (`_send`)
+                raise
 
     async def _send(self, backend: Backend, target: bytes, body: bytes,
                     headers: list[tuple[bytes, bytes]]) -> Exchange:

@@ -18,10 +18,11 @@ the second, after the role), the end or failure `on_finished`. A stream cut by i
 ...}` event (502) and `data: [DONE]`, as vLLM ends a stream on an error; one cut by the
 router's shutdown (`--shutdown-timeout` ran out) the same way with rt serve's
 `SHUT_DOWN` (503), its backend request aborted. A client that disconnects closes the
-backend's connection at once (its request is aborted there). Flow control is end to end:
-while the client's transport is paused the relay does not read the backend, whose
-connection stops being read once its buffer holds `upstream`'s high-water mark, so the
-backend's socket fills and its server stops writing.
+backend's connection at once (its request is aborted there), whether the backend's head
+has come or not (a non-streaming answer's comes with its body, at the end). Flow control
+is end to end: while the client's transport is paused the relay does not read the backend,
+whose connection stops being read once its buffer holds `upstream`'s high-water mark, so
+the backend's socket fills and its server stops writing.
 """
 
 from __future__ import annotations
@@ -78,12 +79,24 @@ def _error(conn: Connection, err: ApiError) -> None:
 
 
 async def _generate(router: Router, request: Request, conn: Connection, chat: bool) -> None:
+    # Until the backend's head comes, a client that leaves cancels this handler: the
+    # exchange is closed (`Router.dispatch`), so the backend aborts its request. rt serve
+    # sends a non-streaming answer's head with its body, at the end: without this, the
+    # request ran to max_tokens after its client had gone (a stream's head comes at once).
+    # The server's `_run` answers nothing to a client that is gone.
+    if conn.gone:  # it left before this handler ran: nothing to send the backend
+        return
+    task = asyncio.current_task()
+    assert task is not None
+    conn.on_lost = task.cancel
     try:
         backend, upstream, request_id = await router.dispatch(
             request.body, request.headers, request.target, chat, request.arrival_s)
     except ApiError as err:
+        conn.on_lost = None
         _error(conn, err)
         return
+    conn.on_lost = upstream.close  # from here on, the relay's (`_whole`, `_relay`)
     forward = router.answered(backend, upstream)
     try:
         if any(k == b"content-type" and v.startswith(_SSE) for k, v in upstream.headers):
@@ -99,7 +112,6 @@ async def _generate(router: Router, request: Request, conn: Connection, chat: bo
 async def _whole(router: Router, backend: Backend, upstream: Exchange, request_id: str,
                  headers: list[tuple[bytes, bytes]], conn: Connection) -> None:
     """A non-streaming answer: read it all, then write it (502 if the backend fails)."""
-    conn.on_lost = upstream.close
     try:
         content = await upstream.read_all()
     except UpstreamFailed as err:
@@ -115,7 +127,6 @@ async def _whole(router: Router, backend: Backend, upstream: Exchange, request_i
 async def _relay(router: Router, backend: Backend, upstream: Exchange, request_id: str,
                  chat: bool, headers: list[tuple[bytes, bytes]], conn: Connection) -> None:
     """The backend's SSE bytes as they come; an error event if the stream is cut."""
-    conn.on_lost = upstream.close  # the client left: the backend's request is aborted
     output = _Output(router, request_id, 2 if chat else 1)  # chat: the role event first
     # what came with the backend's head
     conn.start_stream(upstream.status, headers, output.forward(upstream.read_nowait(), False))

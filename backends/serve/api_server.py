@@ -40,7 +40,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from backends.listen import listening_socket, socket_url
 from backends.serve import parallel_sampling
 from backends.serve.guard import RequestGuard, json_body
-from backends.serve.openai_protocol import ApiError, body_error, token_list
+from backends.serve.openai_protocol import PRIORITY_HEADER, ApiError, body_error, token_list
 from backends.serve.openapi_schema import request_schema
 from backends.serve.server import ServeConfig, Server
 from backends.serve.stream_path import (
@@ -147,7 +147,7 @@ def _generator(server: Server) -> Generate:
         parser = server.parser
         assert parser is not None
         prompt = parser.chat_prompt(body) if chat else parser.completion_prompt(body)
-        parsed = parser.parse(body, prompt, chat)
+        parsed = parser.parse(body, prompt, chat, request.headers.get(PRIORITY_HEADER))
         if parsed.n > 1:  # parallel sampling: n engine requests (`parallel_sampling`)
             parent = await parallel_sampling.fan_out(server, parsed, arrival)
             if parsed.stream:

@@ -202,7 +202,8 @@ class EngineLoop:
     def add(self, req: EngineRequest) -> None:
         now = time.monotonic()
         request = Request(req.request_id, req.prompt_token_ids, req.params,
-                          arrival_time=req.arrival_s)
+                          arrival_time=req.arrival_s, priority=req.priority,
+                          cache_salt=req.cache_salt)
         self.executor.register(req.request_id, req.sampling)
         self.core.recorder.arrived(req.request_id, req.arrival_s, len(req.prompt_token_ids),
                                    req.params.max_tokens)

@@ -20,13 +20,17 @@ from runtime.perf import StepPerf
 
 @dataclass(frozen=True, slots=True)
 class EngineRequest:
-    """A tokenized request handed to the engine core. `arrival_s`: monotonic seconds."""
+    """A tokenized request handed to the engine core. `arrival_s`: monotonic seconds;
+    `priority`: its key in the waiting queue under the priority policy (lower first, then
+    earlier arrival); `cache_salt`: the prefix-cache hashes' salt (None: unsalted)."""
 
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
     sampling: SamplingOptions
     arrival_s: float
+    priority: int = 0
+    cache_salt: str | None = None
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled as plain values (its two option dataclasses as their fields in order):
@@ -39,14 +43,16 @@ class EngineRequest:
                                    p.stop_token_ids),
                                   (o.temperature, o.top_p, o.top_k, o.seed, o.min_tokens,
                                    o.stop_token_ids, o.presence_penalty, o.frequency_penalty,
-                                   o.repetition_penalty, o.logit_bias)))
+                                   o.repetition_penalty, o.logit_bias),
+                                  self.priority, self.cache_salt))
 
 
 def _engine_request(request_id: str, prompt_token_ids: list[int], arrival_s: float,
-                    params: tuple[Any, ...], sampling: tuple[Any, ...]) -> EngineRequest:
+                    params: tuple[Any, ...], sampling: tuple[Any, ...], priority: int,
+                    cache_salt: str | None) -> EngineRequest:
     """`EngineRequest.__reduce__`'s inverse (the engine process's side)."""
     return EngineRequest(request_id, prompt_token_ids, SamplingParams(*params),
-                         SamplingOptions(*sampling), arrival_s)
+                         SamplingOptions(*sampling), arrival_s, priority, cache_salt)
 
 
 @dataclass(slots=True)

@@ -111,6 +111,8 @@ class Parsed:
     stop: tuple[str, ...] = ()  # stop strings (checked on the text: `stop_strings`)
     include_stop_str: bool = False  # include_stop_str_in_output
     n: int = 1  # choices to sample, each its own engine request when > 1 (`parallel_sampling`)
+    priority: int = 0  # the waiting queue's key under --policy priority (lower first)
+    cache_salt: str | None = None  # salts the prefix-cache hashes (first block's extra key)
 
 
 def _get(body: dict[str, Any], name: str, kinds: tuple[type, ...], default: Any) -> Any:
@@ -235,7 +237,10 @@ class RequestParser:
         except Exception as err:  # noqa: BLE001 - a model's chat template refusing the input
             raise ApiError(400, f"the chat template failed: {err}", "messages") from None
 
-    def parse(self, body: dict[str, Any], prompt_ids: list[int], chat: bool) -> Parsed:
+    def parse(self, body: dict[str, Any], prompt_ids: list[int], chat: bool,
+              priority_header: str | None = None) -> Parsed:
+        """`body` (its prompt already tokenized) as an engine request; `priority_header`:
+        the request's X-Vllm-Priority header, if any (`_priority`)."""
         if not prompt_ids:
             raise ApiError(400, "the prompt is empty", "prompt")
         if len(prompt_ids) >= self.max_model_len:
@@ -280,7 +285,8 @@ class RequestParser:
                              "be booleans", "body.stream_options")
         # vLLM's should_include_usage: continuous_usage_stats counts only with include_usage
         return Parsed(prompt_ids, params, sampling, stream, usage[0], usage[0] and usage[1],
-                      stop, include_stop_str, n)
+                      stop, include_stop_str, n, _priority(body, priority_header),
+                      _cache_salt(body))
 
     @staticmethod
     def _n(body: dict[str, Any], chat: bool) -> int:
@@ -336,6 +342,56 @@ class RequestParser:
             raise ApiError(400, f"top_k must be -1, 0 or positive, got {_short(top_k)}", "top_k")
         return SamplingOptions(temperature, top_p, max(top_k, 0), seed, min_tokens, stops,
                                presence, frequency, repetition, _logit_bias(body, vocab_size))
+
+
+PRIORITY_HEADER = "x-vllm-priority"  # vLLM 0.32's PRIORITY_HEADER (headers match any case)
+
+
+def _priority(body: dict[str, Any], header: str | None) -> int:
+    """The request's priority (lower is served first under --policy priority), as vLLM 0.32
+    takes it: `priority` an int64 (its schema: null, a string or a fraction refused), then
+    replaced by an X-Vllm-Priority header that int() reads (vLLM's `_get_priority`; one it
+    cannot read is ignored). Under the fcfs policy it is accepted and changes nothing, as in
+    vLLM 0.32 (its field's description says a non-zero one "will raise an error"; only the
+    V0 engine, removed, did)."""
+    if "priority" in body and body["priority"] is None:
+        raise body_error("priority must be int, got null", "body.priority")
+    priority: int = _get(body, "priority", (int,), 0)
+    if not _INT64[0] <= priority <= _INT64[1]:
+        raise body_error(f"priority must be a 64-bit integer, got {_short(priority)}",
+                         "body.priority")
+    if header is None:
+        return priority
+    try:
+        priority = int(header)
+    except ValueError:
+        return priority
+    if not _INT64[0] <= priority <= _INT64[1]:  # vLLM would fail encoding it for its engine
+        raise ApiError(400, f"the {PRIORITY_HEADER} header must be a 64-bit integer, got "
+                       f"{_short(priority)}", PRIORITY_HEADER)
+    return priority
+
+
+MAX_CACHE_SALT_CHARS = 128  # vLLM 0.32's _MAX_CACHE_SALT_LENGTH
+_CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")  # vLLM 0.32's: kept out of cache backends' keys
+
+
+def _cache_salt(body: dict[str, Any]) -> str | None:
+    """`cache_salt`: a non-empty string of at most 128 characters without '@', '/', '\\' or
+    NUL (vLLM 0.32's validate_cache_salt, its words; a check before its schema's, so a wrong
+    type is its 400 too, not the schema's), or None. It salts the request's prefix-cache
+    hashes: requests share cached blocks only when their salts are equal (or both absent)."""
+    salt = body.get("cache_salt")
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        raise ApiError(400, "Parameter 'cache_salt' must be a non-empty string if provided.",
+                       "cache_salt")
+    if len(salt) > MAX_CACHE_SALT_CHARS or not _CACHE_SALT_FORBIDDEN.isdisjoint(salt):
+        raise ApiError(400, f"Parameter 'cache_salt' must be at most {MAX_CACHE_SALT_CHARS} "
+                       "characters and must not contain '@', '/', '\\\\', or NUL.",
+                       "cache_salt")
+    return _text(salt, "cache_salt")
 
 
 MAX_STOP_STRINGS = 4  # vLLM's default VLLM_MAX_STOP_STRINGS (its schema's max_length)

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from backends.serve.openai_protocol import MAX_N, MAX_STOP_STRINGS, MAX_TEMPERATURE, PENALTIES
+from backends.serve.openai_protocol import (
+    MAX_CACHE_SALT_CHARS,
+    MAX_N,
+    MAX_STOP_STRINGS,
+    MAX_TEMPERATURE,
+    PENALTIES,
+)
 
 _INT64 = {"type": "integer", "minimum": -(1 << 63), "maximum": (1 << 63) - 1}
 _TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
@@ -50,6 +56,13 @@ _SAMPLING: dict[str, Any] = {
     "n": {"type": "integer", "minimum": 1, "maximum": MAX_N,
           "description": "choices to sample (each its own engine request, seed + index when "
                          "seeded); n > 1 needs a temperature above 0 (vLLM's rules)"},
+    "priority": {**_INT64, "description": "lower is served first under --policy priority "
+                 "(then the earlier arrival); accepted and unused under fcfs, as vLLM 0.32; an "
+                 "X-Vllm-Priority header that is an integer replaces it"},
+    "cache_salt": {"type": "string", "minLength": 1, "maxLength": MAX_CACHE_SALT_CHARS,
+                   "pattern": "^[^@/\\\\\\x00]*$",
+                   "description": "salts the prompt's prefix-cache hashes: requests share "
+                                  "cached KV only when their salts are equal"},
     "stream": {"type": "boolean"},
     "stream_options": {"type": "object", "properties": {
         "include_usage": {"type": "boolean"}, "continuous_usage_stats": {"type": "boolean"}}},

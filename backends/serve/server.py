@@ -257,7 +257,8 @@ class Server:
         # 32 random hex digits, as uuid4().hex (vLLM's random_uuid) without building a UUID
         request_id = os.urandom(16).hex()
         queue = self.engine.submit(EngineRequest(request_id, parsed.prompt_ids, parsed.params,
-                                                 parsed.sampling, arrival_s))
+                                                 parsed.sampling, arrival_s, parsed.priority,
+                                                 parsed.cache_salt))
         return self._track(request_id, parsed, arrival_s, queue)
 
     # ---- children (`n` > 1): what `parallel_sampling.ChildHost` asks of the server ---------
@@ -277,7 +278,8 @@ class Server:
         """Send a child request (its own id and sampling options) whose outputs go to its
         parent's `queue`, and track it in a place `hold_places` took."""
         self.engine.submit(EngineRequest(request_id, parsed.prompt_ids, parsed.params,
-                                         sampling, arrival_s), queue)
+                                         sampling, arrival_s, parsed.priority,
+                                         parsed.cache_salt), queue)
         return self._track(request_id, parsed, arrival_s, queue, held=True)
 
     def _track(self, request_id: str, parsed: Parsed, arrival_s: float, queue: OutputQueue,

@@ -106,6 +106,29 @@ def test_extreme_temperature_and_top_p_still_sample_a_token() -> None:
         assert 0 <= token < 64 and token != 3
 
 
+@pytest.mark.parametrize(("penalty", "logits", "token"), [
+    # 1e-244 is 0 in float32: a positive logit of the prompt times 1/0 is +inf (token 2)
+    (1e-244, [0.5, -1.0, 2.0, 0.25], 2),
+    # past float32's max the penalty is inf: the prompt's 0 logit times it is nan (token 1)
+    (1e300, [0.5, 0.0, -2.0, 3.0], 1),
+])
+def test_non_finite_penalized_logits_sample_as_vllms_cpu_sampler(
+        penalty: float, logits: list[float], token: int) -> None:
+    """Found by the API fuzzer: a `repetition_penalty` of 1e-244 (vLLM's rule: > 0) made a
+    logit +inf, softmax nan, and torch.multinomial raised, which killed the engine process.
+    vLLM's CPU sampler takes argmax(logits + finite Gumbel noise): the first nan, else the
+    first +inf. The prompt here is tokens 1 and 2."""
+    from backends.engine.logits_ops import apply_penalties
+
+    options = SamplingOptions(1.0, repetition_penalty=penalty)
+    row = apply_penalties(torch.tensor(logits), [1, 2], [], options)
+    assert not torch.isfinite(row).all()
+    generator = torch.Generator().manual_seed(0)
+    assert ModelRunner._sample_row(row, options, generator) == token
+    everything_masked = torch.full((4,), float("-inf"))  # softmax: all nan
+    assert ModelRunner._sample_row(everything_masked, options, generator) == 0
+
+
 # ---- penalties and logit_bias (vLLM V1's Sampler: min_tokens, logit_bias, then repetition,
 # frequency and presence penalties, then greedy / temperature) ----------------------------
 

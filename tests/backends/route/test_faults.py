@@ -280,10 +280,10 @@ def test_a_request_cut_at_shutdown_is_answered_and_aborted_at_its_backend() -> N
         router.proc.send_signal(signal.SIGTERM)
         assert router.proc.wait(20) == 0, router.output()
         assert_cut_answered(threads, got)
-        # the stream is aborted at the backend (rt serve aborts a non-streaming request
-        # whose client left only once it finishes: it does not watch for the disconnect)
-        _wait_for(lambda: _aborted(backend) == 1, 10, "the stream was not aborted")
-        assert _running(backend) <= 1
+        # both are aborted at the backend: the router closes both exchanges, and rt serve
+        # watches a non-streaming request's client too (`unless_client_leaves`)
+        _wait_for(lambda: _aborted(backend) == 2, 10, "the requests were not aborted")
+        assert _running(backend) == 0
         assert router.output().splitlines()[1:] == [
             "rt: router stopped; --shutdown-timeout (1 s) cut 2 request(s) in flight"]
     finally:

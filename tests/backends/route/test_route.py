@@ -8,6 +8,7 @@ import http.server
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -155,6 +156,45 @@ def test_a_client_that_leaves_mid_stream_aborts_its_backend_request(backends: li
             time.sleep(0.05)
     finally:
         router.stop()
+
+
+def _aborted(backend: Rt) -> float:
+    """The backend's requests finished by an abort (rt serve's vLLM counter)."""
+    return sum(value for (name, labels), value in samples(backend).items()
+               if name == "vllm:request_success_total"
+               and ("finished_reason", "abort") in labels)
+
+
+def test_a_client_that_leaves_before_a_non_streaming_answer_aborts_its_backend_request(
+        backends: list[Rt]) -> None:
+    """rt serve sends a non-streaming answer's head with its body, at the end: the router,
+    waiting for that head, must watch its client too. A raw client asks for 3000 tokens
+    (~20 s on the simulated H200) and closes its socket once the backend runs the request:
+    the backend aborts it (its abort counter +1, nothing running) and the router forgets it
+    (in flight 0) within 10 s; before, the request ran to its end and was never aborted."""
+    router = route(backends[:1])
+    backend = backends[0]
+    in_flight = ("rt_router_in_flight_requests", (("backend", backend.url),))
+    try:
+        aborted = _aborted(backend)
+        body = json.dumps({"model": MODEL, "prompt": "long", "max_tokens": 3000,
+                           "ignore_eos": True}).encode()
+        with socket.create_connection(("127.0.0.1", router.port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                         b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            deadline = time.monotonic() + 10
+            while (samples(router)[in_flight], _running(backend)) != (1, 1):
+                assert time.monotonic() < deadline, "the request never ran"
+                time.sleep(0.05)
+        deadline = time.monotonic() + 10  # the socket is closed: the client is gone
+        while (_aborted(backend), _running(backend), samples(router)[in_flight]) != \
+                (aborted + 1, 0, 0):
+            assert time.monotonic() < deadline, (_aborted(backend) - aborted,
+                                                 _running(backend), samples(router)[in_flight])
+            time.sleep(0.05)
+        assert router.proc.poll() is None
+    finally:
+        assert router.stop() == 0
 
 
 @pytest.mark.parametrize("policy", ["prefix-aware", "sglang-cache-aware"])

@@ -73,10 +73,12 @@ def test_engine_requests_survive_the_wire_with_every_field() -> None:
         ["temperature", "top_p", "top_k", "seed", "min_tokens", "stop_token_ids",
          "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias"]
     assert [f.name for f in dataclasses.fields(EngineRequest)] == \
-        ["request_id", "prompt_token_ids", "params", "sampling", "arrival_s"]
+        ["request_id", "prompt_token_ids", "params", "sampling", "arrival_s", "priority",
+         "cache_salt"]
     for req in [EngineRequest("r" * 32, [5, 6, 7], SamplingParams(9, 2, True, 3, (4, 8)),
                               SamplingOptions(0.7, 0.9, 40, -(2 ** 63), 2, (4, 8, 3), 0.5,
-                                              -1.5, 1.2, ((7, -100.0), (3, 2.5))), 12.5),
+                                              -1.5, 1.2, ((7, -100.0), (3, 2.5))), 12.5,
+                              -(2 ** 63), "tenant-a"),
                 EngineRequest("q", [1], SamplingParams(1), SamplingOptions(), 0.0)]:
         kind, back = decode(encode(("add", req)))
         assert kind == "add" and back == req
