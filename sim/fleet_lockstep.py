@@ -37,7 +37,7 @@ from io import BufferedReader
 from typing import Any, TypeVar
 
 from runtime.router import RouterPolicy
-from sim.fleet_workers import child_task, collect_results
+from sim.fleet_workers import child_task, collect_results, end_children
 
 T = TypeVar("T")
 
@@ -192,13 +192,9 @@ def run_lockstep(tasks: Sequence[Callable[[Peers], T]],
                                            names[1:])]
         answered = True
         return results
-    finally:  # every child answered and exits by itself, or is ended here
-        peers.close()
-        for child, receive in children:
-            if not answered and child.exitcode is None:
-                child.terminate()
-            child.join()
-            receive.close()
+    finally:
+        peers.close()  # a child still waiting on the parent reads EOF
+        end_children(children, answered)
 
 
 def _in_group(task: Callable[[Peers], T], peers: Peers, index: int) -> Callable[[], T]:

@@ -92,19 +92,29 @@ def run_forked(tasks: Sequence[Callable[[], T]],
             os.close(writer)  # the child holds the only writer: its death reads as EOF
             children.append((child, open(reader, "rb")))
         results = collect_results(children, on_result,
-                           names or [f"worker {i}" for i in range(len(children))])
+                                  names or [f"worker {i}" for i in range(len(children))])
         answered = True
         return results
-    finally:  # every child answered and exits by itself, or is ended here
-        for child, receive in children:
-            if not answered and child.exitcode is None:
-                child.terminate()
-            child.join()
-            receive.close()
+    finally:
+        end_children(children, answered)
+
+
+def end_children(children: Sequence[tuple[multiprocessing.process.BaseProcess, BufferedReader]],
+                 answered: bool) -> None:
+    """Every child answered and exits by itself (`answered`), or is ended here; each is
+    waited for and its pipes closed, its `Process` too (its own two pipe ends would stay open
+    while anything held it: a traceback through the caller's frame)."""
+    for child, receive in children:
+        if not answered and child.exitcode is None:
+            child.terminate()
+        child.join()
+        child.close()
+        receive.close()
 
 
 def collect_results(children: Sequence[tuple[multiprocessing.process.BaseProcess, BufferedReader]],
-             on_result: Callable[[int, Any], None] | None, names: Sequence[str]) -> list[Any]:
+                    on_result: Callable[[int, Any], None] | None, names: Sequence[str]
+                    ) -> list[Any]:
     """Each child's result, in child order, received as they arrive."""
     results: list[Any] = [None] * len(children)
     index = {id(receive): i for i, (_, receive) in enumerate(children)}
@@ -139,7 +149,7 @@ def _received(name: str, child: multiprocessing.process.BaseProcess, receive: Bu
 
 
 def child_task(task: Callable[[], Any], writer: int, inherited: Sequence[int], parent: int
-           ) -> None:
+               ) -> None:
     """In the child: run `task`, send (True, its result) or (False, its error), pickled as
     it is written (no copy of the whole message). A result that fails to pickle midway is a
     bug: the child exits with its traceback on stderr, the parent reads a broken stream.

@@ -139,6 +139,39 @@ def test_an_error_in_any_process_reaches_the_caller(start: int,
     assert not multiprocessing.active_children()
 
 
+def _open_fds() -> list[str]:
+    """This process's open file descriptors (Linux: /proc/self/fd)."""
+    return sorted(os.listdir("/proc/self/fd"))
+
+
+def _failing_mid_run(method: str, in_parent: bool) -> Callable[..., object]:
+    """`_Fleet.<method>`, raising at request 20 in the parent (`in_parent`) or a child."""
+    original = getattr(fleet_module._Fleet, method)
+
+    def run(self: fleet_module._Fleet, *args: object) -> object:
+        assert self.peers is not None
+        if self.next_index == 20 and (self.peers.index == 0) == in_parent:
+            raise ValueError(f"request 20 failed in the {'parent' if in_parent else 'child'}")
+        return original(self, *args)
+    return run
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
+@pytest.mark.parametrize(("method", "in_parent"), [("route", True), ("take_routed", False)])
+def test_an_error_mid_run_leaves_no_descriptor_open(method: str, in_parent: bool,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not even while the caller holds the error (its traceback holds `run_lockstep`'s
+    frame: the children's `Process` objects kept 2 pipe ends each open until collected)."""
+    trace, setups = randomised(1), uneven(1)
+    before = _open_fds()
+    monkeypatch.setattr(fleet_module._Fleet, method, _failing_mid_run(method, in_parent))
+    with pytest.raises(ValueError, match="^request 20 failed in the ") as raised:
+        fleet(trace, "least-outstanding", setups, workers=3)
+    assert _open_fds() == before
+    assert raised.value.__traceback__ is not None
+    assert not multiprocessing.active_children()
+
+
 def test_a_killed_worker_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     take = fleet_module._Fleet.take_routed
 
