@@ -67,11 +67,27 @@ class Peers:
             raise ValueError(f"lockstep needs at least 2 processes, got {workers}")
         self.workers = workers
         self.index = 0  # this process's group (0: the parent)
+        # the ends open in this process, each closed once: a number closed twice may name
+        # another file by then (the lowest free number is reused by the next open)
+        self.held: set[int] = set()
         # [i]: child i's pipes, i >= 1 (index 0 unused): up = child -> parent, down = back
-        self.up = [(-1, -1)] + [os.pipe() for _ in range(1, workers)]
-        self.down = [(-1, -1)] + [os.pipe() for _ in range(1, workers)]
+        self.up: list[tuple[int, int]] = [(-1, -1)]
+        self.down: list[tuple[int, int]] = [(-1, -1)]
+        try:
+            for _ in range(1, workers):
+                self.up.append(self._pipe())
+                self.down.append(self._pipe())
+        except BaseException:  # out of descriptors midway: none of them left open
+            self.close()
+            raise
+
+    def _pipe(self) -> tuple[int, int]:
+        ends = os.pipe()
+        self.held.update(ends)
+        return ends
 
     def fds(self) -> list[int]:
+        """Every end of every pipe, open here or not."""
         return [fd for pair in (*self.up[1:], *self.down[1:]) for fd in pair]
 
     def keep(self, index: int) -> None:
@@ -85,14 +101,17 @@ class Peers:
             if fd in reads:
                 os.set_blocking(fd, False)  # polled before it blocks (`_read_exactly`)
             elif fd not in writes:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+                self._close(fd)
 
     def close(self) -> None:
-        """Close this process's ends (the others were closed by `keep`)."""
-        for fd in self.fds():
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        """Close the ends still open here (`keep` closed the others); again: nothing."""
+        for fd in sorted(self.held):
+            self._close(fd)
+
+    def _close(self, fd: int) -> None:
+        self.held.discard(fd)
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
     def ask(self, mine: array[int]) -> int:
         """In a child: send the codes since the last decision, and wait for the parent's

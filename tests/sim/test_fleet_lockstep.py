@@ -11,6 +11,8 @@ import os
 import signal
 from array import array
 from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO, cast
 
 import pytest
 
@@ -116,6 +118,26 @@ def test_a_frame_longer_than_a_pipe_crosses_whole() -> None:
         return peers.ask(array("q", big))
 
     assert run_lockstep([parent, child]) == [big, -7]
+
+
+def test_closing_the_pipes_closes_no_other_file(tmp_path: Path) -> None:
+    """A file opened during the run takes the lowest free number: one the parent's `keep`
+    freed (a child's end). The parent's closing of its pipes at the end leaves it open."""
+    def parent(peers: Peers) -> tuple[BinaryIO, bool]:
+        opened = open(tmp_path / "opened-mid-run", "wb")  # noqa: SIM115 (returned)
+        peers.gather()
+        peers.announce(0)
+        return opened, opened.fileno() in peers.fds()
+
+    def child(peers: Peers) -> int:
+        return peers.ask(array("q"))
+
+    got = run_lockstep([parent, child])
+    opened, reused = cast(tuple[BinaryIO, bool], got[0])
+    assert reused and got[1] == 0  # the number was a pipe end's: the case this tests
+    with opened:
+        opened.write(b"still open")  # EBADF had the number been closed again
+    assert (tmp_path / "opened-mid-run").read_bytes() == b"still open"
 
 
 def _failing_group(start: int, error: BaseException) -> Callable[..., object]:
