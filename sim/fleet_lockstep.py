@@ -37,7 +37,7 @@ from io import BufferedReader
 from typing import Any, TypeVar
 
 from runtime.router import RouterPolicy
-from sim.fleet_workers import child_task, collect_results, end_children
+from sim.fleet_workers import collect_results, end_children, enough_descriptors, start_child
 
 T = TypeVar("T")
 
@@ -183,22 +183,18 @@ def run_lockstep(tasks: Sequence[Callable[[Peers], T]],
     `on_result(i, result)` as each child's result arrives (task 0's: when it returns). A
     failure anywhere is raised here (a child's as itself, `sim.fleet_workers`), after every
     child has ended."""
-    peers = Peers(len(tasks))
     context = multiprocessing.get_context("fork")
     children: list[tuple[multiprocessing.process.BaseProcess, BufferedReader]] = []
     names = names or [f"worker {i}" for i in range(len(tasks))]
     answered = False
+    peers: Peers | None = None
     try:
         parent = os.getpid()
-        for i, task in enumerate(tasks[1:], start=1):
-            reader, writer = os.pipe()
-            inherited = [reader, *(receive.fileno() for _, receive in children)]
-            child = context.Process(
-                target=child_task,
-                args=(_in_group(task, peers, i), writer, inherited, parent), daemon=True)
-            child.start()
-            os.close(writer)  # the child holds the only writer: its death reads as EOF
-            children.append((child, open(reader, "rb")))
+        with enough_descriptors(len(tasks)):
+            peers = Peers(len(tasks))
+            for i, task in enumerate(tasks[1:], start=1):
+                children.append(start_child(context, _in_group(task, peers, i), children,
+                                            parent))
         peers.keep(0)
         try:
             first = tasks[0](peers)
@@ -212,7 +208,8 @@ def run_lockstep(tasks: Sequence[Callable[[Peers], T]],
         answered = True
         return results
     finally:
-        peers.close()  # a child still waiting on the parent reads EOF
+        if peers is not None:
+            peers.close()  # a child still waiting on the parent reads EOF
         end_children(children, answered)
 
 

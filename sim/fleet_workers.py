@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import multiprocessing
 import os
 import pickle
@@ -34,7 +35,7 @@ import signal
 import sys
 import traceback
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from io import BufferedReader
 from itertools import accumulate
 from multiprocessing.connection import wait
@@ -83,20 +84,53 @@ def run_forked(tasks: Sequence[Callable[[], T]],
     answered = False
     try:
         parent = os.getpid()
-        for task in tasks:
-            reader, writer = os.pipe()
-            inherited = [reader, *(receive.fileno() for _, receive in children)]
-            child = context.Process(target=child_task, args=(task, writer, inherited, parent),
-                                    daemon=True)
-            child.start()
-            os.close(writer)  # the child holds the only writer: its death reads as EOF
-            children.append((child, open(reader, "rb")))
+        with enough_descriptors(len(tasks)):
+            for task in tasks:
+                children.append(start_child(context, task, children, parent))
         results = collect_results(children, on_result,
                                   names or [f"worker {i}" for i in range(len(children))])
         answered = True
         return results
     finally:
         end_children(children, answered)
+
+
+def start_child(context: multiprocessing.context.ForkContext, task: Callable[[], Any],
+                children: Sequence[tuple[multiprocessing.process.BaseProcess, BufferedReader]],
+                parent: int) -> tuple[multiprocessing.process.BaseProcess, BufferedReader]:
+    """Fork a child that runs `task` (`child_task`) beside the `children` started before it;
+    the child and the read end of its result pipe. A failure to start leaves no pipe open."""
+    reader, writer = os.pipe()
+    try:
+        inherited = [reader, *(receive.fileno() for _, receive in children)]
+        child = context.Process(target=child_task, args=(task, writer, inherited, parent),
+                                daemon=True)
+        child.start()
+    except BaseException:
+        os.close(reader)
+        raise
+    finally:
+        os.close(writer)  # the child holds the only writer: its death reads as EOF
+    return child, open(reader, "rb")
+
+
+@contextlib.contextmanager
+def enough_descriptors(processes: int) -> Iterator[None]:
+    """Starting `processes` processes: running out of file descriptors is a one-line
+    ValueError naming the count and the limit. The parent holds 3 per child (its result
+    pipe's reader, multiprocessing's 2), in lockstep 2 more (`sim.fleet_lockstep.Peers`: 4
+    until every child has started): 1,024 ran out at ~145 lockstep processes."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in (errno.EMFILE, errno.ENFILE):
+            raise
+        import resource  # Unix only, as fork: not imported where the fleet runs in one process
+
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        raise ValueError(f"workers {processes}: out of file descriptors starting the "
+                         f"simulation processes (this process may open {limit}: ulimit -n); "
+                         f"use fewer workers or raise the limit") from None
 
 
 def end_children(children: Sequence[tuple[multiprocessing.process.BaseProcess, BufferedReader]],

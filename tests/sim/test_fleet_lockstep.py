@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import resource
 import signal
 from array import array
 from collections.abc import Callable
@@ -191,6 +192,38 @@ def test_an_error_mid_run_leaves_no_descriptor_open(method: str, in_parent: bool
         fleet(trace, "least-outstanding", setups, workers=3)
     assert _open_fds() == before
     assert raised.value.__traceback__ is not None
+    assert not multiprocessing.active_children()
+
+
+def _room_for(spare: int, open_fds: set[int]) -> int:
+    """The descriptor limit under which exactly `spare` more can be opened (new ones take
+    the lowest free numbers, each below the limit)."""
+    free = [fd for fd in range(max(open_fds) + spare + 1) if fd not in open_fds]
+    return free[spare - 1] + 1
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
+@pytest.mark.parametrize("spare", [6, 16, 18])
+def test_running_out_of_descriptors_is_one_line(spare: int) -> None:
+    """5 processes with room for 6, 16 or 18 more descriptors: out in `Peers` (16 ends), in
+    child 1's result pipe, in its start (multiprocessing's own pipes); nothing left open."""
+    def idle(peers: Peers) -> None:
+        raise AssertionError("ran")
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    before = _open_fds()
+    limit = _room_for(spare, {int(fd) for fd in before})
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+    try:
+        with pytest.raises(ValueError) as raised:
+            run_lockstep([idle] * 5)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert str(raised.value) == (
+        f"workers 5: out of file descriptors starting the simulation processes (this "
+        f"process may open {limit}: ulimit -n); use fewer "
+        f"workers or raise the limit")
+    assert _open_fds() == before
     assert not multiprocessing.active_children()
 
 
