@@ -1,4 +1,5 @@
-"""Worker processes for a pre-routed fleet (`rt simulate --sim-workers N`, `sim.fleet`).
+"""Worker processes for a pre-routed fleet (`rt simulate --sim-workers N`, `sim.fleet`); their
+start, results and end are shared with the lockstep processes (`sim.fleet_lockstep`).
 
 A pre-routed fleet (`sim.fleet._Fleet.pre_routed`: no router reads the replicas, their
 completions or token ids) is routed whole before any step, then each replica runs its share
@@ -12,6 +13,8 @@ joins them in replica order (`sim.fleet._Fleet.run_in_workers`).
 
     worker_ranges   contiguous ranges of replicas, balanced by their shares' request counts
     run_forked      each task in a forked child; results in task order, errors re-raised
+    start_child, collect_results, end_children
+                    one child forked, the children's results (or first error), their end
 
 A worker's exception reaches the parent as the same exception (type and message, the
 worker's traceback as a note; one that would not pickle: a RuntimeError naming its type); a
