@@ -154,9 +154,10 @@ def _receive(fd: int) -> array[int]:
 
 def _read_exactly(fd: int, size: int) -> bytes:
     """`size` bytes from the non-blocking read end `fd`, polled up to `_SPINS` times before
-    blocking in `select`. Polling keeps a waiting process on its CPU: one that sleeps in
-    `read` at each decision is woken on the CPU of the process that wrote (the kernel's
-    wake-up affinity), so the two ran on one CPU, ~500 us a trade here."""
+    blocking in `poll` (not `select`: it refuses descriptors numbered 1,024 and up, which a
+    parent of ~145 processes has). Polling keeps a waiting process on its CPU: one that
+    sleeps in `read` at each decision is woken on the CPU of the process that wrote (the
+    kernel's wake-up affinity), so the two ran on one CPU, ~500 us a trade here."""
     chunks = []
     spins = 0
     while size:
@@ -165,13 +166,20 @@ def _read_exactly(fd: int, size: int) -> bytes:
         except BlockingIOError:
             spins += 1
             if spins > _SPINS:
-                select.select([fd], [], [])
+                _wait_readable(fd)
             continue
         if not chunk:
             raise PeerGone("a lockstep peer ended")
         chunks.append(chunk)
         size -= len(chunk)
     return b"".join(chunks)
+
+
+def _wait_readable(fd: int) -> None:
+    """Block until `fd` has bytes to read or its writers are gone (EOF)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    poller.poll()
 
 
 def run_lockstep(tasks: Sequence[Callable[[Peers], T]],

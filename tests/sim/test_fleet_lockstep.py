@@ -20,6 +20,7 @@ import pytest
 from runtime.router import RouterPolicy, make_policy
 from runtime.router.simple import LeastOutstanding
 from sim import fleet as fleet_module
+from sim import fleet_lockstep
 from sim.fleet import simulate_fleet
 from sim.fleet_lockstep import PeerGone, Peers, hears_counts_only, run_lockstep
 from tests.sim.test_fleet_prerouted import randomised
@@ -139,6 +140,33 @@ def test_closing_the_pipes_closes_no_other_file(tmp_path: Path) -> None:
     with opened:
         opened.write(b"still open")  # EBADF had the number been closed again
     assert (tmp_path / "opened-mid-run").read_bytes() == b"still open"
+
+
+def test_pipes_numbered_past_1024_are_waited_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A parent of ~145 processes holds descriptors numbered 1,024 and up, which `select`
+    refuses ('filedescriptor out of range in select()'). Here 1,030 files hold the low
+    numbers and no read polls before it blocks."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1100:
+        pytest.skip(f"needs 1,100 descriptors, the hard limit is {hard}")
+    monkeypatch.setattr(fleet_lockstep, "_SPINS", 0)
+
+    def parent(peers: Peers) -> list[int]:
+        heard = peers.gather().tolist()
+        peers.announce(3)
+        return heard
+
+    def child(peers: Peers) -> int:
+        return peers.ask(array("q", [7]))
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1100), hard))
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1030)]
+    try:
+        assert run_lockstep([parent, child]) == [[7], 3]
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def _failing_group(start: int, error: BaseException) -> Callable[..., object]:
