@@ -32,7 +32,11 @@ end in turn (`sim.fleet_replica.PreRoutedReplica`). With one replica and no rout
 the records are those of `sim.simulator.simulate` (a pre-routed replica takes requests in
 when `simulate`'s sleeping API server would wake, `sim.api_server.server_wake`). Nothing
 passes between such replicas: with `workers` > 1 they run in that many forked processes,
-each a contiguous range of replicas (`sim.fleet_workers`), with the same records.
+each a contiguous range of replicas (`sim.fleet_workers`), with the same records. Behind
+routers that read only completions, as in-flight counts (least-outstanding, power-of-two,
+sglang-cache-aware), `workers` > 1 processes run in lockstep (`sim.fleet_lockstep`): this one
+routes and simulates the first group of replicas, a forked child each other group, meeting
+at every routing decision; the same records too.
 """
 
 from __future__ import annotations
@@ -168,6 +172,7 @@ class _Fleet:
         self.own: range | None = None
         self.peers: Peers | None = None
         self.finished_here = array("q")
+        self.trace_index: dict[str, int] = {}  # request id -> its index (made for lockstep)
         # processes may run it in lockstep (`run_in_lockstep`)
         self.lockstep_allowed = self.sleeps_through_runs and runs_in_lockstep(policies)
 
@@ -177,9 +182,10 @@ class _Fleet:
 
     def run_to_end(self, started_s: float, workers: int = 1) -> FleetResult:
         """`run`, then `result` with the wall seconds since `started_s` (`perf_counter`); a
-        pre-routed fleet of several replicas runs them in `workers` processes if > 1
-        (`run_in_workers`; in this one where fork is unavailable). The replicas' pools are
-        released after (`release_pools`): read the result, not the pools."""
+        fleet of several replicas runs them in `workers` processes if > 1 when pre-routed
+        (`run_in_workers`) or allowed lockstep (`run_in_lockstep`); in this one otherwise,
+        or where fork is unavailable. The replicas' pools are released after
+        (`release_pools`): read the result, not the pools."""
         if workers > 1 and len(self.replicas) > 1 and can_fork():
             if self.pre_routed:
                 return self.run_in_workers(workers, started_s)
@@ -346,37 +352,31 @@ class _Fleet:
         tokens = routing_tokens(first, req, self.kv_block_size, self.token_blind, True)
         router = self.router_for(req)
         candidates = self.candidates(req, self.snapshots(now, router))
-        routing = self.routing_request(req, tokens)
+        keys = None if self.router_keys is None else self.router_keys.keys(req)
+        routing = routing_request(req, tokens[0], self.kv_block_size, tokens[2], keys)
         index = router.policy.route(routing, candidates).replica
         if self.own is None or index in self.own:
-            self.hand_over(self.replicas[index], req, tokens, routing)
+            self.hand_over(self.replicas[index], req, tokens, routing.block_hashes)
         return index
-
-    def routing_request(self, req: TraceRequest,
-                        tokens: tuple[array[int], array[int], list[bytes], bool]
-                        ) -> RoutingRequest:
-        """What the routers read of `req`, given its `routing_tokens`."""
-        keys = None if self.router_keys is None else self.router_keys.keys(req)
-        return routing_request(req, tokens[0], self.kv_block_size, tokens[2], keys)
 
     def hand_over(self, replica: Replica, req: TraceRequest,
                   tokens: tuple[array[int], array[int], list[bytes], bool],
-                  routing: RoutingRequest) -> None:
-        """Give `req`, routed now, to `replica` (its token ids as it reads them)."""
+                  block_hashes: Sequence[bytes]) -> None:
+        """Give `req`, routed now, to `replica` (its token ids as it reads them; the prompt's
+        block hashes as the routers computed them, `RoutingRequest.block_hashes`)."""
         prompt, output, _, placeholders = tokens
         prompt, output, hashes = replica_inputs(replica, self.replicas[0].config, req, prompt,
-                                                output, placeholders, routing.block_hashes)
+                                                output, placeholders, block_hashes)
         replica.hand_over(req, prompt, output, req.arrival_s + self.latency_s, hashes=hashes)
 
     def take_routed(self, req: TraceRequest, index: int) -> None:
         """In a lockstep child: the parent routed `req` to replica `index`; hand it over if
-        that replica is this process's (the routers' view of it built as `route` builds
-        it)."""
-        assert self.own is not None
+        that replica is this process's (its tokens as `route` makes them; no block hashes:
+        routers in lockstep take no KV events, so `route` computes none either)."""
+        assert self.own is not None and self.kv_block_size is None
         if index in self.own:
-            tokens = routing_tokens(self.replicas[0], req, self.kv_block_size,
-                                    self.token_blind, True)
-            self.hand_over(self.replicas[index], req, tokens, self.routing_request(req, tokens))
+            tokens = routing_tokens(self.replicas[0], req, None, self.token_blind, True)
+            self.hand_over(self.replicas[index], req, tokens, ())
 
     def candidates(self, req: TraceRequest, snapshots: Sequence[ReplicaSnapshot]
                    ) -> Sequence[ReplicaSnapshot]:
@@ -419,7 +419,7 @@ class _Fleet:
     def first_token(self, replica: Replica, request_id: str) -> None:
         """`replica` produced the request's first token: at the end of the current step,
         or, on a pre-routed replica, of the step that finished the request."""
-        if self.peers is None or not self.peers.index:  # a lockstep child: no policy
+        if self.peers is None or not self.peers.index:  # not in a lockstep child (no policy)
             self.policy_of(request_id).on_prefill_done(request_id)
 
     def finished(self, replica: Replica, records: list[RequestRecord]) -> None:
@@ -476,9 +476,11 @@ def simulate_fleet(trace: Trace, replicas: Sequence[ReplicaSetup],
             the serving stack after the routing decision and its API server, before its
             replica's core (`sim.serving_stack`): routed at its arrival, it enters the core
             that much later, not queued behind the others.
-        workers: processes that simulate the replicas of a pre-routed fleet (`pre_routable`
-            policies: round-robin, random, session hashing), each a contiguous range of
-            them; the same records as 1. Other fleets run in this process.
+        workers: processes that simulate the replicas, each a contiguous range of them;
+            the same records as 1. A pre-routed fleet (`pre_routable` policies: round-robin,
+            random, session hashing) runs them apart, one behind policies reading only
+            completions (`runs_in_lockstep`: least-outstanding, power-of-two,
+            sglang-cache-aware) in lockstep. Other fleets run in this process.
     """
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")

@@ -41,8 +41,8 @@ REQUIRED_FIELDS = ("name", "count", "gpu", "model")
 # `rt fleet up` a process; far beyond any fleet measured here (64), far below a size whose
 # lists alone exhaust memory or that never finishes (a 10^20-replica --replicas).
 MAX_REPLICAS = 4096
-# Processes that simulate one pre-routed fleet (`--sim-workers`): a many-core machine's,
-# not a number that forks thousands of processes by a typo.
+# Processes that simulate one fleet (`--sim-workers`: pre-routed or in lockstep): a
+# many-core machine's, not a number that forks thousands of processes by a typo.
 MAX_SIM_WORKERS = 256
 ENGINE_FIELDS = {f.name: str(f.type) for f in dataclasses.fields(EngineArgs)
                  if f.name != "tensor_parallel_size"}

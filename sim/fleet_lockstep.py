@@ -37,7 +37,7 @@ from io import BufferedReader
 from typing import Any, TypeVar
 
 from runtime.router import RouterPolicy
-from sim.fleet_workers import child_task, collect_results
+from sim.fleet_workers import collect_results, end_children, enough_descriptors, start_child
 
 T = TypeVar("T")
 
@@ -70,11 +70,27 @@ class Peers:
             raise ValueError(f"lockstep needs at least 2 processes, got {workers}")
         self.workers = workers
         self.index = 0  # this process's group (0: the parent)
+        # the ends open in this process, each closed once: a number closed twice may name
+        # another file by then (the lowest free number is reused by the next open)
+        self.held: set[int] = set()
         # [i]: child i's pipes, i >= 1 (index 0 unused): up = child -> parent, down = back
-        self.up = [(-1, -1)] + [os.pipe() for _ in range(1, workers)]
-        self.down = [(-1, -1)] + [os.pipe() for _ in range(1, workers)]
+        self.up: list[tuple[int, int]] = [(-1, -1)]
+        self.down: list[tuple[int, int]] = [(-1, -1)]
+        try:
+            for _ in range(1, workers):
+                self.up.append(self._pipe())
+                self.down.append(self._pipe())
+        except BaseException:  # out of descriptors midway: none of them left open
+            self.close()
+            raise
+
+    def _pipe(self) -> tuple[int, int]:
+        ends = os.pipe()
+        self.held.update(ends)
+        return ends
 
     def fds(self) -> list[int]:
+        """Every end of every pipe, open here or not."""
         return [fd for pair in (*self.up[1:], *self.down[1:]) for fd in pair]
 
     def keep(self, index: int) -> None:
@@ -88,14 +104,17 @@ class Peers:
             if fd in reads:
                 os.set_blocking(fd, False)  # polled before it blocks (`_Polls`)
             elif fd not in writes:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+                self._close(fd)
 
     def close(self) -> None:
-        """Close this process's ends (the others were closed by `keep`)."""
-        for fd in self.fds():
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        """Close the ends still open here (`keep` closed the others); again: nothing."""
+        for fd in sorted(self.held):
+            self._close(fd)
+
+    def _close(self, fd: int) -> None:
+        self.held.discard(fd)
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
     def ask(self, mine: array[int]) -> int:
         """In a child: send the codes since the last decision, and wait for the parent's
@@ -137,7 +156,8 @@ def _receive(fd: int) -> array[int]:
 
 
 class _Polls:
-    """Reads of non-blocking pipe ends, polled before they block in `select`. Polling keeps
+    """Reads of non-blocking pipe ends, polled before they block in `poll` (not `select`: it
+    refuses descriptors numbered 1,024 and up, which a parent of ~145 processes has). Polling keeps
     a waiting process on its CPU: one that sleeps in `read` at each decision is woken on the
     CPU of the process that wrote (the kernel's wake-up affinity), so two ran on one CPU,
     ~500 us a decision here. But a process polling while its peer waits for a CPU (more
@@ -161,7 +181,7 @@ class _Polls:
                 if polls == self.limit:
                     self.limit = max(_MIN_POLLS, self.limit // 2)
                 if polls >= self.limit:
-                    select.select([fd], [], [])
+                    _wait_readable(fd)
                 continue
             if not chunk:
                 raise PeerGone("a lockstep peer ended")
@@ -175,6 +195,13 @@ class _Polls:
 _POLLS = _Polls()  # this process's (a forked child starts from the parent's, then adapts)
 
 
+def _wait_readable(fd: int) -> None:
+    """Block until `fd` has bytes to read or its writers are gone (EOF)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    poller.poll()
+
+
 def run_lockstep(tasks: Sequence[Callable[[Peers], T]],
                  on_result: Callable[[int, T], None] | None = None,
                  names: Sequence[str] | None = None) -> list[T]:
@@ -184,22 +211,18 @@ def run_lockstep(tasks: Sequence[Callable[[Peers], T]],
     `on_result(i, result)` as each child's result arrives (task 0's: when it returns). A
     failure anywhere is raised here (a child's as itself, `sim.fleet_workers`), after every
     child has ended."""
-    peers = Peers(len(tasks))
     context = multiprocessing.get_context("fork")
     children: list[tuple[multiprocessing.process.BaseProcess, BufferedReader]] = []
     names = names or [f"worker {i}" for i in range(len(tasks))]
     answered = False
+    peers: Peers | None = None
     try:
         parent = os.getpid()
-        for i, task in enumerate(tasks[1:], start=1):
-            reader, writer = os.pipe()
-            inherited = [reader, *(receive.fileno() for _, receive in children)]
-            child = context.Process(
-                target=child_task,
-                args=(_in_group(task, peers, i), writer, inherited, parent), daemon=True)
-            child.start()
-            os.close(writer)  # the child holds the only writer: its death reads as EOF
-            children.append((child, open(reader, "rb")))
+        with enough_descriptors(len(tasks)):
+            peers = Peers(len(tasks))
+            for i, task in enumerate(tasks[1:], start=1):
+                children.append(start_child(context, _in_group(task, peers, i), children,
+                                            parent))
         peers.keep(0)
         try:
             first = tasks[0](peers)
@@ -212,13 +235,10 @@ def run_lockstep(tasks: Sequence[Callable[[Peers], T]],
                                            names[1:])]
         answered = True
         return results
-    finally:  # every child answered and exits by itself, or is ended here
-        peers.close()
-        for child, receive in children:
-            if not answered and child.exitcode is None:
-                child.terminate()
-            child.join()
-            receive.close()
+    finally:
+        if peers is not None:
+            peers.close()  # a child still waiting on the parent reads EOF
+        end_children(children, answered)
 
 
 def _in_group(task: Callable[[Peers], T], peers: Peers, index: int) -> Callable[[], T]:

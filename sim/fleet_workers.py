@@ -1,4 +1,5 @@
-"""Worker processes for a pre-routed fleet (`rt simulate --sim-workers N`, `sim.fleet`).
+"""Worker processes for a pre-routed fleet (`rt simulate --sim-workers N`, `sim.fleet`); their
+start, results and end are shared with the lockstep processes (`sim.fleet_lockstep`).
 
 A pre-routed fleet (`sim.fleet._Fleet.pre_routed`: no router reads the replicas, their
 completions or token ids) is routed whole before any step, then each replica runs its share
@@ -12,6 +13,8 @@ joins them in replica order (`sim.fleet._Fleet.run_in_workers`).
 
     worker_ranges   contiguous ranges of replicas, balanced by their shares' request counts
     run_forked      each task in a forked child; results in task order, errors re-raised
+    start_child, collect_results, end_children
+                    one child forked, the children's results (or first error), their end
 
 A worker's exception reaches the parent as the same exception (type and message, the
 worker's traceback as a note; one that would not pickle: a RuntimeError naming its type); a
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import multiprocessing
 import os
 import pickle
@@ -34,7 +38,7 @@ import signal
 import sys
 import traceback
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from io import BufferedReader
 from itertools import accumulate
 from multiprocessing.connection import wait
@@ -83,28 +87,71 @@ def run_forked(tasks: Sequence[Callable[[], T]],
     answered = False
     try:
         parent = os.getpid()
-        for task in tasks:
-            reader, writer = os.pipe()
-            inherited = [reader, *(receive.fileno() for _, receive in children)]
-            child = context.Process(target=child_task, args=(task, writer, inherited, parent),
-                                    daemon=True)
-            child.start()
-            os.close(writer)  # the child holds the only writer: its death reads as EOF
-            children.append((child, open(reader, "rb")))
+        with enough_descriptors(len(tasks)):
+            for task in tasks:
+                children.append(start_child(context, task, children, parent))
         results = collect_results(children, on_result,
-                           names or [f"worker {i}" for i in range(len(children))])
+                                  names or [f"worker {i}" for i in range(len(children))])
         answered = True
         return results
-    finally:  # every child answered and exits by itself, or is ended here
-        for child, receive in children:
-            if not answered and child.exitcode is None:
-                child.terminate()
-            child.join()
-            receive.close()
+    finally:
+        end_children(children, answered)
+
+
+def start_child(context: multiprocessing.context.ForkContext, task: Callable[[], Any],
+                children: Sequence[tuple[multiprocessing.process.BaseProcess, BufferedReader]],
+                parent: int) -> tuple[multiprocessing.process.BaseProcess, BufferedReader]:
+    """Fork a child that runs `task` (`child_task`) beside the `children` started before it;
+    the child and the read end of its result pipe. A failure to start leaves no pipe open."""
+    reader, writer = os.pipe()
+    try:
+        inherited = [reader, *(receive.fileno() for _, receive in children)]
+        child = context.Process(target=child_task, args=(task, writer, inherited, parent),
+                                daemon=True)
+        child.start()
+    except BaseException:
+        os.close(reader)
+        raise
+    finally:
+        os.close(writer)  # the child holds the only writer: its death reads as EOF
+    return child, open(reader, "rb")
+
+
+@contextlib.contextmanager
+def enough_descriptors(processes: int) -> Iterator[None]:
+    """Starting `processes` processes: running out of file descriptors is a one-line
+    ValueError naming the count and the limit. The parent holds 3 per child (its result
+    pipe's reader, multiprocessing's 2), in lockstep 2 more (`sim.fleet_lockstep.Peers`: 4
+    until every child has started): 1,024 ran out at ~145 lockstep processes."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in (errno.EMFILE, errno.ENFILE):
+            raise
+        import resource  # Unix only, as fork: not imported where the fleet runs in one process
+
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        raise ValueError(f"workers {processes}: out of file descriptors starting the "
+                         f"simulation processes (this process may open {limit}: ulimit -n); "
+                         f"use fewer workers or raise the limit") from None
+
+
+def end_children(children: Sequence[tuple[multiprocessing.process.BaseProcess, BufferedReader]],
+                 answered: bool) -> None:
+    """Every child answered and exits by itself (`answered`), or is ended here; each is
+    waited for and its pipes closed, its `Process` too (its own two pipe ends would stay open
+    while anything held it: a traceback through the caller's frame)."""
+    for child, receive in children:
+        if not answered and child.exitcode is None:
+            child.terminate()
+        child.join()
+        child.close()
+        receive.close()
 
 
 def collect_results(children: Sequence[tuple[multiprocessing.process.BaseProcess, BufferedReader]],
-             on_result: Callable[[int, Any], None] | None, names: Sequence[str]) -> list[Any]:
+                    on_result: Callable[[int, Any], None] | None, names: Sequence[str]
+                    ) -> list[Any]:
     """Each child's result, in child order, received as they arrive."""
     results: list[Any] = [None] * len(children)
     index = {id(receive): i for i, (_, receive) in enumerate(children)}
@@ -139,7 +186,7 @@ def _received(name: str, child: multiprocessing.process.BaseProcess, receive: Bu
 
 
 def child_task(task: Callable[[], Any], writer: int, inherited: Sequence[int], parent: int
-           ) -> None:
+               ) -> None:
     """In the child: run `task`, send (True, its result) or (False, its error), pickled as
     it is written (no copy of the whole message). A result that fails to pickle midway is a
     bug: the child exits with its traceback on stderr, the parent reads a broken stream.

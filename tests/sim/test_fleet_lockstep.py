@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import resource
 import signal
 from array import array
 from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO, cast
 
 import pytest
 
 from runtime.router import RouterPolicy, make_policy
 from runtime.router.simple import LeastOutstanding
 from sim import fleet as fleet_module
+from sim import fleet_lockstep
 from sim.fleet import simulate_fleet
 from sim.fleet_lockstep import PeerGone, Peers, hears_counts_only, run_lockstep
 from tests.sim.test_fleet_prerouted import randomised
@@ -118,6 +122,54 @@ def test_a_frame_longer_than_a_pipe_crosses_whole() -> None:
     assert run_lockstep([parent, child]) == [big, -7]
 
 
+def test_closing_the_pipes_closes_no_other_file(tmp_path: Path) -> None:
+    """A file opened during the run takes the lowest free number: one the parent's `keep`
+    freed (a child's end). The parent's closing of its pipes at the end leaves it open."""
+    def parent(peers: Peers) -> tuple[BinaryIO, bool]:
+        opened = open(tmp_path / "opened-mid-run", "wb")  # noqa: SIM115 (returned)
+        peers.gather()
+        peers.announce(0)
+        return opened, opened.fileno() in peers.fds()
+
+    def child(peers: Peers) -> int:
+        return peers.ask(array("q"))
+
+    got = run_lockstep([parent, child])
+    opened, reused = cast(tuple[BinaryIO, bool], got[0])
+    assert reused and got[1] == 0  # the number was a pipe end's: the case this tests
+    with opened:
+        opened.write(b"still open")  # EBADF had the number been closed again
+    assert (tmp_path / "opened-mid-run").read_bytes() == b"still open"
+
+
+def test_pipes_numbered_past_1024_are_waited_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A parent of ~145 processes holds descriptors numbered 1,024 and up, which `select`
+    refuses ('filedescriptor out of range in select()'). Here 1,030 files hold the low
+    numbers and no read polls before it blocks."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1100:
+        pytest.skip(f"needs 1,100 descriptors, the hard limit is {hard}")
+    monkeypatch.setattr(fleet_lockstep, "_MIN_POLLS", 1)  # one poll, then wait
+    monkeypatch.setattr(fleet_lockstep._POLLS, "limit", 1)
+
+    def parent(peers: Peers) -> list[int]:
+        heard = peers.gather().tolist()
+        peers.announce(3)
+        return heard
+
+    def child(peers: Peers) -> int:
+        return peers.ask(array("q", [7]))
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1100), hard))
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1030)]
+    try:
+        assert run_lockstep([parent, child]) == [[7], 3]
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def _failing_group(start: int, error: BaseException) -> Callable[..., object]:
     run_group = fleet_module._Fleet.run_group
 
@@ -136,6 +188,71 @@ def test_an_error_in_any_process_reaches_the_caller(start: int,
     with pytest.raises(ValueError) as raised:
         fleet(randomised(1), "least-outstanding", uneven(1), workers=2)
     assert str(raised.value) == "stack_delay_s['7'] must be >= 0, got -1"
+    assert not multiprocessing.active_children()
+
+
+def _open_fds() -> list[str]:
+    """This process's open file descriptors (Linux: /proc/self/fd)."""
+    return sorted(os.listdir("/proc/self/fd"))
+
+
+def _failing_mid_run(method: str, in_parent: bool) -> Callable[..., object]:
+    """`_Fleet.<method>`, raising at request 20 in the parent (`in_parent`) or a child."""
+    original = getattr(fleet_module._Fleet, method)
+
+    def run(self: fleet_module._Fleet, *args: object) -> object:
+        assert self.peers is not None
+        if self.next_index == 20 and (self.peers.index == 0) == in_parent:
+            raise ValueError(f"request 20 failed in the {'parent' if in_parent else 'child'}")
+        return original(self, *args)
+    return run
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
+@pytest.mark.parametrize(("method", "in_parent"), [("route", True), ("take_routed", False)])
+def test_an_error_mid_run_leaves_no_descriptor_open(method: str, in_parent: bool,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not even while the caller holds the error (its traceback holds `run_lockstep`'s
+    frame: the children's `Process` objects kept 2 pipe ends each open until collected)."""
+    trace, setups = randomised(1), uneven(1)
+    before = _open_fds()
+    monkeypatch.setattr(fleet_module._Fleet, method, _failing_mid_run(method, in_parent))
+    with pytest.raises(ValueError, match="^request 20 failed in the ") as raised:
+        fleet(trace, "least-outstanding", setups, workers=3)
+    assert _open_fds() == before
+    assert raised.value.__traceback__ is not None
+    assert not multiprocessing.active_children()
+
+
+def _room_for(spare: int, open_fds: set[int]) -> int:
+    """The descriptor limit under which exactly `spare` more can be opened (new ones take
+    the lowest free numbers, each below the limit)."""
+    free = [fd for fd in range(max(open_fds) + spare + 1) if fd not in open_fds]
+    return free[spare - 1] + 1
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
+@pytest.mark.parametrize("spare", [6, 16, 18])
+def test_running_out_of_descriptors_is_one_line(spare: int) -> None:
+    """5 processes with room for 6, 16 or 18 more descriptors: out in `Peers` (16 ends), in
+    child 1's result pipe, in its start (multiprocessing's own pipes); nothing left open."""
+    def idle(peers: Peers) -> None:
+        raise AssertionError("ran")
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    before = _open_fds()
+    limit = _room_for(spare, {int(fd) for fd in before})
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+    try:
+        with pytest.raises(ValueError) as raised:
+            run_lockstep([idle] * 5)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert str(raised.value) == (
+        f"workers 5: out of file descriptors starting the simulation processes (this "
+        f"process may open {limit}: ulimit -n); use fewer "
+        f"workers or raise the limit")
+    assert _open_fds() == before
     assert not multiprocessing.active_children()
 
 
