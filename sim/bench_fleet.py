@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any, cast
@@ -46,6 +45,7 @@ def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "
     work.
     """
     from sim.engine_args import EngineArgs, build_setup
+    from sim.fleet_workers import usable_cpus
     from sim.simulator import simulate
 
     setup = build_setup(EngineArgs(), model, gpu)
@@ -59,7 +59,7 @@ def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "
     per_request = float(rows[1]["cpu_s_per_request"])  # the `replicas` fleet's
     rows.append(_engines_row(shares, setup, f"{replicas} replicas' shares on one engine each"))
     engines_cpu = float(rows[-1]["cpu_s"]) / n
-    workers = sim_workers or min(_usable_cpus(), replicas)
+    workers = sim_workers or min(usable_cpus(), replicas)
     parallel = _parallel_row(fleet, replicas, workers, n, router, router_args)
     if parallel is not None:
         rows.append(parallel)
@@ -151,14 +151,6 @@ def _stepped_row(fleet: Callable[..., tuple[Any, float, float]], replicas: int, 
     result, wall, cpu = fleet(replicas, dataclasses.replace(setup.config, fast_forward=False))
     return rate_row(f"{replicas} replicas stepping one by one", n, result.num_steps, wall,
                     cpu)
-
-
-def _usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask, where the platform has one; a
-    container's or `taskset`'s limit), not the host's count."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def _wall_goal(parallel: dict[str, object] | None, workers: int, single_wall_s: float

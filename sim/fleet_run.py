@@ -19,6 +19,7 @@ from sim.autoscale_flags import AutoscaleFlags, fixed_scaling, simulate_autoscal
 from sim.engine_args import EngineArgs, SimFlags, SimSetup, build_setup, token_times
 from sim.fleet import pre_routable, runs_in_lockstep, simulate_fleet
 from sim.fleet_config import FleetFlags, FleetSpec, build_fleet, load_fleet, refuse_overrides
+from sim.fleet_workers import usable_cpus
 from sim.pd import check_roles
 from sim.pd_flags import PDFlags, simulate_pd_fleet
 from sim.simulator import Progress, simulate
@@ -113,11 +114,17 @@ class FleetRun:
 
     def workers_note(self) -> str | None:
         """The start-up line saying why --sim-workers > 1 does not apply (the fleet then runs
-        in one process: not an error, so one flag serves a loop over routers); None when it
-        applies or is 1."""
+        in one process: not an error, so one flag serves a loop over routers), or that its
+        lockstep processes outnumber the CPUs; None when it applies or is 1."""
         workers = self.fleet.sim_workers
         if workers == 1:
             return None
+        processes, cpus = min(workers, len(self.replicas)), usable_cpus()
+        if (processes > cpus and runs_in_lockstep(self.policies)
+                and not (self.autoscale.enabled or self.pd.is_pd(self.roles))):
+            return (f"note: --sim-workers {workers}: {processes} processes in lockstep on "
+                    f"{cpus} CPUs; every routing decision waits for the slowest process, so "
+                    "more processes than free CPUs run slower than fewer")
         if self.autoscale.enabled:
             why = "--autoscale reads the replicas as it runs"
         elif self.pd.is_pd(self.roles):

@@ -52,6 +52,14 @@ def can_fork() -> bool:
     return "fork" in multiprocessing.get_all_start_methods()
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, where the platform has one; a
+    container's or `taskset`'s limit), not the host's count."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def worker_ranges(sizes: Sequence[int], workers: int) -> list[range]:
     """Replicas 0..len(sizes)-1 cut into min(workers, replicas) contiguous, non-empty ranges,
     each cut where the requests before it (`sizes[i]`: replica i's) come closest to their

@@ -14,6 +14,7 @@ from analysis.fleet import fleet_summary, imbalance, jain_index, replica_table
 from analysis.report import result_dict
 from analysis.rundir import load_run
 from cli import app
+from sim import fleet_run
 from tests.sim.test_fleet_shares import mixed_fleet_file
 from workloads import ArrivalProcess, RandomLengths, random_trace, write_rt_jsonl
 
@@ -64,6 +65,22 @@ def test_sim_workers_write_the_same_records(router: str, small_trace: Path,
     for name in ("requests.parquet", "steps.parquet"):
         one, two = (pd.read_parquet(tmp_path / run / name) for run in ("one", "two"))
         assert one.equals(two), name
+
+
+def test_more_lockstep_processes_than_cpus_is_said(small_trace: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lockstep waits for the slowest process at every decision: more processes than CPUs
+    run slower than fewer (a pre-routed fleet's workers never wait on each other: no note)."""
+    monkeypatch.setattr(fleet_run, "usable_cpus", lambda: 1)
+    fleet = ["--trace", str(small_trace), "--replicas", "4", "--sim-workers", "3"]
+    code, _, err = simulate(*fleet, "--router", "least-outstanding",
+                            "--result-dir", str(tmp_path / "a"))
+    assert code == 0, err
+    assert ("note: --sim-workers 3: 3 processes in lockstep on 1 CPUs; every routing decision "
+            "waits for the slowest process, so more processes than free CPUs run slower than "
+            "fewer") in err
+    code, _, err = simulate(*fleet, "--router", "random", "--result-dir", str(tmp_path / "b"))
+    assert code == 0 and "--sim-workers" not in err, err
 
 
 def test_sim_workers_behind_a_router_reading_replicas_run_in_one_process(
