@@ -161,7 +161,8 @@ class _PDFleet(_Fleet):
 
     # ---- placing a request -----------------------------------------------------------------
 
-    def route(self, req: TraceRequest) -> None:
+    def route(self, req: TraceRequest) -> int:
+        """Place `req` (the module docstring's steps 1-3); returns its decode replica."""
         now = req.arrival_s
         prompt, output, known, _ = routing_tokens(self.replicas[0], req, self.kv_block_size, False)
         self.router_for(req)  # KV events up to now to the decode router
@@ -180,10 +181,11 @@ class _PDFleet(_Fleet):
         prefill = self.prefill_for(req, routing, snapshots, replica, prompt, output)
         if prefill is None:
             replica.hand_over(req, *self.arrays(req, replica, prompt, output), reached)
-            return
+            return decode
         self.disaggregated[req.request_id] = _Disaggregated(
             req, prefill.index, decode, *self.arrays(req, replica, prompt, output))
         prefill.hand_over(req, *self.arrays(req, prefill, prompt, output), reached, max_tokens=1)
+        return decode
 
     def prefill_for(self, req: TraceRequest, routing: RoutingRequest,
                     snapshots: Sequence[ReplicaSnapshot], decode: Replica,
