@@ -233,6 +233,25 @@ def _check_fleets(fleets: Mapping[str, Sequence[Any]], seed: int) -> None:
         make_policy(router, [], seed)
 
 
+# The most simulations one sweep runs (configurations x rates): ~1 s each on the embedded
+# trace, so ~3 hours on one core; more is a typo in a list (the product of 4 lists of 100
+# values was built in memory before anything ran: 10^8 configurations).
+MAX_SWEEP_RUNS = 10_000
+
+
+def _check_size(grid: Mapping[str, Sequence[Any]], targets: Mapping[str, Sequence[str]],
+                fleets: Mapping[str, Sequence[Any]], axis: str | None,
+                rates: Sequence[float] | None) -> None:
+    """ValueError naming the lists (as flags) when the grid x the rate axis (`axis`, its
+    `rates`) is more than MAX_SWEEP_RUNS runs, before the grid is built."""
+    lists = {**grid, **targets, **fleets, axis or "rate": rates or [None]}
+    runs = math.prod(len(values) or 1 for values in lists.values())
+    if runs > MAX_SWEEP_RUNS:
+        sizes = " x ".join(f"{len(values)} --{name.replace('_', '-')}"
+                           for name, values in lists.items() if len(values) > 1)
+        raise ValueError(f"the sweep is {runs:,} runs ({sizes}); at most {MAX_SWEEP_RUNS:,}")
+
+
 def point_name(index: int, labels: Mapping[str, Any]) -> str:
     """A run directory's name: its index, then each label's initials and value."""
     name = "_".join(f"{''.join(w[0] for w in k.split('_'))}{v:g}"
@@ -337,6 +356,7 @@ class SweepPlan:
         grid or workload."""
         scaled = how.axis()[0] == "time_scale"  # (an axis error before the grid's)
         _check_fleets(fleets, work.seed)
+        _check_size(grid, targets, fleets, *how.axis())
         configs = sweep_configs(grid, targets["model"], targets["gpu"],
                                 fleets.get("replicas", [1]), fleets.get("router", ["round-robin"]))
         if work.dataset_name is None:

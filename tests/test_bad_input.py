@@ -141,6 +141,11 @@ def _cases(f: dict[str, Path]) -> list[tuple[list[str], list[str]]]:
         # once 99999 replicas simulated, and 'nope' accepted (one replica: never routed)
         ([*sweep, "--replicas", "1,99999"], ["--replicas", "99999"]),
         ([*sweep, "--router", "nope"], ["'nope'"]),
+        # badinput4: a grid of any size was built and run (10^8 configurations for 4 lists
+        # of 100)
+        ([*sweep, "--max-num-seqs", ",".join(map(str, range(1, 102))), "--request-rate",
+          ",".join(map(str, range(1, 101)))],
+         ["the sweep is 10,100 runs", "101 --max-num-seqs x 100 --request-rate"]),
         # once named as --num-prompts (its default), a hang before the first line
         (["bench", "serve", "--concurrency", HUGE], ["--concurrency", HUGE]),
         (["bench", "route", "--rounds", HUGE], ["--rounds", HUGE]),
@@ -187,7 +192,7 @@ def _one_line(args: list[str]) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("index", range(62))
+@pytest.mark.parametrize("index", range(63))
 def test_bad_input_is_one_line_naming_the_field(files: dict[str, Path], index: int) -> None:
     args, named = _cases(files)[index]
     line = _one_line(args)
@@ -197,7 +202,7 @@ def test_bad_input_is_one_line_naming_the_field(files: dict[str, Path], index: i
 def test_every_case_is_run() -> None:
     assert len(_cases({k: Path(k) for k in ("trace", "run", "listed", "interrupted",
                                             "fleet", "root", "nan_run", "str_run",
-                                            "null_steps", "deep")})) == 62
+                                            "null_steps", "deep")})) == 63
 
 
 def test_a_result_dir_holding_other_files_is_never_replaced(files: dict[str, Path],
