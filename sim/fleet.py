@@ -271,6 +271,11 @@ class _Fleet:
         release_pools(r.core.scheduler.kv_cache_manager for r in replicas)
         return outcome
 
+    @property
+    def in_lockstep_child(self) -> bool:
+        """Whether this process is a child of a lockstep run (it runs no policy)."""
+        return self.peers is not None and self.peers.index > 0
+
     def worker_done(self, worker: int, part: ReplicasOutcome) -> None:
         """Worker `worker` of a lockstep run ended: count its requests done (this process's
         own, worker 0, were counted as they finished)."""
@@ -419,12 +424,12 @@ class _Fleet:
     def first_token(self, replica: Replica, request_id: str) -> None:
         """`replica` produced the request's first token: at the end of the current step,
         or, on a pre-routed replica, of the step that finished the request."""
-        if self.peers is None or not self.peers.index:  # not in a lockstep child (no policy)
+        if not self.in_lockstep_child:  # a child has no policy
             self.policy_of(request_id).on_prefill_done(request_id)
 
     def finished(self, replica: Replica, records: list[RequestRecord]) -> None:
         """`replica` finished these requests (at the end of the current step)."""
-        if self.peers is not None and self.peers.index:  # a lockstep child: for the parent
+        if self.in_lockstep_child:  # for the parent's policies, at the next decision
             index = self.trace_index
             self.finished_here.extend(index[record.request_id] for record in records)
         else:

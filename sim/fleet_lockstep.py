@@ -33,11 +33,16 @@ import select
 import struct
 from array import array
 from collections.abc import Callable, Sequence
-from io import BufferedReader
 from typing import Any, TypeVar
 
 from runtime.router import RouterPolicy
-from sim.fleet_workers import collect_results, end_children, enough_descriptors, start_child
+from sim.fleet_workers import (
+    Child,
+    collect_results,
+    end_children,
+    enough_descriptors,
+    start_child,
+)
 
 T = TypeVar("T")
 
@@ -212,7 +217,7 @@ def run_lockstep(tasks: Sequence[Callable[[Peers], T]],
     failure anywhere is raised here (a child's as itself, `sim.fleet_workers`), after every
     child has ended."""
     context = multiprocessing.get_context("fork")
-    children: list[tuple[multiprocessing.process.BaseProcess, BufferedReader]] = []
+    children: list[Child] = []
     names = names or [f"worker {i}" for i in range(len(tasks))]
     answered = False
     peers: Peers | None = None

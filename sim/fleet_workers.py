@@ -45,6 +45,8 @@ from multiprocessing.connection import wait
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+# A forked child and the read end of its result pipe (`start_child`).
+Child = tuple[multiprocessing.process.BaseProcess, BufferedReader]
 
 
 def can_fork() -> bool:
@@ -91,7 +93,7 @@ def run_forked(tasks: Sequence[Callable[[], T]],
     order) is raised, after every child has been ended; a child that died is named by
     `names[i]` (default: "worker i")."""
     context = multiprocessing.get_context("fork")
-    children: list[tuple[multiprocessing.process.BaseProcess, BufferedReader]] = []
+    children: list[Child] = []
     answered = False
     try:
         parent = os.getpid()
@@ -107,8 +109,8 @@ def run_forked(tasks: Sequence[Callable[[], T]],
 
 
 def start_child(context: multiprocessing.context.ForkContext, task: Callable[[], Any],
-                children: Sequence[tuple[multiprocessing.process.BaseProcess, BufferedReader]],
-                parent: int) -> tuple[multiprocessing.process.BaseProcess, BufferedReader]:
+                children: Sequence[Child],
+                parent: int) -> Child:
     """Fork a child that runs `task` (`child_task`) beside the `children` started before it;
     the child and the read end of its result pipe. A failure to start leaves no pipe open."""
     reader, writer = os.pipe()
@@ -144,7 +146,7 @@ def enough_descriptors(processes: int) -> Iterator[None]:
                          f"use fewer workers or raise the limit") from None
 
 
-def end_children(children: Sequence[tuple[multiprocessing.process.BaseProcess, BufferedReader]],
+def end_children(children: Sequence[Child],
                  answered: bool) -> None:
     """Every child answered and exits by itself (`answered`), or is ended here; each is
     waited for and its pipes closed, its `Process` too (its own two pipe ends would stay open
@@ -157,7 +159,7 @@ def end_children(children: Sequence[tuple[multiprocessing.process.BaseProcess, B
         receive.close()
 
 
-def collect_results(children: Sequence[tuple[multiprocessing.process.BaseProcess, BufferedReader]],
+def collect_results(children: Sequence[Child],
                     on_result: Callable[[int, Any], None] | None, names: Sequence[str]
                     ) -> list[Any]:
     """Each child's result, in child order, received as they arrive."""

@@ -360,16 +360,14 @@ def _priority(body: dict[str, Any], header: str | None) -> int:
     if not _INT64[0] <= priority <= _INT64[1]:
         raise body_error(f"priority must be a 64-bit integer, got {_short(priority)}",
                          "body.priority")
-    if header is None:
-        return priority
     try:
-        priority = int(header)
+        replaced = priority if header is None else int(header)
     except ValueError:
         return priority
-    if not _INT64[0] <= priority <= _INT64[1]:  # vLLM would fail encoding it for its engine
+    if not _INT64[0] <= replaced <= _INT64[1]:  # vLLM would fail encoding it for its engine
         raise ApiError(400, f"the {PRIORITY_HEADER} header must be a 64-bit integer, got "
-                       f"{_short(priority)}", PRIORITY_HEADER)
-    return priority
+                       f"{_short(replaced)}", PRIORITY_HEADER)
+    return replaced
 
 
 MAX_CACHE_SALT_CHARS = 128  # vLLM 0.32's _MAX_CACHE_SALT_LENGTH
