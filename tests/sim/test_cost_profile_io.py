@@ -158,12 +158,15 @@ def test_profile_calibrated_is_the_shipped_one_for_gpu_and_model(
 
 
 def test_the_shipped_h200_profile_loads_and_times_a_step() -> None:
-    """sim/profiles/h200--llama-3.1-8b.json (fitted on an H200's replays, 2026-12-04): it
-    parses, and its coefficients give a decode step its constant and a 512-token prefill its
-    attention pairs' share (rt's host-bound engine: ~24 ms a step)."""
+    """sim/profiles/h200--llama-3.1-8b.json (fitted on the device from an H200's two
+    calibration replays, 2026-12-04 17:29 UTC, dbdb93a): it parses, keeps the fit's record (3
+    stall steps left out of 3,696), and its coefficients (19.57 ms a step + 0.281 ms a sequence
+    + 2.20e-8 s a prefill attention pair) give a 16-sequence decode step 24.08 ms and a
+    512-token prefill 22.75 ms (rt's host-bound engine: ~20-30 ms a step)."""
     profile = load_profile(shipped_profile("h200", "llama-3.1-8b"))
-    assert profile.device == "NVIDIA H200" and profile.fit is not None
-    assert profile.fit["left_out_stalls"]["steps"] == 13 and profile.fit["replay_steps"] == 3163
+    assert profile.device == "NVIDIA H200" and profile.model == "llama-3.1-8b"
+    assert profile.fit is not None
+    assert profile.fit["left_out_stalls"]["steps"] == 3 and profile.fit["replay_steps"] == 3696
     model = profile.cost_model()
     decode = model.step_time(BatchFeatures(num_decode_tokens=16, num_seqs=16,
                                            decode_kv_tokens=16 * 600))
@@ -172,5 +175,10 @@ def test_the_shipped_h200_profile_loads_and_times_a_step() -> None:
                                             num_prefill_seqs=1, prefill_attention_pairs=pairs,
                                             prefill_kv_tokens=512))
     c = profile.coefficients
-    assert decode == pytest.approx(c.constant_s) and 0.020 < decode < 0.030
-    assert prefill == pytest.approx(c.constant_s + pairs * c.per_prefill_attention_pair_s)
+    assert decode == pytest.approx(c.constant_s + 16 * c.per_seq_s)
+    assert prefill == pytest.approx(c.constant_s + c.per_seq_s
+                                    + pairs * c.per_prefill_attention_pair_s)
+    # hand-computed from the file's coefficients: 0.0195749 + 16 x 0.000281265 s, and
+    # 0.0195749 + 0.000281265 + 131,328 x 2.20149e-8 s
+    assert decode == pytest.approx(0.024075, abs=1e-6)
+    assert prefill == pytest.approx(0.022747, abs=1e-6)
