@@ -248,7 +248,7 @@ def _cell(columns: Mapping[str, Sequence[object]], name: str, row: int,
     """Cell `row` of column `name` as `kind`; ValueError naming both when it is not a
     number (a null or a string: once a TypeError traceback)."""
     value = columns[name][row]
-    try:
+    try:  # ignore: any cell may come (a null, a string): int()/float() refuse it below
         return kind(value)  # type: ignore[arg-type,call-overload]
     except (TypeError, ValueError):
         raise ValueError(f"column {name!r}, row {row}: value {value!r} is not a number") \

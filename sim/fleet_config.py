@@ -198,6 +198,7 @@ def _engine_flag(key: str, value: object, where: str) -> Any:
     }.get(base, True)
     if not ok:
         raise ValueError(f"{where}: engine flag {key} must be {base}, got {value!r}")
+    # ignore: `ok` above made a "float" value an int or a float, which mypy cannot see
     return float(value) if base == "float" else value  # type: ignore[arg-type]
 
 
