@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from sim.benchmarks import rate_row, report_platform, timed
@@ -56,9 +56,9 @@ def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "
     single_cpu = cpu / n
     runs, shares = _size_runs(fleet, _run_order(replicas, scaling, repeat), replicas, trace)
     rows += [_fleet_row(size_runs, n, single_cpu) for size_runs in runs.values()]
-    per_request = float(rows[1]["cpu_s_per_request"])  # the `replicas` fleet's
+    per_request = _seconds(rows[1], "cpu_s_per_request")  # the `replicas` fleet's
     rows.append(_engines_row(shares, setup, f"{replicas} replicas' shares on one engine each"))
-    engines_cpu = float(rows[-1]["cpu_s"]) / n
+    engines_cpu = _seconds(rows[-1], "cpu_s") / n
     workers = sim_workers or min(usable_cpus(), replicas)
     parallel = _parallel_row(fleet, replicas, workers, n, router, router_args)
     if parallel is not None:
@@ -71,14 +71,21 @@ def bench_fleet(trace: Any, name: str, model: str = "llama-3.1-8b", gpu: str = "
         "meets_goal_rate": per_request <= single_cpu,
         # the same engine work without the fleet: routing and bookkeeping's cost
         "fleet_vs_replica_engines_per_request": round(engines_cpu / per_request, 3),
-        **_wall_goal(parallel, workers, float(rows[0]["wall_s"])),
+        **_wall_goal(parallel, workers, _seconds(rows[0], "wall_s")),
         **_scaling_keys(runs[min(scaling)], runs[max(scaling)]),
     }
     if baseline:
         rows.append(_stepped_row(fleet, replicas, setup, n))
-        report["speedup_vs_stepped"] = round(float(rows[-1]["cpu_s"]) / n / per_request, 2)
+        report["speedup_vs_stepped"] = round(_seconds(rows[-1], "cpu_s") / n / per_request, 2)
     report["goals"] = _goals(replicas, scaling, workers if parallel else None, router, repeat)
     return report
+
+
+def _seconds(row: Mapping[str, object], key: str) -> float:
+    """A report row's figure in seconds (`rate_row`'s and `_fleet_row`'s: a float)."""
+    value = row[key]
+    assert isinstance(value, int | float), (key, value)
+    return float(value)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

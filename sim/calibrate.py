@@ -18,7 +18,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path, PurePath
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from runtime.batch import BatchFeatures
 from sim.cost.api_server import ApiServerCost
 from sim.cost.profile_model import ProfileCoefficients, ProfileCostModel
 from sim.profile import Profile
+
+if TYPE_CHECKING:  # an annotation only: step_noise is imported where it is used
+    from sim.step_noise import StepSeconds
 
 # Coefficient name -> the BatchFeatures attribute it multiplies (None: the constant).
 FEATURE_OF: dict[str, str | None] = {
@@ -114,7 +117,7 @@ def predict(coefficients: ProfileCoefficients, features: Sequence[BatchFeatures]
 
 
 def evaluate(coefficients: ProfileCoefficients, features: Sequence[BatchFeatures],
-             seconds: Sequence[float]) -> FitQuality:
+             seconds: StepSeconds) -> FitQuality:
     """How well `coefficients` predict the measured `seconds` of these steps."""
     measured = np.asarray(seconds, dtype=np.float64)
     if len(measured) == 0:
@@ -132,7 +135,7 @@ def evaluate(coefficients: ProfileCoefficients, features: Sequence[BatchFeatures
     )
 
 
-def fit_coefficients(features: Sequence[BatchFeatures], seconds: Sequence[float],
+def fit_coefficients(features: Sequence[BatchFeatures], seconds: StepSeconds,
                      relative: bool = True) -> ProfileCoefficients:
     """Non-negative least squares of the six coefficients; `relative` minimises squared
     relative errors (rows weighted by 1 / measured seconds), else squared errors in seconds.
@@ -245,7 +248,7 @@ def _cell(columns: Mapping[str, Sequence[object]], name: str, row: int,
     """Cell `row` of column `name` as `kind`; ValueError naming both when it is not a
     number (a null or a string: once a TypeError traceback)."""
     value = columns[name][row]
-    try:
+    try:  # ignore: any cell may come (a null, a string): int()/float() refuse it below
         return kind(value)  # type: ignore[arg-type,call-overload]
     except (TypeError, ValueError):
         raise ValueError(f"column {name!r}, row {row}: value {value!r} is not a number") \

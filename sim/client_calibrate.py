@@ -245,15 +245,19 @@ def _disturbed_requests(runs: Sequence[ClientRun], windows: Sequence[Disturbance
 def _ttfts(runs: Sequence[ClientRun], sims: Sequence[SimResult], skip: Skip
            ) -> Iterator[tuple[float, float, int]]:
     """(observed TTFT, simulated TTFT, prompt length) of every request not in `skip`,
-    seconds."""
+    seconds. ValueError naming a request the simulated server never ran (a prompt that
+    leaves no room under max_model_len or outgrows the KV pool)."""
     for run, sim, left_out in zip(runs, sims, skip, strict=True):
         for record in sim.requests:
             if record.request_id in left_out:
                 continue
+            if record.first_token_s is None:  # ignored by the scheduler: never ran
+                raise ValueError(f"{run.name}: request {record.request_id!r} does not run "
+                                 "under the server's configuration: "
+                                 f"{record.stop_reason or record.status}")
             observed = run.token_times_s[record.request_id][0]
             arrival = record.arrival_s
-            yield (observed - arrival, float(record.first_token_s) - arrival,
-                   record.prompt_len)
+            yield (observed - arrival, record.first_token_s - arrival, record.prompt_len)
 
 
 def _front_end(runs: Sequence[ClientRun], config: SimConfig, coefficients: ProfileCoefficients,

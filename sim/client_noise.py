@@ -91,7 +91,7 @@ def disturbed_windows(run: np.ndarray, end_s: np.ndarray, observed_s: np.ndarray
     of_row = of_row.reshape(-1)
     counts = np.bincount(of_row, minlength=len(keys))
     judged = np.flatnonzero(counts >= MIN_WINDOW_STEPS)
-    none = (np.zeros(len(ratio), dtype=bool), [])
+    none: tuple[np.ndarray, list[Disturbance]] = (np.zeros(len(ratio), dtype=bool), [])
     if len(judged) < 4:
         return none
     medians = np.log([float(np.median(ratio[of_row == k])) for k in judged])

@@ -70,6 +70,7 @@ def _scheduler(engine: EngineFlags, runs: Sequence[ClientRun], exported: Exporte
         max_num_seqs=engine.max_num_seqs or seqs, max_model_len=model_len,
         long_prefill_token_threshold=engine.long_prefill_token_threshold,
         enable_chunked_prefill=engine.enable_chunked_prefill,
+        # ignore: the flag is a str; SchedulerConfig refuses one not a `Policy` literal
         policy=engine.policy)  # type: ignore[arg-type]
 
 

@@ -138,7 +138,7 @@ class _Fleet:
         self.steps_ahead = (self.routes_ahead and not self.kv_bus  # docs/fleet.md
                             and all(p.completion_blind for p in policies))
         # the routers' prompt block keys from the trace, for the whole run or none of it
-        self.router_keys = (router_keys_for(trace, policies, setups[0].config)
+        self.router_keys = (router_keys_for(trace.requests, policies, setups[0].config)
                             if self.gives_prefix_keys else None)
         keyed = None if self.router_keys is None else self.router_keys.blocking
         self.token_blind = not any(p.reads_token_ids and (keyed is None
@@ -301,7 +301,8 @@ class _Fleet:
         at `next_index`, the earliest any request not yet routed could."""
         bounds = self._bounds.get(api)
         if bounds is None:
-            bounds = self._bounds[api] = earliest_handovers(self.trace, self.latency_s, api)
+            bounds = self._bounds[api] = earliest_handovers(self.trace.requests,
+                                                            self.latency_s, api)
         return bounds
 
     @cached_property

@@ -25,7 +25,7 @@ import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from runtime.flags import FlagGroup, Typed, check_bounds, flag, given_options
 from runtime.router.policy import RouterPolicy
@@ -198,6 +198,7 @@ def _engine_flag(key: str, value: object, where: str) -> Any:
     }.get(base, True)
     if not ok:
         raise ValueError(f"{where}: engine flag {key} must be {base}, got {value!r}")
+    # ignore: `ok` above made a "float" value an int or a float, which mypy cannot see
     return float(value) if base == "float" else value  # type: ignore[arg-type]
 
 
@@ -237,6 +238,15 @@ FLEET_PANEL = "Fleet (replicas behind a router)"
 # replica count (`rt fleet up`, and `rt fidelity --fleet`'s fleet).
 ROUTER_POLICY = FlagGroup(only=("router", "router_arg", "router_refresh_ms"))
 FLEET_UP_POLICY = FlagGroup(only=("replicas", "router", "router_arg", "router_refresh_ms"))
+
+
+class RouterTiming(TypedDict):
+    """What routers see and when (`FleetFlags.timing`): `simulate_fleet`'s keyword
+    arguments of the same names, seconds."""
+
+    refresh_s: float
+    routing_latency_s: float
+    kv_event_delay_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,7 +306,7 @@ class FleetFlags:
         return [make_policy(self.router, self.router_arg or [], seed + r * 7919)
                 for r in range(self.routers)]
 
-    def timing(self) -> dict[str, float]:
+    def timing(self) -> RouterTiming:
         """`simulate_fleet`'s keyword arguments for what routers see and when, seconds."""
         return {"refresh_s": self.router_refresh_ms / 1e3,
                 "routing_latency_s": self.routing_latency_ms / 1e3,

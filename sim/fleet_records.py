@@ -95,8 +95,10 @@ def fleet_record(record: RequestRecord, replica: int, arrival_s: float,
     """The replica's record timed from the trace arrival (the replica saw the request arrive
     when it reached its API server, `routing_s` later)."""
     values = _request_values(record)  # in field order: request_id, arrival_s, ...
-    return FleetRequestRecord(values[0], arrival_s, *values[2:], replica,
-                              record.arrival_s - arrival_s, router)
+    # one starred tuple: mypy reads positional arguments after a starred one of unknown
+    # length as too many, though `values[2:]` fills exactly the fields up to `replica`
+    return FleetRequestRecord(*(values[0], arrival_s, *values[2:], replica,
+                                record.arrival_s - arrival_s, router))
 
 
 def as_fleet_record(record: RequestRecord, replica: int, arrival_s: float,
@@ -182,15 +184,16 @@ def assembled_result(trace: Trace, parts: Sequence[ReplicasOutcome], wall_s: flo
     requests: list[RequestRecord] = []
     summaries = []
     queries = hits = 0
-    columns = (dict(parts[0].step_columns) if len(parts) == 1
-               else _moved_step_columns([part.step_columns for part in parts]))
-    columns["replica"] = array("q")
+    joined = (dict(parts[0].step_columns) if len(parts) == 1
+              else _moved_step_columns([part.step_columns for part in parts]))
+    replicas = array("q")  # each step's replica
+    columns: dict[str, Sequence[object]] = {**joined, "replica": replicas}
     for outcome in (replica for part in parts for replica in part.replicas):
         index = outcome.index
         requests += [as_fleet_record(record, index, arrivals[record.request_id],
                                      None if router_of is None else router_of[record.request_id])
                      for record in outcome.records]
-        columns["replica"].extend(array("q", [index]) * outcome.num_steps)
+        replicas.extend(array("q", [index]) * outcome.num_steps)
         queries += outcome.prefix_cache_queries
         hits += outcome.prefix_cache_hits
         summaries.append(ReplicaSummary(index, len(outcome.records), outcome.num_steps,

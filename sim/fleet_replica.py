@@ -274,6 +274,8 @@ class Replica(EngineProcess):
             return ReplicaSnapshot(replica_id=self.index, taken_at_s=at_s,
                                    num_gpu_blocks=blocks)
         columns = self.columns
+        # ignores: step columns are typed MutableSequence[object] (`new_step_columns`);
+        # kv_usage is an array("d"), the counts arrays("q") (a check per snapshot: hot)
         usage = min(max(float(columns["kv_usage"][k]), 0.0), 1.0)  # type: ignore[arg-type]
         return ReplicaSnapshot(
             replica_id=self.index, taken_at_s=at_s,

@@ -167,13 +167,14 @@ def _noise_floor(zero: SimSetup, fleet: FleetFlags, seed: int, twins: Sequence[_
                                      fresh=own == 0))
         except StackNotFitted as err:
             return {"measured": False, "why": f"the {name} window: {err}"}
+    errors = [_predicts(zero, fleet, seed, fit, twins[1 - own], own == 1)
+              for own, fit in enumerate(fits)]
     windows = [{"window": name, "requests": fit.requests,
                 "per_request_ms": fit.stack.per_request_s * 1e3,
                 "per_prompt_token_us": fit.stack.per_prompt_token_s * 1e6,
                 "gap_p50_ms": fit.gap_p50_s * 1e3, "gap_p90_ms": fit.gap_p90_s * 1e3,
-                "predicts_other": _predicts(zero, fleet, seed, fit, twins[1 - own], own == 1)}
-               for own, (name, fit) in enumerate(zip(WINDOW_NAMES, fits, strict=True))]
-    errors = [w["predicts_other"] for w in windows]
+                "predicts_other": error}
+               for name, fit, error in zip(WINDOW_NAMES, fits, errors, strict=True)]
     return {"measured": True, "windows": windows,
             **{key: max(abs(e[key]) for e in errors) for key in ("p50_ttft", "p90_ttft")},
             **_paired_drift(twins[0].window, twins[1].window)}

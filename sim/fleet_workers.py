@@ -164,13 +164,14 @@ def collect_results(children: Sequence[Child],
                     ) -> list[Any]:
     """Each child's result, in child order, received as they arrive."""
     results: list[Any] = [None] * len(children)
-    index = {id(receive): i for i, (_, receive) in enumerate(children)}
-    waiting = [receive for _, receive in children]
+    # waited on by file descriptor (what `wait` is typed for; on Unix it selects on them)
+    index = {receive.fileno(): i for i, (_, receive) in enumerate(children)}
+    waiting = list(index)
     while waiting:
-        for receive in wait(waiting):
-            assert isinstance(receive, BufferedReader)
-            i = index[id(receive)]
-            waiting.remove(receive)
+        for fd in wait(waiting):
+            assert isinstance(fd, int)
+            i = index[fd]
+            waiting.remove(fd)
             results[i] = _received(names[i], *children[i])
             if on_result is not None:
                 on_result(i, results[i])

@@ -347,7 +347,8 @@ def check_roles(roles: Sequence[str], num_replicas: int, decider: PDDecider) -> 
 
 
 def _queue_s(record: RequestRecord) -> float:
-    return sum(getattr(record, column) for column in QUEUE_COLUMNS.values())
+    queued: float = sum(getattr(record, column) for column in QUEUE_COLUMNS.values())
+    return queued
 
 
 def aggregated_record(record: RequestRecord, replica: int, arrival_s: float) -> PDRequestRecord:

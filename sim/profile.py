@@ -286,23 +286,21 @@ class _Reader:
             raise self.fail("field 'step_time_stalls.probability' must be a number in [0, 1], "
                             f"got {section['probability']!r}")
         table = self.get(section, "quantiles_s", "step_time_stalls.")
-        ok = (isinstance(table, list) and len(table) >= 2
-              and all((f := _finite(v)) is not None and f >= 0 for v in table)
-              and all(b >= a for a, b in zip(table, table[1:], strict=False)))
-        if not ok:
+        if not (isinstance(table, list) and len(table) >= 2
+                and all((f := _finite(v)) is not None and f >= 0 for v in table)
+                and all(b >= a for a, b in zip(table, table[1:], strict=False))):
             raise self.fail("field 'step_time_stalls.quantiles_s' must be a list of 2 or more "
                             f"numbers >= 0 in non-decreasing order, got {table!r}")
-        return p, tuple(float(v) for v in table)  # type: ignore[union-attr]
+        return p, tuple(float(v) for v in table)
 
     def quantiles(self, value: object, name: str) -> tuple[float, ...]:
         """A quantile table (field `name`): >= 2 positive finite numbers, non-decreasing."""
-        ok = (isinstance(value, list) and len(value) >= 2
-              and all((f := _finite(v)) is not None and f > 0 for v in value)
-              and all(b >= a for a, b in zip(value, value[1:], strict=False)))
-        if not ok:
+        if not (isinstance(value, list) and len(value) >= 2
+                and all((f := _finite(v)) is not None and f > 0 for v in value)
+                and all(b >= a for a, b in zip(value, value[1:], strict=False))):
             raise self.fail(f"field {name!r} must be a list of 2 or more "
                             f"positive numbers in non-decreasing order, got {value!r}")
-        return tuple(float(v) for v in value)  # type: ignore[union-attr]
+        return tuple(float(v) for v in value)
 
 
 def _finite(value: object) -> float | None:

@@ -55,9 +55,10 @@ _DRIFT_SALT = 0xD6E8FEB86659FD93  # separates the window stream v from the step 
 _STALL_SALT = 0x8CB92BA72F3D8DD7  # separates the stall stream w from u and v
 MIN_DRIFT_WINDOW_S = 1e-6  # drift windows shorter than a microsecond are a malformed profile
 
-# One run's steps for `fit_step_noise`: (start_s, measured_s, predicted_s), seconds, equal
-# lengths, one entry per step.
-RunSteps = tuple[Sequence[float], Sequence[float], Sequence[float]]
+# Seconds, one entry per step: a list or a 1-D float array.
+StepSeconds = Sequence[float] | np.ndarray
+# One run's steps for `fit_step_noise`: (start_s, measured_s, predicted_s), equal lengths.
+RunSteps = tuple[StepSeconds, StepSeconds, StepSeconds]
 
 
 def _splitmix64(x: int) -> int:
@@ -136,8 +137,7 @@ def _check_table_args(points: int, trim: float) -> None:
         raise ValueError(f"need points >= 2 and 0 <= trim < 0.5, got {points}, {trim}")
 
 
-def ratio_quantiles(measured_s: Sequence[float] | np.ndarray,
-                    predicted_s: Sequence[float] | np.ndarray, points: int = 101,
+def ratio_quantiles(measured_s: StepSeconds, predicted_s: StepSeconds, points: int = 101,
                     trim: float = 0.01) -> tuple[float, ...]:
     """Q at probabilities 0, 1/(points-1), ..., 1 of measured/predicted over the steps with
     both times > 0, each ratio clipped to [its `trim` quantile, its 1 - `trim` quantile],

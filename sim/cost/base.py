@@ -39,6 +39,7 @@ def decode_run_timer(model: CostModel) -> DecodeRunTimes | None:
     owner = next((k for k in cls.__mro__ if "step_time" in vars(k)), None)
     if (owner is not None and "decode_run_times" in vars(owner)
             and "step_time" not in getattr(model, "__dict__", {})):
+        # ignore: not a CostModel attribute; `owner` (checked above) defines it
         return model.decode_run_times  # type: ignore[attr-defined,no-any-return]
     return None
 

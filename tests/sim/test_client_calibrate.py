@@ -103,3 +103,18 @@ def test_a_disturbed_period_is_left_out_and_the_costs_still_come_back() -> None:
     assert clean.token_times_s == _client_view(240).token_times_s  # (deterministic)
     undisturbed = fit_client_runs([clean], SCHED, CACHE)
     assert undisturbed.disturbed == () and undisturbed.counts["disturbed_requests"] == 0
+
+
+def test_a_request_the_server_configuration_cannot_run_is_named() -> None:
+    # max_model_len = the longest prompt: that request leaves no room for output and is
+    # ignored by the simulated scheduler, so it has no simulated TTFT (once float(None): a
+    # TypeError traceback from `rt calibrate --from-run --max-model-len`)
+    run = _client_view()
+    longest = max(run.trace, key=lambda r: r.prompt_len)  # the first of the longest
+    assert sorted(r.prompt_len for r in run.trace)[-3:] == [529, 531, 531]  # (the seed's)
+    message = (f"sim: request {longest.request_id!r} does not run under the server's "
+               "configuration: prompt of 531 tokens leaves no room for output within "
+               "max_model_len=531")
+    with pytest.raises(ValueError) as err:
+        fit_client_runs([run], replace(SCHED, max_model_len=531), CACHE)
+    assert str(err.value) == message
