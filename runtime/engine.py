@@ -176,7 +176,9 @@ class EngineCore:
         num_running = len(scheduler.running)
         ends = plan.ends
         if plan.tokens is None:  # steady decodes: no EOS or stop token can end them
-            free_after = self.steady.run(len(ends))  # type: ignore[union-attr]
+            steady = self.steady
+            assert steady is not None, "a plan without tokens is made only of steady decodes"
+            free_after = steady.run(len(ends))
             explicit: list[str] = []
         else:
             free_after = run_decode_steps(scheduler, len(ends), plan.tokens)
