@@ -261,6 +261,21 @@ def _read_info(path: Path) -> dict[str, Any]:
     return check_run_info(info, path / RUN_FILE)
 
 
+def source_run_info(path: Path) -> dict[str, Any] | None:
+    """The checked run.json (`_read_info`) of the run directory `path` is, or holds (its
+    steps.parquet); None where there is none: a bare steps.parquet, a vLLM bench result
+    file, a path that is not there (its reader says so). ValueError naming the file, or the
+    directory when its write was interrupted."""
+    if not path.exists() or (path.is_file() and path.suffix == ".json"):  # a vLLM file
+        return None
+    directory = path if path.is_dir() else path.parent
+    if not (directory / RUN_FILE).is_file():
+        return None
+    if (directory / INTERRUPTED_FILE).exists():
+        raise ValueError(f"{directory}: the write of this run was interrupted")
+    return _read_info(directory)
+
+
 def _read_frame(path: Path, wanted: Callable[[str], bool]) -> pd.DataFrame:
     """The `wanted` columns of a parquet file as a frame; arrow's buffers are freed column
     by column as pandas takes them over and handed back to the OS after (500 k requests:

@@ -1,13 +1,15 @@
-"""run.json checked (`analysis.run_json`)."""
+"""run.json checked (`analysis.run_json`) and found for a calibration source
+(`analysis.rundir.source_run_info`)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from analysis.run_json import check_run_info
-from analysis.rundir import run_info
+from analysis.rundir import INTERRUPTED_FILE, run_info, source_run_info
 
 TRACE = {"name": "t", "requests": 4, "digest": "d"}
 
@@ -44,3 +46,26 @@ def test_fields_are_checked_by_their_rules(fields: dict[str, object], problem: s
     with pytest.raises(ValueError) as err:
         check_run_info(info, Path("s/run.json"))
     assert str(err.value) == f"s/run.json: {problem}"
+
+
+def test_source_run_info_of_a_directory_its_steps_and_what_has_none(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "steps.parquet").write_text("")  # not read here
+    assert source_run_info(run) is None  # a bare steps.parquet: no run.json
+    assert source_run_info(run / "steps.parquet") is None
+    info = run_info("simulate", "run", TRACE)
+    (run / "run.json").write_text(json.dumps(info))
+    assert source_run_info(run) == info
+    assert source_run_info(run / "steps.parquet") == info
+    assert source_run_info(run / "nope") is None  # not there: its reader names it
+    bench = tmp_path / "bench.json"  # a vLLM bench file beside a run.json
+    bench.write_text("{}")
+    (tmp_path / "run.json").write_text("[]")
+    assert source_run_info(bench) is None
+    (run / "run.json").write_text("{}")
+    with pytest.raises(ValueError, match=f"^{run / 'run.json'}: field 'kind' is missing$"):
+        source_run_info(run)
+    (run / INTERRUPTED_FILE).write_text("x\n")
+    with pytest.raises(ValueError, match=f"^{run}: the write of this run was interrupted$"):
+        source_run_info(run / "steps.parquet")
