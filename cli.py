@@ -601,7 +601,7 @@ def calibrate(
     typed: Typed,
 ) -> None:
     """Fit the simulator's `profile` cost model to the real backend."""
-    from analysis.rundir import request_columns, rt_version
+    from analysis.rundir import request_columns, rt_version, source_run_info
     from sim.calibrate_run import grid_profile, runs_profile, save_profile, steps_profile
 
     with user_errors():
@@ -613,6 +613,7 @@ def calibrate(
                      + given_options(real, typed=typed)
                      + (given_options(engine, typed=typed) if mode == "steps" else []),
                      f"{'--from-steps' if mode == 'steps' else '--from-run'} (no model runs here)")
+        sources.check_measured(source_run_info)  # never a simulated run: a circular fit
         if mode == "runs":
             profile, lines = runs_profile(sources.from_run or [], request_columns, engine, seed,
                                           rt_version())

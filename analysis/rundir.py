@@ -3,6 +3,7 @@
     <run>/requests.parquet   one row per request (runtime.records.RequestRecord's columns)
     <run>/steps.parquet      one row per engine step (runtime.records.StepRecord's columns)
     <run>/run.json           every config value, the seed, rt's version, the trace digest
+                             (its head and the sections readers use: `analysis.run_json`)
 
 Written atomically (`write_run`: a `.<name>.partial` directory renamed when complete).
 
@@ -29,6 +30,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from analysis.run_json import check_run_info
 
 REQUESTS_FILE = "requests.parquet"
 STEPS_FILE = "steps.parquet"
@@ -232,12 +235,9 @@ def load_run(path: Path, *, token_times: bool = True,
     for name in (REQUESTS_FILE, STEPS_FILE, RUN_FILE):
         if not (path / name).is_file():
             raise ValueError(f"{path}: not a run directory ({name} is missing)")
-    reading = RUN_FILE  # the file an error is in (once unnamed: "Expecting value: ...")
+    info = _read_info(path)
+    reading = REQUESTS_FILE  # the file an error is in
     try:
-        info = json.loads((path / RUN_FILE).read_text())
-        if not isinstance(info, dict):
-            raise ValueError(f"holds {type(info).__name__}, not a JSON object")
-        reading = REQUESTS_FILE
         requests = _read_frame(path / REQUESTS_FILE,
                                lambda name: token_times or name != "token_times_s")
         reading = STEPS_FILE
@@ -246,6 +246,34 @@ def load_run(path: Path, *, token_times: bool = True,
     except (OSError, ValueError, pa.ArrowException) as exc:
         raise ValueError(f"{path}: unreadable run directory: {reading}: {exc}") from exc
     return Run(path, requests, steps, info)
+
+
+def _read_info(path: Path) -> dict[str, Any]:
+    """run.json of the run directory `path`, checked (`analysis.run_json.check_run_info`);
+    ValueError naming the directory and the file (once unnamed: "Expecting value: ...")."""
+    try:
+        info = json.loads((path / RUN_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: unreadable run directory: {RUN_FILE}: {exc}") from exc
+    if not isinstance(info, dict):
+        raise ValueError(f"{path}: unreadable run directory: {RUN_FILE}: holds "
+                         f"{type(info).__name__}, not a JSON object")
+    return check_run_info(info, path / RUN_FILE)
+
+
+def source_run_info(path: Path) -> dict[str, Any] | None:
+    """The checked run.json (`_read_info`) of the run directory `path` is, or holds (its
+    steps.parquet); None where there is none: a bare steps.parquet, a vLLM bench result
+    file, a path that is not there (its reader says so). ValueError naming the file, or the
+    directory when its write was interrupted."""
+    if not path.exists() or (path.is_file() and path.suffix == ".json"):  # a vLLM file
+        return None
+    directory = path if path.is_dir() else path.parent
+    if not (directory / RUN_FILE).is_file():
+        return None
+    if (directory / INTERRUPTED_FILE).exists():
+        raise ValueError(f"{directory}: the write of this run was interrupted")
+    return _read_info(directory)
 
 
 def _read_frame(path: Path, wanted: Callable[[str], bool]) -> pd.DataFrame:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from runtime.flags import flag
 from sim.fidelity import CALIBRATION_PANEL
+
+SIMULATED = "simulate"  # run.json "kind" of `rt simulate`'s runs (analysis.run_json.KINDS)
 
 # `rt calibrate --help`'s description of the command, beside its flags.
 CALIBRATE_HELP = """\
@@ -48,3 +52,22 @@ class CalibrationSources:
                                  "or --model")
             return "runs"
         return "steps" if steps_alone else "grid"
+
+    def check_measured(self, run_info: Callable[[Path], Mapping[str, Any] | None]) -> None:
+        """ValueError naming the flag and the path of a source `rt simulate` wrote (run.json
+        kind "simulate"; `rt fidelity`'s twin runs too): its step and token times are a cost
+        model's own, so a profile fitted to them is the cost model fitted to itself (once
+        accepted without a word). `run_info(path)`: the source's run.json, None where it
+        has none (a bare steps.parquet, a vLLM bench file; a client-timed replay of
+        `rt serve --simulate` is an endpoint's run, accepted: measured at the client)."""
+        for option, paths, wanted in (
+                ("--from-steps", self.from_steps, "a real engine's replay (`rt replay`)"),
+                ("--from-run", self.from_run, "a client-timed run (`rt replay --endpoint`, "
+                                              "or a vLLM bench file)")):
+            for path in paths or []:
+                info = run_info(path)
+                if info is not None and info.get("kind") == SIMULATED:
+                    raise ValueError(
+                        f"{option} {path}: a simulated run (run.json kind {SIMULATED!r}): a "
+                        f"profile fitted to a cost model's own times is circular; give "
+                        f"{wanted}")

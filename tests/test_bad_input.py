@@ -40,12 +40,19 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     nan_run = _edited(run, root / "nan_run", "requests", arrival_s=math.nan)
     str_run = _edited(run, root / "str_run", "requests", arrival_s="0.5")
     null_steps = _edited(run, root / "null_steps", "steps", start_s=None)
+    _as_replay(null_steps)  # rt calibrate reads a replay's steps (a simulation's: refused)
     deep = root / "deep.jsonl"
     deep.write_text('{"format": "rt-trace", "version": 1, "name": "d", "requests": 1}\n'
                     + "[" * 5000 + "]" * 5000 + "\n")
     return {"trace": trace, "run": run, "listed": listed, "interrupted": interrupted,
             "fleet": fleet, "root": root, "nan_run": nan_run, "str_run": str_run,
             "null_steps": null_steps, "deep": deep}
+
+
+def _as_replay(run: Path) -> None:
+    """`run`'s run.json says a replay wrote it (kind "replay")."""
+    info = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**info, "kind": "replay"}))
 
 
 def _edited(run: Path, path: Path, table: str, **columns: object) -> Path:
@@ -401,3 +408,31 @@ def test_an_output_path_that_cannot_be_made_is_refused_before_the_work(
         f"rt: error: result directory {out}: cannot write in {tmp_path} (Permission denied; "
         "nothing was written)")
     assert not out.parent.exists()
+
+
+def test_calibrate_refuses_a_simulated_run_and_fits_a_replay(files: dict[str, Path],
+                                                             tmp_path: Path) -> None:
+    """leftopen: `rt calibrate --from-steps`/`--from-run` took an `rt simulate` run (run.json
+    kind "simulate") and fitted the cost model to its own step times, exit 0. Now one line
+    naming the flag and the path, nothing written; the same steps as a replay's still fit."""
+    run, out = files["run"], tmp_path / "p.json"
+    circular = "a profile fitted to a cost model's own times is circular; give"
+    for option, path, wanted in (
+            ("--from-steps", run, "a real engine's replay (`rt replay`)"),
+            ("--from-steps", run / "steps.parquet", "a real engine's replay (`rt replay`)"),
+            ("--from-run", run, "a client-timed run (`rt replay --endpoint`, or a vLLM bench "
+                                "file)")):
+        assert _one_line(["calibrate", "-o", str(out), option, str(path)]) == (
+            f"rt: error: {option} {path}: a simulated run (run.json kind 'simulate'): "
+            f"{circular} {wanted}")
+    replay = tmp_path / "replay"  # the same files, as a replay would have written them
+    shutil.copytree(run, replay)
+    _as_replay(replay)
+    assert _one_line(["calibrate", "-o", str(out), "--from-steps", str(replay),
+                      "--from-steps", str(run)]).startswith(f"rt: error: --from-steps {run}: ")
+    assert not out.exists()
+    result = CliRunner().invoke(cli.app, ["calibrate", "-o", str(out), "--from-steps",
+                                          str(replay)])
+    assert result.exit_code == 0, result.output
+    fit = json.loads(out.read_text())["fit"]
+    assert (fit["replay_steps"], fit["sources"]) == (16, [str(replay)])  # the run's 16 steps

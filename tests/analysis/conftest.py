@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from analysis.rundir import write_run
+from analysis.rundir import run_info, write_run
 
 PARTS = ("api_server_s", "step_boundary_s", "queue_token_budget_s", "queue_max_num_seqs_s",
          "queue_kv_capacity_s", "queue_preempted_step_s", "preempted_s", "prefill_s",
@@ -61,8 +61,8 @@ HAND_STEPS = [
 def hand_run(tmp_path: Path) -> Path:
     path = tmp_path / "hand"
     write_run(path, HAND_REQUESTS, HAND_STEPS,
-              {"kind": "simulate", "name": "hand", "prefix_cache": {"queries": 30, "hits": 5},
-               "trace": {"name": "hand", "requests": 4, "digest": "abc"},
-               "engine_args": {"max_num_batched_tokens": 512},
-               "model": {"name": "Llama-3.1-8B"}})
+              run_info("simulate", "hand", {"name": "hand", "requests": 4, "digest": "abc"},
+                       prefix_cache={"queries": 30, "hits": 5},
+                       engine_args={"max_num_batched_tokens": 512},
+                       model={"name": "Llama-3.1-8B"}))
     return path

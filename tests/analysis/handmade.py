@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from analysis.rundir import Run, load_run, write_run
+from analysis.rundir import Run, load_run, run_info, write_run
 
 NAN = float("nan")
 PARTS = ("api_server_s", "step_boundary_s", "queue_token_budget_s", "queue_max_num_seqs_s",
@@ -66,8 +66,8 @@ EXPECTED = [
 def timeline_run(root: Path) -> Run:
     path = root / "timeline"
     write_run(path, [REQUEST], [step(k) for k in range(13)],
-              {"kind": "simulate", "name": "timeline", "model": {"name": "Llama-3.1-8B"},
-               "trace": {"name": "hand", "requests": 1, "digest": "t"}})
+              run_info("simulate", "timeline", {"name": "hand", "requests": 1, "digest": "t"},
+                       model={"name": "Llama-3.1-8B"}))
     return load_run(path)
 
 
@@ -83,8 +83,9 @@ def client_run(root: Path) -> Run:
         row.update({p: NAN for p in PARTS})
         rows.append(row)
     path = root / "client"
-    write_run(path, rows, {}, {"kind": "endpoint", "name": "client", "timing": "client",
-                               "endpoint": {"url": "http://127.0.0.1:8000/v1/completions"}})
+    write_run(path, rows, {}, run_info(
+        "endpoint", "client", {"name": "hand", "requests": 2, "digest": "c"}, timing="client",
+        endpoint={"url": "http://127.0.0.1:8000/v1/completions"}))
     return load_run(path)
 
 
@@ -152,10 +153,10 @@ def fleet_run(root: Path) -> Run:
     steps = [{**step(k), "replica": 0} for k in range(13)] + [replica1_step(k)
                                                                 for k in range(4)]
     write_run(path, FLEET_REQUESTS, steps,
-              {"kind": "simulate", "name": "fleet", "model": {"name": "Llama-3.1-8B"},
-               "trace": {"name": "hand", "requests": 3, "digest": "f"},
-               "fleet": {"replicas": 2, "router": "round-robin", "pools": None,
-                         "routing_latency_ms": 1.0}})
+              run_info("simulate", "fleet", {"name": "hand", "requests": 3, "digest": "f"},
+                       model={"name": "Llama-3.1-8B"},
+                       fleet={"replicas": 2, "router": "round-robin", "pools": None,
+                              "routing_latency_ms": 1.0}))
     return load_run(path)
 
 
@@ -210,8 +211,8 @@ def pd_run(root: Path) -> Run:
              {"name": "d", "count": 1, "role": "decode"}]
     steps = [pd_step(0, k) for k in range(4)] + [pd_step(1, k) for k in range(9)]
     write_run(path, [PD_REQUEST], steps,
-              {"kind": "simulate", "name": "pd", "model": {"name": "Llama-3.1-8B"},
-               "trace": {"name": "hand", "requests": 1, "digest": "p"},
-               "fleet": {"replicas": 2, "router": "round-robin", "pools": pools},
-               "pd": {"pd_decider": "always"}})
+              run_info("simulate", "pd", {"name": "hand", "requests": 1, "digest": "p"},
+                       model={"name": "Llama-3.1-8B"},
+                       fleet={"replicas": 2, "router": "round-robin", "pools": pools},
+                       pd={"pd_decider": "always"}))
     return load_run(path)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -135,6 +137,76 @@ def test_compare_refuses_runs_of_different_traces(hand_run: Path, tmp_path: Path
     assert code == 2 and "incompatible runs" in err and len(err.strip().splitlines()) == 1
     code, _, err = invoke("compare", str(hand_run), "--no-plots")
     assert code == 2 and "two or more" in err
+
+
+def _without(info: dict[str, Any], path: str) -> dict[str, Any]:
+    """`info` less the field at the dotted `path`."""
+    *parents, last = path.split(".")
+    holder = info
+    for part in parents:
+        holder = holder[part]
+    del holder[last]
+    return info
+
+
+# run.json edits of the hand-made run, and the one line each gives (badinput: `{}` was
+# reported as a run of no kind, exit 0; "scaling": "x" was a TypeError's traceback; "fleet":
+# "x" an AttributeError's in `rt calibrate --from-run`)
+BAD_RUN_JSON: list[tuple[Callable[[dict[str, Any]], Any], str]] = [
+    (lambda info: {}, "field 'kind' is missing"),
+    (lambda info: _without(info, "rt_version"), "field 'rt_version' is missing"),
+    (lambda info: _without(info, "trace.digest"), "field 'trace.digest' is missing"),
+    (lambda info: {**info, "kind": "bogus"},
+     "field 'kind' must be one of 'simulate', 'replay', 'endpoint', got \"bogus\""),
+    (lambda info: {**info, "name": 7}, "field 'name' must be a string, got 7"),
+    (lambda info: {**info, "trace": "t.jsonl"}, "field 'trace' must be an object, got \"t.jsonl\""),
+    (lambda info: {**info, "trace": {**info["trace"], "requests": "4"}},
+     "field 'trace.requests' must be an integer >= 0, got \"4\""),
+    (lambda info: {**info, "timing": "Client"},
+     "field 'timing' must be one of 'client', 'engine', got \"Client\""),
+    (lambda info: {**info, "prefix_cache": {"queries": 30, "hits": "5"}},
+     "field 'prefix_cache.hits' must be an integer >= 0, got \"5\""),
+    (lambda info: {**info, "fleet": "x"}, "field 'fleet' must be an object or null, got \"x\""),
+    (lambda info: {**info, "fleet": {"replicas": 2, "pools": [{"name": "a"}, 3]}},
+     "field 'fleet.pools[1]' must be an object, got 3"),
+    (lambda info: {**info, "scaling": "x"},
+     "field 'scaling' must be an object or null, got \"x\""),
+    (lambda info: {**info, "scaling": {"end_s": 2.0, "gpu_hours": 1.0, "cost": 0.0, "pools": [
+        {"name": "p", "gpu_hours": 1.0, "cost": 0.0, "times_s": [0.0], "serving": [],
+         "provisioned": [1]}]}},
+     "field 'scaling.pools[0].serving' must be a non-empty list of integers >= 0, got []"),
+]
+
+
+@pytest.mark.parametrize(("edit", "problem"), BAD_RUN_JSON)
+@pytest.mark.parametrize("command", ["report", "compare"])
+def test_a_bad_run_json_is_one_line_naming_the_file_and_field(
+        hand_run: Path, tmp_path: Path, command: str,
+        edit: Callable[[dict[str, Any]], Any], problem: str) -> None:
+    """`rt report` and `rt compare` read run.json through `load_run`: its head (kind,
+    rt_version, name, trace) is required and the sections read are type-checked."""
+    bad = tmp_path / "bad"
+    shutil.copytree(hand_run, bad)
+    (bad / "run.json").write_text(json.dumps(edit(json.loads((bad / "run.json").read_text()))))
+    runs = [str(bad)] if command == "report" else [str(hand_run), str(bad)]
+    code, out, err = invoke(command, *runs, "--no-plots")
+    assert (code, out, err) == (2, "", f"rt: error: {bad / 'run.json'}: {problem}\n")
+
+
+def test_a_full_scaling_section_and_a_fleet_are_accepted(hand_run: Path) -> None:
+    """The checks refuse no section as the writers write it (one pool, fixed: `sim.autoscale.
+    ScalingTimeline.to_json`; `sim.fleet_config.FleetFlags.describe`)."""
+    info = json.loads((hand_run / "run.json").read_text())
+    info["fleet"] = {"replicas": 1, "router": "round-robin", "pools": None}
+    info["scaling"] = {"policy": None, "interval_s": None, "end_s": 1.5, "gpu_hours": 0.25,
+                       "cost": 0.0, "pools": [
+                           {"name": "default", "gpus_per_replica": 1, "cost_per_hour": 0.0,
+                            "gpu_hours": 0.25, "cost": 0.0, "times_s": [0.0], "serving": [1],
+                            "provisioned": [1], "decisions": []}]}
+    (hand_run / "run.json").write_text(json.dumps(info))
+    code, out, err = invoke("report", str(hand_run), "--no-plots")
+    assert code == 0, err
+    assert "Autoscaling policy:                      none (fixed fleet)" in out
 
 
 @pytest.mark.parametrize(("command", "option", "target"), [

@@ -33,8 +33,10 @@ def test_an_interrupted_write_leaves_no_run_and_a_marked_partial(
 
 def test_a_rewrite_replaces_the_run_whole(tmp_path: Path) -> None:
     path = tmp_path / "run"
-    rundir.write_run(path, [{"a": 1}], [{"s": 1}], {"kind": "simulate", "n": 1})
-    rundir.write_run(path, [{"a": 2}, {"a": 3}], [], {"kind": "simulate", "n": 2})
+    trace = {"name": "t", "requests": 1, "digest": "d"}
+    rundir.write_run(path, [{"a": 1}], [{"s": 1}], rundir.run_info("simulate", "run", trace, n=1))
+    rundir.write_run(path, [{"a": 2}, {"a": 3}], [], rundir.run_info("simulate", "run", trace,
+                                                                      n=2))
     run = rundir.load_run(path)
     assert run.info["n"] == 2 and list(run.requests["a"]) == [2, 3]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no partial, no old

@@ -13,7 +13,7 @@ import pytest
 from analysis import rundir
 from analysis.console import REPORT_STEP_COLUMNS, show_run, show_written_run
 from analysis.metrics import benchmark_metrics, completed_mask, inter_token_latencies
-from analysis.rundir import REQUESTS_FILE, load_run, write_run
+from analysis.rundir import REQUESTS_FILE, load_run, run_info, write_run
 from analysis.token_times import file_chunks, frame_chunks, gather_gaps
 from runtime.records import RunSummary
 
@@ -48,7 +48,8 @@ def _random_run(path: Path, n: int, seed: int) -> None:
                   range(rng.choice([0, 1, 2, 7, 40]))]
         status = "FINISHED_LENGTH_CAPPED" if tokens and rng.random() < 0.9 else "FINISHED_ABORTED"
         rows.append(request(f"r{i}", arrival, tokens, status=status))
-    write_run(path, rows, HAND_STEPS, {"prefix_cache": {"queries": 30, "hits": 5}})
+    write_run(path, rows, HAND_STEPS, run_info("simulate", path.name, {
+        "name": "random", "requests": n, "digest": "r"}, prefix_cache={"queries": 30, "hits": 5}))
 
 
 def test_many_row_groups_give_identical_metrics(tmp_path: Path,
@@ -72,7 +73,8 @@ def test_many_row_groups_give_identical_metrics(tmp_path: Path,
 
 def test_runs_without_any_token(tmp_path: Path) -> None:
     path = tmp_path / "empty"
-    write_run(path, [request("a", 0.0, [], status="FINISHED_ABORTED")], HAND_STEPS, {})
+    write_run(path, [request("a", 0.0, [], status="FINISHED_ABORTED")], HAND_STEPS,
+              run_info("simulate", "empty", {"name": "a", "requests": 1, "digest": "a"}))
     every = np.array([True])  # the column's type is list<null>: read as float64
     assert [(flat.dtype, flat.size, lengths.tolist()) for flat, lengths in
             file_chunks(path / REQUESTS_FILE, every)()] == [(np.float64, 0, [0])]

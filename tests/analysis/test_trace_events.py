@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from analysis.rundir import load_run, write_run
+from analysis.rundir import load_run, run_info, write_run
 from analysis.trace_events import (
     ENGINE_PID,
     REPLICA_PID,
@@ -113,7 +113,8 @@ def test_merging_decode_runs_bounds_the_engine_track(tmp_path: Path) -> None:
 
 
 def test_sampling_keeps_the_slowest_and_spreads_the_rest(tmp_path: Path) -> None:
-    write_run(tmp_path / "hand", HAND_REQUESTS, HAND_STEPS, {"kind": "simulate"})
+    write_run(tmp_path / "hand", HAND_REQUESTS, HAND_STEPS,
+              run_info("simulate", "hand", {"name": "hand", "requests": 4, "digest": "abc"}))
     run = load_run(tmp_path / "hand")
     kept = select_requests(run.requests, 2)
     assert list(kept["request_id"]) == ["A", "C"]  # C: the slowest by E2E; A: the spread

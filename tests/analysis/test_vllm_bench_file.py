@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from analysis.report import result_dict
-from analysis.rundir import load_run, write_run
+from analysis.rundir import load_run, run_info, write_run
 from cli import app
 
 from .conftest import HAND_STEPS, request
@@ -80,8 +80,8 @@ def test_rt_report_and_compare_take_the_file(bench_file: Path, tmp_path: Path) -
     assert json.loads(out.read_text())["completed"] == 2
     rt_run = tmp_path / "rt"
     write_run(rt_run, [request("0", 0.0, [0.1, 0.15, 0.25]), request("1", 0.4, [0.6, 0.62]),
-                       request("2", 1.0, [1.2])], HAND_STEPS, {"kind": "simulate",
-                                                               "name": "sim"})
+                       request("2", 1.0, [1.2])], HAND_STEPS,
+              run_info("simulate", "sim", {"name": "t", "requests": 3, "digest": "d"}))
     done = runner.invoke(app, ["compare", str(rt_run), str(bench_file), "--no-plots"])
     assert done.exit_code == 0, done.output
     header = done.stdout.splitlines()[0]

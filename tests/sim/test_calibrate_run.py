@@ -64,3 +64,31 @@ def test_a_fleets_run_is_refused_for_the_client_side_fit(fleet: dict[str, object
     with pytest.raises(ValueError, match=f"^--from-run f: a fleet's run \\({replicas} "
                        "replicas\\); the client-side fit reads one engine's"):
         runs_profile([Path("f")], lambda p: ({}, {"fleet": fleet}), EngineFlags(), 0, "x")
+
+
+def test_a_simulated_source_is_refused_naming_the_flag_and_path() -> None:
+    """leftopen: a run `rt simulate` wrote (run.json kind "simulate") fitted the cost model
+    to its own times, exit 0. Replays, endpoint runs (of `rt serve --simulate` too: timed at
+    the client) and sources without a run.json are left to the fit."""
+    kinds = {"sim": "simulate", "real": "replay", "client": "endpoint"}
+
+    def run_info(path: Path) -> dict[str, str] | None:
+        kind = kinds.get(path.parts[0])
+        return None if kind is None else {"kind": kind}
+
+    fine = CalibrationSources(from_steps=[Path("real"), Path("bare/steps.parquet")],
+                              from_run=[Path("client"), Path("bench.json")])
+    fine.check_measured(run_info)
+    with pytest.raises(ValueError) as err:
+        CalibrationSources(from_steps=[Path("real"), Path("sim/steps.parquet")]
+                           ).check_measured(run_info)
+    assert str(err.value) == (
+        "--from-steps sim/steps.parquet: a simulated run (run.json kind 'simulate'): a profile "
+        "fitted to a cost model's own times is circular; give a real engine's replay "
+        "(`rt replay`)")
+    with pytest.raises(ValueError) as err:
+        CalibrationSources(from_run=[Path("client"), Path("sim")]).check_measured(run_info)
+    assert str(err.value) == (
+        "--from-run sim: a simulated run (run.json kind 'simulate'): a profile fitted to a "
+        "cost model's own times is circular; give a client-timed run (`rt replay "
+        "--endpoint`, or a vLLM bench file)")

@@ -24,7 +24,7 @@ from sim.endpoint_fidelity import (
 )
 from sim.endpoint_warmup import run_warmup
 from sim.simulator import SimConfig, simulate
-from workloads import ArrivalProcess, Trace, TraceRequest
+from workloads import ArrivalProcess, Trace, TraceRequest, trace_info
 from workloads.synthetic import RandomLengths, random_trace
 
 TRUE = ProfileCoefficients(constant_s=4e-3, per_prefill_token_s=20e-6,
@@ -92,7 +92,7 @@ class FakeEndpoint:
         config = SimConfig(SERVER_SCHED, SERVER_CACHE, api_server=FRONT, seed=token_seed)
         result = simulate(trace, config, ProfileCostModel(TRUE))
         result.step_columns = {}  # a client sees no steps
-        save_result(path, "endpoint", {"name": trace.name, "requests": len(trace)}, result,
+        save_result(path, "endpoint", trace_info(trace), result,
                     {}, timing="client", endpoint=EXPORTED, model={"name": "served"})
 
 
