@@ -83,8 +83,8 @@ from backends.route.upstream import (
     UpstreamPool,
     get,
 )
+from backends.serve.api_error import ApiError
 from backends.serve.guard import UNAUTHORIZED, ApiKey, parse_body, require_json
-from backends.serve.openai_protocol import ApiError
 from backends.serve.responses import json_bytes
 from runtime.router import RoutingRequest, make_policy
 

@@ -18,6 +18,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from backends.serve.api_error import EngineDeadError
 from backends.serve.engine_process import ExecutorFactory, run_engine_process
 from backends.serve.messages import (
     EngineInfo,
@@ -27,7 +28,6 @@ from backends.serve.messages import (
     decode,
     encode,
 )
-from backends.serve.openai_protocol import EngineDeadError
 
 _HEALTH_POLL_S = 0.2  # how often the engine process's liveness is checked
 

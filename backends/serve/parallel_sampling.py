@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from backends.engine.sampling_options import SamplingOptions
 from backends.serve import sse
+from backends.serve.api_error import ApiError
 from backends.serve.engine_client import OutputQueue
-from backends.serve.openai_protocol import ApiError
 from backends.serve.responses import (
     answer_id,
     choice_body,

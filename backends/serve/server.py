@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any
 from backends.engine.sampling_options import SamplingOptions
 from backends.engine.text import ByteTokenizer, IncrementalDecoder, TextCodec
 from backends.serve import sse
+from backends.serve.api_error import ApiError, EngineDeadError
 from backends.serve.engine_client import EngineClient, OutputQueue
 from backends.serve.engine_process import ExecutorFactory
 from backends.serve.flags import ServeFlags
 from backends.serve.messages import EngineInfo, EngineOutputs, EngineRequest, RequestOutput
 from backends.serve.metrics import ServeMetrics
-from backends.serve.openai_protocol import ApiError, EngineDeadError, Parsed, RequestParser
+from backends.serve.openai_protocol import Parsed, RequestParser
 from backends.serve.responses import (
     answer_id,
     choice_body,

@@ -21,10 +21,11 @@ import pytest
 
 from backends.engine.sampling_options import SamplingOptions
 from backends.engine.text import ByteTokenizer
+from backends.serve.api_error import ApiError, EngineDeadError
 from backends.serve.engine_client import OutputQueue
 from backends.serve.messages import RequestOutput, decode
 from backends.serve.metrics import ServeMetrics
-from backends.serve.openai_protocol import MAX_N, ApiError, EngineDeadError, Parsed
+from backends.serve.openai_protocol import MAX_N, Parsed
 from backends.serve.parallel_sampling import (
     FAN_OUT_CHUNK,
     ParentRequest,

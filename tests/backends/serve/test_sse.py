@@ -20,11 +20,12 @@ from starlette.responses import StreamingResponse
 
 from backends.engine.sampling_options import SamplingOptions
 from backends.engine.text import ByteTokenizer
+from backends.serve.api_error import EngineDeadError
 from backends.serve.api_server import front, routes_app
 from backends.serve.engine_client import OutputQueue
 from backends.serve.messages import RequestOutput, decode
 from backends.serve.metrics import ITL_BUCKETS, ServeMetrics, observe_all
-from backends.serve.openai_protocol import EngineDeadError, Parsed
+from backends.serve.openai_protocol import Parsed
 from backends.serve.server import ServeConfig, Server, _Generation
 from backends.serve.sse import ChunkEncoder
 from backends.serve.stream_path import EventStream, EventStreamResponse, Last, stream

@@ -76,7 +76,7 @@ def test_outputs_queued_behind_a_slow_write_merge_into_one_chunk() -> None:
     """vLLM's RequestOutputCollector (delta mode): a stream that fell behind the engine
     catches up with one chunk carrying the queued tokens; an error behind them still ends
     the stream, after them."""
-    from backends.serve.openai_protocol import EngineDeadError
+    from backends.serve.api_error import EngineDeadError
     from backends.serve.server import _take
 
     gen = _Generation("r", Parsed([5], SamplingParams(max_tokens=9), SamplingOptions(), True,
