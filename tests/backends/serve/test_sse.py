@@ -26,7 +26,8 @@ from backends.serve.engine_client import OutputQueue
 from backends.serve.messages import RequestOutput, decode
 from backends.serve.metrics import ITL_BUCKETS, ServeMetrics, observe_all
 from backends.serve.openai_protocol import Parsed
-from backends.serve.server import ServeConfig, Server, _Generation
+from backends.serve.request_state import RequestState
+from backends.serve.server import ServeConfig, Server
 from backends.serve.sse import ChunkEncoder
 from backends.serve.stream_path import EventStream, EventStreamResponse, Last, stream
 from runtime import SamplingParams
@@ -94,7 +95,7 @@ def _stream(chat: bool, items: list[RequestOutput | Exception], include_usage: b
         server = _server()
         parsed = Parsed([5, 6, 7], SamplingParams(max_tokens=9), SamplingOptions(), True,
                         include_usage, continuous)
-        gen = _Generation("r", parsed, 0.0, ByteTokenizer(512).decoder(), OutputQueue())
+        gen = RequestState("r", parsed, 0.0, ByteTokenizer(512).decoder(), OutputQueue())
         server.gens["r"] = gen
         server.awaiting_first = 1
         events = []
