@@ -566,7 +566,7 @@ def _serve_executor(model: str | None, sim: SimFlags, engine: EngineFlags, sizin
     """`rt serve`'s executor spec: the simulated engine's with --simulate, else the real
     one's. A flag of the other engine given (`typed`) is refused naming it (it was ignored:
     --simulate's pool took 0.92 whatever --gpu-memory-utilization said)."""
-    from backends.serve.engine_process import real_executor_spec
+    from backends.serve.executor import real_executor_spec
     from sim.live_executor import live_executor_spec
 
     utilization = sizing.gpu_memory_utilization

@@ -19,7 +19,8 @@ import zmq
 import zmq.asyncio
 
 from backends.serve.api_error import EngineDeadError
-from backends.serve.engine_process import ExecutorFactory, run_engine_process
+from backends.serve.engine_process import run_engine_process
+from backends.serve.executor import ExecutorFactory
 from backends.serve.messages import (
     EngineInfo,
     EngineOutputs,

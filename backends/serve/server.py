@@ -22,7 +22,7 @@ from backends.engine.text import ByteTokenizer, TextCodec
 from backends.serve import sse
 from backends.serve.api_error import ApiError, EngineDeadError
 from backends.serve.engine_client import EngineClient, OutputQueue
-from backends.serve.engine_process import ExecutorFactory
+from backends.serve.executor import ExecutorFactory
 from backends.serve.flags import ServeFlags
 from backends.serve.messages import EngineInfo, EngineOutputs, EngineRequest, RequestOutput
 from backends.serve.metrics import ServeMetrics
