@@ -802,9 +802,10 @@ def route_until_stopped(urls: list[str], policy: FleetFlags, route: RouteFlags,
     """`backends.route.app`'s router under `policy` on `sock` (listening), with `guard`'s
     API key and body limit (its URL on stdout when `print_url`)."""
     from backends.route import app as route_app
+    from backends.route.config import router_config
 
     with user_errors():
-        config = route_app.router_config(urls, policy, route, guard, seed)
+        config = router_config(urls, policy, route, guard, seed)
     with user_errors(RuntimeError, only=True):
         route_app.route_until_stopped(config, sock, route.shutdown_timeout, say,
                                       typer.echo if print_url else None)
