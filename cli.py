@@ -566,7 +566,7 @@ def _serve_executor(model: str | None, sim: SimFlags, engine: EngineFlags, sizin
     """`rt serve`'s executor spec: the simulated engine's with --simulate, else the real
     one's. A flag of the other engine given (`typed`) is refused naming it (it was ignored:
     --simulate's pool took 0.92 whatever --gpu-memory-utilization said)."""
-    from backends.serve.engine_process import real_executor_spec
+    from backends.serve.executor import real_executor_spec
     from sim.live_executor import live_executor_spec
 
     utilization = sizing.gpu_memory_utilization
@@ -803,9 +803,10 @@ def route_until_stopped(urls: list[str], policy: FleetFlags, route: RouteFlags,
     """`backends.route.app`'s router under `policy` on `sock` (listening), with `guard`'s
     API key and body limit (its URL on stdout when `print_url`)."""
     from backends.route import app as route_app
+    from backends.route.config import router_config
 
     with user_errors():
-        config = route_app.router_config(urls, policy, route, guard, seed)
+        config = router_config(urls, policy, route, guard, seed)
     with user_errors(RuntimeError, only=True):
         route_app.route_until_stopped(config, sock, route.shutdown_timeout, say,
                                       typer.echo if print_url else None)

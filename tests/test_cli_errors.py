@@ -22,13 +22,14 @@ BUG = ValueError("a bug while serving")
 def _serving_raises(monkeypatch: pytest.MonkeyPatch, raised: Exception) -> None:
     from backends import listen
     from backends.route import app as route_app
+    from backends.route import config as route_config
     from backends.serve import api_server
     from sim import live_executor
 
     def serve(*args: object) -> None:
         raise raised
 
-    monkeypatch.setattr(route_app, "router_config", lambda *a: SimpleNamespace(
+    monkeypatch.setattr(route_config, "router_config", lambda *a: SimpleNamespace(
         policy="round-robin", backends=("http://b",)))
     monkeypatch.setattr(route_app, "run_router", serve)
     monkeypatch.setattr(live_executor, "live_executor_spec", lambda *a: ())
@@ -67,10 +68,10 @@ def test_another_error_while_serving_is_not_a_user_error(
 
 def test_a_bad_router_config_is_one_line_before_serving(monkeypatch: pytest.MonkeyPatch
                                                         ) -> None:
-    from backends.route import app as route_app
+    from backends.route import config as route_config
 
     _serving_raises(monkeypatch, AssertionError("served"))
-    monkeypatch.setattr(route_app, "router_config", lambda *a: (_ for _ in ()).throw(
+    monkeypatch.setattr(route_config, "router_config", lambda *a: (_ for _ in ()).throw(
         ValueError("backend http://b is unreachable")))
     result = CliRunner().invoke(cli.app, ["route", "--backend", "http://b"])
     assert result.exit_code == 2

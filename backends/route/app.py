@@ -46,28 +46,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import itertools
 import signal
 import socket
 import ssl
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import certifi
 import httpx
 
 from backends.listen import socket_url
-from backends.route.backends import (
-    Backend,
-    check_backends,
-    healthy,
-    needed_signals,
-)
+from backends.route.backends import Backend, healthy, needed_signals
+from backends.route.config import RouterConfig, bearer
 from backends.route.flags import REPLICA_HEADER
 from backends.route.http1 import field, request_head
 from backends.route.metrics import RouterMetrics
@@ -83,8 +76,8 @@ from backends.route.upstream import (
     UpstreamPool,
     get,
 )
+from backends.serve.api_error import ApiError
 from backends.serve.guard import UNAUTHORIZED, ApiKey, parse_body, require_json
-from backends.serve.openai_protocol import ApiError
 from backends.serve.responses import json_bytes
 from runtime.router import RoutingRequest, make_policy
 
@@ -104,35 +97,6 @@ _UNAUTHORIZED = json_bytes(UNAUTHORIZED)
 def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
     """The first value of the header `name` (lower-case), decoded as HTTP's latin-1."""
     return next((v.decode("latin-1") for k, v in headers if k == name), None)
-
-
-@dataclass(frozen=True, slots=True)
-class RouterConfig:
-    """The router's settings.
-
-    Attributes:
-        backends: base URLs (normalized: no trailing / or /v1); backend i is replica i.
-        policy, policy_args, seed: the policy (`runtime.router.make_policy`).
-        refresh_s: seconds between /metrics scrapes of each backend (0: scrape all before
-            each decision).
-        max_failures: consecutive failures that take a backend out.
-        health_check_s: how often a backend taken out is probed on /health.
-        backend_timeout_s: the longest a backend may stay silent within one request.
-        api_key: the Bearer token /v1/* requires (None: none), also sent on the router's own
-            calls to the backends' /v1/models.
-        max_request_bytes: longer request bodies get 413.
-    """
-
-    backends: tuple[str, ...]
-    policy: str = "round-robin"
-    policy_args: tuple[str, ...] = ()
-    seed: int = 0
-    refresh_s: float = 0.05
-    max_failures: int = 3
-    health_check_s: float = 0.5
-    backend_timeout_s: float = 300.0
-    api_key: str | None = dataclasses.field(default=None, repr=False)
-    max_request_bytes: int = 1 << 20
 
 
 class Router:
@@ -348,11 +312,6 @@ def _upstream(url: str, tls: ssl.SSLContext | None, timeout_s: float) -> Upstrea
                           tls if https else None, _MAX_IDLE, _CONNECT_TIMEOUT_S, timeout_s)
 
 
-def bearer(api_key: str | None) -> dict[str, str]:
-    """The header that carries `api_key` (none without one)."""
-    return {} if api_key is None else {"authorization": f"Bearer {api_key}"}
-
-
 def run_router(config: RouterConfig, sock: socket.socket, shutdown_timeout_s: float = 10.0
                ) -> int:
     """Serve on `sock` (listening, `backends.listen.listening_socket`) until SIGINT/SIGTERM:
@@ -378,29 +337,13 @@ async def _serve(config: RouterConfig, sock: socket.socket, shutdown_timeout_s: 
         await router.stop()
 
 
-def router_config(urls: Sequence[str], policy: Any, route: Any, guard: Any, seed: int
-                  ) -> RouterConfig:
-    """The router's settings from its flags (`FleetFlags` as `policy`: router, router_arg,
-    router_refresh_ms; `RouteFlags` as `route`; `ServeFlags` as `guard`: api_key,
-    max_request_bytes); ValueError (one line) on an unknown policy, a bad argument, or a
-    backend that is unreachable, not OpenAI-compatible (or refuses the key) or lacks a
-    metric the policy reads."""
-    args = list(policy.router_arg or [])
-    bases = check_backends(list(urls), make_policy(policy.router, args, seed),
-                           bearer(guard.api_key))
-    return RouterConfig(tuple(bases), policy.router, tuple(args), seed,
-                        policy.router_refresh_ms / 1000.0, route.max_failures,
-                        route.health_check_ms / 1000.0, route.backend_timeout,
-                        guard.api_key, guard.max_request_bytes)
-
-
 def route_until_stopped(config: RouterConfig, sock: socket.socket, shutdown_timeout_s: float,
                         say: Callable[[str], None],
                         print_url: Callable[[str], None] | None = None) -> None:
-    """`rt route`: the router of `config` (`router_config`) on `sock` (bound by the command,
-    so port 0's real port is known), its URL to `print_url` when given, served until
-    SIGINT/SIGTERM (`run_router`), saying where and when it stopped (and how many requests
-    the drain cut)."""
+    """`rt route`: the router of `config` (`backends.route.config.router_config`) on `sock`
+    (bound by the command, so port 0's real port is known), its URL to `print_url` when
+    given, served until SIGINT/SIGTERM (`run_router`), saying where and when it stopped (and
+    how many requests the drain cut)."""
     url = f"{socket_url(sock)}/v1"
     if print_url is not None:
         print_url(url)

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from backends.route.upstream import UpstreamFailed
+from backends.serve.api_error import SHUT_DOWN, ApiError
 from backends.serve.openai_protocol import GENERATION_PATHS as PATHS
-from backends.serve.openai_protocol import SHUT_DOWN, ApiError
 from backends.serve.sse import DONE, event
 
 if TYPE_CHECKING:

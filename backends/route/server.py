@@ -49,8 +49,8 @@ from backends.route.http1 import (
     field,
     split_head,
 )
+from backends.serve.api_error import SHUT_DOWN, ApiError
 from backends.serve.guard import too_large
-from backends.serve.openai_protocol import SHUT_DOWN, ApiError
 
 KEEP_ALIVE_S = 5.0  # as uvicorn's default
 _PHRASES = {s.value: s.phrase.encode() for s in http.HTTPStatus}

@@ -39,8 +39,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from backends.listen import listening_socket, socket_url
 from backends.serve import parallel_sampling
+from backends.serve.api_error import ApiError, body_error
+from backends.serve.body_fields import token_list
 from backends.serve.guard import RequestGuard, json_body
-from backends.serve.openai_protocol import PRIORITY_HEADER, ApiError, body_error, token_list
+from backends.serve.openai_protocol import PRIORITY_HEADER
 from backends.serve.openapi_schema import request_schema
 from backends.serve.server import ServeConfig, Server
 from backends.serve.stream_path import (

@@ -18,7 +18,9 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from backends.serve.engine_process import ExecutorFactory, run_engine_process
+from backends.serve.api_error import EngineDeadError
+from backends.serve.engine_process import run_engine_process
+from backends.serve.executor import ExecutorFactory
 from backends.serve.messages import (
     EngineInfo,
     EngineOutputs,
@@ -27,7 +29,6 @@ from backends.serve.messages import (
     decode,
     encode,
 )
-from backends.serve.openai_protocol import EngineDeadError
 
 _HEALTH_POLL_S = 0.2  # how often the engine process's liveness is checked
 

@@ -13,10 +13,10 @@ at once (`Scheduler.finish_requests(FINISHED_ABORTED)`), which frees its KV bloc
 stats message reports the new usage.
 
 The executor is injected as a picklable factory (a module-level function and its keyword
-arguments), called in this process: `build_real_executor` (the model, `backends`) or the
-simulator's wall-clock executor (`sim.live_executor`, injected by `cli.py`). Whatever it
-returns needs the attributes of `ExecutorSetup`. Timestamps are `time.monotonic()` seconds,
-a clock every process of the machine shares.
+arguments), called in this process: `executor.build_real_executor` (the model, `backends`)
+or the simulator's wall-clock executor (`sim.live_executor`, injected by `cli.py`). Whatever
+it returns needs the attributes of `executor.ExecutorSetup`. Timestamps are
+`time.monotonic()` seconds, a clock every process of the machine shares.
 """
 
 from __future__ import annotations
@@ -25,15 +25,14 @@ import gc
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import zmq
 
-from backends.engine.sampling_options import SamplingOptions
 from backends.serve.engine_perf import PerfEstimate
+from backends.serve.executor import Executor, ExecutorFactory
 from backends.serve.messages import (
     EngineInfo,
     EngineOutputs,
@@ -43,88 +42,10 @@ from backends.serve.messages import (
     decode,
     encode,
 )
-from runtime import (
-    CacheConfig,
-    EngineCore,
-    Request,
-    RequestStatus,
-    ScheduledStep,
-    Scheduler,
-    SchedulerConfig,
-    finish_reason,
-)
+from runtime import EngineCore, Request, RequestStatus, Scheduler, finish_reason
 from runtime.perf import PerfShape, StepPerf
 
 _TRIM_EVERY_STEPS = 2048  # drop the recorder's step records this often (a server runs for days)
-
-
-# ---- executors -------------------------------------------------------------------------------
-
-
-class Executor(Protocol):
-    """Runs steps. `execute` returns the sampled tokens ({request id: [token]}, for the
-    requests whose sequence completes in the step) and the step's duration in seconds."""
-
-    def register(self, req_id: str, sampling: SamplingOptions) -> None: ...
-
-    def execute(self, step: ScheduledStep) -> tuple[Mapping[str, Sequence[int]], float]: ...
-
-
-@dataclass(slots=True)
-class ExecutorSetup:
-    """What an executor factory returns (the simulator's returns the same attributes)."""
-
-    executor: Executor
-    scheduler: SchedulerConfig
-    cache: CacheConfig
-    vocab_size: int
-    eos_token_ids: tuple[int, ...]
-    description: dict[str, Any] = field(default_factory=dict)
-    perf_shape: PerfShape | None = None  # the model facts of the MFU estimate (if known)
-
-
-ExecutorFactory = Callable[..., Any]  # module-level, keyword arguments -> ExecutorSetup
-
-
-class RunnerExecutor:
-    """The real executor: `ModelRunner.execute` on the scheduler output."""
-
-    def __init__(self, runner: Any) -> None:
-        self.runner = runner
-
-    def register(self, req_id: str, sampling: SamplingOptions) -> None:
-        self.runner.register(req_id, sampling)
-
-    def execute(self, step: ScheduledStep) -> tuple[Mapping[str, Sequence[int]], float]:
-        result = self.runner.execute(step.output)
-        return result.sampled, result.duration_s
-
-
-def build_real_executor(args: Any) -> ExecutorSetup:
-    """The factory of the real engine: `args` is a `RealEngineArgs` (model loaded here)."""
-    from backends.engine.setup import build_engine
-
-    setup = build_engine(args)
-    return ExecutorSetup(RunnerExecutor(setup.runner), setup.scheduler, setup.cache,
-                         setup.shape.vocab_size, tuple(setup.shape.eos_token_ids),
-                         setup.describe(), setup.perf_shape())
-
-
-def real_executor_spec(model: str | None, engine: Any, real: Any, seed: int
-                       ) -> tuple[Callable[..., Any], dict[str, Any], str, Path]:
-    """`rt serve`'s real executor: (factory, its keyword arguments, the served model name,
-    the tokenizer's directory); the model is loaded in the engine process. `engine` and
-    `real` are the EngineFlags and RealEngineFlags; ValueError when --model is not a model
-    directory."""
-    from backends.engine.setup import real_engine_args
-    from backends.engine.tiny_model import build_tiny_llama
-
-    model_dir = Path(model) if model is not None else build_tiny_llama()
-    if not (model_dir / "config.json").is_file():
-        raise ValueError(f"--model {model_dir}: not a model directory (no config.json)")
-    args = real_engine_args(model_dir, engine, real, seed)
-    name = "tiny-llama" if model is None else model  # as typed: vLLM's default served name
-    return build_real_executor, {"args": args}, name, model_dir
 
 
 # ---- the loop --------------------------------------------------------------------------------

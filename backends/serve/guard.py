@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 from pydantic_core import from_json
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from backends.serve.openai_protocol import ApiError, body_error
+from backends.serve.api_error import ApiError, body_error
 
 # vLLM's 401 body (not the OpenAI error shape: vLLM's middleware answers it so)
 UNAUTHORIZED = {"error": "Unauthorized"}

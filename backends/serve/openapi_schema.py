@@ -11,13 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from backends.serve.openai_protocol import (
-    MAX_CACHE_SALT_CHARS,
-    MAX_N,
-    MAX_STOP_STRINGS,
-    MAX_TEMPERATURE,
-    PENALTIES,
-)
+from backends.serve.openai_protocol import MAX_CACHE_SALT_CHARS, MAX_N, MAX_STOP_STRINGS
+from backends.serve.sampling_fields import MAX_TEMPERATURE, PENALTIES
 
 _INT64 = {"type": "integer", "minimum": -(1 << 63), "maximum": (1 << 63) - 1}
 _TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}

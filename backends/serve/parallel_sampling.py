@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from backends.engine.sampling_options import SamplingOptions
 from backends.serve import sse
+from backends.serve.api_error import ApiError
 from backends.serve.engine_client import OutputQueue
-from backends.serve.openai_protocol import ApiError
 from backends.serve.responses import (
     answer_id,
     choice_body,
@@ -52,7 +52,7 @@ from backends.serve.stream_path import EventStream, Last
 if TYPE_CHECKING:
     from backends.serve.messages import RequestOutput
     from backends.serve.openai_protocol import Parsed
-    from backends.serve.server import _Generation
+    from backends.serve.request_state import RequestState
 
 # Children `fan_out` submits between two yields to the event loop. A child costs ~5-10 us
 # (encoded, posted to the engine, tracked): n = 16384, the accepted maximum, took 83-92 ms
@@ -86,13 +86,13 @@ class ChildHost(Protocol):
         """Give back `n` places `hold_places` took that no child filled."""
 
     def add_child(self, request_id: str, parsed: Parsed, sampling: SamplingOptions,
-                  arrival_s: float, queue: OutputQueue) -> _Generation:
+                  arrival_s: float, queue: OutputQueue) -> RequestState:
         """Send a child (outputs to `queue`) and track it in a place held for it."""
 
-    def step(self, gen: _Generation, item: RequestOutput) -> tuple[str, RequestOutput]:
+    def step(self, gen: RequestState, item: RequestOutput) -> tuple[str, RequestOutput]:
         """`item`'s text delta and the output as the client sees it (its end recorded)."""
 
-    def forget(self, gen: _Generation, abort: bool) -> None:
+    def forget(self, gen: RequestState, abort: bool) -> None:
         """Let go of a request (`abort`: in the engine too); nothing if already let go."""
 
 
@@ -105,7 +105,7 @@ class ParentRequest:
     __slots__ = ("request_id", "children", "queue", "_index", "_unfinished", "first_cached",
                  "last_cached")
 
-    def __init__(self, request_id: str, children: list[_Generation], queue: OutputQueue
+    def __init__(self, request_id: str, children: list[RequestState], queue: OutputQueue
                  ) -> None:
         if len(children) < 2:
             raise ValueError(f"a parent request has n >= 2 children, got {len(children)}")
@@ -133,7 +133,7 @@ class ParentRequest:
         """Every child has its finish reason (O(1): checked once per output)."""
         return self._unfinished == 0
 
-    def route(self, out: RequestOutput) -> tuple[int, _Generation] | None:
+    def route(self, out: RequestOutput) -> tuple[int, RequestState] | None:
         """The (index, child) `out` belongs to; None for a child already finished (outputs
         the engine sent before a stop string's abort reached it)."""
         index = self._index[out.request_id]
@@ -144,7 +144,7 @@ class ParentRequest:
             self.first_cached = out.num_cached_tokens
         return index, child
 
-    def on_child_finished(self, child: _Generation) -> tuple[int, int] | None:
+    def on_child_finished(self, child: RequestState) -> tuple[int, int] | None:
         """A child finished (not aborted): (n, the most tokens a child generated) once the
         last one has, for `vllm:request_params_n` and
         `vllm:request_max_num_generation_tokens`; None before."""
@@ -193,7 +193,7 @@ async def fan_out(host: ChildHost, parsed: Parsed, arrival_s: float) -> ParentRe
     # 32 random hex digits, as uuid4().hex (vLLM's random_uuid) without building a UUID
     request_id = os.urandom(16).hex()
     queue = OutputQueue()
-    children: list[_Generation] = []
+    children: list[RequestState] = []
     try:
         for index in range(n):
             if index and index % FAN_OUT_CHUNK == 0:

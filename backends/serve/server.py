@@ -1,8 +1,8 @@
-"""What `rt serve`'s handlers share: the requests in flight, their admission, the engine's
-outputs routed into metrics and streams, and the OpenAI response bodies (SSE chunks as vLLM
-emits them, or one JSON response). The FastAPI app around it is `api_server`; a request
-with `n` > 1 is driven by `parallel_sampling` through the methods its `ChildHost` names.
-Times are monotonic seconds.
+"""What `rt serve`'s handlers share: the requests in flight (`request_state`), their
+admission, the engine's outputs routed into metrics and streams, and the OpenAI response
+bodies (SSE chunks as vLLM emits them, or one JSON response). The FastAPI app around it is
+`api_server`; a request with `n` > 1 is driven by `parallel_sampling` through the methods its
+`ChildHost` names. Times are monotonic seconds.
 """
 
 from __future__ import annotations
@@ -15,29 +15,22 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from backends.engine.sampling_options import SamplingOptions
-from backends.engine.text import ByteTokenizer, IncrementalDecoder, TextCodec
+from backends.engine.text import ByteTokenizer, TextCodec
 from backends.serve import sse
+from backends.serve.api_error import ApiError, EngineDeadError
 from backends.serve.engine_client import EngineClient, OutputQueue
-from backends.serve.engine_process import ExecutorFactory
+from backends.serve.executor import ExecutorFactory
 from backends.serve.flags import ServeFlags
 from backends.serve.messages import EngineInfo, EngineOutputs, EngineRequest, RequestOutput
 from backends.serve.metrics import ServeMetrics
-from backends.serve.openai_protocol import ApiError, EngineDeadError, Parsed, RequestParser
-from backends.serve.responses import (
-    answer_id,
-    choice_body,
-    chunk_object,
-    response_body,
-    usage_body,
-)
+from backends.serve.openai_protocol import Parsed, RequestParser
+from backends.serve.request_state import RequestState, has_output, merge_queued
+from backends.serve.responses import answer_id, choice_body, chunk_object, response_body
 from backends.serve.stop_strings import StopStringText
 from backends.serve.stream_path import EventStream, Last
-
-if TYPE_CHECKING:
-    from backends.serve.parallel_sampling import ParentRequest
 
 logger = logging.getLogger("rt.serve")
 
@@ -82,41 +75,6 @@ class ServeConfig:
                    enable_mfu_metrics=flags.enable_mfu_metrics, rt_version=rt_version)
 
 
-# ---- responses -------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Generation:
-    """One request in flight, as the handler sees it."""
-
-    request_id: str
-    parsed: Parsed
-    arrival_s: float
-    decoder: IncrementalDecoder
-    queue: OutputQueue
-    output_len: int = 0
-    cached: int = 0
-    last_output_s: float | None = None
-    # the engine's times of the first output (engine clock, seconds): for a stop string's end
-    queued_s: float | None = None
-    scheduled_s: float | None = None
-    first_output_s: float | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    deferred: Exception | None = None  # an error that arrived behind merged outputs
-    stops: StopStringText | None = None  # the text, when the request has stop strings
-    parent: ParentRequest | None = None  # the request it is a child of (`n` > 1)
-
-    def usage(self) -> dict[str, Any]:
-        return usage_body(len(self.parsed.prompt_ids), self.output_len, self.cached)
-
-    def role_chunk(self, head: dict[str, Any], index: int = 0) -> dict[str, Any]:
-        """`sse.role_chunk` for this request's choice `index`."""
-        parsed = self.parsed
-        return sse.role_chunk(head, index,
-                              len(parsed.prompt_ids) if parsed.continuous_usage else None)
-
-
 class Server:
     """Handlers and the state they share."""
 
@@ -127,7 +85,7 @@ class Server:
         self.parser: RequestParser | None = None
         self.metrics: ServeMetrics | None = None
         self.info: EngineInfo | None = None
-        self.gens: dict[str, _Generation] = {}
+        self.gens: dict[str, RequestState] = {}
         self.awaiting_first = 0  # requests sent without a first output yet
         self.request_exit: Callable[[], None] = lambda: None  # set by `run_server`
         self.start_error: str | None = None  # why the engine did not start (the lifespan's)
@@ -202,7 +160,7 @@ class Server:
         metrics.on_tokens(new_tokens, itls)
         metrics.on_iteration(new_tokens + prefill_tokens)
 
-    def _finished(self, gen: _Generation, out: RequestOutput, abort: bool = False) -> None:
+    def _finished(self, gen: RequestState, out: RequestOutput, abort: bool = False) -> None:
         """Record a finished request's metrics and forget it; `abort`: the engine still
         runs it (a stop string found first: vLLM's output processor aborts it there)."""
         metrics = self.metrics
@@ -224,7 +182,7 @@ class Server:
         if parent is not None:
             metrics.on_parent_finished(*parent)
 
-    def forget(self, gen: _Generation, abort: bool) -> None:
+    def forget(self, gen: RequestState, abort: bool) -> None:
         """The handler gave up on a request (client gone, engine dead); `abort`: the engine
         may still run it. Nothing for a request already let go (finished or forgotten)."""
         if self.gens.pop(gen.request_id, None) is None:
@@ -252,7 +210,7 @@ class Server:
             raise ApiError(503, f"the server is at its queue limit ({limit} requests "
                            "waiting); retry later")
 
-    def admit(self, parsed: Parsed, arrival_s: float) -> _Generation:
+    def admit(self, parsed: Parsed, arrival_s: float) -> RequestState:
         self._check_admission(1)
         # 32 random hex digits, as uuid4().hex (vLLM's random_uuid) without building a UUID
         request_id = os.urandom(16).hex()
@@ -274,7 +232,7 @@ class Server:
         self.awaiting_first -= n
 
     def add_child(self, request_id: str, parsed: Parsed, sampling: SamplingOptions,
-                  arrival_s: float, queue: OutputQueue) -> _Generation:
+                  arrival_s: float, queue: OutputQueue) -> RequestState:
         """Send a child request (its own id and sampling options) whose outputs go to its
         parent's `queue`, and track it in a place `hold_places` took."""
         self.engine.submit(EngineRequest(request_id, parsed.prompt_ids, parsed.params,
@@ -283,11 +241,11 @@ class Server:
         return self._track(request_id, parsed, arrival_s, queue, held=True)
 
     def _track(self, request_id: str, parsed: Parsed, arrival_s: float, queue: OutputQueue,
-               held: bool = False) -> _Generation:
+               held: bool = False) -> RequestState:
         """A request sent to the engine, now in flight; `held`: its place among those
         awaiting a first output was taken beforehand (`hold_places`)."""
         assert self.codec is not None
-        gen = _Generation(request_id, parsed, arrival_s, self.codec.decoder(), queue)
+        gen = RequestState(request_id, parsed, arrival_s, self.codec.decoder(), queue)
         if parsed.stop:
             gen.stops = StopStringText(gen.decoder, parsed.stop, parsed.include_stop_str,
                                        parsed.params.min_tokens)
@@ -296,16 +254,17 @@ class Server:
             self.awaiting_first += 1
         return gen
 
-    def _next(self, gen: _Generation) -> tuple[str, RequestOutput]:
-        """The (text delta, output) of the outputs queued for `gen` (merged, see `_take`);
-        the error that ended it raised. Only when `_ready(gen)`."""
-        item = gen.deferred if gen.deferred is not None else _take(gen, gen.queue.get_nowait())
+    def _next(self, gen: RequestState) -> tuple[str, RequestOutput]:
+        """The (text delta, output) of the outputs queued for `gen` (merged: `merge_queued`);
+        the error that ended it raised. Only when `has_output(gen)`."""
+        item = gen.deferred if gen.deferred is not None \
+            else merge_queued(gen, gen.queue.get_nowait())
         if isinstance(item, Exception):
             self.forget(gen, abort=False)
             raise item
         return self.step(gen, item)
 
-    def step(self, gen: _Generation, item: RequestOutput) -> tuple[str, RequestOutput]:
+    def step(self, gen: RequestState, item: RequestOutput) -> tuple[str, RequestOutput]:
         """`item`'s text delta (stop strings checked) and the output as the client sees it;
         records the request's end if it ended."""
         gen.cached = item.num_cached_tokens or gen.cached
@@ -326,18 +285,18 @@ class Server:
             self._finished(gen, item, abort=not engine_done)
         return text, item
 
-    async def outputs(self, gen: _Generation) -> AsyncIterator[tuple[str, RequestOutput]]:
+    async def outputs(self, gen: RequestState) -> AsyncIterator[tuple[str, RequestOutput]]:
         """(text delta, output) per engine output until the request finishes; the outputs
-        that queued up while the stream was writing come merged into one (see `_take`)."""
+        that queued up while the stream was writing come merged into one (see `merge_queued`)."""
         while True:
-            if not _ready(gen):
+            if not has_output(gen):
                 await gen.queue.wait()
             text, item = self._next(gen)
             yield text, item
             if item.finish_reason is not None:
                 return
 
-    async def complete(self, gen: _Generation) -> str:
+    async def complete(self, gen: RequestState) -> str:
         """All of a request's text (non-streaming); aborts it if the handler is cancelled."""
         parts = []
         try:
@@ -347,13 +306,13 @@ class Server:
             self.forget(gen, abort=True)
         return "".join(parts)
 
-    def stream(self, gen: _Generation, model: str, chat: bool) -> EventStream:
+    def stream(self, gen: RequestState, model: str, chat: bool) -> EventStream:
         """SSE events as vLLM emits them (`sse`); a disconnect (cancellation), or closing
         the stream before it starts, aborts the request."""
         return EventStream(self._events(gen, model, chat),
                            functools.partial(self.forget, gen, abort=True))
 
-    async def _events(self, gen: _Generation, model: str, chat: bool
+    async def _events(self, gen: RequestState, model: str, chat: bool
                       ) -> AsyncGenerator[bytes, None]:
         encoder = sse.ChunkEncoder(answer_id(gen.request_id, chat), chunk_object(chat),
                                    int(time.time()), model, chat)
@@ -361,7 +320,7 @@ class Server:
         first = chat  # the chat stream's role chunk goes out with the first output
         try:
             while True:  # `outputs` inlined: one async generator less per chunk
-                if not _ready(gen):
+                if not has_output(gen):
                     await gen.queue.wait()
                 text, out = self._next(gen)
                 if first:
@@ -389,33 +348,10 @@ class Server:
         finally:
             self.forget(gen, abort=True)
 
-    def response(self, gen: _Generation, text: str, model: str, chat: bool) -> dict[str, Any]:
+    def response(self, gen: RequestState, text: str, model: str, chat: bool) -> dict[str, Any]:
         choice = choice_body(0, text, gen.finish_reason, gen.stop_reason, chat)
         return response_body(gen.request_id, chat, int(time.time()), model, [choice],
                              gen.usage())
-
-
-def _ready(gen: _Generation) -> bool:
-    """Whether `gen` has an output or an error to take without waiting."""
-    return gen.deferred is not None or not gen.queue.empty()
-
-
-def _take(gen: _Generation, item: RequestOutput | Exception) -> RequestOutput | Exception:
-    """`item` merged with the outputs queued behind it, as vLLM's `RequestOutputCollector`
-    does in delta mode: a stream that fell behind the engine (its client or the API server
-    slower than the steps) catches up with one chunk carrying several tokens instead of one
-    write per token, which bunched the tokens at the client (several SSE events per read,
-    an ITL of ~0 between them, and more writes still to do). An error behind them is kept
-    for the next call (`gen.deferred`)."""
-    queue = gen.queue
-    while isinstance(item, RequestOutput) and item.finish_reason is None and not queue.empty():
-        nxt = queue.get_nowait()
-        if isinstance(nxt, Exception):
-            gen.deferred = nxt
-            break
-        nxt.new_token_ids = item.new_token_ids + nxt.new_token_ids
-        item = nxt
-    return item
 
 
 def _phases(out: RequestOutput) -> dict[str, float | None]:

@@ -29,8 +29,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from backends.serve import sse
+from backends.serve.api_error import SHUT_DOWN, ApiError
 from backends.serve.openai_protocol import GENERATION_PATHS as PATHS
-from backends.serve.openai_protocol import SHUT_DOWN, ApiError
 
 T = TypeVar("T")
 Scope = MutableMapping[str, Any]

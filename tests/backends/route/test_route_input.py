@@ -130,8 +130,8 @@ def test_a_bad_host_or_a_port_in_use_is_one_line_before_anything_starts() -> Non
 
 
 def test_a_body_nested_100000_deep_is_a_400() -> None:
+    from backends.serve.api_error import ApiError
     from backends.serve.guard import parse_body
-    from backends.serve.openai_protocol import ApiError
 
     body = b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     with pytest.raises(ApiError) as err:
@@ -172,7 +172,7 @@ def _same_answer(keyed: tuple[Rt, Rt], body: bytes, headers: dict[str, str]) -> 
 
 
 def test_the_routers_own_errors_are_rt_serves_json() -> None:
-    from backends.serve.openai_protocol import ApiError
+    from backends.serve.api_error import ApiError
 
     err = ApiError(404, "no route /v1/nothing — here")  # a non-ASCII byte, as Starlette sends
     assert err.encoded() == bytes(err.response().body) == (

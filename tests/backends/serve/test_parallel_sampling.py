@@ -21,10 +21,11 @@ import pytest
 
 from backends.engine.sampling_options import SamplingOptions
 from backends.engine.text import ByteTokenizer
+from backends.serve.api_error import ApiError, EngineDeadError
 from backends.serve.engine_client import OutputQueue
 from backends.serve.messages import RequestOutput, decode
 from backends.serve.metrics import ServeMetrics
-from backends.serve.openai_protocol import MAX_N, ApiError, EngineDeadError, Parsed
+from backends.serve.openai_protocol import MAX_N, Parsed
 from backends.serve.parallel_sampling import (
     FAN_OUT_CHUNK,
     ParentRequest,
@@ -34,7 +35,8 @@ from backends.serve.parallel_sampling import (
     fan_out,
     stream_all,
 )
-from backends.serve.server import ServeConfig, Server, _Generation
+from backends.serve.request_state import RequestState
+from backends.serve.server import ServeConfig, Server
 from runtime import SamplingParams
 from tests.backends.serve.test_parse_rules import parser
 from tests.backends.serve.test_serve import Served, _first_data
@@ -95,8 +97,8 @@ def test_a_parent_checks_its_children() -> None:
     parsed = Parsed([1], SamplingParams(max_tokens=2), SamplingOptions(1.0), False, False,
                     False, n=2)
 
-    def child(request_id: str, on: OutputQueue) -> _Generation:
-        return _Generation(request_id, parsed, 0.0, ByteTokenizer(512).decoder(), on)
+    def child(request_id: str, on: OutputQueue) -> RequestState:
+        return RequestState(request_id, parsed, 0.0, ByteTokenizer(512).decoder(), on)
 
     with pytest.raises(ValueError, match="n >= 2"):
         ParentRequest("p", [child("0_p", queue)], queue)

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from backends.engine.text import ByteTokenizer
+from backends.serve.api_error import ApiError
 from backends.serve.messages import EngineInfo
-from backends.serve.openai_protocol import ApiError, RequestParser
+from backends.serve.openai_protocol import RequestParser
 from backends.serve.parallel_sampling import child_sampling
 from runtime import CacheConfig, SchedulerConfig
 

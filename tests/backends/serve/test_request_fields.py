@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from backends.engine.sampling_options import SamplingOptions
+from backends.serve.api_error import ApiError
 from backends.serve.messages import EngineRequest
-from backends.serve.openai_protocol import ApiError
 from runtime import CacheConfig, SamplingParams, SchedulerConfig
 from tests.backends.serve.test_engine_perf import Inbox, Outbox, Setup, _receive
 from tests.backends.serve.test_parse_rules import parser

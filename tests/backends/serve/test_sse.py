@@ -20,12 +20,14 @@ from starlette.responses import StreamingResponse
 
 from backends.engine.sampling_options import SamplingOptions
 from backends.engine.text import ByteTokenizer
+from backends.serve.api_error import EngineDeadError
 from backends.serve.api_server import front, routes_app
 from backends.serve.engine_client import OutputQueue
 from backends.serve.messages import RequestOutput, decode
 from backends.serve.metrics import ITL_BUCKETS, ServeMetrics, observe_all
-from backends.serve.openai_protocol import EngineDeadError, Parsed
-from backends.serve.server import ServeConfig, Server, _Generation
+from backends.serve.openai_protocol import Parsed
+from backends.serve.request_state import RequestState
+from backends.serve.server import ServeConfig, Server
 from backends.serve.sse import ChunkEncoder
 from backends.serve.stream_path import EventStream, EventStreamResponse, Last, stream
 from runtime import SamplingParams
@@ -93,7 +95,7 @@ def _stream(chat: bool, items: list[RequestOutput | Exception], include_usage: b
         server = _server()
         parsed = Parsed([5, 6, 7], SamplingParams(max_tokens=9), SamplingOptions(), True,
                         include_usage, continuous)
-        gen = _Generation("r", parsed, 0.0, ByteTokenizer(512).decoder(), OutputQueue())
+        gen = RequestState("r", parsed, 0.0, ByteTokenizer(512).decoder(), OutputQueue())
         server.gens["r"] = gen
         server.awaiting_first = 1
         events = []

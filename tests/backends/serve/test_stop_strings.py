@@ -9,7 +9,8 @@ from backends.serve.engine_client import OutputQueue
 from backends.serve.messages import EngineOutputs, RequestOutput, SchedulerStats
 from backends.serve.metrics import ServeMetrics
 from backends.serve.openai_protocol import Parsed
-from backends.serve.server import ServeConfig, Server, _Generation
+from backends.serve.request_state import RequestState
+from backends.serve.server import ServeConfig, Server
 from backends.serve.stop_strings import StopMatch, StopStringText, find_stop
 from runtime import SamplingParams
 
@@ -81,7 +82,7 @@ def _stats() -> SchedulerStats:
     return SchedulerStats(1, 0, 0.1, 0, 0, 0)
 
 
-def _stop_server() -> tuple[Server, _Generation, list[str]]:
+def _stop_server() -> tuple[Server, RequestState, list[str]]:
     """A Server (no engine process) with one request whose stop string is "cd"; the engine's
     abort is recorded in the list returned."""
     server = Server(ServeConfig("m", lambda: None))
@@ -91,7 +92,7 @@ def _stop_server() -> tuple[Server, _Generation, list[str]]:
     server.engine.abort = aborted.append  # type: ignore[method-assign,assignment]
     parsed = Parsed([5, 6, 7], SamplingParams(max_tokens=9), SamplingOptions(), False, False,
                     False, stop=("cd",))
-    gen = _Generation("r", parsed, 0.0, CODEC.decoder(), OutputQueue())
+    gen = RequestState("r", parsed, 0.0, CODEC.decoder(), OutputQueue())
     gen.stops = StopStringText(gen.decoder, parsed.stop, False, 0)
     server.gens["r"] = gen
     server.awaiting_first = 1

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from backends.serve.openai_protocol import ApiError, _short, token_list
+from backends.serve.api_error import ApiError
+from backends.serve.body_fields import short, token_list
 
 
 def _reference(value: Any, vocab_size: int) -> list[int] | tuple[str, str]:
@@ -17,10 +18,10 @@ def _reference(value: Any, vocab_size: int) -> list[int] | tuple[str, str]:
             isinstance(t, int) and not isinstance(t, bool) for t in value):
         return "prompt must be a list of token ids", "body.prompt"
     if any(t < 0 for t in value):
-        return f"prompt: token id {_short(min(value))} is negative", "body.prompt"
+        return f"prompt: token id {short(min(value))} is negative", "body.prompt"
     bad = [t for t in value if not 0 <= t < vocab_size]
     if bad:
-        return (f"prompt: token id {_short(bad[0])} is outside the vocabulary "
+        return (f"prompt: token id {short(bad[0])} is outside the vocabulary "
                 f"[0, {vocab_size})", "prompt")
     return value
 

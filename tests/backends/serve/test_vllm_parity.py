@@ -18,7 +18,8 @@ from backends.serve.engine_client import OutputQueue
 from backends.serve.messages import RequestOutput
 from backends.serve.metrics import ServeMetrics
 from backends.serve.openai_protocol import Parsed
-from backends.serve.server import ServeConfig, Server, _Generation
+from backends.serve.request_state import RequestState
+from backends.serve.server import ServeConfig, Server
 from runtime import SamplingParams
 
 from .test_serve import Served
@@ -38,7 +39,7 @@ def test_chat_role_chunk_waits_for_the_first_token() -> None:
         codec = ByteTokenizer(512)
         parsed = Parsed([5, 6, 7], SamplingParams(max_tokens=2), SamplingOptions(), True,
                         False, False)
-        gen = _Generation("r", parsed, 0.0, codec.decoder(), OutputQueue())
+        gen = RequestState("r", parsed, 0.0, codec.decoder(), OutputQueue())
         server.gens["r"] = gen
         server.awaiting_first = 1
         token_sent = False
@@ -76,23 +77,23 @@ def test_outputs_queued_behind_a_slow_write_merge_into_one_chunk() -> None:
     """vLLM's RequestOutputCollector (delta mode): a stream that fell behind the engine
     catches up with one chunk carrying the queued tokens; an error behind them still ends
     the stream, after them."""
-    from backends.serve.openai_protocol import EngineDeadError
-    from backends.serve.server import _take
+    from backends.serve.api_error import EngineDeadError
+    from backends.serve.request_state import merge_queued
 
-    gen = _Generation("r", Parsed([5], SamplingParams(max_tokens=9), SamplingOptions(), True,
+    gen = RequestState("r", Parsed([5], SamplingParams(max_tokens=9), SamplingOptions(), True,
                                   False, False), 0.0, ByteTokenizer(512).decoder(),
                       OutputQueue())
     for token in (1, 2, 3):
         gen.queue.put_nowait(RequestOutput("r", [token]))
     gen.queue.put_nowait(EngineDeadError())
     first = gen.queue.get_nowait()
-    merged = _take(gen, first)
+    merged = merge_queued(gen, first)
     assert isinstance(merged, RequestOutput) and merged.new_token_ids == [1, 2, 3]
     assert isinstance(gen.deferred, EngineDeadError) and gen.queue.empty()
     gen.deferred = None
     gen.queue.put_nowait(RequestOutput("r", [5], finish_reason="length"))
     gen.queue.put_nowait(RequestOutput("r", [6]))  # never behind a final output
-    done = _take(gen, RequestOutput("r", [4]))
+    done = merge_queued(gen, RequestOutput("r", [4]))
     assert isinstance(done, RequestOutput) and done.new_token_ids == [4, 5]
     assert done.finish_reason == "length" and gen.queue.qsize() == 1
 
