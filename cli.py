@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 from rich.markup import escape
 from typer.core import TyperGroup
+from typer.models import OptionInfo
 
 import workloads
 from analysis.compare import COMPARE_HELP, CompareFiles
@@ -255,9 +256,12 @@ _Seed = Annotated[int, typer.Option("--seed", help="Seed of every random draw (a
                                     min=0, max=MAX_SEED)]
 
 
-def _result_dir(kind: str) -> Any:
-    return Annotated[Path | None, typer.Option(
-        "--result-dir", help=f"Run directory to write (default: results/{kind}-<time>).")]
+def _result_dir(kind: str) -> OptionInfo:
+    """The `--result-dir` option of a command whose run directory defaults to
+    results/<kind>-<time>; the parameter is `Annotated[Path | None, _result_dir(kind)]`."""
+    option: OptionInfo = typer.Option(  # typed as Any by typer, so it serves as a default
+        "--result-dir", help=f"Run directory to write (default: results/{kind}-<time>).")
+    return option
 
 
 # ---- rt trace ... (workloads) ----
@@ -319,7 +323,7 @@ def simulate(
     pd: Annotated[PDFlags, Flags()],
     autoscale: Annotated[AutoscaleFlags, Flags()],
     report: _Percentiles,
-    result_dir: _result_dir("simulate") = None,
+    result_dir: Annotated[Path | None, _result_dir("simulate")] = None,
     check_invariants: _CheckInvariants = False,
     typed: Typed,
 ) -> None:
@@ -402,7 +406,8 @@ def sweep(
     with user_errors():
         how.check_search(typed)
         slos = sweep_slos(how.slo, how.find_max_rate)
-        plan, notes = SweepPlan.build(trace_file.trace, work, grid, targets, fleets,
+        plan, notes = SweepPlan.build(trace_file.trace, work, _comma_lists(grid),
+                                      _comma_lists(targets), _comma_lists(fleets),
                                       sim.profile, how,
                                       checked_dir(result_dir, "sweep", functools.partial(
                                           check_runs_root, table=SWEEP_TABLE)))
@@ -415,6 +420,15 @@ def sweep(
         text, figures = write_sweep(records, plan.root, GRID_ENGINE_FLAGS, slos, plots)
     typer.echo(text)
     save_figures(figures, plan.root, say)
+
+
+def _comma_lists(group: object) -> dict[str, list[Any]]:
+    """A `lists=True` flag group's value as the command gets it: `runtime.flags.build_group`
+    hands {field: [values]} for the options given, not the dataclass the parameter's
+    annotation names (that only says whose fields become options)."""
+    if not isinstance(group, dict):
+        raise TypeError(f"a comma-list flag group is a dict, got {type(group).__name__}")
+    return group
 
 
 @command(app, "plan", help=PLAN_HELP)
@@ -468,7 +482,7 @@ def replay(
     engine: Annotated[EngineFlags, Flags()],
     real: Annotated[RealEngineFlags, Flags()],
     report: _Percentiles,
-    result_dir: _result_dir("replay") = None,
+    result_dir: Annotated[Path | None, _result_dir("replay")] = None,
     check_invariants: _CheckInvariants = False,
     client: Annotated[EndpointFlags, Flags()],
     typed: Typed,

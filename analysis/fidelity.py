@@ -68,7 +68,8 @@ def _metric_table(runs: Sequence[Run], keys: Sequence[str]) -> np.ndarray:
 def _spread(runs: np.ndarray, mean: np.ndarray) -> np.ndarray:
     """max_i |runs[i] - mean| / mean per column (unsigned, a fraction)."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.abs(runs - mean).max(axis=0) / mean
+        spread: np.ndarray = np.abs(runs - mean).max(axis=0) / mean  # numpy's stubs: Any
+    return spread
 
 
 def metric_errors(reals: Sequence[Run], sims: Sequence[Run],
@@ -123,7 +124,8 @@ def _percentiles(values: np.ndarray, qs: Sequence[float]) -> dict[str, float]:
     return {f"p{q:g}": float(np.percentile(values, q)) for q in qs}
 
 
-def step_errors(measured_s: Sequence[float], predicted_s: Sequence[float]) -> dict[str, float]:
+def step_errors(measured_s: Sequence[float] | np.ndarray,
+                predicted_s: Sequence[float] | np.ndarray) -> dict[str, float]:
     """Per-step prediction error over steps with a positive measured time: mean and
     percentiles of |pred - meas| / meas, the signed median, and the bias on the total
     (Σ pred / Σ meas - 1). Fractions; `steps` is the count."""
@@ -197,7 +199,8 @@ class FidelityReport:
 
 
 def fidelity_report(reals: Sequence[Run], sims: Sequence[Run],
-                    measured_step_s: Sequence[float], predicted_step_s: Sequence[float],
+                    measured_step_s: Sequence[float] | np.ndarray,
+                    predicted_step_s: Sequence[float] | np.ndarray,
                     calibrations: Sequence[Run] = (), extra: dict[str, Any] | None = None
                     ) -> FidelityReport:
     """All three views; the step times are the first real run's (measured, and as

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from analysis.attribution import PART_MS
@@ -53,7 +54,7 @@ def _tail_x(p: np.ndarray) -> np.ndarray:
     return -np.log10(1.0 - np.asarray(p) / 100.0)
 
 
-def _grid(ncols: int, nplots: int, size: tuple[float, float]) -> tuple[Figure, list]:
+def _grid(ncols: int, nplots: int, size: tuple[float, float]) -> tuple[Figure, list[Axes]]:
     nrows = (nplots + ncols - 1) // ncols
     fig = Figure(figsize=(size[0] * ncols, size[1] * nrows), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel().tolist()

@@ -24,7 +24,7 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -54,7 +54,18 @@ class Run:
         return str(self.info.get("name") or self.path.name)
 
 
-Rows = Sequence[dict[str, Any]] | Mapping[str, Sequence[Any]]  # row dicts, or columns
+class RowDicts(Protocol):
+    """Row dicts that can be walked more than once (`_write_table` reads them twice: the
+    schema, then the rows): a list, or `_RecordRows`, which makes them afresh each pass. A
+    one-shot iterator (a generator) would write the schema and no rows, so it is no
+    `RowDicts` (it has no length)."""
+
+    def __iter__(self) -> Iterator[dict[str, Any]]: ...
+
+    def __len__(self) -> int: ...
+
+
+Rows = RowDicts | Mapping[str, Sequence[Any]]  # row dicts, or columns
 
 
 def check_writable(path: Path, what: str) -> None:
@@ -165,9 +176,9 @@ def write_run(path: Path, requests: Rows, steps: Rows, info: dict[str, Any]) -> 
         partial.rename(path)
 
 
-def _write_table(path: Path, rows: Rows | Iterable[dict[str, Any]]) -> None:
-    """Columns go to arrow in one table (typed arrays without a copy); rows (a list of
-    dicts or an iterable of them, read twice) in batches of `_BATCH_ROWS`, so the rows are
+def _write_table(path: Path, rows: Rows) -> None:
+    """Columns go to arrow in one table (typed arrays without a copy); rows (`RowDicts`,
+    read twice) in batches of `_BATCH_ROWS`, so the rows are
     never all converted at once."""
     if isinstance(rows, Mapping):
         pq.write_table(pa.table({name: _column(values) for name, values in rows.items()}),

@@ -65,7 +65,8 @@ def request_gaps(flat: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     keep = np.ones(gaps.size, dtype=bool)
     starts = np.cumsum(lengths)[:-1]  # where each request after the first begins
     keep[starts[(starts > 0) & (starts <= gaps.size)] - 1] = False
-    return gaps[keep]
+    kept: np.ndarray = gaps[keep]  # numpy's stubs type a boolean-mask index as Any
+    return kept
 
 
 def gather_gaps(chunks: Iterable[Chunk], capacity: int) -> np.ndarray:

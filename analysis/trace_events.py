@@ -164,7 +164,9 @@ def fleet_engine_events(steps: pd.DataFrame, info: dict[str, Any],
     """A process per replica (`REPLICA_PID` + r), each `engine_events` of its own steps;
     the decode-run merging applies to every replica when the fleet has more steps than
     `max_steps`."""
-    fleet = info.get("fleet") if isinstance(info.get("fleet"), dict) else {}
+    fleet = info.get("fleet")
+    if not isinstance(fleet, dict):
+        fleet = {}
     count = int(fleet.get("replicas") or 0)
     if not steps.empty:
         count = max(count, int(steps["replica"].max()) + 1)

@@ -56,8 +56,8 @@ def load_vllm_bench(path: Path) -> Run:
                              f"'start_times' {count}")
     if count == 0:
         raise ValueError(f"{path}: field 'start_times' is empty (no requests)")
-    latencies = data.get("latencies") if isinstance(data.get("latencies"), list) else None
-    errors = data.get("errors") if isinstance(data.get("errors"), list) else [""] * count
+    latencies = _optional_array(data, "latencies", count, path)
+    errors = _optional_array(data, "errors", count, path) or [""] * count
     t0 = min(float(t) for t in arrays["start_times"])
     rows = [_row(i, arrays, latencies, errors, t0, path) for i in range(count)]
     return Run(path, pd.DataFrame(rows), pd.DataFrame(), _info(data, path))
@@ -73,10 +73,25 @@ def _array(data: dict[str, Any], name: str, path: Path) -> list[Any]:
     return value
 
 
+def _optional_array(data: dict[str, Any], name: str, count: int,
+                    path: Path) -> list[Any] | None:
+    """Field `name` when it is a list (then of `count` entries, one a request), else None
+    (vLLM leaves `latencies` and `errors` out of older files; a non-list is read as absent,
+    as before)."""
+    value = data.get(name)
+    if not isinstance(value, list):
+        return None
+    if len(value) != count:
+        raise ValueError(f"{path}: field {name!r} has {len(value)} entries, "
+                         f"'start_times' {count}")
+    return value
+
+
 def _row(i: int, arrays: dict[str, list[Any]], latencies: list[Any] | None,
          errors: list[Any], t0: float, path: Path) -> dict[str, Any]:
     arrival = _seconds(arrays["start_times"][i], "start_times", i, path) - t0
-    output_len = int(arrays["output_lens"][i] or 0)
+    output = arrays["output_lens"][i]
+    output_len = 0 if output is None else _count(output, "output_lens", i, path)
     ok = not errors[i] and output_len > 0
     ttft = _seconds(arrays["ttfts"][i], "ttfts", i, path)
     gaps = arrays["itls"][i] or []
@@ -87,8 +102,9 @@ def _row(i: int, arrays: dict[str, list[Any]], latencies: list[Any] | None,
     latency = _seconds(latencies[i], "latencies", i, path) if latencies else None
     finish = arrival + latency if latency is not None and ok else (times[-1] if times
                                                                     else arrival)
+    prompt_len = _count(arrays["input_lens"][i], "input_lens", i, path)
     row: dict[str, Any] = {
-        "request_id": str(i), "arrival_s": arrival, "prompt_len": int(arrays["input_lens"][i]),
+        "request_id": str(i), "arrival_s": arrival, "prompt_len": prompt_len,
         "max_tokens": output_len, "first_token_s": times[0] if times else math.nan,
         "finish_s": finish, "status": "FINISHED_LENGTH_CAPPED" if ok else "FINISHED_ABORTED",
         "finish_reason": "length" if ok else "abort", "stop_reason": None,
@@ -105,6 +121,16 @@ def _seconds(value: Any, name: str, i: int, path: Path) -> float:
         raise ValueError(f"{path}: field {name!r} entry {i} must be a number of seconds, "
                          f"got {value!r}")
     return float(value)
+
+
+def _count(value: Any, name: str, i: int, path: Path) -> int:
+    """A token count: an int >= 0 (JSON's 3.0 is 3; a bool, a fraction or text is refused)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{path}: field {name!r} entry {i} must be a count of tokens "
+                         f"(an integer >= 0), got {value!r:.60}")
+    return value
 
 
 def _info(data: dict[str, Any], path: Path) -> dict[str, Any]:

@@ -112,3 +112,33 @@ def test_bad_entries_name_field_and_value(tmp_path: Path) -> None:
     path.write_text(json.dumps(vllm_result(itls=[[0.1]])))
     with pytest.raises(ValueError, match=r"field 'itls' has 1 entries"):
         load_run(path)
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    ({"errors": [""]}, r"field 'errors' has 1 entries, 'start_times' 3"),
+    ({"latencies": [0.25, 0.22]}, r"field 'latencies' has 2 entries, 'start_times' 3"),
+    ({"input_lens": [10, None, 10]}, r"field 'input_lens' entry 1 must be a count.*None"),
+    ({"output_lens": [3, [1], 0]}, r"field 'output_lens' entry 1 must be a count.*\[1\]"),
+    ({"output_lens": [3, -2, 0]}, r"field 'output_lens' entry 1 must be a count.*-2"),
+    ({"input_lens": [10, 10.5, 10]}, r"field 'input_lens' entry 1 must be a count.*10.5"),
+])
+def test_short_optional_arrays_and_bad_counts_are_one_line(
+        tmp_path: Path, extra: dict[str, Any], expected: str) -> None:
+    """An `errors` or `latencies` array shorter than `start_times`, or a token count that is
+    no count, is one line naming the field (was an IndexError or TypeError traceback)."""
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(vllm_result(**extra)))
+    with pytest.raises(ValueError, match=expected):
+        load_run(path)
+    done = runner.invoke(app, ["report", str(path), "--no-plots"])
+    assert done.exit_code == 2, done.output
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_failed_requests_output_len_may_be_null(tmp_path: Path) -> None:
+    """vLLM's failed request may carry no output length: read as 0, as before."""
+    path = tmp_path / "null.json"
+    path.write_text(json.dumps(vllm_result(output_lens=[3, 2, None])))
+    run = load_run(path)
+    assert run.requests["output_len"].tolist() == [3, 2, 0]
+    assert run.requests["max_tokens"].tolist() == [3, 2, 0]
