@@ -9,6 +9,7 @@ import dataclasses
 import multiprocessing
 import os
 import pickle
+import select
 import signal
 import time
 from collections.abc import Callable
@@ -202,6 +203,33 @@ def test_results_come_back_in_task_order() -> None:
                          lambda i, _: arrived.append(i))
     assert results == ["slow", "fast"]
     assert sorted(arrived) == [0, 1]
+
+
+def test_results_are_taken_as_they_arrive() -> None:
+    """Worker 0 cannot finish before worker 1's result has been taken (`on_result(1)`
+    releases it through a pipe), so only a parent that takes results in arrival order (it
+    waits on every result pipe's descriptor at once) sees it released; one that read the
+    pipes in task order would wait on worker 0 until its minute ran out."""
+    release, releaser = os.pipe()
+
+    def first() -> str:
+        ready, _, _ = select.select([release], [], [], 60.0)
+        return "released" if ready else "never released"
+
+    arrived: list[int] = []
+
+    def on_result(i: int, _: object) -> None:
+        arrived.append(i)
+        if i == 1:
+            os.write(releaser, b"x")
+
+    try:
+        results = run_forked([first, lambda: "second"], on_result)
+    finally:
+        os.close(release)
+        os.close(releaser)
+    assert results == ["released", "second"]
+    assert arrived == [1, 0]
 
 
 def test_without_fork_the_fleet_runs_in_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
