@@ -176,7 +176,7 @@ def _generate_batch(hf_model: Any, prompts: list[list[int]], output_len: int,
         out = hf_model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
                                 max_new_tokens=output_len, min_new_tokens=output_len,
                                 eos_token_id=None, pad_token_id=pad_id)
-    new = out[:, ids.shape[1]:].tolist()
+    new: list[list[int]] = out[:, ids.shape[1]:].tolist()  # hf_model is untyped (Any)
     if any(len(row) != output_len for row in new):
         raise RuntimeError(f"generate returned {len(new[0])} new tokens, not {output_len}")
     return new

@@ -48,7 +48,8 @@ class PagedBatch(PagedAttentionInputs):
 
     @property
     def scale(self) -> float:
-        return float(self.query.shape[-1]) ** -0.5
+        scale: float = float(self.query.shape[-1]) ** -0.5  # float ** float is typed Any
+        return scale
 
     def kv_bytes(self) -> int:
         """K and V bytes the attention must read: every key of every sequence, every KV head."""

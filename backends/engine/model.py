@@ -16,13 +16,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from backends.engine.attention import AttentionOps
 from backends.engine.kv_cache import KVCache
+
+if TYPE_CHECKING:  # transformers is imported where it is used (a second or more)
+    from transformers import PreTrainedModel
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -131,20 +134,61 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
 
 
+def _call(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """module(x) for a module whose forward maps a tensor to a tensor (nn.Module.__call__ is
+    typed as returning Any)."""
+    out: torch.Tensor = module(x)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Layer:
+    """One decoder layer's modules and RMSNorm weights, looked up once (transformers'
+    Llama-family layout: self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj)."""
+
+    input_norm: torch.Tensor  # [hidden]
+    post_attention_norm: torch.Tensor  # [hidden]
+    q_proj: nn.Module  # [T, hidden] -> [T, H * D]
+    k_proj: nn.Module  # [T, hidden] -> [T, Hkv * D]
+    v_proj: nn.Module  # [T, hidden] -> [T, Hkv * D]
+    o_proj: nn.Module  # [T, H * D] -> [T, hidden]
+    q_norm: torch.Tensor | None  # [D], Qwen3's RMSNorm over head_dim; None elsewhere
+    k_norm: torch.Tensor | None  # [D], as q_norm
+    gate_proj: nn.Module  # [T, hidden] -> [T, intermediate]
+    up_proj: nn.Module  # [T, hidden] -> [T, intermediate]
+    down_proj: nn.Module  # [T, intermediate] -> [T, hidden]
+
+    @classmethod
+    def of(cls, layer: nn.Module) -> _Layer:
+        attn = layer.get_submodule("self_attn")
+        qk_norm = hasattr(attn, "q_norm")
+        return cls(
+            input_norm=layer.get_parameter("input_layernorm.weight"),
+            post_attention_norm=layer.get_parameter("post_attention_layernorm.weight"),
+            q_proj=attn.get_submodule("q_proj"), k_proj=attn.get_submodule("k_proj"),
+            v_proj=attn.get_submodule("v_proj"), o_proj=attn.get_submodule("o_proj"),
+            q_norm=attn.get_parameter("q_norm.weight") if qk_norm else None,
+            k_norm=attn.get_parameter("k_norm.weight") if qk_norm else None,
+            gate_proj=layer.get_submodule("mlp.gate_proj"),
+            up_proj=layer.get_submodule("mlp.up_proj"),
+            down_proj=layer.get_submodule("mlp.down_proj"))
+
+
 class PagedModel:
     """A loaded Llama-family model run by rt's forward over the paged KV cache."""
 
-    def __init__(self, hf_model: nn.Module, ops: AttentionOps) -> None:
+    def __init__(self, hf_model: PreTrainedModel, ops: AttentionOps) -> None:
         self.hf_model = hf_model
         self.config = hf_model.config
         self.shape = _shape(self.config)
         self.ops = ops
-        decoder = hf_model.model
-        self.embed_tokens = decoder.embed_tokens
-        self.layers = list(decoder.layers)
-        self.norm = decoder.norm
-        self.rotary_emb = decoder.rotary_emb
-        self.lm_head = hf_model.lm_head
+        self.embed_tokens = hf_model.get_submodule("model.embed_tokens")
+        # model.layers is an nn.ModuleList: its children are the layers in order
+        self.layers = [_Layer.of(layer)
+                       for layer in hf_model.get_submodule("model.layers").children()]
+        self.norm_weight = hf_model.get_parameter("model.norm.weight")  # [hidden]
+        self.rotary_emb = hf_model.get_submodule("model.rotary_emb")
+        self.lm_head = hf_model.get_submodule("lm_head")
         self.eps = float(self.config.rms_norm_eps)
         self.scale = float(self.shape.head_dim) ** -0.5
         from transformers.activations import ACT2FN
@@ -153,11 +197,11 @@ class PagedModel:
 
     @property
     def device(self) -> torch.device:
-        return self.embed_tokens.weight.device
+        return self.embed_tokens.get_parameter("weight").device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed_tokens.weight.dtype
+        return self.embed_tokens.get_parameter("weight").dtype
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -165,45 +209,48 @@ class PagedModel:
                 logits_indices: torch.Tensor) -> torch.Tensor:
         """input_ids, positions [T] int64; logits_indices [N] int64 rows that sample.
         Returns logits [N, vocab] in fp32."""
-        hidden = self.embed_tokens(input_ids)  # [T, hidden]
+        hidden = _call(self.embed_tokens, input_ids)  # [T, hidden]
+        cos: torch.Tensor
+        sin: torch.Tensor
         cos, sin = self.rotary_emb(hidden, positions[None, :])  # [1, T, D] each
         cos, sin = cos[0], sin[0]
         for index, layer in enumerate(self.layers):
             hidden = self._layer(layer, hidden, cos, sin, meta, kv_cache, index)
-        hidden = rms_norm(hidden[logits_indices], self.norm.weight, self.eps)  # [N, hidden]
-        return self.lm_head(hidden).float()
+        hidden = rms_norm(hidden[logits_indices], self.norm_weight, self.eps)  # [N, hidden]
+        return _call(self.lm_head, hidden).float()
 
-    def _layer(self, layer: nn.Module, hidden: torch.Tensor, cos: torch.Tensor,
+    def _layer(self, layer: _Layer, hidden: torch.Tensor, cos: torch.Tensor,
                sin: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache,
                index: int) -> torch.Tensor:
-        x = rms_norm(hidden, layer.input_layernorm.weight, self.eps)
-        hidden = hidden + self._attention(layer.self_attn, x, cos, sin, meta, kv_cache, index)
-        x = rms_norm(hidden, layer.post_attention_layernorm.weight, self.eps)
-        return hidden + self._mlp(layer.mlp, x)
+        x = rms_norm(hidden, layer.input_norm, self.eps)
+        hidden = hidden + self._attention(layer, x, cos, sin, meta, kv_cache, index)
+        x = rms_norm(hidden, layer.post_attention_norm, self.eps)
+        return hidden + self._mlp(layer, x)
 
-    def _attention(self, attn: nn.Module, x: torch.Tensor, cos: torch.Tensor,
+    def _attention(self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor,
                    sin: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache,
                    index: int) -> torch.Tensor:
         """x [T, hidden] -> attention output after o_proj, [T, hidden]."""
         shape = self.shape
         num_tokens = x.shape[0]
-        q = attn.q_proj(x).view(num_tokens, shape.num_heads, shape.head_dim)
-        k = attn.k_proj(x).view(num_tokens, shape.num_kv_heads, shape.head_dim)
-        v = attn.v_proj(x).view(num_tokens, shape.num_kv_heads, shape.head_dim)
-        if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over head_dim before RoPE
-            q = rms_norm(q, attn.q_norm.weight, self.eps)
-            k = rms_norm(k, attn.k_norm.weight, self.eps)
+        q = _call(layer.q_proj, x).view(num_tokens, shape.num_heads, shape.head_dim)
+        k = _call(layer.k_proj, x).view(num_tokens, shape.num_kv_heads, shape.head_dim)
+        v = _call(layer.v_proj, x).view(num_tokens, shape.num_kv_heads, shape.head_dim)
+        if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3, before RoPE
+            q = rms_norm(q, layer.q_norm, self.eps)
+            k = rms_norm(k, layer.k_norm, self.eps)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         key_cache, value_cache = kv_cache.key_caches[index], kv_cache.value_caches[index]
         self.ops.reshape_and_cache(k, v, key_cache, value_cache, meta.slot_mapping)
         out = self.ops.paged_attention(q.contiguous(), key_cache, value_cache,
                                        meta.block_tables, meta.seq_lens,
                                        meta.query_start_loc, self.scale)  # [T, H, D]
-        return attn.o_proj(out.reshape(num_tokens, shape.num_heads * shape.head_dim))
+        return _call(layer.o_proj, out.reshape(num_tokens, shape.num_heads * shape.head_dim))
 
-    def _mlp(self, mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
         """SwiGLU: down(act(gate(x)) * up(x)), [T, hidden]."""
-        return mlp.down_proj(self.act(mlp.gate_proj(x)) * mlp.up_proj(x))
+        return _call(layer.down_proj,
+                     _call(self.act, _call(layer.gate_proj, x)) * _call(layer.up_proj, x))
 
 
 def load_model(model_dir: Path, dtype: str, device: torch.device,

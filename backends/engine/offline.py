@@ -5,7 +5,7 @@ The simplest driver of the real engine (tests compare it with transformers' `gen
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from backends.engine.model_runner import ModelRunner
@@ -21,7 +21,7 @@ class OfflineResult:
 
 
 def generate_offline(scheduler: Scheduler, runner: ModelRunner,
-                     prompts: dict[str, Sequence[int]], max_tokens: int,
+                     prompts: Mapping[str, Sequence[int]], max_tokens: int,
                      options: SamplingOptions | None = None,
                      check_invariants: bool = False) -> OfflineResult:
     """Generate `max_tokens` tokens (EOS ignored) for each prompt, all added at once."""

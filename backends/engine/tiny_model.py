@@ -76,7 +76,9 @@ def build_tiny_llama(path: Path | None = None, spec: TinyLlamaSpec | None = None
         pad_token_id=0, tie_word_embeddings=False,
     )
     torch.manual_seed(spec.seed)
-    model = LlamaForCausalLM(config).to(torch.float32)
+    # arg-type: transformers' `to` is @functools.wraps(nn.Module.to) and typeshed's _Wrapped
+    # has no __get__, so mypy does not bind `self` (the call is the ordinary Module.to).
+    model = LlamaForCausalLM(config).to(torch.float32)  # type: ignore[arg-type]
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     if tokenizer and spec.vocab_size >= _BYTE_END:

@@ -279,7 +279,7 @@ def choose_num_segments(
     programs = max(1, num_seqs * num_kv_heads)
     if programs >= sm_count:
         return 1
-    wanted = triton.next_power_of_2(math.ceil(2 * sm_count / programs))
+    wanted = int(triton.next_power_of_2(math.ceil(2 * sm_count / programs)))  # triton is untyped
     by_length = max(1, max_kv_len // MIN_TOKENS_PER_SEGMENT)
     cap = 1 << (by_length.bit_length() - 1)  # largest power of two <= by_length
     return max(1, min(wanted, cap, MAX_SEGMENTS))

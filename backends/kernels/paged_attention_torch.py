@@ -47,7 +47,10 @@ class PagedAttentionInputs:
     seq_lens: torch.Tensor
     query_start_loc: torch.Tensor
 
-    def args(self) -> tuple[torch.Tensor, ...]:
+    def args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                            torch.Tensor, torch.Tensor]:
+        """The six tensors in the implementations' positional order (the fixed length lets
+        `fn(*batch.args(), scale)` be checked against their signatures)."""
         return (self.query, self.key_cache, self.value_cache, self.block_tables,
                 self.seq_lens, self.query_start_loc)
 

@@ -75,7 +75,7 @@ Message = HandOver | ApiServerFailed | Done
 
 
 def _serve(trace: Trace, vocab_size: int, seed: int, tokenizer: Tokenizer | None,
-           out: Connection, zero: multiprocessing.Queue, stop: EventType) -> None:
+           out: Connection, zero: multiprocessing.Queue[float], stop: EventType) -> None:
     """The child's main: release, tokenize, hand over; return once `stop` is set."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle
     try:
@@ -103,7 +103,7 @@ def _serve(trace: Trace, vocab_size: int, seed: int, tokenizer: Tokenizer | None
         out.send(ApiServerFailed(f"{type(err).__name__}: {err}"))
 
 
-def _wait_for_zero(zero: multiprocessing.Queue, stop: EventType) -> float | None:
+def _wait_for_zero(zero: multiprocessing.Queue[float], stop: EventType) -> float | None:
     """The perf_counter() value of time 0, or None if stopped before the start."""
     while not stop.is_set():
         try:
@@ -122,7 +122,7 @@ class ApiServerProcess:
                  tokenizer: Tokenizer | None) -> None:
         ctx = multiprocessing.get_context("spawn")  # no fork of a process running torch
         self.inbox, self.outbox = ctx.Pipe(duplex=False)  # child -> engine
-        self.zero: multiprocessing.Queue = ctx.Queue()
+        self.zero: multiprocessing.Queue[float] = ctx.Queue()
         self.stopping = ctx.Event()
         self.process = ctx.Process(target=_serve, name="rt-api-server", daemon=True,
                                    args=(trace, vocab_size, seed, tokenizer, self.outbox,
@@ -146,8 +146,9 @@ class ApiServerProcess:
         queued. A child that died without a word is reported as ApiServerFailed (never a
         hang)."""
         if not block:
-            return self._receive() if self.inbox.poll() else None
-        message = self._get(None)
+            message = self._receive() if self.inbox.poll() else None
+        else:
+            message = self._get(None)
         assert not isinstance(message, Ready), "Ready comes once, before begin()"
         return message
 

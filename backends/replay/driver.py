@@ -185,7 +185,7 @@ def replay(trace: Trace, config: ReplayConfig, runner: ModelRunner,
     order = {req.request_id: i for i, req in enumerate(trace)}
     return ReplayResult(
         requests=sorted(recorder.finished, key=lambda r: order[r.request_id]),
-        step_columns=recorder.step_columns,
+        step_columns=dict(recorder.step_columns),
         prefix_cache_queries=stats.queries,
         prefix_cache_hits=stats.hits,
         wall_s=wall_s,

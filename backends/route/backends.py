@@ -90,7 +90,10 @@ def needed_signals(policy: RouterPolicy) -> tuple[str, ...]:
     """The /metrics gauges `policy` reads (load-only and router-index policies: none).
     ValueError for a policy that needs the engines' KV events, which rt route does not read."""
     config = getattr(policy, "config", None)
-    weight = lambda name: float(getattr(config, name, 0.0))  # noqa: E731
+
+    def weight(name: str) -> float:
+        return float(getattr(config, name, 0.0))
+
     if policy.name in ("dynamo-kv", "kv-aware") or weight("precise_prefix_cache") > 0:
         raise ValueError(f"router policy {policy.name} needs the engines' KV events (a precise "
                          "prefix index), which rt route does not read; use llm-d's "

@@ -34,6 +34,7 @@ from typing import Any
 import certifi
 import httpx
 import numpy as np
+import numpy.typing as npt
 
 from backends.bench.serve_load import free_port
 from backends.route.flags import RouteBenchFlags
@@ -195,7 +196,10 @@ def _summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     e2e = np.array([x for r in runs for x in r["e2e"]]) * 1000
     done = len(e2e)
     wall = sum(r["wall_s"] for r in runs)
-    pct = lambda a, q: round(float(np.percentile(a, q)), 3) if len(a) else None  # noqa: E731
+
+    def pct(values: npt.NDArray[np.float64], q: int) -> float | None:
+        return round(float(np.percentile(values, q)), 3) if len(values) else None
+
     return {"requests": done, "errors": sum(r["errors"] for r in runs),
             "requests_per_s": round(done / wall, 1) if wall else None,
             "ttft_ms": {"p50": pct(ttft, 50), "p99": pct(ttft, 99)},

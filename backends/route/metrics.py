@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Sequence
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -67,9 +68,9 @@ class RouterMetrics:
         for backend in backends:
             for kind in ("connect", "stream", "status", "scrape", "health"):
                 self.errors.labels(backend.url, kind)
-            up.labels(backend.url).set_function(lambda b=backend: float(b.up))
-            in_flight.labels(backend.url).set_function(lambda b=backend: float(b.in_flight))
-            age.labels(backend.url).set_function(lambda b=backend: _age(b))
+            up.labels(backend.url).set_function(partial(_up, backend))
+            in_flight.labels(backend.url).set_function(partial(_in_flight, backend))
+            age.labels(backend.url).set_function(partial(_age, backend))
 
     def dispatched(self, replica: int) -> None:
         """One request sent to backend `replica` (its index)."""
@@ -77,6 +78,14 @@ class RouterMetrics:
 
     def decided(self, reason: str) -> None:
         self.decisions.labels(self.policy, reason_label(reason)).inc()
+
+
+def _up(backend: Backend) -> float:
+    return float(backend.up)
+
+
+def _in_flight(backend: Backend) -> float:
+    return float(backend.in_flight)
 
 
 def _age(backend: Backend) -> float:

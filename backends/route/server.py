@@ -120,7 +120,8 @@ class Connection(asyncio.BufferedProtocol):
         self._state = state
         self.transport: asyncio.Transport | None = None
         self.gone = False  # the client's connection is closed
-        self.on_lost: Callable[[], None] | None = None
+        # called once if the client goes; its result is ignored (Task.cancel returns a bool)
+        self.on_lost: Callable[[], object] | None = None
         self._buf = b""  # bytes not yet parsed (a partial or next request)
         self._busy = False  # a request is being handled
         self._close_after = False  # close once the current response is done

@@ -117,12 +117,13 @@ class EngineClient:
                 kind, payload = decode(await self.output.recv())
                 if kind == "failed":
                     raise RuntimeError(f"the engine failed to start: {payload}")
-                self.info = payload
+                info: EngineInfo = payload  # engine_process sends ("ready", EngineInfo)
+                self.info = info
                 self._direct = zmq.Socket.shadow(self.input.underlying)
                 self.tasks = [asyncio.create_task(self._route()),
                               asyncio.create_task(self._send()),
                               asyncio.create_task(self._watch())]
-                return payload
+                return info
             if not self.process.is_alive():
                 raise RuntimeError(f"the engine process exited ({self.process.exitcode})")
         raise RuntimeError(f"the engine did not start within {timeout_s:g} s")

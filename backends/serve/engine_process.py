@@ -65,7 +65,8 @@ class EngineLoop:
     """The engine core's loop over its two sockets. With `estimate_perf` (rt serve
     --enable-mfu-metrics) each step's stats carry vLLM's FLOPs/bytes estimate per GPU."""
 
-    def __init__(self, setup: Any, inbox: zmq.Socket, outbox: zmq.Socket,
+    def __init__(self, setup: Any, inbox: zmq.Socket[bytes],
+                 outbox: zmq.Socket[bytes],
                  parent_pid: int | None = None, estimate_perf: bool = False) -> None:
         self.executor: Executor = setup.executor
         shape: PerfShape | None = getattr(setup, "perf_shape", None)

@@ -126,4 +126,6 @@ def encode(message: tuple[str, Any]) -> bytes:
 
 
 def decode(data: bytes) -> tuple[str, Any]:
-    return pickle.loads(data)  # noqa: S301 - a local socket between our own processes
+    # S301: a local socket between our own processes, so the data is encode()'s tuple
+    message: tuple[str, Any] = pickle.loads(data)  # noqa: S301
+    return message

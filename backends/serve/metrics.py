@@ -18,6 +18,7 @@ ITL and the phase times from the engine's step timestamps (one ITL sample per ou
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -44,7 +45,8 @@ SLEEP_STATES = {"awake": 1, "weights_offloaded": 0, "discard_all": 0}
 
 def buckets_1_2_5(max_value: int) -> list[int]:
     """1, 2, 5, 10, 20, 50, ... up to and including `max_value` (vLLM's build_1_2_5_buckets)."""
-    buckets, exponent = [], 0
+    buckets: list[int] = []
+    exponent = 0
     while True:
         for mantissa in (1, 2, 5):
             value = mantissa * 10 ** exponent
@@ -125,7 +127,7 @@ class ServeMetrics:
     def _counter(self, name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
         return Counter(name, doc, [*self.labels, *extra], registry=self.registry)
 
-    def _histogram(self, name: str, doc: str, buckets: tuple | list) -> Histogram:
+    def _histogram(self, name: str, doc: str, buckets: Sequence[float]) -> Histogram:
         return Histogram(name, doc, list(self.labels), buckets=buckets,
                          registry=self.registry).labels(**self.labels)
 

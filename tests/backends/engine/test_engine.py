@@ -177,3 +177,31 @@ def test_runner_drops_finished_and_preempted_state(tiny_model: PagedModel) -> No
     runner.update_states(output)
     assert set(runner.states) == {"A", "B"}
     assert runner.states["B"].block_ids == [1, 9]
+
+
+def _tiny_family(model_type: str, path: Path) -> Path:
+    """A tiny random Qwen2 (q/k/v bias) or Qwen3 (q/k RMSNorm over head_dim) checkpoint:
+    4 query heads, 2 KV heads, head_dim 16, fp32."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
+    config_cls, model_cls = classes[model_type]
+    config = config_cls(vocab_size=512, hidden_size=64, intermediate_size=128,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=16, max_position_embeddings=256, tie_word_embeddings=False,
+                        eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    model_cls(config).save_pretrained(path, safe_serialization=True)
+    return path
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+def test_qwen_families_equal_generate(model_type: str, tmp_path: Path) -> None:
+    """The bias and q/k-norm branches of the forward: Qwen3's layers carry q_norm/k_norm
+    weights and rt applies them, Qwen2's do not; greedy tokens equal transformers'."""
+    model = load_model(_tiny_family(model_type, tmp_path / model_type), "float32",
+                       torch.device("cpu"), REFERENCE_OPS)
+    assert model.shape.model_type == model_type
+    assert all((layer.q_norm is not None) == (model_type == "qwen3") for layer in model.layers)
+    result, _ = _run(model, PLAIN, budget=512, num_blocks=128)
+    assert result.outputs == _reference(model, PLAIN)
