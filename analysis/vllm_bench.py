@@ -97,6 +97,8 @@ def _row(i: int, arrays: dict[str, list[Any]], latencies: list[Any] | None,
     gaps = arrays["itls"][i] or []
     if not isinstance(gaps, list):
         raise ValueError(f"{path}: field 'itls' entry {i} must be a list, got {gaps!r:.60}")
+    if ok:
+        gaps = [_seconds(gap, "itls", i, path) for gap in gaps]  # names a bad gap's entry
     times = (arrival + ttft + np.concatenate([[0.0], np.cumsum(np.asarray(gaps, float))])
              ).tolist() if ok else []
     latency = _seconds(latencies[i], "latencies", i, path) if latencies else None

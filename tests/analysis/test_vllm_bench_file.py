@@ -121,6 +121,7 @@ def test_bad_entries_name_field_and_value(tmp_path: Path) -> None:
     ({"output_lens": [3, [1], 0]}, r"field 'output_lens' entry 1 must be a count.*\[1\]"),
     ({"output_lens": [3, -2, 0]}, r"field 'output_lens' entry 1 must be a count.*-2"),
     ({"input_lens": [10, 10.5, 10]}, r"field 'input_lens' entry 1 must be a count.*10.5"),
+    ({"itls": [[0.05, 0.1], ["x"], []]}, r"field 'itls' entry 1 must be a number.*'x'"),
 ])
 def test_short_optional_arrays_and_bad_counts_are_one_line(
         tmp_path: Path, extra: dict[str, Any], expected: str) -> None:
