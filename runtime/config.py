@@ -200,5 +200,5 @@ def resolve_scheduler_config(
         max_num_batched_tokens=batched, max_num_seqs=seqs, max_model_len=max_model_len,
         long_prefill_token_threshold=long_prefill_token_threshold,
         enable_chunked_prefill=enable_chunked_prefill,
-        policy=policy,  # type: ignore[arg-type]
+        policy=policy,  # type: ignore[arg-type]  # a str: SchedulerConfig checks the value
     )

@@ -238,6 +238,7 @@ def expand_groups(command: Callable[..., None], option: Callable[[FlagSpec], Any
                 for g in groups if not g.group.lists))
         command(**{k: v for k, v in values.items() if k in own or k == typed_as}, **built)
 
+    # read by inspect.signature (typer builds the options from it); not declared on functions
     expanded.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     expanded.__annotations__ = {p.name: p.annotation for p in params}
     return expanded

@@ -89,6 +89,7 @@ class StepTimes(Sequence[float]):
         for i in range(0, len(runs), 2):
             yield from self._ends[runs[i]:runs[i + 1]]
 
+    # an int or a slice, as a list's; untyped: one signature cannot say the two results
     def __getitem__(self, index):  # type: ignore[no-untyped-def]
         return list(self)[index]
 
@@ -182,6 +183,8 @@ STEP_TYPECODES = {f.name: ("d" if f.type == "float" else "q") for f in fields(St
 
 def new_step_columns() -> dict[str, MutableSequence[object]]:
     """Empty step columns in StepRecord's field order: typed arrays, wait_reason a list."""
+    # array('d') is a MutableSequence[float], not [object] (invariant): the columns hold one
+    # type each, which the recorder appends and analysis reads by name
     return {name: array(STEP_TYPECODES[name]) if name in STEP_TYPECODES else []  # type: ignore[misc]
             for name in STEP_FIELDS}
 

@@ -219,6 +219,7 @@ class Request:
         self.num_tokens += len(token_ids)
         if (self._hash_block_size
                 and self.num_tokens // self._hash_block_size > len(self.block_hashes)):
+            # set with _hash_block_size (`set_block_hasher`): not None here
             self.block_hashes.extend(self._block_hasher(self))  # type: ignore[misc]
 
     def append_output_token(self, token_id: int) -> None:
@@ -226,4 +227,5 @@ class Request:
         self._outputs.append(token_id)
         self.num_tokens += 1
         if self._hash_block_size and self.num_tokens % self._hash_block_size == 0:
+            # set with _hash_block_size (`set_block_hasher`): not None here
             self.block_hashes.extend(self._block_hasher(self))  # type: ignore[misc]

@@ -37,4 +37,5 @@ def make_policy(name: str, args: Sequence[str] = (), seed: int = 0) -> RouterPol
     if cls is None:
         raise ValueError(f"unknown router policy {name!r} (choose from {', '.join(POLICIES)})")
     config = parse_config(name, cls.config_type, args)
+    # every registered policy takes (its config, seed); RouterPolicy's own __init__ does not
     return cls(config, seed)  # type: ignore[call-arg]
