@@ -14,6 +14,7 @@ heads, D = head_dim.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -134,11 +135,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
 
 
-def _call(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """module(x) for a module whose forward maps a tensor to a tensor (nn.Module.__call__ is
-    typed as returning Any)."""
-    out: torch.Tensor = module(x)
-    return out
+# A module whose forward maps a tensor to a tensor, held as what it is called as
+# (nn.Module.__call__ is typed as returning Any): no wrapper call on the forward path.
+TensorMap = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,15 +147,15 @@ class _Layer:
 
     input_norm: torch.Tensor  # [hidden]
     post_attention_norm: torch.Tensor  # [hidden]
-    q_proj: nn.Module  # [T, hidden] -> [T, H * D]
-    k_proj: nn.Module  # [T, hidden] -> [T, Hkv * D]
-    v_proj: nn.Module  # [T, hidden] -> [T, Hkv * D]
-    o_proj: nn.Module  # [T, H * D] -> [T, hidden]
+    q_proj: TensorMap  # [T, hidden] -> [T, H * D]
+    k_proj: TensorMap  # [T, hidden] -> [T, Hkv * D]
+    v_proj: TensorMap  # [T, hidden] -> [T, Hkv * D]
+    o_proj: TensorMap  # [T, H * D] -> [T, hidden]
     q_norm: torch.Tensor | None  # [D], Qwen3's RMSNorm over head_dim; None elsewhere
     k_norm: torch.Tensor | None  # [D], as q_norm
-    gate_proj: nn.Module  # [T, hidden] -> [T, intermediate]
-    up_proj: nn.Module  # [T, hidden] -> [T, intermediate]
-    down_proj: nn.Module  # [T, intermediate] -> [T, hidden]
+    gate_proj: TensorMap  # [T, hidden] -> [T, intermediate]
+    up_proj: TensorMap  # [T, hidden] -> [T, intermediate]
+    down_proj: TensorMap  # [T, intermediate] -> [T, hidden]
 
     @classmethod
     def of(cls, layer: nn.Module) -> _Layer:
@@ -182,18 +181,19 @@ class PagedModel:
         self.config = hf_model.config
         self.shape = _shape(self.config)
         self.ops = ops
-        self.embed_tokens = hf_model.get_submodule("model.embed_tokens")
+        self.embed_tokens: nn.Module = hf_model.get_submodule("model.embed_tokens")
+        self.embed: TensorMap = self.embed_tokens  # [T] token ids -> [T, hidden]
         # model.layers is an nn.ModuleList: its children are the layers in order
         self.layers = [_Layer.of(layer)
                        for layer in hf_model.get_submodule("model.layers").children()]
         self.norm_weight = hf_model.get_parameter("model.norm.weight")  # [hidden]
         self.rotary_emb = hf_model.get_submodule("model.rotary_emb")
-        self.lm_head = hf_model.get_submodule("lm_head")
+        self.lm_head: TensorMap = hf_model.get_submodule("lm_head")
         self.eps = float(self.config.rms_norm_eps)
         self.scale = float(self.shape.head_dim) ** -0.5
         from transformers.activations import ACT2FN
 
-        self.act = ACT2FN[self.config.hidden_act]
+        self.act: TensorMap = ACT2FN[self.config.hidden_act]
 
     @property
     def device(self) -> torch.device:
@@ -209,7 +209,7 @@ class PagedModel:
                 logits_indices: torch.Tensor) -> torch.Tensor:
         """input_ids, positions [T] int64; logits_indices [N] int64 rows that sample.
         Returns logits [N, vocab] in fp32."""
-        hidden = _call(self.embed_tokens, input_ids)  # [T, hidden]
+        hidden = self.embed(input_ids)  # [T, hidden]
         cos: torch.Tensor
         sin: torch.Tensor
         cos, sin = self.rotary_emb(hidden, positions[None, :])  # [1, T, D] each
@@ -217,7 +217,7 @@ class PagedModel:
         for index, layer in enumerate(self.layers):
             hidden = self._layer(layer, hidden, cos, sin, meta, kv_cache, index)
         hidden = rms_norm(hidden[logits_indices], self.norm_weight, self.eps)  # [N, hidden]
-        return _call(self.lm_head, hidden).float()
+        return self.lm_head(hidden).float()
 
     def _layer(self, layer: _Layer, hidden: torch.Tensor, cos: torch.Tensor,
                sin: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache,
@@ -233,9 +233,9 @@ class PagedModel:
         """x [T, hidden] -> attention output after o_proj, [T, hidden]."""
         shape = self.shape
         num_tokens = x.shape[0]
-        q = _call(layer.q_proj, x).view(num_tokens, shape.num_heads, shape.head_dim)
-        k = _call(layer.k_proj, x).view(num_tokens, shape.num_kv_heads, shape.head_dim)
-        v = _call(layer.v_proj, x).view(num_tokens, shape.num_kv_heads, shape.head_dim)
+        q = layer.q_proj(x).view(num_tokens, shape.num_heads, shape.head_dim)
+        k = layer.k_proj(x).view(num_tokens, shape.num_kv_heads, shape.head_dim)
+        v = layer.v_proj(x).view(num_tokens, shape.num_kv_heads, shape.head_dim)
         if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3, before RoPE
             q = rms_norm(q, layer.q_norm, self.eps)
             k = rms_norm(k, layer.k_norm, self.eps)
@@ -245,12 +245,11 @@ class PagedModel:
         out = self.ops.paged_attention(q.contiguous(), key_cache, value_cache,
                                        meta.block_tables, meta.seq_lens,
                                        meta.query_start_loc, self.scale)  # [T, H, D]
-        return _call(layer.o_proj, out.reshape(num_tokens, shape.num_heads * shape.head_dim))
+        return layer.o_proj(out.reshape(num_tokens, shape.num_heads * shape.head_dim))
 
     def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
         """SwiGLU: down(act(gate(x)) * up(x)), [T, hidden]."""
-        return _call(layer.down_proj,
-                     _call(self.act, _call(layer.gate_proj, x)) * _call(layer.up_proj, x))
+        return layer.down_proj(self.act(layer.gate_proj(x)) * layer.up_proj(x))
 
 
 def load_model(model_dir: Path, dtype: str, device: torch.device,
