@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 KINDS = ("simulate", "replay", "endpoint")  # run.json "kind": the drivers that write runs
-SIMULATED = "simulate"  # the kind of a run whose times a cost model made
 
 
 @dataclass(frozen=True, slots=True)
