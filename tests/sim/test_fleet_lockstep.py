@@ -9,7 +9,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import resource
-import signal
 from array import array
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +23,7 @@ from sim import fleet_lockstep
 from sim.fleet import simulate_fleet
 from sim.fleet_lockstep import PeerGone, Peers, hears_counts_only, run_lockstep
 from tests.sim.test_fleet_prerouted import randomised
-from tests.sim.test_fleet_workers import equal, fleet, uneven
+from tests.sim.test_fleet_workers import equal, fleet, killed_when, uneven
 
 
 @pytest.mark.parametrize("policy", ["least-outstanding", "power-of-two",
@@ -257,14 +256,9 @@ def test_running_out_of_descriptors_is_one_line(spare: int) -> None:
 
 
 def test_a_killed_worker_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    take = fleet_module._Fleet.take_routed
-
-    def killed(self: fleet_module._Fleet, req: object, index: int) -> None:
-        if self.next_index == 20:  # mid-run, in the child (the parent routes)
-            os.kill(os.getpid(), signal.SIGKILL)
-        take(self, req, index)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(fleet_module._Fleet, "take_routed", killed)
+    # mid-run, in the child (only a child takes the parent's word)
+    monkeypatch.setattr(fleet_module._Fleet, "take_routed", killed_when(
+        fleet_module._Fleet.take_routed, lambda fleet, *_: fleet.next_index == 20))
     with pytest.raises(ChildProcessError) as raised:
         fleet(randomised(1), "least-outstanding", uneven(1), workers=2)
     assert str(raised.value) == ("simulation worker 1 (replicas 2-3) was killed by SIGKILL "

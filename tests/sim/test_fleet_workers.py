@@ -13,6 +13,7 @@ import select
 import signal
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -156,15 +157,19 @@ def test_a_worker_error_reaches_the_caller(error: BaseException, kind: type[Base
     assert not multiprocessing.active_children()
 
 
-def test_a_killed_worker_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    run_range = fleet_module._Fleet.run_range
-
-    def killed(self: fleet_module._Fleet, replicas: range) -> object:
-        if replicas.start == 0:
+def killed_when(method: Callable[..., Any], when: Callable[..., bool]) -> Callable[..., Any]:
+    """`method`, its process SIGKILLed first when `when(self, *args)`: a worker dying mid-run
+    without a word (no result, no error)."""
+    def call(self: object, *args: object) -> Any:
+        if when(self, *args):
             os.kill(os.getpid(), signal.SIGKILL)
-        return run_range(self, replicas)
+        return method(self, *args)
+    return call
 
-    monkeypatch.setattr(fleet_module._Fleet, "run_range", killed)
+
+def test_a_killed_worker_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fleet_module._Fleet, "run_range", killed_when(
+        fleet_module._Fleet.run_range, lambda _, replicas: replicas.start == 0))
     with pytest.raises(ChildProcessError) as raised:
         fleet(randomised(1), "round-robin", uneven(1), workers=2)
     assert str(raised.value) == ("simulation worker 0 (replicas 0-1) was killed by SIGKILL "
