@@ -53,7 +53,7 @@ from backends.route.flags import (
 from backends.serve.flags import SERVE_HELP, ServeFlags, ServeModelFlags
 from runtime.config import EngineFlags
 from runtime.flags import FlagGroup as Flags
-from runtime.flags import FlagSpec, Typed, expand_groups, given_options
+from runtime.flags import FlagSpec, Typed, expand_groups, given_options, listed
 from sim.autoscale_flags import AutoscaleFlags
 from sim.bench_flags import FLEET_BENCH_HELP, FleetBenchFlags, SchedulerBenchFlags, SimBenchFlags
 from sim.calibrate_flags import CALIBRATE_HELP, CalibrationSources
@@ -406,8 +406,8 @@ def sweep(
     with user_errors():
         how.check_search(typed)
         slos = sweep_slos(how.slo, how.find_max_rate)
-        plan, notes = SweepPlan.build(trace_file.trace, work, _comma_lists(grid),
-                                      _comma_lists(targets), _comma_lists(fleets),
+        plan, notes = SweepPlan.build(trace_file.trace, work, listed(grid),
+                                      listed(targets), listed(fleets),
                                       sim.profile, how,
                                       checked_dir(result_dir, "sweep", functools.partial(
                                           check_runs_root, table=SWEEP_TABLE)))
@@ -420,15 +420,6 @@ def sweep(
         text, figures = write_sweep(records, plan.root, GRID_ENGINE_FLAGS, slos, plots)
     typer.echo(text)
     save_figures(figures, plan.root, say)
-
-
-def _comma_lists(group: object) -> dict[str, list[Any]]:
-    """A `lists=True` flag group's value as the command gets it: `runtime.flags.build_group`
-    hands {field: [values]} for the options given, not the dataclass the parameter's
-    annotation names (that only says whose fields become options)."""
-    if not isinstance(group, dict):
-        raise TypeError(f"a comma-list flag group is a dict, got {type(group).__name__}")
-    return group
 
 
 @command(app, "plan", help=PLAN_HELP)

@@ -190,6 +190,15 @@ def build_group(cls: type, group: FlagGroup, specs: list[FlagSpec],
             for s in specs if values[s.name] is not None}
 
 
+def listed(group: object) -> dict[str, list[Any]]:
+    """A `lists=True` group's value as a command receives it: `build_group`'s
+    {field: [values]} for the options given, not the dataclass the parameter's annotation
+    names (that names only whose fields become options). TypeError if it is not one."""
+    if not isinstance(group, dict):
+        raise TypeError(f"a comma-list flag group is a dict, got {type(group).__name__}")
+    return group
+
+
 def comma_list(option: str, text: str, kind: type) -> list[Any]:
     """"1,2,4" -> [1, 2, 4] as `kind`; ValueError naming `option` and the text, or the
     first value given twice ("1,1,2", "1,1.0": a sweep ran that point twice)."""
